@@ -1,0 +1,92 @@
+"""The durable store: one folder of msgpack files shared by every process.
+
+General layout (read ``FORMAT.md`` for the bytes):
+
+* ``root``        — the ``Store`` handle, its marker and its paths;
+* ``framing``     — the record format every append-only file uses;
+* ``header`` / ``session`` — immutable session headers, creation and rollback;
+* ``log`` / ``reader`` — the fenced writer (and the only repair path) and
+  the read-only inspection;
+* ``projection`` / ``descriptor`` — identity, timing and resume state folded
+  from a log, cached in ``identity``;
+* ``lease`` / ``locks`` — owners, heartbeats, fenced leases, session locks;
+* ``mailbox``     — durable accepted messages;
+* ``index`` / ``catalog`` — the derived children index and the listings.
+
+This package imports neither ``worker`` nor ``supervisor``.
+"""
+
+from .catalog import ChildEntry, DescendantRow, DiagnosticEntry, Identity, list_children, list_descendants, read_identity
+from .descriptor import (
+    DESCRIPTOR_VERSION,
+    ContinuableDescriptor,
+    Descriptor,
+    OneShotDescriptor,
+    ToolFilter,
+    fold_resume_descriptor,
+    parse_descriptor,
+)
+from .durability import Durability, durability_policy
+from .errors import (
+    CorruptSessionError,
+    DescriptorError,
+    DurabilityError,
+    FencedError,
+    InvalidHeaderError,
+    InvalidSessionIdError,
+    LeaseHeldError,
+    SessionExistsError,
+    SessionNotFoundError,
+    StoreFormatError,
+    SubagentError,
+    UnsupportedFormatError,
+)
+from .events import EVENT_TYPES, closers
+from .framing import Damage, ScanResult, encode_record, scan
+from .header import SessionHeader, parse_header
+from .ids import IdGenerator, is_valid_session_id, new_id, validate_session_id
+from .index import IndexEntry, add_child, read_children, reindex
+from .lease import (
+    Lease,
+    OwnerCache,
+    OwnerRecord,
+    acquire_lease,
+    heartbeat,
+    owner_alive,
+    read_lease,
+    read_owner,
+    register_owner,
+    release_lease,
+    remove_owner,
+    session_status,
+    set_lease_state,
+)
+from .log import LogWriter, SeqMismatchError, load_projection
+from .mailbox import MailboxMessage, accept, pending, read_mailbox
+from .projection import Projection, Timing
+from .reader import Inspection, inspect, read_header
+from .root import STORE_FORMAT, STORE_VERSION, Store
+from .session import create_session, delete_session
+
+__all__ = [
+    "ChildEntry", "DescendantRow", "DiagnosticEntry", "Identity", "list_children", "list_descendants", "read_identity",
+    "DESCRIPTOR_VERSION", "ContinuableDescriptor", "Descriptor", "OneShotDescriptor", "ToolFilter",
+    "fold_resume_descriptor", "parse_descriptor",
+    "Durability", "durability_policy",
+    "CorruptSessionError", "DescriptorError", "DurabilityError", "FencedError", "InvalidHeaderError",
+    "InvalidSessionIdError", "LeaseHeldError", "SessionExistsError", "SessionNotFoundError", "StoreFormatError",
+    "SubagentError", "UnsupportedFormatError",
+    "EVENT_TYPES", "closers",
+    "Damage", "ScanResult", "encode_record", "scan",
+    "SessionHeader", "parse_header",
+    "IdGenerator", "is_valid_session_id", "new_id", "validate_session_id",
+    "IndexEntry", "add_child", "read_children", "reindex",
+    "Lease", "OwnerCache", "OwnerRecord", "acquire_lease", "heartbeat", "owner_alive", "read_lease", "read_owner",
+    "register_owner", "release_lease", "remove_owner", "session_status", "set_lease_state",
+    "LogWriter", "SeqMismatchError", "load_projection",
+    "MailboxMessage", "accept", "pending", "read_mailbox",
+    "Projection", "Timing",
+    "Inspection", "inspect", "read_header",
+    "STORE_FORMAT", "STORE_VERSION", "Store",
+    "create_session", "delete_session",
+]

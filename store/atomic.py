@@ -1,0 +1,74 @@
+"""Small durable file primitives: private modes, atomic replace, directory fsync.
+
+Files are created 0600 and folders 0700 (the store may hold transcripts).
+``write_atomic`` is tmp file + optional fsync + rename + optional fsync of the
+folder: a reader sees the old bytes or the new bytes, never a mix. What is
+*not* guaranteed without ``durable=True``: that the new bytes survive a power
+loss (the rename may be lost; the old file then remains).
+"""
+
+from __future__ import annotations
+
+import os
+
+from .errors import DurabilityError
+
+__all__ = ["FILE_MODE", "DIR_MODE", "make_dirs", "write_atomic", "fsync_dir", "read_bytes"]
+
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+
+
+def make_dirs(path: str) -> None:
+    os.makedirs(path, mode=DIR_MODE, exist_ok=True)
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        raise DurabilityError(f"fsync of folder {path} failed: {exc}", path=path) from exc
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str, data: bytes, *, durable: bool, exclusive: bool = False) -> None:
+    """Replace ``path`` with ``data`` atomically.
+
+    ``exclusive`` refuses to replace an existing file (``FileExistsError``),
+    using ``link`` instead of ``rename`` so two creators cannot both win.
+    """
+    folder = os.path.dirname(path)
+    tmp = f"{path}.tmp.{os.getpid()}.{id(data):x}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            if durable:
+                os.fsync(fd)
+        except OSError as exc:
+            raise DurabilityError(f"write of {path} failed: {exc}", path=path) from exc
+        finally:
+            os.close(fd)
+        if exclusive:
+            os.link(tmp, path)
+            os.unlink(tmp)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    if durable:
+        fsync_dir(folder)
+
+
+def read_bytes(path: str) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read()

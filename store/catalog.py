@@ -1,0 +1,176 @@
+"""Catalog queries: a parent's children and a root's descendants, with diagnostics.
+
+Cost is O(number of children): the derived index names the candidates, and
+each one costs its header, its identity cache and its lease (plus its
+owner's heartbeat, read once per owner per query). Only a child whose cache
+is missing or behind its gate has its log folded, in memory. A listing never
+writes a byte and never loads, resumes or repairs anything.
+
+Rules (REFERENCE.md §4 adapted by DESIGN.md §4):
+* only a child whose header proves it (``parent_session`` == parent,
+  ``origin == "subagent"``) is a candidate; plain forks are walked by
+  ``list_descendants`` but never listed;
+* one bad child yields a ``DiagnosticEntry`` (``corrupt``, ``unsupported``,
+  ``unavailable``) and never hides its siblings;
+* ``status`` is ``running`` / ``idle`` from a live owner's lease, else
+  ``complete``: true across processes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+import msgpack
+
+from .atomic import read_bytes
+from .descriptor import Descriptor
+from .errors import CorruptSessionError, SessionNotFoundError, UnsupportedFormatError
+from .index import read_children
+from .lease import OwnerCache, session_status
+from .projection import Projection
+from .reader import inspect, read_header
+from .root import Store
+
+__all__ = ["ChildStatus", "DiagnosticReason", "ChildEntry", "DiagnosticEntry", "DescendantRow", "Identity", "read_identity", "list_children", "list_descendants"]
+
+ChildStatus = Literal["running", "idle", "complete"]
+DiagnosticReason = Literal["corrupt", "unsupported", "unavailable"]
+
+
+@dataclass(frozen=True)
+class ChildEntry:
+    id: str
+    label: str | None
+    mode: Literal["one-shot", "continuable"]
+    status: ChildStatus
+    has_children: bool
+    kind: Literal["child"] = "child"
+
+
+@dataclass(frozen=True)
+class DiagnosticEntry:
+    id: str
+    reason: DiagnosticReason
+    kind: Literal["diagnostic"] = "diagnostic"
+
+
+@dataclass(frozen=True)
+class DescendantRow:
+    entry: ChildEntry | DiagnosticEntry
+    parent_id: str
+    depth: int
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What the catalog knows of one session without replaying its log."""
+
+    descriptor: Descriptor | None
+    verdict: DiagnosticReason | None  # set when the session cannot be listed healthy
+    projection: Projection
+
+
+def read_identity(store: Store, session_id: str, seed_length: int) -> Identity:
+    """Identity from the cache when it passes its gate, else from an in-memory fold.
+
+    Raises ``OSError`` for an unreadable log, ``UnsupportedFormatError`` for
+    unknown event types.
+    """
+    projection: Projection | None = None
+    try:
+        projection = Projection.from_record(msgpack.unpackb(read_bytes(store.path(session_id, "identity")), raw=False))
+    except FileNotFoundError:
+        projection = None
+    except Exception:  # a damaged cache is ignored: the log is the authority
+        projection = None
+    if projection is None or projection.identity is None or projection.seq < seed_length:
+        folded = Projection(seed_length=seed_length)
+        found = inspect(store, session_id)
+        folded.fold(found.events, found.offsets, found.end)
+        if found.status == "corrupt":
+            return Identity(None, "corrupt", folded)
+        projection = folded
+    ident = projection.identity
+    if ident is None or ident == "corrupt":
+        return Identity(None, "corrupt", projection)
+    if ident == "unsupported":
+        return Identity(None, "unsupported", projection)
+    assert not isinstance(ident, str)
+    return Identity(ident, None, projection)
+
+
+def _has_subagent_children(store: Store, session_id: str) -> bool:
+    return any(e.origin == "subagent" for e in read_children(store, session_id))
+
+
+def _entry(store: Store, parent_id: str, child_id: str, owners: OwnerCache) -> ChildEntry | DiagnosticEntry | None:
+    """The row for one indexed child, or ``None`` when its header does not prove it a subagent child."""
+    try:
+        header = read_header(store, child_id)
+    except SessionNotFoundError:
+        return None  # a rolled-back or never-published creation
+    except UnsupportedFormatError:
+        return DiagnosticEntry(child_id, "unsupported")
+    except CorruptSessionError:
+        return DiagnosticEntry(child_id, "corrupt")
+    except OSError:
+        return DiagnosticEntry(child_id, "unavailable")
+    if header.parent_session != parent_id or header.origin != "subagent":
+        return None
+    try:
+        identity = read_identity(store, child_id, header.seed_length or 0)
+    except UnsupportedFormatError:
+        return DiagnosticEntry(child_id, "unsupported")
+    except CorruptSessionError:
+        return DiagnosticEntry(child_id, "corrupt")
+    except OSError:
+        return DiagnosticEntry(child_id, "unavailable")
+    if identity.verdict is not None:
+        return DiagnosticEntry(child_id, identity.verdict)
+    descriptor = identity.descriptor
+    assert descriptor is not None
+    return ChildEntry(
+        id=child_id,
+        label=descriptor.label,
+        mode=descriptor.mode,
+        status=session_status(store, child_id, owners),
+        has_children=_has_subagent_children(store, child_id),
+    )
+
+
+def list_children(store: Store, parent_id: str) -> list[ChildEntry | DiagnosticEntry]:
+    """Direct subagent children of ``parent_id`` in (created_at, id) order."""
+    owners = OwnerCache(store)
+    out: list[ChildEntry | DiagnosticEntry] = []
+    for indexed in read_children(store, parent_id):
+        if indexed.origin != "subagent":
+            continue
+        row = _entry(store, parent_id, indexed.id, owners)
+        if row is not None:
+            out.append(row)
+    return out
+
+
+def list_descendants(store: Store, root_id: str) -> list[DescendantRow]:
+    """Every subagent below ``root_id`` in pre-order, through non-subagent sessions; cycle-safe."""
+    owners = OwnerCache(store)
+    rows: list[DescendantRow] = []
+    visited = {root_id}
+    stack: list[tuple[str, str, int]] = [
+        (e.id, root_id, 1) for e in reversed(read_children(store, root_id))
+    ]
+    while stack:
+        node, parent, depth = stack.pop()
+        if node in visited:
+            continue
+        visited.add(node)
+        if os.path.exists(store.path(node, "header")):
+            row = _entry(store, parent, node, owners)
+            if row is not None:
+                rows.append(DescendantRow(row, parent, depth))
+        for child in reversed(read_children(store, node)):
+            if child.id not in visited:
+                stack.append((child.id, node, depth + 1))
+    return rows

@@ -1,0 +1,215 @@
+"""Errors of the store, and the root of every error the project raises.
+
+Hierarchy (each class has a stable ``code``; callers branch on the class or
+the code, never on the message)::
+
+    SubagentError                       root of every error of the service
+    ├── InvalidSessionIdError           bad input: id syntax (also ValueError)
+    ├── InvalidHeaderError              bad input: header breaks the rules (also ValueError)
+    ├── StoreFormatError                the folder is not a store of our format/version
+    ├── SessionNotFoundError            no such session (also LookupError)
+    ├── SessionExistsError              creation of an id that exists
+    ├── CorruptSessionError             committed bytes are damaged
+    ├── UnsupportedFormatError          written by a newer/other format
+    ├── FencedError                     a newer lease epoch took the session over
+    ├── DurabilityError                 fsync/write failed: fatal for that session (also OSError)
+    ├── LeaseHeldError                  a live owner holds the lease
+    └── DescriptorError                 a persisted descriptor fails validation
+
+Errors cross the worker pipe as data (``to_wire``/``from_wire``) and are
+rebuilt as the same class, so every subclass keeps its fields in ``fields``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "SubagentError",
+    "InvalidSessionIdError",
+    "InvalidHeaderError",
+    "StoreFormatError",
+    "SessionNotFoundError",
+    "SessionExistsError",
+    "CorruptSessionError",
+    "UnsupportedFormatError",
+    "FencedError",
+    "DurabilityError",
+    "LeaseHeldError",
+    "DescriptorError",
+    "error_registry",
+]
+
+
+class SubagentError(Exception):
+    """Raised for every failure the service can name; ``code`` is stable."""
+
+    code: ClassVar[str] = "SUBAGENT_ERROR"
+    # Instances may override the class code (the reference uses one class with
+    # many codes); ``self.code`` is what callers read.
+
+    def __init__(self, message: str, *, code: str | None = None, **fields: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code  # type: ignore[misc]
+        self.fields: dict[str, Any] = dict(fields)
+        for key, value in fields.items():
+            setattr(self, key, value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self).__qualname__, type(self).__module__, self.to_wire()))
+
+    def to_wire(self) -> dict[str, Any]:
+        """The error as plain data, for the worker pipe."""
+        return {
+            "class": type(self).__qualname__,
+            "module": type(self).__module__,
+            "code": self.code,
+            "message": self.message,
+            "fields": _plain(self.fields),
+        }
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _plain(fields: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in fields.items():
+        if isinstance(value, (str, int, float, bool, type(None))):
+            out[key] = value
+        elif isinstance(value, (list, tuple)):
+            out[key] = [v if isinstance(v, (str, int, float, bool, type(None))) else str(v) for v in value]
+        else:
+            out[key] = str(value)
+    return out
+
+
+def error_registry() -> dict[str, type[SubagentError]]:
+    """Every loaded SubagentError subclass by ``module.qualname``."""
+    found: dict[str, type[SubagentError]] = {}
+    stack: list[type[SubagentError]] = [SubagentError]
+    while stack:
+        cls = stack.pop()
+        found[f"{cls.__module__}.{cls.__qualname__}"] = cls
+        stack.extend(cls.__subclasses__())
+    return found
+
+
+def from_wire(data: dict[str, Any]) -> SubagentError:
+    """Rebuild an error sent by ``to_wire``; unknown classes become the root."""
+    cls = error_registry().get(f"{data.get('module')}.{data.get('class')}", SubagentError)
+    err = cls.__new__(cls)
+    SubagentError.__init__(err, str(data.get("message", "")), code=data.get("code"), **dict(data.get("fields") or {}))
+    return err
+
+
+def _rebuild(qualname: str, module: str, wire: dict[str, Any]) -> SubagentError:
+    return from_wire(wire)
+
+
+class InvalidSessionIdError(SubagentError, ValueError):
+    """Raised when a session id breaks ``^[0-9A-Za-z][0-9A-Za-z_-]{0,63}$``, before any path is built."""
+
+    code = "INVALID_SESSION_ID"
+
+    def __init__(self, session_id: object) -> None:
+        super().__init__(f"invalid session id {session_id!r}", session_id=repr(session_id))
+
+
+class InvalidHeaderError(SubagentError, ValueError):
+    """Raised when a session header breaks the rules of FORMAT.md on write."""
+
+    code = "INVALID_HEADER"
+
+
+class StoreFormatError(SubagentError):
+    """Raised when a folder is not a subagents store of a version this build reads."""
+
+    code = "STORE_FORMAT"
+
+
+class SessionNotFoundError(SubagentError, LookupError):
+    """Raised when a session id has no header in the store."""
+
+    code = "SESSION_NOT_FOUND"
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f'session "{session_id}" not found', session_id=session_id)
+
+
+class SessionExistsError(SubagentError):
+    """Raised when creating a session whose id is already on disk."""
+
+    code = "SESSION_EXISTS"
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f'session "{session_id}" already exists', session_id=session_id)
+
+
+class CorruptSessionError(SubagentError):
+    """Raised when committed bytes of a session are damaged (never repaired silently)."""
+
+    code = "CORRUPT_SESSION"
+
+    def __init__(self, session_id: str, reason: str, *, offset: int | None = None) -> None:
+        super().__init__(
+            f'stored session "{session_id}" failed validation: {reason}',
+            session_id=session_id,
+            reason=reason,
+            offset=offset,
+        )
+
+
+class UnsupportedFormatError(SubagentError):
+    """Raised when a record or file was written by a format this build does not read."""
+
+    code = "UNSUPPORTED_FORMAT"
+
+
+class FencedError(SubagentError):
+    """Raised when a writer's lease epoch is no longer the session's: someone took it over.
+
+    A fenced writer must drop the session; it can never write again.
+    """
+
+    code = "FENCED"
+
+    def __init__(self, session_id: str, *, epoch: int, current_epoch: int | None) -> None:
+        super().__init__(
+            f'session "{session_id}" was taken over: writer epoch {epoch}, lease epoch {current_epoch}',
+            session_id=session_id,
+            epoch=epoch,
+            current_epoch=current_epoch,
+        )
+
+
+class DurabilityError(SubagentError, OSError):
+    """Raised when a write or fsync failed; the session is unusable for that writer.
+
+    A failed fsync is never retried: the kernel may have dropped the dirty
+    pages, so a later fsync that succeeds would report a false success.
+    """
+
+    code = "DURABILITY_FAILED"
+
+
+class LeaseHeldError(SubagentError):
+    """Raised when a session's lease is held by another live owner."""
+
+    code = "LEASE_HELD"
+
+    def __init__(self, session_id: str, *, owner: str, epoch: int) -> None:
+        super().__init__(
+            f'session "{session_id}" is leased by live owner {owner} (epoch {epoch})',
+            session_id=session_id,
+            owner=owner,
+            epoch=epoch,
+        )
+
+
+class DescriptorError(SubagentError, ValueError):
+    """Raised when a persisted subagent descriptor fails validation."""
+
+    code = "INVALID_DESCRIPTOR"

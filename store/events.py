@@ -1,0 +1,74 @@
+"""Event types of a session log and the crash closers that balance an open turn.
+
+An event is ``{seq, ts, type, data, epoch}`` (+ ``ignorable: true`` for a
+type a reader may skip). A type outside ``EVENT_TYPES`` without
+``ignorable`` makes the log unsupported: a newer writer meant something this
+build cannot read. ``message/discarded`` is this project's addition: a mailbox
+message dropped by teardown (drain), which counts as consumed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["EVENT_TYPES", "STOP_REASONS_IN_LOG", "unknown_type", "closers"]
+
+EVENT_TYPES = frozenset(
+    {
+        "subagent/descriptor",
+        "sandbox/mode",
+        "approval/policy",
+        "session/end-seed",
+        "message/accepted",
+        "message/discarded",
+        "turn/start",
+        "step/start",
+        "step/end",
+        "tool/call",
+        "tool/result",
+        "assistant/message",
+        "turn/end",
+        "report/sent",
+        "notice/received",
+    }
+)
+
+STOP_REASONS_IN_LOG = frozenset(
+    {"completed", "aborted", "error", "max-tokens", "refusal", "budget-exhausted", "blocked", "interrupted"}
+)
+
+
+def unknown_type(event: dict[str, Any]) -> str | None:
+    """The event's type if this build must refuse it, else ``None``."""
+    kind = event.get("type")
+    if kind in EVENT_TYPES or event.get("ignorable") is True:
+        return None
+    return str(kind)
+
+
+def closers(open_turn: int | None, open_step: int | None, open_calls: dict[str, int]) -> list[tuple[str, dict[str, Any]]]:
+    """Events that close a turn a crash left open (DESIGN.md §3 crash repair).
+
+    Every ``tool/call`` without a ``tool/result`` gets a synthetic error result
+    (``TOOL_OUTCOME_UNKNOWN``: it may or may not have run), then the open step
+    gets ``step/end``, then the turn gets ``turn/end`` ``interrupted``.
+    """
+    if open_turn is None:
+        return []
+    out: list[tuple[str, dict[str, Any]]] = []
+    for call_id, call_seq in open_calls.items():
+        out.append(
+            (
+                "tool/result",
+                {
+                    "call_id": call_id,
+                    "is_error": True,
+                    "error": {"name": "ToolOutcomeUnknownError", "code": "TOOL_OUTCOME_UNKNOWN"},
+                    "source_seqs": [call_seq],
+                },
+            )
+        )
+    if open_step is not None:
+        out.append(("step/end", {"repaired": True}))
+    out.append(("turn/end", {"stop_reason": "interrupted", "diagnostic": "the turn was interrupted by a crash"}))
+    return out

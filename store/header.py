@@ -1,0 +1,88 @@
+"""The session header: immutable identity and lineage of one session.
+
+Written once at creation (``write_atomic`` with fsync, exclusive), never
+changed. ``parent_session`` and ``origin`` are the authority for lineage: the
+children index is derived from them. A header that breaks these rules is
+refused on write (``InvalidHeaderError``) and reported corrupt on read.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from .errors import InvalidHeaderError, UnsupportedFormatError
+from .ids import is_valid_session_id
+
+__all__ = ["HEADER_VERSION", "SessionHeader", "parse_header"]
+
+HEADER_VERSION = 1
+
+
+class SessionHeader(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    version: Literal[1] = 1
+    id: str
+    created_at: float
+    parent_session: str | None = None
+    origin: Literal["subagent"] | None = None
+    delegation_depth: int = 0
+    seed_length: int | None = None
+    cwd: str | None = None
+
+    @field_validator("id", "parent_session")
+    @classmethod
+    def _session_id(cls, value: str | None) -> str | None:
+        if value is not None and not is_valid_session_id(value):
+            raise ValueError(f"invalid session id {value!r}")
+        return value
+
+    @field_validator("created_at", mode="before")
+    @classmethod
+    def _created_at(cls, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError("created_at must be a number of seconds")
+        if not math.isfinite(value) or value < 0:
+            raise ValueError("created_at must be a non-negative finite number")
+        return float(value)
+
+    @field_validator("delegation_depth", "seed_length")
+    @classmethod
+    def _non_negative(cls, value: int | None) -> int | None:
+        if value is not None and value < 0:
+            raise ValueError("must be a non-negative integer")
+        return value
+
+    @field_validator("cwd")
+    @classmethod
+    def _cwd(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError("cwd must be an absolute path")
+        return value
+
+    def to_record(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+def parse_header(data: Any, *, expected_id: str | None = None) -> SessionHeader:
+    """Validate a decoded header map; raise ``InvalidHeaderError`` or ``UnsupportedFormatError``."""
+    if not isinstance(data, dict):
+        raise InvalidHeaderError("session header must be a map")
+    version = data.get("version")
+    if version != HEADER_VERSION:
+        raise UnsupportedFormatError(
+            f"session header version {version!r} is not supported (this build reads {HEADER_VERSION})",
+            version=str(version),
+        )
+    try:
+        header = SessionHeader.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "header"
+        raise InvalidHeaderError(f"session header {where}: {first['msg']}") from None
+    if expected_id is not None and header.id != expected_id:
+        raise InvalidHeaderError(f'session header id "{header.id}" does not match session id "{expected_id}"')
+    return header

@@ -1,0 +1,69 @@
+"""Session and message ids: syntax check and time-ordered generation.
+
+An id is checked against ``^[0-9A-Za-z][0-9A-Za-z_-]{0,63}$`` before it ever
+becomes part of a path, so ``../x``, ``a/b`` or an empty id can never reach
+the file system. Generated ids are ULID-like: 10 Crockford base-32 characters
+of milliseconds then 16 of randomness, so creation order sorts
+lexicographically (within one process a counter keeps them strictly
+increasing inside the same millisecond; across processes, ties in one
+millisecond are ordered randomly, and the catalog breaks them by id).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+
+from .errors import InvalidSessionIdError
+
+__all__ = ["SESSION_ID_PATTERN", "validate_session_id", "is_valid_session_id", "IdGenerator", "new_id"]
+
+SESSION_ID_PATTERN = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,63}")
+_ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+def is_valid_session_id(value: object) -> bool:
+    return isinstance(value, str) and SESSION_ID_PATTERN.fullmatch(value) is not None
+
+
+def validate_session_id(value: object) -> str:
+    """Return ``value`` if it is a valid session id, else raise ``InvalidSessionIdError``."""
+    if not is_valid_session_id(value):
+        raise InvalidSessionIdError(value)
+    return value  # type: ignore[return-value]
+
+
+def _b32(number: int, width: int) -> str:
+    chars = []
+    for _ in range(width):
+        chars.append(_ALPHABET[number & 31])
+        number >>= 5
+    return "".join(reversed(chars))
+
+
+class IdGenerator:
+    """Monotonic ULID-like ids; one per owner object, never module-global state."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last_ms = -1
+        self._last_rand = 0
+
+    def new(self) -> str:
+        with self._lock:
+            ms = int(time.time() * 1000)
+            if ms <= self._last_ms:
+                ms = self._last_ms
+                rand = self._last_rand + 1
+            else:
+                rand = int.from_bytes(os.urandom(10), "big") >> 1
+            self._last_ms, self._last_rand = ms, rand
+        return _b32(ms, 10) + _b32(rand, 16)
+
+
+def new_id() -> str:
+    """A fresh time-ordered id (random within a millisecond; use an IdGenerator for strict order)."""
+    ms = int(time.time() * 1000)
+    return _b32(ms, 10) + _b32(int.from_bytes(os.urandom(10), "big"), 16)

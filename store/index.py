@@ -1,0 +1,100 @@
+"""The derived parent → children index (``index/children/<parent-id>``).
+
+Framed records ``{seq, id, created_at, origin}`` appended at creation, and a
+tombstone ``{seq, id, removed: true}`` when a creation is rolled back. Headers
+are the authority: the catalog checks every entry against the child's header,
+and ``reindex`` rebuilds every file from headers alone. Readers never write;
+a torn tail (a crash mid-append) reads as the valid prefix.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from .atomic import read_bytes, write_atomic
+from .framing import encode_record, scan
+from .ids import is_valid_session_id
+from .locks import file_lock
+from .reader import read_header
+from .errors import SubagentError
+from .root import Store
+
+__all__ = ["IndexEntry", "add_child", "remove_child", "read_children", "reindex"]
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    id: str
+    created_at: float
+    origin: str | None
+
+
+def _append(store: Store, parent_id: str, record: dict[str, Any]) -> None:
+    path = store.children_index_path(parent_id)
+    with file_lock(path + ".lock"):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        try:
+            size = os.fstat(fd).st_size
+            result = scan(os.pread(fd, size, 0))
+            if result.end != size:
+                os.ftruncate(fd, result.end)  # drop a torn tail left by a crash mid-append
+            os.write(fd, encode_record({**record, "seq": len(result.records)}))
+            store.durability.at_commit(fd, f"children index of {parent_id}")
+        finally:
+            os.close(fd)
+
+
+def add_child(store: Store, parent_id: str, child_id: str, *, created_at: float, origin: str | None) -> None:
+    _append(store, parent_id, {"id": child_id, "created_at": created_at, "origin": origin})
+
+
+def remove_child(store: Store, parent_id: str, child_id: str) -> None:
+    _append(store, parent_id, {"id": child_id, "removed": True})
+
+
+def read_children(store: Store, parent_id: str) -> list[IndexEntry]:
+    """Live entries in (created_at, id) order; read-only."""
+    try:
+        data = read_bytes(store.children_index_path(parent_id))
+    except FileNotFoundError:
+        return []
+    entries: dict[str, IndexEntry] = {}
+    for record in scan(data).records:
+        child = record.get("id")
+        if not is_valid_session_id(child):
+            continue
+        if record.get("removed"):
+            entries.pop(child, None)
+        elif child not in entries:
+            created = record.get("created_at")
+            entries[child] = IndexEntry(child, float(created) if isinstance(created, (int, float)) else 0.0, record.get("origin"))
+    return sorted(entries.values(), key=lambda e: (e.created_at, e.id))
+
+
+def reindex(store: Store) -> dict[str, list[str]]:
+    """Rebuild every index file from headers; returns parent → child ids in order."""
+    groups: dict[str, list[IndexEntry]] = defaultdict(list)
+    for session_id in store.session_ids():
+        try:
+            header = read_header(store, session_id)
+        except SubagentError:
+            continue  # an unreadable header proves nothing
+        if header.parent_session is not None:
+            groups[header.parent_session].append(IndexEntry(header.id, header.created_at, header.origin))
+    result: dict[str, list[str]] = {}
+    for parent_id, entries in groups.items():
+        entries.sort(key=lambda e: (e.created_at, e.id))
+        blob = b"".join(
+            encode_record({"seq": i, "id": e.id, "created_at": e.created_at, "origin": e.origin}) for i, e in enumerate(entries)
+        )
+        with file_lock(store.children_index_path(parent_id) + ".lock"):
+            write_atomic(store.children_index_path(parent_id), blob, durable=store.durability.syncs_at_commit)
+        result[parent_id] = [e.id for e in entries]
+    for name in os.listdir(store.children_index_dir):
+        if is_valid_session_id(name) and name not in groups:
+            with file_lock(store.children_index_path(name) + ".lock"):
+                os.unlink(store.children_index_path(name))
+    return result

@@ -1,0 +1,254 @@
+"""Owners and leases: who may write a session, fenced by an epoch.
+
+An **owner** is one supervisor instance. It writes ``owners/<owner-id>``
+(host, boot id, pid, the pid's start time, heartbeat time, TTL) and renews
+that ONE file for all of its leases, so renewal cost does not grow with the
+number of children.
+
+A **lease** (``sessions/<id>/lease``) names the owner holding a session's
+activation, its state (``running`` / ``idle`` / ``released``) and an
+**epoch**. Acquiring takes the session lock and succeeds when there is no
+lease, it is released, it is already ours, or its owner is dead; it writes
+``epoch + 1``. Every append compares the writer's epoch to the lease's under
+the same lock (``store/log.py``), so a writer that was taken over can never
+write again.
+
+An owner is dead when (a) on the same host (same boot id) its pid no longer
+runs the process that registered — pid reuse is caught by the start time —
+or (b) its heartbeat is older than its TTL. (b) also catches a live but
+stopped (SIGSTOP) or hung owner. What is *not* guaranteed: clocks across
+hosts are trusted to within a fraction of the TTL (heartbeat ages are wall
+clock), and ``flock`` does not exclude across NFS: one host, local disk.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgpack
+
+from .atomic import read_bytes, write_atomic
+from .errors import FencedError, LeaseHeldError
+from .locks import file_lock
+from .root import Store
+
+__all__ = [
+    "LeaseState",
+    "Lease",
+    "OwnerRecord",
+    "host_identity",
+    "process_start_time",
+    "register_owner",
+    "heartbeat",
+    "remove_owner",
+    "read_owner",
+    "owner_alive",
+    "read_lease",
+    "acquire_lease",
+    "set_lease_state",
+    "release_lease",
+    "session_status",
+    "OwnerCache",
+]
+
+LeaseState = Literal["running", "idle", "released"]
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+def host_identity() -> str:
+    """Host name plus boot id: a rebooted host is another host for pid checks."""
+    return f"{socket.gethostname()}/{_boot_id()}"
+
+
+def process_start_time(pid: int) -> int | None:
+    """The pid's start time in clock ticks since boot (``/proc``), ``None`` if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            raw = handle.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except OSError:
+        return None
+    # the command name may hold spaces and parentheses: split after the last ')'
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    if fields and fields[0] == b"Z":
+        return None  # a zombie runs nothing
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class OwnerRecord:
+    owner_id: str
+    host: str
+    pid: int
+    pid_start: int | None
+    started_at: float
+    heartbeat_at: float
+    ttl: float
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "owner": self.owner_id,
+            "host": self.host,
+            "pid": self.pid,
+            "pid_start": self.pid_start,
+            "started_at": self.started_at,
+            "heartbeat_at": self.heartbeat_at,
+            "ttl": self.ttl,
+        }
+
+
+@dataclass(frozen=True)
+class Lease:
+    owner: str
+    epoch: int
+    state: LeaseState
+    acquired_at: float
+
+    def to_record(self) -> dict[str, Any]:
+        return {"owner": self.owner, "epoch": self.epoch, "state": self.state, "acquired_at": self.acquired_at}
+
+
+# -- owners -------------------------------------------------------------------
+
+
+def register_owner(store: Store, owner_id: str, *, ttl: float) -> OwnerRecord:
+    pid = os.getpid()
+    now = time.time()
+    record = OwnerRecord(owner_id, host_identity(), pid, process_start_time(pid), now, now, float(ttl))
+    write_atomic(store.owner_path(owner_id), msgpack.packb(record.to_record()), durable=False)
+    return record
+
+
+def heartbeat(store: Store, record: OwnerRecord) -> OwnerRecord:
+    """Renew the owner's single heartbeat file (covers all of its leases)."""
+    fresh = OwnerRecord(**{**record.__dict__, "heartbeat_at": time.time()})
+    write_atomic(store.owner_path(record.owner_id), msgpack.packb(fresh.to_record()), durable=False)
+    return fresh
+
+
+def remove_owner(store: Store, owner_id: str) -> None:
+    try:
+        os.unlink(store.owner_path(owner_id))
+    except FileNotFoundError:
+        pass
+
+
+def read_owner(store: Store, owner_id: str) -> OwnerRecord | None:
+    try:
+        data = msgpack.unpackb(read_bytes(store.owner_path(owner_id)), raw=False)
+        return OwnerRecord(
+            data["owner"], data["host"], int(data["pid"]), data.get("pid_start"), float(data["started_at"]),
+            float(data["heartbeat_at"]), float(data["ttl"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError, msgpack.UnpackException):
+        return None
+
+
+def owner_alive(record: OwnerRecord | None, *, now: float | None = None, host: str | None = None) -> bool:
+    if record is None:
+        return False
+    now = time.time() if now is None else now
+    if now - record.heartbeat_at > record.ttl:
+        return False
+    if record.host == (host or host_identity()):
+        start = process_start_time(record.pid)
+        if start is None or (record.pid_start is not None and start != record.pid_start):
+            return False
+    return True
+
+
+class OwnerCache:
+    """Owner liveness memoized for one query (a listing reads each owner once)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._host = host_identity()
+        self._now = time.time()
+        self._alive: dict[str, bool] = {}
+
+    def alive(self, owner_id: str) -> bool:
+        if owner_id not in self._alive:
+            self._alive[owner_id] = owner_alive(read_owner(self._store, owner_id), now=self._now, host=self._host)
+        return self._alive[owner_id]
+
+
+# -- leases -------------------------------------------------------------------
+
+
+def _decode_lease(raw: bytes) -> Lease | None:
+    try:
+        data = msgpack.unpackb(raw, raw=False)
+        return Lease(str(data["owner"]), int(data["epoch"]), data["state"], float(data["acquired_at"]))
+    except (ValueError, KeyError, TypeError, msgpack.UnpackException):
+        return None
+
+
+def read_lease(store: Store, session_id: str) -> Lease | None:
+    try:
+        return _decode_lease(read_bytes(store.path(session_id, "lease")))
+    except FileNotFoundError:
+        return None
+
+
+def _write_lease(store: Store, session_id: str, lease: Lease) -> None:
+    # durable: a lease epoch must never go backwards after a crash
+    write_atomic(store.path(session_id, "lease"), msgpack.packb(lease.to_record()), durable=store.durability.syncs_at_commit)
+
+
+def acquire_lease(store: Store, session_id: str, owner_id: str, *, state: LeaseState = "running") -> Lease:
+    """Take the session's lease at ``epoch + 1``; ``LeaseHeldError`` if a live other owner holds it."""
+    with file_lock(store.path(session_id, ".lock")):
+        current = read_lease(store, session_id)
+        if current is not None and current.state != "released" and current.owner != owner_id:
+            if owner_alive(read_owner(store, current.owner)):
+                raise LeaseHeldError(session_id, owner=current.owner, epoch=current.epoch)
+        lease = Lease(owner_id, (current.epoch if current else 0) + 1, state, time.time())
+        _write_lease(store, session_id, lease)
+        return lease
+
+
+def _fenced_update(store: Store, session_id: str, owner_id: str, epoch: int, state: LeaseState) -> Lease:
+    with file_lock(store.path(session_id, ".lock")):
+        current = read_lease(store, session_id)
+        if current is None or current.epoch != epoch or current.owner != owner_id:
+            raise FencedError(session_id, epoch=epoch, current_epoch=None if current is None else current.epoch)
+        lease = Lease(owner_id, epoch, state, current.acquired_at)
+        if current.state != state:
+            _write_lease(store, session_id, lease)
+        return lease
+
+
+def set_lease_state(store: Store, session_id: str, owner_id: str, epoch: int, state: Literal["running", "idle"]) -> Lease:
+    """Record ``running`` / ``idle``; ``FencedError`` if the lease moved on."""
+    return _fenced_update(store, session_id, owner_id, epoch, state)
+
+
+def release_lease(store: Store, session_id: str, owner_id: str, epoch: int) -> None:
+    """Mark the lease released (the epoch stays, so the next acquisition is higher)."""
+    _fenced_update(store, session_id, owner_id, epoch, "released")
+
+
+def session_status(store: Store, session_id: str, owners: OwnerCache | None = None) -> Literal["running", "idle", "complete"]:
+    """``running`` / ``idle`` from a live owner's lease, else ``complete``."""
+    lease = read_lease(store, session_id)
+    if lease is None or lease.state == "released":
+        return "complete"
+    owners = owners or OwnerCache(store)
+    if not owners.alive(lease.owner):
+        return "complete"
+    return "idle" if lease.state == "idle" else "running"

@@ -1,0 +1,273 @@
+"""The write side of a session log: fenced appends, commit points, crash repair.
+
+``LogWriter.open`` is the resume path and the only code that repairs a log:
+under the session lock it checks the writer's epoch against the lease,
+restores the projection (from the ``identity`` cache when it is verifiably
+current, by a full fold otherwise), refuses a corrupt log, truncates a torn
+tail and appends the crash closers of an open turn — exactly once, since the
+closers balance the turn.
+
+Each ``append`` takes the session ``flock`` (held only for the write), reads
+the lease epoch (a ``stat`` when the lease file has not changed), refuses with
+``FencedError`` on mismatch, picks up records another same-epoch writer
+appended, writes the whole batch with one ``write`` and, if that fails, cuts
+the file back to its previous length. A failed write or fsync marks the
+writer broken: it never writes again.
+
+Not guaranteed: a writer resumed from the cache trusts the bytes before the
+cached checkpoint (they were fsynced when the cache was written); damage
+there is found by ``inspect`` / ``subagents store fsck``, not by resume.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Sequence
+
+import msgpack
+
+from .atomic import read_bytes, write_atomic
+from .errors import CorruptSessionError, DurabilityError, FencedError, SubagentError
+from .events import closers
+from .framing import encode_record, scan
+from .header import SessionHeader
+from .lease import read_lease
+from .locks import SessionFlock
+from .projection import Projection
+from .reader import read_header, scan_log
+from .root import Store
+
+__all__ = ["SeqMismatchError", "LogWriter", "load_projection"]
+
+
+class SeqMismatchError(SubagentError, ValueError):
+    """Raised when a batch's first seq is not the log's next seq; nothing is written."""
+
+    code = "SEQ_MISMATCH"
+
+
+def _read_cache(store: Store, session_id: str) -> Projection | None:
+    try:
+        return Projection.from_record(msgpack.unpackb(read_bytes(store.path(session_id, "identity")), raw=False))
+    except FileNotFoundError:
+        return None
+    except Exception:  # an unreadable cache is only a cache: fold the log instead
+        return None
+
+
+def _from_cache(store: Store, session_id: str, header: SessionHeader, fd: int, size: int) -> tuple[Projection, bytes, int] | None:
+    """The cached projection if the record it ends on is still on disk, plus the log after it."""
+    cached = _read_cache(store, session_id)
+    if cached is None or cached.seq < 0 or cached.end_offset > size or cached.seed_length != (header.seed_length or 0):
+        return None
+    anchor = os.pread(fd, cached.end_offset - cached.last_offset, cached.last_offset)
+    check = scan(anchor, start_seq=cached.seq)
+    if check.damage is not None or len(check.records) != 1:
+        return None
+    rest = os.pread(fd, size - cached.end_offset, cached.end_offset)
+    return cached, rest, cached.end_offset
+
+
+def load_projection(store: Store, session_id: str, header: SessionHeader, fd: int, *, use_cache: bool = True) -> tuple[Projection, int, str]:
+    """Projection of the valid log, the byte end of the valid prefix, and its status.
+
+    Raises ``CorruptSessionError`` for committed damage (see ``store/reader.py``).
+    """
+    size = os.fstat(fd).st_size
+    found = _from_cache(store, session_id, header, fd, size) if use_cache else None
+    if found is None:
+        projection = Projection(seed_length=header.seed_length or 0)
+        rest, base = os.pread(fd, size, 0), 0
+    else:
+        projection, rest, base = found
+    events, offsets, end, damage, status = scan_log(session_id, rest, start_seq=projection.next_seq, base_offset=base)
+    if status == "corrupt":
+        assert damage is not None
+        raise CorruptSessionError(
+            session_id,
+            f"{damage.reason} at byte {damage.offset} in the committed region ({damage.detail})".replace(" ()", ""),
+            offset=damage.offset,
+        )
+    projection.fold(events, offsets, end)
+    if not events and found is None:
+        projection.end_offset = end
+    return projection, end, status
+
+
+class LogWriter:
+    """An open, fenced writer of one session log. Not thread-safe; one per activation."""
+
+    def __init__(self, store: Store, header: SessionHeader, *, epoch: int, projection: Projection, fd: int, lock: SessionFlock) -> None:
+        self.store = store
+        self.header = header
+        self.session_id = header.id
+        self.epoch = epoch
+        self.projection = projection
+        self._fd = fd
+        self._lock = lock
+        self._lease_path = store.path(header.id, "lease")
+        self._lease_key: tuple[int, int, int] | None = None
+        self._lease_epoch: int | None = 0
+        self._broken: BaseException | None = None
+        self._dirty = False
+        self.repaired: list[dict[str, Any]] = []
+
+    # -- opening (the resume path) -------------------------------------------
+
+    @classmethod
+    def open(cls, store: Store, session_id: str, *, epoch: int, repair: bool = True) -> "LogWriter":
+        header = read_header(store, session_id)
+        lock = SessionFlock(store.path(session_id, ".lock"))
+        fd = os.open(store.path(session_id, "log"), os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            with lock:
+                writer = cls(store, header, epoch=epoch, projection=Projection(), fd=fd, lock=lock)
+                writer._check_fence()
+                projection, end, status = load_projection(store, session_id, header, fd)
+                writer.projection = projection
+                if repair:
+                    if status == "torn":
+                        writer._truncate(end)
+                    fix = closers(projection.open_turn, projection.open_step, projection.open_calls)
+                    if fix:
+                        writer.repaired = writer._append_locked(fix)
+                    if status == "torn" or fix:
+                        writer._commit_locked()
+            return writer
+        except BaseException:
+            os.close(fd)
+            lock.close()
+            raise
+
+    # -- fencing ---------------------------------------------------------------
+
+    def _current_epoch(self) -> int | None:
+        """The lease epoch writers must match (0 when there is no lease; None when released)."""
+        try:
+            st = os.stat(self._lease_path)
+        except FileNotFoundError:
+            self._lease_key = None
+            return 0
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if key != self._lease_key:
+            lease = read_lease(self.store, self.session_id)
+            self._lease_epoch = None if lease is None or lease.state == "released" else lease.epoch
+            self._lease_key = key
+        return self._lease_epoch
+
+    def _check_fence(self) -> None:
+        current = self._current_epoch()
+        if current != self.epoch:
+            raise FencedError(self.session_id, epoch=self.epoch, current_epoch=current)
+
+    # -- appending ---------------------------------------------------------------
+
+    @property
+    def next_seq(self) -> int:
+        return self.projection.next_seq
+
+    def append(self, batch: Sequence[tuple[str, Any]], *, first_seq: int | None = None, commit: bool = False) -> list[dict[str, Any]]:
+        """Append ``(type, data)`` events as one write; returns the records written.
+
+        ``first_seq``, when given, must equal the log's next seq or nothing is
+        written (``SeqMismatchError``). ``commit`` makes it a commit point.
+        """
+        if self._broken is not None:
+            raise DurabilityError(f'writer of session "{self.session_id}" is broken: {self._broken}') from self._broken
+        with self._lock:
+            self._check_fence()
+            self._sync_tail()
+            if first_seq is not None and first_seq != self.next_seq:
+                raise SeqMismatchError(
+                    f'append seq mismatch for "{self.session_id}": expected {self.next_seq}, got {first_seq}',
+                    session_id=self.session_id,
+                )
+            records = self._append_locked(batch)
+            if commit:
+                self._commit_locked()
+            return records
+
+    def _sync_tail(self) -> None:
+        """Fold records another writer of the same epoch appended since our last write."""
+        size = os.fstat(self._fd).st_size
+        end = self.projection.end_offset
+        if size == end:
+            return
+        if size < end:
+            raise CorruptSessionError(self.session_id, f"log shrank under its writer ({size} < {end} bytes)")
+        data = os.pread(self._fd, size - end, end)
+        result = scan(data, start_seq=self.next_seq, base_offset=end)
+        if result.damage is not None:
+            raise CorruptSessionError(self.session_id, f"another writer left {result.damage.reason} at byte {result.damage.offset}")
+        self.projection.fold(result.records, result.offsets, result.end)
+
+    def _append_locked(self, batch: Sequence[tuple[str, Any]]) -> list[dict[str, Any]]:
+        now = time.time()
+        seq = self.next_seq
+        records: list[dict[str, Any]] = []
+        chunks: list[bytes] = []
+        for kind, data in batch:
+            record = {"seq": seq, "ts": now, "type": kind, "data": data, "epoch": self.epoch}
+            records.append(record)
+            chunks.append(encode_record(record))
+            seq += 1
+        blob = b"".join(chunks)
+        start = self.projection.end_offset
+        try:
+            written = os.write(self._fd, blob)
+            if written != len(blob):
+                raise OSError(f"short write: {written} of {len(blob)} bytes")
+            self.store.durability.after_append(self._fd, f"log of {self.session_id}")
+        except (OSError, DurabilityError) as exc:
+            self._broken = exc
+            try:
+                os.ftruncate(self._fd, start)
+            except OSError:
+                pass  # the writer is broken either way; the torn tail is repaired on the next open
+            if isinstance(exc, DurabilityError):
+                raise
+            raise DurabilityError(f'append to session "{self.session_id}" failed: {exc}', session_id=self.session_id) from exc
+        offset = start
+        for record, chunk in zip(records, chunks):
+            self.projection.apply(record, offset, offset + len(chunk))
+            offset += len(chunk)
+        self._dirty = True
+        return records
+
+    def _truncate(self, end: int) -> None:
+        try:
+            os.ftruncate(self._fd, end)
+        except OSError as exc:
+            raise DurabilityError(f'truncating the torn tail of "{self.session_id}" failed: {exc}') from exc
+        self.projection.end_offset = end
+
+    # -- commit points -------------------------------------------------------------
+
+    def commit(self) -> None:
+        """A commit point: fsync under ``batched``/``strict`` and refresh the identity cache."""
+        with self._lock:
+            self._commit_locked()
+
+    def _commit_locked(self) -> None:
+        if self._broken is not None:
+            raise DurabilityError(f'writer of session "{self.session_id}" is broken: {self._broken}') from self._broken
+        try:
+            self.store.durability.at_commit(self._fd, f"log of {self.session_id}")
+        except DurabilityError as exc:
+            self._broken = exc
+            raise
+        write_atomic(self.store.path(self.session_id, "identity"), msgpack.packb(self.projection.to_record()), durable=False)
+        self._dirty = False
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+            self._lock.close()
+
+    def __enter__(self) -> "LogWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

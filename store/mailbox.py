@@ -1,0 +1,90 @@
+"""Durable mailboxes: messages accepted for a session and not yet taken into a turn.
+
+``accept`` appends a framed record ``{seq, id, ts, source, content}`` to
+``sessions/<id>/mailbox`` under the session lock and fsyncs it (unless the
+policy is ``none``) before it returns the message id: an accepted message
+survives a crash of every process.
+
+Consumption is recorded in the *log*, not here: the turn that takes a message
+appends ``message/accepted`` (or teardown appends ``message/discarded``) with
+its id. Messages are consumed in FIFO order, so the log's consumed count
+(kept in the projection) is the length of the consumed prefix of the mailbox;
+``pending`` checks that the last consumed id matches before trusting it.
+Recovery therefore delivers each accepted message exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .atomic import read_bytes
+from .errors import CorruptSessionError, SessionNotFoundError
+from .framing import encode_record, scan
+from .ids import IdGenerator
+from .locks import SessionFlock
+from .root import Store
+
+__all__ = ["MailboxMessage", "accept", "read_mailbox", "pending"]
+
+
+@dataclass(frozen=True)
+class MailboxMessage:
+    id: str
+    ts: float
+    source: dict[str, Any]
+    content: Any
+    wake: bool = True
+
+    def to_event_data(self) -> dict[str, Any]:
+        return {"message_id": self.id, "source": self.source, "content": self.content}
+
+
+def accept(store: Store, session_id: str, *, source: dict[str, Any], content: Any, ids: IdGenerator, wake: bool = True, lock: SessionFlock | None = None) -> str:
+    """Durably append a message; returns its id once it is on stable storage."""
+    if not store.exists(session_id):
+        raise SessionNotFoundError(session_id)
+    message_id = ids.new()
+    own_lock = lock is None
+    lock = lock or SessionFlock(store.path(session_id, ".lock"))
+    try:
+        with lock:
+            fd = os.open(store.path(session_id, "mailbox"), os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+            try:
+                size = os.fstat(fd).st_size
+                result = scan(os.pread(fd, size, 0))
+                if result.end != size:
+                    os.ftruncate(fd, result.end)  # a torn tail of an acceptance that never returned
+                record = {"seq": len(result.records), "id": message_id, "ts": time.time(), "source": source, "content": content, "wake": wake}
+                os.write(fd, encode_record(record))
+                store.durability.at_commit(fd, f"mailbox of {session_id}")
+            finally:
+                os.close(fd)
+    finally:
+        if own_lock:
+            lock.close()
+    return message_id
+
+
+def read_mailbox(store: Store, session_id: str) -> list[MailboxMessage]:
+    try:
+        data = read_bytes(store.path(session_id, "mailbox"))
+    except FileNotFoundError:
+        return []
+    return [
+        MailboxMessage(r["id"], float(r.get("ts", 0.0)), r.get("source") or {}, r.get("content"), bool(r.get("wake", True)))
+        for r in scan(data).records
+    ]
+
+
+def pending(store: Store, session_id: str, *, consumed: int, last_consumed_id: str | None) -> list[MailboxMessage]:
+    """Accepted messages the log has not consumed, in FIFO order."""
+    messages = read_mailbox(store, session_id)
+    if consumed > len(messages) or (consumed and messages[consumed - 1].id != last_consumed_id):
+        raise CorruptSessionError(
+            session_id,
+            f"mailbox and log disagree: log consumed {consumed} message(s) ending at {last_consumed_id!r}",
+        )
+    return messages[consumed:]

@@ -1,0 +1,212 @@
+"""Projections of a session log: identity, timing, and what resume needs.
+
+One incremental fold (``Projection.apply``) serves three readers:
+
+* the catalog (identity: last valid descriptor wins; timing);
+* resume (first own-suffix descriptor, the open turn to close, how many
+  mailbox messages the log has consumed, and where the valid log ends), so a
+  100,000-event session resumes from the cached projection, not a replay;
+* ``store/log.py``, which writes the projection as the session's
+  ``identity`` file at commit points.
+
+The cache is derived: a reader that finds it missing, unreadable or behind
+its gate folds the log in memory instead, and never writes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from .descriptor import ContinuableDescriptor, Descriptor, DescriptorError, identity_of, parse_descriptor
+
+__all__ = ["PROJECTION_VERSION", "Timing", "Projection"]
+
+PROJECTION_VERSION = 1
+
+
+@dataclass
+class Timing:
+    """REFERENCE.md §3 timing: settled active milliseconds, plus the open turn."""
+
+    settled_ms: float = 0.0
+    active_since: float | None = None
+    active_through: float | None = None
+    pending_since: float | None = None  # a turn started before any descriptor
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "settled_ms": self.settled_ms,
+            "active_since": self.active_since,
+            "active_through": self.active_through,
+            "pending_since": self.pending_since,
+        }
+
+
+@dataclass
+class Projection:
+    """The fold of a log prefix. ``seq`` is the last folded seq (-1: nothing)."""
+
+    seed_length: int = 0
+    seq: int = -1
+    end_offset: int = 0
+    last_offset: int = 0  # start offset of record ``seq``
+    last_ts: float = 0.0
+    identity: Descriptor | str | None = None  # Descriptor, "unsupported", "corrupt" or None
+    identity_seq: int | None = None
+    resume: Descriptor | None = None
+    resume_seq: int | None = None
+    resume_error: str | None = None
+    resume_seen: bool = False
+    timing: Timing = field(default_factory=Timing)
+    seen_descriptor: bool = False
+    consumed: int = 0
+    last_message_id: str | None = None
+    open_turn: int | None = None
+    open_step: int | None = None
+    open_calls: dict[str, int] = field(default_factory=dict)
+    turns: int = 0
+    last_stop_reason: str | None = None
+
+    # -- folding -----------------------------------------------------------
+
+    def apply(self, event: dict[str, Any], offset: int, end_offset: int) -> None:
+        kind = event.get("type")
+        seq = event["seq"]
+        ts = float(event.get("ts") or 0.0)
+        data = event.get("data") or {}
+        self.seq, self.last_offset, self.end_offset, self.last_ts = seq, offset, end_offset, ts
+        if kind == "subagent/descriptor":
+            self._descriptor(seq, data, ts)
+        elif kind == "turn/start":
+            self.open_turn, self.open_step, self.open_calls = seq, None, {}
+            if self.seen_descriptor:
+                self.timing.active_since = self.timing.active_through = ts
+            else:
+                self.timing.pending_since = ts
+        elif kind == "turn/end":
+            self.open_turn, self.open_step, self.open_calls = None, None, {}
+            self.turns += 1
+            self.last_stop_reason = data.get("stop_reason") if isinstance(data, dict) else None
+            if self.timing.active_since is not None:
+                self.timing.settled_ms += max(0.0, ts - self.timing.active_since) * 1000.0
+            self.timing.active_since = self.timing.active_through = None
+            self.timing.pending_since = None
+        else:
+            if self.timing.active_since is not None:
+                self.timing.active_through = ts
+            if kind == "step/start":
+                self.open_step = seq
+            elif kind == "step/end":
+                self.open_step = None
+            elif kind == "tool/call" and isinstance(data, dict):
+                self.open_calls[str(data.get("call_id"))] = seq
+            elif kind == "tool/result" and isinstance(data, dict):
+                self.open_calls.pop(str(data.get("call_id")), None)
+            elif kind == "message/accepted" and isinstance(data, dict):
+                self.consumed += 1
+                self.last_message_id = data.get("message_id")
+
+    def _descriptor(self, seq: int, data: Any, ts: float) -> None:
+        verdict = identity_of(data)
+        self.identity, self.identity_seq = verdict, seq
+        if not isinstance(verdict, str):
+            # every descriptor resets the settled time; a pending turn start becomes active
+            self.seen_descriptor = True
+            self.timing.settled_ms = 0.0
+            if self.timing.pending_since is not None:
+                self.timing.active_since = self.timing.pending_since
+                self.timing.active_through = ts
+                self.timing.pending_since = None
+        if seq >= self.seed_length and not self.resume_seen:
+            self.resume_seen = True
+            try:
+                self.resume = parse_descriptor(data)
+                self.resume_seq = seq
+            except DescriptorError as exc:
+                self.resume_error = str(exc)
+
+    def fold(self, events: Iterable[dict[str, Any]], offsets: Iterable[int], end: int) -> None:
+        offs = list(offsets) + [end]
+        for i, event in enumerate(events):
+            self.apply(event, offs[i], offs[i + 1])
+
+    # -- reading -----------------------------------------------------------
+
+    @property
+    def next_seq(self) -> int:
+        return self.seq + 1
+
+    def continuable(self) -> ContinuableDescriptor | None:
+        return self.resume if isinstance(self.resume, ContinuableDescriptor) else None
+
+    # -- persistence of the cache ------------------------------------------
+
+    def to_record(self) -> dict[str, Any]:
+        ident: Any
+        if isinstance(self.identity, str) or self.identity is None:
+            ident = self.identity
+        else:
+            ident = self.identity.to_record()
+        return {
+            "version": PROJECTION_VERSION,
+            "seed_length": self.seed_length,
+            "seq": self.seq,
+            "end_offset": self.end_offset,
+            "last_offset": self.last_offset,
+            "last_ts": self.last_ts,
+            "identity": ident,
+            "identity_seq": self.identity_seq,
+            "resume": None if self.resume is None else self.resume.to_record(),
+            "resume_seq": self.resume_seq,
+            "resume_error": self.resume_error,
+            "resume_seen": self.resume_seen,
+            "timing": self.timing.to_record(),
+            "seen_descriptor": self.seen_descriptor,
+            "consumed": self.consumed,
+            "last_message_id": self.last_message_id,
+            "open_turn": self.open_turn,
+            "open_step": self.open_step,
+            "open_calls": dict(self.open_calls),
+            "turns": self.turns,
+            "last_stop_reason": self.last_stop_reason,
+        }
+
+    @classmethod
+    def from_record(cls, data: Any) -> "Projection | None":
+        """Rebuild a cached projection; ``None`` if it is not one this build wrote."""
+        if not isinstance(data, dict) or data.get("version") != PROJECTION_VERSION:
+            return None
+        try:
+            ident = data["identity"]
+            identity: Descriptor | str | None
+            if ident is None or isinstance(ident, str):
+                identity = ident
+            else:
+                identity = parse_descriptor(ident)
+            resume = None if data["resume"] is None else parse_descriptor(data["resume"])
+            t = data["timing"]
+            return cls(
+                seed_length=int(data["seed_length"]),
+                seq=int(data["seq"]),
+                end_offset=int(data["end_offset"]),
+                last_offset=int(data["last_offset"]),
+                last_ts=float(data["last_ts"]),
+                identity=identity,
+                identity_seq=data["identity_seq"],
+                resume=resume,
+                resume_seq=data["resume_seq"],
+                resume_error=data["resume_error"],
+                resume_seen=bool(data["resume_seen"]),
+                timing=Timing(t["settled_ms"], t["active_since"], t["active_through"], t["pending_since"]),
+                seen_descriptor=bool(data["seen_descriptor"]),
+                consumed=int(data["consumed"]),
+                last_message_id=data["last_message_id"],
+                open_turn=data["open_turn"],
+                open_step=data["open_step"],
+                open_calls={str(k): int(v) for k, v in data["open_calls"].items()},
+                turns=int(data["turns"]),
+                last_stop_reason=data["last_stop_reason"],
+            )
+        except (KeyError, TypeError, ValueError, AttributeError, DescriptorError):
+            return None

@@ -1,0 +1,102 @@
+"""The store root: its marker, its layout, and where each file of a session lives.
+
+``Store`` is a cheap handle (a path and a durability policy); every process
+opens its own. It never caches session state: other processes write the same
+files. Every path it builds goes through ``validate_session_id`` first.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import msgpack
+
+from .atomic import make_dirs, read_bytes, write_atomic
+from .durability import Durability, durability_policy
+from .errors import StoreFormatError
+from .ids import validate_session_id
+
+__all__ = ["STORE_FORMAT", "STORE_VERSION", "Store"]
+
+STORE_FORMAT = "subagents-store"
+STORE_VERSION = 1
+
+
+class Store:
+    """An opened store folder (created with its ``STORE`` marker when absent)."""
+
+    def __init__(self, root: str | os.PathLike[str], *, durability: str | Durability = "batched", create: bool = True) -> None:
+        self.root = os.path.abspath(os.fspath(root))
+        self.durability = durability if isinstance(durability, Durability) else durability_policy(durability)
+        self._open(create)
+
+    def _open(self, create: bool) -> None:
+        marker = os.path.join(self.root, "STORE")
+        if not os.path.exists(marker):
+            if not create:
+                raise StoreFormatError(f"{self.root} is not a subagents store (no STORE marker)", path=self.root)
+            if os.path.isdir(self.root) and any(n for n in os.listdir(self.root) if not n.startswith(".")):
+                raise StoreFormatError(
+                    f"{self.root} is not empty and has no STORE marker: refusing to make it a store", path=self.root
+                )
+            make_dirs(self.root)
+            for sub in ("sessions", "owners", os.path.join("index", "children")):
+                make_dirs(os.path.join(self.root, sub))
+            try:
+                write_atomic(marker, msgpack.packb({"format": STORE_FORMAT, "version": STORE_VERSION}), durable=True, exclusive=True)
+            except FileExistsError:
+                pass  # another process created it at the same time
+        try:
+            info: Any = msgpack.unpackb(read_bytes(marker), raw=False)
+        except Exception as exc:  # any garbage in the marker means "not our store"
+            raise StoreFormatError(f"{marker} is unreadable: {exc}", path=self.root) from exc
+        if not isinstance(info, dict) or info.get("format") != STORE_FORMAT:
+            raise StoreFormatError(f"{self.root} holds format {info!r}, not a {STORE_FORMAT}", path=self.root)
+        if info.get("version") != STORE_VERSION:
+            raise StoreFormatError(
+                f"{self.root} is a {STORE_FORMAT} of version {info.get('version')!r}; this build reads version {STORE_VERSION}",
+                path=self.root,
+            )
+
+    # -- layout --------------------------------------------------------------
+
+    @property
+    def sessions_dir(self) -> str:
+        return os.path.join(self.root, "sessions")
+
+    @property
+    def owners_dir(self) -> str:
+        return os.path.join(self.root, "owners")
+
+    @property
+    def children_index_dir(self) -> str:
+        return os.path.join(self.root, "index", "children")
+
+    def session_dir(self, session_id: str) -> str:
+        return os.path.join(self.root, "sessions", validate_session_id(session_id))
+
+    def path(self, session_id: str, name: str) -> str:
+        """``sessions/<id>/<name>`` for name in header, log, mailbox, lease, .lock, identity."""
+        return os.path.join(self.session_dir(session_id), name)
+
+    def owner_path(self, owner_id: str) -> str:
+        return os.path.join(self.root, "owners", validate_session_id(owner_id))
+
+    def children_index_path(self, parent_id: str) -> str:
+        return os.path.join(self.root, "index", "children", validate_session_id(parent_id))
+
+    def exists(self, session_id: str) -> bool:
+        return os.path.exists(self.path(session_id, "header"))
+
+    def session_ids(self) -> list[str]:
+        """Every id with a header, sorted (ids are time-ordered)."""
+        found = []
+        with os.scandir(self.sessions_dir) as entries:
+            for entry in entries:
+                if os.path.exists(os.path.join(entry.path, "header")):
+                    found.append(entry.name)
+        return sorted(found)
+
+    def __repr__(self) -> str:
+        return f"Store({self.root!r}, durability={self.durability.name!r})"

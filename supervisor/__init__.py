@@ -1,0 +1,1 @@
+"""The host side: the Supervisor service."""

@@ -1,0 +1,1 @@
+"""The child agent runtime inside a worker process."""
