@@ -1,1 +1,48 @@
-"""The host side: the Supervisor service."""
+"""The host side of subagents: the ``Supervisor`` service and its public models.
+
+Layout: ``service`` (the façade), ``registry`` (providers), ``pool`` (worker
+processes), ``oneshot`` (one-shot runs), ``rpc`` (what turns ask of the
+supervisor), ``lease_keeper`` (owner heartbeat), ``events`` (lifecycle
+events), ``config``, ``models``, ``errors``, and ``cli`` (the only module
+that prints).
+"""
+
+from store.errors import SubagentError
+
+from .config import SupervisorConfig
+from .errors import CancelledBeforeStartError, InvalidRequestError, RegistryError, SubagentDepthError, SupervisorClosedError
+from .models import (
+    AgentRef,
+    AncestorAuthority,
+    Capabilities,
+    ContinuableSpec,
+    Provider,
+    RunBudget,
+    SubagentRequest,
+    SubagentResult,
+    UserAuthority,
+)
+from .oneshot import SubagentRun
+from .service import Supervisor, SupervisorStatistics
+
+__all__ = [
+    "SubagentError",
+    "SupervisorConfig",
+    "CancelledBeforeStartError",
+    "InvalidRequestError",
+    "RegistryError",
+    "SubagentDepthError",
+    "SupervisorClosedError",
+    "AgentRef",
+    "AncestorAuthority",
+    "Capabilities",
+    "ContinuableSpec",
+    "Provider",
+    "RunBudget",
+    "SubagentRequest",
+    "SubagentResult",
+    "UserAuthority",
+    "SubagentRun",
+    "Supervisor",
+    "SupervisorStatistics",
+]

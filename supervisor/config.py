@@ -1,0 +1,22 @@
+"""Supervisor configuration (a pydantic model; the TOML loader of the CLI fills it)."""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["SupervisorConfig"]
+
+
+class SupervisorConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pool_size: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
+    start_method: Literal["forkserver", "spawn", "fork"] = "forkserver"
+    durability: Literal["strict", "batched", "none"] = "batched"
+    lease_ttl_s: float = Field(default=5.0, gt=0)
+    cancel_grace_s: float = Field(default=2.0, gt=0)  # a cancelled turn that ignores it this long has its worker killed
+    worker_ready_timeout_s: float = Field(default=30.0, gt=0)
+    worker_log_level: int = 30

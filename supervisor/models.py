@@ -1,0 +1,132 @@
+"""The public request and result models of the service (pydantic at the boundary)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "Capabilities",
+    "Provider",
+    "RunBudget",
+    "AgentRef",
+    "SubagentRequest",
+    "SubagentResult",
+    "StopReason",
+    "ContinuableSpec",
+    "UserAuthority",
+    "AncestorAuthority",
+]
+
+StopReason = Literal["completed", "aborted", "error", "max-tokens", "refusal", "budget-exhausted"]
+
+
+class Capabilities(BaseModel):
+    """What a provider supports for one-shot starts (all off by default, as the reference)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    output_schema: bool = False
+    depth_limit: bool = False
+    tool_filter: bool = False
+    persona: bool = False
+    sandbox_mode: bool = False
+    run_budget: bool = False
+
+    @classmethod
+    def all(cls) -> "Capabilities":
+        return cls(output_schema=True, depth_limit=True, tool_filter=True, persona=True, sandbox_mode=True, run_budget=True)
+
+
+class Provider(BaseModel):
+    """A named way to run children: which program, what it supports."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    name: str
+    program: str | Callable[..., Any]
+    capabilities: Capabilities = Capabilities()
+    inherits_parent_context: bool = False
+    continuable: bool = False
+
+
+class RunBudget(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_steps: int | None = None
+    timeout_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class AgentRef:
+    """A live agent of this supervisor (a root opened by the host)."""
+
+    id: str
+    label: str | None = None
+
+
+class SubagentRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    parent: AgentRef | str
+    prompt: Any
+    label: str | None = None
+    output_schema: dict[str, Any] | None = None
+    max_depth: Any = None
+    tool_filter: dict[str, list[str]] | None = None
+    persona: str | None = None
+    sandbox: str | None = None
+    model: str | None = None
+    budget: RunBudget | None = None
+
+    @property
+    def parent_id(self) -> str:
+        return self.parent.id if isinstance(self.parent, AgentRef) else self.parent
+
+
+class SubagentResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    output: str = ""
+    structured: Any = None
+    stop_reason: StopReason
+    diagnostic: str | None = None
+
+
+class ContinuableSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    parent: AgentRef | str
+    provider: str
+    prompt: Any
+    label: str
+    child_id: str | None = None
+    max_depth: Any = None
+    tool_filter: dict[str, list[str]] | None = None
+    persona: str | None = None
+    sandbox: str | None = None
+    agent_provider: str | None = None
+    model: str | None = None
+    budget: RunBudget | None = None
+
+    @property
+    def parent_id(self) -> str:
+        return self.parent.id if isinstance(self.parent, AgentRef) else self.parent
+
+
+@dataclass(frozen=True)
+class UserAuthority:
+    parent_session: str
+    kind: Literal["user"] = "user"
+
+
+@dataclass(frozen=True)
+class AncestorAuthority:
+    agent: AgentRef | str
+    kind: Literal["ancestor"] = "ancestor"
+
+    @property
+    def agent_id(self) -> str:
+        return self.agent.id if isinstance(self.agent, AgentRef) else self.agent

@@ -1,0 +1,339 @@
+"""The worker pool: processes, pipes, dispatch, and crash → typed outcome.
+
+    Supervisor tasks ──run_turn()──▶ queue ──_schedule()──▶ Worker.conn ──▶ worker process
+          ▲                                                      │
+          └──── TurnDone / Rpc ◀── _reader(worker) ◀─────────────┘
+                                     _watch(worker): process sentinel → _crashed()
+
+One owner for the mutable state: ``_schedule``, ``_reader``, ``_watch`` and
+``run_turn`` all run on the supervisor's event loop (never in threads), so
+the pending tables need no lock.
+
+Dispatch rule: a worker takes a queued turn only when none of its resident
+turns is *running*. A turn blocked in a waiting RPC (``spawn_wait``,
+``wait_run``) is *parked*: it stays resident in its worker's event loop but
+no longer counts, so the children it waits for can run in that worker. A
+parent waiting on children therefore never holds a worker they need, at any
+depth and pool size. When the wait ends the turn resumes where it is, even if
+its worker has meanwhile taken another turn (brief oversubscription, never a
+deadlock).
+
+A worker death is seen at once (its sentinel becomes readable): every turn
+resident on it ends — ``aborted`` if its cancellation was asked for, else
+``error`` naming the pid, exit code or signal — and a replacement starts.
+A cancelled turn that ignores cancellation for ``cancel_grace_s`` has its
+worker killed (and so do the other turns resident on that worker: they end
+``error``; the log of each is repaired by the caller).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import sys
+import time
+import types
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Iterator
+
+import anyio
+import multiprocess
+
+from store.errors import SubagentError
+from worker.errors import WorkerCrashedError, describe_exit
+from worker.main import worker_entry
+from worker.protocol import BLOCKING_RPCS, Cancel, Ready, Reply, Rpc, RunTurn, Shutdown, TurnDone, TurnOutcome, TurnSpec, decode, encode
+
+from .errors import SupervisorClosedError
+
+__all__ = ["RpcHandler", "TurnHandle", "PoolStatistics", "WorkerPool"]
+
+log = logging.getLogger(__name__)
+
+RpcHandler = Callable[[str, dict[str, Any]], Awaitable[Any]]
+
+_PRELOAD = ["worker.main", "worker.turn", "worker.programs", "store", "jsonschema"]
+
+
+@contextlib.contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """Start a worker without re-running the host's ``__main__`` in it.
+
+    forkserver/spawn children re-import the parent's main script unless it
+    is guarded by ``if __name__ == "__main__"``; workers never need it (they
+    load programs by import path, or by dill by value), so the host's script
+    is hidden while the process is launched. Runs on the event-loop thread,
+    so no other thread sees the swap.
+    """
+    real = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = real
+
+
+@dataclass(eq=False)
+class TurnHandle:
+    call_id: int
+    spec: TurnSpec
+    on_rpc: RpcHandler
+    done: anyio.Event = field(default_factory=anyio.Event)
+    outcome: TurnOutcome | None = None
+    crashed: bool = False
+    worker: "_Worker | None" = None
+    parked: int = 0
+    cancel_reason: str | None = None
+    cancel_sent_at: float | None = None
+
+
+@dataclass(eq=False)
+class _Worker:
+    index: int
+    process: Any
+    conn: Any
+    pid: int
+    turns: dict[int, TurnHandle] = field(default_factory=dict)
+    alive: bool = True
+
+    @property
+    def running(self) -> int:
+        return sum(1 for t in self.turns.values() if t.parked == 0)
+
+
+@dataclass(frozen=True)
+class PoolStatistics:
+    size: int
+    workers_alive: int
+    queued: int
+    resident: int
+    parked: int
+    started: int
+    crashed: int
+
+
+class WorkerPool:
+    def __init__(self, *, size: int, start_method: str, ready_timeout_s: float, cancel_grace_s: float, log_level: int = logging.WARNING) -> None:
+        self.size = size
+        self._context = multiprocess.get_context(start_method)
+        if start_method == "forkserver":
+            self._context.set_forkserver_preload(_PRELOAD)
+        self._ready_timeout_s = ready_timeout_s
+        self._cancel_grace_s = cancel_grace_s
+        self._log_level = log_level
+        self._workers: list[_Worker] = []
+        self._queue: deque[TurnHandle] = deque()
+        self._call_ids = itertools.count(1)
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._closing = False
+        self._started = 0
+        self._crashed = 0
+
+    # -- life cycle ------------------------------------------------------------
+
+    async def start(self, tg: anyio.abc.TaskGroup) -> None:
+        """Start every worker and wait for each READY under the deadline."""
+        self._tg = tg
+        with anyio.fail_after(self._ready_timeout_s):
+            async with anyio.create_task_group() as starting:
+                for index in range(self.size):
+                    starting.start_soon(self._start_worker, index)
+
+    async def _start_worker(self, index: int) -> None:
+        parent_conn, child_conn = self._context.Pipe(duplex=True)
+        process = self._context.Process(target=worker_entry, args=(child_conn, self._log_level), daemon=True, name=f"subagents-worker-{index}")
+        with _main_module_hidden():
+            process.start()
+        child_conn.close()
+        with anyio.fail_after(self._ready_timeout_s):
+            await anyio.wait_readable(parent_conn.fileno())
+        hello = decode(parent_conn.recv_bytes())
+        if not isinstance(hello, Ready):
+            raise SubagentError(f"worker {process.pid} did not announce itself", code="WORKER_HANDSHAKE")
+        worker = _Worker(index, process, parent_conn, hello.pid)
+        if index < len(self._workers):
+            self._workers[index] = worker
+        else:
+            while len(self._workers) < index:
+                self._workers.append(None)  # type: ignore[arg-type]
+            self._workers.append(worker)
+        self._started += 1
+        assert self._tg is not None
+        self._tg.start_soon(self._reader, worker)
+        self._tg.start_soon(self._watch, worker)
+        self._schedule()
+
+    async def aclose(self) -> None:
+        self._closing = True
+        for handle in list(self._queue):
+            self._finish(handle, TurnOutcome(stop_reason="aborted", diagnostic="the supervisor closed before the turn ran"))
+        self._queue.clear()
+        for worker in self._workers:
+            if worker is not None and worker.alive:
+                worker.alive = False
+                try:
+                    worker.conn.send_bytes(encode(Shutdown()))
+                except OSError:
+                    pass
+        deadline = time.monotonic() + 2.0
+        for worker in self._workers:
+            if worker is None:
+                continue
+            while worker.process.is_alive() and time.monotonic() < deadline:
+                await anyio.sleep(0.01)
+            if worker.process.is_alive():
+                worker.process.kill()
+            await anyio.to_thread.run_sync(worker.process.join, 1.0)
+            worker.conn.close()
+
+    # -- turns -------------------------------------------------------------------
+
+    async def run_turn(self, spec: TurnSpec, on_rpc: RpcHandler, *, started: Callable[[TurnHandle], None] | None = None) -> TurnHandle:
+        """Queue a turn and wait for its outcome (in ``handle.outcome``)."""
+        if self._closing:
+            raise SupervisorClosedError("the supervisor is closed")
+        handle = TurnHandle(next(self._call_ids), spec, on_rpc)
+        self._queue.append(handle)
+        if started is not None:
+            started(handle)
+        self._schedule()
+        await handle.done.wait()
+        return handle
+
+    def cancel(self, handle: TurnHandle, reason: str = "user") -> None:
+        """Ask a turn to stop; kill its worker if it ignores that past the grace period."""
+        if handle.done.is_set() or handle.cancel_reason is not None:
+            return
+        handle.cancel_reason = reason
+        if handle.worker is None:
+            if handle in self._queue:
+                self._queue.remove(handle)
+            self._finish(handle, TurnOutcome(stop_reason="aborted", diagnostic=f"the turn was cancelled ({reason}) before it started"))
+            return
+        handle.cancel_sent_at = time.monotonic()
+        self._send(handle.worker, Cancel(call_id=handle.call_id, reason=reason))
+        assert self._tg is not None
+        self._tg.start_soon(self._enforce_cancel, handle)
+
+    async def _enforce_cancel(self, handle: TurnHandle) -> None:
+        with anyio.move_on_after(self._cancel_grace_s):
+            await handle.done.wait()
+            return
+        worker = handle.worker
+        if worker is not None and worker.alive and not handle.done.is_set():
+            log.warning("turn ignored cancellation for %.1fs; killing worker %s", self._cancel_grace_s, worker.pid)
+            worker.process.kill()
+
+    def _finish(self, handle: TurnHandle, outcome: TurnOutcome, *, crashed: bool = False) -> None:
+        if handle.done.is_set():
+            return
+        handle.outcome, handle.crashed = outcome, crashed
+        if handle.worker is not None:
+            handle.worker.turns.pop(handle.call_id, None)
+        handle.done.set()
+
+    def _schedule(self) -> None:
+        for worker in self._workers:
+            if not self._queue:
+                return
+            if worker is None or not worker.alive or worker.running > 0:
+                continue
+            handle = self._queue.popleft()
+            handle.worker = worker
+            worker.turns[handle.call_id] = handle
+            self._send(worker, RunTurn(call_id=handle.call_id, spec=handle.spec))
+
+    def _send(self, worker: _Worker, message: Any) -> None:
+        try:
+            worker.conn.send_bytes(encode(message))
+        except OSError:
+            log.warning("worker %s pipe closed while sending", worker.pid)  # the sentinel reports the death
+
+    # -- per-worker tasks -------------------------------------------------------
+
+    async def _reader(self, worker: _Worker) -> None:
+        while worker.alive:
+            await anyio.wait_readable(worker.conn.fileno())
+            try:
+                raw = worker.conn.recv_bytes()
+            except (EOFError, OSError):
+                return  # the sentinel task handles the death
+            msg = decode(raw)
+            if isinstance(msg, TurnDone):
+                handle = worker.turns.get(msg.call_id)
+                if handle is not None:
+                    outcome = msg.outcome
+                    if handle.cancel_reason is not None and outcome.stop_reason == "completed":
+                        outcome = outcome.model_copy(update={"stop_reason": "aborted"})
+                    self._finish(handle, outcome)
+                    self._schedule()
+            elif isinstance(msg, Rpc):
+                handle = worker.turns.get(msg.call_id)
+                assert self._tg is not None
+                self._tg.start_soon(self._serve_rpc, worker, handle, msg)
+
+    async def _serve_rpc(self, worker: _Worker, handle: TurnHandle | None, msg: Rpc) -> None:
+        blocking = msg.method in BLOCKING_RPCS and handle is not None
+        if blocking:
+            assert handle is not None
+            handle.parked += 1
+            self._schedule()
+        try:
+            if handle is None:
+                raise SubagentError("the calling turn is gone", code="TURN_GONE")
+            value = await handle.on_rpc(msg.method, msg.args)
+            reply = Reply(rpc_id=msg.rpc_id, ok=True, value=value)
+        except SubagentError as exc:
+            reply = Reply(rpc_id=msg.rpc_id, ok=False, error=exc.to_wire())
+        except Exception as exc:
+            log.exception("rpc %s failed", msg.method)
+            reply = Reply(rpc_id=msg.rpc_id, ok=False, error=SubagentError(f"{type(exc).__name__}: {exc}", code="RPC_FAILED").to_wire())
+        finally:
+            if blocking:
+                assert handle is not None
+                handle.parked -= 1
+        if worker.alive:
+            self._send(worker, reply)
+
+    async def _watch(self, worker: _Worker) -> None:
+        await anyio.wait_readable(worker.process.sentinel)
+        if self._closing or not worker.alive:
+            return
+        worker.alive = False
+        await anyio.to_thread.run_sync(worker.process.join, 1.0)
+        self._crashed += 1
+        code = worker.process.exitcode
+        log.error("worker %s died: %s", worker.pid, describe_exit(code))
+        crash = WorkerCrashedError(worker.pid, code)
+        for handle in list(worker.turns.values()):
+            if handle.cancel_reason is not None:
+                outcome = TurnOutcome(stop_reason="aborted", diagnostic=f"the turn was cancelled ({handle.cancel_reason}); {crash}")
+            else:
+                outcome = TurnOutcome(stop_reason="error", diagnostic=str(crash))
+            self._finish(handle, outcome, crashed=True)
+        worker.conn.close()
+        if not self._closing:
+            await self._start_worker(worker.index)
+
+    # -- introspection --------------------------------------------------------------
+
+    def statistics(self) -> PoolStatistics:
+        alive = [w for w in self._workers if w is not None and w.alive]
+        return PoolStatistics(
+            size=self.size,
+            workers_alive=len(alive),
+            queued=len(self._queue),
+            resident=sum(len(w.turns) for w in alive),
+            parked=sum(1 for w in alive for t in w.turns.values() if t.parked),
+            started=self._started,
+            crashed=self._crashed,
+        )
+
+    def worker_pids(self) -> list[int]:
+        return [w.pid for w in self._workers if w is not None and w.alive]
+
+    def pid_of(self, handle: TurnHandle) -> int | None:
+        return None if handle.worker is None else handle.worker.pid

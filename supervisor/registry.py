@@ -1,0 +1,70 @@
+"""The provider registry: names → providers, in insertion order.
+
+Registration fails loudly on a taken name (``DUPLICATE_PROVIDER``) and emits
+``subagent/provider-added`` un-contained: a listener that raises rolls the
+registration back. Unregistering stops new starts but never revokes accepted
+runs or hides persisted children; it emits ``subagent/provider-removed``
+with per-listener containment.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .errors import duplicate_provider, no_provider, unsupported_capability
+from .events import EventBus
+from .models import Provider
+
+__all__ = ["ProviderRegistry", "CAPABILITY_ORDER"]
+
+# (request field, capability flag, name in the error) in the reference's order
+CAPABILITY_ORDER = (
+    ("output_schema", "output_schema", "outputSchema"),
+    ("max_depth", "depth_limit", "depthLimit"),
+    ("tool_filter", "tool_filter", "toolFilter"),
+    ("persona", "persona", "persona"),
+    ("sandbox", "sandbox_mode", "sandboxMode"),
+    ("budget", "run_budget", "runBudget"),
+)
+
+
+class ProviderRegistry:
+    def __init__(self, events: EventBus) -> None:
+        self._events = events
+        self._providers: dict[str, Provider] = {}
+
+    def register(self, provider: Provider) -> Callable[[], None]:
+        if provider.name in self._providers:
+            raise duplicate_provider(provider.name)
+        self._providers[provider.name] = provider
+        try:
+            self._events.emit_strict("subagent/provider-added", {"provider": provider.name})
+        except BaseException:
+            self._providers.pop(provider.name, None)
+            raise
+
+        def unregister() -> None:
+            if self._providers.get(provider.name) is provider:
+                del self._providers[provider.name]
+                self._events.emit("subagent/provider-removed", {"provider": provider.name})
+
+        return unregister
+
+    def get(self, name: str) -> Provider | None:
+        return self._providers.get(name)
+
+    def require(self, name: str) -> Provider:
+        provider = self._providers.get(name)
+        if provider is None:
+            raise no_provider(name)
+        return provider
+
+    def names(self) -> list[str]:
+        return list(self._providers)
+
+    @staticmethod
+    def check_capabilities(provider: Provider, requested: dict[str, object]) -> None:
+        """Reject the first requested capability the provider lacks, in the reference order."""
+        for field, flag, public in CAPABILITY_ORDER:
+            if requested.get(field) is not None and not getattr(provider.capabilities, flag):
+                raise unsupported_capability(provider.name, public)

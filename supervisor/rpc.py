@@ -1,0 +1,104 @@
+"""What a turn may ask of its supervisor: the RPCs behind ``TurnContext``.
+
+One ``TurnRpc`` per turn, bound to the calling session (the worker never
+names its own identity in a request: authority comes from the turn the
+supervisor dispatched). Background children started by the turn belong to
+it: they are cancelled when the turn is cancelled, and each is disposed when
+it finishes, even if the program never waited for it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from store import ChildEntry, list_children, list_descendants
+from store.errors import SubagentError
+from worker.protocol import TurnSpec
+
+from .models import RunBudget, SubagentRequest
+
+if TYPE_CHECKING:
+    from .oneshot import OneShotRuns, SubagentRun
+
+__all__ = ["TurnRpc", "catalog_rows"]
+
+log = logging.getLogger(__name__)
+
+
+def catalog_rows(entries: list[Any], *, descendants: bool) -> list[dict[str, Any]]:
+    rows = []
+    for item in entries:
+        entry = item.entry if descendants else item
+        row = asdict(entry)
+        if descendants:
+            row["parent_id"], row["depth"] = item.parent_id, item.depth
+        rows.append(row)
+    return rows
+
+
+class TurnRpc:
+    def __init__(self, runs: "OneShotRuns", spec: TurnSpec) -> None:
+        self._runs = runs
+        self._spec = spec
+        self._background: dict[str, "SubagentRun"] = {}
+        self._children: list["SubagentRun"] = []
+
+    def cancel_children(self, reason: str) -> None:
+        for run in self._children:
+            run.cancel(reason)
+
+    async def __call__(self, method: str, args: dict[str, Any]) -> Any:
+        handler = getattr(self, f"_rpc_{method}", None)
+        if handler is None:
+            raise SubagentError(f"unknown rpc {method!r}", code="UNKNOWN_RPC")
+        return await handler(**args)
+
+    async def _start(self, args: dict[str, Any]) -> "SubagentRun":
+        provider = args.pop("provider", None) or self._spec.provider
+        budget = None
+        max_steps, timeout_ms = args.pop("max_steps", None), args.pop("timeout_ms", None)
+        if max_steps is not None or timeout_ms is not None:
+            budget = RunBudget(max_steps=max_steps, timeout_ms=timeout_ms)
+        request = SubagentRequest(parent=self._spec.session_id, budget=budget, **{k: v for k, v in args.items()})
+        run = await self._runs.start(provider, request)
+        self._children.append(run)
+        return run
+
+    async def _rpc_spawn_wait(self, **args: Any) -> dict[str, Any]:
+        run = await self._start(args)
+        try:
+            result = await run.result()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await run.dispose()
+        return {"id": run.id, **result.model_dump()}
+
+    async def _rpc_spawn(self, **args: Any) -> str:
+        run = await self._start(args)
+        self._background[run.id] = run
+        self._runs.tg.start_soon(_dispose_when_done, run)
+        return run.id
+
+    async def _rpc_wait_run(self, run_id: str) -> dict[str, Any]:
+        run = self._background.get(run_id)
+        if run is None:
+            raise SubagentError(f'no background subagent "{run_id}" was started by this turn', code="NO_RUN", run_id=run_id)
+        result = await run.result()
+        return {"id": run.id, **result.model_dump()}
+
+    async def _rpc_list_agents(self, scope: str = "children") -> list[dict[str, Any]]:
+        store = self._runs.store
+        if scope == "descendants":
+            rows = catalog_rows(await anyio.to_thread.run_sync(list_descendants, store, self._spec.session_id), descendants=True)
+        else:
+            rows = catalog_rows(await anyio.to_thread.run_sync(list_children, store, self._spec.session_id), descendants=False)
+        return rows
+
+
+async def _dispose_when_done(run: "SubagentRun") -> None:
+    await run.result()
+    await run.dispose()

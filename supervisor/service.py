@@ -1,0 +1,180 @@
+"""``Supervisor``: the public service, a façade over its collaborators.
+
+Each method names the collaborator that does the work: the provider
+``registry``, the worker ``pool``, one-shot ``runs``, the ``lease keeper``,
+and the store's catalog. State lives on the instance (no module globals), so
+several supervisors may run in one process, each with its own pool.
+
+Closing the supervisor cancels and disposes every run it still holds, stops
+its workers, releases its roots' leases and removes its owner record.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+
+import anyio
+
+from store import (
+    ChildEntry,
+    DescendantRow,
+    DiagnosticEntry,
+    IdGenerator,
+    Store,
+    acquire_lease,
+    create_session,
+    list_children,
+    list_descendants,
+    read_header,
+    release_lease,
+)
+from store.errors import FencedError, SessionNotFoundError, SubagentError
+
+from .agents import LiveAgents
+from .config import SupervisorConfig
+from .errors import SupervisorClosedError
+from .events import EventBus
+from .lease_keeper import LeaseKeeper
+from .models import AgentRef, Provider, SubagentRequest
+from .oneshot import CancelToken, OneShotRuns, SubagentRun
+from .pool import PoolStatistics, WorkerPool
+from .registry import ProviderRegistry
+
+__all__ = ["Supervisor", "SupervisorStatistics"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SupervisorStatistics:
+    owner_id: str
+    pool: PoolStatistics
+    runs_live: int
+    roots: int
+
+
+class Supervisor:
+    """Use ``async with Supervisor.open(store=..., config=...) as sup``."""
+
+    def __init__(self, store: Store, config: SupervisorConfig, tg: anyio.abc.TaskGroup) -> None:
+        self.store = store
+        self.config = config
+        self._tg = tg
+        self._ids = IdGenerator()
+        self.events = EventBus()
+        self.registry = ProviderRegistry(self.events)
+        self.agents = LiveAgents()
+        self.lease_keeper = LeaseKeeper(store, ttl_s=config.lease_ttl_s, ids=self._ids)
+        self.pool = WorkerPool(
+            size=config.pool_size,
+            start_method=config.start_method,
+            ready_timeout_s=config.worker_ready_timeout_s,
+            cancel_grace_s=config.cancel_grace_s,
+            log_level=config.worker_log_level,
+        )
+        self.runs = OneShotRuns(
+            store=store, pool=self.pool, registry=self.registry, events=self.events, agents=self.agents,
+            owner_id=self.lease_keeper.owner_id, ids=self._ids, tg=tg,
+        )
+        self._root_epochs: dict[str, int] = {}
+        self._closed = False
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, store: str | os.PathLike[str] = "./.subagents", config: SupervisorConfig | None = None) -> AsyncIterator["Supervisor"]:
+        cfg = config or SupervisorConfig()
+        handle = Store(store, durability=cfg.durability)
+        async with anyio.create_task_group() as tg:
+            sup = cls(handle, cfg, tg)
+            sup.lease_keeper.start()
+            tg.start_soon(sup.lease_keeper.run)
+            try:
+                await sup.pool.start(tg)
+                yield sup
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await sup._close()
+                tg.cancel_scope.cancel()
+
+    async def _close(self) -> None:
+        self._closed = True
+        for run in list(self.runs.runs.values()):
+            run.cancel("disposed")
+        with anyio.move_on_after(self.config.cancel_grace_s + 5):
+            for run in list(self.runs.runs.values()):
+                await run.dispose()
+        await self.pool.aclose()
+        for root_id, epoch in list(self._root_epochs.items()):
+            try:
+                await anyio.to_thread.run_sync(release_lease, self.store, root_id, self.lease_keeper.owner_id, epoch)
+            except FencedError:
+                log.warning("root %s was taken over before close", root_id)
+        self.lease_keeper.stop()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SupervisorClosedError("the supervisor is closed")
+
+    # -- providers (ProviderRegistry) ------------------------------------------------
+
+    def register_provider(self, provider: Provider) -> Callable[[], None]:
+        return self.registry.register(provider)
+
+    def get_provider(self, name: str) -> Provider | None:
+        return self.registry.get(name)
+
+    def providers(self) -> list[str]:
+        return self.registry.names()
+
+    def on(self, event: str | None, listener: Callable[[str, dict[str, Any]], Any]) -> Callable[[], None]:
+        """Listen to lifecycle events (``subagent/start``, ``subagent/end``, ``subagent/provider-*``)."""
+        return self.events.on(event, listener)
+
+    # -- roots -----------------------------------------------------------------------
+
+    async def open_root(self, *, label: str | None = None, id: str | None = None, sandbox: str | None = None) -> AgentRef:
+        """Open a top-level agent (depth 0): a new session, or an existing root by ``id``."""
+        self._check_open()
+
+        def open_it() -> tuple[str, int, int]:
+            if id is None:
+                root_id = self._ids.new()
+                create_session(self.store, root_id)
+                depth = 0
+            else:
+                root_id = id
+                depth = read_header(self.store, root_id).delegation_depth
+            lease = acquire_lease(self.store, root_id, self.lease_keeper.owner_id, state="idle")
+            return root_id, lease.epoch, depth
+
+        root_id, epoch, depth = await anyio.to_thread.run_sync(open_it)
+        self._root_epochs[root_id] = epoch
+        self.agents.add_root(root_id, label=label, sandbox=sandbox, depth=depth)
+        return AgentRef(root_id, label)
+
+    # -- one-shot children (OneShotRuns) ------------------------------------------------
+
+    async def start(self, provider: str, request: SubagentRequest, *, cancel: CancelToken | None = None) -> SubagentRun:
+        """Start a one-shot child; returns once it is published (the caller must dispose it)."""
+        self._check_open()
+        return await self.runs.start(provider, request, cancel=cancel)
+
+    # -- catalog (store) ------------------------------------------------------------------
+
+    async def list_children(self, parent_id: str) -> list[ChildEntry | DiagnosticEntry]:
+        return await anyio.to_thread.run_sync(list_children, self.store, parent_id)
+
+    async def list_descendants(self, root_id: str) -> list[DescendantRow]:
+        return await anyio.to_thread.run_sync(list_descendants, self.store, root_id)
+
+    def statistics(self) -> SupervisorStatistics:
+        return SupervisorStatistics(
+            owner_id=self.lease_keeper.owner_id,
+            pool=self.pool.statistics(),
+            runs_live=sum(1 for r in self.runs.runs.values() if not r.done),
+            roots=len(self._root_epochs),
+        )

@@ -1,0 +1,61 @@
+"""Budgets and stop causes of one turn.
+
+A turn stops for the *first* cause only: a cancellation that came first is
+never rewritten by a timer that fires later, and vice versa (``TurnControl``
+keeps the first). ``max_steps`` is counted by ``ctx.step()``; ``timeout_ms``
+is wall clock from the turn's start.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Literal
+
+import anyio
+
+from .errors import BudgetExhaustedError
+
+__all__ = ["StopCause", "TurnStopped", "TurnControl"]
+
+StopCause = Literal["aborted", "budget-exhausted"]
+
+
+class TurnStopped(Exception):
+    """Raised inside a turn (at a step) once the turn has been told to stop."""
+
+    def __init__(self, cause: StopCause) -> None:
+        super().__init__(cause)
+        self.cause = cause
+
+
+class TurnControl:
+    """The stop switch of one turn, safe to read from a program's thread."""
+
+    def __init__(self, *, max_steps: int | None) -> None:
+        self.max_steps = max_steps
+        self.steps = 0
+        self.cause: StopCause | None = None
+        self.diagnostic: str | None = None
+        self.flag = threading.Event()
+        self.scope = anyio.CancelScope()
+
+    def stop(self, cause: StopCause, diagnostic: str | None = None) -> bool:
+        """Record the cause (first one wins) and cancel the turn; False if already stopping."""
+        if self.cause is not None:
+            return False
+        self.cause, self.diagnostic = cause, diagnostic
+        self.flag.set()
+        self.scope.cancel()
+        return True
+
+    def check(self) -> None:
+        if self.cause is not None:
+            raise TurnStopped(self.cause)
+
+    def count_step(self) -> int:
+        self.check()
+        self.steps += 1
+        if self.max_steps is not None and self.steps > self.max_steps:
+            self.stop("budget-exhausted", f"the turn exceeded max_steps={self.max_steps}")
+            raise BudgetExhaustedError(f"the turn exceeded max_steps={self.max_steps}")
+        return self.steps

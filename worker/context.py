@@ -1,0 +1,255 @@
+"""``TurnContext``: everything a program sees of its turn.
+
+A program is ``async def program(ctx: TurnContext) -> str | TurnResult``; a
+plain ``def`` runs in a thread and gets a ``BlockingTurnContext`` with the
+same methods, each hopping back to the worker's event loop. Every method that
+touches another agent (spawn, send, list, report, interrupt) is an RPC to the
+supervisor over the worker's pipe; every method that records something
+(step, say, tool calls) appends to the child's own log with the lease epoch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Literal
+
+import anyio
+import anyio.from_thread
+
+from store.log import LogWriter
+from store.reader import inspect
+
+from .budget import TurnControl, TurnStopped
+from .protocol import TurnSpec
+from .tools import Toolbox
+
+__all__ = ["TurnResult", "RunResult", "TurnContext", "BlockingTurnContext", "RpcCaller"]
+
+RpcCaller = Callable[[str, dict[str, Any]], Awaitable[Any]]
+
+
+@dataclass
+class TurnResult:
+    """What a program may return instead of a plain string."""
+
+    output: str = ""
+    structured: Any = None
+    stop_reason: Literal["completed", "refusal", "max-tokens", "error"] = "completed"
+    diagnostic: str | None = None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """A child's result as a program sees it."""
+
+    id: str
+    output: str
+    structured: Any
+    stop_reason: str
+    diagnostic: str | None
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> "RunResult":
+        return cls(data["id"], data.get("output", ""), data.get("structured"), data["stop_reason"], data.get("diagnostic"))
+
+
+@dataclass
+class _Outputs:
+    last_text: str = ""
+    said: list[str] = field(default_factory=list)
+
+
+class TurnContext:
+    """The turn's message, history, budget, tools and delegation API."""
+
+    def __init__(self, spec: TurnSpec, writer: LogWriter, control: TurnControl, rpc: RpcCaller, tools: Toolbox) -> None:
+        self.spec = spec
+        self._writer = writer
+        self._control = control
+        self._rpc = rpc
+        self.tools = tools
+        self._outputs = _Outputs()
+        self._step_open = False
+        self._call_ids = itertools.count(1)
+
+    # -- what the turn is ------------------------------------------------------
+
+    @property
+    def session_id(self) -> str:
+        return self.spec.session_id
+
+    @property
+    def message(self) -> Any:
+        return self.spec.message
+
+    @property
+    def message_id(self) -> str:
+        return self.spec.message_id
+
+    @property
+    def text(self) -> str:
+        """The message as text (JSON for structured content)."""
+        content = self.spec.message
+        return content if isinstance(content, str) else json.dumps(content)
+
+    @property
+    def depth(self) -> int:
+        return self.spec.depth
+
+    @property
+    def persona(self) -> str | None:
+        return self.spec.persona
+
+    @property
+    def sandbox(self) -> str | None:
+        return self.spec.sandbox
+
+    @property
+    def label(self) -> str | None:
+        return self.spec.label
+
+    @property
+    def notices(self) -> list[dict[str, Any]]:
+        """Quiet reports and settlement notices delivered as context for this turn."""
+        return list(self.spec.notices)
+
+    @property
+    def steps(self) -> int:
+        return self._control.steps
+
+    async def history(self) -> list[dict[str, Any]]:
+        """The events of this session's log before this turn's end (read-only)."""
+        found = await anyio.to_thread.run_sync(inspect, self._writer.store, self.session_id)
+        return found.events
+
+    # -- budget and recording ---------------------------------------------------
+
+    async def step(self) -> int:
+        """Count a step (``max_steps``), check cancellation, and record it in the log."""
+        self._control.check()
+        if self._step_open:
+            self._writer.append([("step/end", {})])
+            self._step_open = False
+        n = self._control.count_step()
+        self._writer.append([("step/start", {"n": n})])
+        self._step_open = True
+        await anyio.lowlevel.checkpoint()
+        return n
+
+    def close_step(self) -> None:
+        if self._step_open:
+            self._writer.append([("step/end", {})])
+            self._step_open = False
+
+    async def say(self, text: str) -> None:
+        """Record an assistant message; the last non-empty one is the turn's output."""
+        self._control.check()
+        self._writer.append([("assistant/message", {"text": text})])
+        if text:
+            self._outputs.last_text = text
+        self._outputs.said.append(text)
+
+    @property
+    def last_output(self) -> str:
+        return self._outputs.last_text
+
+    async def call_tool(self, name: str, **args: Any) -> Any:
+        """Run a visible tool, recording ``tool/call`` and ``tool/result``."""
+        self._control.check()
+        tool = self.tools.get(name)
+        call_id = f"{self.message_id}-{next(self._call_ids)}"
+        self._writer.append([("tool/call", {"call_id": call_id, "name": name, "args": args})])
+        try:
+            value = await anyio.to_thread.run_sync(lambda: tool.run(**args))
+        except Exception as exc:
+            self._writer.append([("tool/result", {"call_id": call_id, "is_error": True, "error": f"{type(exc).__name__}: {exc}"})])
+            raise
+        self._writer.append([("tool/result", {"call_id": call_id, "is_error": False, "value": value})])
+        return value
+
+    # -- other agents (RPCs to the supervisor) ------------------------------------
+
+    async def _call(self, method: str, **args: Any) -> Any:
+        self._control.check()
+        return await self._rpc(method, args)
+
+    async def spawn(
+        self,
+        prompt: Any,
+        *,
+        provider: str | None = None,
+        label: str | None = None,
+        wait: bool = True,
+        max_steps: int | None = None,
+        timeout_ms: int | None = None,
+        output_schema: dict[str, Any] | None = None,
+        tool_filter: dict[str, list[str]] | None = None,
+        persona: str | None = None,
+        sandbox: str | None = None,
+        max_depth: int | None = None,
+    ) -> "RunResult | str":
+        """Start a one-shot child; wait for its result, or return its id (``wait=False``)."""
+        args = {
+            "prompt": prompt, "provider": provider, "label": label, "max_steps": max_steps, "timeout_ms": timeout_ms,
+            "output_schema": output_schema, "tool_filter": tool_filter, "persona": persona, "sandbox": sandbox,
+            "max_depth": max_depth,
+        }
+        if wait:
+            return RunResult.from_wire(await self._call("spawn_wait", **args))
+        return str(await self._call("spawn", **args))
+
+    async def wait(self, run_id: str) -> RunResult:
+        """Wait for a background child started with ``spawn(wait=False)``."""
+        return RunResult.from_wire(await self._call("wait_run", run_id=run_id))
+
+    async def start_continuable(self, prompt: Any, *, label: str, provider: str | None = None, **options: Any) -> tuple[str, str]:
+        child_id, message_id = await self._call("start_continuable", prompt=prompt, label=label, provider=provider, options=options)
+        return child_id, message_id
+
+    async def send_message(self, child_id: str, message: Any) -> str:
+        return str(await self._call("send_message", child_id=child_id, message=message))
+
+    async def list_agents(self, scope: Literal["children", "descendants"] = "children") -> list[dict[str, Any]]:
+        return list(await self._call("list_agents", scope=scope))
+
+    async def report(self, content: Any, delivery: Literal["quiet", "wakeup"] = "quiet") -> str:
+        message_id = str(await self._call("report", content=content, delivery=delivery))
+        self._writer.append([("report/sent", {"message_id": message_id, "delivery": delivery})])
+        return message_id
+
+    async def interrupt(self, child_id: str) -> None:
+        await self._call("interrupt", child_id=child_id)
+
+
+class BlockingTurnContext:
+    """The same API for a plain ``def`` program running in a worker thread."""
+
+    def __init__(self, ctx: TurnContext, control: TurnControl) -> None:
+        self._ctx = ctx
+        self._control = control
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._ctx, name)
+        if callable(value) and name in _ASYNC_METHODS:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                self._control.check()
+                return anyio.from_thread.run(lambda: value(*args, **kwargs))
+            return call
+        return value
+
+    def stopping(self) -> bool:
+        """True once the turn was cancelled or ran out of budget (cheap; no loop hop)."""
+        return self._control.flag.is_set()
+
+    def check(self) -> None:
+        """Raise if the turn must stop (cheap; for tight CPU loops)."""
+        self._control.check()
+
+
+_ASYNC_METHODS = frozenset(
+    {"history", "step", "say", "call_tool", "spawn", "wait", "start_continuable", "send_message", "list_agents", "report", "interrupt"}
+)
+
+__all__ += ["TurnStopped"]

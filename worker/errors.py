@@ -1,0 +1,54 @@
+"""Errors of the worker room.
+
+    SubagentError (store/errors.py)
+    ├── BudgetExhaustedError    a turn ran past max_steps or timeout_ms
+    ├── ToolDeniedError         a filtered or sandbox-forbidden tool was called
+    ├── ProgramLoadError        a program reference cannot be imported
+    └── WorkerCrashedError      a worker process died under a call (pid, exit code, signal)
+"""
+
+from __future__ import annotations
+
+import signal
+
+from store.errors import SubagentError
+
+__all__ = ["BudgetExhaustedError", "ToolDeniedError", "ProgramLoadError", "WorkerCrashedError", "describe_exit"]
+
+
+class BudgetExhaustedError(SubagentError):
+    """Raised inside a turn when it exceeds ``max_steps`` or ``timeout_ms``."""
+
+    code = "BUDGET_EXHAUSTED"
+
+
+class ToolDeniedError(SubagentError, PermissionError):
+    """Raised when a program calls a tool its filter hides or its sandbox forbids."""
+
+    code = "TOOL_DENIED"
+
+
+class ProgramLoadError(SubagentError, ImportError):
+    """Raised when a ``module:function`` program reference cannot be loaded."""
+
+    code = "PROGRAM_LOAD_FAILED"
+
+
+def describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return f"killed by signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exited with code {exitcode}"
+
+
+class WorkerCrashedError(SubagentError):
+    """Raised for every call pending on a worker process that died."""
+
+    code = "WORKER_CRASHED"
+
+    def __init__(self, pid: int | None, exitcode: int | None) -> None:
+        super().__init__(f"worker process {pid} {describe_exit(exitcode)}", pid=pid, exitcode=exitcode)

@@ -1,0 +1,113 @@
+"""The worker process: entry point and its loop.
+
+A worker serves one supervisor over one duplex pipe. It announces itself with
+``Ready``, then runs every ``RunTurn`` it is sent as a task of its event loop
+(several turns may be resident at once: a turn waiting on its children
+leaves the process free for them), forwards ``Cancel`` to the turn's control,
+and routes ``Reply`` to the RPC that awaits it.
+
+It never outlives its supervisor: end-of-file on the pipe (the supervisor
+died, even by ``kill -9``) ends the process at once with ``os._exit`` —
+threads still burning CPU for a program die with it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+from typing import Any
+
+import anyio
+
+from store.errors import from_wire
+
+from .budget import TurnControl
+from .protocol import Cancel, Reply, RunTurn, Rpc, Ready, Shutdown, TurnDone, TurnOutcome, decode, encode
+
+__all__ = ["worker_entry", "WorkerLoop"]
+
+log = logging.getLogger(__name__)
+
+
+class WorkerLoop:
+    """State of one worker process: its pipe, resident turns, RPCs in flight."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self._send_lock = threading.Lock()
+        self._turns: dict[int, TurnControl] = {}
+        self._rpc_ids = itertools.count(1)
+        self._replies: dict[int, tuple[anyio.Event, list[Reply]]] = {}
+
+    def send(self, message: Any) -> None:
+        with self._send_lock:
+            self.conn.send_bytes(encode(message))
+
+    async def serve(self) -> None:
+        self.send(Ready(pid=os.getpid()))
+        async with anyio.create_task_group() as tg:
+            while True:
+                await anyio.wait_readable(self.conn.fileno())
+                try:
+                    raw = self.conn.recv_bytes()
+                except (EOFError, OSError):
+                    os._exit(0)  # the supervisor is gone: never outlive it
+                msg = decode(raw)
+                if isinstance(msg, RunTurn):
+                    control = TurnControl(max_steps=msg.spec.budget.max_steps)
+                    self._turns[msg.call_id] = control
+                    tg.start_soon(self._run, msg, control)
+                elif isinstance(msg, Cancel):
+                    control = self._turns.get(msg.call_id)
+                    if control is not None:
+                        control.stop("aborted", f"the turn was cancelled ({msg.reason})")
+                elif isinstance(msg, Reply):
+                    waiter = self._replies.get(msg.rpc_id)
+                    if waiter is not None:
+                        waiter[1].append(msg)
+                        waiter[0].set()
+                elif isinstance(msg, Shutdown):
+                    tg.cancel_scope.cancel()
+                    return
+
+    async def _run(self, msg: RunTurn, control: TurnControl) -> None:
+        from .turn import run_turn
+
+        async def rpc(method: str, args: dict[str, Any]) -> Any:
+            return await self.call(msg.call_id, method, args)
+
+        try:
+            outcome = await run_turn(msg.spec, control, rpc)
+        except Exception as exc:  # a store failure outside the program: report, never hang the caller
+            log.exception("turn failed outside its program", extra={"session": msg.spec.session_id})
+            outcome = TurnOutcome(stop_reason="error", diagnostic=f"{type(exc).__name__}: {exc}"[:4000], steps=control.steps)
+        finally:
+            self._turns.pop(msg.call_id, None)
+        self.send(TurnDone(call_id=msg.call_id, outcome=outcome))
+
+    async def call(self, call_id: int, method: str, args: dict[str, Any]) -> Any:
+        rpc_id = next(self._rpc_ids)
+        event = anyio.Event()
+        box: list[Reply] = []
+        self._replies[rpc_id] = (event, box)
+        try:
+            self.send(Rpc(rpc_id=rpc_id, call_id=call_id, method=method, args=args))
+            await event.wait()
+        finally:
+            self._replies.pop(rpc_id, None)
+        reply = box[0]
+        if not reply.ok:
+            raise from_wire(reply.error or {})
+        return reply.value
+
+
+def worker_entry(conn: Any, log_level: int = logging.WARNING) -> None:
+    """Process target: serve the supervisor on ``conn`` until it goes away."""
+    logging.basicConfig(level=log_level)
+    try:
+        anyio.run(WorkerLoop(conn).serve)
+    except KeyboardInterrupt:
+        pass
+    os._exit(0)

@@ -1,0 +1,42 @@
+"""Built-in programs and the loader of program references.
+
+A reference is a built-in name (``echo``, ``script``), an import path
+``"package.module:function"``, or (in-code only) a callable object carried by
+dill in ``TurnSpec.program_blob``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+from ..errors import ProgramLoadError
+from .echo import echo
+from .script import script
+
+__all__ = ["BUILTIN_PROGRAMS", "load_program"]
+
+BUILTIN_PROGRAMS: dict[str, Callable[..., Any]] = {"echo": echo, "script": script}
+
+
+def load_program(reference: str | None, blob: bytes | None = None) -> Callable[..., Any]:
+    if blob is not None:
+        import dill  # only for in-code callables; never for anything read from the store
+
+        return dill.loads(blob)
+    if reference is None:
+        raise ProgramLoadError("no program given")
+    if reference in BUILTIN_PROGRAMS:
+        return BUILTIN_PROGRAMS[reference]
+    module_name, sep, attr = reference.partition(":")
+    if not sep or not module_name or not attr:
+        raise ProgramLoadError(f'program reference "{reference}" is not a built-in name or "package.module:function"', reference=reference)
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError) as exc:
+        raise ProgramLoadError(f'cannot load program "{reference}": {exc}', reference=reference) from exc
+    if not callable(target):
+        raise ProgramLoadError(f'program "{reference}" is not callable', reference=reference)
+    return target

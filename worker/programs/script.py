@@ -1,0 +1,139 @@
+"""``script``: a program driven by a small action list, so tests and the demo need no model.
+
+The turn's message is the script: a JSON string or a map ``{"script": [...]}``
+(or the list itself). Actions run in order; each is a one-key map:
+
+    {"say": "text"}                 record an assistant message (the output, if last)
+    {"step": n}                     count n steps (default 1)
+    {"sleep": ms}                   wait, cancellable
+    {"cpu": ms}                     burn CPU in a thread, checking cancellation every ~5 ms
+    {"spin": ms}                    burn CPU ignoring cancellation (tests of the kill grace)
+    {"spawn": {...}}                one-shot child: prompt, provider, label, wait (default true),
+                                    max_steps, timeout_ms, output_schema, tool_filter, persona, sandbox
+    {"wait": "all"}                 wait for every background child of this turn, in start order
+    {"fail": "message"}             raise (the turn ends ``error``)
+    {"tool": "name", "args": {...}} call a visible tool
+    {"report": "text", "delivery": "quiet" | "wakeup"}
+    {"send": {"to": id | "$last", "message": ...}}
+    {"start_continuable": {"prompt": ..., "label": ..., "provider": ...}}
+    {"list": "children" | "descendants"}   say the rendered listing
+    {"interrupt": id | "$last"}
+    {"return": "text"}              end the turn with this output
+    {"structured": {...}}           end the turn with this structured output
+    {"exit": code}                  kill the worker process (tests of crash handling)
+
+A child's prompt given as a map or list is sent as JSON, so scripts nest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import anyio
+
+from ..context import RunResult, TurnContext, TurnResult
+
+__all__ = ["script", "parse_script"]
+
+
+def parse_script(message: Any) -> list[dict[str, Any]]:
+    value = message
+    if isinstance(value, str):
+        value = json.loads(value)
+    if isinstance(value, dict):
+        value = value.get("script")
+    if not isinstance(value, list) or not all(isinstance(a, dict) and len(a) >= 1 for a in value):
+        raise ValueError("a script is a list of one-key action maps")
+    return value
+
+
+def _burn(ms: float, ctx: Any | None) -> int:
+    deadline = time.perf_counter() + ms / 1000.0
+    x = 0
+    while time.perf_counter() < deadline:
+        for i in range(20000):
+            x = (x * 31 + i) % 1000003
+        if ctx is not None:
+            ctx.check()
+    return x
+
+
+def _prompt(value: Any) -> Any:
+    return json.dumps(value) if isinstance(value, (dict, list)) else value
+
+
+async def script(ctx: TurnContext) -> str | TurnResult:
+    actions = parse_script(ctx.message)
+    background: list[str] = []
+    last_child: str | None = None
+    results: list[RunResult] = []
+    for action in actions:
+        name = next(iter(action))
+        arg = action[name]
+        if name == "say":
+            await ctx.say(str(arg))
+        elif name == "step":
+            for _ in range(int(arg or 1)):
+                await ctx.step()
+        elif name == "sleep":
+            await anyio.sleep(float(arg) / 1000.0)
+        elif name == "cpu":
+            control = ctx._control  # the cheap, thread-safe stop check
+
+            class _Check:
+                def check(self) -> None:
+                    control.check()
+
+            await anyio.to_thread.run_sync(_burn, float(arg), _Check())
+        elif name == "spin":
+            _burn(float(arg), None)
+        elif name == "spawn":
+            spec = dict(arg)
+            wait = bool(spec.pop("wait", True))
+            spec["prompt"] = _prompt(spec.get("prompt", ""))
+            got = await ctx.spawn(spec.pop("prompt"), wait=wait, **spec)
+            if isinstance(got, RunResult):
+                results.append(got)
+                last_child = got.id
+                await ctx.say(got.output)
+            else:
+                background.append(got)
+                last_child = got
+        elif name == "wait":
+            for run_id in background:
+                results.append(await ctx.wait(run_id))
+            background.clear()
+            await ctx.say("\n".join(r.output for r in results))
+        elif name == "fail":
+            raise RuntimeError(str(arg))
+        elif name == "tool":
+            value = await ctx.call_tool(str(arg), **dict(action.get("args") or {}))
+            await ctx.say(str(value))
+        elif name == "report":
+            await ctx.report(arg, delivery=action.get("delivery", "quiet"))
+        elif name == "send":
+            to = arg.get("to", "$last")
+            await ctx.send_message(last_child if to == "$last" else to, _prompt(arg.get("message", "")))
+        elif name == "start_continuable":
+            spec = dict(arg)
+            child_id, _ = await ctx.start_continuable(_prompt(spec.pop("prompt", "")), **spec)
+            last_child = child_id
+        elif name == "list":
+            rows = await ctx.list_agents(scope=arg or "children")
+            await ctx.say(rows[0]["text"] if rows and "text" in rows[0] else json.dumps(rows))
+        elif name == "interrupt":
+            await ctx.interrupt(last_child if arg == "$last" else arg)
+        elif name == "return":
+            return str(arg)
+        elif name == "structured":
+            return TurnResult(output=json.dumps(arg), structured=arg)
+        elif name == "exit":
+            os._exit(int(arg))
+        else:
+            raise ValueError(f"unknown script action {name!r}")
+    for run_id in background:
+        results.append(await ctx.wait(run_id))
+    return ctx.last_output

@@ -1,0 +1,148 @@
+"""The pipe protocol between a supervisor and its worker processes.
+
+One definition, imported by both sides. Every message is a msgpack map sent
+with ``send_bytes`` (the control plane never pickles); the ``op`` field names
+the model below. Only a program given as a callable object (no import path)
+travels pickled, by dill, inside ``RunTurn.program_blob``.
+
+    supervisor → worker   RunTurn, Cancel, Reply, Shutdown
+    worker → supervisor   Ready, TurnDone, Rpc
+
+A turn is identified by ``call_id``. ``Rpc`` is a worker's request to the
+supervisor on behalf of a turn (spawn a child, wait for it, list, report...);
+the supervisor answers with ``Reply`` carrying a value or an error as data.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgpack
+from pydantic import BaseModel, ConfigDict
+
+__all__ = [
+    "Budget",
+    "TurnSpec",
+    "RunTurn",
+    "Cancel",
+    "Reply",
+    "Shutdown",
+    "Ready",
+    "TurnOutcome",
+    "TurnDone",
+    "Rpc",
+    "encode",
+    "decode",
+    "BLOCKING_RPCS",
+]
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Budget(_Msg):
+    max_steps: int | None = None
+    timeout_ms: int | None = None
+
+
+class TurnSpec(_Msg):
+    """Everything a worker needs to run one turn of one session."""
+
+    session_id: str
+    epoch: int
+    store_root: str
+    durability: str
+    program: str | None = None
+    program_blob: bytes | None = None
+    message_id: str
+    message_source: dict[str, Any]
+    message: Any
+    log_message: bool  # append message/accepted (False when creation already wrote it)
+    budget: Budget = Budget()
+    depth: int
+    mode: Literal["one-shot", "continuable", "root"]
+    label: str | None = None
+    provider: str | None = None
+    parent_session: str | None = None
+    persona: str | None = None
+    tool_filter: dict[str, list[str]] | None = None
+    sandbox: str | None = None
+    output_schema: dict[str, Any] | None = None
+    agent_model: str | None = None
+    notices: list[dict[str, Any]] = []
+
+
+class RunTurn(_Msg):
+    op: Literal["run"] = "run"
+    call_id: int
+    spec: TurnSpec
+
+
+class Cancel(_Msg):
+    op: Literal["cancel"] = "cancel"
+    call_id: int
+    reason: str = "user"
+
+
+class Reply(_Msg):
+    op: Literal["reply"] = "reply"
+    rpc_id: int
+    ok: bool
+    value: Any = None
+    error: dict[str, Any] | None = None
+
+
+class Shutdown(_Msg):
+    op: Literal["shutdown"] = "shutdown"
+
+
+class Ready(_Msg):
+    op: Literal["ready"] = "ready"
+    pid: int
+
+
+class TurnOutcome(_Msg):
+    output: str = ""
+    structured: Any = None
+    stop_reason: str
+    diagnostic: str | None = None
+    steps: int = 0
+
+
+class TurnDone(_Msg):
+    op: Literal["done"] = "done"
+    call_id: int
+    outcome: TurnOutcome
+
+
+class Rpc(_Msg):
+    op: Literal["rpc"] = "rpc"
+    rpc_id: int
+    call_id: int
+    method: str
+    args: dict[str, Any] = {}
+
+
+# RPCs during which the calling turn waits on other turns: its worker slot is
+# free for them, which is what keeps nested delegation from deadlocking the pool.
+BLOCKING_RPCS = frozenset({"spawn_wait", "wait_run"})
+
+_MODELS: dict[str, type[_Msg]] = {
+    "run": RunTurn,
+    "cancel": Cancel,
+    "reply": Reply,
+    "shutdown": Shutdown,
+    "ready": Ready,
+    "done": TurnDone,
+    "rpc": Rpc,
+}
+
+
+def encode(message: _Msg) -> bytes:
+    return msgpack.packb(message.model_dump(), use_bin_type=True)
+
+
+def decode(raw: bytes) -> _Msg:
+    data = msgpack.unpackb(raw, raw=False)
+    return _MODELS[data["op"]].model_validate(data)

@@ -1,0 +1,91 @@
+"""Tools a program can call, and the filter and sandbox that hide or forbid them.
+
+``ctx.tools`` holds only the tools the child may see: a tool outside the
+descriptor's ``tool_filter`` is invisible *and* refuses to run; under the
+``read-only`` sandbox a tool that writes refuses to run. The built-in set is
+deliberately small (tests and the demo need no model); programs pass their
+own tools to ``Toolbox`` the same way.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from .errors import ToolDeniedError
+
+__all__ = ["Tool", "Toolbox", "builtin_tools"]
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    run: Callable[..., Any]
+    writes: bool = False
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+def _echo(text: str = "") -> str:
+    return text
+
+
+def _add(a: float, b: float) -> float:
+    return a + b
+
+
+def _read_file(path: str) -> str:
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
+
+
+def _write_file(path: str, content: str) -> str:
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(content)
+    return f"wrote {len(content)} characters to {path}"
+
+
+def builtin_tools() -> list[Tool]:
+    return [
+        Tool("echo", "Return the text unchanged.", _echo, parameters={"text": "string"}),
+        Tool("add", "Add two numbers.", _add, parameters={"a": "number", "b": "number"}),
+        Tool("read_file", "Read a UTF-8 text file.", _read_file, parameters={"path": "string"}),
+        Tool("write_file", "Write a UTF-8 text file.", _write_file, writes=True, parameters={"path": "string", "content": "string"}),
+    ]
+
+
+class Toolbox:
+    """The tools visible to one turn, after the tool filter."""
+
+    def __init__(self, tools: list[Tool], *, allow: list[str] | None = None, deny: list[str] | None = None, sandbox: str | None = None) -> None:
+        self._all = {t.name: t for t in tools}
+        self._allow = None if allow is None else set(allow)
+        self._deny = set(deny or ())
+        self.sandbox = sandbox
+
+    def _visible(self, name: str) -> bool:
+        if self._allow is not None and name not in self._allow:
+            return False
+        return name not in self._deny
+
+    @property
+    def names(self) -> list[str]:
+        return [n for n in self._all if self._visible(n)]
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in self._all and self._visible(name)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def get(self, name: str) -> Tool:
+        if name not in self:
+            raise ToolDeniedError(f'tool "{name}" is not available to this agent', tool=name)
+        tool = self._all[name]
+        if tool.writes and self.sandbox == "read-only":
+            raise ToolDeniedError(f'tool "{name}" writes, and this agent runs in the read-only sandbox', tool=name)
+        return tool

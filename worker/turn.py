@@ -1,0 +1,139 @@
+"""One turn of one child, inside a worker process.
+
+Writes, with the lease epoch the supervisor gave it: ``message/accepted``
+(unless creation already logged the message), ``turn/start``, whatever the
+program records, the final ``assistant/message``, then ``turn/end`` with the
+stop reason, and a commit point (fsync under ``batched``). Any failure of the
+program resolves the turn with a non-``completed`` reason; only a store
+failure (fenced, fsync) makes the turn end without a ``turn/end``, which the
+next open repairs.
+"""
+
+from __future__ import annotations
+
+import inspect as pyinspect
+import json
+import logging
+import traceback
+from typing import Any
+
+import anyio
+
+from store.errors import FencedError, SubagentError
+from store.log import LogWriter
+from store.root import Store
+
+from .budget import TurnControl, TurnStopped
+from .context import BlockingTurnContext, RpcCaller, TurnContext, TurnResult
+from .errors import BudgetExhaustedError
+from .programs import load_program
+from .protocol import TurnOutcome, TurnSpec
+from .tools import Toolbox, builtin_tools
+
+__all__ = ["MAX_DIAGNOSTIC_BYTES", "truncate_diagnostic", "run_turn"]
+
+log = logging.getLogger(__name__)
+
+MAX_DIAGNOSTIC_BYTES = 4096
+_TRUNCATED = "\n[diagnostic truncated]"
+
+
+def truncate_diagnostic(text: str | None) -> str | None:
+    """At most 4096 UTF-8 bytes, cut on a character boundary, with a marker."""
+    if text is None:
+        return None
+    raw = text.encode("utf-8")
+    if len(raw) <= MAX_DIAGNOSTIC_BYTES:
+        return text
+    room = MAX_DIAGNOSTIC_BYTES - len(_TRUNCATED.encode("utf-8"))
+    return raw[:room].decode("utf-8", errors="ignore") + _TRUNCATED
+
+
+def _validate_structured(schema: dict[str, Any], output: str, structured: Any) -> tuple[Any, str | None]:
+    import jsonschema
+
+    value = structured
+    if value is None:
+        try:
+            value = json.loads(output)
+        except (TypeError, ValueError):
+            return None, "structured output is missing: the output is not JSON"
+    try:
+        jsonschema.validate(value, schema)
+    except jsonschema.ValidationError as exc:
+        return None, f"structured output does not match the schema: {exc.message}"
+    return value, None
+
+
+async def _timer(control: TurnControl, timeout_ms: int) -> None:
+    """Stop the turn at its wall-clock budget (a cancellation that came first wins)."""
+    await anyio.sleep(timeout_ms / 1000.0)
+    control.stop("budget-exhausted", f"the turn exceeded timeout_ms={timeout_ms}")
+
+
+async def run_turn(spec: TurnSpec, control: TurnControl, rpc: RpcCaller) -> TurnOutcome:
+    store = Store(spec.store_root, durability=spec.durability, create=False)
+    writer = LogWriter.open(store, spec.session_id, epoch=spec.epoch)
+    try:
+        return await _run(spec, control, rpc, writer)
+    except FencedError as exc:
+        log.warning("turn fenced", extra={"session": spec.session_id, "epoch": spec.epoch})
+        return TurnOutcome(stop_reason="error", diagnostic=truncate_diagnostic(str(exc)), steps=control.steps)
+    finally:
+        writer.close()
+
+
+async def _run(spec: TurnSpec, control: TurnControl, rpc: RpcCaller, writer: LogWriter) -> TurnOutcome:
+    first: list[tuple[str, Any]] = []
+    if spec.log_message:
+        first.append(("message/accepted", {"message_id": spec.message_id, "source": spec.message_source, "content": spec.message}))
+    for notice in spec.notices:
+        first.append(("notice/received", notice))
+    first.append(("turn/start", {"message_id": spec.message_id}))
+    writer.append(first)
+
+    tf = spec.tool_filter or {}
+    tools = Toolbox(builtin_tools(), allow=tf.get("allow"), deny=tf.get("deny"), sandbox=spec.sandbox)
+    ctx = TurnContext(spec, writer, control, rpc, tools)
+    output, structured = "", None
+    stop_reason, diagnostic = "completed", None
+    try:
+        program = load_program(spec.program, spec.program_blob)
+        result: Any = None
+        async with anyio.create_task_group() as timers:
+            if spec.budget.timeout_ms is not None:
+                timers.start_soon(_timer, control, spec.budget.timeout_ms)
+            with control.scope:
+                if pyinspect.iscoroutinefunction(program) or pyinspect.iscoroutinefunction(getattr(program, "__call__", None)):
+                    result = await program(ctx)
+                else:
+                    result = await anyio.to_thread.run_sync(program, BlockingTurnContext(ctx, control))
+            timers.cancel_scope.cancel()
+        if control.cause is None:
+            if isinstance(result, TurnResult):
+                output, structured = result.output, result.structured
+                stop_reason, diagnostic = result.stop_reason, result.diagnostic
+            elif result is not None:
+                output = str(result)
+    except (TurnStopped, BudgetExhaustedError):
+        pass
+    except SubagentError as exc:
+        stop_reason, diagnostic = "error", f"{exc.code}: {exc}"
+    except Exception as exc:
+        stop_reason = "error"
+        diagnostic = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    if control.cause is not None:
+        stop_reason, diagnostic = control.cause, control.diagnostic
+    ctx.close_step()
+    if output and output != ctx.last_output:
+        writer.append([("assistant/message", {"text": output})])
+    elif not output:
+        output = ctx.last_output
+    if stop_reason == "completed" and spec.output_schema is not None:
+        structured, problem = _validate_structured(spec.output_schema, output, structured)
+        if problem is not None:
+            stop_reason, diagnostic = "error", problem
+    diagnostic = truncate_diagnostic(diagnostic)
+    log_reason = "blocked" if stop_reason == "refusal" else stop_reason
+    writer.append([("turn/end", {"stop_reason": log_reason, "diagnostic": diagnostic})], commit=True)
+    return TurnOutcome(output=output, structured=structured, stop_reason=stop_reason, diagnostic=diagnostic, steps=control.steps)
