@@ -61,7 +61,7 @@ from .lease import (
     session_status,
     set_lease_state,
 )
-from .log import LogWriter, SeqMismatchError, load_projection
+from .log import LogWriter, SeqMismatchError, load_projection, read_projection
 from .mailbox import MailboxMessage, accept, pending, read_mailbox
 from .projection import Projection, Timing
 from .reader import Inspection, inspect, read_header
@@ -83,7 +83,7 @@ __all__ = [
     "IndexEntry", "add_child", "read_children", "reindex",
     "Lease", "OwnerCache", "OwnerRecord", "acquire_lease", "heartbeat", "owner_alive", "read_lease", "read_owner",
     "register_owner", "release_lease", "remove_owner", "session_status", "set_lease_state",
-    "LogWriter", "SeqMismatchError", "load_projection",
+    "LogWriter", "SeqMismatchError", "load_projection", "read_projection",
     "MailboxMessage", "accept", "pending", "read_mailbox",
     "Projection", "Timing",
     "Inspection", "inspect", "read_header",

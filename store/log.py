@@ -38,7 +38,7 @@ from .projection import Projection
 from .reader import read_header, scan_log
 from .root import Store
 
-__all__ = ["SeqMismatchError", "LogWriter", "load_projection"]
+__all__ = ["SeqMismatchError", "LogWriter", "load_projection", "read_projection"]
 
 
 class SeqMismatchError(SubagentError, ValueError):
@@ -93,6 +93,25 @@ def load_projection(store: Store, session_id: str, header: SessionHeader, fd: in
     if not events and found is None:
         projection.end_offset = end
     return projection, end, status
+
+
+def read_projection(store: Store, session_id: str) -> Projection:
+    """The current projection of a session, read-only (the cache is verified, never trusted blindly).
+
+    Unlike the catalog's identity read, this folds every record after the
+    cached checkpoint, so counts that change mid-turn (consumed messages) are
+    exact even when the last turn never committed.
+    """
+    header = read_header(store, session_id)
+    try:
+        fd = os.open(store.path(session_id, "log"), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return Projection(seed_length=header.seed_length or 0)
+    try:
+        projection, _end, _status = load_projection(store, session_id, header, fd)
+        return projection
+    finally:
+        os.close(fd)
 
 
 class LogWriter:

@@ -155,6 +155,7 @@ class OneShotRuns:
         self.ids = ids
         self.tg = tg
         self.runs: dict[str, SubagentRun] = {}
+        self.continuation: Any = None  # the ContinuationManager, set by the Supervisor
 
     async def start(self, provider_name: str, request: SubagentRequest, *, cancel: CancelToken | None = None) -> SubagentRun:
         provider = self.registry.require(provider_name)
@@ -235,7 +236,7 @@ class OneShotRuns:
         self.events.emit("subagent/start", info)
         from .rpc import TurnRpc
 
-        on_rpc = TurnRpc(self, spec)
+        on_rpc = TurnRpc(self, spec, self.continuation)
         run._rpc = on_rpc
         self.tg.start_soon(self._drive, run, spec, epoch, on_rpc, info)
         if cancel is not None:

@@ -19,9 +19,10 @@ from store import ChildEntry, list_children, list_descendants
 from store.errors import SubagentError
 from worker.protocol import TurnSpec
 
-from .models import RunBudget, SubagentRequest
+from .models import AncestorAuthority, ContinuableSpec, RunBudget, SubagentRequest
 
 if TYPE_CHECKING:
+    from .continuation import ContinuationManager
     from .oneshot import OneShotRuns, SubagentRun
 
 __all__ = ["TurnRpc", "catalog_rows"]
@@ -41,9 +42,10 @@ def catalog_rows(entries: list[Any], *, descendants: bool) -> list[dict[str, Any
 
 
 class TurnRpc:
-    def __init__(self, runs: "OneShotRuns", spec: TurnSpec) -> None:
+    def __init__(self, runs: "OneShotRuns", spec: TurnSpec, continuation: "ContinuationManager | None" = None) -> None:
         self._runs = runs
         self._spec = spec
+        self._continuation = continuation
         self._background: dict[str, "SubagentRun"] = {}
         self._children: list["SubagentRun"] = []
 
@@ -97,6 +99,26 @@ class TurnRpc:
         else:
             rows = catalog_rows(await anyio.to_thread.run_sync(list_children, store, self._spec.session_id), descendants=False)
         return rows
+
+    def _manager(self) -> "ContinuationManager":
+        if self._continuation is None:
+            raise SubagentError("continuable subagents require the agents service", code="CONTINUATION_UNAVAILABLE")
+        return self._continuation
+
+    async def _rpc_start_continuable(self, prompt: Any, label: str, provider: str | None = None, options: dict[str, Any] | None = None) -> list[str]:
+        spec = ContinuableSpec(parent=self._spec.session_id, provider=provider or self._spec.provider or "", prompt=prompt, label=label, **(options or {}))
+        child_id, message_id = await self._manager().start_continuable(spec)
+        return [child_id, message_id]
+
+    async def _rpc_send_message(self, child_id: str, message: Any) -> str:
+        source = {"kind": "coordinator", "form": "relay", "sender_session_id": self._spec.session_id}
+        return await self._manager().followup(self._spec.session_id, child_id, message, source=source)
+
+    async def _rpc_report(self, content: Any, delivery: str = "quiet") -> str:
+        return await self._manager().report_from(self._spec.session_id, content, delivery=delivery)
+
+    async def _rpc_interrupt(self, child_id: str) -> None:
+        self._manager().interrupt(child_id, AncestorAuthority(self._spec.session_id))
 
 
 async def _dispose_when_done(run: "SubagentRun") -> None:

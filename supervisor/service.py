@@ -27,8 +27,12 @@ from store import (
     Store,
     acquire_lease,
     create_session,
+    LogWriter,
+    MailboxMessage,
     list_children,
     list_descendants,
+    pending,
+    read_projection,
     read_header,
     release_lease,
 )
@@ -39,7 +43,8 @@ from .config import SupervisorConfig
 from .errors import SupervisorClosedError
 from .events import EventBus
 from .lease_keeper import LeaseKeeper
-from .models import AgentRef, Provider, SubagentRequest
+from .continuation import ContinuationManager
+from .models import AgentRef, AncestorAuthority, ContinuableSpec, Provider, SubagentRequest, UserAuthority
 from .oneshot import CancelToken, OneShotRuns, SubagentRun
 from .pool import PoolStatistics, WorkerPool
 from .registry import ProviderRegistry
@@ -80,6 +85,8 @@ class Supervisor:
             store=store, pool=self.pool, registry=self.registry, events=self.events, agents=self.agents,
             owner_id=self.lease_keeper.owner_id, ids=self._ids, tg=tg,
         )
+        self.continuation = ContinuationManager(self)
+        self.runs.continuation = self.continuation
         self._root_epochs: dict[str, int] = {}
         self._closed = False
 
@@ -102,6 +109,8 @@ class Supervisor:
 
     async def _close(self) -> None:
         self._closed = True
+        with anyio.move_on_after(self.config.cancel_grace_s + 10):
+            await self.continuation.close()
         for run in list(self.runs.runs.values()):
             run.cancel("disposed")
         with anyio.move_on_after(self.config.cancel_grace_s + 5):
@@ -162,6 +171,58 @@ class Supervisor:
         """Start a one-shot child; returns once it is published (the caller must dispose it)."""
         self._check_open()
         return await self.runs.start(provider, request, cancel=cancel)
+
+    # -- continuable children (ContinuationManager) ---------------------------------------
+
+    async def start_continuable(self, spec: ContinuableSpec) -> tuple[str, str]:
+        """Start a continuable child; returns ``(child_id, message_id)`` once the prompt is durably accepted."""
+        self._check_open()
+        return await self.continuation.start_continuable(spec)
+
+    async def followup(self, parent: AgentRef | str, child_id: str, content: Any, *, source: dict[str, Any] | None = None) -> str:
+        """Send the next FIFO turn to a child of ``parent``; cold-resumes it from the store when needed."""
+        self._check_open()
+        return await self.continuation.followup(parent, child_id, content, source=source)
+
+    async def interrupt(self, child_id: str, *, authority: UserAuthority | AncestorAuthority) -> None:
+        """Cancel the child's current turn only (queued messages and its children are kept)."""
+        self.continuation.interrupt(child_id, authority)
+
+    async def report_from(self, child_id: str, content: Any, *, delivery: str = "wakeup") -> str:
+        return await self.continuation.report_from(child_id, content, delivery=delivery)
+
+    async def drain(self, parents: list[AgentRef | str]) -> None:
+        """Close admission below ``parents`` and dispose their continuable descendants child-first."""
+        await self.continuation.drain(parents)
+
+    async def drain_children(self, parent: AgentRef | str, child_ids: list[str]) -> None:
+        await self.continuation.drain_children(parent, child_ids)
+
+    async def take_messages(self, root: AgentRef | str) -> list[MailboxMessage]:
+        """Messages delivered to a root (reports, settlement notices), consumed durably into its log."""
+        root_id = root.id if isinstance(root, AgentRef) else root
+        epoch = self._root_epochs.get(root_id)
+        if epoch is None:
+            raise SubagentError(f'agent "{root_id}" is not a root opened by this supervisor', code="UNAUTHORIZED")
+
+        def take() -> list[MailboxMessage]:
+            projection = read_projection(self.store, root_id)
+            messages = pending(self.store, root_id, consumed=projection.consumed, last_consumed_id=projection.last_message_id)
+            if messages:
+                with LogWriter.open(self.store, root_id, epoch=epoch) as writer:
+                    writer.append([("message/accepted", m.to_event_data()) for m in messages], commit=True)
+            return messages
+
+        return await anyio.to_thread.run_sync(take)
+
+    async def wait_for_message(self, root: AgentRef | str, *, timeout_s: float = 30.0) -> list[MailboxMessage]:
+        """Poll a root's mailbox until something arrives (the host side of ``report``)."""
+        with anyio.fail_after(timeout_s):
+            while True:
+                got = await self.take_messages(root)
+                if got:
+                    return got
+                await anyio.sleep(0.02)
 
     # -- catalog (store) ------------------------------------------------------------------
 

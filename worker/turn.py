@@ -85,10 +85,11 @@ async def run_turn(spec: TurnSpec, control: TurnControl, rpc: RpcCaller) -> Turn
 
 async def _run(spec: TurnSpec, control: TurnControl, rpc: RpcCaller, writer: LogWriter) -> TurnOutcome:
     first: list[tuple[str, Any]] = []
+    for notice in spec.notices:
+        # quiet messages accepted before this turn's waking one: consumed here, in FIFO order
+        first.append(("message/accepted", {**notice, "quiet": True}))
     if spec.log_message:
         first.append(("message/accepted", {"message_id": spec.message_id, "source": spec.message_source, "content": spec.message}))
-    for notice in spec.notices:
-        first.append(("notice/received", notice))
     first.append(("turn/start", {"message_id": spec.message_id}))
     writer.append(first)
 
@@ -100,15 +101,24 @@ async def _run(spec: TurnSpec, control: TurnControl, rpc: RpcCaller, writer: Log
     try:
         program = load_program(spec.program, spec.program_blob)
         result: Any = None
+        failure: Exception | None = None
         async with anyio.create_task_group() as timers:
             if spec.budget.timeout_ms is not None:
                 timers.start_soon(_timer, control, spec.budget.timeout_ms)
-            with control.scope:
-                if pyinspect.iscoroutinefunction(program) or pyinspect.iscoroutinefunction(getattr(program, "__call__", None)):
-                    result = await program(ctx)
-                else:
-                    result = await anyio.to_thread.run_sync(program, BlockingTurnContext(ctx, control))
+            try:
+                with control.scope:
+                    if pyinspect.iscoroutinefunction(program) or pyinspect.iscoroutinefunction(getattr(program, "__call__", None)):
+                        result = await program(ctx)
+                    else:
+                        result = await anyio.to_thread.run_sync(program, BlockingTurnContext(ctx, control))
+            except Exception as exc:
+                # kept out of the task group: leaving it with an error would wrap
+                # the program's exception in an ExceptionGroup, and the diagnostic
+                # (and the SubagentError branch below) would see only the wrapper
+                failure = exc
             timers.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
         if control.cause is None:
             if isinstance(result, TurnResult):
                 output, structured = result.output, result.structured
