@@ -33,8 +33,11 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str, data: bytes, *, durable: bool, exclusive: bool = False) -> None:
+def write_atomic(path: str, data: bytes, *, durable: bool, exclusive: bool = False, sync_dir: bool = True) -> None:
     """Replace ``path`` with ``data`` atomically.
+
+    ``sync_dir=False`` skips the folder fsync when the caller fsyncs the
+    folder itself after several files (one fsync persists every name in it).
 
     ``exclusive`` refuses to replace an existing file (``FileExistsError``),
     using ``link`` instead of ``rename`` so two creators cannot both win.
@@ -65,7 +68,7 @@ def write_atomic(path: str, data: bytes, *, durable: bool, exclusive: bool = Fal
         except FileNotFoundError:
             pass
         raise
-    if durable:
+    if durable and sync_dir:
         fsync_dir(folder)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from .atomic import read_bytes, write_atomic
 from .framing import encode_record, scan
 from .ids import is_valid_session_id
-from .locks import file_lock
+from .locks import SessionFlock, file_lock
 from .reader import read_header
 from .errors import SubagentError
 from .root import Store
@@ -34,17 +34,24 @@ class IndexEntry:
 
 def _append(store: Store, parent_id: str, record: dict[str, Any]) -> None:
     path = store.children_index_path(parent_id)
-    with file_lock(path + ".lock"):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        try:
-            size = os.fstat(fd).st_size
-            result = scan(os.pread(fd, size, 0))
-            if result.end != size:
-                os.ftruncate(fd, result.end)  # drop a torn tail left by a crash mid-append
-            os.write(fd, encode_record({**record, "seq": len(result.records)}))
-            store.durability.at_commit(fd, f"children index of {parent_id}")
-        finally:
-            os.close(fd)
+    # a blocking flock, not filelock: many creators of one parent's children queue
+    # in the kernel instead of polling (filelock's poll stalled waiters under load)
+    lock = SessionFlock(path + ".lock")
+    try:
+        with lock:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+            try:
+                size = os.fstat(fd).st_size
+                result = scan(os.pread(fd, size, 0))
+                if result.end != size:
+                    os.ftruncate(fd, result.end)  # drop a torn tail left by a crash mid-append
+                os.write(fd, encode_record({**record, "seq": len(result.records)}))
+                store.durability.after_append(fd, f"children index of {parent_id}")  # strict syncs here, batched below
+                store.durability.at_commit(fd, f"children index of {parent_id}")
+            finally:
+                os.close(fd)
+    finally:
+        lock.close()
 
 
 def add_child(store: Store, parent_id: str, child_id: str, *, created_at: float, origin: str | None) -> None:

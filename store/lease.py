@@ -32,7 +32,7 @@ from typing import Any, Literal
 import msgpack
 
 from .atomic import read_bytes, write_atomic
-from .errors import FencedError, LeaseHeldError
+from .errors import FencedError, LeaseHeldError, SessionNotFoundError
 from .locks import file_lock
 from .root import Store
 
@@ -205,31 +205,41 @@ def read_lease(store: Store, session_id: str) -> Lease | None:
         return None
 
 
-def _write_lease(store: Store, session_id: str, lease: Lease) -> None:
-    # durable: a lease epoch must never go backwards after a crash
-    write_atomic(store.path(session_id, "lease"), msgpack.packb(lease.to_record()), durable=store.durability.syncs_at_commit)
+def _write_lease(store: Store, session_id: str, lease: Lease, *, durable: bool) -> None:
+    write_atomic(store.path(session_id, "lease"), msgpack.packb(lease.to_record()), durable=durable and store.durability.syncs_at_commit)
 
 
 def acquire_lease(store: Store, session_id: str, owner_id: str, *, state: LeaseState = "running") -> Lease:
     """Take the session's lease at ``epoch + 1``; ``LeaseHeldError`` if a live other owner holds it."""
+    _require_session(store, session_id)
     with file_lock(store.path(session_id, ".lock")):
         current = read_lease(store, session_id)
         if current is not None and current.state != "released" and current.owner != owner_id:
             if owner_alive(read_owner(store, current.owner)):
                 raise LeaseHeldError(session_id, owner=current.owner, epoch=current.epoch)
         lease = Lease(owner_id, (current.epoch if current else 0) + 1, state, time.time())
-        _write_lease(store, session_id, lease)
+        # durable: an epoch must never go backwards after a crash, or two writers could share one
+        _write_lease(store, session_id, lease, durable=True)
         return lease
 
 
+def _require_session(store: Store, session_id: str) -> None:
+    # filelock creates missing folders: without this check a lease on an unknown
+    # id would leave a header-less folder that blocks creating that id later
+    if not store.exists(session_id):
+        raise SessionNotFoundError(session_id)
+
+
 def _fenced_update(store: Store, session_id: str, owner_id: str, epoch: int, state: LeaseState) -> Lease:
+    _require_session(store, session_id)
     with file_lock(store.path(session_id, ".lock")):
         current = read_lease(store, session_id)
         if current is None or current.epoch != epoch or current.owner != owner_id:
             raise FencedError(session_id, epoch=epoch, current_epoch=None if current is None else current.epoch)
         lease = Lease(owner_id, epoch, state, current.acquired_at)
         if current.state != state:
-            _write_lease(store, session_id, lease)
+            # not durable: a lost state change reads as the owner's (dead) lease, i.e. complete
+            _write_lease(store, session_id, lease, durable=False)
         return lease
 
 

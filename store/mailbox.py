@@ -59,6 +59,7 @@ def accept(store: Store, session_id: str, *, source: dict[str, Any], content: An
                     os.ftruncate(fd, result.end)  # a torn tail of an acceptance that never returned
                 record = {"seq": len(result.records), "id": message_id, "ts": time.time(), "source": source, "content": content, "wake": wake}
                 os.write(fd, encode_record(record))
+                store.durability.after_append(fd, f"mailbox of {session_id}")  # strict syncs here, batched below
                 store.durability.at_commit(fd, f"mailbox of {session_id}")
             finally:
                 os.close(fd)

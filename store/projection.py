@@ -103,7 +103,7 @@ class Projection:
                 self.open_calls[str(data.get("call_id"))] = seq
             elif kind == "tool/result" and isinstance(data, dict):
                 self.open_calls.pop(str(data.get("call_id")), None)
-            elif kind == "message/accepted" and isinstance(data, dict):
+            elif kind in ("message/accepted", "message/discarded") and isinstance(data, dict):
                 self.consumed += 1
                 self.last_message_id = data.get("message_id")
 

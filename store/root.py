@@ -41,7 +41,8 @@ class Store:
                     f"{self.root} is not empty and has no STORE marker: refusing to make it a store", path=self.root
                 )
             make_dirs(self.root)
-            for sub in ("sessions", "owners", os.path.join("index", "children")):
+            # "index" is listed on its own: makedirs gives intermediate folders the umask's mode, not 0700
+            for sub in ("sessions", "owners", "index", os.path.join("index", "children")):
                 make_dirs(os.path.join(self.root, sub))
             try:
                 write_atomic(marker, msgpack.packb({"format": STORE_FORMAT, "version": STORE_VERSION}), durable=True, exclusive=True)

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -243,10 +242,10 @@ class ContinuationManager:
         def materialize() -> tuple[int, str]:
             create_session(
                 self.store, child_id, parent_session=parent_id, origin="subagent", delegation_depth=child_depth,
-                seed=seed, events=events,
+                seed=seed, events=events, lease_owner=owner,
             )
             try:
-                epoch = acquire_lease(self.store, child_id, owner).epoch
+                epoch = 1
                 message_id = accept(self.store, child_id, source={"kind": "user"}, content=prompt, ids=ids)
                 return epoch, message_id
             except BaseException:
@@ -273,7 +272,7 @@ class ContinuationManager:
             done.set()
         act = Activation(
             child_id=child_id, parent_id=parent_id, descriptor=descriptor, epoch=epoch, depth=child_depth, sandbox=sandbox,
-            ancestry=frozenset(self._lineage(parent_id)), run_id=uuid.uuid4().hex, consumed=0, last_id=None,
+            ancestry=frozenset(self._lineage(parent_id)), run_id=self.sup._ids.new(), consumed=0, last_id=None,
         )
         self._install(act, provider_name=provider.name)
         return child_id, message_id
@@ -376,7 +375,7 @@ class ContinuationManager:
         sandbox = None
         act = Activation(
             child_id=child_id, parent_id=parent_id, descriptor=descriptor, epoch=lease.epoch, depth=depth, sandbox=sandbox,
-            ancestry=frozenset(self._lineage(parent_id)), run_id=uuid.uuid4().hex,
+            ancestry=frozenset(self._lineage(parent_id)), run_id=self.sup._ids.new(),
             consumed=projection.consumed, last_id=projection.last_message_id,
         )
         self._install(act, provider_name=descriptor.provider)

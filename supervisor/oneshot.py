@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
-from store import IdGenerator, LogWriter, OneShotDescriptor, Store, acquire_lease, create_session, delete_session, read_header, release_lease
+from store import IdGenerator, LogWriter, OneShotDescriptor, Store, create_session, delete_session, read_header, release_lease
 from store.errors import FencedError, SessionNotFoundError, SubagentError
 from worker.protocol import Budget, TurnSpec
 
@@ -128,11 +127,21 @@ class SubagentRun:
             self._rpc.cancel_children("parent")
 
     async def dispose(self) -> None:
-        """Cancel if still running, wait for the result and quiescence. Idempotent."""
+        """Cancel if still running, wait for the result and quiescence. Idempotent.
+
+        Quiescence includes the one-shot children its turn started: each is
+        cancelled (if still running) and disposed before this returns, so no
+        descendant still runs or holds a lease. The supervisor then forgets
+        the run.
+        """
         if not self._done.is_set():
             self.cancel("disposed")
         await self._done.wait()
+        if self._rpc is not None:
+            for child in list(self._rpc._children):
+                await child.dispose()
         self._disposed = True
+        self._runs.runs.pop(self.id, None)
 
 
 @dataclass
@@ -202,13 +211,10 @@ class OneShotRuns:
 
         def create() -> int:
             create_session(
-                self.store, child_id, parent_session=parent.id, origin="subagent", delegation_depth=child_depth, events=events
+                self.store, child_id, parent_session=parent.id, origin="subagent", delegation_depth=child_depth, events=events,
+                lease_owner=self.owner_id,
             )
-            try:
-                return acquire_lease(self.store, child_id, self.owner_id).epoch
-            except BaseException:
-                delete_session(self.store, child_id, parent_session=parent.id)
-                raise
+            return 1
 
         try:
             with anyio.CancelScope(shield=True):
@@ -222,7 +228,7 @@ class OneShotRuns:
                 await anyio.to_thread.run_sync(lambda: delete_session(self.store, child_id, parent_session=parent.id))
             raise
         # published: from here the caller owns the run
-        run = SubagentRun(self, child_id, uuid.uuid4().hex)
+        run = SubagentRun(self, child_id, self.ids.new())
         self.runs[child_id] = run
         spec = TurnSpec(
             session_id=child_id, epoch=epoch, store_root=self.store.root, durability=self.store.durability.name,
