@@ -1,0 +1,624 @@
+"""The ``subagents`` command line: a demo, one-off runs, and read-only views of a store.
+
+Owns argument parsing, configuration layering for the process (through
+``config_loader``), logging setup and exit codes; every byte on stdout goes
+through ``cli_render``. Listings read the store directly (no supervisor, no
+worker): they never write a byte. Only ``demo`` and ``run`` open a
+``Supervisor``; only ``store fsck --repair`` and ``store reindex`` write.
+
+Exit codes: 0 success; 1 the command ran but found a failure (a run that did
+not complete, a corrupt session in ``fsck``); 2 an error (``error: <CODE>:
+<message>`` on stderr); 130 interrupted. Listings take ``--json`` and then
+print exactly one JSON document (``log --follow --json`` prints one compact
+document per event, JSON Lines).
+
+Over ~500 lines because ``store fsck`` (its checks and its repair) lives
+here for now; it is store logic and belongs in ``store/`` (``store/fsck.py``),
+leaving this module the parsing and the commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+from typing import Any, Callable, Sequence, TypeVar
+
+import anyio
+
+from store import (
+    ContinuableDescriptor,
+    LogWriter,
+    OneShotDescriptor,
+    OwnerCache,
+    Projection,
+    Store,
+    acquire_lease,
+    inspect,
+    list_children,
+    list_descendants,
+    new_id,
+    owner_alive,
+    pending,
+    read_mailbox,
+    read_children,
+    read_header,
+    read_identity,
+    read_lease,
+    read_owner,
+    register_owner,
+    release_lease,
+    reindex,
+    remove_owner,
+    scan,
+    session_status,
+)
+from store.errors import CorruptSessionError, LeaseHeldError, SubagentError
+
+from . import cli_render as render
+from .config_loader import DeploymentConfig, dump_toml, env_variables, load_config
+from .models import Capabilities, Provider, SubagentRequest
+from .service import Supervisor
+
+__all__ = ["main", "build_parser"]
+
+log = logging.getLogger("subagents.cli")
+
+FOLLOW_POLL_S = 0.2  # `log --follow`: a human watching; cheap enough (one stat per poll)
+QUICK_CHILDREN, QUICK_CPU_MS = 3, 100
+
+_E = TypeVar("_E", bound=BaseException)
+
+
+# -- entry point ----------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.log_level, args.log_json)
+    if not hasattr(args, "func"):
+        getattr(args, "usage", parser).print_help(sys.stderr)
+        return 2
+    try:
+        loaded = load_config(args.config)
+        config = loaded.config.with_store(args.store) if args.store else loaded.config
+        sources = loaded.sources + (("--store",) if args.store else ())
+        out = render.Output(json_mode=getattr(args, "json", False))
+        return int(args.func(args, config, out, sources) or 0)
+    except BaseException as exc:  # the CLI's boundary: every failure becomes an exit code
+        if _find(exc, KeyboardInterrupt) is not None:
+            print("interrupted", file=sys.stderr)
+            return 130
+        error = _find(exc, SubagentError)
+        if error is not None:
+            print(f"error: {error.code}: {error.message}", file=sys.stderr)
+            return 2
+        if not isinstance(exc, Exception):
+            raise  # SystemExit and friends keep their meaning
+        traceback.print_exception(exc, file=sys.stderr)
+        print(f"error: INTERNAL: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _find(exc: BaseException, kind: type[_E]) -> _E | None:
+    """``exc`` itself or the first ``kind`` inside it (anyio task groups wrap errors in groups)."""
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _find(inner, kind)
+            if found is not None:
+                return found
+    return None
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        doc = {"ts": record.created, "level": record.levelname, "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return json.dumps(doc, ensure_ascii=False)
+
+
+def _setup_logging(level: str, as_json: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_JsonFormatter() if as_json else logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(int(level) if level.isdigit() else getattr(logging, level.upper()))
+
+
+# -- parser -----------------------------------------------------------------------------
+
+
+def _log_level(value: str) -> str:
+    if value.isdigit() or value.upper() in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        return value
+    raise argparse.ArgumentTypeError(f"{value!r} is not a logging level")
+
+
+def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """The global options, accepted before and after the command name."""
+
+    def default(value: Any) -> Any:
+        return value if top else argparse.SUPPRESS
+
+    parser.add_argument("--store", default=default(None), help="the store folder (default: from the config, ./.subagents)")
+    parser.add_argument("--config", default=default(None), help="a deployment TOML file (default: $SUBAGENTS_CONFIG)")
+    parser.add_argument("--log-level", type=_log_level, default=default("WARNING"), help="DEBUG, INFO, WARNING (default), ERROR")
+    parser.add_argument("--log-json", action="store_true", default=default(False), help="log JSON lines to stderr")
+
+
+def _positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return number
+
+
+def _non_negative(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError("must be at least 0")
+    return number
+
+
+def build_parser() -> argparse.ArgumentParser:
+    variables = "\n".join(f"  {name:<32} {what}" for name, what in env_variables().items())
+    parser = argparse.ArgumentParser(
+        prog="subagents",
+        description="Child agents in worker processes over a durable, shared store.",
+        epilog=f"environment (overrides the config files; unknown SUBAGENTS_* names are errors):\n{variables}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _global_options(parser, top=True)
+    common = argparse.ArgumentParser(add_help=False)
+    _global_options(common, top=False)
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+
+    def command(group: Any, name: str, func: Callable[..., int], help: str, *, listing: bool = True) -> argparse.ArgumentParser:
+        sub = group.add_parser(name, parents=[common], help=help, description=help)
+        sub.set_defaults(func=func)
+        if listing:
+            sub.add_argument("--json", action="store_true", help="print one JSON document")
+        return sub
+
+    demo = command(commands, "demo", cmd_demo, "run N CPU-bound one-shot children in parallel and show the result")
+    demo.add_argument("--children", type=_positive, default=None, help="how many children (default 8)")
+    demo.add_argument("--cpu-ms", type=_non_negative, default=None, help="CPU each child burns, in ms (default 400)")
+    demo.add_argument("--quick", action="store_true", help=f"{QUICK_CHILDREN} children × {QUICK_CPU_MS} ms")
+
+    run = command(commands, "run", cmd_run, "run one one-shot child of PROGRAM under a new root")
+    run.add_argument("program", metavar="PROGRAM", help='a built-in program (echo, script) or "package.module:function"')
+    run.add_argument("--prompt", default="", help="the child's message ('-' reads stdin)")
+    run.add_argument("--label", default=None, help="the child's label")
+
+    ls = command(commands, "ls", cmd_ls, "list a parent's direct subagents (no PARENT: the top-level sessions)")
+    ls.add_argument("parent", metavar="PARENT", nargs="?")
+
+    tree = command(commands, "tree", cmd_tree, "every subagent below ROOT (no ROOT: below every top-level session)")
+    tree.add_argument("root", metavar="ROOT", nargs="?")
+
+    show = command(commands, "show", cmd_show, "one session: header, identity, status, lease, timing, log")
+    show.add_argument("id", metavar="ID")
+
+    log_cmd = command(commands, "log", cmd_log, "the events of a session")
+    log_cmd.add_argument("id", metavar="ID")
+    log_cmd.add_argument("--follow", "-f", action="store_true", help="keep printing new events until interrupted")
+
+    store_cmd = commands.add_parser("store", help="store maintenance (fsck, reindex)")
+    store_cmd.set_defaults(usage=store_cmd)
+    store_sub = store_cmd.add_subparsers(title="store commands", metavar="COMMAND")
+    fsck = command(store_sub, "fsck", cmd_fsck, "check every session; report torn and corrupt logs")
+    fsck.add_argument("--repair", action="store_true", help="truncate torn tails (never touches corrupt sessions)")
+    command(store_sub, "reindex", cmd_reindex, "rebuild the children index from the headers")
+
+    config_cmd = commands.add_parser("config", help="configuration")
+    config_cmd.set_defaults(usage=config_cmd)
+    config_sub = config_cmd.add_subparsers(title="config commands", metavar="COMMAND")
+    command(config_sub, "show", cmd_config_show, "the effective configuration (default, file, environment, --store)")
+    return parser
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def _emit(out: render.Output, doc: Any, text: Callable[[render.Output, Any], None]) -> None:
+    """``doc`` as one JSON document under ``--json``, else its text rendering."""
+    if out.json_mode:
+        out.json(doc)
+    else:
+        text(out, doc)
+
+
+def _open_store(config: DeploymentConfig) -> Store:
+    """The configured store, which must exist: read commands never create one."""
+    return Store(config.store.path, durability=config.supervisor.durability, create=False)
+
+
+def _rows(entries: Sequence[Any]) -> list[dict[str, Any]]:
+    return [dataclasses.asdict(e) for e in entries]
+
+
+def _descendant_rows(store: Store, root_id: str) -> list[dict[str, Any]]:
+    return [{**dataclasses.asdict(r.entry), "parent_id": r.parent_id, "depth": r.depth} for r in list_descendants(store, root_id)]
+
+
+def _subagent_count(store: Store, session_id: str) -> int:
+    """Direct subagent children per the index (cheap; the catalog re-checks headers)."""
+    return sum(1 for e in read_children(store, session_id) if e.origin == "subagent")
+
+
+def _roots(store: Store) -> list[dict[str, Any]]:
+    """Top-level sessions (no ``parent_session``): one header read per session in the store."""
+    owners = OwnerCache(store)
+    roots = []
+    for session_id in store.session_ids():
+        try:
+            header = read_header(store, session_id)
+        except SubagentError:
+            continue  # `store fsck` reports unreadable headers
+        if header.parent_session is None:
+            roots.append({
+                "id": session_id,
+                "created_at": header.created_at,
+                "status": session_status(store, session_id, owners),
+                "children": _subagent_count(store, session_id),
+            })
+    return roots
+
+
+def _register_providers(sup: Supervisor, config: DeploymentConfig, own: Provider) -> None:
+    """The CLI's own provider, then the configured ones (a clash keeps the CLI's)."""
+    sup.register_provider(own)
+    for settings in config.providers:
+        if settings.name == own.name:
+            log.warning('configured provider "%s" is shadowed by the CLI\'s own', settings.name)
+            continue
+        sup.register_provider(settings.to_provider())
+
+
+def _worker_cpu_s(pids: Sequence[int]) -> float | None:
+    """User + system CPU seconds of these processes (Linux ``/proc``), ``None`` if unreadable."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+        except (OSError, IndexError, ValueError):
+            return None
+    return total / ticks
+
+
+# -- demo, run ----------------------------------------------------------------------------------
+
+
+def cmd_demo(args: argparse.Namespace, config: DeploymentConfig, out: render.Output, sources: Any) -> int:
+    children = args.children or (QUICK_CHILDREN if args.quick else 8)
+    cpu_ms = args.cpu_ms if args.cpu_ms is not None else (QUICK_CPU_MS if args.quick else 400)
+    doc = anyio.run(_demo, config, children, cpu_ms, out)
+    store = _open_store(config)
+    for result in doc["results"]:
+        header = read_header(store, result["id"])
+        result["turn_ms"] = read_identity(store, result["id"], header.seed_length or 0).projection.timing.settled_ms
+    doc["busy_s"] = sum(r["turn_ms"] for r in doc["results"]) / 1000.0
+    doc["speedup"] = doc["busy_s"] / doc["wall_s"] if doc["wall_s"] > 0 else 0.0
+    doc["listing"] = _rows(list_children(store, doc["root"]))
+    doc["tree"] = _descendant_rows(store, doc["root"])
+    _emit(out, doc, render.render_demo)
+    return 0 if all(r["stop_reason"] == "completed" for r in doc["results"]) else 1
+
+
+async def _demo(config: DeploymentConfig, children: int, cpu_ms: int, out: render.Output) -> dict[str, Any]:
+    results: list[dict[str, Any]] = []
+    async with Supervisor.open(store=config.store.path, config=config.supervisor) as sup:
+        _register_providers(sup, config, Provider(name="analyst", program="script", capabilities=Capabilities.all()))
+        root = await sup.open_root(label="demo")
+        if not out.json_mode:
+            out.line(f"demo root {root.id}: {children} children × {cpu_ms} ms of CPU, pool of {config.supervisor.pool_size} workers")
+        pids = sup.pool.worker_pids()
+        cpu_before = _worker_cpu_s(pids)
+        started = time.perf_counter()
+        runs = []
+        for i in range(1, children + 1):
+            script = {"script": [{"cpu": cpu_ms}, {"return": f"part {i} of {children}: analysed with {cpu_ms} ms of CPU"}]}
+            request = SubagentRequest(parent=root, prompt=json.dumps(script), label=f"part-{i}")
+            runs.append((await sup.start("analyst", request), f"part-{i}"))
+
+        with render.DemoProgress(out, children) as progress:
+
+            async def finish(run: Any, label: str) -> None:
+                try:
+                    result = await run.result()
+                finally:
+                    await run.dispose()
+                elapsed = time.perf_counter() - started
+                results.append({"id": run.id, "label": label, "stop_reason": result.stop_reason, "output": result.output,
+                                "diagnostic": result.diagnostic, "elapsed_s": elapsed})
+                progress.finished(run.id, label, result.stop_reason, elapsed)
+
+            async with anyio.create_task_group() as tg:
+                for run, label in runs:
+                    tg.start_soon(finish, run, label)
+        wall = time.perf_counter() - started
+        cpu_after = _worker_cpu_s(pids)
+    if cpu_before is not None and cpu_after is not None:
+        cpu, source = cpu_after - cpu_before, "measured on the worker processes"
+    else:
+        cpu, source = children * cpu_ms / 1000.0, "requested by the children"
+    results.sort(key=lambda r: r["id"])
+    return {
+        "root": root.id, "children": children, "cpu_ms": cpu_ms, "pool_size": config.supervisor.pool_size,
+        "wall_s": wall, "cpu_s": cpu, "cpu_source": source, "results": results,
+    }
+
+
+def cmd_run(args: argparse.Namespace, config: DeploymentConfig, out: render.Output, sources: Any) -> int:
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    doc = anyio.run(_run, config, args.program, prompt, args.label)
+    _emit(out, doc, render.render_run)
+    return 0 if doc["stop_reason"] == "completed" else 1
+
+
+async def _run(config: DeploymentConfig, program: str, prompt: str, label: str | None) -> dict[str, Any]:
+    async with Supervisor.open(store=config.store.path, config=config.supervisor) as sup:
+        _register_providers(sup, config, Provider(name="run", program=program, capabilities=Capabilities.all()))
+        root = await sup.open_root(label="run")
+        run = await sup.start("run", SubagentRequest(parent=root, prompt=prompt, label=label))
+        try:
+            result = await run.result()
+        finally:
+            await run.dispose()
+    return {"root": root.id, "id": run.id, **result.model_dump()}
+
+
+# -- listings -------------------------------------------------------------------------------------
+
+
+def cmd_ls(args: argparse.Namespace, config: DeploymentConfig, out: render.Output, sources: Any) -> int:
+    store = _open_store(config)
+    if args.parent is None:
+        roots = _roots(store)
+        _emit(out, roots, render.render_roots)
+        return 0
+    rows = _rows(list_children(store, args.parent))
+    _emit(out, rows, render.render_listing)
+    return 0
+
+
+def cmd_tree(args: argparse.Namespace, config: DeploymentConfig, out: render.Output, sources: Any) -> int:
+    store = _open_store(config)
+    if args.root is not None:
+        rows = _descendant_rows(store, args.root)
+        _emit(out, rows, lambda o, _: render.render_tree(o, [{"root": args.root, "descendants": rows}]))
+        return 0
+    forest = [{"root": r["id"], "descendants": _descendant_rows(store, r["id"])} for r in _roots(store)]
+    _emit(out, forest, render.render_tree)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace, config: DeploymentConfig, out: render.Output, sources: Any) -> int:
+    store = _open_store(config)
+    found = inspect(store, args.id)
+    projection = Projection(seed_length=found.header.seed_length or 0)
+    projection.fold(found.events, found.offsets, found.end)
+    ident = projection.identity
+    descriptor = ident.model_dump(mode="json", exclude_none=True) if isinstance(ident, (OneShotDescriptor, ContinuableDescriptor)) else None
+    lease = read_lease(store, args.id)
+    owner = read_owner(store, lease.owner) if lease is not None else None
+    doc = {
+        "header": found.header.model_dump(mode="json"),
+        "descriptor": descriptor,
+        "identity": "descriptor" if descriptor else (ident or "none (not a subagent)"),
+        "status": session_status(store, args.id),
+        "lease": dataclasses.asdict(lease) if lease is not None else None,
+        "owner": {**dataclasses.asdict(owner), "alive": owner_alive(owner)} if owner is not None else None,
+        "timing": dataclasses.asdict(projection.timing),
+        "turns": projection.turns,
+        "last_stop_reason": projection.last_stop_reason,
+        "open_turn": projection.open_turn,
+        "events": len(found.events),
+        "log": {"status": found.status, "size": found.size, "valid_bytes": found.end,
+                "damage": dataclasses.asdict(found.damage) if found.damage else None},
+        "mailbox": _mailbox(store, args.id, projection),
+        "children": _subagent_count(store, args.id),
+    }
+    _emit(out, doc, render.render_show)
+    return 0
+
+
+def _mailbox(store: Store, session_id: str, projection: Projection) -> dict[str, Any]:
+    """Accepted messages, and how many no turn has taken yet (``None`` when log and mailbox disagree)."""
+    messages = read_mailbox(store, session_id)
+    if not messages:
+        return {"accepted": 0, "pending": 0}  # a one-shot child's message is logged at creation, never mailed
+    try:
+        waiting: int | None = len(pending(store, session_id, consumed=projection.consumed, last_consumed_id=projection.last_message_id))
+        problem = None
+    except CorruptSessionError as exc:
+        waiting, problem = None, exc.message
+    return {"accepted": len(messages), "pending": waiting, **({"problem": problem} if problem else {})}
+
+
+def cmd_log(args: argparse.Namespace, config: DeploymentConfig, out: render.Output, sources: Any) -> int:
+    store = _open_store(config)
+    found = inspect(store, args.id)
+    doc = {"session": args.id, "log_status": found.status,
+           "damage": dataclasses.asdict(found.damage) if found.damage else None, "events": found.events}
+    if not args.follow:
+        _emit(out, doc, render.render_log)
+        return 0
+    emit: Callable[[dict[str, Any]], None] = (lambda e: out.json(e, compact=True)) if out.json_mode else (lambda e: out.line(render.event_line(e)))
+    for event in found.events:
+        emit(event)
+    path, end, next_seq = store.path(args.id, "log"), found.end, len(found.events)
+    try:
+        while True:
+            time.sleep(FOLLOW_POLL_S)
+            try:
+                size = os.stat(path).st_size
+            except FileNotFoundError:
+                size = 0
+            if size < end:  # cut back under us (a repair): start over from what is valid now
+                again = inspect(store, args.id)
+                for event in again.events[next_seq:]:
+                    emit(event)
+                end, next_seq = again.end, len(again.events)
+            elif size > end:
+                with open(path, "rb") as handle:
+                    handle.seek(end)
+                    result = scan(handle.read(size - end), start_seq=next_seq, base_offset=end)
+                for event in result.records:  # a damaged tail may be a write in flight: wait for it
+                    emit(event)
+                end, next_seq = result.end, next_seq + len(result.records)
+    except KeyboardInterrupt:
+        return 0
+
+
+# -- store maintenance ---------------------------------------------------------------------------
+
+
+def cmd_fsck(args: argparse.Namespace, config: DeploymentConfig, out: render.Output, sources: Any) -> int:
+    store = _open_store(config)
+    report = fsck(store, repair=args.repair, lease_ttl_s=config.supervisor.lease_ttl_s)
+    _emit(out, report, render.render_fsck)
+    return 1 if report["counts"]["corrupt"] else 0
+
+
+def fsck(store: Store, *, repair: bool, lease_ttl_s: float) -> dict[str, Any]:
+    """Inspect every session folder; one finding per problem, never a crash.
+
+    With ``repair``, a torn tail is truncated (and an open turn closed) by
+    opening a ``LogWriter``, the resume path, under a lease this check takes
+    for the moment of the repair: at epoch 0 when the session never had a
+    lease, else by acquiring it (epoch + 1), which fences any writer that
+    still believes it owns the session. A lease held by a live owner is left
+    alone (that owner repairs on its own resume). Corrupt logs are never touched.
+    """
+    counts = {"clean": 0, "torn": 0, "corrupt": 0, "unsupported": 0}
+    findings: list[dict[str, Any]] = []
+    names = sorted(os.listdir(store.sessions_dir))
+    checked = 0
+    for name in names:
+        folder = os.path.join(store.sessions_dir, name)
+        if not os.path.isdir(folder):
+            findings.append({"id": name, "kind": "stray", "detail": "not a session folder"})
+            continue
+        if not os.path.exists(os.path.join(folder, "header")):
+            findings.append({"id": name, "kind": "no-header", "detail": "a creation that never published its header (nothing lists or resumes it)"})
+            continue
+        checked += 1
+        try:
+            found = inspect(store, name)
+        except SubagentError as exc:
+            kind = "unsupported" if exc.code == "UNSUPPORTED_FORMAT" else "corrupt"
+            counts[kind] += 1
+            findings.append({"id": name, "kind": kind if kind == "unsupported" else "header-corrupt", "detail": f"{exc.code}: {exc.message}"})
+            continue
+        except OSError as exc:
+            counts["corrupt"] += 1
+            findings.append({"id": name, "kind": "unreadable", "detail": f"{type(exc).__name__}: {exc}"})
+            continue
+        if os.path.exists(store.path(name, "lease")) and read_lease(store, name) is None:
+            findings.append({"id": name, "kind": "lease-unreadable", "detail": "the lease file does not decode"})
+        counts[found.status] += 1
+        if found.status == "clean":
+            continue
+        damage = found.damage
+        assert damage is not None
+        detail = f"{damage.reason} at byte {damage.offset}" + (f" ({damage.detail})" if damage.detail else "") + f", {damage.dropped} bytes after the valid prefix"
+        finding: dict[str, Any] = {"id": name, "kind": found.status, "detail": detail, "damage": dataclasses.asdict(damage),
+                                   "valid_events": len(found.events)}
+        if found.status == "corrupt":
+            finding["detail"] += "; committed work follows the damage"
+        elif repair:
+            finding["repair"] = _repair_torn(store, name, lease_ttl_s)
+            finding["repaired"] = finding["repair"].startswith("repaired")
+        findings.append(finding)
+    findings.extend(_index_findings(store))
+    return {
+        "store": store.root,
+        "sessions": checked,
+        "counts": counts,
+        "torn": [f["id"] for f in findings if f["kind"] == "torn"],
+        "corrupt": [f["id"] for f in findings if f["kind"] in ("corrupt", "header-corrupt", "unreadable")],
+        "repaired": [f["id"] for f in findings if f.get("repaired")],
+        "findings": findings,
+    }
+
+
+def _repair_torn(store: Store, session_id: str, lease_ttl_s: float) -> str:
+    lease = read_lease(store, session_id)
+    if lease is not None and lease.state != "released" and owner_alive(read_owner(store, lease.owner)):
+        return f"not repaired: owner {lease.owner} is alive and holds the lease (epoch {lease.epoch})"
+    if lease is None and not os.path.exists(store.path(session_id, "lease")):
+        with LogWriter.open(store, session_id, epoch=0) as writer:
+            closed = len(writer.repaired)
+        return "repaired at epoch 0" + (f", {closed} closing events appended" if closed else "")
+    owner_id = new_id()
+    register_owner(store, owner_id, ttl=lease_ttl_s)
+    try:
+        try:
+            taken = acquire_lease(store, session_id, owner_id)
+        except LeaseHeldError as exc:
+            return f"not repaired: {exc.message}"
+        try:
+            with LogWriter.open(store, session_id, epoch=taken.epoch) as writer:
+                closed = len(writer.repaired)
+        finally:
+            release_lease(store, session_id, owner_id, taken.epoch)
+    finally:
+        remove_owner(store, owner_id)
+    return f"repaired under lease epoch {taken.epoch}" + (f", {closed} closing events appended" if closed else "")
+
+
+def _index_findings(store: Store) -> list[dict[str, Any]]:
+    """Index entries the headers do not back, and headers the index misses (``store reindex`` fixes both)."""
+    proven: dict[str, set[str]] = {}
+    for session_id in store.session_ids():
+        try:
+            header = read_header(store, session_id)
+        except SubagentError:
+            continue
+        if header.parent_session is not None:
+            proven.setdefault(header.parent_session, set()).add(session_id)
+    findings = []
+    indexed_parents = {n for n in os.listdir(store.children_index_dir) if not n.endswith(".lock") and not n.startswith(".")}
+    for parent in sorted(indexed_parents | set(proven)):
+        try:
+            indexed = {e.id for e in read_children(store, parent)}
+        except SubagentError:
+            continue  # a file name that is not a session id: not ours to judge
+        for child in sorted(proven.get(parent, set()) - indexed):
+            findings.append({"id": child, "kind": "index-missing", "detail": f"child of {parent} by its header, absent from the index (run `subagents store reindex`)"})
+        for child in sorted(indexed - proven.get(parent, set())):
+            findings.append({"id": child, "kind": "index-stale", "detail": f"indexed under {parent} but no header proves it (harmless; `subagents store reindex` drops it)"})
+    return findings
+
+
+def cmd_reindex(args: argparse.Namespace, config: DeploymentConfig, out: render.Output, sources: Any) -> int:
+    store = _open_store(config)
+    parents = reindex(store)
+    doc = {"parents": parents, "children": sum(len(v) for v in parents.values())}
+    _emit(out, doc, render.render_reindex)
+    return 0
+
+
+def cmd_config_show(args: argparse.Namespace, config: DeploymentConfig, out: render.Output, sources: Sequence[str]) -> int:
+    if out.json_mode:
+        out.json(config.model_dump(mode="json"))
+    else:
+        render.render_config(out, dump_toml(config), sources)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,352 @@
+"""How the ``subagents`` CLI prints: plain text, one JSON document, or rich on a terminal.
+
+Owns every byte the CLI writes to stdout. Commands (``supervisor/cli.py``)
+build plain data (dicts and lists, the same that ``--json`` prints) and hand
+it to one ``render_*`` function here. Plain text is the stable form (scripts
+and tests read it; ``ls`` is exactly ``worker.listing.render_rows``); rich
+tables, trees and progress bars are used only when stdout is a terminal and
+``--json`` is off, and ``rich`` is imported only then.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from types import TracebackType
+from typing import Any, Sequence, TextIO
+
+from worker.listing import render_rows
+
+__all__ = [
+    "Output",
+    "to_json",
+    "fmt_time",
+    "summarize",
+    "render_listing",
+    "render_roots",
+    "render_tree",
+    "render_show",
+    "event_line",
+    "render_log",
+    "render_fsck",
+    "render_reindex",
+    "render_config",
+    "render_run",
+    "DemoProgress",
+    "render_demo",
+]
+
+SUMMARY_WIDTH = 96  # one event per terminal line in `log`
+
+
+class Output:
+    """stdout, and whether it gets rich renderings (a terminal, not ``--json``)."""
+
+    def __init__(self, stream: TextIO | None = None, *, json_mode: bool = False) -> None:
+        self.stream = stream or sys.stdout
+        self.json_mode = json_mode
+        self.rich = not json_mode and self.stream.isatty()
+        self._console: Any = None
+
+    @property
+    def console(self) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(file=self.stream)
+        return self._console
+
+    def line(self, text: str = "") -> None:
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def json(self, doc: Any, *, compact: bool = False) -> None:
+        self.line(to_json(doc, compact=compact))
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    return str(value)
+
+
+def to_json(doc: Any, *, compact: bool = False) -> str:
+    if compact:
+        return json.dumps(doc, default=_json_default, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(doc, default=_json_default, ensure_ascii=False, indent=2)
+
+
+def fmt_time(ts: float | None, *, date: bool = True) -> str:
+    if ts is None:
+        return "-"
+    local = time.localtime(ts)
+    millis = int((ts % 1) * 1000)
+    return time.strftime("%Y-%m-%d %H:%M:%S" if date else "%H:%M:%S", local) + f".{millis:03d}"
+
+
+def summarize(data: Any, width: int = SUMMARY_WIDTH) -> str:
+    text = to_json(data, compact=True) if not isinstance(data, str) else data
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+# -- ls -------------------------------------------------------------------------
+
+
+def _status_style(status: str) -> str:
+    return {"running": "bold green", "idle": "yellow", "complete": "dim"}.get(status, "")
+
+
+def render_listing(out: Output, rows: Sequence[dict[str, Any]]) -> None:
+    """Direct children: exactly ``render_rows`` as plain text, a table on a terminal."""
+    if not out.rich or not rows:
+        out.line(render_rows(rows))
+        return
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold")
+    for column in ("id", "status", "mode", "label", "children"):
+        table.add_column(column)
+    for row in rows:
+        if row.get("kind") == "diagnostic":
+            table.add_row(row["id"], f"[red]diagnostic: {escape(row['reason'])}[/red]", "", "", "")
+        else:
+            status = row["status"]
+            table.add_row(
+                row["id"], f"[{_status_style(status)}]{status}[/]" if _status_style(status) else status,
+                row["mode"], escape(row.get("label") or ""), "yes" if row["has_children"] else "",
+            )
+    out.console.print(table)
+
+
+def render_roots(out: Output, roots: Sequence[dict[str, Any]]) -> None:
+    """Top-level sessions: ``<id> [<status>] — <n> children (created <time>)``."""
+    if not roots:
+        out.line("(no sessions)")
+        return
+    if out.rich:
+        from rich.table import Table
+
+        table = Table(box=None, header_style="bold")
+        for column in ("id", "status", "children", "created"):
+            table.add_column(column)
+        for root in roots:
+            table.add_row(root["id"], root["status"], str(root["children"]), fmt_time(root["created_at"]))
+        out.console.print(table)
+        return
+    for root in roots:
+        noun = "child" if root["children"] == 1 else "children"
+        out.line(f"{root['id']} [{root['status']}] — {root['children']} {noun} (created {fmt_time(root['created_at'])})")
+
+
+# -- tree -----------------------------------------------------------------------
+
+
+def _row_text(row: dict[str, Any]) -> str:
+    return render_rows([{k: v for k, v in row.items() if k not in ("parent_id", "depth")}])
+
+
+def render_tree(out: Output, forest: Sequence[dict[str, Any]]) -> None:
+    """Each ``{"root", "descendants"}`` as an indented tree (two spaces a level)."""
+    if not forest:
+        out.line("(no sessions)")
+        return
+    for tree in forest:
+        rows = tree["descendants"]
+        if out.rich:
+            from rich.markup import escape
+            from rich.tree import Tree
+
+            top = Tree(f"[bold]{escape(tree['root'])}[/bold] (root)")
+            nodes: dict[str, Any] = {tree["root"]: top}
+            for row in rows:
+                parent = nodes.get(row["parent_id"], top)
+                nodes[row["id"]] = parent.add(escape(_row_text(row)))
+            out.console.print(top)
+            continue
+        out.line(f"{tree['root']} (root)")
+        for row in rows:
+            out.line("  " * row["depth"] + _row_text(row))
+        if not rows:
+            out.line("  (no subagents)")
+
+
+# -- show -----------------------------------------------------------------------
+
+
+def render_show(out: Output, doc: dict[str, Any]) -> None:
+    header = doc["header"]
+    descriptor = doc["descriptor"]
+    lease = doc["lease"]
+    log = doc["log"]
+    timing = doc["timing"]
+    fields: list[tuple[str, str]] = [
+        ("session", header["id"]),
+        ("created", fmt_time(header["created_at"])),
+        ("parent", header.get("parent_session") or "(none: top-level)"),
+        ("origin", header.get("origin") or "-"),
+        ("depth", str(header.get("delegation_depth", 0))),
+    ]
+    if header.get("seed_length") is not None:
+        fields.append(("seed", f"{header['seed_length']} events"))
+    if header.get("cwd"):
+        fields.append(("cwd", header["cwd"]))
+    if descriptor is not None:
+        fields += [("mode", descriptor["mode"]), ("provider", descriptor.get("provider") or "-"), ("label", descriptor.get("label") or "-")]
+        for key in ("agent_provider", "agent_model", "persona"):
+            if descriptor.get(key):
+                fields.append((key.replace("_", " "), str(descriptor[key])))
+    else:
+        fields.append(("identity", doc["identity"]))
+    fields.append(("status", doc["status"]))
+    if lease is None:
+        fields.append(("lease", "(none)"))
+    else:
+        owner = doc["owner"]
+        liveness = "" if lease["state"] == "released" else (" (alive)" if owner and owner["alive"] else " (dead or gone)")
+        fields.append(("lease", f"epoch {lease['epoch']}, {lease['state']}, owner {lease['owner']}{liveness}, since {fmt_time(lease['acquired_at'])}"))
+    active = f", active since {fmt_time(timing['active_since'], date=False)}" if timing.get("active_since") else ""
+    fields.append(("timing", f"{timing['settled_ms']:.0f} ms settled{active}"))
+    turns = f"{doc['turns']} turn{'s' if doc['turns'] != 1 else ''}"
+    if doc.get("last_stop_reason"):
+        turns += f", last stop reason: {doc['last_stop_reason']}"
+    if doc.get("open_turn") is not None:
+        turns += f", turn open since seq {doc['open_turn']}"
+    fields.append(("turns", turns))
+    damage = log.get("damage")
+    where = f": {damage['reason']} at byte {damage['offset']} ({damage['dropped']} bytes)" if damage else ""
+    fields.append(("log", f"{doc['events']} events, {log['status']}{where}, {log['size']} bytes"))
+    mailbox = doc["mailbox"]
+    waiting = "?" if mailbox["pending"] is None else mailbox["pending"]
+    fields.append(("mailbox", f"{mailbox['accepted']} accepted, {waiting} pending" + (f" ({mailbox['problem']})" if mailbox.get("problem") else "")))
+    fields.append(("children", str(doc["children"])))
+    if out.rich:
+        from rich.markup import escape
+        from rich.table import Table
+
+        table = Table(box=None, show_header=False)
+        table.add_column(style="bold")
+        table.add_column()
+        for key, value in fields:
+            table.add_row(key, escape(value))
+        out.console.print(table)
+        return
+    width = max(len(k) for k, _ in fields)
+    for key, value in fields:
+        out.line(f"{key.ljust(width)}  {value}")
+
+
+# -- log ------------------------------------------------------------------------
+
+
+def event_line(event: dict[str, Any]) -> str:
+    return f"{event['seq']:>5}  {fmt_time(event.get('ts'), date=False)}  {str(event.get('type')):<20}  {summarize(event.get('data'))}"
+
+
+def render_log(out: Output, doc: dict[str, Any]) -> None:
+    for event in doc["events"]:
+        out.line(event_line(event))
+    if doc["log_status"] != "clean":
+        damage = doc.get("damage") or {}
+        out.line(f"({doc['log_status']} log: {damage.get('reason')} at byte {damage.get('offset')}, {damage.get('dropped')} bytes after the valid prefix)")
+
+
+# -- store ------------------------------------------------------------------------
+
+
+def render_fsck(out: Output, report: dict[str, Any]) -> None:
+    counts = report["counts"]
+    out.line(
+        f"checked {report['sessions']} sessions in {report['store']}: "
+        + ", ".join(f"{counts[k]} {k}" for k in ("clean", "torn", "corrupt", "unsupported"))
+    )
+    for finding in report["findings"]:
+        line = f"{finding['kind']:<15} {finding['id']}  {finding['detail']}"
+        if finding.get("repair"):
+            line += f"  → {finding['repair']}"
+        out.line(line)
+    if counts["corrupt"]:
+        out.line("corrupt sessions are never repaired automatically: their committed work would be lost")
+
+
+def render_reindex(out: Output, doc: dict[str, Any]) -> None:
+    for parent, children in doc["parents"].items():
+        out.line(f"{parent}: {len(children)} {'child' if len(children) == 1 else 'children'}")
+    out.line(f"reindexed {len(doc['parents'])} parents, {doc['children']} children")
+
+
+def render_config(out: Output, text: str, sources: Sequence[str]) -> None:
+    body = "".join(f"# from {s}\n" for s in sources) + "\n" + text
+    if out.rich:
+        from rich.syntax import Syntax
+
+        out.console.print(Syntax(body, "toml", background_color="default"))
+        return
+    out.stream.write(body)
+    out.stream.flush()
+
+
+# -- run, demo ---------------------------------------------------------------------------
+
+
+def render_run(out: Output, doc: dict[str, Any]) -> None:
+    if doc["output"]:
+        out.line(doc["output"])
+    out.line(f"stop reason: {doc['stop_reason']}" + (f" ({doc['diagnostic']})" if doc["diagnostic"] else ""))
+    out.line(f"child: {doc['id']} (root {doc['root']})")
+
+
+class DemoProgress:
+    """A progress bar on a terminal, a line per finished child otherwise."""
+
+    def __init__(self, out: Output, total: int) -> None:
+        self.out = out
+        self.total = total
+        self.done = 0
+        self._progress: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> "DemoProgress":
+        if self.out.rich:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(
+                TextColumn("children"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=self.out.console
+            )
+            self._progress.__enter__()
+            self._task = self._progress.add_task("children", total=self.total)
+        return self
+
+    def finished(self, child_id: str, label: str, stop_reason: str, elapsed_s: float) -> None:
+        self.done += 1
+        if self.out.json_mode:
+            return
+        if self._progress is not None:
+            self._progress.advance(self._task)
+            return
+        self.out.line(f"[{self.done}/{self.total}] {child_id} {label} {stop_reason} after {elapsed_s:.2f} s")
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(kind, exc, tb)
+
+
+def render_demo(out: Output, doc: dict[str, Any]) -> None:
+    per = f"{doc['children']} children × {doc['cpu_ms']} ms of CPU on {doc['pool_size']} workers"
+    cpu = f"{doc['cpu_s']:.2f} s ({doc['cpu_source']}; less than the children's time when the host is busy)"
+    out.line("")
+    out.line(per)
+    out.line(f"wall time        {doc['wall_s']:.2f} s")
+    out.line(f"children's time  {doc['busy_s']:.2f} s (the sum of their turns: what one worker would need)")
+    out.line(f"CPU time         {cpu}")
+    out.line(f"speedup          {doc['speedup']:.2f}× (children's time / wall time)")
+    out.line("")
+    out.line(f"$ subagents ls {doc['root']}")
+    render_listing(out, doc["listing"])
+    out.line("")
+    out.line(f"$ subagents tree {doc['root']}")
+    render_tree(out, [{"root": doc["root"], "descendants": doc["tree"]}])

@@ -1,0 +1,313 @@
+"""Deployment configuration: the embedded default, a TOML file, ``SUBAGENTS_*`` variables.
+
+Owns the layering and the validation of what ``configs/*.toml`` may say, and
+turns it into the models the service takes (``SupervisorConfig``,
+``Provider``). Layers, later wins: ``DEFAULT_TOML`` (kept byte-identical to
+``configs/default.toml``; a test pins it), then a deployment file, then the
+environment. Unknown keys are errors naming the key and the layer
+(``ConfigError``, code ``CONFIG_INVALID``). Called by the CLI, or by a host
+application that wants the same files; the environment is read only here,
+and only when the caller does not pass its own mapping.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+
+from store.errors import SubagentError
+
+from .config import SupervisorConfig
+from .models import Capabilities, Provider
+
+__all__ = [
+    "DEFAULT_TOML",
+    "DEFAULT_SOURCE",
+    "ENV_PREFIX",
+    "ENV_CONFIG",
+    "ENV_STORE",
+    "ConfigError",
+    "StoreSettings",
+    "ProviderSettings",
+    "DeploymentConfig",
+    "LoadedConfig",
+    "load_config",
+    "env_variables",
+    "dump_toml",
+]
+
+DEFAULT_SOURCE = "the embedded default (configs/default.toml)"
+ENV_PREFIX = "SUBAGENTS_"
+ENV_CONFIG = "SUBAGENTS_CONFIG"  # the deployment file, when --config is not given
+ENV_STORE = "SUBAGENTS_STORE"  # store.path; every other variable is SUBAGENTS_<supervisor field>
+
+DEFAULT_TOML = """\
+# subagents: the embedded default configuration.
+#
+# Layers, later wins: this file (embedded in supervisor/config_loader.py),
+# then a deployment file (--config or SUBAGENTS_CONFIG), then SUBAGENTS_*
+# environment variables (SUBAGENTS_STORE, SUBAGENTS_POOL_SIZE, ...), then the
+# CLI's --store. Unknown keys are errors, in every layer.
+
+[store]
+path = "./.subagents"           # relative paths are relative to the working directory
+
+[supervisor]
+pool_size = "auto"              # worker processes; "auto" = the CPU count
+start_method = "forkserver"     # forkserver | spawn | fork
+durability = "batched"          # strict (fsync every append) | batched (fsync at commit points) | none
+lease_ttl_s = 5.0               # an owner whose heartbeat is older than this is dead; its leases can be taken
+cancel_grace_s = 2.0            # a cancelled turn that ignores cancellation this long has its worker killed
+worker_ready_timeout_s = 30.0   # a worker that is not READY by then is a startup failure
+worker_log_level = 30           # logging level inside workers (30 = WARNING)
+
+# Providers registered by the CLI (`subagents run`, `subagents demo`), besides
+# the CLI's own. A deployment file's `providers` array replaces this one.
+# capabilities: output_schema, depth_limit, tool_filter, persona,
+# sandbox_mode, run_budget, or "all".
+
+[[providers]]
+name = "echo"
+program = "echo"                # a built-in name or "package.module:function"
+capabilities = []
+
+[[providers]]
+name = "script"
+program = "script"
+capabilities = ["all"]
+"""
+
+
+class ConfigError(SubagentError, ValueError):
+    """Raised when a configuration layer is unreadable, names an unknown key or holds a bad value."""
+
+    code = "CONFIG_INVALID"
+
+
+class StoreSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str = "./.subagents"
+
+
+_CAPABILITY_NAMES = tuple(Capabilities.model_fields)
+
+
+class ProviderSettings(BaseModel):
+    """One ``[[providers]]`` table: a provider the CLI registers."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    program: str
+    continuable: bool = False
+    inherits_parent_context: bool = False
+    capabilities: list[str] = []
+
+    @field_validator("capabilities")
+    @classmethod
+    def _known_capabilities(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if name != "all" and name not in _CAPABILITY_NAMES:
+                raise ValueError(f'unknown capability "{name}" (known: all, {", ".join(_CAPABILITY_NAMES)})')
+        return value
+
+    def to_provider(self) -> Provider:
+        if "all" in self.capabilities:
+            caps = Capabilities.all()
+        else:
+            caps = Capabilities(**{name: True for name in self.capabilities})
+        return Provider(
+            name=self.name,
+            program=self.program,
+            capabilities=caps,
+            inherits_parent_context=self.inherits_parent_context,
+            continuable=self.continuable,
+        )
+
+
+class DeploymentConfig(BaseModel):
+    """The effective configuration: where the store is, how the supervisor runs, which providers."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    store: StoreSettings = StoreSettings()
+    supervisor: SupervisorConfig = SupervisorConfig()
+    providers: list[ProviderSettings] = []
+
+    @model_validator(mode="after")
+    def _unique_providers(self) -> "DeploymentConfig":
+        seen: set[str] = set()
+        for provider in self.providers:
+            if provider.name in seen:
+                raise ValueError(f'provider "{provider.name}" is defined twice')
+            seen.add(provider.name)
+        return self
+
+    def with_store(self, path: str | os.PathLike[str]) -> "DeploymentConfig":
+        return self.model_copy(update={"store": StoreSettings(path=os.fspath(path))})
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    config: DeploymentConfig
+    sources: tuple[str, ...]  # the layers that were applied, in order
+
+
+def env_variables() -> dict[str, str]:
+    """Every variable this loader reads, and the key it sets (for help texts)."""
+    out = {ENV_CONFIG: "the deployment file", ENV_STORE: "store.path"}
+    for field in SupervisorConfig.model_fields:
+        out[ENV_PREFIX + field.upper()] = f"supervisor.{field}"
+    return out
+
+
+def load_config(path: str | os.PathLike[str] | None = None, *, env: Mapping[str, str] | None = None) -> LoadedConfig:
+    """Layer the default, the deployment file and the environment; validate.
+
+    ``path`` defaults to ``$SUBAGENTS_CONFIG``; ``env`` defaults to
+    ``os.environ``. A missing file named explicitly is an error.
+    """
+    environ = os.environ if env is None else env
+    layers: list[tuple[str, dict[str, Any]]] = [(DEFAULT_SOURCE, _parse(DEFAULT_TOML, DEFAULT_SOURCE))]
+    file_path = os.fspath(path) if path is not None else environ.get(ENV_CONFIG) or None
+    if file_path is not None:
+        layers.append((file_path, _read_file(file_path)))
+    merged: dict[str, Any] = {}
+    origins: dict[tuple[str, ...], str] = {}
+    sources: list[str] = []
+    for source, data in layers:
+        _merge(merged, origins, data, source)
+        sources.append(source)
+    env_sources = _merge_env(merged, origins, environ)
+    sources.extend(env_sources)
+    return LoadedConfig(_validate(merged, origins), tuple(sources))
+
+
+# -- layers ---------------------------------------------------------------------
+
+
+def _parse(text: str, source: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source} is not valid TOML: {exc}", source=source) from None
+
+
+def _read_file(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}", source=path) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not UTF-8", source=path) from None
+    return _parse(text, path)
+
+
+_TABLES = {"store": StoreSettings, "supervisor": SupervisorConfig}
+
+
+def _merge(merged: dict[str, Any], origins: dict[tuple[str, ...], str], data: dict[str, Any], source: str) -> None:
+    """Overlay one layer key by key, remembering which layer set each key."""
+    for key, value in data.items():
+        if key in _TABLES:
+            if not isinstance(value, dict):
+                raise ConfigError(f'"{key}" must be a table in {source}', key=key, source=source)
+            table = merged.setdefault(key, {})
+            for sub, sub_value in value.items():
+                table[sub] = sub_value
+                origins[(key, sub)] = source
+        elif key == "providers":
+            merged[key] = value  # an array replaces the array of earlier layers
+            origins[(key,)] = source
+        else:
+            raise ConfigError(f'unknown key "{key}" in {source}', key=key, source=source)
+
+
+def _merge_env(merged: dict[str, Any], origins: dict[tuple[str, ...], str], environ: Mapping[str, str]) -> list[str]:
+    known = {ENV_PREFIX + f.upper(): f for f in SupervisorConfig.model_fields}
+    used: list[str] = []
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG:
+            continue
+        value = environ[name]
+        source = f"environment variable {name}"
+        if name == ENV_STORE:
+            merged.setdefault("store", {})["path"] = value
+            origins[("store", "path")] = source
+        elif name in known:
+            merged.setdefault("supervisor", {})[known[name]] = value
+            origins[("supervisor", known[name])] = source
+        else:
+            raise ConfigError(
+                f'unknown key "{name}" in the environment (known: {", ".join(sorted(env_variables()))})',
+                key=name,
+                source="environment",
+            )
+        used.append(source)
+    return used
+
+
+def _validate(merged: dict[str, Any], origins: dict[tuple[str, ...], str]) -> DeploymentConfig:
+    data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in merged.items()}
+    supervisor = data.get("supervisor")
+    if isinstance(supervisor, dict) and supervisor.get("pool_size") == "auto":
+        del supervisor["pool_size"]  # absent means the CPU count (SupervisorConfig's default)
+    try:
+        return DeploymentConfig.model_validate(data)
+    except ValidationError as exc:
+        raise _config_error(exc, origins) from None
+
+
+def _config_error(exc: ValidationError, origins: dict[tuple[str, ...], str]) -> ConfigError:
+    first = exc.errors()[0]
+    loc = tuple(str(p) for p in first["loc"])
+    key = _dotted(loc)
+    source = origins.get(loc[:2]) or origins.get(loc[:1]) or "the merged configuration"
+    if first["type"] == "extra_forbidden":
+        return ConfigError(f'unknown key "{key}" in {source}', key=key, source=source)
+    message = first["msg"].removeprefix("Value error, ")
+    return ConfigError(f'invalid value for "{key}" in {source}: {message}', key=key, source=source)
+
+
+def _dotted(loc: tuple[str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if part.isdigit() else (f".{part}" if out else part)
+    return out or "(top level)"
+
+
+# -- rendering ------------------------------------------------------------------
+
+
+def dump_toml(config: DeploymentConfig) -> str:
+    """The configuration as a TOML deployment file (loads back to the same config)."""
+    lines = [] if config.providers else ["providers = []", ""]  # top-level keys come before any table
+    lines += ["[store]", f"path = {_toml_value(config.store.path)}", "", "[supervisor]"]
+    for key, value in config.supervisor.model_dump().items():
+        lines.append(f"{key} = {_toml_value(value)}")
+    for provider in config.providers:
+        lines += ["", "[[providers]]"]
+        for key, value in provider.model_dump().items():
+            lines.append(f"{key} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+        return f'"{escaped}"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot render {type(value).__name__} as TOML")

@@ -1,0 +1,437 @@
+"""The ``subagents`` CLI, run as a real subprocess against real stores in ``tmp_path``.
+
+One ``demo --quick`` store is built per module (per xdist worker) and only
+read by the listing tests; tests that damage or rewrite a store work on a
+copy. Every subprocess has a deadline; a hang fails with its output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import store
+from store import LogWriter, Store, create_session, inspect, list_children, list_descendants, read_lease
+from supervisor import cli_render as render
+from supervisor.config_loader import load_config
+from worker.listing import render_rows
+
+DEADLINE_S = 90.0
+ROW = re.compile(r"^(\S+) \[complete\] — part-(\d)$")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """The test's environment without any SUBAGENTS_* of the outer shell."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SUBAGENTS_")}
+    env.update(extra)
+    return env
+
+
+# runs that start workers skip fsync: the format is the same, and a busy disk must not slow the suite
+FAST = _env(SUBAGENTS_DURABILITY="none")
+
+
+def cli(*args: str, cwd: Path, env: dict[str, str] | None = None, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "supervisor.cli", *args], cwd=cwd, env=env or _env(), input=stdin,
+            capture_output=True, text=True, timeout=DEADLINE_S,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"subagents {' '.join(args)} hung; stdout={exc.stdout!r} stderr={exc.stderr!r}")
+
+
+def ok(*args: str, cwd: Path, env: dict[str, str] | None = None) -> str:
+    done = cli(*args, cwd=cwd, env=env)
+    assert done.returncode == 0, f"subagents {' '.join(args)} exited {done.returncode}: {done.stderr}"
+    return done.stdout
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoStore:
+    cwd: Path
+    path: Path
+    root: str
+    children: list[str]
+    stdout: str
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoStore:
+    """``demo --quick`` in a fresh folder: one root, three complete children."""
+    cwd = tmp_path_factory.mktemp("demo")
+    out = ok("--store", "st", "demo", "--quick", cwd=cwd, env=FAST)
+    root = re.search(r"^demo root (\S+):", out, re.M)
+    assert root is not None, out
+    children = [m.group(1) for m in map(ROW.match, out.splitlines()) if m]
+    return DemoStore(cwd, cwd / "st", root.group(1), children[:3], out)
+
+
+@pytest.fixture
+def demo_copy(demo: DemoStore, tmp_path: Path) -> DemoStore:
+    """A private copy of the demo store, for tests that damage or rewrite it."""
+    shutil.copytree(demo.path, tmp_path / "st")
+    return dataclasses.replace(demo, cwd=tmp_path, path=tmp_path / "st")
+
+
+# -- demo ------------------------------------------------------------------------------------
+
+
+def test_demo_quick_lists_three_complete_children(demo: DemoStore) -> None:
+    """demo --quick prints a line per finished child, the timing, then `ls` with 3 `[complete]` rows and the tree."""
+    lines = demo.stdout.splitlines()
+    assert sum(1 for line in lines if re.match(r"^\[\d/3\] \S+ part-\d completed after", line)) == 3
+    assert any(line.startswith("speedup") for line in lines)
+    listing = lines[lines.index(f"$ subagents ls {demo.root}") + 1 :][:3]
+    assert [ROW.match(line).group(2) for line in listing] == ["1", "2", "3"]  # type: ignore[union-attr]
+    tree = lines[lines.index(f"$ subagents tree {demo.root}") + 1 :]
+    assert tree[0] == f"{demo.root} (root)"
+    assert [line.strip() for line in tree[1:4]] == listing
+    assert all(line.startswith("  ") for line in tree[1:4])
+
+
+def test_demo_json_as_the_console_script(tmp_path: Path) -> None:
+    """The installed `subagents` script runs the demo (workers never re-run its __main__)."""
+    script = Path(sys.executable).with_name("subagents")
+    if not script.exists():
+        pytest.skip("the console script is not installed next to this interpreter")
+    done = subprocess.run([str(script), "--store", "st", "demo", "--children", "2", "--cpu-ms", "50", "--json"],
+                          cwd=tmp_path, env=FAST, capture_output=True, text=True, timeout=DEADLINE_S)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert [r["stop_reason"] for r in doc["results"]] == ["completed", "completed"]
+    assert [r["status"] for r in doc["listing"]] == ["complete", "complete"]
+    assert doc["wall_s"] > 0 and doc["busy_s"] > 0
+
+
+# -- ls / tree -------------------------------------------------------------------------------
+
+
+def test_ls_json_equals_the_library_listing(demo: DemoStore) -> None:
+    """ls PARENT --json is the library's list_children, as dataclass dicts."""
+    rows = json.loads(ok("--store", "st", "ls", demo.root, "--json", cwd=demo.cwd))
+    expected = [dataclasses.asdict(e) for e in list_children(Store(demo.path, create=False), demo.root)]
+    assert rows == expected
+    assert [r["id"] for r in rows] == demo.children
+
+
+def test_ls_text_is_render_rows(demo: DemoStore) -> None:
+    """Plain ls PARENT prints exactly worker.listing.render_rows of the rows."""
+    rows = json.loads(ok("--store", "st", "ls", demo.root, "--json", cwd=demo.cwd))
+    assert ok("--store", "st", "ls", demo.root, cwd=demo.cwd) == render_rows(rows) + "\n"
+
+
+def test_ls_of_an_unknown_parent_prints_no_subagents(demo: DemoStore) -> None:
+    """An id nobody has is an empty listing, not an error."""
+    assert ok("--store", "st", "ls", "01UNKNOWNPARENT0000000000", cwd=demo.cwd) == "(no subagents)\n"
+    assert json.loads(ok("--store", "st", "ls", "01UNKNOWNPARENT0000000000", "--json", cwd=demo.cwd)) == []
+
+
+def test_ls_without_parent_lists_roots_with_child_counts(demo: DemoStore) -> None:
+    """ls with no PARENT lists the top-level sessions and their subagent counts."""
+    roots = json.loads(ok("--store", "st", "ls", "--json", cwd=demo.cwd))
+    assert [(r["id"], r["children"], r["status"]) for r in roots] == [(demo.root, 3, "complete")]
+    assert ok("--store", "st", "ls", cwd=demo.cwd).startswith(f"{demo.root} [complete] — 3 children (created ")
+
+
+def test_global_options_after_the_command(demo: DemoStore) -> None:
+    """--store is accepted after the command name too."""
+    assert ok("ls", demo.root, "--store", "st", cwd=demo.cwd) == ok("--store", "st", "ls", demo.root, cwd=demo.cwd)
+
+
+def test_tree(demo: DemoStore) -> None:
+    """tree ROOT indents by depth; --json is list_descendants flattened; no ROOT walks every root."""
+    text = ok("--store", "st", "tree", demo.root, cwd=demo.cwd).splitlines()
+    assert text[0] == f"{demo.root} (root)"
+    assert [ROW.match(line.removeprefix("  ")).group(1) for line in text[1:]] == demo.children  # type: ignore[union-attr]
+    rows = json.loads(ok("--store", "st", "tree", demo.root, "--json", cwd=demo.cwd))
+    expected = [{**dataclasses.asdict(r.entry), "parent_id": r.parent_id, "depth": r.depth}
+                for r in list_descendants(Store(demo.path, create=False), demo.root)]
+    assert rows == expected
+    forest = json.loads(ok("--store", "st", "tree", "--json", cwd=demo.cwd))
+    assert forest == [{"root": demo.root, "descendants": expected}]
+
+
+# -- show / log ---------------------------------------------------------------------------------
+
+
+def test_show(demo: DemoStore) -> None:
+    """show ID: header, descriptor, status, lease, timing, event count and log status."""
+    child = demo.children[0]
+    doc = json.loads(ok("--store", "st", "show", child, "--json", cwd=demo.cwd))
+    found = inspect(Store(demo.path, create=False), child)
+    assert doc["header"]["id"] == child and doc["header"]["parent_session"] == demo.root
+    assert doc["descriptor"]["label"] == "part-1" and doc["descriptor"]["mode"] == "one-shot"
+    assert doc["status"] == "complete"
+    assert doc["lease"]["state"] == "released" and doc["lease"]["epoch"] == 1
+    assert doc["timing"]["settled_ms"] > 0
+    assert doc["events"] == len(found.events) and doc["log"]["status"] == "clean"
+    assert doc["last_stop_reason"] == "completed" and doc["children"] == 0
+    text = ok("--store", "st", "show", child, cwd=demo.cwd)
+    assert re.search(r"^label\s+part-1$", text, re.M)
+    assert re.search(rf"^log\s+{len(found.events)} events, clean, ", text, re.M)
+    assert re.search(r"^status\s+complete$", text, re.M)
+
+
+def test_show_unknown_session_is_an_error(demo: DemoStore) -> None:
+    done = cli("--store", "st", "show", "01NOSUCHSESSION", cwd=demo.cwd)
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: SESSION_NOT_FOUND: ")
+
+
+def test_commands_refuse_a_folder_that_is_not_a_store(tmp_path: Path) -> None:
+    """Read commands never create a store: a missing one is STORE_FORMAT, exit 2."""
+    done = cli("--store", "nothing-here", "ls", cwd=tmp_path)
+    assert done.returncode == 2 and "error: STORE_FORMAT: " in done.stderr
+    assert not (tmp_path / "nothing-here").exists()
+
+
+def test_log(demo: DemoStore) -> None:
+    """log ID prints one line per event (seq, time, type, data); --json carries the events."""
+    child = demo.children[1]
+    found = inspect(Store(demo.path, create=False), child)
+    lines = ok("--store", "st", "log", child, cwd=demo.cwd).splitlines()
+    assert [int(line.split()[0]) for line in lines] == list(range(len(found.events)))
+    assert lines[-1].split()[2] == "turn/end"
+    doc = json.loads(ok("--store", "st", "log", child, "--json", cwd=demo.cwd))
+    assert doc["log_status"] == "clean"
+    assert doc["events"] == json.loads(json.dumps(found.events))
+
+
+class _Lines:
+    """stdout of a running process, read by a thread so every wait has a deadline."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self._queue: queue.Queue[str] = queue.Queue()
+        self._proc = proc
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            self._queue.put(line)
+
+    def next(self, timeout: float = 20.0) -> str:
+        try:
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            self._proc.kill()
+            pytest.fail(f"no output within {timeout} s; stderr={self._proc.stderr.read() if self._proc.stderr else ''}")
+
+
+def test_log_follow_prints_new_events_until_interrupted(tmp_path: Path) -> None:
+    """log --follow prints the log, then each appended event; SIGINT ends it with 0."""
+    st = Store(tmp_path / "st", durability="none")
+    session = store.new_id()
+    create_session(st, session, events=[("approval/policy", {"policy": "never", "source": "test"})])
+    proc = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "--store", "st", "log", session, "--follow"],
+                            cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = _Lines(proc)
+        assert "approval/policy" in lines.next()
+        with LogWriter.open(st, session, epoch=0) as writer:
+            writer.append([("turn/start", {"message_id": "m1"})], commit=True)
+        assert lines.next().split()[:3:2] == ["1", "turn/start"]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+# -- store fsck / reindex ----------------------------------------------------------------------------
+
+
+def _damage(st: DemoStore) -> tuple[str, str, bytes]:
+    """Tear one child's log (garbage after its last record), corrupt another (a flipped byte in record 0)."""
+    torn, corrupt = st.children[0], st.children[1]
+    torn_log = st.path / "sessions" / torn / "log"
+    original = torn_log.read_bytes()
+    torn_log.write_bytes(original + b"\x17\x00\x00\x00garbage")
+    corrupt_log = st.path / "sessions" / corrupt / "log"
+    data = bytearray(corrupt_log.read_bytes())
+    data[12] ^= 0xFF  # inside the payload of the first record; the log ends with a turn/end
+    corrupt_log.write_bytes(bytes(data))
+    return torn, corrupt, original
+
+
+def test_fsck_clean_store(demo_copy: DemoStore) -> None:
+    done = cli("--store", "st", "store", "fsck", "--json", cwd=demo_copy.cwd)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["counts"] == {"clean": 4, "torn": 0, "corrupt": 0, "unsupported": 0}
+    assert report["findings"] == []
+
+
+def test_fsck_reports_torn_and_corrupt_and_changes_nothing(demo_copy: DemoStore) -> None:
+    """Without --repair fsck is read-only: both damaged sessions reported, exit 1, every byte kept."""
+    torn, corrupt, original = _damage(demo_copy)
+    before = snapshot(demo_copy.path)
+    done = cli("--store", "st", "store", "fsck", "--json", cwd=demo_copy.cwd)
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    assert report["torn"] == [torn] and report["corrupt"] == [corrupt] and report["repaired"] == []
+    kinds = {f["id"]: f for f in report["findings"]}
+    assert kinds[corrupt]["damage"]["reason"] == "crc-mismatch" and kinds[corrupt]["damage"]["offset"] == 0
+    assert kinds[torn]["damage"]["offset"] == len(original)
+    text = cli("--store", "st", "store", "fsck", cwd=demo_copy.cwd)
+    assert text.returncode == 1
+    assert re.search(rf"^torn\s+{torn}\s", text.stdout, re.M) and re.search(rf"^corrupt\s+{corrupt}\s", text.stdout, re.M)
+    assert snapshot(demo_copy.path) == before
+
+
+def test_fsck_repair_fixes_the_torn_session_only(demo_copy: DemoStore) -> None:
+    """--repair truncates the torn tail (under a fresh lease epoch) and never touches the corrupt log."""
+    torn, corrupt, original = _damage(demo_copy)
+    corrupt_bytes = (demo_copy.path / "sessions" / corrupt / "log").read_bytes()
+    done = cli("--store", "st", "store", "fsck", "--repair", "--json", cwd=demo_copy.cwd)
+    assert done.returncode == 1, done.stderr  # the corrupt session remains
+    report = json.loads(done.stdout)
+    assert report["repaired"] == [torn]
+    assert (demo_copy.path / "sessions" / torn / "log").read_bytes() == original
+    assert (demo_copy.path / "sessions" / corrupt / "log").read_bytes() == corrupt_bytes
+    lease = read_lease(Store(demo_copy.path, create=False), torn)
+    assert lease is not None and lease.epoch == 2 and lease.state == "released"
+    again = json.loads(cli("--store", "st", "store", "fsck", "--json", cwd=demo_copy.cwd).stdout)
+    assert again["torn"] == [] and again["corrupt"] == [corrupt]
+
+
+def test_fsck_repair_respects_live_owners_and_reports_every_folder(tmp_path: Path) -> None:
+    """A torn log without a lease is repaired at epoch 0; one leased by a live owner is left alone;
+    a folder without a header and a garbage header are findings, never a crash (the latter is corrupt)."""
+    st = Store(tmp_path / "st", durability="none")
+    free, held = store.new_id(), store.new_id()
+    for session in (free, held):
+        create_session(st, session, events=[("approval/policy", {"policy": "never", "source": "test"})])
+        with open(st.path(session, "log"), "ab") as handle:
+            handle.write(b"\x05\x00\x00\x00tear")
+    owner = store.new_id()
+    store.register_owner(st, owner, ttl=600.0)  # this test process: alive
+    store.acquire_lease(st, held, owner)
+    os.mkdir(os.path.join(st.sessions_dir, store.new_id()))  # a creation that never published its header
+    broken = store.new_id()
+    os.mkdir(os.path.join(st.sessions_dir, broken))
+    Path(st.path(broken, "header")).write_bytes(b"\xc1not msgpack")
+    held_bytes = Path(st.path(held, "log")).read_bytes()
+    done = cli("--store", "st", "store", "fsck", "--repair", "--json", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    kinds = sorted(f["kind"] for f in report["findings"])
+    assert kinds == ["header-corrupt", "no-header", "torn", "torn"]
+    assert report["repaired"] == [free] and report["corrupt"] == [broken]
+    repairs = {f["id"]: f["repair"] for f in report["findings"] if f["kind"] == "torn"}
+    assert repairs[free].startswith("repaired at epoch 0")
+    assert repairs[held].startswith(f"not repaired: owner {owner} is alive")
+    assert Path(st.path(held, "log")).read_bytes() == held_bytes
+    assert inspect(st, free).status == "clean" and read_lease(st, free) is None
+
+
+def test_reindex_rebuilds_a_lost_index(demo_copy: DemoStore) -> None:
+    """fsck notices children missing from the index; reindex rebuilds it from headers."""
+    (demo_copy.path / "index" / "children" / demo_copy.root).unlink()
+    report = json.loads(ok("--store", "st", "store", "fsck", "--json", cwd=demo_copy.cwd))
+    assert sorted(f["id"] for f in report["findings"] if f["kind"] == "index-missing") == demo_copy.children
+    doc = json.loads(ok("--store", "st", "store", "reindex", "--json", cwd=demo_copy.cwd))
+    assert doc == {"parents": {demo_copy.root: demo_copy.children}, "children": 3}
+    assert [r["id"] for r in json.loads(ok("--store", "st", "ls", demo_copy.root, "--json", cwd=demo_copy.cwd))] == demo_copy.children
+
+
+# -- run ----------------------------------------------------------------------------------------------
+
+
+def test_run_prints_output_and_stop_reason(tmp_path: Path) -> None:
+    """run PROGRAM starts one child under a new root; a failed child exits 1 with its stop reason."""
+    env = _env(SUBAGENTS_POOL_SIZE="1", SUBAGENTS_DURABILITY="none")  # one child: one worker is enough
+    out = ok("--store", "st", "run", "echo", "--prompt", "hello there", "--label", "greet", cwd=tmp_path, env=env)
+    assert out.splitlines()[:2] == ["hello there", "stop reason: completed"]
+    failed = cli("--store", "st", "run", "script", "--prompt", json.dumps({"script": [{"fail": "boom"}]}), "--json", cwd=tmp_path, env=env)
+    assert failed.returncode == 1, failed.stderr
+    doc = json.loads(failed.stdout)
+    assert doc["stop_reason"] == "error" and "boom" in (doc["diagnostic"] or "")
+    labels = [r["label"] for r in json.loads(ok("--store", "st", "tree", "--json", cwd=tmp_path)) for r in r["descendants"]]
+    assert labels == ["greet", None]
+
+
+# -- config ------------------------------------------------------------------------------------------------
+
+
+def test_config_show_json_is_the_default(tmp_path: Path) -> None:
+    doc = json.loads(ok("config", "show", "--json", cwd=tmp_path))
+    assert doc == load_config(env={}).config.model_dump(mode="json")
+    assert doc["store"]["path"] == "./.subagents"
+
+
+def test_config_show_text_loads_back(tmp_path: Path) -> None:
+    """The text form names its sources and is itself a valid deployment file."""
+    text = ok("--store", "elsewhere", "config", "show", cwd=tmp_path, env=_env(SUBAGENTS_POOL_SIZE="1"))
+    assert "# from environment variable SUBAGENTS_POOL_SIZE" in text and "# from --store" in text
+    (tmp_path / "again.toml").write_text(text)
+    loaded = load_config(tmp_path / "again.toml", env={}).config
+    assert loaded.supervisor.pool_size == 1 and loaded.store.path == "elsewhere"
+
+
+def test_env_override_shows_in_config_show(tmp_path: Path) -> None:
+    doc = json.loads(ok("config", "show", "--json", cwd=tmp_path, env=_env(SUBAGENTS_POOL_SIZE="1", SUBAGENTS_DURABILITY="none")))
+    assert doc["supervisor"]["pool_size"] == 1 and doc["supervisor"]["durability"] == "none"
+
+
+def test_unknown_config_key_exits_2_naming_key_and_file(tmp_path: Path) -> None:
+    bad = tmp_path / "deploy.toml"
+    bad.write_text("[supervisor]\npool_sise = 2\n")
+    done = cli("--config", str(bad), "config", "show", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: CONFIG_INVALID: ")
+    assert "supervisor.pool_sise" in done.stderr and str(bad) in done.stderr
+
+
+def test_config_file_from_the_environment_applies_to_commands(tmp_path: Path) -> None:
+    """SUBAGENTS_CONFIG names the deployment file; its store path is used by listings."""
+    (tmp_path / "deploy.toml").write_text('[store]\npath = "from-file"\n')
+    done = cli("ls", cwd=tmp_path, env=_env(SUBAGENTS_CONFIG="deploy.toml"))
+    assert done.returncode == 2 and "from-file" in done.stderr  # not a store yet: named in the error
+
+
+def test_no_command_prints_help_and_exits_2(tmp_path: Path) -> None:
+    done = cli(cwd=tmp_path)
+    assert done.returncode == 2 and "usage: subagents" in done.stderr
+
+
+# -- terminal rendering ----------------------------------------------------------------------------------
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_terminal_renderings_keep_brackets_and_ids(demo: DemoStore) -> None:
+    """On a terminal, tables and trees show every id, and `[complete]` is text, not rich markup."""
+    st = Store(demo.path, create=False)
+    rows = [dataclasses.asdict(e) for e in list_children(st, demo.root)]
+    tree_rows = [{**dataclasses.asdict(r.entry), "parent_id": r.parent_id, "depth": r.depth} for r in list_descendants(st, demo.root)]
+    screen = _Terminal()
+    out = render.Output(screen)
+    assert out.rich
+    render.render_listing(out, rows + [{"kind": "diagnostic", "id": "01BROKEN", "reason": "corrupt"}])
+    render.render_tree(out, [{"root": demo.root, "descendants": tree_rows}])
+    text = screen.getvalue()
+    assert all(child in text for child in demo.children) and "diagnostic: corrupt" in text
+    assert text.count("[complete] — part-") == 3  # the tree lines
+    assert not render.Output(_Terminal(), json_mode=True).rich

@@ -1,0 +1,154 @@
+"""The configuration loader: embedded default, deployment file, environment; unknown keys are errors."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from supervisor import Capabilities, SupervisorConfig
+from supervisor.config_loader import (
+    DEFAULT_SOURCE,
+    DEFAULT_TOML,
+    ConfigError,
+    DeploymentConfig,
+    dump_toml,
+    env_variables,
+    load_config,
+)
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def write(tmp_path: Path, text: str, name: str = "deploy.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_embedded_default_is_configs_default_toml() -> None:
+    """The text embedded in the module and configs/default.toml are the same bytes."""
+    assert DEFAULT_TOML == (CONFIGS / "default.toml").read_text()
+
+
+def test_default_names_only_known_supervisor_fields() -> None:
+    assert set(tomllib.loads(DEFAULT_TOML)["supervisor"]) <= set(SupervisorConfig.model_fields)
+
+
+def test_default_values() -> None:
+    loaded = load_config(env={})
+    cfg = loaded.config
+    assert loaded.sources == (DEFAULT_SOURCE,)
+    assert cfg.store.path == "./.subagents"
+    assert cfg.supervisor.pool_size == (os.cpu_count() or 1)  # "auto"
+    assert (cfg.supervisor.start_method, cfg.supervisor.durability, cfg.supervisor.lease_ttl_s) == ("forkserver", "batched", 5.0)
+    assert [p.name for p in cfg.providers] == ["echo", "script"]
+    assert cfg.providers[1].to_provider().capabilities == Capabilities.all()
+    assert cfg.providers[0].to_provider().capabilities == Capabilities()
+
+
+def test_stress_config_loads() -> None:
+    cfg = load_config(CONFIGS / "stress.toml", env={}).config
+    assert cfg.supervisor.pool_size == 8 and cfg.supervisor.durability == "strict"
+    assert cfg.supervisor.start_method == "forkserver"  # kept from the default
+    assert any(p.continuable for p in cfg.providers)
+
+
+def test_file_overrides_key_by_key(tmp_path: Path) -> None:
+    path = write(tmp_path, '[supervisor]\npool_size = 3\n\n[store]\npath = "/var/st"\n')
+    loaded = load_config(path, env={})
+    assert loaded.config.supervisor.pool_size == 3 and loaded.config.supervisor.durability == "batched"
+    assert loaded.config.store.path == "/var/st"
+    assert loaded.sources == (DEFAULT_SOURCE, str(path))
+
+
+def test_file_providers_replace_the_default_list(tmp_path: Path) -> None:
+    path = write(tmp_path, '[[providers]]\nname = "mine"\nprogram = "pkg.mod:run"\ncapabilities = ["persona", "run_budget"]\ncontinuable = true\n')
+    providers = load_config(path, env={}).config.providers
+    assert [p.name for p in providers] == ["mine"]
+    provider = providers[0].to_provider()
+    assert provider.continuable and provider.capabilities == Capabilities(persona=True, run_budget=True)
+
+
+def test_environment_overrides_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "[supervisor]\npool_size = 3\nlease_ttl_s = 9\n")
+    env = {"SUBAGENTS_POOL_SIZE": "1", "SUBAGENTS_STORE": "/tmp/x", "SUBAGENTS_START_METHOD": "spawn",
+           "SUBAGENTS_DURABILITY": "none", "SUBAGENTS_LEASE_TTL_S": "2.5", "OTHER": "ignored"}
+    loaded = load_config(path, env=env)
+    sup = loaded.config.supervisor
+    assert (sup.pool_size, sup.start_method, sup.durability, sup.lease_ttl_s) == (1, "spawn", "none", 2.5)
+    assert loaded.config.store.path == "/tmp/x"
+    assert "environment variable SUBAGENTS_POOL_SIZE" in loaded.sources
+
+
+def test_config_file_from_environment(tmp_path: Path) -> None:
+    path = write(tmp_path, "[supervisor]\npool_size = 5\n")
+    assert load_config(env={"SUBAGENTS_CONFIG": str(path)}).config.supervisor.pool_size == 5
+
+
+def test_pool_size_auto_from_environment(tmp_path: Path) -> None:
+    path = write(tmp_path, "[supervisor]\npool_size = 3\n")
+    assert load_config(path, env={"SUBAGENTS_POOL_SIZE": "auto"}).config.supervisor.pool_size == (os.cpu_count() or 1)
+
+
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ("[supervisor]\npool_sise = 2\n", "supervisor.pool_sise"),
+        ("[store]\nroot = 'x'\n", "store.root"),
+        ("colour = 'blue'\n", "colour"),
+        ("[[providers]]\nname = 'a'\nprogram = 'echo'\nmodel = 'x'\n", "providers[0].model"),
+    ],
+)
+def test_unknown_key_in_file_names_key_and_file(tmp_path: Path, text: str, key: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, env={})
+    assert caught.value.code == "CONFIG_INVALID"
+    assert f'unknown key "{key}"' in caught.value.message and str(path) in caught.value.message
+
+
+def test_unknown_environment_variable() -> None:
+    with pytest.raises(ConfigError, match='unknown key "SUBAGENTS_POOLSIZE" in the environment'):
+        load_config(env={"SUBAGENTS_POOLSIZE": "2"})
+
+
+def test_bad_value_names_its_source(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r'"supervisor.pool_size" in environment variable SUBAGENTS_POOL_SIZE'):
+        load_config(env={"SUBAGENTS_POOL_SIZE": "many"})
+    path = write(tmp_path, "[supervisor]\ndurability = 'sometimes'\n")
+    with pytest.raises(ConfigError, match=rf'"supervisor.durability" in {path}'):
+        load_config(path, env={})
+    path = write(tmp_path, "[[providers]]\nname = 'a'\nprogram = 'echo'\ncapabilities = ['flying']\n")
+    with pytest.raises(ConfigError, match=r'unknown capability "flying"'):
+        load_config(path, env={})
+
+
+def test_duplicate_provider_names_are_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, "[[providers]]\nname = 'a'\nprogram = 'echo'\n[[providers]]\nname = 'a'\nprogram = 'script'\n")
+    with pytest.raises(ConfigError, match='provider "a" is defined twice'):
+        load_config(path, env={})
+
+
+def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "missing.toml", env={})
+    with pytest.raises(ConfigError, match="is not valid TOML"):
+        load_config(write(tmp_path, "[supervisor\n"), env={})
+    with pytest.raises(ConfigError, match='"supervisor" must be a table'):
+        load_config(write(tmp_path, "supervisor = 3\n"), env={})
+
+
+def test_dump_toml_round_trips() -> None:
+    cfg = load_config(CONFIGS / "stress.toml", env={}).config
+    assert DeploymentConfig.model_validate(tomllib.loads(dump_toml(cfg))) == cfg
+    empty = cfg.model_copy(update={"providers": []})
+    assert DeploymentConfig.model_validate(tomllib.loads(dump_toml(empty))) == empty
+
+
+def test_env_variables_cover_every_supervisor_field() -> None:
+    names = env_variables()
+    assert {f"SUBAGENTS_{f.upper()}" for f in SupervisorConfig.model_fields} <= set(names)
+    assert names["SUBAGENTS_STORE"] == "store.path"
