@@ -159,10 +159,18 @@ class TurnContext:
         """Run a visible tool, recording ``tool/call`` and ``tool/result``."""
         self._control.check()
         tool = self.tools.get(name)
+        return await self.recorded_call(name, args, lambda: anyio.to_thread.run_sync(lambda: tool.run(**args)))
+
+    async def recorded_call(self, name: str, args: dict[str, Any], run: Callable[[], Awaitable[Any]]) -> Any:
+        """Record ``tool/call``, await ``run()``, record its ``tool/result`` (or the error, then re-raise).
+
+        Crash repair closes a call left without a result (``TOOL_OUTCOME_UNKNOWN``).
+        """
+        self._control.check()
         call_id = f"{self.message_id}-{next(self._call_ids)}"
         self._writer.append([("tool/call", {"call_id": call_id, "name": name, "args": args})])
         try:
-            value = await anyio.to_thread.run_sync(lambda: tool.run(**args))
+            value = await run()
         except Exception as exc:
             self._writer.append([("tool/result", {"call_id": call_id, "is_error": True, "error": f"{type(exc).__name__}: {exc}"})])
             raise

@@ -1,6 +1,6 @@
 """Built-in programs and the loader of program references.
 
-A reference is a built-in name (``echo``, ``script``), an import path
+A reference is a built-in name (``echo``, ``script``, ``llm``), an import path
 ``"package.module:function"``, or (in-code only) a callable object carried by
 dill in ``TurnSpec.program_blob``.
 """
@@ -12,11 +12,12 @@ from typing import Any, Callable
 
 from ..errors import ProgramLoadError
 from .echo import echo
+from .llm import llm
 from .script import script
 
 __all__ = ["BUILTIN_PROGRAMS", "load_program"]
 
-BUILTIN_PROGRAMS: dict[str, Callable[..., Any]] = {"echo": echo, "script": script}
+BUILTIN_PROGRAMS: dict[str, Callable[..., Any]] = {"echo": echo, "script": script, "llm": llm}
 
 
 def load_program(reference: str | None, blob: bytes | None = None) -> Callable[..., Any]:
