@@ -128,6 +128,9 @@ class LogWriter:
         self._lease_path = store.path(header.id, "lease")
         self._lease_key: tuple[int, int, int] | None = None
         self._lease_epoch: int | None = 0
+        # the lease file last read stays open: while it is, no replacement can reuse its
+        # inode number, so (inode, mtime, size) changes even when mtimes are jiffy-coarse
+        self._lease_pin: int | None = None
         self._broken: BaseException | None = None
         self._dirty = False
         self.repaired: list[dict[str, Any]] = []
@@ -139,6 +142,7 @@ class LogWriter:
         header = read_header(store, session_id)
         lock = SessionFlock(store.path(session_id, ".lock"))
         fd = os.open(store.path(session_id, "log"), os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        writer: LogWriter | None = None
         try:
             with lock:
                 writer = cls(store, header, epoch=epoch, projection=Projection(), fd=fd, lock=lock)
@@ -155,6 +159,8 @@ class LogWriter:
                         writer._commit_locked()
             return writer
         except BaseException:
+            if writer is not None:
+                writer._unpin()
             os.close(fd)
             lock.close()
             raise
@@ -173,7 +179,22 @@ class LogWriter:
             lease = read_lease(self.store, self.session_id)
             self._lease_epoch = None if lease is None or lease.state == "released" else lease.epoch
             self._lease_key = key
+            self._pin_lease()
         return self._lease_epoch
+
+    def _pin_lease(self) -> None:
+        # called under the session lock, so the file is the one just read (lease writers take it too)
+        try:
+            pin = os.open(self._lease_path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            pin = None
+        self._unpin()
+        self._lease_pin = pin
+
+    def _unpin(self) -> None:
+        if self._lease_pin is not None:
+            os.close(self._lease_pin)
+            self._lease_pin = None
 
     def _check_fence(self) -> None:
         current = self._current_epoch()
@@ -284,6 +305,7 @@ class LogWriter:
             os.close(self._fd)
             self._fd = -1
             self._lock.close()
+            self._unpin()
 
     def __enter__(self) -> "LogWriter":
         return self

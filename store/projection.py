@@ -67,6 +67,7 @@ class Projection:
     open_calls: dict[str, int] = field(default_factory=dict)
     turns: int = 0
     last_stop_reason: str | None = None
+    sandbox: str | None = None  # the last ``sandbox/mode`` (a later switch wins over the delegated one)
 
     # -- folding -----------------------------------------------------------
 
@@ -106,6 +107,8 @@ class Projection:
             elif kind in ("message/accepted", "message/discarded") and isinstance(data, dict):
                 self.consumed += 1
                 self.last_message_id = data.get("message_id")
+            elif kind == "sandbox/mode" and isinstance(data, dict):
+                self.sandbox = data.get("mode")
 
     def _descriptor(self, seq: int, data: Any, ts: float) -> None:
         verdict = identity_of(data)
@@ -170,6 +173,7 @@ class Projection:
             "open_calls": dict(self.open_calls),
             "turns": self.turns,
             "last_stop_reason": self.last_stop_reason,
+            "sandbox": self.sandbox,
         }
 
     @classmethod
@@ -207,6 +211,7 @@ class Projection:
                 open_calls={str(k): int(v) for k, v in data["open_calls"].items()},
                 turns=int(data["turns"]),
                 last_stop_reason=data["last_stop_reason"],
+                sandbox=data["sandbox"],  # a cache written before this field existed is refolded
             )
         except (KeyError, TypeError, ValueError, AttributeError, DescriptorError):
             return None

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -50,8 +51,6 @@ def event(seq: int, kind: str, data: Any = None, *, ts: float = 1.0, epoch: int 
 
 def refit_crc(buf: bytearray, offset: int) -> None:
     """Recompute the CRC of the frame at ``offset`` after its payload was edited."""
-    import zlib
-
     length, _ = FRAME.unpack_from(buf, offset)
     body = bytes(buf[offset + FRAME.size : offset + FRAME.size + length])
     FRAME.pack_into(buf, offset, length, zlib.crc32(body))
@@ -63,10 +62,6 @@ def make_child(st: store.Store, parent: str, child: str, *, descriptor: dict[str
     first = [("subagent/descriptor", dict(ONE_SHOT if descriptor is None else descriptor))]
     return store.create_session(st, child, parent_session=parent, origin="subagent", created_at=created_at,
                                 events=first + list(events), **kw)
-
-
-def log_path(st: store.Store, session_id: str) -> str:
-    return st.path(session_id, "log")
 
 
 def read_file(path: str) -> bytes:

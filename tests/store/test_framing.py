@@ -1,0 +1,314 @@
+"""Record framing: one test per damage reason (each damages a chosen byte), fuzzing, torn tails."""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+import zlib
+from pathlib import Path
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
+
+import store
+from store.framing import FRAME, MAX_RECORD_BYTES, find_later_record, scan
+
+from ._support import read_file, records_blob, refit_crc, write_file
+
+# byte positions inside a record whose payload starts with {"seq": <fixint>, ...}
+LEN_LSB, LEN_MSB, CRC_BYTE, MAP_BYTE, SEQ_VALUE = 0, 3, 4, 8, 8 + 1 + 4
+
+
+def three() -> tuple[bytes, list[int], list[dict]]:
+    payloads = [{"seq": i, "type": "assistant/message", "data": "x" * (10 * i)} for i in range(3)]
+    blob, offsets = records_blob(payloads)
+    return blob, offsets, payloads
+
+
+def damaged(at: int, value: int, *, fix_crc_of: int | None = None) -> tuple[bytes, list[int], list[dict]]:
+    blob, offsets, payloads = three()
+    buf = bytearray(blob)
+    buf[at] = value
+    if fix_crc_of is not None:
+        refit_crc(buf, fix_crc_of)
+    return bytes(buf), offsets, payloads
+
+
+def test_roundtrip_records_offsets_and_end():
+    """Valid records come back in order with their start offsets and no damage."""
+    blob, offsets, payloads = three()
+    result = scan(blob)
+    assert result.records == payloads
+    assert result.offsets == offsets
+    assert result.end == len(blob)
+    assert result.damage is None
+
+
+def test_empty_input_is_clean():
+    """No bytes is an empty, undamaged file."""
+    assert scan(b"") == store.ScanResult([], 0, [], None)
+
+
+def test_start_seq_and_base_offset():
+    """A suffix of a file scans with its first seq and its offsets shifted by the base."""
+    blob, offsets = records_blob([{"seq": 5}, {"seq": 6}])
+    result = scan(blob, start_seq=5, base_offset=100)
+    assert [r["seq"] for r in result.records] == [5, 6]
+    assert result.offsets == [100 + o for o in offsets]
+    assert result.end == 100 + len(blob)
+    wrong = scan(blob, start_seq=0, base_offset=100)
+    assert wrong.damage == store.Damage(100, len(blob), "seq-gap", "expected 0, got 5")
+
+
+def test_short_header():
+    """A record cut inside its 8-byte frame header: short-header, the prefix before it survives."""
+    blob, offsets, payloads = three()
+    data = blob[: offsets[2] + 5]
+    result = scan(data)
+    assert result.damage == store.Damage(offsets[2], 5, "short-header", "5 bytes left")
+    assert result.records == payloads[:2]
+    assert result.end == offsets[2]
+
+
+def test_short_payload_from_a_longer_length():
+    """The last record's length byte raised by one: the payload runs past the end."""
+    blob, offsets, payloads = three()
+    at = offsets[2] + LEN_LSB
+    data, _, _ = damaged(at, blob[at] + 1)
+    result = scan(data)
+    assert result.damage is not None
+    assert result.damage.reason == "short-payload"
+    assert result.damage.offset == offsets[2]
+    assert result.damage.dropped == len(data) - offsets[2]
+    assert result.records == payloads[:2]
+    assert result.end == offsets[2]
+
+
+def test_short_payload_from_truncation():
+    """A file cut inside the last payload: short-payload with the exact missing count."""
+    blob, offsets, payloads = three()
+    data = blob[:-3]
+    length = FRAME.unpack_from(blob, offsets[2])[0]
+    result = scan(data)
+    assert result.damage == store.Damage(offsets[2], len(data) - offsets[2], "short-payload", f"need {length}, have {length - 3}")
+    assert result.records == payloads[:2]
+
+
+def test_bad_length():
+    """The high byte of a middle record's length set: a length no record can have."""
+    offsets = three()[1]
+    data, _, payloads = damaged(offsets[1] + LEN_MSB, 0xFF)
+    result = scan(data)
+    assert result.damage is not None
+    assert (result.damage.offset, result.damage.dropped, result.damage.reason) == (offsets[1], len(data) - offsets[1], "bad-length")
+    assert FRAME.unpack_from(data, offsets[1])[0] > MAX_RECORD_BYTES
+    assert result.records == payloads[:1]
+    assert result.end == offsets[1]
+
+
+@pytest.mark.parametrize("where", ["payload", "crc"])
+def test_crc_mismatch(where):
+    """One flipped byte in a middle record's payload or CRC: crc-mismatch, the rest dropped."""
+    blob, offsets, payloads = three()
+    at = offsets[1] + (MAP_BYTE + 3 if where == "payload" else CRC_BYTE)
+    data, _, _ = damaged(at, blob[at] ^ 0x01)
+    result = scan(data)
+    assert result.damage == store.Damage(offsets[1], len(data) - offsets[1], "crc-mismatch", "")
+    assert result.records == payloads[:1]
+
+
+def test_undecodable():
+    """A payload byte replaced by msgpack's never-used 0xc1, CRC refitted: undecodable."""
+    offsets = three()[1]
+    data, _, payloads = damaged(offsets[1] + MAP_BYTE, 0xC1, fix_crc_of=offsets[1])
+    result = scan(data)
+    assert result.damage is not None
+    assert (result.damage.offset, result.damage.dropped, result.damage.reason) == (offsets[1], len(data) - offsets[1], "undecodable")
+    assert result.records == payloads[:1]
+
+
+def test_not_a_record_nil_seq():
+    """The seq value byte replaced by nil, CRC refitted: valid msgpack but not a record."""
+    offsets = three()[1]
+    data, _, payloads = damaged(offsets[1] + SEQ_VALUE, 0xC0, fix_crc_of=offsets[1])
+    result = scan(data)
+    assert result.damage == store.Damage(offsets[1], len(data) - offsets[1], "not-a-record", "")
+    assert result.records == payloads[:1]
+
+
+@pytest.mark.parametrize("payload", [[1, 2], "seq", 7, None, {"seq": True}, {"seq": 1.0}, {"seq": "1"}, {"type": "x"}])
+def test_not_a_record_shapes(payload):
+    """Anything but a map with an integer (non-bool) seq is not a record."""
+    body = msgpack.packb(payload, use_bin_type=True)
+    good, _ = records_blob([{"seq": 0}])
+    data = good + FRAME.pack(len(body), zlib.crc32(body)) + body
+    result = scan(data)
+    assert result.damage == store.Damage(len(good), len(data) - len(good), "not-a-record", "")
+    assert result.records == [{"seq": 0}]
+
+
+def test_seq_gap():
+    """The seq value byte changed to 7, CRC refitted: a valid record in the wrong place."""
+    offsets = three()[1]
+    data, _, payloads = damaged(offsets[1] + SEQ_VALUE, 0x07, fix_crc_of=offsets[1])
+    result = scan(data)
+    assert result.damage == store.Damage(offsets[1], len(data) - offsets[1], "seq-gap", "expected 1, got 7")
+    assert result.records == payloads[:1]
+
+
+def test_seq_gap_from_a_missing_record():
+    """A whole record cut out of the middle reads as a gap at the next one."""
+    blob, offsets, payloads = three()
+    data = blob[: offsets[1]] + blob[offsets[2] :]
+    result = scan(data)
+    assert result.damage == store.Damage(offsets[1], len(data) - offsets[1], "seq-gap", "expected 1, got 2")
+
+
+def test_valid_records_after_damage_are_not_in_the_prefix():
+    """Nothing after the first damage is trusted, even records that would decode."""
+    blob, offsets, payloads = three()
+    buf = bytearray(blob)
+    buf[offsets[0] + MAP_BYTE + 2] ^= 0xFF
+    result = scan(bytes(buf))
+    assert result.records == []
+    assert result.damage is not None and result.damage.offset == 0 and result.damage.dropped == len(blob)
+
+
+def test_find_later_record():
+    """The forward search finds the next valid frame matching a predicate, skipping garbage."""
+    blob, offsets = records_blob([{"seq": 0, "type": "a"}, {"seq": 1, "type": "turn/end"}])
+    data = b"\x00garbage" + blob
+    assert find_later_record(data, 0, lambda p: p.get("type") == "turn/end") == 8 + offsets[1]
+    assert find_later_record(data, 9 + offsets[1], lambda p: p.get("type") == "turn/end") is None
+    assert find_later_record(data, 0, lambda p: p.get("type") == "nope") is None
+
+
+def test_format_md_worked_example_matches_encode_record():
+    """The worked example in FORMAT.md is exactly what encode_record writes."""
+    text = (Path(store.__file__).parent / "FORMAT.md").read_text()
+    match = re.search(r"<!-- example-record: (\{.*?\}) -->\s*```\s*\n([0-9a-f ]+)\n```", text)
+    assert match, "FORMAT.md lost its worked example"
+    payload = {"seq": 0, "ts": 1700000000.5, "type": "turn/start", "data": {}, "epoch": 1}
+    assert msgpack.unpackb(store.encode_record(payload)[8:]) == payload
+    assert eval(match.group(1)) == payload  # noqa: S307 - a literal from our own doc
+    assert bytes.fromhex(match.group(2)) == store.encode_record(payload)
+
+
+# -- fuzzing --------------------------------------------------------------------
+
+json_values = hs.recursive(
+    hs.none() | hs.booleans() | hs.integers(-(2**63), 2**64 - 1) | hs.floats(allow_nan=False) | hs.text(max_size=20)
+    | hs.binary(max_size=20),
+    lambda inner: hs.lists(inner, max_size=4) | hs.dictionaries(hs.text(max_size=8), inner, max_size=4),
+    max_leaves=8,
+)
+
+
+def check_invariants(data: bytes, result: store.ScanResult, start_seq: int = 0) -> None:
+    assert [r["seq"] for r in result.records] == list(range(start_seq, start_seq + len(result.records)))
+    assert result.offsets == sorted(result.offsets)
+    assert 0 <= result.end <= len(data)
+    if result.damage is None:
+        assert result.end == len(data)
+    else:
+        assert result.damage.offset == result.end
+        assert result.damage.dropped == len(data) - result.end > 0
+        assert result.damage.reason in {"short-header", "short-payload", "bad-length", "crc-mismatch", "undecodable", "not-a-record", "seq-gap"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(hs.binary(max_size=300))
+def test_random_bytes_never_raise(data):
+    """Arbitrary bytes scan to a (usually empty) valid prefix and a damage value, never an exception."""
+    check_invariants(data, scan(data))
+
+
+@settings(max_examples=60, deadline=None)
+@given(hs.lists(json_values, max_size=6), hs.integers(0, 3))
+def test_random_payloads_never_raise(values, start):
+    """Records carrying any msgpack value (map or not, seq or not) scan without raising."""
+    chunks = []
+    for i, value in enumerate(values):
+        payload = {"seq": start + i, "v": value} if i % 2 == 0 else value
+        body = msgpack.packb(payload, use_bin_type=True)
+        chunks.append(FRAME.pack(len(body), zlib.crc32(body)) + body)
+    data = b"".join(chunks)
+    check_invariants(data, scan(data, start_seq=start), start)
+
+
+@settings(max_examples=60, deadline=None)
+@given(hs.lists(hs.dictionaries(hs.text(max_size=6), json_values, max_size=3), min_size=1, max_size=5))
+def test_valid_records_roundtrip(bodies):
+    """Any maps given contiguous seqs come back identical."""
+    payloads = [{**b, "seq": i} for i, b in enumerate(bodies)]
+    blob, offsets = records_blob(payloads)
+    result = scan(blob)
+    assert result.damage is None and result.offsets == offsets
+    assert result.records == [msgpack.unpackb(msgpack.packb(p, use_bin_type=True), raw=False, strict_map_key=False) for p in payloads]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hs.data())
+def test_damaged_byte_yields_a_prefix(data):
+    """Any single damaged byte leaves a prefix of the original records, never more, never a raise."""
+    blob, offsets, payloads = three()
+    at = data.draw(hs.integers(0, len(blob) - 1))
+    value = data.draw(hs.integers(0, 255).filter(lambda v: v != blob[at]))
+    buf = bytearray(blob)
+    buf[at] = value
+    result = scan(bytes(buf))
+    check_invariants(bytes(buf), result)
+    assert result.records == payloads[: len(result.records)]
+    assert result.damage is not None
+    damaged_record = max(i for i, o in enumerate(offsets) if o <= at)
+    assert len(result.records) == damaged_record
+
+
+# -- a torn last record, at every byte ------------------------------------------
+
+
+@pytest.mark.parametrize("cache", ["behind", "missing"])
+def test_last_record_torn_at_every_offset(st, cache):
+    """Cut the last record at every byte: exact prefix, 'torn', and open appends at the right seq."""
+    store.create_session(st, "s1", events=[("subagent/descriptor", {"version": 1, "mode": "one-shot", "provider": "p"})])
+    with store.LogWriter.open(st, "s1", epoch=0) as writer:
+        writer.append([("turn/start", {}), ("turn/end", {"stop_reason": "completed"})], commit=True)
+        writer.append([("notice/received", {"text": "a notice that was never committed"})])
+    full = read_file(st.path("s1", "log"))
+    identity = read_file(st.path("s1", "identity"))
+    good = store.inspect(st, "s1")
+    assert good.status == "clean" and good.next_seq == 4
+    last_at, last_len = good.offsets[-1], len(full) - good.offsets[-1]
+    for cut in range(1, last_len):
+        write_file(st.path("s1", "log"), full[: last_at + cut])
+        if cache == "missing":
+            os.unlink(st.path("s1", "identity"))
+        else:
+            write_file(st.path("s1", "identity"), identity)
+        found = store.inspect(st, "s1")
+        assert found.status == "torn", cut
+        assert found.events == good.events[:-1]
+        assert found.end == last_at and found.size == last_at + cut
+        assert found.damage == store.Damage(
+            last_at, cut, "short-header" if cut < FRAME.size else "short-payload", found.damage.detail
+        )
+        with store.LogWriter.open(st, "s1", epoch=0) as writer:
+            assert writer.repaired == []
+            assert os.path.getsize(st.path("s1", "log")) == last_at
+            assert writer.next_seq == 3
+            (record,) = writer.append([("notice/received", {"cut": cut})])
+            assert record["seq"] == 3
+        after = store.inspect(st, "s1")
+        assert after.status == "clean" and [e["seq"] for e in after.events] == [0, 1, 2, 3]
+        assert after.events[3]["data"] == {"cut": cut}
+
+
+def test_frame_constant_is_two_le_u32():
+    """The frame header is two little-endian u32: length then CRC32 of the payload."""
+    assert FRAME.format in ("<II", b"<II") and FRAME.size == 8
+    record = store.encode_record({"seq": 0})
+    length, crc = struct.unpack("<II", record[:8])
+    assert length == len(record) - 8 and crc == zlib.crc32(record[8:])

@@ -1,0 +1,143 @@
+"""Session headers: refused on write before anything is on disk, reported corrupt on read."""
+
+from __future__ import annotations
+
+import os
+
+import msgpack
+import pytest
+
+import store
+from store.header import HEADER_VERSION
+
+from ._support import read_file, write_file
+
+
+def header_map(**over):
+    base = {"version": 1, "id": "s1", "created_at": 12.5, "delegation_depth": 0}
+    base.update(over)
+    return {k: v for k, v in base.items() if v is not ...}
+
+
+def test_roundtrip_written_fields(st):
+    """create_session writes exactly the header fields it was given, absent ones omitted."""
+    store.create_session(st, "p0")
+    header = store.create_session(st, "s1", parent_session="p0", origin="subagent", delegation_depth=2,
+                                  seed=[{"type": "assistant/message", "data": {}}], cwd="/work", created_at=7.0)
+    on_disk = msgpack.unpackb(read_file(st.path("s1", "header")))
+    assert on_disk == {"version": 1, "id": "s1", "created_at": 7.0, "parent_session": "p0", "origin": "subagent",
+                       "delegation_depth": 2, "seed_length": 1, "cwd": "/work"}
+    assert store.read_header(st, "s1") == header
+    top = msgpack.unpackb(read_file(st.path("p0", "header")))
+    assert set(top) == {"version", "id", "created_at", "delegation_depth"} and top["delegation_depth"] == 0
+    assert HEADER_VERSION == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"origin": "fork"},
+        {"origin": ""},
+        {"delegation_depth": -1},
+        {"delegation_depth": True},
+        {"delegation_depth": 1.5},
+        {"delegation_depth": "1"},
+        {"cwd": "relative/path"},
+        {"cwd": 5},
+        {"parent_session": "../up"},
+        {"parent_session": ""},
+        {"created_at": -1.0},
+        {"created_at": float("nan")},
+        {"created_at": float("inf")},
+        {"created_at": True},
+        {"created_at": "now"},
+    ],
+)
+def test_create_refuses_bad_header_before_writing(st, kwargs):
+    """A header that breaks a rule raises InvalidHeaderError and leaves nothing on disk."""
+    before = sorted(os.walk(st.root))
+    with pytest.raises(store.InvalidHeaderError) as info:
+        store.create_session(st, "s1", **kwargs)
+    assert info.value.code == "INVALID_HEADER" and isinstance(info.value, ValueError)
+    assert sorted(os.walk(st.root)) == before
+    assert not os.path.exists(st.session_dir("s1"))
+    assert os.listdir(st.children_index_dir) == []
+
+
+def test_create_refuses_bad_id_and_existing_id(st):
+    """A bad id is an id error; an id already on disk is SessionExistsError and keeps the original."""
+    with pytest.raises(store.InvalidSessionIdError):
+        store.create_session(st, "a/b")
+    store.create_session(st, "s1", created_at=1.0)
+    with pytest.raises(store.SessionExistsError) as info:
+        store.create_session(st, "s1", created_at=2.0)
+    assert info.value.session_id == "s1"
+    assert store.read_header(st, "s1").created_at == 1.0
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        [1, 2],
+        "header",
+        header_map(id="other"),
+        header_map(origin="fork"),
+        header_map(delegation_depth=-3),
+        header_map(created_at=...),
+        header_map(id=...),
+        header_map(extra="field"),
+        header_map(seed_length=-1),
+        header_map(cwd="rel"),
+        header_map(parent_session="../x"),
+        header_map(created_at="1"),
+        header_map(delegation_depth=False),
+    ],
+)
+def test_bad_header_on_disk_is_corrupt(st, data):
+    """A header map that breaks the rules reads as CorruptSessionError, everywhere it is read."""
+    store.create_session(st, "s1")
+    write_file(st.path("s1", "header"), msgpack.packb(data))
+    for read in (lambda: store.read_header(st, "s1"), lambda: store.inspect(st, "s1"),
+                 lambda: store.LogWriter.open(st, "s1", epoch=0)):
+        with pytest.raises(store.CorruptSessionError) as info:
+            read()
+        assert info.value.code == "CORRUPT_SESSION" and info.value.session_id == "s1"
+
+
+@pytest.mark.parametrize("garbage", [b"", b"\xc1", b"\x92\x01", b"\x81\xa1", b"\x19\xd0\xe4\xc1"])
+def test_garbage_header_is_corrupt(st, garbage):
+    """Bytes that are not msgpack read as CorruptSessionError, not as a crash."""
+    store.create_session(st, "s1")
+    write_file(st.path("s1", "header"), garbage)
+    with pytest.raises(store.CorruptSessionError) as info:
+        store.read_header(st, "s1")
+    assert "header" in info.value.reason
+
+
+@pytest.mark.parametrize("version", [2, 0, "1", None])
+def test_other_header_version_is_unsupported(st, version):
+    """A header of another version is UnsupportedFormatError, checked before its other fields."""
+    store.create_session(st, "s1")
+    write_file(st.path("s1", "header"), msgpack.packb({"version": version, "id": "nonsense/id", "whatever": 1}))
+    with pytest.raises(store.UnsupportedFormatError) as info:
+        store.read_header(st, "s1")
+    assert info.value.code == "UNSUPPORTED_FORMAT"
+    with pytest.raises(store.UnsupportedFormatError):
+        store.inspect(st, "s1")
+
+
+def test_missing_header_is_not_found(st):
+    """No header means no session, even if a folder exists."""
+    os.mkdir(st.session_dir("ghost"), 0o700)
+    with pytest.raises(store.SessionNotFoundError) as info:
+        store.read_header(st, "ghost")
+    assert isinstance(info.value, LookupError)
+    assert not st.exists("ghost") and st.session_ids() == []
+
+
+def test_parse_header_accepts_int_created_at():
+    """An integer created_at is read as float seconds."""
+    header = store.parse_header(header_map(created_at=5))
+    assert header.created_at == 5.0 and isinstance(header.created_at, float)
+    with pytest.raises(store.InvalidHeaderError):
+        store.parse_header(header_map(), expected_id="s2")

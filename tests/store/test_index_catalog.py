@@ -1,0 +1,369 @@
+"""The children index and the catalog: order, diagnostics, forks, reindex, read-only listings."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+import msgpack
+import pytest
+
+import store
+import store.durability
+import store.session
+from store.framing import scan
+
+from ._support import CONTINUABLE, ONE_SHOT, make_child, read_file, records_blob, tree_state, write_file
+
+TURN = [("turn/start", {}), ("assistant/message", {"text": "done"}), ("turn/end", {"stop_reason": "completed"})]
+
+
+@pytest.fixture
+def tree(st):
+    """r ─┬─ f1 (plain fork, t=5) ── g2 (subagent)
+          ├─ c1 (one-shot, t=10) ── g1 (subagent)
+          ├─ c2 (continuable, t=10)
+          └─ c0 (one-shot, t=20)"""
+    store.create_session(st, "r", created_at=1.0)
+    store.create_session(st, "f1", parent_session="r", created_at=5.0)
+    make_child(st, "r", "c1", descriptor={**ONE_SHOT, "label": "one"}, created_at=10.0, events=TURN)
+    make_child(st, "r", "c2", descriptor={**CONTINUABLE, "label": "two"}, created_at=10.0, events=TURN)
+    make_child(st, "r", "c0", descriptor={**ONE_SHOT, "label": "zero"}, created_at=20.0, events=TURN)
+    make_child(st, "c1", "g1", created_at=30.0)
+    make_child(st, "f1", "g2", created_at=31.0)
+    return st
+
+
+def ids(rows):
+    return [r.id for r in rows]
+
+
+def desc(rows):
+    return [(r.entry.id, r.parent_id, r.depth, r.entry.kind) for r in rows]
+
+
+# -- the index ------------------------------------------------------------------------
+
+
+def test_index_records_and_order(tree):
+    """Entries carry id, created_at and origin; reads sort by (created_at, id)."""
+    st = tree
+    records = scan(read_file(st.children_index_path("r"))).records
+    assert [(r["seq"], r["id"], r["origin"]) for r in records] == [(0, "f1", None), (1, "c1", "subagent"), (2, "c2", "subagent"),
+                                                                  (3, "c0", "subagent")]
+    assert [(e.id, e.created_at, e.origin) for e in store.read_children(st, "r")] == [
+        ("f1", 5.0, None), ("c1", 10.0, "subagent"), ("c2", 10.0, "subagent"), ("c0", 20.0, "subagent")]
+    assert store.read_children(st, "nobody") == []
+
+
+def test_index_ignores_bad_ids_and_torn_tails(st):
+    """Records with invalid ids are skipped; a torn tail reads as the prefix and is cut by the next append."""
+    store.create_session(st, "p")
+    blob, _ = records_blob([{"seq": 0, "id": "../evil", "created_at": 1.0, "origin": "subagent"},
+                            {"seq": 1, "id": "ok", "created_at": 2.0, "origin": "subagent"},
+                            {"seq": 2, "id": "ok", "created_at": 9.0, "origin": "subagent"}])
+    write_file(st.children_index_path("p"), blob + b"\x10\x00\x00")
+    assert [(e.id, e.created_at) for e in store.read_children(st, "p")] == [("ok", 2.0)]  # the first entry wins
+    store.add_child(st, "p", "new", created_at=3.0, origin=None)
+    result = scan(read_file(st.children_index_path("p")))
+    assert result.damage is None and result.records[-1]["seq"] == 3
+
+
+def test_index_append_fsyncs_unless_none(any_st, monkeypatch):
+    """An index append is a commit point: fsync'd under strict and batched."""
+    synced = []
+
+    class SpyOS:
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        def fsync(self, fd):
+            synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+            return os.fsync(fd)
+
+    monkeypatch.setattr(store.durability, "os", SpyOS())
+    store.add_child(any_st, "p", "c", created_at=1.0, origin="subagent")
+    assert len([p for p in synced if p.endswith("/index/children/p")]) == (0 if any_st.durability.name == "none" else 1)
+
+
+# -- list_children ----------------------------------------------------------------------
+
+
+def test_children_in_creation_order_with_ties_and_no_forks(tree):
+    """Direct subagent children by (created_at, id); the plain fork is left out silently."""
+    rows = store.list_children(tree, "r")
+    assert rows == [
+        store.ChildEntry("c1", "one", "one-shot", "complete", True),
+        store.ChildEntry("c2", "two", "continuable", "complete", False),
+        store.ChildEntry("c0", "zero", "one-shot", "complete", False),
+    ]
+    assert ids(store.list_children(tree, "f1")) == ["g2"]  # a plain session can have subagent children
+    assert ids(store.list_children(tree, "c1")) == ["g1"]
+    assert store.list_children(tree, "unknown") == []
+
+
+def test_plain_forks_do_not_make_has_children(tree):
+    """has_children counts subagent children only: a plain fork below a child does not."""
+    store.create_session(tree, "f2", parent_session="r", created_at=40.0)
+    store.create_session(tree, "f3", parent_session="c2", created_at=41.0)
+    assert [(r.id, r.has_children) for r in store.list_children(tree, "r")] == [("c1", True), ("c2", False), ("c0", False)]
+    make_child(tree, "c2", "g3", descriptor={"version": 99})  # a diagnostic grandchild still counts
+    assert [r.has_children for r in store.list_children(tree, "r")] == [True, True, False]
+
+
+def test_status_follows_the_lease(tree):
+    """running / idle while a live owner holds the lease; complete once released."""
+    owner = store.register_owner(tree, "o1", ttl=60)
+    lease = store.acquire_lease(tree, "c2", owner.owner_id)
+    assert [r.status for r in store.list_children(tree, "r")] == ["complete", "running", "complete"]
+    store.set_lease_state(tree, "c2", "o1", lease.epoch, "idle")
+    assert [r.status for r in store.list_children(tree, "r")] == ["complete", "idle", "complete"]
+    store.release_lease(tree, "c2", "o1", lease.epoch)
+    assert [r.status for r in store.list_children(tree, "r")] == ["complete"] * 3
+
+
+def test_seeded_child_lists_under_its_own_descriptor(st):
+    """A child whose seed holds an ancestor descriptor is listed under the last one (its own once written)."""
+    store.create_session(st, "p")
+    seed = [{"type": "subagent/descriptor", "data": {**ONE_SHOT, "label": "ancestor"}}, {"type": "turn/start"},
+            {"type": "turn/end", "data": {"stop_reason": "completed"}}]
+    store.create_session(st, "own", parent_session="p", origin="subagent", seed=seed, created_at=1.0,
+                         events=[("subagent/descriptor", {**CONTINUABLE, "label": "mine"}), ("session/end-seed", {})])
+    store.create_session(st, "window", parent_session="p", origin="subagent", seed=seed, created_at=2.0)
+    assert [(r.id, r.label, r.mode) for r in store.list_children(st, "p")] == [
+        ("own", "mine", "continuable"), ("window", "ancestor", "one-shot")]
+
+
+# -- diagnostics --------------------------------------------------------------------------
+
+
+def corrupt_log(st, sid):
+    found = store.inspect(st, sid)
+    buf = bytearray(read_file(st.path(sid, "log")))
+    buf[found.offsets[1] + 10] ^= 0xFF  # the turn/start: a turn/end follows it
+    write_file(st.path(sid, "log"), bytes(buf))
+    os.unlink(st.path(sid, "identity"))
+
+
+def unknown_event(st, sid):
+    found = store.inspect(st, sid)
+    blob, _ = records_blob([{"seq": found.next_seq, "ts": 1.0, "type": "future/event", "data": {}, "epoch": 0}])
+    with open(st.path(sid, "log"), "ab") as handle:
+        handle.write(blob)
+    os.unlink(st.path(sid, "identity"))
+
+
+def log_is_a_directory(st, sid):
+    os.unlink(st.path(sid, "log"))
+    os.mkdir(st.path(sid, "log"), 0o700)
+    os.unlink(st.path(sid, "identity"))
+
+
+def no_descriptor(st, sid):
+    shutil.rmtree(st.session_dir(sid))
+    store.create_session(st, sid, parent_session="r", origin="subagent", created_at=10.0, events=TURN)
+
+
+def rewrite_header(**changes):
+    def damage(st, sid):
+        header = msgpack.unpackb(read_file(st.path(sid, "header")))
+        header.update(changes)
+        write_file(st.path(sid, "header"), msgpack.packb(header))
+    return damage
+
+
+def descriptor_child(payload):
+    def damage(st, sid):
+        shutil.rmtree(st.session_dir(sid))
+        store.create_session(st, sid, parent_session="r", origin="subagent", created_at=10.0,
+                             events=[("subagent/descriptor", payload)] + TURN)
+    return damage
+
+
+DAMAGES = {
+    "garbage-header": (lambda st, sid: write_file(st.path(sid, "header"), b"\xc1\xc1"), "corrupt"),
+    "header-breaks-rules": (rewrite_header(delegation_depth=-1), "corrupt"),
+    "corrupt-log-no-cache": (corrupt_log, "corrupt"),
+    "malformed-descriptor": (descriptor_child({"version": 1, "mode": "continuable", "provider": "p"}), "corrupt"),
+    "no-descriptor": (no_descriptor, "corrupt"),
+    "header-version-2": (rewrite_header(version=2), "unsupported"),
+    "descriptor-version-99": (descriptor_child({"version": 99, "mode": "future"}), "unsupported"),
+    "unknown-event-type": (unknown_event, "unsupported"),
+    "log-is-a-directory": (log_is_a_directory, "unavailable"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DAMAGES))
+def test_one_bad_child_never_hides_its_siblings(tree, name):
+    """Each kind of damage yields its diagnostic in the child's place; the siblings stay healthy."""
+    damage, reason = DAMAGES[name]
+    damage(tree, "c2")
+    rows = store.list_children(tree, "r")
+    assert rows[1] == store.DiagnosticEntry("c2", reason)
+    assert [(r.id, r.kind) for r in rows] == [("c1", "child"), ("c2", "diagnostic"), ("c0", "child")]
+    assert rows[0].label == "one" and rows[2].label == "zero"
+    d = desc(store.list_descendants(tree, "r"))
+    assert ("c2", "r", 1, "diagnostic") in d and ("c1", "r", 1, "child") in d and ("g1", "c1", 2, "child") in d
+    make_child(tree, "c2", "gc", created_at=51.0)  # a damaged child never hides its own children either
+    assert ("gc", "c2", 2, "child") in desc(store.list_descendants(tree, "r"))
+
+
+def test_diagnostics_never_expose_descriptor_content(tree):
+    """A diagnostic row holds only the id and the reason."""
+    descriptor_child({"version": 99, "secret": "do-not-show"})(tree, "c2")
+    row = store.list_children(tree, "r")[1]
+    assert row == store.DiagnosticEntry("c2", "unsupported") and set(vars(row)) == {"id", "reason", "kind"}
+
+
+def test_index_entries_not_proven_by_headers_are_not_listed(tree):
+    """An entry whose header is missing, names another parent, or lacks the subagent origin is left out."""
+    st = tree
+    store.add_child(st, "r", "ghost", created_at=11.0, origin="subagent")  # no header at all
+    store.add_child(st, "r", "g1", created_at=12.0, origin="subagent")  # g1's header names c1
+    store.create_session(st, "liar", parent_session="c1", created_at=13.0)
+    store.add_child(st, "r", "liar", created_at=13.0, origin="subagent")  # plain session claimed as subagent
+    assert ids(store.list_children(st, "r")) == ["c1", "c2", "c0"]
+    assert ids(store.list_children(st, "c1")) == ["g1"]
+
+
+# -- rollback ----------------------------------------------------------------------------
+
+
+def test_rolled_back_creation_is_never_listed(tree, monkeypatch):
+    """A creation that fails after publishing its header leaves no header, no folder and no listed entry."""
+    st = tree
+    real = store.session.add_child
+
+    def failing(*args, **kwargs):
+        real(*args, **kwargs)
+        raise OSError("disk full right after the index entry")
+
+    monkeypatch.setattr(store.session, "add_child", failing)
+    with pytest.raises(OSError):
+        make_child(st, "r", "c5", created_at=15.0)
+    monkeypatch.undo()
+    assert not os.path.exists(st.session_dir("c5"))
+    assert ids(store.list_children(st, "r")) == ["c1", "c2", "c0"]
+    assert "c5" not in [e.id for e in store.read_children(st, "r")]
+    assert scan(read_file(st.children_index_path("r"))).records[-1] == {"seq": 5, "id": "c5", "removed": True}
+    with pytest.raises(store.SessionNotFoundError):
+        store.inspect(st, "c5")
+    store.delete_session(st, "c0", parent_session="r")
+    assert ids(store.list_children(st, "r")) == ["c1", "c2"]
+    assert "c0" not in [r.entry.id for r in store.list_descendants(st, "r")]
+    make_child(st, "r", "c5", created_at=15.0)  # the id is free again
+    assert ids(store.list_children(st, "r")) == ["c1", "c2", "c5"]
+
+
+def test_creation_that_fails_before_publishing_leaves_nothing(st, monkeypatch):
+    """A failure while writing the header (before publication) removes the folder; nothing is indexed."""
+    store.create_session(st, "r")
+    real = store.session.write_atomic
+
+    def failing(path, data, **kwargs):
+        if path.endswith("header"):
+            raise OSError("no space")
+        return real(path, data, **kwargs)
+
+    monkeypatch.setattr(store.session, "write_atomic", failing)
+    with pytest.raises(OSError):
+        make_child(st, "r", "c1")
+    assert not os.path.exists(st.session_dir("c1"))
+    assert store.read_children(st, "r") == [] and store.list_children(st, "r") == []
+
+
+# -- reindex -------------------------------------------------------------------------------
+
+
+def test_reindex_rebuilds_the_same_listing(tree):
+    """A rebuild from headers lists exactly what the index listed, in index order, without tombstones."""
+    st = tree
+    store.delete_session(st, "c0", parent_session="r")
+    store.add_child(st, "r", "ghost", created_at=2.0, origin="subagent")
+    parents = ["r", "c1", "c2", "f1", "g1"]
+    before = {p: store.list_children(st, p) for p in parents}
+    before_desc = store.list_descendants(st, "r")
+    result = store.reindex(st)
+    assert result == {p: [e.id for e in store.read_children(st, p)] for p in result}
+    assert result == {"r": ["f1", "c1", "c2"], "c1": ["g1"], "f1": ["g2"]}
+    assert {p: store.list_children(st, p) for p in parents} == before
+    assert store.list_descendants(st, "r") == before_desc
+    assert all(not r.get("removed") for r in scan(read_file(st.children_index_path("r"))).records)
+    for name in os.listdir(st.children_index_dir):
+        os.unlink(os.path.join(st.children_index_dir, name))
+    assert store.reindex(st) == result
+    assert {p: store.list_children(st, p) for p in parents} == before
+
+
+def test_reindex_drops_files_of_parents_without_children(st):
+    """A parent whose every child was rolled back loses its index file."""
+    store.create_session(st, "r")
+    make_child(st, "r", "c1")
+    store.delete_session(st, "c1", parent_session="r")
+    assert os.path.exists(st.children_index_path("r"))
+    assert store.reindex(st) == {}
+    assert not os.path.exists(st.children_index_path("r"))
+
+
+# -- list_descendants ------------------------------------------------------------------------
+
+
+def test_descendants_pre_order_with_parent_and_depth(tree):
+    """Pre-order in sibling order, through the plain fork (which counts as a level but is not a row)."""
+    assert desc(store.list_descendants(tree, "r")) == [
+        ("g2", "f1", 2, "child"),
+        ("c1", "r", 1, "child"),
+        ("g1", "c1", 2, "child"),
+        ("c2", "r", 1, "child"),
+        ("c0", "r", 1, "child"),
+    ]
+    assert desc(store.list_descendants(tree, "c1")) == [("g1", "c1", 1, "child")]
+    assert store.list_descendants(tree, "g1") == [] and store.list_descendants(tree, "unknown") == []
+
+
+def test_descendants_survive_cycles(tree):
+    """Hand-written index records forming cycles (and a self-loop) neither loop nor repeat a row."""
+    st = tree
+    store.add_child(st, "g1", "c1", created_at=0.0, origin="subagent")
+    store.add_child(st, "g1", "r", created_at=0.0, origin="subagent")
+    store.add_child(st, "c2", "c2", created_at=0.0, origin="subagent")
+    store.add_child(st, "g2", "f1", created_at=0.0, origin=None)
+    rows = desc(store.list_descendants(st, "r"))
+    assert rows == [("g2", "f1", 2, "child"), ("c1", "r", 1, "child"), ("g1", "c1", 2, "child"), ("c2", "r", 1, "child"),
+                    ("c0", "r", 1, "child")]
+
+
+def test_deep_chain(tmp_path):
+    """A chain deeper than the recursion limit allows is walked iteratively."""
+    st = store.Store(tmp_path / "store", durability="none")
+    store.create_session(st, "n0")
+    depth = 400
+    for i in range(1, depth + 1):
+        make_child(st, f"n{i-1}", f"n{i}", created_at=float(i))
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(300)  # a recursive walk of 400 levels could not finish under this limit
+    try:
+        rows = store.list_descendants(st, "n0")
+    finally:
+        sys.setrecursionlimit(limit)
+    assert [(r.entry.id, r.parent_id, r.depth) for r in rows] == [(f"n{i}", f"n{i-1}", i) for i in range(1, depth + 1)]
+
+
+# -- read-only ----------------------------------------------------------------------------
+
+
+def test_listing_changes_no_byte_and_no_mtime(tree):
+    """Listings (healthy, diagnostic, leased, cache-less) leave every file and folder as they were."""
+    st = tree
+    corrupt_log(st, "c2")
+    os.unlink(st.path("c0", "identity"))  # forces an in-memory fold, which must not write a cache
+    owner = store.register_owner(st, "o1", ttl=60)
+    store.acquire_lease(st, "c1", owner.owner_id)
+    before = tree_state(st.root)
+    for _ in range(2):
+        store.list_children(st, "r")
+        store.list_descendants(st, "r")
+        store.list_children(st, "c1")
+        store.read_identity(st, "c0", 0)
+    assert tree_state(st.root) == before

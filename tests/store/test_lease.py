@@ -1,0 +1,201 @@
+"""Owners and leases: acquisition, epochs, liveness (pid and heartbeat), fenced updates, status."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import msgpack
+import pytest
+
+import store
+from store.lease import host_identity, process_start_time
+
+from ._support import Child, read_file, wait_until, write_file
+
+
+@pytest.fixture
+def s1(st):
+    store.create_session(st, "s1")
+    return st
+
+
+def test_acquire_release_reacquire(s1):
+    """Epochs start at 1, survive a release, and every acquisition adds one."""
+    st = s1
+    store.register_owner(st, "o1", ttl=60)
+    assert store.read_lease(st, "s1") is None
+    lease = store.acquire_lease(st, "s1", "o1")
+    assert (lease.owner, lease.epoch, lease.state) == ("o1", 1, "running")
+    assert store.read_lease(st, "s1") == lease
+    assert msgpack.unpackb(read_file(st.path("s1", "lease"))) == lease.to_record()
+    store.release_lease(st, "s1", "o1", 1)
+    released = store.read_lease(st, "s1")
+    assert (released.state, released.epoch) == ("released", 1)
+    again = store.acquire_lease(st, "s1", "o2", state="idle")  # o2 never registered: fine, the lease was released
+    assert (again.owner, again.epoch, again.state) == ("o2", 2, "idle")
+    assert store.acquire_lease(st, "s1", "o2").epoch == 3  # the holder itself may re-acquire: a new epoch
+
+
+def test_live_owner_holds_the_lease(s1):
+    """Another owner's acquisition fails with LeaseHeldError while the holder is alive."""
+    st = s1
+    store.register_owner(st, "o1", ttl=60)
+    store.acquire_lease(st, "s1", "o1")
+    with pytest.raises(store.LeaseHeldError) as info:
+        store.acquire_lease(st, "s1", "o2")
+    assert (info.value.owner, info.value.epoch, info.value.code) == ("o1", 1, "LEASE_HELD")
+    assert store.read_lease(st, "s1").owner == "o1"
+
+
+def test_unregistered_or_removed_owner_is_dead(s1):
+    """A lease whose owner has no (readable) owner file can be taken over."""
+    st = s1
+    store.register_owner(st, "o1", ttl=60)
+    store.acquire_lease(st, "s1", "o1")
+    store.remove_owner(st, "o1")
+    store.remove_owner(st, "o1")  # idempotent
+    assert store.acquire_lease(st, "s1", "o2").epoch == 2
+    write_file(st.owner_path("o2"), b"\xc1garbage")
+    assert store.read_owner(st, "o2") is None
+    assert store.acquire_lease(st, "s1", "o3").epoch == 3
+
+
+def test_takeover_after_heartbeat_expiry(s1):
+    """A live process whose heartbeat is older than its TTL has lost its leases; a heartbeat revives it."""
+    st = s1
+    record = store.register_owner(st, "o1", ttl=0.05)
+    store.acquire_lease(st, "s1", "o1")
+    assert store.owner_alive(record)
+    wait_until(lambda: not store.owner_alive(store.read_owner(st, "o1")), what="heartbeat expiry")
+    fresh = store.heartbeat(st, record)
+    assert fresh.heartbeat_at > record.heartbeat_at and fresh.started_at == record.started_at
+    assert store.read_owner(st, "o1") == fresh
+    wait_until(lambda: not store.owner_alive(store.read_owner(st, "o1")), what="heartbeat expiry")
+    assert store.acquire_lease(st, "s1", "o2").epoch == 2
+
+
+def test_owner_alive_rules():
+    """Alive: fresh heartbeat and, on this host, the same process still running."""
+    me = os.getpid()
+    now = time.time()
+    here = host_identity()
+    mine = store.OwnerRecord("o", here, me, process_start_time(me), now, now, 10.0)
+    assert store.owner_alive(mine)
+    assert not store.owner_alive(mine, now=now + 11)
+    assert not store.owner_alive(None)
+    reused = store.OwnerRecord("o", here, me, (process_start_time(me) or 0) + 1, now, now, 10.0)
+    assert not store.owner_alive(reused)  # a recycled pid runs another process
+    elsewhere = store.OwnerRecord("o", "other-host/boot", 999_999_999, None, now, now, 10.0)
+    assert store.owner_alive(elsewhere)  # another host: only the heartbeat counts
+    assert not store.owner_alive(elsewhere, now=now + 11)
+    gone = store.OwnerRecord("o", here, 999_999_999, None, now, now, 10.0)
+    assert not store.owner_alive(gone)
+
+
+def test_takeover_after_kill_9_without_waiting_for_ttl(s1):
+    """A holder killed with SIGKILL on this host is dead at once, though its heartbeat is fresh for an hour."""
+    st = s1
+    with Child("hold-lease", st.root, "s1", "holder", "3600") as child:
+        assert child.expect("ACQUIRED ") == ["1"]
+        record = store.read_owner(st, "holder")
+        assert record.pid == child.pid and record.ttl == 3600
+        with pytest.raises(store.LeaseHeldError):
+            store.acquire_lease(st, "s1", "taker")
+        assert store.session_status(st, "s1") == "running"
+        os.kill(child.pid, signal.SIGKILL)
+        child.proc.wait(timeout=20)
+    assert time.time() - record.heartbeat_at < record.ttl
+    assert store.session_status(st, "s1") == "complete"
+    lease = store.acquire_lease(st, "s1", "taker")
+    assert (lease.owner, lease.epoch) == ("taker", 2)
+
+
+def test_killed_but_unreaped_holder_is_dead(s1):
+    """A zombie (killed, not yet reaped) runs nothing: its lease can be taken over."""
+    st = s1
+    with Child("hold-lease", st.root, "s1", "holder", "3600") as child:
+        child.expect("ACQUIRED ")
+        os.kill(child.pid, signal.SIGKILL)
+        wait_until(lambda: process_start_time(child.pid) is None, what="the zombie state")
+        assert child.proc.poll() is None or child.proc.returncode == -signal.SIGKILL
+        assert store.acquire_lease(st, "s1", "taker").epoch == 2
+
+
+def test_fenced_state_changes(s1):
+    """running/idle/release need the current owner and epoch; anything else is FencedError."""
+    st = s1
+    store.register_owner(st, "o1", ttl=60)
+    lease = store.acquire_lease(st, "s1", "o1")
+    assert store.set_lease_state(st, "s1", "o1", lease.epoch, "idle").state == "idle"
+    assert store.read_lease(st, "s1").state == "idle"
+    assert store.set_lease_state(st, "s1", "o1", lease.epoch, "idle").state == "idle"
+    assert store.set_lease_state(st, "s1", "o1", lease.epoch, "running").acquired_at == lease.acquired_at
+    for owner, epoch in (("o2", lease.epoch), ("o1", lease.epoch + 1), ("o1", 0)):
+        with pytest.raises(store.FencedError):
+            store.set_lease_state(st, "s1", owner, epoch, "idle")
+        with pytest.raises(store.FencedError):
+            store.release_lease(st, "s1", owner, epoch)
+    assert store.read_lease(st, "s1") == store.Lease("o1", 1, "running", lease.acquired_at)
+    store.release_lease(st, "s1", "o1", 1)
+    store.register_owner(st, "o2", ttl=60)
+    store.acquire_lease(st, "s1", "o2")
+    with pytest.raises(store.FencedError) as info:
+        store.set_lease_state(st, "s1", "o1", 1, "running")
+    assert info.value.current_epoch == 2
+
+
+def test_session_status(st):
+    """complete without a lease, when released or when the owner is dead; else the lease state."""
+    store.create_session(st, "s1")
+    assert store.session_status(st, "s1") == "complete"
+    store.register_owner(st, "o1", ttl=60)
+    lease = store.acquire_lease(st, "s1", "o1")
+    assert store.session_status(st, "s1") == "running"
+    store.set_lease_state(st, "s1", "o1", lease.epoch, "idle")
+    assert store.session_status(st, "s1") == "idle"
+    store.release_lease(st, "s1", "o1", lease.epoch)
+    assert store.session_status(st, "s1") == "complete"
+    store.acquire_lease(st, "s1", "o1")
+    store.remove_owner(st, "o1")
+    assert store.session_status(st, "s1") == "complete"
+
+
+def test_owner_cache_reads_each_owner_once(st, monkeypatch):
+    """One query reads each owner's heartbeat once, however many leases it holds."""
+    store.register_owner(st, "o1", ttl=60)
+    cache = store.OwnerCache(st)
+    calls = []
+    real = store.lease.read_owner
+    monkeypatch.setattr(store.lease, "read_owner", lambda s, o: calls.append(o) or real(s, o))
+    assert cache.alive("o1") and cache.alive("o1") and not cache.alive("ghost")
+    assert calls == ["o1", "ghost"]
+
+
+def test_lease_of_an_unknown_session(st):
+    """Leasing an id with no header is SessionNotFoundError and leaves no folder behind."""
+    store.register_owner(st, "o1", ttl=60)
+    with pytest.raises(store.SessionNotFoundError):
+        store.acquire_lease(st, "ghost", "o1")
+    with pytest.raises(store.SessionNotFoundError):
+        store.set_lease_state(st, "ghost", "o1", 1, "idle")
+    with pytest.raises(store.SessionNotFoundError):
+        store.release_lease(st, "ghost", "o1", 1)
+    assert os.listdir(st.sessions_dir) == []
+    store.create_session(st, "ghost")  # the id is still free
+    assert store.session_status(st, "ghost") == "complete"
+
+
+def test_session_created_already_leased(st):
+    """create_session(lease_owner=...) publishes the session leased at epoch 1 to its creator."""
+    store.register_owner(st, "creator", ttl=60)
+    store.create_session(st, "s1", lease_owner="creator", events=[("turn/start", {})])
+    lease = store.read_lease(st, "s1")
+    assert (lease.owner, lease.epoch, lease.state) == ("creator", 1, "running")
+    with pytest.raises(store.LeaseHeldError):
+        store.acquire_lease(st, "s1", "other")
+    with pytest.raises(store.FencedError):
+        store.LogWriter.open(st, "s1", epoch=0)
+    with store.LogWriter.open(st, "s1", epoch=1) as writer:
+        assert [(r["type"], r["epoch"]) for r in writer.repaired] == [("turn/end", 1)]

@@ -1,0 +1,138 @@
+"""Durable mailboxes: acceptance, FIFO pending, and the consumed prefix recorded in the log."""
+
+from __future__ import annotations
+
+import os
+
+import msgpack
+import pytest
+
+import store
+import store.durability
+from store.framing import scan
+
+from ._support import ONE_SHOT, read_file
+
+
+@pytest.fixture
+def s1(any_st):
+    store.create_session(any_st, "s1", events=[("subagent/descriptor", ONE_SHOT)])
+    return any_st
+
+
+def accept(st, content, ids, **kw):
+    return store.accept(st, "s1", source={"kind": "coordinator", "sender": "p"}, content=content, ids=ids, **kw)
+
+
+def consume(st, messages, *, kind="message/accepted"):
+    with store.LogWriter.open(st, "s1", epoch=0) as writer:
+        writer.append([(kind, m.to_event_data() if kind == "message/accepted" else {"message_id": m.id}) for m in messages],
+                      commit=True)
+        return writer.projection
+
+
+def test_accept_is_on_disk_before_it_returns(s1):
+    """The returned id is already a framed record in the mailbox file, with its source and content."""
+    ids = store.IdGenerator()
+    mid = accept(s1, {"text": "hello"}, ids, wake=False)
+    (record,) = scan(read_file(s1.path("s1", "mailbox"))).records
+    assert record["id"] == mid and record["seq"] == 0
+    assert (record["source"], record["content"], record["wake"]) == ({"kind": "coordinator", "sender": "p"}, {"text": "hello"}, False)
+    (message,) = store.read_mailbox(s1, "s1")
+    assert (message.id, message.content, message.wake) == (mid, {"text": "hello"}, False)
+    assert message.to_event_data() == {"message_id": mid, "source": {"kind": "coordinator", "sender": "p"}, "content": {"text": "hello"}}
+
+
+def test_accept_fsyncs_under_every_syncing_policy(s1, monkeypatch):
+    """Acceptance reaches stable storage (an fsync of the mailbox) unless the policy is none."""
+    synced = []
+    real = os.fsync
+
+    class SpyOS:
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        def fsync(self, fd):
+            synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+            return real(fd)
+
+    monkeypatch.setattr(store.durability, "os", SpyOS())
+    accept(s1, "x", store.IdGenerator())
+    mailbox_syncs = [p for p in synced if p.endswith("/s1/mailbox")]
+    assert len(mailbox_syncs) == (0 if s1.durability.name == "none" else 1)
+
+
+def test_pending_is_fifo_and_skips_the_consumed_prefix(s1):
+    """Pending messages come in acceptance order; those the log consumed are never pending again."""
+    ids = store.IdGenerator()
+    mids = [accept(s1, f"m{i}", ids) for i in range(5)]
+    assert [m.id for m in store.pending(s1, "s1", consumed=0, last_consumed_id=None)] == mids
+    messages = store.read_mailbox(s1, "s1")
+    projection = consume(s1, messages[:2])
+    assert (projection.consumed, projection.last_message_id) == (2, mids[1])
+    pend = store.pending(s1, "s1", consumed=projection.consumed, last_consumed_id=projection.last_message_id)
+    assert [m.content for m in pend] == ["m2", "m3", "m4"]
+    after_crash = store.LogWriter.open(s1, "s1", epoch=0)  # a resumed writer sees the same prefix
+    after_crash.close()
+    assert (after_crash.projection.consumed, after_crash.projection.last_message_id) == (2, mids[1])
+
+
+def test_discarded_messages_count_as_consumed(s1):
+    """Messages dropped by teardown (message/discarded) are consumed: never pending again, even after resume."""
+    ids = store.IdGenerator()
+    first = [accept(s1, f"m{i}", ids) for i in range(2)]
+    consume(s1, store.read_mailbox(s1, "s1"), kind="message/discarded")
+    later = accept(s1, "after", ids)
+    with store.LogWriter.open(s1, "s1", epoch=0) as writer:
+        p = writer.projection
+        assert (p.consumed, p.last_message_id) == (2, first[1])
+        assert [m.id for m in store.pending(s1, "s1", consumed=p.consumed, last_consumed_id=p.last_message_id)] == [later]
+    projection = consume(s1, store.read_mailbox(s1, "s1")[2:])
+    assert store.pending(s1, "s1", consumed=projection.consumed, last_consumed_id=projection.last_message_id) == []
+
+
+@pytest.mark.parametrize("consumed, last", [(1, "wrong-id"), (3, None), (1, None)])
+def test_disagreement_is_corrupt(s1, consumed, last):
+    """A log that consumed a different or a longer prefix than the mailbox holds is CorruptSessionError."""
+    ids = store.IdGenerator()
+    accept(s1, "a", ids)
+    accept(s1, "b", ids)
+    with pytest.raises(store.CorruptSessionError) as info:
+        store.pending(s1, "s1", consumed=consumed, last_consumed_id=last)
+    assert "mailbox and log disagree" in info.value.reason
+
+
+def test_torn_mailbox_tail_is_dropped_by_the_next_acceptance(s1):
+    """A half-written acceptance (it never returned) is cut off; the next message gets its seq."""
+    ids = store.IdGenerator()
+    kept = accept(s1, "kept", ids)
+    with open(s1.path("s1", "mailbox"), "ab") as handle:
+        handle.write(store.encode_record({"seq": 1, "id": "torn", "content": "never returned"})[:-4])
+    assert [m.id for m in store.read_mailbox(s1, "s1")] == [kept]
+    nxt = accept(s1, "next", ids)
+    records = scan(read_file(s1.path("s1", "mailbox"))).records
+    assert [(r["seq"], r["id"]) for r in records] == [(0, kept), (1, nxt)]
+    assert scan(read_file(s1.path("s1", "mailbox"))).damage is None
+
+
+def test_accept_for_unknown_session(st):
+    """A message for a session without a header is refused, and no mailbox appears."""
+    with pytest.raises(store.SessionNotFoundError):
+        store.accept(st, "ghost", source={}, content="x", ids=store.IdGenerator())
+    assert os.listdir(st.sessions_dir) == []
+    assert store.read_mailbox(st, "nobody") == []
+
+
+def test_accept_with_the_callers_lock(s1):
+    """A caller holding the session's flock descriptor passes it in; acceptance still works and keeps it open."""
+    from store.locks import SessionFlock
+
+    lock = SessionFlock(s1.path("s1", ".lock"))
+    try:
+        mid = store.accept(s1, "s1", source={}, content="x", ids=store.IdGenerator(), lock=lock)
+        with lock:
+            pass
+    finally:
+        lock.close()
+    assert [m.id for m in store.read_mailbox(s1, "s1")] == [mid]
+    assert msgpack.unpackb(read_file(s1.path("s1", "header")))["id"] == "s1"

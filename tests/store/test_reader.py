@@ -1,0 +1,127 @@
+"""Inspection: read-only, and the torn-tail / corrupt classification of damage."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import store
+from store.reader import classify
+
+from ._support import ONE_SHOT, event, read_file, records_blob, refit_crc, tree_state, write_file
+
+
+def write_log(st, payloads, sid="s1"):
+    store.create_session(st, sid)
+    blob, offsets = records_blob(payloads)
+    write_file(st.path(sid, "log"), blob)
+    os.unlink(st.path(sid, "identity"))
+    return blob, offsets
+
+
+COMMITTED = [event(0, "subagent/descriptor", ONE_SHOT), event(1, "turn/start"), event(2, "assistant/message", {"t": "abc"}),
+             event(3, "turn/end", {"stop_reason": "completed"}), event(4, "turn/start"), event(5, "assistant/message", {"t": "d"})]
+
+
+def damage_at(blob, offsets, record, how):
+    buf = bytearray(blob)
+    at = offsets[record]
+    if how == "crc-mismatch":
+        buf[at + 10] ^= 0x40
+    elif how == "bad-length":
+        buf[at + 3] = 0xFF
+    elif how == "undecodable":
+        buf[at + 8] = 0xC1
+        refit_crc(buf, at)
+    elif how == "not-a-record":
+        buf[at + 13] = 0xC0
+        refit_crc(buf, at)
+    elif how == "seq-gap":
+        buf[at + 13] = 0x30
+        refit_crc(buf, at)
+    elif how == "short-payload":
+        buf[at] += 1  # only at the last record: the payload runs past the end
+    return bytes(buf)
+
+
+def assert_read_only(st, sid, action):
+    before = tree_state(st.root)
+    result = action()
+    assert tree_state(st.root) == before
+    return result
+
+
+@pytest.mark.parametrize("how", ["crc-mismatch", "bad-length", "undecodable", "not-a-record", "seq-gap"])
+def test_damage_before_a_committed_turn_end_is_corrupt(st, how):
+    """A bad record followed by a valid turn/end: inspect says corrupt, open refuses, nothing changes."""
+    blob, offsets = write_log(st, COMMITTED)
+    write_file(st.path("s1", "log"), damage_at(blob, offsets, 2, how))
+    found = assert_read_only(st, "s1", lambda: store.inspect(st, "s1"))
+    assert found.status == "corrupt"
+    assert found.damage is not None and (found.damage.offset, found.damage.reason) == (offsets[2], how)
+    assert found.events == COMMITTED[:2] and found.end == offsets[2]
+    with pytest.raises(store.CorruptSessionError) as info:
+        assert_read_only(st, "s1", lambda: store.LogWriter.open(st, "s1", epoch=0))
+    assert info.value.offset == offsets[2] and how in info.value.reason
+    assert read_file(st.path("s1", "log")) == damage_at(blob, offsets, 2, how)
+
+
+@pytest.mark.parametrize("how", ["crc-mismatch", "bad-length", "undecodable", "not-a-record", "seq-gap"])
+def test_damage_after_the_last_turn_end_is_torn(st, how):
+    """Damage after the last committed turn/end (even with valid records behind it) is a torn tail."""
+    blob, offsets = write_log(st, COMMITTED)
+    data = damage_at(blob, offsets, 4, how)
+    write_file(st.path("s1", "log"), data)
+    found = assert_read_only(st, "s1", lambda: store.inspect(st, "s1"))
+    assert found.status == "torn" and found.damage.reason == how
+    assert found.events == COMMITTED[:4] and found.size == len(data)
+    with store.LogWriter.open(st, "s1", epoch=0) as writer:
+        assert writer.repaired == [] and writer.next_seq == 4
+    assert read_file(st.path("s1", "log")) == blob[: offsets[4]]
+
+
+def test_torn_last_record_and_clean_log(st):
+    """A truncated last record is torn; an undamaged log is clean; inspect changes no byte or mtime."""
+    blob, offsets = write_log(st, COMMITTED)
+    found = assert_read_only(st, "s1", lambda: store.inspect(st, "s1"))
+    assert (found.status, found.damage, found.end, found.size, found.next_seq) == ("clean", None, len(blob), len(blob), 6)
+    assert found.offsets == offsets
+    write_file(st.path("s1", "log"), damage_at(blob, offsets, 5, "short-payload"))
+    found = assert_read_only(st, "s1", lambda: store.inspect(st, "s1"))
+    assert found.status == "torn" and found.damage.reason == "short-payload"
+
+
+def test_a_turn_end_inside_the_torn_record_does_not_count(st):
+    """Only a turn/end *after* the damage offset makes corruption; the damaged record itself does not."""
+    blob, offsets = write_log(st, COMMITTED[:4])
+    data = damage_at(blob, offsets, 3, "crc-mismatch")
+    assert classify(data, store.scan(data).damage) == "torn"
+
+
+def test_missing_log_is_empty_and_clean(st):
+    """A session whose log file is gone reads as no events."""
+    store.create_session(st, "s1")
+    os.unlink(st.path("s1", "log"))
+    found = store.inspect(st, "s1")
+    assert (found.events, found.status, found.size) == ([], "clean", 0)
+
+
+def test_unknown_event_type_is_unsupported_unless_ignorable(st):
+    """A type this build does not know is refused, unless the record says it is ignorable."""
+    write_log(st, [event(0, "turn/start"), {**event(1, "future/thing"), "ignorable": True}, event(2, "turn/end")])
+    assert store.inspect(st, "s1").status == "clean"
+    write_log(st, [event(0, "turn/start"), event(1, "future/thing")], sid="s2")
+    with pytest.raises(store.UnsupportedFormatError) as info:
+        store.inspect(st, "s2")
+    assert info.value.event_type == "future/thing"
+    with pytest.raises(store.UnsupportedFormatError):
+        store.LogWriter.open(st, "s2", epoch=0)
+
+
+def test_inspect_of_unknown_session(st):
+    """inspect of an id with no header is SessionNotFoundError; a bad id never becomes a path."""
+    with pytest.raises(store.SessionNotFoundError):
+        store.inspect(st, "nobody")
+    with pytest.raises(store.InvalidSessionIdError):
+        store.inspect(st, "../etc")

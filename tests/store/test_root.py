@@ -1,0 +1,82 @@
+"""The store root: its STORE marker, its layout, and file modes."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import msgpack
+import pytest
+
+import store
+
+from ._support import ONE_SHOT, make_child, write_file
+
+
+def test_marker_and_layout(tmp_path):
+    """Opening an absent folder creates the marker and the three top-level folders."""
+    st = store.Store(tmp_path / "s")
+    assert msgpack.unpackb(open(os.path.join(st.root, "STORE"), "rb").read()) == {"format": "subagents-store", "version": 1}
+    assert (store.STORE_FORMAT, store.STORE_VERSION) == ("subagents-store", 1)
+    for sub in ("sessions", "owners", os.path.join("index", "children")):
+        assert os.path.isdir(os.path.join(st.root, sub))
+    again = store.Store(tmp_path / "s", create=False)
+    assert again.root == st.root
+
+
+@pytest.mark.parametrize(
+    "marker",
+    [msgpack.packb({"format": "other", "version": 1}), msgpack.packb({"format": "subagents-store", "version": 2}),
+     msgpack.packb([1]), b"\xc1garbage"],
+)
+def test_foreign_marker_is_refused(tmp_path, marker):
+    """Another format, another version or garbage in STORE is StoreFormatError."""
+    store.Store(tmp_path / "s")
+    write_file(str(tmp_path / "s" / "STORE"), marker)
+    with pytest.raises(store.StoreFormatError) as info:
+        store.Store(tmp_path / "s")
+    assert info.value.code == "STORE_FORMAT"
+
+
+def test_non_empty_folder_without_marker_is_refused(tmp_path):
+    """A folder holding other files is never turned into a store."""
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "notes.txt").write_text("mine")
+    with pytest.raises(store.StoreFormatError):
+        store.Store(tmp_path / "s")
+    assert sorted(os.listdir(tmp_path / "s")) == ["notes.txt"]
+    with pytest.raises(store.StoreFormatError):
+        store.Store(tmp_path / "absent", create=False)
+    assert not (tmp_path / "absent").exists()
+
+
+def test_unknown_durability_is_refused(tmp_path):
+    """Only strict, batched and none exist."""
+    with pytest.raises(ValueError):
+        store.Store(tmp_path / "s", durability="sometimes")
+    assert store.Store(tmp_path / "t").durability.name == "batched"
+    assert [store.durability_policy(n).name for n in ("strict", "batched", "none")] == ["strict", "batched", "none"]
+
+
+def test_files_0600_and_folders_0700(tmp_path, umask_022):
+    """Every file the store writes is 0600 and every folder 0700, whatever the umask allows."""
+    st = store.Store(tmp_path / "s", durability="strict")
+    store.create_session(st, "root1")
+    make_child(st, "root1", "kid1", descriptor=ONE_SHOT, events=[("turn/start", {})])
+    ids = store.IdGenerator()
+    store.accept(st, "kid1", source={"kind": "test"}, content="hi", ids=ids)
+    owner = store.register_owner(st, "owner1", ttl=60)
+    store.heartbeat(st, owner)
+    store.acquire_lease(st, "kid1", "owner1")
+    with store.LogWriter.open(st, "kid1", epoch=1) as writer:
+        writer.append([("turn/end", {"stop_reason": "completed"})], commit=True)
+    store.reindex(st)
+    seen_files = set()
+    for folder, dirs, files in os.walk(st.root):
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700, folder
+        for name in files:
+            path = os.path.join(folder, name)
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
+            seen_files.add(os.path.relpath(path, st.root))
+    assert {"STORE", "sessions/kid1/log", "sessions/kid1/header", "sessions/kid1/identity", "sessions/kid1/mailbox",
+            "sessions/kid1/lease", "sessions/kid1/.lock", "owners/owner1", "index/children/root1"} <= seen_files
