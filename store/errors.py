@@ -14,6 +14,7 @@ the code, never on the message)::
     ├── FencedError                     a newer lease epoch took the session over
     ├── DurabilityError                 fsync/write failed: fatal for that session (also OSError)
     ├── LeaseHeldError                  a live owner holds the lease
+    ├── LockTimeoutError                a session lock stayed held past its timeout (also TimeoutError)
     └── DescriptorError                 a persisted descriptor fails validation
 
 Errors cross the worker pipe as data (``to_wire``/``from_wire``) and are
@@ -36,6 +37,7 @@ __all__ = [
     "FencedError",
     "DurabilityError",
     "LeaseHeldError",
+    "LockTimeoutError",
     "DescriptorError",
     "error_registry",
 ]
@@ -207,6 +209,20 @@ class LeaseHeldError(SubagentError):
             owner=owner,
             epoch=epoch,
         )
+
+
+class LockTimeoutError(SubagentError, TimeoutError):
+    """Raised when a lock file stayed held past ``LOCK_TIMEOUT_S``.
+
+    The holder is stuck inside a critical section (stopped, hung, or on a
+    file system where ``flock`` misbehaves); ``flock`` cannot be broken from
+    outside, so the caller must wait for the holder to be resumed or killed.
+    """
+
+    code = "LOCK_TIMEOUT"
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"lock {path} is still held after its timeout", path=path)
 
 
 class DescriptorError(SubagentError, ValueError):

@@ -18,13 +18,16 @@ deleting it would split waiters across two inodes (filelock's note).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 from types import TracebackType
+from typing import Iterator
 
 import filelock
 
 from .atomic import FILE_MODE
+from .errors import LockTimeoutError
 
 __all__ = ["SessionFlock", "file_lock", "LOCK_TIMEOUT_S"]
 
@@ -56,9 +59,10 @@ class SessionFlock:
             self._fd = None
 
 
-def file_lock(path: str) -> filelock.FileLock:
-    """A filelock on ``path`` with our timeout and a 1 ms poll."""
-    return filelock.FileLock(
+@contextlib.contextmanager
+def file_lock(path: str) -> Iterator[None]:
+    """A filelock on ``path`` with our timeout and a 1 ms poll; a timeout is ``LockTimeoutError``."""
+    lock = filelock.FileLock(
         path,
         timeout=LOCK_TIMEOUT_S,
         mode=FILE_MODE,
@@ -67,3 +71,11 @@ def file_lock(path: str) -> filelock.FileLock:
         preserve_lock_file=True,
         fallback_to_soft=False,
     )
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        raise LockTimeoutError(path) from None
+    try:
+        yield
+    finally:
+        lock.release()

@@ -28,8 +28,8 @@ from typing import Any, Sequence
 import msgpack
 
 from .atomic import read_bytes, write_atomic
-from .errors import CorruptSessionError, DurabilityError, FencedError, SubagentError
-from .events import closers
+from .errors import CorruptSessionError, DurabilityError, FencedError, SubagentError, UnsupportedFormatError
+from .events import EVENT_TYPES, closers
 from .framing import encode_record, scan
 from .header import SessionHeader
 from .lease import read_lease
@@ -215,6 +215,10 @@ class LogWriter:
         """
         if self._broken is not None:
             raise DurabilityError(f'writer of session "{self.session_id}" is broken: {self._broken}') from self._broken
+        unknown = [kind for kind, _ in batch if kind not in EVENT_TYPES]
+        if unknown:
+            # readers refuse unknown types: a writer must never make a log they cannot read
+            raise UnsupportedFormatError(f'event type "{unknown[0]}" is not one this store writes', event_type=unknown[0])
         with self._lock:
             self._check_fence()
             self._sync_tail()

@@ -17,7 +17,7 @@ EXPECTED = {
     "Durability", "durability_policy",
     # errors
     "CorruptSessionError", "DescriptorError", "DurabilityError", "FencedError", "InvalidHeaderError",
-    "InvalidSessionIdError", "LeaseHeldError", "SessionExistsError", "SessionNotFoundError", "StoreFormatError",
+    "InvalidSessionIdError", "LeaseHeldError", "LockTimeoutError", "SessionExistsError", "SessionNotFoundError", "StoreFormatError",
     "SubagentError", "UnsupportedFormatError",
     # events, framing, header, ids
     "EVENT_TYPES", "closers",

@@ -199,3 +199,23 @@ def test_session_created_already_leased(st):
         store.LogWriter.open(st, "s1", epoch=0)
     with store.LogWriter.open(st, "s1", epoch=1) as writer:
         assert [(r["type"], r["epoch"]) for r in writer.repaired] == [("turn/end", 1)]
+
+
+def test_lock_timeout_is_a_typed_error(tmp_path, monkeypatch) -> None:
+    """A lock held past its timeout raises LockTimeoutError (a SubagentError and a TimeoutError)."""
+    import fcntl
+
+    import store as _store
+    from store import locks
+
+    st = _store.Store(tmp_path / "s", durability="none")
+    _store.create_session(st, "s1")
+    monkeypatch.setattr(locks, "LOCK_TIMEOUT_S", 0.05)
+    holder = os.open(st.path("s1", ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(_store.LockTimeoutError) as caught:
+            _store.acquire_lease(st, "s1", "o1")
+        assert isinstance(caught.value, TimeoutError) and caught.value.code == "LOCK_TIMEOUT"
+    finally:
+        os.close(holder)

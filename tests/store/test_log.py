@@ -543,3 +543,17 @@ def test_many_sessions_in_parallel(tmp_path):
     reported = run_appenders(st, [["shared", f"own{i}0", f"own{i}1"] for i in range(4)], 25)
     for sid in sids:
         check_log(st, sid, reported)
+
+
+def test_unknown_event_type_is_refused_before_writing(tmp_path) -> None:
+    """A writer never makes a log its readers would refuse (helper-1 finding)."""
+    import store as _store
+
+    st = _store.Store(tmp_path / "s", durability="none")
+    _store.create_session(st, "s1")
+    size = os.path.getsize(st.path("s1", "log"))
+    with _store.LogWriter.open(st, "s1", epoch=0) as writer:
+        with pytest.raises(_store.UnsupportedFormatError):
+            writer.append([("turn/start", {}), ("made/up", {})])
+    assert os.path.getsize(st.path("s1", "log")) == size
+    assert _store.inspect(st, "s1").status == "clean"
