@@ -55,7 +55,9 @@ log = logging.getLogger(__name__)
 
 RpcHandler = Callable[[str, dict[str, Any]], Awaitable[Any]]
 
-_PRELOAD = ["worker.main", "worker.turn", "worker.programs", "store", "jsonschema"]
+# imported once by the forkserver, so each worker forks with them loaded; anyio imports its
+# asyncio backend lazily on the first ``anyio.run``, which cost every new worker ~30 ms
+_PRELOAD = ["worker.main", "worker.turn", "worker.programs", "store", "jsonschema", "anyio._backends._asyncio"]
 
 
 @contextlib.contextmanager
@@ -119,6 +121,7 @@ class WorkerPool:
     def __init__(self, *, size: int, start_method: str, ready_timeout_s: float, cancel_grace_s: float, log_level: int = logging.WARNING) -> None:
         self.size = size
         self._context = multiprocess.get_context(start_method)
+        self._start_method = start_method
         if start_method == "forkserver":
             self._context.set_forkserver_preload(_PRELOAD)
         self._ready_timeout_s = ready_timeout_s
@@ -144,7 +147,12 @@ class WorkerPool:
 
     async def _start_worker(self, index: int) -> None:
         parent_conn, child_conn = self._context.Pipe(duplex=True)
-        process = self._context.Process(target=worker_entry, args=(child_conn, self._log_level), daemon=True, name=f"subagents-worker-{index}")
+        # under fork the worker inherits our end of its pipe: it must close it, or the end of file
+        # that tells it we died (even by kill -9) never comes and it outlives us
+        inherited = parent_conn if self._start_method == "fork" else None
+        process = self._context.Process(
+            target=worker_entry, args=(child_conn, self._log_level, inherited), daemon=True, name=f"subagents-worker-{index}"
+        )
         with _main_module_hidden():
             process.start()
         child_conn.close()
@@ -242,15 +250,22 @@ class WorkerPool:
             if worker is None or not worker.alive or worker.running > 0:
                 continue
             handle = self._queue.popleft()
+            if not self._send(worker, RunTurn(call_id=handle.call_id, spec=handle.spec)):
+                # the worker died before the pool saw its sentinel: the turn never reached
+                # it, so it stays first in line for another worker or the replacement
+                self._queue.appendleft(handle)
+                continue
             handle.worker = worker
             worker.turns[handle.call_id] = handle
-            self._send(worker, RunTurn(call_id=handle.call_id, spec=handle.spec))
 
-    def _send(self, worker: _Worker, message: Any) -> None:
+    def _send(self, worker: _Worker, message: Any) -> bool:
+        """Send one message; False if the worker's pipe is closed (it died; its sentinel reports that)."""
         try:
             worker.conn.send_bytes(encode(message))
         except OSError:
-            log.warning("worker %s pipe closed while sending", worker.pid)  # the sentinel reports the death
+            log.warning("worker %s pipe closed while sending", worker.pid)
+            return False
+        return True
 
     # -- per-worker tasks -------------------------------------------------------
 

@@ -103,8 +103,14 @@ class WorkerLoop:
         return reply.value
 
 
-def worker_entry(conn: Any, log_level: int = logging.WARNING) -> None:
-    """Process target: serve the supervisor on ``conn`` until it goes away."""
+def worker_entry(conn: Any, log_level: int = logging.WARNING, inherited: Any = None) -> None:
+    """Process target: serve the supervisor on ``conn`` until it goes away.
+
+    ``inherited`` is the supervisor's end of the pipe when the worker was forked
+    with it: closed first, so that the supervisor's death reads as end of file.
+    """
+    if inherited is not None:
+        inherited.close()
     logging.basicConfig(level=log_level)
     try:
         anyio.run(WorkerLoop(conn).serve)

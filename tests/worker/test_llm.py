@@ -24,6 +24,9 @@ from worker.model_tools import DelegationConfig
 from worker.programs.llm import DELEGATION_TEXT, LlmProgram
 
 SECRET = "sk-test-secret-never-stored"
+# Set at import, before any pool starts: forkserver workers inherit the environment of the
+# forkserver, which starts with the first pool of the process and never sees later changes.
+os.environ.setdefault("FAKE_LLM_KEY", SECRET)
 
 
 def _reply(content: str | None = None, calls: list[tuple[str, dict[str, Any]]] | None = None, finish: str = "stop") -> dict[str, Any]:
@@ -104,10 +107,9 @@ def _all_bytes(root: str) -> bytes:
 
 
 @pytest.mark.anyio
-async def test_llm_conversation_delegates_sends_lists_and_reports(tmp_path, fake_server, monkeypatch) -> None:
+async def test_llm_conversation_delegates_sends_lists_and_reports(tmp_path, fake_server) -> None:
     """A scripted model delegates, messages a continuable child, lists agents and reports."""
     base_url, seen = fake_server
-    monkeypatch.setenv("FAKE_LLM_KEY", SECRET)
     program = LlmProgram(base_url=base_url, model="fake-model", api_key_env="FAKE_LLM_KEY",
                          delegation=DelegationConfig(provider="llm", background_mode="continuable"))
     async with Supervisor.open(store=tmp_path / "st", config=SupervisorConfig(pool_size=2, durability="none")) as sup:

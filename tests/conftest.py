@@ -1,0 +1,115 @@
+"""Shared fixtures of the supervisor, worker and crash tests.
+
+Every test owns its store under ``tmp_path``. A supervisor is opened with a
+small pool (``pool_size`` 1 or 2) and ``durability="none"`` unless the test is
+about durability. Waits never sleep to synchronize: ``wait_until`` polls a
+condition (usually a file the worker writes) under an ``anyio.fail_after``
+deadline, so a regression fails instead of hanging.
+
+Worker processes import helper programs by module path
+(``"tests.programs_for_tests:name"``): the repository root is put on
+``sys.path`` (and ``PYTHONPATH``, inherited by forkserver/spawn workers)
+before any pool starts.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import anyio
+import pytest
+
+REPO_ROOT = str(Path(__file__).resolve().parents[1])
+if REPO_ROOT not in sys.path:
+    sys.path.insert(0, REPO_ROOT)
+_pythonpath = os.environ.get("PYTHONPATH", "")
+if REPO_ROOT not in _pythonpath.split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, _pythonpath) if p)
+
+from store import Store, inspect  # noqa: E402
+from supervisor import Capabilities, Provider, Supervisor, SupervisorConfig  # noqa: E402
+
+DEADLINE_S = 20.0  # a generous per-wait deadline: a hang fails, a pass never comes near it
+HELPERS = "tests.programs_for_tests"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def helper(name: str) -> str:
+    """The import path of a program in ``tests/programs_for_tests.py``."""
+    return f"{HELPERS}:{name}"
+
+
+def all_providers() -> list[Provider]:
+    """``echo`` and ``script`` with every capability, and the helper programs by name."""
+    caps = Capabilities.all()
+    return [
+        Provider(name="echo", program="echo", capabilities=caps),
+        Provider(name="script", program="script", capabilities=caps),
+        Provider(name="refuse", program=helper("refuse"), capabilities=caps),
+        Provider(name="max-tokens", program=helper("max_tokens"), capabilities=caps),
+        Provider(name="huge-fail", program=helper("huge_fail"), capabilities=caps),
+        Provider(name="pid", program=helper("pid"), capabilities=caps),
+        Provider(name="pid-then-sleep", program=helper("pid_then_sleep"), capabilities=caps),
+        Provider(name="cpu-pid", program=helper("cpu_then_pid"), capabilities=caps),
+        Provider(name="tool-names", program=helper("tool_names"), capabilities=caps),
+        Provider(name="blocking", program=helper("blocking_program"), capabilities=caps),
+    ]
+
+
+@asynccontextmanager
+async def open_supervisor(tmp_path: Path, *, pool_size: int = 1, durability: str = "none", providers: bool = True, **config: Any) -> AsyncIterator[Supervisor]:
+    """A supervisor over ``tmp_path/store`` with the test providers registered."""
+    cfg = SupervisorConfig(pool_size=pool_size, durability=durability, **config)
+    async with Supervisor.open(store=tmp_path / "store", config=cfg) as sup:
+        if providers:
+            for provider in all_providers():
+                sup.register_provider(provider)
+        yield sup
+
+
+async def wait_until(predicate: Callable[[], Any | Awaitable[Any]], *, timeout: float = DEADLINE_S, what: str = "condition") -> Any:
+    """Poll ``predicate`` (sync or async) until it returns a truthy value; fail after ``timeout``."""
+    try:
+        with anyio.fail_after(timeout):
+            while True:
+                value = predicate()
+                if isinstance(value, Awaitable):
+                    value = await value
+                if value:
+                    return value
+                await anyio.sleep(0.005)
+    except TimeoutError:
+        pytest.fail(f"timed out after {timeout}s waiting for {what}")
+
+
+def events_of(st: Store, session_id: str) -> list[dict[str, Any]]:
+    """The valid event prefix of a session's log (read-only)."""
+    return inspect(st, session_id).events
+
+
+def types_of(st: Store, session_id: str) -> list[str]:
+    return [e["type"] for e in events_of(st, session_id)]
+
+
+def last_turn_end(st: Store, session_id: str) -> dict[str, Any]:
+    ends = [e for e in events_of(st, session_id) if e["type"] == "turn/end"]
+    assert ends, f"no turn/end in {session_id}"
+    return ends[-1]["data"]
+
+
+def said(st: Store, session_id: str) -> list[str]:
+    """The texts of ``assistant/message`` events, in log order."""
+    return [e["data"]["text"] for e in events_of(st, session_id) if e["type"] == "assistant/message"]
+
+
+def disk_snapshot(st: Store) -> tuple[list[str], list[str]]:
+    """What exists under ``sessions/`` and ``index/children/`` (sorted names)."""
+    return sorted(os.listdir(st.sessions_dir)), sorted(os.listdir(st.children_index_dir))

@@ -1,0 +1,79 @@
+"""Programs the tests run in worker processes, by import path ``tests.programs_for_tests:<name>``.
+
+Each is module-level so a forkserver (or spawn) worker can import it; the
+repository root is on the workers' ``sys.path`` (see ``tests/conftest.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import anyio
+
+from worker.context import TurnContext, TurnResult
+from worker.programs.script import _burn
+
+# A message with multibyte characters of every UTF-8 width, long enough to be truncated.
+HUGE_TEXT = "aé€😀" * 2000
+
+
+async def refuse(ctx: TurnContext) -> TurnResult:
+    """Refuses: the result says ``refusal``, the log's ``turn/end`` says ``blocked``."""
+    await ctx.step()
+    return TurnResult(output="no", stop_reason="refusal", diagnostic="the request was refused")
+
+
+async def max_tokens(ctx: TurnContext) -> TurnResult:
+    await ctx.say("partial")
+    return TurnResult(output="partial answer", stop_reason="max-tokens", diagnostic="ran out of tokens")
+
+
+async def huge_fail(ctx: TurnContext) -> str:
+    """Fails with a message far above 4096 UTF-8 bytes."""
+    raise RuntimeError(HUGE_TEXT)
+
+
+async def pid(ctx: TurnContext) -> str:
+    return str(os.getpid())
+
+
+async def pid_then_sleep(ctx: TurnContext) -> str:
+    """Records its worker's pid in the log, then sleeps ``message`` ms (cancellable)."""
+    await ctx.say(str(os.getpid()))
+    await anyio.sleep(float(ctx.text) / 1000.0)
+    return f"slept {ctx.text}"
+
+
+async def cpu_then_pid(ctx: TurnContext) -> str:
+    """Burns ``message`` ms of CPU on the event loop's thread, then answers its pid."""
+    _burn(float(ctx.text), None)
+    return str(os.getpid())
+
+
+async def tool_names(ctx: TurnContext) -> str:
+    return json.dumps(ctx.tools.names)
+
+
+def blocking_program(ctx) -> str:  # type: ignore[no-untyped-def]
+    """A plain ``def``: runs in a thread with the same context API."""
+    ctx.step()
+    ctx.say("from a thread")
+    return "sync:" + ctx.text
+
+
+async def script_or_notice(ctx: TurnContext) -> str:
+    """A ``script`` turn, except that a turn woken by a report or settlement notice answers in words.
+
+    Continuable parents in the tests run this: the notices their children send
+    are prose, not scripts. The answer names the waking message's kind and how
+    many quiet messages came with it, so a test can read both from the log.
+    """
+    from worker.programs.script import script
+
+    kind = (ctx.spec.message_source or {}).get("kind")
+    if kind in ("subagent-settled", "subagent-report"):
+        quiet = [n.get("source", {}).get("kind") for n in ctx.notices]
+        return f"noted {kind} with {len(quiet)} quiet: {','.join(quiet)}"
+    result = await script(ctx)
+    return result if isinstance(result, str) else result.output

@@ -1,0 +1,85 @@
+"""Lifecycle events: one ``subagent/start`` + ``subagent/end`` pair per one-shot run, sharing a ``run_id``."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import pytest
+
+from supervisor import SubagentRequest
+
+from ..conftest import DEADLINE_S, open_supervisor, said, wait_until
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_start_and_end_are_paired_by_run_id(tmp_path):
+    """Completed, failed, aborted and nested runs each emit exactly one start then one end."""
+    async with open_supervisor(tmp_path, pool_size=2) as sup:
+        seen: list[tuple[str, dict]] = []
+        sup.on("subagent/start", lambda name, payload: seen.append((name, dict(payload))))
+        sup.on("subagent/end", lambda name, payload: seen.append((name, dict(payload))))
+        root = await sup.open_root()
+        ok = await sup.start("echo", SubagentRequest(parent=root, prompt="fine"))
+        bad = await sup.start("script", SubagentRequest(parent=root, prompt=json.dumps([{"fail": "x"}])))
+        nested = await sup.start("script", SubagentRequest(parent=root, prompt=json.dumps([{"spawn": {"prompt": "inner", "provider": "echo"}}])))
+        stopped = await sup.start("pid-then-sleep", SubagentRequest(parent=root, prompt="30000"))
+        await wait_until(lambda: said(sup.store, stopped.id), what="the sleeper to start")
+        with anyio.fail_after(DEADLINE_S):
+            await stopped.dispose()
+            results = {run.id: await run.result() for run in (ok, bad, nested, stopped)}
+            for run in (ok, bad, nested):
+                await run.dispose()
+
+        starts = {p["run_id"]: p for n, p in seen if n == "subagent/start"}
+        ends = {p["run_id"]: p for n, p in seen if n == "subagent/end"}
+        assert len(starts) == len([n for n, _ in seen if n == "subagent/start"]) == 5  # 4 runs + the nested child
+        assert starts.keys() == ends.keys()
+        order = [(n, p["run_id"]) for n, p in seen]
+        for run_id in starts:
+            assert order.index(("subagent/start", run_id)) < order.index(("subagent/end", run_id))
+        by_child = {p["id"]: p for p in ends.values()}
+        for run in (ok, bad, nested, stopped):
+            end = by_child[run.id]
+            assert end["run_id"] == run.run_id
+            assert starts[run.run_id]["id"] == run.id
+            assert end["stop_reason"] == results[run.id].stop_reason
+        assert [by_child[r.id]["stop_reason"] for r in (ok, bad, nested, stopped)] == ["completed", "error", "completed", "aborted"]
+        assert by_child[ok.id]["last_assistant_message"] == "fine"
+        assert starts[ok.run_id]["provider"] == "echo"
+        inner = [p for p in ends.values() if p["id"] not in results]
+        assert len(inner) == 1 and inner[0]["provider"] == "echo" and inner[0]["stop_reason"] == "completed"
+
+
+async def test_listener_that_raises_is_isolated(tmp_path):
+    """A raising start/end listener is logged; the run completes and later listeners still hear both events."""
+    async with open_supervisor(tmp_path) as sup:
+        heard: list[str] = []
+
+        def explode(name, payload):
+            raise RuntimeError(f"listener broke on {name}")
+
+        sup.on("subagent/start", explode)
+        sup.on("subagent/end", explode)
+        sup.on(None, lambda name, payload: heard.append(name))
+        root = await sup.open_root()
+        run = await sup.start("echo", SubagentRequest(parent=root, prompt="still fine"))
+        with anyio.fail_after(DEADLINE_S):
+            result = await run.result()
+        await run.dispose()
+        assert (result.stop_reason, result.output) == ("completed", "still fine")
+        assert heard == ["subagent/start", "subagent/end"]
+
+
+async def test_unsubscribed_listener_hears_nothing(tmp_path):
+    async with open_supervisor(tmp_path) as sup:
+        heard: list[str] = []
+        off = sup.on(None, lambda name, payload: heard.append(name))
+        off()
+        off()
+        root = await sup.open_root()
+        run = await sup.start("echo", SubagentRequest(parent=root, prompt="x"))
+        await run.result()
+        await run.dispose()
+        assert heard == []

@@ -1,0 +1,118 @@
+"""Nested and fan-out delegation never deadlock the pool (parked turns free their worker)."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import pytest
+
+from store import inspect
+from supervisor import SubagentRequest
+
+from ..conftest import last_turn_end, open_supervisor, wait_until
+
+pytestmark = pytest.mark.anyio
+
+
+def chain(levels: int) -> list[dict]:
+    """A script that delegates synchronously ``levels`` times; the leaf's text bubbles up."""
+    script: list[dict] = [{"say": "leaf"}]
+    for level in range(levels):
+        script = [{"spawn": {"prompt": script, "provider": "script", "label": f"level-{levels - level}"}}]
+    return script
+
+
+async def test_depth_five_chain_on_one_worker(tmp_path):
+    """Five nested synchronous spawns complete with ``pool_size=1``."""
+    async with open_supervisor(tmp_path, pool_size=1) as sup:
+        root = await sup.open_root()
+        with anyio.fail_after(20):
+            run = await sup.start("script", SubagentRequest(parent=root, prompt=json.dumps(chain(5)), label="top"))
+            result = await run.result()
+            await run.dispose()
+        assert (result.stop_reason, result.output) == ("completed", "leaf")
+        rows = await sup.list_descendants(root.id)
+        assert [r.depth for r in rows] == [1, 2, 3, 4, 5, 6]
+        assert [r.entry.label for r in rows] == ["top", "level-1", "level-2", "level-3", "level-4", "level-5"]
+        assert all(r.entry.status == "complete" for r in rows)
+        assert [r.parent_id for r in rows] == [root.id] + [r.entry.id for r in rows[:-1]]
+        stats = sup.statistics()
+        assert (stats.pool.resident, stats.pool.parked, stats.runs_live) == (0, 0, 0)
+
+
+async def test_fan_out_fifty_background_children(tmp_path):
+    """One parent starts 50 background children then waits for all, with ``pool_size=2``."""
+    spawns = [{"spawn": {"prompt": f"child-{i}", "provider": "echo", "wait": False}} for i in range(50)]
+    async with open_supervisor(tmp_path, pool_size=2) as sup:
+        root = await sup.open_root()
+        with anyio.fail_after(30):
+            run = await sup.start("script", SubagentRequest(parent=root, prompt=json.dumps(spawns + [{"wait": "all"}])))
+            result = await run.result()
+            await run.dispose()
+        assert result.stop_reason == "completed"
+        assert result.output.split("\n") == [f"child-{i}" for i in range(50)]
+        children = await sup.list_children(run.id)
+        assert len(children) == 50
+        assert all(c.status == "complete" and c.mode == "one-shot" for c in children)
+        assert sup.statistics().pool.resident == 0
+
+
+async def test_fan_out_of_nested_children_on_one_worker(tmp_path):
+    """Background children that each wait on a grandchild, all on a single worker."""
+    child = [{"spawn": {"prompt": "grandchild", "provider": "echo"}}]
+    spawns = [{"spawn": {"prompt": child, "provider": "script", "wait": False}} for _ in range(5)]
+    async with open_supervisor(tmp_path, pool_size=1) as sup:
+        root = await sup.open_root()
+        with anyio.fail_after(20):
+            run = await sup.start("script", SubagentRequest(parent=root, prompt=json.dumps(spawns + [{"wait": "all"}])))
+            result = await run.result()
+            await run.dispose()
+        assert result.stop_reason == "completed"
+        assert result.output.split("\n") == ["grandchild"] * 5
+        assert len(await sup.list_descendants(root.id)) == 11
+
+
+async def test_background_children_are_awaited_implicitly(tmp_path):
+    """A script that never says ``wait`` still waits for its background children at its end."""
+    spawns = [{"spawn": {"prompt": f"c{i}", "provider": "echo", "wait": False}} for i in range(3)]
+    async with open_supervisor(tmp_path, pool_size=1) as sup:
+        root = await sup.open_root()
+        with anyio.fail_after(20):
+            run = await sup.start("script", SubagentRequest(parent=root, prompt=json.dumps(spawns)))
+            result = await run.result()
+            await run.dispose()
+        assert result.stop_reason == "completed"
+        assert [c.status for c in await sup.list_children(run.id)] == ["complete"] * 3
+
+
+async def test_cancelling_a_parent_aborts_its_waiting_child(tmp_path):
+    """Disposing a parent parked on a sleeping child cancels the child, and returns only once the child is done."""
+    async with open_supervisor(tmp_path, pool_size=1) as sup:
+        root = await sup.open_root()
+        prompt = [{"spawn": {"prompt": "30000", "provider": "pid-then-sleep"}}]
+        run = await sup.start("script", SubagentRequest(parent=root, prompt=json.dumps(prompt)))
+
+        async def child_started():
+            kids = await sup.list_children(run.id)
+            return kids and any(e["type"] == "assistant/message" for e in inspect(sup.store, kids[0].id).events)
+
+        await wait_until(child_started, what="the grandchild to start")
+        with anyio.fail_after(20):
+            await run.dispose()
+        assert (await run.result()).stop_reason == "aborted"
+        [child] = await sup.list_children(run.id)
+        assert last_turn_end(sup.store, child.id)["stop_reason"] == "aborted"
+        assert child.status == "complete"
+
+
+async def test_disposed_runs_are_not_kept(tmp_path):
+    """A disposed run (and its nested children) is dropped by the supervisor: memory does not grow per run."""
+    async with open_supervisor(tmp_path, pool_size=1) as sup:
+        root = await sup.open_root()
+        for prompt in ("a", json.dumps([{"spawn": {"prompt": "b", "provider": "echo"}}])):
+            run = await sup.start("script" if prompt != "a" else "echo", SubagentRequest(parent=root, prompt=prompt))
+            with anyio.fail_after(20):
+                await run.result()
+                await run.dispose()
+        assert sup.runs.runs == {}

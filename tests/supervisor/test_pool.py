@@ -1,0 +1,105 @@
+"""``WorkerPool`` on its own: dispatch, statistics, and turns sent to a worker that already died."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import anyio
+import pytest
+
+from store import Store, acquire_lease, create_session, inspect
+from supervisor.pool import WorkerPool
+from worker.protocol import TurnSpec
+
+pytestmark = pytest.mark.anyio
+
+DEADLINE_S = 20.0
+
+
+def echo_spec(st: Store, session_id: str, message: str = "hello") -> TurnSpec:
+    create_session(st, session_id)
+    epoch = acquire_lease(st, session_id, "01OWNER").epoch
+    return TurnSpec(
+        session_id=session_id, epoch=epoch, store_root=st.root, durability="none", program="echo", message_id="01M",
+        message_source={"kind": "user"}, message=message, log_message=True, depth=1, mode="one-shot",
+    )
+
+
+async def no_rpc(method, args):
+    raise AssertionError(f"unexpected rpc {method}")
+
+
+def block_until_dead(pid: int) -> None:
+    """Block the event loop (on purpose) until ``pid`` has exited: the pool cannot notice it meanwhile."""
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                if handle.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return
+        except (FileNotFoundError, ProcessLookupError):  # gone between open and read
+            return
+        time.sleep(0.001)
+    pytest.fail(f"process {pid} did not die")
+
+
+@pytest.fixture
+def st(tmp_path) -> Store:
+    return Store(tmp_path / "store", durability="none")
+
+
+async def test_turn_runs_and_statistics(st):
+    pool = WorkerPool(size=2, start_method="forkserver", ready_timeout_s=DEADLINE_S, cancel_grace_s=1.0)
+    async with anyio.create_task_group() as tg:
+        await pool.start(tg)
+        assert len(set(pool.worker_pids())) == 2
+        with anyio.fail_after(DEADLINE_S):
+            handle = await pool.run_turn(echo_spec(st, "01POOLECHO"), no_rpc)
+        assert (handle.outcome.stop_reason, handle.outcome.output, handle.crashed) == ("completed", "hello", False)
+        assert pool.pid_of(handle) in pool.worker_pids()
+        stats = pool.statistics()
+        assert (stats.size, stats.workers_alive, stats.queued, stats.resident, stats.started, stats.crashed) == (2, 2, 0, 0, 2, 0)
+        await pool.aclose()
+        tg.cancel_scope.cancel()
+
+
+async def test_turn_sent_to_a_dead_worker_runs_on_the_replacement(st):
+    """A turn dispatched before the pool saw its worker die never reached it: it runs on the replacement, not ``error``."""
+    pool = WorkerPool(size=1, start_method="forkserver", ready_timeout_s=DEADLINE_S, cancel_grace_s=1.0)
+    async with anyio.create_task_group() as tg:
+        await pool.start(tg)
+        [pid] = pool.worker_pids()
+        spec = echo_spec(st, "01POOLDEAD")
+        os.kill(pid, signal.SIGKILL)
+        block_until_dead(pid)
+        with anyio.fail_after(DEADLINE_S):
+            handle = await pool.run_turn(spec, no_rpc)
+        assert (handle.outcome.stop_reason, handle.outcome.output) == ("completed", "hello"), handle.outcome.diagnostic
+        assert handle.crashed is False
+        assert pool.pid_of(handle) != pid
+        assert [e["type"] for e in inspect(st, "01POOLDEAD").events][-1] == "turn/end"
+        assert pool.statistics().crashed == 1
+        await pool.aclose()
+        tg.cancel_scope.cancel()
+
+
+async def test_cancel_of_a_queued_turn_never_dispatches_it(st):
+    pool = WorkerPool(size=1, start_method="forkserver", ready_timeout_s=DEADLINE_S, cancel_grace_s=1.0)
+    async with anyio.create_task_group() as tg:
+        await pool.start(tg)
+        handles = []
+
+        def started(handle):
+            handles.append(handle)
+            pool.cancel(handle, "user")
+
+        with anyio.fail_after(DEADLINE_S):
+            handle = await pool.run_turn(echo_spec(st, "01POOLCANCEL"), no_rpc, started=started)
+        assert handles == [handle]
+        assert handle.outcome.stop_reason == "aborted"
+        assert handle.outcome.diagnostic == "the turn was cancelled (user) before it started"
+        assert inspect(st, "01POOLCANCEL").events == []
+        await pool.aclose()
+        tg.cancel_scope.cancel()

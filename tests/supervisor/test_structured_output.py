@@ -1,0 +1,87 @@
+"""Structured output: validated against the request's schema; invalid or missing output ends ``error``."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import pytest
+
+from supervisor import SubagentRequest
+
+from ..conftest import DEADLINE_S, last_turn_end, open_supervisor
+
+pytestmark = pytest.mark.anyio
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "integer"}, "why": {"type": "string"}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+
+
+async def run_with_schema(sup, provider, prompt, schema=SCHEMA):
+    root = await sup.open_root()
+    run = await sup.start(provider, SubagentRequest(parent=root, prompt=prompt, output_schema=schema))
+    with anyio.fail_after(DEADLINE_S):
+        result = await run.result()
+    await run.dispose()
+    return run, result
+
+
+async def test_valid_structured_result(tmp_path):
+    async with open_supervisor(tmp_path) as sup:
+        _, result = await run_with_schema(sup, "script", json.dumps([{"structured": {"answer": 42, "why": "because"}}]))
+        assert result.stop_reason == "completed"
+        assert result.structured == {"answer": 42, "why": "because"}
+        assert json.loads(result.output) == {"answer": 42, "why": "because"}
+
+
+async def test_structured_parsed_from_json_output(tmp_path):
+    """A program that only returns text: the text is parsed as JSON and validated."""
+    async with open_supervisor(tmp_path) as sup:
+        _, result = await run_with_schema(sup, "echo", '{"answer": 7}')
+        assert (result.stop_reason, result.structured) == ("completed", {"answer": 7})
+
+
+async def test_invalid_structured_result(tmp_path):
+    async with open_supervisor(tmp_path) as sup:
+        run, result = await run_with_schema(sup, "script", json.dumps([{"structured": {"answer": "many"}}]))
+        assert result.stop_reason == "error"
+        assert result.structured is None
+        assert result.diagnostic == "structured output does not match the schema: 'many' is not of type 'integer'"
+        assert last_turn_end(sup.store, run.id) == {"stop_reason": "error", "diagnostic": result.diagnostic}
+
+
+async def test_structured_result_missing_a_required_field(tmp_path):
+    async with open_supervisor(tmp_path) as sup:
+        _, result = await run_with_schema(sup, "script", json.dumps([{"structured": {"why": "no answer"}}]))
+        assert result.stop_reason == "error"
+        assert "'answer' is a required property" in result.diagnostic
+
+
+async def test_missing_structured_result(tmp_path):
+    """Plain non-JSON text under a schema is an error, not a silent ``None``."""
+    async with open_supervisor(tmp_path) as sup:
+        run, result = await run_with_schema(sup, "echo", "just words")
+        assert result.stop_reason == "error"
+        assert result.diagnostic == "structured output is missing: the output is not JSON"
+        assert result.output == "just words"
+        assert last_turn_end(sup.store, run.id)["stop_reason"] == "error"
+
+
+async def test_schema_not_checked_for_a_failed_turn(tmp_path):
+    """A turn that already failed keeps its own diagnostic."""
+    async with open_supervisor(tmp_path) as sup:
+        _, result = await run_with_schema(sup, "script", json.dumps([{"fail": "first"}]))
+        assert (result.stop_reason, result.diagnostic) == ("error", "RuntimeError: first")
+
+
+async def test_no_schema_no_structured(tmp_path):
+    async with open_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        run = await sup.start("echo", SubagentRequest(parent=root, prompt='{"answer": 1}'))
+        result = await run.result()
+        await run.dispose()
+        assert (result.stop_reason, result.structured) == ("completed", None)

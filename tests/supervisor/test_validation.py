@@ -1,0 +1,214 @@
+"""The validation matrix of ``start``: each rejection has its code and leaves nothing on disk.
+
+Every case asserts the ``SubagentError`` code and that ``sessions/`` and
+``index/children/`` hold exactly what they held before (the root only).
+"""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from supervisor import (
+    CancelledBeforeStartError,
+    Capabilities,
+    InvalidRequestError,
+    Provider,
+    RegistryError,
+    RunBudget,
+    SubagentDepthError,
+    SubagentError,
+    SubagentRequest,
+)
+
+from ..conftest import disk_snapshot, open_supervisor
+
+pytestmark = pytest.mark.anyio
+
+# Every optional field set, in the reference's capability order.
+FULL_REQUEST = dict(
+    output_schema={"type": "object"},
+    max_depth=3,
+    tool_filter={"allow": ["echo"]},
+    persona="terse",
+    sandbox="read-only",
+    budget=RunBudget(max_steps=3),
+)
+# (capability flag granted at this stage, name expected in the error)
+ORDER = [
+    ("output_schema", "outputSchema"),
+    ("depth_limit", "depthLimit"),
+    ("tool_filter", "toolFilter"),
+    ("persona", "persona"),
+    ("sandbox_mode", "sandboxMode"),
+    ("run_budget", "runBudget"),
+]
+
+
+async def test_unsupported_capability_in_reference_order(tmp_path):
+    """With every field requested, the first capability the provider lacks is named, in order."""
+    async with open_supervisor(tmp_path, providers=False) as sup:
+        root = await sup.open_root()
+        before = disk_snapshot(sup.store)
+        granted: dict[str, bool] = {}
+        for stage, (flag, public) in enumerate(ORDER):
+            name = f"p{stage}"
+            sup.register_provider(Provider(name=name, program="echo", capabilities=Capabilities(**granted)))
+            with pytest.raises(RegistryError) as info:
+                await sup.start(name, SubagentRequest(parent=root, prompt="x", **FULL_REQUEST))
+            assert info.value.code == "UNSUPPORTED_CAPABILITY"
+            assert str(info.value) == f'subagent provider "{name}" does not support the "{public}" capability'
+            assert info.value.capability == public
+            assert disk_snapshot(sup.store) == before
+            granted[flag] = True
+        # with every capability the same request is accepted
+        sup.register_provider(Provider(name="full", program="echo", capabilities=Capabilities(**granted)))
+        run = await sup.start("full", SubagentRequest(parent=root, prompt="{}", **FULL_REQUEST))
+        assert (await run.result()).stop_reason == "completed"
+        await run.dispose()
+
+
+@pytest.mark.parametrize("field, value, public", [
+    ("output_schema", {"type": "object"}, "outputSchema"),
+    ("max_depth", 0, "depthLimit"),
+    ("tool_filter", {"deny": ["echo"]}, "toolFilter"),
+    ("persona", "p", "persona"),
+    ("sandbox", "read-only", "sandboxMode"),
+    ("budget", RunBudget(timeout_ms=10), "runBudget"),
+])
+async def test_each_capability_alone_is_checked(tmp_path, field, value, public):
+    """A single requested capability the provider lacks is rejected (a falsy value still counts)."""
+    async with open_supervisor(tmp_path, providers=False) as sup:
+        sup.register_provider(Provider(name="bare", program="echo"))
+        root = await sup.open_root()
+        before = disk_snapshot(sup.store)
+        with pytest.raises(RegistryError) as info:
+            await sup.start("bare", SubagentRequest(parent=root, prompt="x", **{field: value}))
+        assert info.value.code == "UNSUPPORTED_CAPABILITY"
+        assert info.value.capability == public
+        assert disk_snapshot(sup.store) == before
+
+
+@pytest.mark.parametrize("max_depth", [-1, 1.5, True, "2"])
+async def test_invalid_max_depth(tmp_path, max_depth):
+    """``max_depth`` must be a non-negative int (bool, float, negative and str are refused)."""
+    async with open_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        before = disk_snapshot(sup.store)
+        with pytest.raises(InvalidRequestError) as info:
+            await sup.start("echo", SubagentRequest(parent=root, prompt="x", max_depth=max_depth))
+        assert info.value.code == "INVALID_REQUEST"
+        assert str(info.value) == "subagent maxDepth must be a non-negative safe integer"
+        assert isinstance(info.value, ValueError)
+        assert disk_snapshot(sup.store) == before
+
+
+@pytest.mark.parametrize("budget", [
+    RunBudget(max_steps=0),
+    RunBudget(max_steps=-1),
+    RunBudget(timeout_ms=0),
+    RunBudget(timeout_ms=-1),
+    RunBudget(timeout_ms=2_147_483_648),
+])
+async def test_invalid_budget(tmp_path, budget):
+    """Budgets are positive ints; ``timeout_ms`` is at most 2_147_483_647."""
+    async with open_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        before = disk_snapshot(sup.store)
+        with pytest.raises(InvalidRequestError) as info:
+            await sup.start("echo", SubagentRequest(parent=root, prompt="x", budget=budget))
+        assert info.value.code == "INVALID_REQUEST"
+        assert disk_snapshot(sup.store) == before
+
+
+async def test_largest_timeout_is_accepted(tmp_path):
+    """``timeout_ms = 2_147_483_647`` is the inclusive upper bound."""
+    async with open_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        run = await sup.start("echo", SubagentRequest(parent=root, prompt="ok", budget=RunBudget(timeout_ms=2_147_483_647, max_steps=2_147_483_648)))
+        assert (await run.result()).stop_reason == "completed"
+        await run.dispose()
+
+
+@pytest.mark.parametrize("schema", [{"type": "string"}, {"type": "array"}, {}, {"properties": {}}])
+async def test_non_object_output_schema(tmp_path, schema):
+    """An output schema must be object-rooted."""
+    async with open_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        before = disk_snapshot(sup.store)
+        with pytest.raises(InvalidRequestError) as info:
+            await sup.start("echo", SubagentRequest(parent=root, prompt="x", output_schema=schema))
+        assert info.value.code == "INVALID_REQUEST"
+        assert disk_snapshot(sup.store) == before
+
+
+async def test_invalid_tool_filter(tmp_path):
+    """A tool filter must declare allow and/or deny."""
+    async with open_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        before = disk_snapshot(sup.store)
+        with pytest.raises(InvalidRequestError) as info:
+            await sup.start("echo", SubagentRequest(parent=root, prompt="x", tool_filter={}))
+        assert info.value.code == "INVALID_REQUEST"
+        assert disk_snapshot(sup.store) == before
+
+
+async def test_depth_exceeded(tmp_path):
+    """``max_depth=0`` forbids delegation from a root: SubagentDepthError(1, 0) with the reference's text."""
+    async with open_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        before = disk_snapshot(sup.store)
+        with pytest.raises(SubagentDepthError) as info:
+            await sup.start("echo", SubagentRequest(parent=root, prompt="x", max_depth=0))
+        err = info.value
+        assert err.code == "DEPTH_EXCEEDED"
+        assert isinstance(err, SubagentError)
+        assert (err.attempted_depth, err.max_depth) == (1, 0)
+        assert str(err) == "subagent depth 1 exceeds maxDepth 0"
+        assert disk_snapshot(sup.store) == before
+        # max_depth equal to the child's depth is allowed (an absolute cap)
+        run = await sup.start("echo", SubagentRequest(parent=root, prompt="x", max_depth=1))
+        assert (await run.result()).stop_reason == "completed"
+        await run.dispose()
+
+
+async def test_depth_exceeded_inside_a_child_crosses_the_pipe(tmp_path):
+    """A child at depth 1 spawning with max_depth=1 ends ``error`` with the DEPTH_EXCEEDED diagnostic."""
+    async with open_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        prompt = '[{"spawn": {"prompt": "x", "provider": "echo", "max_depth": 1}}]'
+        run = await sup.start("script", SubagentRequest(parent=root, prompt=prompt))
+        with anyio.fail_after(20):
+            result = await run.result()
+        await run.dispose()
+        assert result.stop_reason == "error"
+        assert result.diagnostic == "DEPTH_EXCEEDED: subagent depth 2 exceeds maxDepth 1"
+        assert await sup.list_children(run.id) == []
+
+
+async def test_unknown_parent(tmp_path):
+    """A parent with no session is refused before anything is written."""
+    async with open_supervisor(tmp_path) as sup:
+        await sup.open_root()
+        before = disk_snapshot(sup.store)
+        with pytest.raises(SubagentError) as info:
+            await sup.start("echo", SubagentRequest(parent="01NOSUCHPARENT", prompt="x"))
+        assert info.value.code == "NO_PARENT"
+        assert disk_snapshot(sup.store) == before
+
+
+async def test_cancel_set_before_start(tmp_path):
+    """A cancel token already set: CANCELLED, no session, no index entry, no events."""
+    async with open_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        seen: list[str] = []
+        sup.on("subagent/start", lambda n, p: seen.append(n))
+        before = disk_snapshot(sup.store)
+        cancel = anyio.Event()
+        cancel.set()
+        with pytest.raises(CancelledBeforeStartError) as info:
+            await sup.start("echo", SubagentRequest(parent=root, prompt="x"), cancel=cancel)
+        assert info.value.code == "CANCELLED"
+        assert disk_snapshot(sup.store) == before
+        assert seen == []
+        assert sup.statistics().runs_live == 0

@@ -1,0 +1,125 @@
+"""The worker process spoken to directly over its pipe: READY, turns, cancel, RPC, and never outliving its supervisor."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import multiprocess
+import pytest
+
+from store import Store, acquire_lease, create_session, inspect
+from worker import worker_entry
+from worker.protocol import Cancel, Ready, Reply, Rpc, RunTurn, Shutdown, TurnDone, TurnSpec, decode, encode
+
+DEADLINE_S = 20.0
+
+
+class Peer:
+    """The supervisor's end of one worker's pipe, every receive under a deadline."""
+
+    def __init__(self) -> None:
+        ctx = multiprocess.get_context("forkserver")
+        self.conn, child = ctx.Pipe(duplex=True)
+        self.process = ctx.Process(target=worker_entry, args=(child,), daemon=True)
+        self.process.start()
+        child.close()
+
+    def recv(self, timeout: float = DEADLINE_S):
+        if not self.conn.poll(timeout):
+            pytest.fail(f"worker {self.process.pid} sent nothing for {timeout}s")
+        return decode(self.conn.recv_bytes())
+
+    def send(self, message) -> None:
+        self.conn.send_bytes(encode(message))
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(DEADLINE_S)
+        self.conn.close()
+
+
+@pytest.fixture
+def peer():
+    p = Peer()
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def session(tmp_path, session_id: str, program: str, message) -> TurnSpec:
+    st = Store(tmp_path / "store", durability="none")
+    create_session(st, session_id)
+    epoch = acquire_lease(st, session_id, "01OWNER").epoch
+    return TurnSpec(
+        session_id=session_id, epoch=epoch, store_root=st.root, durability="none", program=program, message_id="01M",
+        message_source={"kind": "user"}, message=message, log_message=True, depth=1, mode="one-shot",
+    )
+
+
+def test_ready_then_echo_then_shutdown(peer, tmp_path):
+    hello = peer.recv()
+    assert hello == Ready(pid=peer.process.pid)
+    peer.send(RunTurn(call_id=7, spec=session(tmp_path, "01ECHO", "echo", "ping")))
+    done = peer.recv()
+    assert isinstance(done, TurnDone) and done.call_id == 7
+    assert (done.outcome.stop_reason, done.outcome.output, done.outcome.steps) == ("completed", "ping", 1)
+    peer.send(Shutdown())
+    peer.process.join(DEADLINE_S)
+    assert peer.process.exitcode == 0
+
+
+def test_cancel_a_resident_turn(peer, tmp_path):
+    peer.recv()
+    spec = session(tmp_path, "01SLEEP", "script", json.dumps([{"sleep": 30_000}]))
+    peer.send(RunTurn(call_id=1, spec=spec))
+    st = Store(tmp_path / "store", durability="none", create=False)
+    deadline = time.monotonic() + DEADLINE_S
+    while "turn/start" not in [e["type"] for e in inspect(st, "01SLEEP").events]:
+        assert time.monotonic() < deadline, "the turn never started"
+        time.sleep(0.005)  # polling a file condition under a deadline
+    peer.send(Cancel(call_id=1, reason="user"))
+    done = peer.recv()
+    assert (done.outcome.stop_reason, done.outcome.diagnostic) == ("aborted", "the turn was cancelled (user)")
+
+
+def test_rpc_round_trip_and_remote_error(peer, tmp_path):
+    """A spawn RPC goes out with the turn's call id; an error reply is rebuilt in the program."""
+    peer.recv()
+    spec = session(tmp_path, "01RPC", "script", json.dumps([{"spawn": {"prompt": "x", "provider": "echo"}}]))
+    peer.send(RunTurn(call_id=3, spec=spec))
+    rpc = peer.recv()
+    assert isinstance(rpc, Rpc) and (rpc.call_id, rpc.method) == (3, "spawn_wait")
+    assert rpc.args["prompt"] == "x" and rpc.args["provider"] == "echo"
+    peer.send(Reply(rpc_id=rpc.rpc_id, ok=False, error={"class": "SubagentError", "module": "store.errors", "code": "NO_PROVIDER", "message": "nope", "fields": {}}))
+    done = peer.recv()
+    assert (done.outcome.stop_reason, done.outcome.diagnostic) == ("error", "NO_PROVIDER: nope")
+
+
+def test_two_turns_resident_at_once(peer, tmp_path):
+    """A turn parked on an RPC leaves the worker's loop free for another turn."""
+    peer.recv()
+    parent = session(tmp_path, "01PARENT", "script", json.dumps([{"spawn": {"prompt": "x", "provider": "echo"}}]))
+    peer.send(RunTurn(call_id=1, spec=parent))
+    rpc = peer.recv()
+    assert isinstance(rpc, Rpc)
+    peer.send(RunTurn(call_id=2, spec=session(tmp_path, "01OTHER", "echo", "meanwhile")))
+    other = peer.recv()
+    assert isinstance(other, TurnDone) and other.call_id == 2 and other.outcome.output == "meanwhile"
+    peer.send(Reply(rpc_id=rpc.rpc_id, ok=True, value={"id": "01KID", "output": "kid", "stop_reason": "completed"}))
+    done = peer.recv()
+    assert (done.call_id, done.outcome.output) == (1, "kid")
+
+
+def test_worker_exits_when_its_supervisor_goes_away(peer):
+    """End-of-file on the pipe ends the worker at once, even with nothing to do."""
+    peer.recv()
+    peer.conn.close()
+    peer.process.join(DEADLINE_S)
+    assert peer.process.exitcode == 0
+    assert not peer.process.is_alive()
+    with pytest.raises(ProcessLookupError):
+        os.kill(peer.process.pid, 0)

@@ -1,0 +1,73 @@
+"""Program references and the ``script`` action list."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from worker import BUILTIN_PROGRAMS, ProgramLoadError, load_program
+from worker.programs.script import parse_script
+
+
+async def module_level_program(ctx):
+    return "x"
+
+
+class Holder:
+    @staticmethod
+    async def nested(ctx):
+        return "y"
+
+
+def test_builtins():
+    assert {"echo", "script"} <= set(BUILTIN_PROGRAMS)
+    assert load_program("echo") is BUILTIN_PROGRAMS["echo"]
+
+
+def test_import_path_and_dotted_attribute():
+    assert load_program("tests.worker.test_programs:module_level_program") is module_level_program
+    assert load_program("tests.worker.test_programs:Holder.nested") is Holder.nested
+
+
+@pytest.mark.parametrize("reference", ["no_colon_here", ":func", "module:", "tests.no_such_module:f", "tests.worker.test_programs:missing", "json:__doc__"])
+def test_bad_references(reference):
+    with pytest.raises(ProgramLoadError) as info:
+        load_program(reference)
+    assert info.value.code == "PROGRAM_LOAD_FAILED"
+    assert isinstance(info.value, ImportError)
+
+
+def test_no_program():
+    with pytest.raises(ProgramLoadError):
+        load_program(None)
+
+
+def test_blob_wins_over_reference():
+    import dill
+
+    def local(ctx):
+        return "blob"
+
+    assert load_program("echo", dill.dumps(local))(None) == "blob"
+
+
+@pytest.mark.parametrize("message", [
+    '[{"say": "a"}]',
+    '{"script": [{"say": "a"}]}',
+    [{"say": "a"}],
+    {"script": [{"say": "a"}]},
+])
+def test_parse_script_forms(message):
+    assert parse_script(message) == [{"say": "a"}]
+
+
+@pytest.mark.parametrize("message", ['{"say": "a"}', "[1, 2]", "[{}]", '{"script": "x"}', "42"])
+def test_parse_script_rejects(message):
+    with pytest.raises(ValueError):
+        parse_script(message)
+
+
+def test_parse_script_rejects_non_json():
+    with pytest.raises(json.JSONDecodeError):
+        parse_script("not json")
