@@ -1,0 +1,539 @@
+"""Catalog cost against corpus size: ``list_children`` must cost O(children), not O(store).
+
+Run ``python benchmarks/catalog_scale.py [--quick]``.
+
+Two stores hold the same family — a root parent with 1,000 subagent children
+(half one-shot, half continuable; 2% of them with a child of their own; 100
+with a live lease, ``running`` or ``idle``, and 100 with a released one) — and
+differ only in what else they hold:
+
+* small: the family alone (about 1,000 sessions);
+* large: the family plus unrelated roots with their own children (every log
+  holding a finished turn) up to 100,000 sessions (10,000 with ``--quick``),
+  including a root with a tree of 1,010 descendants for ``list_descendants``.
+
+The stores are built directly in the real format (``encode_record``,
+``SessionHeader``, ``Projection``, the index record layout), because
+``create_session`` costs a filelock and a full index scan per child. Before
+the timing, a self-check builds a small tree both ways — through
+``create_session`` + ``LogWriter`` and through the fast builder, with the
+same ids and a frozen clock — and requires the two stores to be identical
+byte for byte (paths, modes, contents); the benchmark stores are then checked
+through ``store.list_children``.
+
+Timings are medians over several warm-cache runs, small and large
+interleaved. The last stdout line is one JSON object
+``{"benchmark": "catalog_scale", ...}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import stat
+import statistics
+import sys
+import tempfile
+import time
+import types
+from collections import Counter
+from typing import Any, Callable, Sequence
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+import msgpack  # noqa: E402
+
+import store.log as store_log  # noqa: E402
+import store.session as store_session  # noqa: E402
+from store import (  # noqa: E402
+    ChildEntry,
+    IdGenerator,
+    LogWriter,
+    Projection,
+    Store,
+    acquire_lease,
+    create_session,
+    encode_record,
+    list_children,
+    list_descendants,
+    read_children,
+    register_owner,
+    release_lease,
+)
+from store.header import parse_header  # noqa: E402
+
+NAME = "catalog_scale"
+FAMILY_CHILDREN = 1_000
+GOAL_RATIO = 1.2
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+
+Event = tuple[str, Any]
+
+
+# -- what the sessions hold ------------------------------------------------------
+
+
+def descriptor(i: int) -> dict[str, Any]:
+    if i % 2:
+        return {"version": 1, "mode": "one-shot", "provider": "echo", "label": f"task {i}"}
+    return {
+        "version": 1,
+        "mode": "continuable",
+        "provider": "llm",
+        "label": f"helper {i}",
+        "agent_provider": "anthropic",
+        "agent_model": "claude-sonnet",
+        "persona": "reviewer",
+        "tool_filter": {"allow": ["read", "grep"], "deny": ["shell"]},
+    }
+
+
+def child_creation_events(i: int) -> list[Event]:
+    events: list[Event] = [("subagent/descriptor", descriptor(i))]
+    if i % 2 == 0:
+        events.append(("sandbox/mode", {"mode": "read-only"}))
+    return events
+
+
+def turn_events(i: int, turns: int = 1) -> list[Event]:
+    """What a writer appends later: finished turns with a step each."""
+    out: list[Event] = []
+    for t in range(turns):
+        out += [
+            ("turn/start", {"turn": t}),
+            ("step/start", {"step": 0}),
+            ("assistant/message", {"text": f"answer {i}.{t} " + "x" * 80}),
+            ("step/end", {"step": 0}),
+            ("turn/end", {"stop_reason": "completed"}),
+        ]
+    return out
+
+
+# -- the fast builder -------------------------------------------------------------
+
+
+def _write_new(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
+class Builder:
+    """Writes sessions in the real format, as ``create_session`` followed by one
+    ``LogWriter`` (epoch 0) append + commit of ``later`` would, without the
+    per-file tmp/rename, the index filelock and the index rescan per child.
+
+    Index files are written by ``finish()``.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.index: dict[str, list[bytes]] = {}
+        self.count = 0
+
+    def session(
+        self,
+        session_id: str,
+        *,
+        created_at: float,
+        ts: float,
+        parent_session: str | None = None,
+        origin: str | None = None,
+        delegation_depth: int = 0,
+        events: Sequence[Event] = (),
+        later: Sequence[Event] = (),
+    ) -> None:
+        # the header record, built exactly as create_session builds it
+        record: dict[str, Any] = {"version": 1, "id": session_id, "created_at": created_at}
+        if parent_session is not None:
+            record["parent_session"] = parent_session
+        if origin is not None:
+            record["origin"] = origin
+        record["delegation_depth"] = delegation_depth
+        header = parse_header(record)
+        # the log: creation events, then what the writer appended (same key order as both writers)
+        projection = Projection(seed_length=0)
+        chunks: list[bytes] = []
+        offset = 0
+        for seq, (kind, data) in enumerate(list(events) + list(later)):
+            row = {"seq": seq, "ts": ts, "type": kind, "data": data, "epoch": 0}
+            chunk = encode_record(row)
+            projection.apply(row, offset, offset + len(chunk))
+            chunks.append(chunk)
+            offset += len(chunk)
+        folder = self.store.session_dir(session_id)
+        os.mkdir(folder, DIR_MODE)
+        _write_new(os.path.join(folder, "log"), b"".join(chunks))
+        _write_new(os.path.join(folder, "identity"), msgpack.packb(projection.to_record()))
+        if later:
+            _write_new(os.path.join(folder, ".lock"), b"")  # LogWriter.open creates the session lock file
+        _write_new(os.path.join(folder, "header"), msgpack.packb(header.to_record()))
+        if parent_session is not None:
+            entries = self.index.setdefault(parent_session, [])
+            # store/index.py add_child: {**{"id", "created_at", "origin"}, "seq": n}
+            entries.append(encode_record({"id": session_id, "created_at": header.created_at, "origin": origin, "seq": len(entries)}))
+        self.count += 1
+
+    def finish(self) -> None:
+        for parent_id, entries in self.index.items():
+            path = self.store.children_index_path(parent_id)
+            _write_new(path, b"".join(entries))
+            _write_new(path + ".lock", b"")  # filelock's preserved lock file from add_child
+        self.index.clear()
+
+
+class RealBuilder:
+    """The same calls through the public API (``create_session`` + ``LogWriter``)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.count = 0
+
+    def session(
+        self,
+        session_id: str,
+        *,
+        created_at: float,
+        ts: float,
+        parent_session: str | None = None,
+        origin: str | None = None,
+        delegation_depth: int = 0,
+        events: Sequence[Event] = (),
+        later: Sequence[Event] = (),
+    ) -> None:
+        clock = types.SimpleNamespace(time=lambda: ts)
+        saved = store_session.time, store_log.time
+        store_session.time = store_log.time = clock  # type: ignore[assignment]
+        try:
+            create_session(
+                self.store, session_id, parent_session=parent_session, origin=origin,
+                delegation_depth=delegation_depth, events=events, created_at=created_at,
+            )
+            if later:
+                with LogWriter.open(self.store, session_id, epoch=0) as writer:
+                    writer.append(later, commit=True)
+        finally:
+            store_session.time, store_log.time = saved
+        self.count += 1
+
+    def finish(self) -> None:
+        pass
+
+
+class Clock:
+    """Strictly increasing creation times and time-ordered ids."""
+
+    def __init__(self, start: float) -> None:
+        self.now = start
+        self.ids = IdGenerator()
+
+    def next(self) -> tuple[str, float]:
+        self.now += 0.001
+        return self.ids.new(), self.now
+
+
+# -- populations ------------------------------------------------------------------------
+
+
+def build_family(b: Builder | RealBuilder, clock: Clock, children: int, *, grandchild_every: int = 50) -> tuple[str, list[str]]:
+    """A root parent with ``children`` subagent children; every ``grandchild_every``-th child has one child."""
+    parent, at = clock.next()
+    b.session(parent, created_at=at, ts=at, later=turn_events(0))
+    kids = []
+    for i in range(children):
+        kid, at = clock.next()
+        b.session(kid, created_at=at, ts=at, parent_session=parent, origin="subagent", delegation_depth=1,
+                  events=child_creation_events(i), later=turn_events(i, 1 + i % 2))
+        kids.append(kid)
+        if grandchild_every and i % grandchild_every == grandchild_every - 1:
+            grand, at = clock.next()
+            b.session(grand, created_at=at, ts=at, parent_session=kid, origin="subagent", delegation_depth=2,
+                      events=child_creation_events(i + 1), later=turn_events(i))
+    return parent, kids
+
+
+def build_tree(b: Builder | RealBuilder, clock: Clock, fanout: Sequence[int]) -> tuple[str, int]:
+    """A root with a tree of subagents; ``fanout[d]`` children per node at depth d. Returns (root, descendants)."""
+    root, at = clock.next()
+    b.session(root, created_at=at, ts=at, later=turn_events(0))
+    level, total = [root], 0
+    for depth, width in enumerate(fanout, start=1):
+        nxt = []
+        for node in level:
+            for i in range(width):
+                kid, at = clock.next()
+                b.session(kid, created_at=at, ts=at, parent_session=node, origin="subagent", delegation_depth=depth,
+                          events=child_creation_events(i), later=turn_events(i))
+                nxt.append(kid)
+        total += len(nxt)
+        level = nxt
+    return root, total
+
+
+def build_filler(b: Builder | RealBuilder, clock: Clock, sessions: int, progress: Callable[[int], None]) -> None:
+    """Unrelated roots with 0..15 children each, every log holding finished turns.
+
+    Their events are written at creation (``create_session(events=...)``), so
+    they have no ``.lock`` file: one file fewer to create and remove per
+    session than a session a LogWriter has opened; the catalog reads neither.
+    """
+    made, r = 0, 0
+    while made < sessions:
+        root, at = clock.next()
+        b.session(root, created_at=at, ts=at, events=turn_events(r, 1 + r % 3))
+        made += 1
+        for i in range(min(r % 16, sessions - made)):
+            kid, at = clock.next()
+            b.session(kid, created_at=at, ts=at, parent_session=root, origin="subagent", delegation_depth=1,
+                      events=child_creation_events(i) + turn_events(i, 1 + i % 2))
+            made += 1
+        r += 1
+        if r % 500 == 0:
+            progress(made)
+
+
+def lease_family(store: Store, kids: list[str]) -> None:
+    """Through the real lease API: 50 running + 50 idle (live owner), 100 released."""
+    owner = "bench-owner-" + IdGenerator().new()
+    register_owner(store, owner, ttl=3600.0)
+    for i, kid in enumerate(kids[:200]):
+        lease = acquire_lease(store, kid, owner, state="running" if i % 2 else "idle")
+        if i >= 100:
+            release_lease(store, kid, owner, lease.epoch)
+
+
+# -- self-check: the builder writes what the API writes ---------------------------------
+
+
+def snapshot(root: str) -> dict[str, tuple[str, int, bytes]]:
+    out = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            st = os.lstat(path)
+            kind = "dir" if stat.S_ISDIR(st.st_mode) else "file"
+            data = b""
+            if kind == "file":
+                with open(path, "rb") as handle:
+                    data = handle.read()
+            out[os.path.relpath(path, root)] = (kind, stat.S_IMODE(st.st_mode), data)
+    return out
+
+
+def self_check(base: str) -> str:
+    """Build one small population both ways with the same ids and a frozen clock; compare every byte."""
+    roots = []
+    try:
+        snaps = []
+        listings = []
+        for cls in (RealBuilder, Builder):
+            root = tempfile.mkdtemp(prefix=".bench-catalog-check-", dir=base)
+            roots.append(root)
+            store = Store(root, durability="none")
+            b = cls(store)
+            clock = Clock(1_700_000_000.0)
+            clock.ids = _FixedIds()
+            parent, _ = build_family(b, clock, 12, grandchild_every=5)
+            tree, _ = build_tree(b, clock, (2, 2))
+            build_filler(b, clock, 20, lambda made: None)
+            b.finish()
+            snaps.append(snapshot(root))
+            listings.append((list_children(store, parent), list_descendants(store, tree)))
+        real, fast = snaps
+        if real != fast:
+            diff = sorted(k for k in set(real) | set(fast) if real.get(k) != fast.get(k))
+            raise SystemExit(f"{NAME}: the fast builder differs from create_session + LogWriter at: {diff[:10]}")
+        if listings[0] != listings[1] or len(listings[0][0]) != 12 or len(listings[0][1]) != 6:
+            raise SystemExit(f"{NAME}: listings of the self-check stores differ or are incomplete")
+        return f"identical ({len(real)} paths)"
+    finally:
+        for root in roots:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+class _FixedIds:
+    """Deterministic ids for the self-check (both builds must use the same ids)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def new(self) -> str:
+        self.n += 1
+        return f"01CHECK{self.n:019d}"
+
+
+# -- measurement ---------------------------------------------------------------------------
+
+
+def temp_base() -> str:
+    tmp = tempfile.gettempdir()
+    if os.stat(tmp).st_dev == os.stat(REPO).st_dev:
+        return tmp
+    return HERE
+
+
+def median_ms(fn: Callable[[], Any], runs: int) -> tuple[float, list[float]]:
+    times = []
+    for _ in range(runs):
+        gc.collect()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), times
+
+
+def create_child_us(base: str, indexed: int, samples: int) -> float:
+    """Median cost of one ``create_session`` of a child (durability none) whose parent already has ``indexed`` children."""
+    root = tempfile.mkdtemp(prefix=".bench-catalog-create-", dir=base)
+    try:
+        store = Store(root, durability="none")
+        b = Builder(store)
+        clock = Clock(time.time())
+        parent, _ = build_family(b, clock, indexed, grandchild_every=0)
+        b.finish()
+        times = []
+        for i in range(samples):
+            kid, at = clock.next()
+            t0 = time.perf_counter()
+            create_session(store, kid, parent_session=parent, origin="subagent", delegation_depth=1,
+                           events=child_creation_events(i), created_at=at)
+            times.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(times)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="short run (< 60 s on 2 cores); 10,000 sessions in the large store")
+    args = parser.parse_args()
+    large_target = 10_000 if args.quick else 100_000
+    runs = 7 if args.quick else 15
+
+    base = temp_base()
+    print(f"{NAME}: temp folders under {base} (same file system as {REPO}: {os.stat(base).st_dev == os.stat(REPO).st_dev})")
+    t0 = time.perf_counter()
+    print(f"self-check, fast builder vs create_session + LogWriter: {self_check(base)} ({time.perf_counter() - t0:.1f} s)")
+    # the index append cost of a creation, measured on a quiet disk before the big stores exist
+    os.sync()
+    create_first = create_child_us(base, 0, 20)
+    os.sync()
+    create_at = create_child_us(base, FAMILY_CHILDREN, 20)
+
+    small_root = tempfile.mkdtemp(prefix=".bench-catalog-small-", dir=base)
+    large_root = tempfile.mkdtemp(prefix=".bench-catalog-large-", dir=base)
+    try:
+        t0 = time.perf_counter()
+        small = Store(small_root, durability="none")
+        sb = Builder(small)
+        small_parent, small_kids = build_family(sb, Clock(time.time() - 86400), FAMILY_CHILDREN)
+        sb.finish()
+        lease_family(small, small_kids)
+        small_sessions = sb.count
+        print(f"small store: {small_sessions:,} sessions (parent + {FAMILY_CHILDREN:,} children + grandchildren), "
+              f"built in {time.perf_counter() - t0:.1f} s")
+
+        t0 = time.perf_counter()
+        large = Store(large_root, durability="none")
+        lb = Builder(large)
+        clock = Clock(time.time() - 86400)
+        tree_root, tree_size = build_tree(lb, clock, (10, 10, 9))
+        filler = large_target - small_sessions - (1 + tree_size)
+
+        shown = [0]
+
+        def progress(made: int) -> None:
+            if lb.count - shown[0] >= 20_000:
+                shown[0] = lb.count
+                print(f"  large store: {lb.count:,} sessions written ({time.perf_counter() - t0:.0f} s)", flush=True)
+
+        build_filler(lb, clock, filler // 2, progress)
+        large_parent, large_kids = build_family(lb, clock, FAMILY_CHILDREN)
+        build_filler(lb, clock, filler - filler // 2, progress)
+        lb.finish()
+        lease_family(large, large_kids)
+        large_sessions = lb.count
+        print(f"large store: {large_sessions:,} sessions (the same family, a {tree_size:,}-descendant tree, "
+              f"unrelated roots with children), built in {time.perf_counter() - t0:.1f} s")
+
+        # no os.sync() here: files removed before writeback never get blocks (or, with the
+        # 'discard' mount option, discards), which keeps the clean-up cheap; the timed
+        # listings only read the page cache
+
+        # correctness of what we time
+        for label, st, parent in (("small", small, small_parent), ("large", large, large_parent)):
+            rows = list_children(st, parent)
+            kinds = Counter(r.status if isinstance(r, ChildEntry) else "diagnostic" for r in rows)
+            with_kids = sum(1 for r in rows if isinstance(r, ChildEntry) and r.has_children)
+            if len(rows) != FAMILY_CHILDREN or kinds["diagnostic"]:
+                raise SystemExit(f"{NAME}: {label} listing is wrong: {len(rows)} rows, {dict(kinds)}")
+            print(f"  {label}: list_children -> {len(rows):,} children {dict(sorted(kinds.items()))}, {with_kids} with children")
+        desc_rows = list_descendants(large, tree_root)
+        if len(desc_rows) != tree_size:
+            raise SystemExit(f"{NAME}: list_descendants found {len(desc_rows)} of {tree_size}")
+        print(f"  large: list_descendants -> {len(desc_rows):,} rows, max depth {max(r.depth for r in desc_rows)}")
+
+        # warm caches, then interleave
+        for _ in range(2):
+            list_children(small, small_parent)
+            list_children(large, large_parent)
+            list_descendants(large, tree_root)
+        small_times: list[float] = []
+        large_times: list[float] = []
+        for _ in range(runs):
+            small_times += median_ms(lambda: list_children(small, small_parent), 1)[1]
+            large_times += median_ms(lambda: list_children(large, large_parent), 1)[1]
+        small_ms, large_ms = statistics.median(small_times), statistics.median(large_times)
+        descendants_ms, _ = median_ms(lambda: list_descendants(large, tree_root), max(3, runs // 2))
+        index_ms, _ = median_ms(lambda: read_children(large, large_parent), runs)
+    finally:
+        t0 = time.perf_counter()
+        shutil.rmtree(small_root, ignore_errors=True)
+        shutil.rmtree(large_root, ignore_errors=True)
+        print(f"removed the stores ({time.perf_counter() - t0:.1f} s)")
+
+    ratio = large_ms / small_ms
+    print()
+    print(f"list_children, {FAMILY_CHILDREN:,} children, median of {runs} warm runs:")
+    print(f"  store of {small_sessions:>7,} sessions: {small_ms:8.1f} ms  ({small_ms * 1e3 / FAMILY_CHILDREN:.0f} us per child; "
+          f"runs {min(small_times):.1f}..{max(small_times):.1f})")
+    print(f"  store of {large_sessions:>7,} sessions: {large_ms:8.1f} ms  ({large_ms * 1e3 / FAMILY_CHILDREN:.0f} us per child; "
+          f"runs {min(large_times):.1f}..{max(large_times):.1f})")
+    print(f"  of which reading the index alone: {index_ms:.2f} ms")
+    print(f"list_descendants of a root with {tree_size:,} descendants (large store): {descendants_ms:.1f} ms")
+    print(f"create_session of a child (durability none): {create_first:.0f} us for a parent's first children, "
+          f"{create_at:.0f} us with {FAMILY_CHILDREN:,} children already indexed")
+    print()
+    print(f"goal: ratio large/small <= {GOAL_RATIO}: {ratio:.3f} -> {'met' if ratio <= GOAL_RATIO else 'NOT met'}")
+    print(json.dumps({
+        "benchmark": NAME,
+        "quick": args.quick,
+        "children": FAMILY_CHILDREN,
+        "small_sessions": small_sessions,
+        "large_sessions": large_sessions,
+        "runs": runs,
+        "small_ms": round(small_ms, 2),
+        "large_ms": round(large_ms, 2),
+        "ratio": round(ratio, 3),
+        "descendants": tree_size,
+        "descendants_ms": round(descendants_ms, 2),
+        "index_read_ms": round(index_ms, 3),
+        "create_child_us_first": round(create_first, 1),
+        "create_child_us_at_1000": round(create_at, 1),
+        "goal_ratio_met": ratio <= GOAL_RATIO,
+    }))
+
+
+if __name__ == "__main__":
+    main()
