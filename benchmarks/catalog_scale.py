@@ -50,6 +50,7 @@ if REPO not in sys.path:
 import msgpack  # noqa: E402
 
 import store.log as store_log  # noqa: E402
+from store.projection import encode_cache  # noqa: E402
 import store.session as store_session  # noqa: E402
 from store import (  # noqa: E402
     ChildEntry,
@@ -175,7 +176,7 @@ class Builder:
         folder = self.store.session_dir(session_id)
         os.mkdir(folder, DIR_MODE)
         _write_new(os.path.join(folder, "log"), b"".join(chunks))
-        _write_new(os.path.join(folder, "identity"), msgpack.packb(projection.to_record()))
+        _write_new(os.path.join(folder, "identity"), encode_cache(projection))
         if later:
             _write_new(os.path.join(folder, ".lock"), b"")  # LogWriter.open creates the session lock file
         _write_new(os.path.join(folder, "header"), msgpack.packb(header.to_record()))

@@ -22,14 +22,12 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-import msgpack
 
-from .atomic import read_bytes
 from .descriptor import Descriptor
 from .errors import CorruptSessionError, SessionNotFoundError, UnsupportedFormatError
 from .index import read_children
 from .lease import OwnerCache, session_status
-from .projection import Projection
+from .projection import Projection, read_cache
 from .reader import inspect, read_header
 from .root import Store
 
@@ -78,12 +76,9 @@ def read_identity(store: Store, session_id: str, seed_length: int) -> Identity:
     Raises ``OSError`` for an unreadable log, ``UnsupportedFormatError`` for
     unknown event types.
     """
-    projection: Projection | None = None
     try:
-        projection = Projection.from_record(msgpack.unpackb(read_bytes(store.path(session_id, "identity")), raw=False))
-    except FileNotFoundError:
-        projection = None
-    except Exception:  # a damaged cache is ignored: the log is the authority
+        projection = read_cache(store.path(session_id, "identity"))
+    except OSError:  # an unreadable cache is ignored: the log is the authority
         projection = None
     if projection is None or projection.identity is None or projection.seq < seed_length:
         folded = Projection(seed_length=seed_length)

@@ -25,16 +25,14 @@ import os
 import time
 from typing import Any, Sequence
 
-import msgpack
 
-from .atomic import read_bytes, write_atomic
 from .errors import CorruptSessionError, DurabilityError, FencedError, SubagentError, UnsupportedFormatError
 from .events import EVENT_TYPES, closers
 from .framing import encode_record, scan
 from .header import SessionHeader
 from .lease import read_lease
 from .locks import SessionFlock
-from .projection import Projection
+from .projection import Projection, read_cache, write_cache
 from .reader import read_header, scan_log
 from .root import Store
 
@@ -49,10 +47,8 @@ class SeqMismatchError(SubagentError, ValueError):
 
 def _read_cache(store: Store, session_id: str) -> Projection | None:
     try:
-        return Projection.from_record(msgpack.unpackb(read_bytes(store.path(session_id, "identity")), raw=False))
-    except FileNotFoundError:
-        return None
-    except Exception:  # an unreadable cache is only a cache: fold the log instead
+        return read_cache(store.path(session_id, "identity"))
+    except OSError:  # an unreadable cache is only a cache: fold the log instead
         return None
 
 
@@ -301,7 +297,7 @@ class LogWriter:
         except DurabilityError as exc:
             self._broken = exc
             raise
-        write_atomic(self.store.path(self.session_id, "identity"), msgpack.packb(self.projection.to_record()), durable=False)
+        write_cache(self.store.path(self.session_id, "identity"), self.projection)
         self._dirty = False
 
     def close(self) -> None:

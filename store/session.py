@@ -25,7 +25,7 @@ from .header import SessionHeader, parse_header
 from .ids import validate_session_id
 from .index import add_child, remove_child
 from .lease import Lease
-from .projection import Projection
+from .projection import Projection, write_cache
 from .root import Store
 
 __all__ = ["create_session", "delete_session"]
@@ -86,7 +86,7 @@ def create_session(
         durable = store.durability.syncs_at_commit
         # the header's folder fsync below persists the names of every file written before it
         write_atomic(os.path.join(folder, "log"), b"".join(chunks), durable=durable, sync_dir=False)
-        write_atomic(os.path.join(folder, "identity"), msgpack.packb(projection.to_record()), durable=False, sync_dir=False)
+        write_cache(os.path.join(folder, "identity"), projection)
         if lease_owner is not None:
             lease = Lease(lease_owner, 1, "running", now)
             write_atomic(os.path.join(folder, "lease"), msgpack.packb(lease.to_record()), durable=durable, sync_dir=False)

@@ -12,7 +12,8 @@ import pytest
 import store
 import store.durability
 import store.log
-from store.projection import Projection
+from store.framing import encode_record
+from store.projection import Projection, decode_cache
 
 from ._support import CONTINUABLE, ONE_SHOT, Child, read_file, write_file
 
@@ -66,13 +67,13 @@ def test_commit_refreshes_the_identity_cache(st):
     new_session(st)
     with store.LogWriter.open(st, "s1", epoch=0) as writer:
         writer.append([("turn/start", {})])
-        cached = msgpack.unpackb(read_file(st.path("s1", "identity")))
+        cached = decode_cache(read_file(st.path("s1", "identity")))
         assert cached["seq"] == 0
         writer.append([("turn/end", {"stop_reason": "completed"})], commit=True)
-        assert msgpack.unpackb(read_file(st.path("s1", "identity"))) == writer.projection.to_record()
+        assert decode_cache(read_file(st.path("s1", "identity"))) == writer.projection.to_record()
         writer.append([("notice/received", {})])
         writer.commit()
-        assert msgpack.unpackb(read_file(st.path("s1", "identity")))["seq"] == 3
+        assert decode_cache(read_file(st.path("s1", "identity")))["seq"] == 3
 
 
 def test_two_writers_of_one_epoch_stay_contiguous(st):
@@ -166,7 +167,7 @@ def test_crash_closers_appended_exactly_once(st, case, cache):
         assert [e["data"]["call_id"] for e in tail[:2]] == ["c2", "c3"]
     if expected:
         assert tail[-1]["data"] == {"stop_reason": "interrupted", "diagnostic": "the turn was interrupted by a crash"}
-        assert msgpack.unpackb(read_file(st.path("s1", "identity")))["seq"] == tail[-1]["seq"]  # a commit point
+        assert decode_cache(read_file(st.path("s1", "identity")))["seq"] == tail[-1]["seq"]  # a commit point
     if "step/end" in expected:
         assert tail[expected.index("step/end")]["data"] == {"repaired": True}
     size = log_size(st)
@@ -368,7 +369,7 @@ def test_cache_resume_equals_full_fold(st, seed):
         full, end_f, status_f = load(st, "s1", use_cache=False)
         assert cached.to_record() == full.to_record() == live, step
         assert (end_c, status_c) == (end_f, status_f) == (log_size(st), "clean")
-        assert Projection.from_record(msgpack.unpackb(read_file(st.path("s1", "identity")))) is not None
+        assert Projection.from_record(decode_cache(read_file(st.path("s1", "identity")))) is not None
 
 
 def test_cache_is_ignored_when_it_does_not_match(st):
@@ -377,7 +378,7 @@ def test_cache_is_ignored_when_it_does_not_match(st):
     with store.LogWriter.open(st, "s1", epoch=0) as writer:
         writer.append([("turn/start", {}), ("turn/end", {"stop_reason": "completed"})], commit=True)
     truth = load(st, "s1", use_cache=False)[0].to_record()
-    good = msgpack.unpackb(read_file(st.path("s1", "identity")))
+    good = decode_cache(read_file(st.path("s1", "identity")))
     lies = [
         {**good, "seed_length": 5},
         {**good, "end_offset": good["end_offset"] + 100},
@@ -387,7 +388,7 @@ def test_cache_is_ignored_when_it_does_not_match(st):
         {**good, "seq": 7},
     ]
     for lie in lies:
-        write_file(st.path("s1", "identity"), msgpack.packb(lie))
+        write_file(st.path("s1", "identity"), encode_record({"seq": 0, "projection": lie}))
         assert load(st, "s1", use_cache=True)[0].to_record() == truth, lie
     write_file(st.path("s1", "identity"), b"\xc1not msgpack")
     assert load(st, "s1", use_cache=True)[0].to_record() == truth

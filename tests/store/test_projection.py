@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from store.projection import decode_cache
+
 import msgpack
 import pytest
 
@@ -98,7 +100,7 @@ def test_cache_record_of_a_real_session(st):
     with store.LogWriter.open(st, "s1", epoch=0) as writer:
         (start,) = writer.append([("turn/start", {})])
         (end,) = writer.append([("turn/end", {"stop_reason": "completed"})], commit=True)
-    record = msgpack.unpackb(read_file(st.path("s1", "identity")))
+    record = decode_cache(read_file(st.path("s1", "identity")))
     assert record["timing"]["settled_ms"] == pytest.approx((end["ts"] - start["ts"]) * 1000.0)
     assert record["identity"] == CONTINUABLE and record["resume"] == CONTINUABLE
     assert (record["seq"], record["turns"], record["last_stop_reason"]) == (2, 1, "completed")
