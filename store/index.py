@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .atomic import read_bytes, write_atomic
+from .appender import append_record
 from .framing import encode_record, scan
 from .ids import is_valid_session_id
 from .locks import SessionFlock, file_lock
@@ -41,22 +42,7 @@ def _append(store: Store, parent_id: str, record: dict[str, Any]) -> None:
         with lock:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
             try:
-                size = os.fstat(fd).st_size
-                # resume the scan where this handle's last append ended (other processes may
-                # have appended since): creation stays O(1) in the number of siblings
-                offset, next_seq = store.index_tails.get(parent_id, (0, 0))
-                if offset > size:
-                    offset, next_seq = 0, 0  # the file was rebuilt (reindex) under us
-                result = scan(os.pread(fd, size - offset, offset), start_seq=next_seq, base_offset=offset)
-                if result.damage is not None and offset:
-                    offset, next_seq = 0, 0  # our checkpoint is not a record boundary any more
-                    result = scan(os.pread(fd, size, 0))
-                if result.end != size:
-                    os.ftruncate(fd, result.end)  # drop a torn tail left by a crash mid-append
-                next_seq += len(result.records)
-                blob = encode_record({**record, "seq": next_seq})
-                os.write(fd, blob)
-                store.index_tails[parent_id] = (result.end + len(blob), next_seq + 1)
+                append_record(fd, record, tails=store.index_tails, key=f"index/children/{parent_id}", owner=parent_id)
                 store.durability.after_append(fd, f"children index of {parent_id}")  # strict syncs here, batched below
                 store.durability.at_commit(fd, f"children index of {parent_id}")
             finally:
@@ -110,7 +96,7 @@ def reindex(store: Store) -> dict[str, list[str]]:
         )
         with file_lock(store.children_index_path(parent_id) + ".lock"):
             write_atomic(store.children_index_path(parent_id), blob, durable=store.durability.syncs_at_commit)
-            store.index_tails.pop(parent_id, None)
+            store.index_tails.pop(f"index/children/{parent_id}", None)
         result[parent_id] = [e.id for e in entries]
     for name in os.listdir(store.children_index_dir):
         if is_valid_session_id(name) and name not in groups:

@@ -22,7 +22,8 @@ from typing import Any
 
 from .atomic import read_bytes
 from .errors import CorruptSessionError, SessionNotFoundError
-from .framing import encode_record, scan
+from .appender import append_record
+from .framing import scan
 from .ids import IdGenerator
 from .locks import SessionFlock
 from .root import Store
@@ -53,12 +54,8 @@ def accept(store: Store, session_id: str, *, source: dict[str, Any], content: An
         with lock:
             fd = os.open(store.path(session_id, "mailbox"), os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
             try:
-                size = os.fstat(fd).st_size
-                result = scan(os.pread(fd, size, 0))
-                if result.end != size:
-                    os.ftruncate(fd, result.end)  # a torn tail of an acceptance that never returned
-                record = {"seq": len(result.records), "id": message_id, "ts": time.time(), "source": source, "content": content, "wake": wake}
-                os.write(fd, encode_record(record))
+                record = {"id": message_id, "ts": time.time(), "source": source, "content": content, "wake": wake}
+                append_record(fd, record, tails=store.index_tails, key=f"mailbox/{session_id}", owner=session_id)
                 store.durability.after_append(fd, f"mailbox of {session_id}")  # strict syncs here, batched below
                 store.durability.at_commit(fd, f"mailbox of {session_id}")
             finally:

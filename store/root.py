@@ -29,8 +29,8 @@ class Store:
     def __init__(self, root: str | os.PathLike[str], *, durability: str | Durability = "batched", create: bool = True) -> None:
         self.root = os.path.abspath(os.fspath(root))
         self.durability = durability if isinstance(durability, Durability) else durability_policy(durability)
-        # where this handle's last index append ended, per parent: (byte offset, next seq).
-        # Only a hint: appends re-scan from it under the lock and fall back to a full scan.
+        # where this handle's last append to each shared framed file (children index,
+        # mailbox) ended: (byte offset, next seq). Only a hint (store/appender.py).
         self.index_tails: dict[str, tuple[int, int]] = {}
         self._open(create)
 

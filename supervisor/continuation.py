@@ -30,12 +30,22 @@ Choices where the reference differs or is silent (documented in README):
 * ``drain`` discards the pending mailbox of the activations it tears down
   (``message/discarded``); closing the supervisor does not: their messages
   stay pending and are delivered on the next activation.
+* a cold resume runs under the child's own log: its last ``sandbox/mode``
+  (never widened by a restart), its descriptor's persona and tool filter.
+  The ``budget`` of ``start_continuable`` bounds each turn of the first
+  residency epoch only; like the reference's ``maxTokens`` it is not
+  persisted, so a resumed child runs unbudgeted.
+* the program is found through the provider named in the descriptor:
+  registered, or unregistered from this supervisor since (the registry
+  remembers it), or a built-in program of that name. A followup that needs
+  a cold resume nobody can run fails ``NO_PROVIDER`` before it is accepted.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -60,9 +70,10 @@ from store import (
 )
 from store.errors import FencedError, SessionNotFoundError, SubagentError
 from store.ids import validate_session_id
-from worker.protocol import TurnSpec
+from worker.programs import BUILTIN_PROGRAMS
+from worker.protocol import Budget, TurnSpec
 
-from .errors import InvalidRequestError, SubagentDepthError
+from .errors import InvalidRequestError, SubagentDepthError, no_provider
 from .models import AgentRef, AncestorAuthority, ContinuableSpec, UserAuthority
 from .oneshot import program_fields, validate_budget, validate_max_depth
 
@@ -134,6 +145,10 @@ class Activation:
     reasons: list[str] = field(default_factory=list)
     last_output: str = ""
     state: str = "running"
+    budget: Budget = field(default_factory=Budget)
+    # an interrupt that found no turn executing: (reason, time) — it stops the next turn
+    # if that turn's message was accepted before the interrupt (``interrupt``)
+    stop_before: tuple[str, float] | None = None
 
     def poke(self) -> None:
         self.wake.set()
@@ -190,7 +205,7 @@ class ContinuationManager:
                 provider=provider.name,
             )
         max_depth = validate_max_depth(spec.max_depth)
-        validate_budget(spec.budget)
+        budget = validate_budget(spec.budget)
         tool_filter = None
         if spec.tool_filter is not None:
             try:
@@ -273,6 +288,7 @@ class ContinuationManager:
         act = Activation(
             child_id=child_id, parent_id=parent_id, descriptor=descriptor, epoch=epoch, depth=child_depth, sandbox=sandbox,
             ancestry=frozenset(self._lineage(parent_id)), run_id=self.sup._ids.new(), consumed=0, last_id=None,
+            budget=budget,
         )
         self._install(act, provider_name=provider.name)
         return child_id, message_id
@@ -357,6 +373,8 @@ class ContinuationManager:
                 code="NOT_RESUMABLE",
                 child_id=child_id,
             )
+        if self._program(descriptor.provider) is None:
+            raise no_provider(descriptor.provider)  # refused before anything is accepted
         if child_id in self.activations:
             return None  # another delivery materialized it meanwhile: loop
         self._admit(parent_id)
@@ -372,7 +390,7 @@ class ContinuationManager:
         parent_act = self.activations.get(parent_id)
         parent_depth = parent_act.depth if parent_act else (parent_live.depth if parent_live else 0)
         depth = max(header.delegation_depth, parent_depth + 1)
-        sandbox = None
+        sandbox = projection.sandbox  # the delegated policy from its own log; resume re-captures nothing
         act = Activation(
             child_id=child_id, parent_id=parent_id, descriptor=descriptor, epoch=lease.epoch, depth=depth, sandbox=sandbox,
             ancestry=frozenset(self._lineage(parent_id)), run_id=self.sup._ids.new(),
@@ -436,14 +454,18 @@ class ContinuationManager:
             reason = "user"
         if act.handle is not None:
             self.sup.pool.cancel(act.handle, reason)
+        else:
+            # no turn executes yet: the current turn is the next one, if its message was
+            # accepted before now (mailbox ``ts``, same host clock; a later message is not stopped)
+            act.stop_before = (reason, time.time())
 
     # -- the driver -------------------------------------------------------------------
 
     async def _drive(self, act: Activation) -> None:
         from .rpc import TurnRpc
 
-        provider = self.sup.registry.get(act.descriptor.provider)
-        program, blob = program_fields(provider) if provider is not None else (None, None)
+        program: str | None = None
+        blob: bytes | None = None
         try:
             while not act.disposing:
                 act.wake = anyio.Event()
@@ -452,7 +474,9 @@ class ContinuationManager:
                 )
                 waking = next((i for i, m in enumerate(messages) if m.wake), None)
                 if waking is None:
-                    if act.admitted:
+                    # a delivery in flight, or one that landed after the read began (its poke
+                    # set ``wake``): read again rather than settle over an accepted message
+                    if act.admitted or act.wake.is_set():
                         await act.wake.wait()
                         continue
                     if act.owned:
@@ -461,11 +485,7 @@ class ContinuationManager:
                         continue
                     break  # settled
                 if program is None and blob is None:
-                    provider = self.sup.registry.get(act.descriptor.provider)
-                    if provider is None:
-                        program = "echo" if act.descriptor.provider == "echo" else None
-                    else:
-                        program, blob = program_fields(provider)
+                    program, blob = self._program(act.descriptor.provider) or (None, None)
                     if program is None and blob is None:
                         raise SubagentError(
                             f'subagent "{act.child_id}" needs provider "{act.descriptor.provider}" to run its program',
@@ -477,21 +497,33 @@ class ContinuationManager:
                 spec = TurnSpec(
                     session_id=act.child_id, epoch=act.epoch, store_root=self.store.root, durability=self.store.durability.name,
                     program=program, program_blob=blob, message_id=main.id, message_source=main.source, message=main.content,
-                    log_message=True, depth=act.depth, mode="continuable", label=act.descriptor.label,
+                    log_message=True, budget=act.budget, depth=act.depth, mode="continuable", label=act.descriptor.label,
                     provider=act.descriptor.provider, parent_session=act.parent_id, persona=act.descriptor.persona,
                     tool_filter=None if tf is None else tf.to_record(), sandbox=act.sandbox, agent_model=act.descriptor.agent_model,
                     notices=[m.to_event_data() for m in quiet],
                 )
 
+                stop, act.stop_before = act.stop_before, None
+                interrupted = stop[0] if stop is not None and main.ts < stop[1] else None
+
                 def started(handle: "TurnHandle") -> None:
                     act.handle = handle
+                    reason = "parent" if act.disposing else interrupted
+                    if reason is not None:
+                        self.sup.pool.cancel(handle, reason)
 
                 handle = await self.sup.pool.run_turn(spec, TurnRpc(self.sup.runs, spec, self), started=started)
                 act.handle = None
-                act.consumed += len(quiet) + 1
-                act.last_id = main.id
-                if handle.crashed:
+                if handle.worker is None:
+                    # stopped before a worker took it, so nothing was logged: an interrupt or a
+                    # drain consumes it unrun (durably); closing the supervisor leaves it pending
+                    if not act.disposing or act.discard:
+                        await anyio.to_thread.run_sync(self._discard, act, [*quiet, main])
+                elif handle.crashed:
                     await anyio.to_thread.run_sync(self._repair, act)
+                else:
+                    act.consumed += len(quiet) + 1
+                    act.last_id = main.id
                 assert handle.outcome is not None
                 act.reasons.append(handle.outcome.stop_reason)
                 act.last_output = handle.outcome.output
@@ -504,6 +536,16 @@ class ContinuationManager:
         finally:
             with anyio.CancelScope(shield=True):
                 await self._dispose(act)
+
+    def _program(self, provider_name: str) -> tuple[str | None, bytes | None] | None:
+        """What a child of ``provider_name`` runs: its provider's program (even if the provider was
+        unregistered from this supervisor since), else the built-in program of that name."""
+        provider = self.sup.registry.resolve(provider_name)
+        if provider is not None:
+            return program_fields(provider)
+        if provider_name in BUILTIN_PROGRAMS:
+            return provider_name, None
+        return None
 
     async def _set_state(self, act: Activation, state: str) -> None:
         if act.state == state:
@@ -518,10 +560,20 @@ class ContinuationManager:
             act.disposing = True
 
     def _repair(self, act: Activation) -> None:
+        """Balance the log of a turn whose worker died; what it consumed is what its log says
+        (a message the dead worker never logged stays pending and runs again)."""
         try:
-            LogWriter.open(self.store, act.child_id, epoch=act.epoch).close()
+            with LogWriter.open(self.store, act.child_id, epoch=act.epoch) as writer:
+                act.consumed, act.last_id = writer.projection.consumed, writer.projection.last_message_id
         except SubagentError:
             log.exception("repair of %s failed", act.child_id)
+
+    def _discard(self, act: Activation, messages: list[Any]) -> None:
+        """Record the head of the pending mailbox as consumed unrun (``message/discarded``)."""
+        with LogWriter.open(self.store, act.child_id, epoch=act.epoch) as writer:
+            writer.append([("message/discarded", {"message_id": m.id}) for m in messages], commit=True)
+        act.consumed += len(messages)
+        act.last_id = messages[-1].id
 
     # -- disposal ----------------------------------------------------------------------
 

@@ -4,7 +4,9 @@ Registration fails loudly on a taken name (``DUPLICATE_PROVIDER``) and emits
 ``subagent/provider-added`` un-contained: a listener that raises rolls the
 registration back. Unregistering stops new starts but never revokes accepted
 runs or hides persisted children; it emits ``subagent/provider-removed``
-with per-listener containment.
+with per-listener containment. A removed provider is remembered (``resolve``)
+so that its continuable children can still be resumed by this supervisor:
+their store names the provider, not its program.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class ProviderRegistry:
     def __init__(self, events: EventBus) -> None:
         self._events = events
         self._providers: dict[str, Provider] = {}
+        self._removed: dict[str, Provider] = {}  # the last provider unregistered under each name
 
     def register(self, provider: Provider) -> Callable[[], None]:
         if provider.name in self._providers:
@@ -46,12 +49,17 @@ class ProviderRegistry:
         def unregister() -> None:
             if self._providers.get(provider.name) is provider:
                 del self._providers[provider.name]
+                self._removed[provider.name] = provider
                 self._events.emit("subagent/provider-removed", {"provider": provider.name})
 
         return unregister
 
     def get(self, name: str) -> Provider | None:
         return self._providers.get(name)
+
+    def resolve(self, name: str) -> Provider | None:
+        """The registered provider, else the one last unregistered under ``name`` (for resume only)."""
+        return self._providers.get(name) or self._removed.get(name)
 
     def require(self, name: str) -> Provider:
         provider = self._providers.get(name)

@@ -1,0 +1,220 @@
+"""``drain`` and ``drain_children``: teardown below a parent, child-first, admission closed.
+
+``drain(roots)`` stops every continuable descendant of the roots, discards
+their pending mailboxes (``message/discarded``), closes admission below the
+roots (``DRAINING``) and leaves unrelated forests alone. ``drain_children``
+disposes only the selected direct children and keeps admission open.
+"""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from store import read_lease, read_mailbox
+from supervisor import SubagentError, UserAuthority
+
+from ..conftest import disk_snapshot, events_of, wait_until
+from .test_continuable import (
+    S,
+    accepted_ids,
+    continuable_supervisor,
+    only_child_of,
+    record_ends,
+    settled,
+    settled_all,
+    start,
+    turn_ends,
+    turn_started,
+)
+
+pytestmark = pytest.mark.anyio
+
+SLEEP = S({"say": "awake"}, {"sleep": 60_000})
+
+
+async def sleeping(sup, parent, **spec) -> str:
+    child_id, _ = await start(sup, parent, SLEEP, **spec)
+    await turn_started(sup, child_id)
+    return child_id
+
+
+def discarded(st, session_id) -> list[str]:
+    return [e["data"]["message_id"] for e in events_of(st, session_id) if e["type"] == "message/discarded"]
+
+
+async def draining(call) -> str:
+    with pytest.raises(SubagentError) as caught:
+        await call
+    assert caught.value.code == "DRAINING"
+    return str(caught.value)
+
+
+async def test_drain_stops_descendants_and_closes_admission_below_the_root(tmp_path):
+    async with continuable_supervisor(tmp_path) as sup:
+        ends = record_ends(sup)
+        root, other = await sup.open_root(), await sup.open_root()
+        c1 = await sleeping(sup, root)
+        c2 = await sleeping(sup, root)
+        queued = await sup.followup(root, c2, S({"return": "never runs"}))
+        unrelated, _ = await start(sup, other, SLEEP)  # queued: both workers are busy
+
+        await sup.drain([root])
+
+        assert c1 not in sup.continuation.activations and c2 not in sup.continuation.activations
+        assert turn_ends(sup.store, c1) == ["aborted"] and turn_ends(sup.store, c2) == ["aborted"]
+        assert discarded(sup.store, c2) == [queued]
+        assert read_lease(sup.store, c1).state == "released"
+        assert {e.id: e.status for e in await sup.list_children(root.id)} == {c1: "complete", c2: "complete"}
+        notices = await settled_all(sup, root, [c1, c2])
+        for child_id, notice in notices.items():
+            assert notice.content == f"Background subagent {child_id} was stopped before it finished.\nIts closing message:\nawake"
+            assert notice.wake is False  # the parent's lineage is closing: delivered quiet
+        assert sorted(e["id"] for e in ends) == sorted([c1, c2])
+
+        before = disk_snapshot(sup.store)
+        expected = f'continuable subagents below parent "{root.id}" are draining; the operation was not admitted'
+        assert await draining(start(sup, root, S({"return": "x"}))) == expected
+        assert await draining(sup.followup(root, c1, S({"return": "x"}))) == expected
+        assert disk_snapshot(sup.store) == before
+
+        # the unrelated forest keeps working: its turn takes a freed worker
+        assert unrelated in sup.continuation.activations
+        await turn_started(sup, unrelated)
+        await sup.followup(other, unrelated, S({"return": "still here"}))
+        await sup.interrupt(unrelated, authority=UserAuthority(other.id))
+        notice, _ = await settled(sup, other, unrelated)
+        assert notice.content.endswith("Its closing message:\nstill here")
+        fresh, _ = await start(sup, other, S({"return": "new"}))
+        await settled(sup, other, fresh)
+
+
+async def test_drain_is_child_first_and_top_down(tmp_path):
+    """A grandchild is disposed before its parent; the grandchild's notice reaches the closing parent
+    quiet and is discarded with the rest of its mailbox."""
+    async with continuable_supervisor(tmp_path) as sup:
+        ends = record_ends(sup)
+        root = await sup.open_root()
+        child_id, _ = await start(
+            sup, root,
+            S({"start_continuable": {"prompt": SLEEP, "label": "g", "provider": "script"}}, {"sleep": 60_000}),
+            provider="nest",
+        )
+        grand_id = await only_child_of(sup, child_id)
+        await turn_started(sup, grand_id)
+
+        await sup.drain([root])
+
+        assert [e["id"] for e in ends] == [grand_id, child_id]
+        assert [e["stop_reason"] for e in ends] == ["aborted", "aborted"]
+        assert turn_ends(sup.store, grand_id) == ["aborted"] and turn_ends(sup.store, child_id) == ["aborted"]
+        [grand_notice] = [m for m in read_mailbox(sup.store, child_id) if m.source.get("kind") == "subagent-settled"]
+        assert grand_notice.wake is False
+        assert grand_notice.content.startswith(f"Background subagent {grand_id} was stopped before it finished.")
+        assert discarded(sup.store, child_id) == [grand_notice.id]
+        assert sup.continuation.activations == {}
+        notice, _ = await settled(sup, root, child_id)
+        assert notice.content.startswith(f"Background subagent {child_id} was stopped before it finished.")
+
+
+async def test_drain_children_disposes_only_the_selected_child(tmp_path):
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        c1 = await sleeping(sup, root)
+        c2 = await sleeping(sup, root)
+        first = accepted_ids(sup.store, c1)
+        queued = await sup.followup(root, c1, S({"return": "dropped"}))
+
+        await sup.drain_children(root, [c1, c1, "01UNKNOWNCHILD"])
+
+        assert c1 not in sup.continuation.activations
+        assert c2 in sup.continuation.activations and turn_ends(sup.store, c2) == []
+        assert discarded(sup.store, c1) == [queued]
+        notice, _ = await settled(sup, root, c1)
+        assert notice.content.startswith(f"Background subagent {c1} was stopped before it finished.")
+        assert notice.wake is True  # the parent is not closing
+
+        # admission stays open: the drained child resumes, its discarded message stays consumed
+        again = await sup.followup(root, c1, S({"return": "back"}))
+        notice, _ = await settled(sup, root, c1)
+        assert notice.content.endswith("Its closing message:\nback")
+        assert accepted_ids(sup.store, c1) == first + [again]
+        fresh, _ = await start(sup, root, S({"return": "new"}))
+        await settled(sup, root, fresh)
+        await sup.interrupt(c2, authority=UserAuthority(root.id))
+        await settled(sup, root, c2)
+
+
+async def test_drain_children_authority(tmp_path):
+    async with continuable_supervisor(tmp_path) as sup:
+        root, other = await sup.open_root(), await sup.open_root()
+        child_id = await sleeping(sup, root)
+        with pytest.raises(SubagentError) as caught:
+            await sup.drain_children("01NOTLIVEPARENT", [child_id])
+        assert (caught.value.code, str(caught.value)) == ("UNAUTHORIZED", "selected child teardown requires the exact live parent agent")
+        with pytest.raises(SubagentError) as caught:
+            await sup.drain_children(other, [child_id])
+        assert (caught.value.code, str(caught.value)) == (
+            "UNAUTHORIZED", f'subagent "{child_id}" is not a direct child of agent "{other.id}"'
+        )
+        assert child_id in sup.continuation.activations and turn_ends(sup.store, child_id) == []
+        await sup.drain_children(other, ["01UNKNOWNCHILD"])  # not resident: skipped
+        await sup.drain_children(root, [child_id])
+        assert child_id not in sup.continuation.activations
+
+
+async def test_concurrent_drains_converge(tmp_path):
+    """Two drains of one root (and a selected teardown among them) dispose each child exactly once."""
+    async with continuable_supervisor(tmp_path) as sup:
+        ends = record_ends(sup)
+        root = await sup.open_root()
+        children = [await sleeping(sup, root) for _ in range(2)]
+        waiting, prompt = await start(sup, root, SLEEP)  # queued behind the two busy workers
+        children.append(waiting)
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(sup.drain, [root])
+                tg.start_soon(sup.drain, [root])
+                tg.start_soon(sup.drain_children, root, [children[0]])
+        assert sorted(e["id"] for e in ends) == sorted(children)
+        assert sup.continuation.activations == {}
+        for child_id in children[:2]:
+            assert turn_ends(sup.store, child_id) == ["aborted"]
+        assert turn_ends(sup.store, waiting) == [] and discarded(sup.store, waiting) == [prompt]
+        taken = await sup.take_messages(root)
+        senders = [m.source["sender_session_id"] for m in taken if m.source.get("kind") == "subagent-settled"]
+        assert sorted(senders) == sorted(children)
+
+
+async def test_drain_of_a_root_without_children_still_closes_admission(tmp_path):
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        await sup.drain([root])
+        await draining(start(sup, root, S({"return": "x"})))
+
+
+async def test_a_start_racing_a_drain_is_either_rolled_back_or_drained(tmp_path):
+    """Whatever the interleaving, nothing below the root survives the drain."""
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        outcome: list[object] = []
+
+        async def racing_start() -> None:
+            try:
+                outcome.append(await start(sup, root, SLEEP))
+            except SubagentError as exc:
+                outcome.append(exc.code)
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(racing_start)
+                await anyio.lowlevel.checkpoint()
+                tg.start_soon(sup.drain, [root])
+        [result] = outcome
+        if result == "DRAINING":
+            assert await sup.list_children(root.id) == []
+        else:
+            child_id, _ = result
+            await wait_until(lambda: child_id not in sup.continuation.activations, what="the started child to be drained")
+            assert read_lease(sup.store, child_id).state == "released"
+        assert sup.continuation.activations == {}
