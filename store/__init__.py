@@ -17,6 +17,7 @@ This package imports neither ``worker`` nor ``supervisor``.
 """
 
 from .catalog import ChildEntry, DescendantRow, DiagnosticEntry, Identity, list_children, list_descendants, read_identity
+from .control import ControlRecord, control_size, read_controls, request
 from .descriptor import (
     DESCRIPTOR_VERSION,
     ContinuableDescriptor,
@@ -71,6 +72,7 @@ from .session import create_session, delete_session
 
 __all__ = [
     "ChildEntry", "DescendantRow", "DiagnosticEntry", "Identity", "list_children", "list_descendants", "read_identity",
+    "ControlRecord", "control_size", "read_controls", "request",
     "DESCRIPTOR_VERSION", "ContinuableDescriptor", "Descriptor", "OneShotDescriptor", "ToolFilter",
     "fold_resume_descriptor", "parse_descriptor",
     "Durability", "durability_policy",

@@ -18,5 +18,8 @@ class SupervisorConfig(BaseModel):
     durability: Literal["strict", "batched", "none"] = "batched"
     lease_ttl_s: float = Field(default=5.0, gt=0)
     cancel_grace_s: float = Field(default=2.0, gt=0)  # a cancelled turn that ignores it this long has its worker killed
+    # how often a supervisor looks for messages and control records that other processes
+    # wrote for the children it hosts (a stat per child per poll)
+    control_poll_s: float = Field(default=0.05, gt=0)
     worker_ready_timeout_s: float = Field(default=30.0, gt=0)
     worker_log_level: int = 30

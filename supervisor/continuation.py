@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
@@ -62,13 +63,17 @@ from store import (
     create_session,
     delete_session,
     inspect,
+    list_descendants,
     pending,
     read_header,
     read_projection,
     release_lease,
     set_lease_state,
 )
+from store.control import read_controls
+from store.control import request as control_request
 from store.errors import FencedError, SessionNotFoundError, SubagentError
+from store.lease import owner_alive, read_lease, read_owner
 from store.ids import validate_session_id
 from worker.programs import BUILTIN_PROGRAMS
 from worker.protocol import Budget, TurnSpec
@@ -118,6 +123,13 @@ def settlement_text(child_id: str, reason: str, output: str) -> tuple[str, str]:
     return summary, body
 
 
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
+
+
 def _bounded(line: str) -> str:
     first = line.splitlines()[0] if line else ""
     return first if len(first) <= 120 else first[:119] + "…"
@@ -149,6 +161,10 @@ class Activation:
     # an interrupt that found no turn executing: (reason, time) — it stops the next turn
     # if that turn's message was accepted before the interrupt (``interrupt``)
     stop_before: tuple[str, float] | None = None
+    # what the store watcher has seen (other processes append to the mailbox and control files)
+    mailbox_size: int = 0
+    control_seq: int = -1
+    fenced: bool = False  # taken over by another supervisor: drop without touching the store
 
     def poke(self) -> None:
         self.wake.set()
@@ -300,6 +316,9 @@ class ContinuationManager:
         return [{"type": e["type"], "data": e["data"], "ts": e["ts"]} for e in events[: last + 1]]
 
     def _install(self, act: Activation, *, provider_name: str) -> None:
+        act.mailbox_size = _size(self.store.path(act.child_id, "mailbox"))
+        controls = read_controls(self.store, act.child_id)
+        act.control_seq = controls[-1].seq if controls else -1  # older requests were about older turns
         self.activations[act.child_id] = act
         parent_act = self.activations.get(act.parent_id)
         if parent_act is not None:
@@ -426,6 +445,95 @@ class ContinuationManager:
                 lambda: accept(self.store, recipient, source=source, content=text, ids=self.sup._ids, wake=wake)
             )
 
+    async def send(self, child_id: str, content: Any, *, parent: str, source: dict[str, Any] | None = None) -> str:
+        """Host-user continuation from any process: deliver a message to a child of ``parent``.
+
+        Authority is the durable lineage (the child's header must name ``parent``),
+        not a live parent object. Routing: an activation here → its mailbox and
+        driver; a live activation in another supervisor → its durable mailbox,
+        which that supervisor's watcher picks up; none → cold resume here.
+        """
+        validate_session_id(child_id)
+        try:
+            header = await anyio.to_thread.run_sync(read_header, self.store, child_id)
+        except SubagentError as exc:
+            raise SubagentError(f'subagent "{child_id}" is unavailable', code="NOT_RESUMABLE", child_id=child_id) from exc
+        if header.parent_session != parent:
+            raise SubagentError(f'subagent "{child_id}" belongs to another parent session', code="UNAUTHORIZED")
+        self._admit(parent)
+        text = content if isinstance(content, str) else json.dumps(content)
+        src = source or {"kind": "user"}
+        while True:
+            act = self.activations.get(child_id)
+            if act is not None and act.disposing:
+                await act.disposed.wait()
+                continue
+            if act is not None:
+                return await self._deliver(act, src, text, wake=True)
+            if await anyio.to_thread.run_sync(self._held_elsewhere, child_id):
+                message_id = await self._accept_for_remote(child_id, src, text)
+                if await anyio.to_thread.run_sync(self._held_elsewhere, child_id):
+                    return message_id
+                # the holder let go meanwhile: run it here (it may also resume it; the lease decides)
+                await self._resume_for_pending(parent, child_id)
+                return message_id
+            act = await self._cold_resume(parent, child_id)
+            if act is not None:
+                return await self._deliver(act, src, text, wake=True)
+
+    def _held_elsewhere(self, child_id: str) -> bool:
+        lease = read_lease(self.store, child_id)
+        if lease is None or lease.state == "released" or lease.owner == self.sup.lease_keeper.owner_id:
+            return False
+        return owner_alive(read_owner(self.store, lease.owner))
+
+    async def _accept_for_remote(self, child_id: str, source: dict[str, Any], text: str) -> str:
+        with anyio.CancelScope(shield=True):
+            return await anyio.to_thread.run_sync(
+                lambda: accept(self.store, child_id, source=source, content=text, ids=self.sup._ids, wake=True)
+            )
+
+    async def interrupt_anywhere(self, target_id: str, authority: UserAuthority | AncestorAuthority) -> None:
+        """``interrupt``, and for a user authority over a child active in another supervisor,
+        a durable control record that supervisor carries out."""
+        if isinstance(authority, UserAuthority) and target_id not in self.activations:
+            try:
+                header = await anyio.to_thread.run_sync(read_header, self.store, target_id)
+            except SubagentError:
+                return  # unknown target: no-op
+            if header.parent_session != authority.parent_session:
+                raise SubagentError(f'subagent "{target_id}" belongs to another parent session', code="UNAUTHORIZED")
+            if await anyio.to_thread.run_sync(self._held_elsewhere, target_id):
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(
+                        lambda: control_request(self.store, target_id, "interrupt", {"reason": "user"}, ids=self.sup._ids)
+                    )
+            return
+        self.interrupt(target_id, authority)
+
+    async def watch_store(self, poll_s: float) -> None:
+        """Notice what other processes write for our activations: mailbox messages, control records."""
+        while True:
+            await anyio.sleep(poll_s)
+            for act in list(self.activations.values()):
+                if act.disposing:
+                    continue
+                size = _size(self.store.path(act.child_id, "mailbox"))
+                if size != act.mailbox_size:
+                    act.mailbox_size = size
+                    act.poke()
+                if _size(self.store.path(act.child_id, "control")) and act.control_seq >= -1:
+                    fresh = read_controls(self.store, act.child_id, after_seq=act.control_seq)
+                    for record in fresh:
+                        act.control_seq = record.seq
+                        if record.kind == "interrupt" and not act.disposing:
+                            if act.handle is not None:
+                                self.sup.pool.cancel(act.handle, "user")
+                            else:
+                                act.stop_before = ("user", record.ts)
+                        elif record.kind == "drain":
+                            self._open_disposal(act, discard=True)
+
     # -- interrupt --------------------------------------------------------------------
 
     def interrupt(self, target_id: str, authority: UserAuthority | AncestorAuthority) -> None:
@@ -528,8 +636,7 @@ class ContinuationManager:
                 act.reasons.append(handle.outcome.stop_reason)
                 act.last_output = handle.outcome.output
                 if handle.outcome.diagnostic and "FENCED" in handle.outcome.diagnostic:
-                    log.warning("activation %s was fenced; dropping it", act.child_id)
-                    act.disposing = True
+                    self._fenced(act)
         except Exception:
             log.exception("driver of %s failed", act.child_id)
             act.reasons.append("error")
@@ -556,8 +663,16 @@ class ContinuationManager:
                 lambda: set_lease_state(self.store, act.child_id, self.sup.lease_keeper.owner_id, act.epoch, state)  # type: ignore[arg-type]
             )
         except FencedError:
-            log.warning("activation %s lost its lease", act.child_id)
-            act.disposing = True
+            self._fenced(act)
+
+    def _fenced(self, act: Activation) -> None:
+        """Another supervisor took this child over: stop, and never write to its files again."""
+        if not act.fenced:
+            log.warning("activation %s was taken over by another supervisor (fenced at epoch %d); dropping it", act.child_id, act.epoch)
+        act.fenced = True
+        act.disposing = True
+        if act.handle is not None:
+            self.sup.pool.cancel(act.handle, "fenced")
 
     def _repair(self, act: Activation) -> None:
         """Balance the log of a turn whose worker died; what it consumed is what its log says
@@ -599,6 +714,19 @@ class ContinuationManager:
             if sub is not None:
                 self._open_disposal(sub, discard=act.discard)
                 await sub.disposed.wait()
+        if act.fenced:
+            del self.activations[act.child_id]
+            parent_act = self.activations.get(act.parent_id)
+            if parent_act is not None:
+                parent_act.owned.discard(act.child_id)
+                parent_act.poke()
+            self.sup.events.emit(
+                "subagent/end",
+                {"run_id": act.run_id, "provider": act.descriptor.provider, "id": act.child_id, "local": True,
+                 "stop_reason": "error", "last_assistant_message": None},
+            )
+            act.disposed.set()
+            return
         dropped = False
         if act.discard:
             dropped = await anyio.to_thread.run_sync(self._discard_pending, act)
@@ -607,6 +735,9 @@ class ContinuationManager:
             await anyio.to_thread.run_sync(release_lease, self.store, act.child_id, self.sup.lease_keeper.owner_id, act.epoch)
         except FencedError:
             log.warning("lease of %s was taken over before release", act.child_id)
+        # another process may have accepted a message after our last mailbox read and seen our
+        # lease still held; it left the message for us. Re-read after releasing: one of us sees it.
+        resume_after = not act.discard and not self._closing and await anyio.to_thread.run_sync(self._has_waking_pending, act)
         del self.activations[act.child_id]
         parent_closing = self._closing or any(n in self._draining_roots for n in self._lineage(act.parent_id)) or (
             act.parent_id in self.activations and self.activations[act.parent_id].disposing
@@ -628,6 +759,25 @@ class ContinuationManager:
              "stop_reason": reason, "last_assistant_message": act.last_output or None},
         )
         act.disposed.set()
+        if resume_after:
+            self.sup._tg.start_soon(self._resume_for_pending, act.parent_id, act.child_id)
+
+    def _has_waking_pending(self, act: Activation) -> bool:
+        try:
+            messages = pending(self.store, act.child_id, consumed=act.consumed, last_consumed_id=act.last_id)
+        except SubagentError:
+            return False
+        return any(m.wake for m in messages)
+
+    async def _resume_for_pending(self, parent_id: str, child_id: str) -> None:
+        """Run messages another process left for a child this supervisor just settled."""
+        if child_id in self.activations or self._closing:
+            return
+        try:
+            await self._cold_resume(parent_id, child_id)
+        except SubagentError as exc:
+            # another supervisor resumed it first (it delivers them), or admission closed
+            log.info("child %s was not resumed for its pending messages: %s", child_id, exc)
 
     def _discard_pending(self, act: Activation) -> bool:
         messages = pending(self.store, act.child_id, consumed=act.consumed, last_consumed_id=act.last_id)
@@ -643,6 +793,26 @@ class ContinuationManager:
         act.consumed += len(messages)
         act.last_id = messages[-1].id
         return True
+
+    async def drain_remote(self, root_id: str) -> list[str]:
+        """Ask the supervisors hosting continuable descendants of ``root_id`` to tear them down.
+
+        Writes a durable ``drain`` control record for each descendant whose lease a
+        live other supervisor holds; returns their ids. Admission below the root is
+        closed only in this supervisor (``drain``), not in theirs.
+        """
+        def targets() -> list[str]:
+            rows = list_descendants(self.store, root_id)
+            found = []
+            for row in rows:
+                entry = row.entry
+                if getattr(entry, "mode", None) == "continuable" and entry.id not in self.activations and self._held_elsewhere(entry.id):
+                    control_request(self.store, entry.id, "drain", {"root": root_id}, ids=self.sup._ids)
+                    found.append(entry.id)
+            return found
+
+        with anyio.CancelScope(shield=True):
+            return await anyio.to_thread.run_sync(targets)
 
     async def drain(self, parents: Iterable[AgentRef | str]) -> None:
         roots = [p.id if isinstance(p, AgentRef) else p for p in parents]

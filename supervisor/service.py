@@ -99,6 +99,7 @@ class Supervisor:
             sup = cls(handle, cfg, tg)
             sup.lease_keeper.start()
             tg.start_soon(sup.lease_keeper.run)
+            tg.start_soon(sup.continuation.watch_store, cfg.control_poll_s)
             try:
                 await sup.pool.start(tg)
                 yield sup
@@ -185,8 +186,23 @@ class Supervisor:
         return await self.continuation.followup(parent, child_id, content, source=source)
 
     async def interrupt(self, child_id: str, *, authority: UserAuthority | AncestorAuthority) -> None:
-        """Cancel the child's current turn only (queued messages and its children are kept)."""
-        self.continuation.interrupt(child_id, authority)
+        """Cancel the child's current turn only (queued messages and its children are kept).
+
+        With a ``UserAuthority`` it works from any process: a child active in another
+        supervisor gets a durable control record that its supervisor carries out.
+        """
+        await self.continuation.interrupt_anywhere(child_id, authority)
+
+    async def send(self, child_id: str, content: Any, *, parent: AgentRef | str, source: dict[str, Any] | None = None) -> str:
+        """Host-user continuation from any process: the next FIFO turn for a child of root ``parent``.
+
+        Needs no live parent here: the child's header must name ``parent``. Goes to
+        the supervisor hosting the child (through its durable mailbox), or cold-resumes
+        the child here when nobody hosts it. Returns once the message is durable.
+        """
+        self._check_open()
+        parent_id = parent.id if isinstance(parent, AgentRef) else parent
+        return await self.continuation.send(child_id, content, parent=parent_id, source=source)
 
     async def report_from(self, child_id: str, content: Any, *, delivery: str = "wakeup") -> str:
         return await self.continuation.report_from(child_id, content, delivery=delivery)
@@ -194,6 +210,11 @@ class Supervisor:
     async def drain(self, parents: list[AgentRef | str]) -> None:
         """Close admission below ``parents`` and dispose their continuable descendants child-first."""
         await self.continuation.drain(parents)
+
+    async def drain_remote(self, root: AgentRef | str) -> list[str]:
+        """Ask other supervisors to tear down the continuable descendants of ``root`` they host
+        (durable ``drain`` control records); returns the ids asked."""
+        return await self.continuation.drain_remote(root.id if isinstance(root, AgentRef) else root)
 
     async def drain_children(self, parent: AgentRef | str, child_ids: list[str]) -> None:
         await self.continuation.drain_children(parent, child_ids)

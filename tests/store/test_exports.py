@@ -10,6 +10,8 @@ import store
 EXPECTED = {
     # catalog
     "ChildEntry", "DescendantRow", "DiagnosticEntry", "Identity", "list_children", "list_descendants", "read_identity",
+    # control
+    "ControlRecord", "control_size", "read_controls", "request",
     # descriptor
     "DESCRIPTOR_VERSION", "ContinuableDescriptor", "Descriptor", "OneShotDescriptor", "ToolFilter",
     "fold_resume_descriptor", "parse_descriptor",

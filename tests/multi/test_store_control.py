@@ -1,0 +1,144 @@
+"""Control through the store from another process: host-user ``send`` and ``interrupt``.
+
+A Supervisor in a subprocess hosts a continuable child whose first turn
+sleeps; the test process (another Supervisor on the same store, which never
+opened that root) sends it messages and interrupts it. Each request is
+acknowledged once durable, and is carried out by the hosting supervisor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import anyio
+import pytest
+
+from store import inspect, read_controls, read_lease, read_mailbox
+from supervisor import Capabilities, Provider, Supervisor, SupervisorConfig, UserAuthority
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+HOST = textwrap.dedent(
+    """
+    import json, sys, anyio
+    from supervisor import *
+
+    async def main(store):
+        cfg = SupervisorConfig(pool_size=1, durability="none", control_poll_s=0.02)
+        async with Supervisor.open(store=store, config=cfg) as sup:
+            sup.register_provider(Provider(name="script", program="script", capabilities=Capabilities.all(), continuable=True))
+            root = await sup.open_root(label="host")
+            first = json.dumps({"script": [{"sleep": 60000}]})
+            child, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="script", prompt=first, label="sleeper"))
+            print(json.dumps({"root": root.id, "child": child}), flush=True)
+            await anyio.sleep(3600)
+
+    anyio.run(main, sys.argv[1])
+    """
+)
+
+
+def _events(store, child_id):
+    return inspect(store, child_id).events
+
+
+async def _until(predicate, timeout_s: float = 20.0):
+    with anyio.fail_after(timeout_s):
+        while not predicate():
+            await anyio.sleep(0.02)
+
+
+@pytest.fixture
+def host(tmp_path):
+    store_path = str(tmp_path / "st")
+    env = {**os.environ, "PYTHONPATH": REPO}
+    proc = subprocess.Popen([sys.executable, "-c", HOST, store_path], stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    try:
+        line = proc.stdout.readline()
+        assert line, "the host supervisor did not start"
+        yield store_path, json.loads(line), proc
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+@pytest.mark.anyio
+async def test_send_and_interrupt_reach_the_supervisor_hosting_the_child(host) -> None:
+    """A send from another process runs as the next turn in the host; an interrupt stops the sleeping turn."""
+    store_path, ids, proc = host
+    root, child = ids["root"], ids["child"]
+    cfg = SupervisorConfig(pool_size=1, durability="none")
+    async with Supervisor.open(store=store_path, config=cfg) as sup:
+        sup.register_provider(Provider(name="script", program="script", capabilities=Capabilities.all(), continuable=True))
+        await _until(lambda: any(e["type"] == "turn/start" for e in _events(sup.store, child)))
+        host_owner = read_lease(sup.store, child).owner
+
+        message_id = await sup.send(child, json.dumps({"script": [{"return": "from afar"}]}), parent=root)
+        assert message_id in [m.id for m in read_mailbox(sup.store, child)]  # durable before the ack
+        await sup.interrupt(child, authority=UserAuthority(parent_session=root))
+        assert [r.kind for r in read_controls(sup.store, child)] == ["interrupt"]
+
+        def ran() -> bool:
+            ends = [e["data"]["stop_reason"] for e in _events(sup.store, child) if e["type"] == "turn/end"]
+            return ends == ["aborted", "completed"]
+
+        await _until(ran)
+        events = _events(sup.store, child)
+        assert [e["data"]["message_id"] for e in events if e["type"] == "message/accepted"][-1] == message_id
+        assert {e["epoch"] for e in events if e["type"] == "turn/start"} == {1}  # both turns ran in the host
+        assert read_lease(sup.store, child).owner == host_owner
+        assert sup.continuation.activations == {}  # this supervisor hosted nothing
+
+
+@pytest.mark.anyio
+async def test_send_cold_resumes_here_when_nobody_hosts_the_child(host) -> None:
+    """After the host dies, a send from another process resumes the child at a higher epoch."""
+    store_path, ids, proc = host
+    root, child = ids["root"], ids["child"]
+    cfg = SupervisorConfig(pool_size=1, durability="none")
+    async with Supervisor.open(store=store_path, config=cfg) as sup:
+        await _until(lambda: any(e["type"] == "turn/start" for e in _events(sup.store, child)))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        sup.register_provider(Provider(name="script", program="script", capabilities=Capabilities.all(), continuable=True))
+        await sup.send(child, json.dumps({"script": [{"return": "resumed"}]}), parent=root)
+        await _until(lambda: any(e["type"] == "turn/end" and e["epoch"] == 2 for e in _events(sup.store, child)))
+        ends = [(e["epoch"], e["data"]["stop_reason"]) for e in _events(sup.store, child) if e["type"] == "turn/end"]
+        assert ends == [(2, "interrupted"), (2, "completed")]  # crash repair runs at the new epoch
+        # the settlement notice went to the root's durable mailbox: the root was never opened here
+        await _until(lambda: any("resumed" in str(m.content) for m in read_mailbox(sup.store, root)))
+
+
+@pytest.mark.anyio
+async def test_send_checks_the_durable_parent(host) -> None:
+    """A send naming the wrong root is UNAUTHORIZED and writes nothing."""
+    from store.errors import SubagentError
+
+    store_path, ids, _proc = host
+    cfg = SupervisorConfig(pool_size=1, durability="none")
+    async with Supervisor.open(store=store_path, config=cfg) as sup:
+        before = read_mailbox(sup.store, ids["child"])
+        with pytest.raises(SubagentError) as caught:
+            await sup.send(ids["child"], "x", parent="01WRONGROOT")
+        assert caught.value.code == "UNAUTHORIZED"
+        assert read_mailbox(sup.store, ids["child"]) == before
+
+
+@pytest.mark.anyio
+async def test_drain_remote_tears_down_a_child_hosted_elsewhere(host) -> None:
+    """drain_remote writes a durable drain request; the hosting supervisor disposes the child."""
+    store_path, ids, _proc = host
+    root, child = ids["root"], ids["child"]
+    cfg = SupervisorConfig(pool_size=1, durability="none")
+    async with Supervisor.open(store=store_path, config=cfg) as sup:
+        await _until(lambda: any(e["type"] == "turn/start" for e in _events(sup.store, child)))
+        assert await sup.drain_remote(root) == [child]
+        await _until(lambda: read_lease(sup.store, child).state == "released")
+        ends = [e["data"]["stop_reason"] for e in _events(sup.store, child) if e["type"] == "turn/end"]
+        assert ends == ["aborted"]
+        assert (await sup.list_children(root))[0].status == "complete"
