@@ -38,9 +38,11 @@ class MailboxMessage:
     source: dict[str, Any]
     content: Any
     wake: bool = True
+    end: int = 0  # byte offset just after this record in the mailbox file
 
     def to_event_data(self) -> dict[str, Any]:
-        return {"message_id": self.id, "source": self.source, "content": self.content}
+        """The ``message/accepted`` data; ``mailbox_end`` lets the next reader skip the consumed prefix."""
+        return {"message_id": self.id, "source": self.source, "content": self.content, "mailbox_end": self.end}
 
 
 def accept(store: Store, session_id: str, *, source: dict[str, Any], content: Any, ids: IdGenerator, wake: bool = True, lock: SessionFlock | None = None) -> str:
@@ -66,19 +68,46 @@ def accept(store: Store, session_id: str, *, source: dict[str, Any], content: An
     return message_id
 
 
+def _messages(data: bytes, *, start_seq: int = 0, base: int = 0) -> tuple[list[MailboxMessage], bool]:
+    result = scan(data, start_seq=start_seq, base_offset=base)
+    ends = result.offsets[1:] + [result.end]
+    out = [
+        MailboxMessage(r["id"], float(r.get("ts", 0.0)), r.get("source") or {}, r.get("content"), bool(r.get("wake", True)), end)
+        for r, end in zip(result.records, ends)
+    ]
+    # damage right at ``base`` means ``base`` is not where record ``start_seq`` starts
+    return out, result.damage is not None and result.damage.offset == base and base > 0
+
+
 def read_mailbox(store: Store, session_id: str) -> list[MailboxMessage]:
     try:
         data = read_bytes(store.path(session_id, "mailbox"))
     except FileNotFoundError:
         return []
-    return [
-        MailboxMessage(r["id"], float(r.get("ts", 0.0)), r.get("source") or {}, r.get("content"), bool(r.get("wake", True)))
-        for r in scan(data).records
-    ]
+    return _messages(data)[0]
 
 
-def pending(store: Store, session_id: str, *, consumed: int, last_consumed_id: str | None) -> list[MailboxMessage]:
-    """Accepted messages the log has not consumed, in FIFO order."""
+def pending(
+    store: Store, session_id: str, *, consumed: int, last_consumed_id: str | None, mailbox_end: int | None = None
+) -> list[MailboxMessage]:
+    """Accepted messages the log has not consumed, in FIFO order.
+
+    With ``mailbox_end`` (the byte offset after the last consumed message, recorded
+    in its ``message/accepted``), only the unconsumed suffix is read: O(pending),
+    not O(every message ever accepted). Without it, or if it does not land on
+    record ``consumed``, the whole mailbox is read and checked against the log.
+    """
+    if mailbox_end is not None and consumed > 0:
+        try:
+            with open(store.path(session_id, "mailbox"), "rb") as handle:
+                handle.seek(mailbox_end)
+                suffix = handle.read()
+        except FileNotFoundError:
+            suffix = None
+        if suffix is not None:
+            messages, misplaced = _messages(suffix, start_seq=consumed, base=mailbox_end)
+            if not misplaced and (messages or len(suffix) == 0):
+                return messages
     messages = read_mailbox(store, session_id)
     if consumed > len(messages) or (consumed and messages[consumed - 1].id != last_consumed_id):
         raise CorruptSessionError(

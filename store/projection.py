@@ -71,6 +71,7 @@ class Projection:
     turns: int = 0
     last_stop_reason: str | None = None
     sandbox: str | None = None  # the last ``sandbox/mode`` (a later switch wins over the delegated one)
+    mailbox_end: int | None = None  # mailbox offset after the last consumed message (store/mailbox.py)
 
     # -- folding -----------------------------------------------------------
 
@@ -110,6 +111,8 @@ class Projection:
             elif kind in ("message/accepted", "message/discarded") and isinstance(data, dict):
                 self.consumed += 1
                 self.last_message_id = data.get("message_id")
+                end = data.get("mailbox_end")
+                self.mailbox_end = end if isinstance(end, int) and not isinstance(end, bool) else None
             elif kind == "sandbox/mode" and isinstance(data, dict):
                 self.sandbox = data.get("mode")
 
@@ -177,6 +180,7 @@ class Projection:
             "turns": self.turns,
             "last_stop_reason": self.last_stop_reason,
             "sandbox": self.sandbox,
+            "mailbox_end": self.mailbox_end,
         }
 
     @classmethod
@@ -214,7 +218,8 @@ class Projection:
                 open_calls={str(k): int(v) for k, v in data["open_calls"].items()},
                 turns=int(data["turns"]),
                 last_stop_reason=data["last_stop_reason"],
-                sandbox=data["sandbox"],  # a cache written before this field existed is refolded
+                sandbox=data["sandbox"],
+                mailbox_end=data["mailbox_end"],  # a cache written before this field existed is refolded
             )
         except (KeyError, TypeError, ValueError, AttributeError, DescriptorError):
             return None

@@ -147,6 +147,7 @@ class Activation:
     run_id: str
     consumed: int
     last_id: str | None
+    mailbox_end: int | None = None  # where the unconsumed mailbox starts (None: read it all)
     owned: set[str] = field(default_factory=set)
     wake: anyio.Event = field(default_factory=anyio.Event)
     disposed: anyio.Event = field(default_factory=anyio.Event)
@@ -413,7 +414,7 @@ class ContinuationManager:
         act = Activation(
             child_id=child_id, parent_id=parent_id, descriptor=descriptor, epoch=lease.epoch, depth=depth, sandbox=sandbox,
             ancestry=frozenset(self._lineage(parent_id)), run_id=self.sup._ids.new(),
-            consumed=projection.consumed, last_id=projection.last_message_id,
+            consumed=projection.consumed, last_id=projection.last_message_id, mailbox_end=projection.mailbox_end,
         )
         self._install(act, provider_name=descriptor.provider)
         return act
@@ -578,7 +579,9 @@ class ContinuationManager:
             while not act.disposing:
                 act.wake = anyio.Event()
                 messages = await anyio.to_thread.run_sync(
-                    lambda: pending(self.store, act.child_id, consumed=act.consumed, last_consumed_id=act.last_id)
+                    lambda: pending(
+                        self.store, act.child_id, consumed=act.consumed, last_consumed_id=act.last_id, mailbox_end=act.mailbox_end
+                    )
                 )
                 waking = next((i for i, m in enumerate(messages) if m.wake), None)
                 if waking is None:
@@ -605,6 +608,7 @@ class ContinuationManager:
                 spec = TurnSpec(
                     session_id=act.child_id, epoch=act.epoch, store_root=self.store.root, durability=self.store.durability.name,
                     program=program, program_blob=blob, message_id=main.id, message_source=main.source, message=main.content,
+                    message_mailbox_end=main.end,
                     log_message=True, budget=act.budget, depth=act.depth, mode="continuable", label=act.descriptor.label,
                     provider=act.descriptor.provider, parent_session=act.parent_id, persona=act.descriptor.persona,
                     tool_filter=None if tf is None else tf.to_record(), sandbox=act.sandbox, agent_model=act.descriptor.agent_model,
@@ -632,6 +636,7 @@ class ContinuationManager:
                 else:
                     act.consumed += len(quiet) + 1
                     act.last_id = main.id
+                    act.mailbox_end = main.end
                 assert handle.outcome is not None
                 act.reasons.append(handle.outcome.stop_reason)
                 act.last_output = handle.outcome.output
@@ -680,15 +685,17 @@ class ContinuationManager:
         try:
             with LogWriter.open(self.store, act.child_id, epoch=act.epoch) as writer:
                 act.consumed, act.last_id = writer.projection.consumed, writer.projection.last_message_id
+                act.mailbox_end = writer.projection.mailbox_end
         except SubagentError:
             log.exception("repair of %s failed", act.child_id)
 
     def _discard(self, act: Activation, messages: list[Any]) -> None:
         """Record the head of the pending mailbox as consumed unrun (``message/discarded``)."""
         with LogWriter.open(self.store, act.child_id, epoch=act.epoch) as writer:
-            writer.append([("message/discarded", {"message_id": m.id}) for m in messages], commit=True)
+            writer.append([("message/discarded", {"message_id": m.id, "mailbox_end": m.end}) for m in messages], commit=True)
         act.consumed += len(messages)
         act.last_id = messages[-1].id
+        act.mailbox_end = messages[-1].end
 
     # -- disposal ----------------------------------------------------------------------
 
@@ -764,7 +771,7 @@ class ContinuationManager:
 
     def _has_waking_pending(self, act: Activation) -> bool:
         try:
-            messages = pending(self.store, act.child_id, consumed=act.consumed, last_consumed_id=act.last_id)
+            messages = pending(self.store, act.child_id, consumed=act.consumed, last_consumed_id=act.last_id, mailbox_end=act.mailbox_end)
         except SubagentError:
             return False
         return any(m.wake for m in messages)
@@ -780,7 +787,7 @@ class ContinuationManager:
             log.info("child %s was not resumed for its pending messages: %s", child_id, exc)
 
     def _discard_pending(self, act: Activation) -> bool:
-        messages = pending(self.store, act.child_id, consumed=act.consumed, last_consumed_id=act.last_id)
+        messages = pending(self.store, act.child_id, consumed=act.consumed, last_consumed_id=act.last_id, mailbox_end=act.mailbox_end)
         if not messages:
             return False
         try:
@@ -789,9 +796,10 @@ class ContinuationManager:
             log.exception("could not discard pending messages of %s", act.child_id)
             return False
         with writer:
-            writer.append([("message/discarded", {"message_id": m.id}) for m in messages], commit=True)
+            writer.append([("message/discarded", {"message_id": m.id, "mailbox_end": m.end}) for m in messages], commit=True)
         act.consumed += len(messages)
         act.last_id = messages[-1].id
+        act.mailbox_end = messages[-1].end
         return True
 
     async def drain_remote(self, root_id: str) -> list[str]:

@@ -228,7 +228,10 @@ class Supervisor:
 
         def take() -> list[MailboxMessage]:
             projection = read_projection(self.store, root_id)
-            messages = pending(self.store, root_id, consumed=projection.consumed, last_consumed_id=projection.last_message_id)
+            messages = pending(
+                self.store, root_id, consumed=projection.consumed, last_consumed_id=projection.last_message_id,
+                mailbox_end=projection.mailbox_end,
+            )
             if messages:
                 with LogWriter.open(self.store, root_id, epoch=epoch) as writer:
                     writer.append([("message/accepted", m.to_event_data()) for m in messages], commit=True)

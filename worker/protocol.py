@@ -59,6 +59,7 @@ class TurnSpec(_Msg):
     message_source: dict[str, Any]
     message: Any
     log_message: bool  # append message/accepted (False when creation already wrote it)
+    message_mailbox_end: int | None = None  # recorded with message/accepted: where the mailbox's unconsumed part starts
     budget: Budget = Budget()
     depth: int
     mode: Literal["one-shot", "continuable", "root"]

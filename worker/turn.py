@@ -89,7 +89,10 @@ async def _run(spec: TurnSpec, control: TurnControl, rpc: RpcCaller, writer: Log
         # quiet messages accepted before this turn's waking one: consumed here, in FIFO order
         first.append(("message/accepted", {**notice, "quiet": True}))
     if spec.log_message:
-        first.append(("message/accepted", {"message_id": spec.message_id, "source": spec.message_source, "content": spec.message}))
+        accepted: dict[str, Any] = {"message_id": spec.message_id, "source": spec.message_source, "content": spec.message}
+        if spec.message_mailbox_end is not None:
+            accepted["mailbox_end"] = spec.message_mailbox_end
+        first.append(("message/accepted", accepted))
     first.append(("turn/start", {"message_id": spec.message_id}))
     writer.append(first)
 

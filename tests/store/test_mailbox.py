@@ -40,7 +40,11 @@ def test_accept_is_on_disk_before_it_returns(s1):
     assert (record["source"], record["content"], record["wake"]) == ({"kind": "coordinator", "sender": "p"}, {"text": "hello"}, False)
     (message,) = store.read_mailbox(s1, "s1")
     assert (message.id, message.content, message.wake) == (mid, {"text": "hello"}, False)
-    assert message.to_event_data() == {"message_id": mid, "source": {"kind": "coordinator", "sender": "p"}, "content": {"text": "hello"}}
+    size = os.path.getsize(s1.path("s1", "mailbox"))
+    assert message.end == size
+    assert message.to_event_data() == {
+        "message_id": mid, "source": {"kind": "coordinator", "sender": "p"}, "content": {"text": "hello"}, "mailbox_end": size
+    }
 
 
 def test_accept_fsyncs_under_every_syncing_policy(s1, monkeypatch):
@@ -136,3 +140,15 @@ def test_accept_with_the_callers_lock(s1):
         lock.close()
     assert [m.id for m in store.read_mailbox(s1, "s1")] == [mid]
     assert msgpack.unpackb(read_file(s1.path("s1", "header")))["id"] == "s1"
+
+
+def test_pending_reads_only_the_unconsumed_suffix_when_told_where_it_starts(s1):
+    """pending(mailbox_end=...) skips the consumed prefix; a wrong offset falls back to the full check."""
+    ids = store.IdGenerator()
+    mids = [accept(s1, {"n": i}, ids) for i in range(5)]
+    messages = store.read_mailbox(s1, "s1")
+    fast = store.pending(s1, "s1", consumed=2, last_consumed_id=mids[1], mailbox_end=messages[1].end)
+    assert [m.id for m in fast] == mids[2:]
+    wrong = store.pending(s1, "s1", consumed=2, last_consumed_id=mids[1], mailbox_end=messages[1].end + 3)
+    assert [m.id for m in wrong] == mids[2:]
+    assert store.pending(s1, "s1", consumed=5, last_consumed_id=mids[4], mailbox_end=messages[4].end) == []
