@@ -33,7 +33,7 @@ import msgpack
 
 from .atomic import read_bytes, write_atomic
 from .errors import FencedError, LeaseHeldError, SessionNotFoundError
-from .locks import file_lock
+from .locks import SessionFlock, file_lock
 from .root import Store
 
 __all__ = [
@@ -232,15 +232,25 @@ def _require_session(store: Store, session_id: str) -> None:
 
 def _fenced_update(store: Store, session_id: str, owner_id: str, epoch: int, state: LeaseState) -> Lease:
     _require_session(store, session_id)
-    with file_lock(store.path(session_id, ".lock")):
-        current = read_lease(store, session_id)
-        if current is None or current.epoch != epoch or current.owner != owner_id:
-            raise FencedError(session_id, epoch=epoch, current_epoch=None if current is None else current.epoch)
-        lease = Lease(owner_id, epoch, state, current.acquired_at)
-        if current.state != state:
-            # not durable: a lost state change reads as the owner's (dead) lease, i.e. complete
-            _write_lease(store, session_id, lease, durable=False)
-        return lease
+    # a plain blocking flock (store/locks.py): the holder of the lease updates its own
+    # record, a short critical section where filelock's ~150 µs of bookkeeping buys nothing
+    lock = SessionFlock(store.path(session_id, ".lock"))
+    try:
+        with lock:
+            return _update_locked(store, session_id, owner_id, epoch, state)
+    finally:
+        lock.close()
+
+
+def _update_locked(store: Store, session_id: str, owner_id: str, epoch: int, state: LeaseState) -> Lease:
+    current = read_lease(store, session_id)
+    if current is None or current.epoch != epoch or current.owner != owner_id:
+        raise FencedError(session_id, epoch=epoch, current_epoch=None if current is None else current.epoch)
+    lease = Lease(owner_id, epoch, state, current.acquired_at)
+    if current.state != state:
+        # not durable: a lost state change reads as the owner's (dead) lease, i.e. complete
+        _write_lease(store, session_id, lease, durable=False)
+    return lease
 
 
 def set_lease_state(store: Store, session_id: str, owner_id: str, epoch: int, state: Literal["running", "idle"]) -> Lease:

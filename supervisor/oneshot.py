@@ -251,12 +251,14 @@ class OneShotRuns:
 
     def _parent(self, parent_id: str) -> _Parent:
         live = self.agents.get(parent_id)
+        if live is not None:
+            # a live agent's depth already includes its header's (open_root and start read it)
+            return _Parent(parent_id, live.depth, live.sandbox)
         try:
             header = read_header(self.store, parent_id)
         except SessionNotFoundError:
             raise SubagentError(f'parent session "{parent_id}" does not exist', code="NO_PARENT", parent=parent_id) from None
-        depth = max(header.delegation_depth, live.depth if live else 0)
-        return _Parent(parent_id, depth, live.sandbox if live else None)
+        return _Parent(parent_id, header.delegation_depth, None)
 
     async def _watch_cancel(self, run: SubagentRun, cancel: CancelToken) -> None:
         """Turn the caller's cancel token into ``run.cancel`` until the run is done."""
