@@ -107,7 +107,9 @@ async def test_send_cold_resumes_here_when_nobody_hosts_the_child(host) -> None:
         proc.wait(10)
         sup.register_provider(Provider(name="script", program="script", capabilities=Capabilities.all(), continuable=True))
         await sup.send(child, json.dumps({"script": [{"return": "resumed"}]}), parent=root)
-        await _until(lambda: any(e["type"] == "turn/end" and e["epoch"] == 2 for e in _events(sup.store, child)))
+        await _until(
+            lambda: any(e["type"] == "turn/end" and e["data"]["stop_reason"] == "completed" for e in _events(sup.store, child))
+        )
         ends = [(e["epoch"], e["data"]["stop_reason"]) for e in _events(sup.store, child) if e["type"] == "turn/end"]
         assert ends == [(2, "interrupted"), (2, "completed")]  # crash repair runs at the new epoch
         # the settlement notice went to the root's durable mailbox: the root was never opened here
