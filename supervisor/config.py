@@ -15,6 +15,9 @@ class SupervisorConfig(BaseModel):
 
     pool_size: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
     start_method: Literal["forkserver", "spawn", "fork"] = "forkserver"
+    # running turns one worker process takes at once: 1 for CPU-bound programs; more for
+    # programs that mostly await I/O (LLM calls), which then share a worker's event loop
+    turns_per_worker: int = Field(default=1, ge=1)
     durability: Literal["strict", "batched", "none"] = "batched"
     lease_ttl_s: float = Field(default=5.0, gt=0)
     cancel_grace_s: float = Field(default=2.0, gt=0)  # a cancelled turn that ignores it this long has its worker killed

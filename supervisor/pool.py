@@ -9,8 +9,10 @@ One owner for the mutable state: ``_schedule``, ``_reader``, ``_watch`` and
 ``run_turn`` all run on the supervisor's event loop (never in threads), so
 the pending tables need no lock.
 
-Dispatch rule: a worker takes a queued turn only when none of its resident
-turns is *running*. A turn blocked in a waiting RPC (``spawn_wait``,
+Dispatch rule: a worker takes a queued turn only when fewer than
+``turns_per_worker`` (default 1) of its resident turns are *running*. 1 suits
+CPU-bound programs (each gets a core); a program that mostly awaits I/O (an
+LLM call) can share a worker with others by raising it. A turn blocked in a waiting RPC (``spawn_wait``,
 ``wait_run``) is *parked*: it stays resident in its worker's event loop but
 no longer counts, so the children it waits for can run in that worker. A
 parent waiting on children therefore never holds a worker they need, at any
@@ -118,8 +120,12 @@ class PoolStatistics:
 
 
 class WorkerPool:
-    def __init__(self, *, size: int, start_method: str, ready_timeout_s: float, cancel_grace_s: float, log_level: int = logging.WARNING) -> None:
+    def __init__(
+        self, *, size: int, start_method: str, ready_timeout_s: float, cancel_grace_s: float,
+        log_level: int = logging.WARNING, turns_per_worker: int = 1,
+    ) -> None:
         self.size = size
+        self._turns_per_worker = turns_per_worker
         self._context = multiprocess.get_context(start_method)
         self._start_method = start_method
         if start_method == "forkserver":
@@ -247,7 +253,7 @@ class WorkerPool:
         for worker in self._workers:
             if not self._queue:
                 return
-            if worker is None or not worker.alive or worker.running > 0:
+            if worker is None or not worker.alive or worker.running >= self._turns_per_worker:
                 continue
             handle = self._queue.popleft()
             if not self._send(worker, RunTurn(call_id=handle.call_id, spec=handle.spec)):

@@ -80,6 +80,7 @@ class Supervisor:
             ready_timeout_s=config.worker_ready_timeout_s,
             cancel_grace_s=config.cancel_grace_s,
             log_level=config.worker_log_level,
+            turns_per_worker=config.turns_per_worker,
         )
         self.runs = OneShotRuns(
             store=store, pool=self.pool, registry=self.registry, events=self.events, agents=self.agents,
