@@ -56,7 +56,7 @@ import msgpack  # noqa: E402
 
 from store import LogWriter, Store, create_session, encode_record, inspect, new_id  # noqa: E402
 from store.atomic import write_atomic  # noqa: E402
-from store.locks import file_lock  # noqa: E402
+from store.locks import file_lock, make_filelock  # noqa: E402
 
 NAME = "store_append"
 EVENT_TYPE = "assistant/message"
@@ -319,7 +319,7 @@ def uncontended_lock_us(root: str, seconds: float) -> dict[str, float]:
         with file_lock(path):  # a new FileLock per use, as store/index.py and store/lease.py do
             pass
 
-    held = file_lock(path)
+    held = make_filelock(path)
 
     def reused_filelock(i: int) -> None:
         with held:

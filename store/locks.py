@@ -29,7 +29,7 @@ import filelock
 from .atomic import FILE_MODE
 from .errors import LockTimeoutError
 
-__all__ = ["SessionFlock", "file_lock", "LOCK_TIMEOUT_S"]
+__all__ = ["SessionFlock", "file_lock", "make_filelock", "LOCK_TIMEOUT_S"]
 
 # Long enough for any critical section of the store (a few fsyncs); a lock
 # held longer than this means a stuck process, reported as a Timeout.
@@ -52,6 +52,10 @@ class SessionFlock:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         assert self._fd is not None
         fcntl.flock(self._fd, fcntl.LOCK_UN)
+        # flock is unfair: a holder that re-locks at once wins before the woken waiter
+        # runs (runs of 500+ appends were measured). Yielding the CPU after unlock lets a
+        # waiter in; it costs ~1 µs when nobody waits.
+        os.sched_yield()
 
     def close(self) -> None:
         if self._fd is not None:
@@ -59,10 +63,9 @@ class SessionFlock:
             self._fd = None
 
 
-@contextlib.contextmanager
-def file_lock(path: str) -> Iterator[None]:
-    """A filelock on ``path`` with our timeout and a 1 ms poll; a timeout is ``LockTimeoutError``."""
-    lock = filelock.FileLock(
+def make_filelock(path: str) -> filelock.FileLock:
+    """The ``filelock.FileLock`` the store uses: our timeout, a 1 ms poll, never deleted."""
+    return filelock.FileLock(
         path,
         timeout=LOCK_TIMEOUT_S,
         mode=FILE_MODE,
@@ -71,6 +74,12 @@ def file_lock(path: str) -> Iterator[None]:
         preserve_lock_file=True,
         fallback_to_soft=False,
     )
+
+
+@contextlib.contextmanager
+def file_lock(path: str) -> Iterator[None]:
+    """Hold ``make_filelock(path)``; a timeout is ``LockTimeoutError``."""
+    lock = make_filelock(path)
     try:
         lock.acquire()
     except filelock.Timeout:
