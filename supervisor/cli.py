@@ -1,20 +1,26 @@
-"""The ``subagents`` command line: a demo, one-off runs, and read-only views of a store.
+"""The ``subagents`` command line: a demo, one-off runs, control of children, views of a store.
 
 Owns argument parsing, configuration layering for the process (through
 ``config_loader``), logging setup and exit codes; every byte on stdout goes
-through ``cli_render``. Listings read the store directly (no supervisor, no
-worker): they never write a byte. Only ``demo`` and ``run`` open a
-``Supervisor``; only ``store fsck --repair`` and ``store reindex`` write.
+through ``cli_render``. Listings (and ``top``) read the store directly (no
+supervisor, no worker): they never write a byte. ``demo``, ``run`` and the
+control commands (``send``, ``interrupt``, ``drain``) open a ``Supervisor``;
+a control command reaches a child hosted by another process through the
+store (its durable mailbox or control file), never by signalling it. Only
+those and ``store fsck --repair`` and ``store reindex`` write.
 
-Exit codes: 0 success; 1 the command ran but found a failure (a run that did
-not complete, a corrupt session in ``fsck``); 2 an error (``error: <CODE>:
-<message>`` on stderr); 130 interrupted. Listings take ``--json`` and then
+Exit codes: 0 success; 1 the command ran but found a failure (a run, or a
+turn ``send`` hosted, that did not complete; a corrupt session in ``fsck``);
+2 an error (``error: <CODE>: <message>`` on stderr; ``TIMEOUT`` when ``send``
+or ``drain`` waited past ``--wait-s``); 130 interrupted. Listings take ``--json`` and then
 print exactly one JSON document (``log --follow --json`` prints one compact
-document per event, JSON Lines).
+document per event, JSON Lines; ``top --json`` without ``--once`` one list per
+refresh).
 
-Over ~500 lines because ``store fsck`` (its checks and its repair) lives
-here for now; it is store logic and belongs in ``store/`` (``store/fsck.py``),
-leaving this module the parsing and the commands.
+Over ~500 lines because ``store fsck`` (its checks and its repair) and the
+control commands live here for now: fsck is store logic and belongs in
+``store/`` (``store/fsck.py``), and the control commands (``send`` to ``top``)
+would read better in a module of their own, leaving this one the parsing.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from store import (
     read_identity,
     read_lease,
     read_owner,
+    read_projection,
     register_owner,
     release_lease,
     reindex,
@@ -61,8 +68,9 @@ from store import (
 from store.errors import CorruptSessionError, LeaseHeldError, SubagentError
 
 from . import cli_render as render
+from .config import SupervisorConfig
 from .config_loader import DeploymentConfig, dump_toml, env_variables, load_config
-from .models import Capabilities, Provider, SubagentRequest
+from .models import Capabilities, Provider, SubagentRequest, UserAuthority
 from .service import Supervisor
 
 __all__ = ["main", "build_parser"]
@@ -71,6 +79,11 @@ log = logging.getLogger("subagents.cli")
 
 FOLLOW_POLL_S = 0.2  # `log --follow`: a human watching; cheap enough (one stat per poll)
 QUICK_CHILDREN, QUICK_CPU_MS = 3, 100
+# `send` and `drain` wait on other processes through the store (a lease read per child per poll);
+# `send` also wakes at once on its own child's end event, so this bounds only the cross-process case
+CONTROL_POLL_S = 0.05
+WAIT_S = 60.0  # how long `send` (a child it resumed) and `drain` wait for children to settle
+TOP_INTERVAL_S = 1.0  # `top`: one lease read per session per refresh
 
 _E = TypeVar("_E", bound=BaseException)
 
@@ -169,6 +182,13 @@ def _non_negative(value: str) -> int:
     return number
 
 
+def _positive_float(value: str) -> float:
+    number = float(value)
+    if not number > 0:
+        raise argparse.ArgumentTypeError("must be more than 0")
+    return number
+
+
 def build_parser() -> argparse.ArgumentParser:
     variables = "\n".join(f"  {name:<32} {what}" for name, what in env_variables().items())
     parser = argparse.ArgumentParser(
@@ -211,6 +231,27 @@ def build_parser() -> argparse.ArgumentParser:
     log_cmd = command(commands, "log", cmd_log, "the events of a session")
     log_cmd.add_argument("id", metavar="ID")
     log_cmd.add_argument("--follow", "-f", action="store_true", help="keep printing new events until interrupted")
+
+    send = command(commands, "send", cmd_send, "send CHILD its next turn as the host user (cold-resumes it when nobody hosts it)")
+    send.add_argument("child", metavar="CHILD")
+    send.add_argument("message", metavar="MESSAGE", help="the message ('-' reads stdin)")
+    send.add_argument("--parent", required=True, metavar="ROOT", help="the root session CHILD belongs to (checked against its header)")
+    send.add_argument("--wait-s", type=_positive_float, default=WAIT_S,
+                      help=f"when CHILD was resumed here: how long to wait for it to settle (default {WAIT_S:.0f})")
+
+    interrupt = command(commands, "interrupt", cmd_interrupt, "cancel CHILD's current turn (its queued messages and children are kept)",
+                        listing=False)
+    interrupt.add_argument("child", metavar="CHILD")
+    interrupt.add_argument("--parent", required=True, metavar="ROOT", help="the root session CHILD belongs to")
+
+    drain = command(commands, "drain", cmd_drain, "tear down every continuable descendant of ROOT, whichever process hosts it")
+    drain.add_argument("root", metavar="ROOT")
+    drain.add_argument("--wait-s", type=_positive_float, default=WAIT_S, help=f"how long to wait for them to settle (default {WAIT_S:.0f})")
+
+    top = command(commands, "top", cmd_top, "running and idle sessions across processes (live on a terminal)")
+    top.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    top.add_argument("--interval", type=_positive_float, default=TOP_INTERVAL_S, metavar="S",
+                     help=f"seconds between refreshes (default {TOP_INTERVAL_S:g})")
 
     store_cmd = commands.add_parser("store", help="store maintenance (fsck, reindex)")
     store_cmd.set_defaults(usage=store_cmd)
@@ -378,6 +419,194 @@ async def _run(config: DeploymentConfig, program: str, prompt: str, label: str |
         finally:
             await run.dispose()
     return {"root": root.id, "id": run.id, **result.model_dump()}
+
+
+# -- send, interrupt, drain: control of children hosted anywhere --------------------------------------
+
+
+def _register_configured(sup: Supervisor, config: DeploymentConfig) -> None:
+    """The configured providers: a child resumed here runs its descriptor's provider (or the built-in
+    program of that name)."""
+    for settings in config.providers:
+        sup.register_provider(settings.to_provider())
+
+
+def _control_config(config: DeploymentConfig) -> SupervisorConfig:
+    """The supervisor config of a command that runs no turn (``interrupt``, ``drain``): one worker, the least the pool takes."""
+    return config.supervisor.model_copy(update={"pool_size": 1})
+
+
+def _settlement_notices(store: Store, root_id: str, child_id: str, since: float) -> list[dict[str, Any]]:
+    """Settlement notices of ``child_id`` in its root's durable mailbox, accepted at or after ``since``."""
+    return [
+        {"id": m.id, "ts": m.ts, "summary": m.source.get("summary"), "content": m.content}
+        for m in read_mailbox(store, root_id)
+        if m.source.get("kind") == "subagent-settled" and m.source.get("sender_session_id") == child_id and m.ts >= since
+    ]
+
+
+def cmd_send(args: argparse.Namespace, config: DeploymentConfig, out: render.Output, sources: Any) -> int:
+    _open_store(config)  # a control command never creates a store
+    message = sys.stdin.read() if args.message == "-" else args.message
+    doc = anyio.run(_send, config, args.child, message, args.parent, args.wait_s, out)
+    if out.json_mode:
+        out.json(doc)
+    elif doc["hosted"] == "elsewhere":
+        render.render_sent(out, doc)  # resumed here: printed as soon as it was durable
+    else:
+        render.render_settled(out, doc)
+    if doc["hosted"] == "here" and not doc["settled"]:
+        raise SubagentError(
+            f'agent "{args.child}" did not settle within {args.wait_s:g} s; its turn was stopped when this command closed',
+            code="TIMEOUT", child_id=args.child,
+        )
+    return 0 if doc["hosted"] == "elsewhere" or doc["stop_reason"] == "completed" else 1
+
+
+async def _send(config: DeploymentConfig, child: str, message: str, parent: str, wait_s: float, out: render.Output) -> dict[str, Any]:
+    """Send; when the child was resumed here, host it until it settles (closing earlier would cancel its turn)."""
+    async with Supervisor.open(store=config.store.path, config=config.supervisor) as sup:
+        _register_configured(sup, config)
+        owner_id = sup.statistics().owner_id
+        ends: list[str] = []  # stop reasons of the child's activations that ended here
+        woken = [anyio.Event()]
+
+        def on_end(name: str, payload: dict[str, Any]) -> None:
+            if payload.get("id") == child:
+                ends.append(str(payload.get("stop_reason")))
+                woken[0].set()
+
+        sup.on("subagent/end", on_end)
+        message_id = await sup.send(child, message, parent=parent)
+        accepted_at = next((m.ts for m in await anyio.to_thread.run_sync(read_mailbox, sup.store, child) if m.id == message_id), 0.0)
+        lease = await anyio.to_thread.run_sync(read_lease, sup.store, child)
+        doc: dict[str, Any] = {"message_id": message_id, "child": child, "parent": parent,
+                               "hosted": "here" if lease is not None and lease.owner == owner_id else "elsewhere"}
+        if doc["hosted"] == "elsewhere":
+            return doc  # durable in its mailbox: the hosting supervisor runs it
+        doc["epoch"] = lease.epoch if lease is not None else None
+        if not out.json_mode:
+            render.render_sent(out, doc)
+
+        def held_here() -> bool:
+            now = read_lease(sup.store, child)
+            return now is not None and now.owner == owner_id and now.state != "released"
+
+        settled = False
+        with anyio.move_on_after(wait_s):
+            while True:
+                woken[0] = anyio.Event()  # before the read: an end between the two still wakes us
+                if not await anyio.to_thread.run_sync(held_here):
+                    settled = True
+                    break
+                with anyio.move_on_after(CONTROL_POLL_S):
+                    await woken[0].wait()
+        notices = await anyio.to_thread.run_sync(_settlement_notices, sup.store, parent, child, accepted_at)
+        doc.update(settled=settled, stop_reason=ends[0] if ends else None, notice=notices[0] if notices and settled else None)
+    return doc
+
+
+def cmd_interrupt(args: argparse.Namespace, config: DeploymentConfig, out: render.Output, sources: Any) -> int:
+    _open_store(config)
+    anyio.run(_interrupt, config, args.child, args.parent)
+    render.render_interrupt(out, {"child": args.child})
+    return 0
+
+
+async def _interrupt(config: DeploymentConfig, child: str, parent: str) -> None:
+    async with Supervisor.open(store=config.store.path, config=_control_config(config)) as sup:
+        await sup.interrupt(child, authority=UserAuthority(parent_session=parent))
+
+
+def cmd_drain(args: argparse.Namespace, config: DeploymentConfig, out: render.Output, sources: Any) -> int:
+    read_header(_open_store(config), args.root)  # SESSION_NOT_FOUND before any supervisor starts
+    doc = anyio.run(_drain, config, args.root, args.wait_s)
+    _emit(out, doc, render.render_drain)
+    if not doc["settled"]:
+        left = [c["id"] for c in doc["children"] if c["status"] != "complete"]
+        raise SubagentError(f"{len(left)} continuable descendants of {args.root} did not settle within {args.wait_s:g} s: {', '.join(left)}",
+                            code="TIMEOUT", root=args.root)
+    return 0
+
+
+def _continuable_rows(store: Store, root_id: str) -> list[dict[str, Any]]:
+    return [row for row in _descendant_rows(store, root_id) if row.get("mode") == "continuable"]
+
+
+async def _drain(config: DeploymentConfig, root: str, wait_s: float) -> dict[str, Any]:
+    """Durable drain requests to the supervisors hosting ROOT's continuable descendants; then wait
+    until each reads complete, asking again for any that began to be hosted since."""
+    async with Supervisor.open(store=config.store.path, config=_control_config(config)) as sup:
+        asked = list(await sup.drain_remote(root))
+        settled = False
+        rows: list[dict[str, Any]] = []
+        with anyio.move_on_after(wait_s):
+            while True:
+                rows = await anyio.to_thread.run_sync(_continuable_rows, sup.store, root)
+                waiting = {r["id"] for r in rows if r["status"] != "complete"}
+                if not waiting:
+                    settled = True
+                    break
+                if waiting - set(asked):
+                    asked += [c for c in await sup.drain_remote(root) if c not in asked]
+                await anyio.sleep(CONTROL_POLL_S)
+        rows = await anyio.to_thread.run_sync(_continuable_rows, sup.store, root)
+    return {"root": root, "drained": asked, "settled": settled, "children": rows}
+
+
+# -- top ---------------------------------------------------------------------------------------------
+
+
+def _top_rows(store: Store) -> list[dict[str, Any]]:
+    """Every session a live owner holds (lease ``running`` or ``idle``): one lease read per session."""
+    owners = OwnerCache(store)
+    rows = []
+    for session_id in store.session_ids():
+        lease = read_lease(store, session_id)
+        if lease is None or lease.state == "released" or not owners.alive(lease.owner):
+            continue
+        status = session_status(store, session_id, owners)
+        if status == "complete":
+            continue  # released between the two reads
+        try:
+            header = read_header(store, session_id)
+            # the cached checkpoint plus the log after it: exact mid-turn (an open turn's start is
+            # after the last commit point, where the catalog's identity cache stops)
+            projection = read_projection(store, session_id)
+        except (SubagentError, OSError):
+            continue  # `store fsck` reports what does not read
+        ident = projection.identity
+        descriptor = ident if isinstance(ident, (OneShotDescriptor, ContinuableDescriptor)) else None
+        owner = read_owner(store, lease.owner)
+        timing = projection.timing
+        rows.append({
+            "id": session_id,
+            "label": descriptor.label if descriptor is not None else None,
+            "mode": descriptor.mode if descriptor is not None else ("root" if header.parent_session is None else "-"),
+            "parent": header.parent_session,
+            "status": status,
+            "epoch": lease.epoch,
+            "owner": lease.owner,
+            "owner_pid": owner.pid if owner is not None else None,
+            "owner_host": owner.host if owner is not None else None,
+            "settled_ms": timing.settled_ms,
+            "active_since": timing.active_since,
+        })
+    return rows
+
+
+def cmd_top(args: argparse.Namespace, config: DeploymentConfig, out: render.Output, sources: Any) -> int:
+    store = _open_store(config)
+    if args.once:
+        _emit(out, _top_rows(store), render.render_top)
+        return 0
+    try:
+        with render.TopView(out) as view:
+            while True:
+                view.update(_top_rows(store), time.time())
+                time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return 0
 
 
 # -- listings -------------------------------------------------------------------------------------

@@ -1,0 +1,274 @@
+"""``send``, ``interrupt``, ``drain`` and ``top``: the CLI controlling children another process hosts.
+
+A Supervisor in a subprocess (the *host*) opens a root and a continuable
+child whose first turn sleeps; each test runs the real ``subagents`` CLI as
+a second subprocess against the same store (tests/multi/test_store_control.py
+does the same through the library). Every wait polls a store condition
+under a deadline; every subprocess has one.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from store import Store, inspect, read_lease, read_mailbox
+from supervisor import cli_render as render
+
+REPO = str(Path(__file__).resolve().parents[2])
+DEADLINE_S = 60.0
+WAIT_S = 20.0
+
+HOST = textwrap.dedent(
+    """
+    import json, sys, anyio
+    from supervisor import *
+
+    async def main(store):
+        cfg = SupervisorConfig(pool_size=1, durability="none", control_poll_s=0.02)
+        async with Supervisor.open(store=store, config=cfg) as sup:
+            sup.register_provider(Provider(name="script", program="script", capabilities=Capabilities.all(), continuable=True))
+            root = await sup.open_root(label="host")
+            first = json.dumps({"script": [{"sleep": 60000}]})
+            child, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="script", prompt=first, label="sleeper"))
+            print(json.dumps({"root": root.id, "child": child, "owner": sup.statistics().owner_id}), flush=True)
+            await anyio.sleep(3600)
+
+    anyio.run(main, sys.argv[1])
+    """
+)
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SUBAGENTS_")}
+    env.update(PYTHONPATH=REPO, SUBAGENTS_DURABILITY="none", SUBAGENTS_POOL_SIZE="1", SUBAGENTS_CONTROL_POLL_S="0.02")
+    return env
+
+
+def cli(store_path: str, *args: str) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run([sys.executable, "-m", "supervisor.cli", "--store", store_path, *args], cwd=REPO, env=_env(),
+                              capture_output=True, text=True, timeout=DEADLINE_S)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"subagents {' '.join(args)} hung; stdout={exc.stdout!r} stderr={exc.stderr!r}")
+
+
+def ok(store_path: str, *args: str) -> str:
+    done = cli(store_path, *args)
+    assert done.returncode == 0, f"subagents {' '.join(args)} exited {done.returncode}: {done.stderr}"
+    return done.stdout
+
+
+def until(predicate: Callable[[], Any], timeout_s: float = WAIT_S) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout_s} s")
+        time.sleep(0.02)
+
+
+def events(store_path: str, session_id: str) -> list[dict[str, Any]]:
+    return inspect(Store(store_path, create=False), session_id).events
+
+
+def stop_reasons(store_path: str, session_id: str) -> list[str]:
+    return [e["data"]["stop_reason"] for e in events(store_path, session_id) if e["type"] == "turn/end"]
+
+
+def script(*actions: dict[str, Any]) -> str:
+    return json.dumps({"script": list(actions)})
+
+
+@pytest.fixture
+def host(tmp_path: Path):
+    """(store path, {"root", "child", "owner"}, host process) once the child's sleeping turn has started."""
+    store_path = str(tmp_path / "st")
+    proc = subprocess.Popen([sys.executable, "-c", HOST, store_path], stdout=subprocess.PIPE, text=True, env=_env(), cwd=REPO)
+    try:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        assert line, "the host supervisor did not start"
+        ids = json.loads(line)
+        until(lambda: any(e["type"] == "turn/start" for e in events(store_path, ids["child"])))
+        yield store_path, ids, proc
+    finally:
+        proc.kill()
+        proc.wait(10)
+        proc.stdout.close()  # type: ignore[union-attr]
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+
+
+# -- send and interrupt -------------------------------------------------------------------------
+
+
+def test_send_to_a_hosted_child_returns_once_durable_and_interrupt_lets_it_run(host) -> None:
+    """send prints the id of a message durable in the child's mailbox; interrupt stops the sleeping turn; the host runs the message."""
+    store_path, ids, _proc = host
+    root, child = ids["root"], ids["child"]
+    doc = json.loads(ok(store_path, "send", child, script({"return": "from the cli"}), "--parent", root, "--json"))
+    assert doc["hosted"] == "elsewhere"
+    assert doc["message_id"] in [m.id for m in read_mailbox(Store(store_path, create=False), child)]
+    assert stop_reasons(store_path, child) == []  # still in its first turn: nothing waited for it
+
+    assert ok(store_path, "interrupt", child, "--parent", root) == f"interrupt requested for agent {child}\n"
+    until(lambda: stop_reasons(store_path, child) == ["aborted", "completed"])
+    accepted = [e["data"]["message_id"] for e in events(store_path, child) if e["type"] == "message/accepted"]
+    assert accepted[-1] == doc["message_id"]
+    assert read_lease(Store(store_path, create=False), child).owner == ids["owner"]  # it ran in the host
+
+
+def test_send_text_prints_the_message_id(host) -> None:
+    """Without --json, send to a hosted child prints only the message id."""
+    store_path, ids, _proc = host
+    out = ok(store_path, "send", ids["child"], script({"return": "x"}), "--parent", ids["root"])
+    assert [m.id for m in read_mailbox(Store(store_path, create=False), ids["child"])][-1] == out.strip()
+
+
+def test_send_cold_resumes_and_waits_for_the_settlement_notice(host) -> None:
+    """With the host dead, send resumes the child in the CLI, waits for it to settle and prints the root's notice."""
+    store_path, ids, proc = host
+    root, child = ids["root"], ids["child"]
+    _kill(proc)
+    done = cli(store_path, "send", child, script({"return": "resumed by the cli"}), "--parent", root)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    message_id = lines[0]
+    assert lines[1:] == [f"Background subagent {child} finished and will do no further work unless you send it more.",
+                         "Its closing message:", "resumed by the cli"]
+    assert message_id in [m.id for m in read_mailbox(Store(store_path, create=False), child)]
+    assert stop_reasons(store_path, child) == ["interrupted", "completed"]  # crash repair, then the message
+    assert read_lease(Store(store_path, create=False), child).state == "released"
+
+
+def test_send_json_after_a_cold_resume(host) -> None:
+    """--json prints one document: the message id, the epoch it ran at, its stop reason and the notice."""
+    store_path, ids, proc = host
+    _kill(proc)
+    doc = json.loads(ok(store_path, "send", ids["child"], script({"return": "json"}), "--parent", ids["root"], "--json"))
+    assert doc["hosted"] == "here" and doc["settled"] and doc["epoch"] == 2 and doc["stop_reason"] == "completed"
+    notice = doc["notice"]
+    assert notice["content"].endswith("Its closing message:\njson")
+    assert notice["id"] in [m.id for m in read_mailbox(Store(store_path, create=False), ids["root"])]
+
+
+def test_send_times_out_when_the_resumed_child_does_not_settle(host) -> None:
+    """Past --wait-s, send prints the id, then TIMEOUT (exit 2); closing stops the turn, which ends aborted."""
+    store_path, ids, proc = host
+    _kill(proc)
+    done = cli(store_path, "send", ids["child"], script({"sleep": 60000}), "--parent", ids["root"], "--wait-s", "0.5")
+    assert done.returncode == 2
+    assert "error: TIMEOUT: " in done.stderr
+    assert done.stdout.strip() in [m.id for m in read_mailbox(Store(store_path, create=False), ids["child"])]
+    assert stop_reasons(store_path, ids["child"])[-1] == "aborted"
+
+
+@pytest.mark.parametrize("command", ["send", "interrupt"])
+def test_wrong_parent_is_unauthorized_and_writes_nothing(host, command: str) -> None:
+    """A --parent that is not the child's root exits 2 with UNAUTHORIZED; no message or control record."""
+    store_path, ids, _proc = host
+    st = Store(store_path, create=False)
+    before = read_mailbox(st, ids["child"])
+    args = [ids["child"], "x"] if command == "send" else [ids["child"]]
+    done = cli(store_path, command, *args, "--parent", ids["child"])
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: UNAUTHORIZED: ")
+    assert read_mailbox(st, ids["child"]) == before
+    assert not os.path.exists(st.path(ids["child"], "control"))
+
+
+def test_send_to_an_unknown_child_is_not_resumable(host) -> None:
+    store_path, ids, _proc = host
+    done = cli(store_path, "send", "01J00000000000000000000000", "x", "--parent", ids["root"])
+    assert done.returncode == 2 and done.stderr.startswith("error: NOT_RESUMABLE: ")
+
+
+# -- drain -------------------------------------------------------------------------------------
+
+
+def test_drain_tears_down_a_child_hosted_elsewhere(host) -> None:
+    """drain asks the host to dispose the child and waits until it reads complete."""
+    store_path, ids, proc = host
+    doc = json.loads(ok(store_path, "drain", ids["root"], "--json"))
+    assert doc["drained"] == [ids["child"]] and doc["settled"]
+    assert [(c["id"], c["status"]) for c in doc["children"]] == [(ids["child"], "complete")]
+    assert stop_reasons(store_path, ids["child"]) == ["aborted"]
+    assert proc.poll() is None  # the host lives on; only its child was drained
+
+
+def test_drain_text_with_nothing_hosted(host) -> None:
+    """Text output names what was asked; a child nobody hosts is already complete."""
+    store_path, ids, proc = host
+    _kill(proc)
+    out = ok(store_path, "drain", ids["root"])
+    assert out.splitlines() == [f"asked 0 continuable descendants of {ids['root']} to drain", f"{ids['child']} [complete] — sleeper"]
+
+
+# -- top ---------------------------------------------------------------------------------------
+
+
+def test_top_once_json_lists_the_held_sessions(host) -> None:
+    """top --once --json: the root (idle) and the child (running), held by the host at epoch 1."""
+    store_path, ids, proc = host
+    rows = {r["id"]: r for r in json.loads(ok(store_path, "top", "--once", "--json"))}
+    assert set(rows) == {ids["root"], ids["child"]}
+    child = rows[ids["child"]]
+    assert (child["status"], child["mode"], child["label"], child["parent"], child["epoch"]) == ("running", "continuable", "sleeper", ids["root"], 1)
+    assert child["owner"] == ids["owner"] and child["owner_pid"] == proc.pid
+    assert child["active_since"] is not None and child["settled_ms"] == 0
+    assert (rows[ids["root"]]["status"], rows[ids["root"]]["mode"]) == ("idle", "root")
+
+
+def test_top_once_text_and_a_dead_owner(host) -> None:
+    """Plain text is one aligned row per held session; once the host dies, nothing is listed."""
+    store_path, ids, proc = host
+    lines = ok(store_path, "top", "--once").splitlines()
+    assert lines[0].split() == ["id", "status", "mode", "label", "epoch", "settled", "pid", "parent", "owner"]
+    child = next(line.split() for line in lines if line.startswith(ids["child"]))
+    assert child[1:5] == ["running", "continuable", "sleeper", "1"]
+    assert child[-3:] == [str(proc.pid), ids["root"], ids["owner"]]
+    _kill(proc)
+    assert ok(store_path, "top", "--once") == "(no running or idle sessions)\n"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_top_on_a_terminal_is_a_rich_table_and_refreshes_live(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a terminal the snapshot is a rich table (ids intact) and TopView renders through rich Live."""
+    row = {"id": "01CHILD", "label": "[x]", "mode": "continuable", "parent": "01ROOT", "status": "running", "epoch": 3,
+           "owner": "01OWNER", "owner_pid": 42, "owner_host": "h", "settled_ms": 1500.0, "active_since": time.time() - 2}
+    monkeypatch.setenv("COLUMNS", "160")  # a wide terminal: every column whole
+    screen = _Terminal()
+    render.render_top(render.Output(screen), [row])
+    text = screen.getvalue()
+    assert all(cell in text for cell in ("01CHILD", "[x]", "01OWNER", " 42 ", "1.5s +", "01ROOT"))
+    monkeypatch.setenv("COLUMNS", "60")
+    narrow = _Terminal()
+    render.render_top(render.Output(narrow), [{**row, "id": "01M8MVY0PZ9RKY15DPNHER70WX"}])
+    assert "01M8MVY0PZ9RKY15DPNHER70WX" in narrow.getvalue()  # the id is never cut
+    live = _Terminal()
+    with render.TopView(render.Output(live)) as view:
+        view.update([row], time.time())
+    assert "01CHILD" in live.getvalue()
+    plain = io.StringIO()
+    with render.TopView(render.Output(plain, json_mode=True)) as view:
+        view.update([row], time.time())
+    assert json.loads(plain.getvalue()) == [row]
