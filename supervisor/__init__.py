@@ -10,7 +10,7 @@ that prints).
 from store.errors import SubagentError
 
 from .config import SupervisorConfig
-from .errors import CancelledBeforeStartError, InvalidRequestError, RegistryError, SubagentDepthError, SupervisorClosedError
+from .errors import CancelledBeforeStartError, InvalidRequestError, RegistryError, SubagentDepthError, SupervisorClosedError, WaitTimeoutError
 from .models import (
     AgentRef,
     AncestorAuthority,
@@ -33,6 +33,7 @@ __all__ = [
     "RegistryError",
     "SubagentDepthError",
     "SupervisorClosedError",
+    "WaitTimeoutError",
     "AgentRef",
     "AncestorAuthority",
     "Capabilities",

@@ -39,16 +39,13 @@ import anyio
 
 from store import (
     ContinuableDescriptor,
-    LogWriter,
     OneShotDescriptor,
     OwnerCache,
     Projection,
     Store,
-    acquire_lease,
     inspect,
     list_children,
     list_descendants,
-    new_id,
     owner_alive,
     pending,
     read_mailbox,
@@ -58,16 +55,15 @@ from store import (
     read_lease,
     read_owner,
     read_projection,
-    register_owner,
-    release_lease,
     reindex,
-    remove_owner,
     scan,
     session_status,
 )
-from store.errors import CorruptSessionError, LeaseHeldError, SubagentError
+from store.errors import CorruptSessionError, SubagentError
+from store.fsck import fsck
 
 from . import cli_render as render
+from .errors import WaitTimeoutError
 from .config import SupervisorConfig
 from .config_loader import DeploymentConfig, dump_toml, env_variables, load_config
 from .models import Capabilities, Provider, SubagentRequest, UserAuthority
@@ -456,9 +452,9 @@ def cmd_send(args: argparse.Namespace, config: DeploymentConfig, out: render.Out
     else:
         render.render_settled(out, doc)
     if doc["hosted"] == "here" and not doc["settled"]:
-        raise SubagentError(
+        raise WaitTimeoutError(
             f'agent "{args.child}" did not settle within {args.wait_s:g} s; its turn was stopped when this command closed',
-            code="TIMEOUT", child_id=args.child,
+            child_id=args.child,
         )
     return 0 if doc["hosted"] == "elsewhere" or doc["stop_reason"] == "completed" else 1
 
@@ -524,8 +520,9 @@ def cmd_drain(args: argparse.Namespace, config: DeploymentConfig, out: render.Ou
     _emit(out, doc, render.render_drain)
     if not doc["settled"]:
         left = [c["id"] for c in doc["children"] if c["status"] != "complete"]
-        raise SubagentError(f"{len(left)} continuable descendants of {args.root} did not settle within {args.wait_s:g} s: {', '.join(left)}",
-                            code="TIMEOUT", root=args.root)
+        raise WaitTimeoutError(
+            f"{len(left)} continuable descendants of {args.root} did not settle within {args.wait_s:g} s: {', '.join(left)}", root=args.root
+        )
     return 0
 
 
@@ -717,120 +714,9 @@ def cmd_log(args: argparse.Namespace, config: DeploymentConfig, out: render.Outp
 
 def cmd_fsck(args: argparse.Namespace, config: DeploymentConfig, out: render.Output, sources: Any) -> int:
     store = _open_store(config)
-    report = fsck(store, repair=args.repair, lease_ttl_s=config.supervisor.lease_ttl_s)
+    report = fsck(store, repair=args.repair, lease_ttl_s=config.supervisor.lease_ttl_s)  # store/fsck.py
     _emit(out, report, render.render_fsck)
     return 1 if report["counts"]["corrupt"] else 0
-
-
-def fsck(store: Store, *, repair: bool, lease_ttl_s: float) -> dict[str, Any]:
-    """Inspect every session folder; one finding per problem, never a crash.
-
-    With ``repair``, a torn tail is truncated (and an open turn closed) by
-    opening a ``LogWriter``, the resume path, under a lease this check takes
-    for the moment of the repair: at epoch 0 when the session never had a
-    lease, else by acquiring it (epoch + 1), which fences any writer that
-    still believes it owns the session. A lease held by a live owner is left
-    alone (that owner repairs on its own resume). Corrupt logs are never touched.
-    """
-    counts = {"clean": 0, "torn": 0, "corrupt": 0, "unsupported": 0}
-    findings: list[dict[str, Any]] = []
-    names = sorted(os.listdir(store.sessions_dir))
-    checked = 0
-    for name in names:
-        folder = os.path.join(store.sessions_dir, name)
-        if not os.path.isdir(folder):
-            findings.append({"id": name, "kind": "stray", "detail": "not a session folder"})
-            continue
-        if not os.path.exists(os.path.join(folder, "header")):
-            findings.append({"id": name, "kind": "no-header", "detail": "a creation that never published its header (nothing lists or resumes it)"})
-            continue
-        checked += 1
-        try:
-            found = inspect(store, name)
-        except SubagentError as exc:
-            kind = "unsupported" if exc.code == "UNSUPPORTED_FORMAT" else "corrupt"
-            counts[kind] += 1
-            findings.append({"id": name, "kind": kind if kind == "unsupported" else "header-corrupt", "detail": f"{exc.code}: {exc.message}"})
-            continue
-        except OSError as exc:
-            counts["corrupt"] += 1
-            findings.append({"id": name, "kind": "unreadable", "detail": f"{type(exc).__name__}: {exc}"})
-            continue
-        if os.path.exists(store.path(name, "lease")) and read_lease(store, name) is None:
-            findings.append({"id": name, "kind": "lease-unreadable", "detail": "the lease file does not decode"})
-        counts[found.status] += 1
-        if found.status == "clean":
-            continue
-        damage = found.damage
-        assert damage is not None
-        detail = f"{damage.reason} at byte {damage.offset}" + (f" ({damage.detail})" if damage.detail else "") + f", {damage.dropped} bytes after the valid prefix"
-        finding: dict[str, Any] = {"id": name, "kind": found.status, "detail": detail, "damage": dataclasses.asdict(damage),
-                                   "valid_events": len(found.events)}
-        if found.status == "corrupt":
-            finding["detail"] += "; committed work follows the damage"
-        elif repair:
-            finding["repair"] = _repair_torn(store, name, lease_ttl_s)
-            finding["repaired"] = finding["repair"].startswith("repaired")
-        findings.append(finding)
-    findings.extend(_index_findings(store))
-    return {
-        "store": store.root,
-        "sessions": checked,
-        "counts": counts,
-        "torn": [f["id"] for f in findings if f["kind"] == "torn"],
-        "corrupt": [f["id"] for f in findings if f["kind"] in ("corrupt", "header-corrupt", "unreadable")],
-        "repaired": [f["id"] for f in findings if f.get("repaired")],
-        "findings": findings,
-    }
-
-
-def _repair_torn(store: Store, session_id: str, lease_ttl_s: float) -> str:
-    lease = read_lease(store, session_id)
-    if lease is not None and lease.state != "released" and owner_alive(read_owner(store, lease.owner)):
-        return f"not repaired: owner {lease.owner} is alive and holds the lease (epoch {lease.epoch})"
-    if lease is None and not os.path.exists(store.path(session_id, "lease")):
-        with LogWriter.open(store, session_id, epoch=0) as writer:
-            closed = len(writer.repaired)
-        return "repaired at epoch 0" + (f", {closed} closing events appended" if closed else "")
-    owner_id = new_id()
-    register_owner(store, owner_id, ttl=lease_ttl_s)
-    try:
-        try:
-            taken = acquire_lease(store, session_id, owner_id)
-        except LeaseHeldError as exc:
-            return f"not repaired: {exc.message}"
-        try:
-            with LogWriter.open(store, session_id, epoch=taken.epoch) as writer:
-                closed = len(writer.repaired)
-        finally:
-            release_lease(store, session_id, owner_id, taken.epoch)
-    finally:
-        remove_owner(store, owner_id)
-    return f"repaired under lease epoch {taken.epoch}" + (f", {closed} closing events appended" if closed else "")
-
-
-def _index_findings(store: Store) -> list[dict[str, Any]]:
-    """Index entries the headers do not back, and headers the index misses (``store reindex`` fixes both)."""
-    proven: dict[str, set[str]] = {}
-    for session_id in store.session_ids():
-        try:
-            header = read_header(store, session_id)
-        except SubagentError:
-            continue
-        if header.parent_session is not None:
-            proven.setdefault(header.parent_session, set()).add(session_id)
-    findings = []
-    indexed_parents = {n for n in os.listdir(store.children_index_dir) if not n.endswith(".lock") and not n.startswith(".")}
-    for parent in sorted(indexed_parents | set(proven)):
-        try:
-            indexed = {e.id for e in read_children(store, parent)}
-        except SubagentError:
-            continue  # a file name that is not a session id: not ours to judge
-        for child in sorted(proven.get(parent, set()) - indexed):
-            findings.append({"id": child, "kind": "index-missing", "detail": f"child of {parent} by its header, absent from the index (run `subagents store reindex`)"})
-        for child in sorted(indexed - proven.get(parent, set())):
-            findings.append({"id": child, "kind": "index-stale", "detail": f"indexed under {parent} but no header proves it (harmless; `subagents store reindex` drops it)"})
-    return findings
 
 
 def cmd_reindex(args: argparse.Namespace, config: DeploymentConfig, out: render.Output, sources: Any) -> int:

@@ -5,7 +5,8 @@
     ├── InvalidRequestError      INVALID_REQUEST: a request field breaks its rule (also ValueError)
     ├── SubagentDepthError       DEPTH_EXCEEDED: attempted_depth > max_depth
     ├── CancelledBeforeStartError CANCELLED: cancelled before the run was published
-    └── SupervisorClosedError    SUPERVISOR_CLOSED: the service is closing or closed
+    ├── SupervisorClosedError    SUPERVISOR_CLOSED: the service is closing or closed
+    └── WaitTimeoutError         TIMEOUT: a wait for children or messages ran out (also TimeoutError)
 
 Messages are the reference's texts (REFERENCE.md §1.6), which models read.
 """
@@ -20,6 +21,7 @@ __all__ = [
     "SubagentDepthError",
     "CancelledBeforeStartError",
     "SupervisorClosedError",
+    "WaitTimeoutError",
     "duplicate_provider",
     "no_provider",
     "unsupported_capability",
@@ -76,3 +78,9 @@ class SupervisorClosedError(SubagentError):
     """Raised for operations on a Supervisor that is closing or closed."""
 
     code = "SUPERVISOR_CLOSED"
+
+
+class WaitTimeoutError(SubagentError, TimeoutError):
+    """Raised when a wait (for a message, for children to settle) ran past its deadline."""
+
+    code = "TIMEOUT"

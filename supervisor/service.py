@@ -40,7 +40,7 @@ from store.errors import FencedError, SessionNotFoundError, SubagentError
 
 from .agents import LiveAgents
 from .config import SupervisorConfig
-from .errors import SupervisorClosedError
+from .errors import SupervisorClosedError, WaitTimeoutError
 from .events import EventBus
 from .lease_keeper import LeaseKeeper
 from .continuation import ContinuationManager
@@ -242,12 +242,13 @@ class Supervisor:
 
     async def wait_for_message(self, root: AgentRef | str, *, timeout_s: float = 30.0) -> list[MailboxMessage]:
         """Poll a root's mailbox until something arrives (the host side of ``report``)."""
-        with anyio.fail_after(timeout_s):
+        with anyio.move_on_after(timeout_s):
             while True:
                 got = await self.take_messages(root)
                 if got:
                     return got
                 await anyio.sleep(0.02)
+        raise WaitTimeoutError(f"no message reached root {root.id if isinstance(root, AgentRef) else root} within {timeout_s} s")
 
     # -- catalog (store) ------------------------------------------------------------------
 

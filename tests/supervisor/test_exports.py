@@ -14,6 +14,7 @@ SUPERVISOR_ALL = [
     "RegistryError",
     "SubagentDepthError",
     "SupervisorClosedError",
+    "WaitTimeoutError",
     "AgentRef",
     "AncestorAuthority",
     "Capabilities",
