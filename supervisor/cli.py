@@ -66,7 +66,7 @@ from . import cli_render as render
 from .errors import WaitTimeoutError
 from .config import SupervisorConfig
 from .config_loader import DeploymentConfig, dump_toml, env_variables, load_config
-from .models import Capabilities, Provider, SubagentRequest, UserAuthority
+from .models import Capabilities, ContinuableSpec, Provider, SubagentRequest, UserAuthority
 from .service import Supervisor
 
 __all__ = ["main", "build_parser"]
@@ -387,6 +387,7 @@ async def _demo(config: DeploymentConfig, children: int, cpu_ms: int, out: rende
                     tg.start_soon(finish, run, label)
         wall = time.perf_counter() - started
         cpu_after = _worker_cpu_s(pids)
+        conversation = await _demo_conversation(sup, root, results, out)
     if cpu_before is not None and cpu_after is not None:
         cpu, source = cpu_after - cpu_before, "measured on the worker processes"
     else:
@@ -394,8 +395,41 @@ async def _demo(config: DeploymentConfig, children: int, cpu_ms: int, out: rende
     results.sort(key=lambda r: r["id"])
     return {
         "root": root.id, "children": children, "cpu_ms": cpu_ms, "pool_size": config.supervisor.pool_size,
-        "wall_s": wall, "cpu_s": cpu, "cpu_source": source, "results": results,
+        "wall_s": wall, "cpu_s": cpu, "cpu_source": source, "results": results, "conversation": conversation,
     }
+
+
+async def _demo_conversation(sup: Supervisor, root: Any, results: list[dict[str, Any]], out: render.Output) -> list[dict[str, Any]]:
+    """The continuable half of the demo: a reviewer child that reports, gets follow-ups, and settles.
+
+    Every message the root receives (the report, each settlement notice) is durable in
+    the root's mailbox; ``take_messages`` consumes them into the root's log.
+    """
+    sup.register_provider(Provider(name="reviewer", program="script", capabilities=Capabilities.all(), continuable=True))
+    parts = "; ".join(r["output"] for r in sorted(results, key=lambda r: r["label"]))
+    first = {"script": [{"cpu": 50}, {"report": f"reviewed {len(results)} parts so far", "delivery": "wakeup"},
+                        {"return": f"first review done: {parts[:120]}"}]}
+    spec = ContinuableSpec(parent=root, provider="reviewer", prompt=json.dumps(first), label="reviewer")
+    child_id, _ = await sup.start_continuable(spec)
+    if not out.json_mode:
+        out.line(f"started continuable child {child_id} (reviewer)")
+    received: list[dict[str, Any]] = []
+
+    async def collect(until: int) -> None:
+        while sum(1 for m in received if m["kind"] == "subagent-settled") < until:
+            for message in await sup.wait_for_message(root, timeout_s=30):
+                received.append({"kind": message.source.get("kind"), "content": message.content})
+                if not out.json_mode:
+                    out.line(f"  root received ({message.source.get('kind')}): {str(message.content).splitlines()[0]}")
+
+    await collect(1)
+    for n, text in enumerate(["now compare part 1 with part 2", "and summarise everything in one line"], start=2):
+        follow = {"script": [{"cpu": 30}, {"return": f"follow-up {n - 1} answered: {text}"}]}
+        message_id = await sup.followup(root, child_id, json.dumps(follow))
+        if not out.json_mode:
+            out.line(f"followup {message_id} → {child_id}: {text}")
+        await collect(n)
+    return received
 
 
 def cmd_run(args: argparse.Namespace, config: DeploymentConfig, out: render.Output, sources: Any) -> int:

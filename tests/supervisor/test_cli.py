@@ -94,7 +94,7 @@ def demo_copy(demo: DemoStore, tmp_path: Path) -> DemoStore:
 
 
 def test_demo_quick_lists_three_complete_children(demo: DemoStore) -> None:
-    """demo --quick prints a line per finished child, the timing, then `ls` with 3 `[complete]` rows and the tree."""
+    """demo --quick prints a line per finished child, the timing, then `ls` with 3 `[complete]` parts (and the reviewer) and the tree."""
     lines = demo.stdout.splitlines()
     assert sum(1 for line in lines if re.match(r"^\[\d/3\] \S+ part-\d completed after", line)) == 3
     assert any(line.startswith("speedup") for line in lines)
@@ -116,8 +116,14 @@ def test_demo_json_as_the_console_script(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert [r["stop_reason"] for r in doc["results"]] == ["completed", "completed"]
-    assert [r["status"] for r in doc["listing"]] == ["complete", "complete"]
+    assert [(r["label"], r["mode"], r["status"]) for r in doc["listing"]] == [
+        ("part-1", "one-shot", "complete"), ("part-2", "one-shot", "complete"), ("reviewer", "continuable", "complete")
+    ]
     assert doc["wall_s"] > 0 and doc["busy_s"] > 0
+    # the continuable half: a report, then one settlement notice per epoch (the first prompt and two follow-ups)
+    kinds = [m["kind"] for m in doc["conversation"]]
+    assert kinds.count("subagent-report") == 1 and kinds.count("subagent-settled") == 3
+    assert doc["conversation"][-1]["content"].endswith("follow-up 2 answered: and summarise everything in one line")
 
 
 # -- ls / tree -------------------------------------------------------------------------------
