@@ -22,6 +22,16 @@ __all__ = ["STORE_FORMAT", "STORE_VERSION", "Store"]
 STORE_FORMAT = "subagents-store"
 STORE_VERSION = 1
 
+# What a store folder holds while a creator is between its first sub-folder and its marker
+# (or after it died there). Another process opening the store at that moment completes the
+# creation (every step is idempotent; the marker is written exclusively) instead of refusing
+# "a non-empty folder": several supervisors may start together on a new store.
+_LAYOUT = frozenset({"sessions", "owners", "index", "STORE"})
+
+
+def _creating(name: str) -> bool:
+    return name.startswith(".") or name in _LAYOUT or name.startswith("STORE.tmp.")
+
 
 class Store:
     """An opened store folder (created with its ``STORE`` marker when absent)."""
@@ -39,7 +49,7 @@ class Store:
         if not os.path.exists(marker):
             if not create:
                 raise StoreFormatError(f"{self.root} is not a subagents store (no STORE marker)", path=self.root)
-            if os.path.isdir(self.root) and any(n for n in os.listdir(self.root) if not n.startswith(".")):
+            if os.path.isdir(self.root) and not all(_creating(n) for n in os.listdir(self.root)):
                 raise StoreFormatError(
                     f"{self.root} is not empty and has no STORE marker: refusing to make it a store", path=self.root
                 )

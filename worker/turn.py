@@ -73,14 +73,27 @@ async def _timer(control: TurnControl, timeout_ms: int) -> None:
 
 async def run_turn(spec: TurnSpec, control: TurnControl, rpc: RpcCaller) -> TurnOutcome:
     store = Store(spec.store_root, durability=spec.durability, create=False)
-    writer = LogWriter.open(store, spec.session_id, epoch=spec.epoch)
+    try:
+        writer = LogWriter.open(store, spec.session_id, epoch=spec.epoch)
+    except FencedError as exc:  # taken over before the turn began: nothing was written
+        return _fenced(spec, control, exc)
     try:
         return await _run(spec, control, rpc, writer)
     except FencedError as exc:
-        log.warning("turn fenced", extra={"session": spec.session_id, "epoch": spec.epoch})
-        return TurnOutcome(stop_reason="error", diagnostic=truncate_diagnostic(str(exc)), steps=control.steps)
+        return _fenced(spec, control, exc)
     finally:
         writer.close()
+
+
+def _fenced(spec: TurnSpec, control: TurnControl, exc: FencedError) -> TurnOutcome:
+    """The outcome of a turn whose session another supervisor took over.
+
+    The diagnostic starts with the error's code: the supervisor's driver
+    recognises a fenced turn by it and drops the activation without writing.
+    """
+    # info, not warning: the supervisor that drops the activation logs it, once per session
+    log.info("turn of %s fenced at epoch %d", spec.session_id, spec.epoch)
+    return TurnOutcome(stop_reason="error", diagnostic=truncate_diagnostic(f"{exc.code}: {exc}"), steps=control.steps)
 
 
 async def _run(spec: TurnSpec, control: TurnControl, rpc: RpcCaller, writer: LogWriter) -> TurnOutcome:

@@ -30,6 +30,7 @@ from worker.listing import render_rows
 
 DEADLINE_S = 90.0
 ROW = re.compile(r"^(\S+) \[complete\] — part-(\d)$")
+CHILD = re.compile(r"^(\S+) \[complete\] — (part-\d|reviewer)$")
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -74,13 +75,16 @@ class DemoStore:
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoStore:
-    """``demo --quick`` in a fresh folder: one root, three complete children."""
+    """``demo --quick`` in a fresh folder: one root, three complete one-shot parts and a continuable reviewer."""
     cwd = tmp_path_factory.mktemp("demo")
     out = ok("--store", "st", "demo", "--quick", cwd=cwd, env=FAST)
     root = re.search(r"^demo root (\S+):", out, re.M)
     assert root is not None, out
-    children = [m.group(1) for m in map(ROW.match, out.splitlines()) if m]
-    return DemoStore(cwd, cwd / "st", root.group(1), children[:3], out)
+    lines = out.splitlines()
+    listing = lines[lines.index(f"$ subagents ls {root.group(1)}") + 1 :][:4]
+    children = [m.group(1) for m in map(CHILD.match, listing) if m]
+    assert len(children) == 4, out
+    return DemoStore(cwd, cwd / "st", root.group(1), children, out)
 
 
 @pytest.fixture
@@ -152,8 +156,8 @@ def test_ls_of_an_unknown_parent_prints_no_subagents(demo: DemoStore) -> None:
 def test_ls_without_parent_lists_roots_with_child_counts(demo: DemoStore) -> None:
     """ls with no PARENT lists the top-level sessions and their subagent counts."""
     roots = json.loads(ok("--store", "st", "ls", "--json", cwd=demo.cwd))
-    assert [(r["id"], r["children"], r["status"]) for r in roots] == [(demo.root, 3, "complete")]
-    assert ok("--store", "st", "ls", cwd=demo.cwd).startswith(f"{demo.root} [complete] — 3 children (created ")
+    assert [(r["id"], r["children"], r["status"]) for r in roots] == [(demo.root, 4, "complete")]
+    assert ok("--store", "st", "ls", cwd=demo.cwd).startswith(f"{demo.root} [complete] — 4 children (created ")
 
 
 def test_global_options_after_the_command(demo: DemoStore) -> None:
@@ -165,7 +169,7 @@ def test_tree(demo: DemoStore) -> None:
     """tree ROOT indents by depth; --json is list_descendants flattened; no ROOT walks every root."""
     text = ok("--store", "st", "tree", demo.root, cwd=demo.cwd).splitlines()
     assert text[0] == f"{demo.root} (root)"
-    assert [ROW.match(line.removeprefix("  ")).group(1) for line in text[1:]] == demo.children  # type: ignore[union-attr]
+    assert [CHILD.match(line.removeprefix("  ")).group(1) for line in text[1:]] == demo.children  # type: ignore[union-attr]
     rows = json.loads(ok("--store", "st", "tree", demo.root, "--json", cwd=demo.cwd))
     expected = [{**dataclasses.asdict(r.entry), "parent_id": r.parent_id, "depth": r.depth}
                 for r in list_descendants(Store(demo.path, create=False), demo.root)]
@@ -282,7 +286,7 @@ def test_fsck_clean_store(demo_copy: DemoStore) -> None:
     done = cli("--store", "st", "store", "fsck", "--json", cwd=demo_copy.cwd)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    assert report["counts"] == {"clean": 4, "torn": 0, "corrupt": 0, "unsupported": 0}
+    assert report["counts"] == {"clean": 5, "torn": 0, "corrupt": 0, "unsupported": 0}
     assert report["findings"] == []
 
 
@@ -355,7 +359,7 @@ def test_reindex_rebuilds_a_lost_index(demo_copy: DemoStore) -> None:
     report = json.loads(ok("--store", "st", "store", "fsck", "--json", cwd=demo_copy.cwd))
     assert sorted(f["id"] for f in report["findings"] if f["kind"] == "index-missing") == demo_copy.children
     doc = json.loads(ok("--store", "st", "store", "reindex", "--json", cwd=demo_copy.cwd))
-    assert doc == {"parents": {demo_copy.root: demo_copy.children}, "children": 3}
+    assert doc == {"parents": {demo_copy.root: demo_copy.children}, "children": 4}
     assert [r["id"] for r in json.loads(ok("--store", "st", "ls", demo_copy.root, "--json", cwd=demo_copy.cwd))] == demo_copy.children
 
 

@@ -174,7 +174,8 @@ async def test_a_fenced_turn_writes_nothing_more(st):
     """Once another owner holds a newer epoch, the turn's appends are refused and no turn/end is written."""
     outcome, events = await turn(st, f"{HERE}:takes_over_its_lease")
     assert outcome.stop_reason == "error"
-    assert outcome.diagnostic == 'session "01TURNTEST" was taken over: writer epoch 1, lease epoch 2'
+    # the code leads, as for every SubagentError ending a turn: the supervisor recognises a fenced turn by it
+    assert outcome.diagnostic == 'FENCED: session "01TURNTEST" was taken over: writer epoch 1, lease epoch 2'
     assert [e["type"] for e in events] == ["message/accepted", "turn/start"]
 
 
