@@ -127,9 +127,22 @@ def _find(exc: BaseException, kind: type[_E]) -> _E | None:
     return None
 
 
+_LOG_FIELDS = ("child", "parent", "epoch", "session")
+
+
+class _TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        fields = " ".join(f"{k}={getattr(record, k)}" for k in _LOG_FIELDS if hasattr(record, k))
+        return f"{text} [{fields}]" if fields else text
+
+
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         doc = {"ts": record.created, "level": record.levelname, "logger": record.name, "message": record.getMessage()}
+        for key in _LOG_FIELDS:  # the structured fields the library attaches (``extra=``)
+            if hasattr(record, key):
+                doc[key] = getattr(record, key)
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
         return json.dumps(doc, ensure_ascii=False)
@@ -137,7 +150,7 @@ class _JsonFormatter(logging.Formatter):
 
 def _setup_logging(level: str, as_json: bool) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JsonFormatter() if as_json else logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(_JsonFormatter() if as_json else _TextFormatter("%(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(int(level) if level.isdigit() else getattr(logging, level.upper()))

@@ -42,6 +42,7 @@ __all__ = [
 
 DEFAULT_SOURCE = "the embedded default (configs/default.toml)"
 ENV_PREFIX = "SUBAGENTS_"
+ENV_LLM_PREFIX = ENV_PREFIX + "LLM_"
 ENV_CONFIG = "SUBAGENTS_CONFIG"  # the deployment file, when --config is not given
 ENV_STORE = "SUBAGENTS_STORE"  # store.path; every other variable is SUBAGENTS_<supervisor field>
 
@@ -62,6 +63,8 @@ start_method = "forkserver"     # forkserver | spawn | fork
 durability = "batched"          # strict (fsync every append) | batched (fsync at commit points) | none
 lease_ttl_s = 5.0               # an owner whose heartbeat is older than this is dead; its leases can be taken
 cancel_grace_s = 2.0            # a cancelled turn that ignores cancellation this long has its worker killed
+turns_per_worker = 1            # running turns per worker: 1 for CPU-bound programs, more for I/O-bound (LLM) ones
+control_poll_s = 0.05           # how often a supervisor looks for messages/controls other processes wrote for its children
 worker_ready_timeout_s = 30.0   # a worker that is not READY by then is a startup failure
 worker_log_level = 30           # logging level inside workers (30 = WARNING)
 
@@ -235,8 +238,8 @@ def _merge_env(merged: dict[str, Any], origins: dict[tuple[str, ...], str], envi
     known = {ENV_PREFIX + f.upper(): f for f in SupervisorConfig.model_fields}
     used: list[str] = []
     for name in sorted(environ):
-        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG:
-            continue
+        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG or name.startswith(ENV_LLM_PREFIX):
+            continue  # SUBAGENTS_LLM_* belong to the llm program (worker/programs/llm.py), read where it runs
         value = environ[name]
         source = f"environment variable {name}"
         if name == ENV_STORE:

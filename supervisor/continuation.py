@@ -123,6 +123,11 @@ def settlement_text(child_id: str, reason: str, output: str) -> tuple[str, str]:
     return summary, body
 
 
+def _fields(act: "Activation") -> dict[str, Any]:
+    """Structured logging fields of an activation (``extra=``): child, parent, epoch."""
+    return {"child": act.child_id, "parent": act.parent_id, "epoch": act.epoch}
+
+
 def _size(path: str) -> int:
     try:
         return os.stat(path).st_size
@@ -324,6 +329,7 @@ class ContinuationManager:
         parent_act = self.activations.get(act.parent_id)
         if parent_act is not None:
             parent_act.owned.add(act.child_id)
+        log.info("activation of %s started", act.child_id, extra=_fields(act))
         self.sup.events.emit("subagent/start", {"run_id": act.run_id, "provider": provider_name, "id": act.child_id, "local": True})
         self.sup._tg.start_soon(self._drive, act)
 
@@ -603,6 +609,8 @@ class ContinuationManager:
                             code="NO_PROVIDER",
                         )
                 await self._set_state(act, "running")
+                if act.disposing:
+                    break  # fenced while recording the state: never dispatch a turn it cannot write
                 quiet, main = messages[:waking], messages[waking]
                 tf = act.descriptor.tool_filter
                 spec = TurnSpec(
@@ -640,10 +648,10 @@ class ContinuationManager:
                 assert handle.outcome is not None
                 act.reasons.append(handle.outcome.stop_reason)
                 act.last_output = handle.outcome.output
-                if handle.outcome.diagnostic and "FENCED" in handle.outcome.diagnostic:
+                if handle.outcome.fenced:
                     self._fenced(act)
         except Exception:
-            log.exception("driver of %s failed", act.child_id)
+            log.exception("driver of %s failed", act.child_id, extra=_fields(act))
             act.reasons.append("error")
         finally:
             with anyio.CancelScope(shield=True):
@@ -673,7 +681,10 @@ class ContinuationManager:
     def _fenced(self, act: Activation) -> None:
         """Another supervisor took this child over: stop, and never write to its files again."""
         if not act.fenced:
-            log.warning("activation %s was taken over by another supervisor (fenced at epoch %d); dropping it", act.child_id, act.epoch)
+            log.warning(
+                "activation %s was taken over by another supervisor (fenced at epoch %d); dropping it", act.child_id, act.epoch,
+                extra=_fields(act),
+            )
         act.fenced = True
         act.disposing = True
         if act.handle is not None:
@@ -687,7 +698,7 @@ class ContinuationManager:
                 act.consumed, act.last_id = writer.projection.consumed, writer.projection.last_message_id
                 act.mailbox_end = writer.projection.mailbox_end
         except SubagentError:
-            log.exception("repair of %s failed", act.child_id)
+            log.exception("repair of %s failed", act.child_id, extra=_fields(act))
 
     def _discard(self, act: Activation, messages: list[Any]) -> None:
         """Record the head of the pending mailbox as consumed unrun (``message/discarded``)."""
@@ -741,7 +752,7 @@ class ContinuationManager:
         try:
             await anyio.to_thread.run_sync(release_lease, self.store, act.child_id, self.sup.lease_keeper.owner_id, act.epoch)
         except FencedError:
-            log.warning("lease of %s was taken over before release", act.child_id)
+            log.warning("lease of %s was taken over before release", act.child_id, extra=_fields(act))
         # another process may have accepted a message after our last mailbox read and seen our
         # lease still held; it left the message for us. Re-read after releasing: one of us sees it.
         resume_after = not act.discard and not self._closing and await anyio.to_thread.run_sync(self._has_waking_pending, act)
@@ -755,7 +766,7 @@ class ContinuationManager:
             if self._is_live(act.parent_id) or self.store.exists(act.parent_id):
                 await self._send_to(act.parent_id, source, body, wake=not parent_closing)
         except Exception:
-            log.exception("subagent %s settlement notice was not delivered to its parent", act.child_id)
+            log.exception("subagent %s settlement notice was not delivered to its parent", act.child_id, extra=_fields(act))
         parent_act = self.activations.get(act.parent_id)
         if parent_act is not None:
             parent_act.owned.discard(act.child_id)
@@ -793,7 +804,7 @@ class ContinuationManager:
         try:
             writer = LogWriter.open(self.store, act.child_id, epoch=act.epoch)
         except SubagentError:
-            log.exception("could not discard pending messages of %s", act.child_id)
+            log.exception("could not discard pending messages of %s", act.child_id, extra=_fields(act))
             return False
         with writer:
             writer.append([("message/discarded", {"message_id": m.id, "mailbox_end": m.end}) for m in messages], commit=True)

@@ -291,14 +291,14 @@ class OneShotRuns:
                 if run._cancelled is not None and result.stop_reason != "completed":
                     result = result.model_copy(update={"stop_reason": "aborted"})
         except Exception as exc:
-            log.exception("one-shot run %s failed in the supervisor", run.id)
+            log.exception("one-shot run %s failed in the supervisor", run.id, extra={"child": run.id, "parent": spec.parent_session, "epoch": epoch})
             result = SubagentResult(stop_reason="error", diagnostic=f"{type(exc).__name__}: {exc}")
         finally:
             with anyio.CancelScope(shield=True):
                 try:
                     await anyio.to_thread.run_sync(release_lease, self.store, spec.session_id, self.owner_id, epoch)
                 except FencedError:
-                    log.warning("lease of %s was taken over before release", spec.session_id)
+                    log.warning("lease of %s was taken over before release", spec.session_id, extra={"child": spec.session_id, "parent": spec.parent_session, "epoch": epoch})
                 self.agents.remove(spec.session_id)
         run._result = result
         run._done.set()

@@ -109,6 +109,7 @@ class TurnOutcome(_Msg):
     stop_reason: str
     diagnostic: str | None = None
     steps: int = 0
+    fenced: bool = False  # another supervisor took the session over: the turn wrote nothing more
 
 
 class TurnDone(_Msg):

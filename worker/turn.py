@@ -88,12 +88,12 @@ async def run_turn(spec: TurnSpec, control: TurnControl, rpc: RpcCaller) -> Turn
 def _fenced(spec: TurnSpec, control: TurnControl, exc: FencedError) -> TurnOutcome:
     """The outcome of a turn whose session another supervisor took over.
 
-    The diagnostic starts with the error's code: the supervisor's driver
-    recognises a fenced turn by it and drops the activation without writing.
+    ``fenced`` tells the supervisor's driver to drop the activation without
+    writing; the diagnostic names the epochs for people.
     """
     # info, not warning: the supervisor that drops the activation logs it, once per session
     log.info("turn of %s fenced at epoch %d", spec.session_id, spec.epoch)
-    return TurnOutcome(stop_reason="error", diagnostic=truncate_diagnostic(f"{exc.code}: {exc}"), steps=control.steps)
+    return TurnOutcome(stop_reason="error", diagnostic=truncate_diagnostic(f"{exc.code}: {exc}"), steps=control.steps, fenced=True)
 
 
 async def _run(spec: TurnSpec, control: TurnControl, rpc: RpcCaller, writer: LogWriter) -> TurnOutcome:

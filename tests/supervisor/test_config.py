@@ -152,3 +152,10 @@ def test_env_variables_cover_every_supervisor_field() -> None:
     names = env_variables()
     assert {f"SUBAGENTS_{f.upper()}" for f in SupervisorConfig.model_fields} <= set(names)
     assert names["SUBAGENTS_STORE"] == "store.path"
+
+
+def test_llm_config_loads_and_leaves_llm_variables_to_the_program() -> None:
+    """configs/llm.toml registers the llm provider; SUBAGENTS_LLM_* are the program's, not config errors."""
+    cfg = load_config(CONFIGS / "llm.toml", env={"SUBAGENTS_LLM_MODEL": "m", "SUBAGENTS_LLM_BASE_URL": "http://127.0.0.1:1"}).config
+    assert cfg.supervisor.turns_per_worker == 8
+    assert [(p.name, p.program, p.continuable) for p in cfg.providers] == [("llm", "llm", True)]

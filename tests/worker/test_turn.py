@@ -176,6 +176,7 @@ async def test_a_fenced_turn_writes_nothing_more(st):
     assert outcome.stop_reason == "error"
     # the code leads, as for every SubagentError ending a turn: the supervisor recognises a fenced turn by it
     assert outcome.diagnostic == 'FENCED: session "01TURNTEST" was taken over: writer epoch 1, lease epoch 2'
+    assert outcome.fenced  # the typed flag the supervisor's driver reads
     assert [e["type"] for e in events] == ["message/accepted", "turn/start"]
 
 

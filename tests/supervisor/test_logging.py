@@ -1,0 +1,31 @@
+"""Structured logging: records about a child carry child, parent and epoch; --log-json emits them."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from supervisor import Capabilities, ContinuableSpec, Provider, Supervisor, SupervisorConfig
+from supervisor.cli import _JsonFormatter, _TextFormatter
+
+
+def test_json_and_text_formatters_carry_the_fields() -> None:
+    record = logging.LogRecord("supervisor.continuation", logging.INFO, __file__, 1, "activation of %s started", ("c1",), None)
+    record.child, record.parent, record.epoch = "c1", "r1", 3
+    doc = json.loads(_JsonFormatter().format(record))
+    assert (doc["message"], doc["child"], doc["parent"], doc["epoch"]) == ("activation of c1 started", "c1", "r1", 3)
+    assert _TextFormatter("%(message)s").format(record) == "activation of c1 started [child=c1 parent=r1 epoch=3]"
+
+
+@pytest.mark.anyio
+async def test_activation_records_name_child_parent_and_epoch(tmp_path, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="supervisor.continuation")
+    async with Supervisor.open(store=tmp_path / "st", config=SupervisorConfig(pool_size=1, durability="none")) as sup:
+        sup.register_provider(Provider(name="echo", program="echo", capabilities=Capabilities.all(), continuable=True))
+        root = await sup.open_root()
+        child_id, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="echo", prompt="hi", label="e"))
+        await sup.wait_for_message(root, timeout_s=20)
+    started = [r for r in caplog.records if r.getMessage() == f"activation of {child_id} started"]
+    assert [(r.child, r.parent, r.epoch) for r in started] == [(child_id, root.id, 1)]
