@@ -56,6 +56,7 @@ from store import (
     ContinuableDescriptor,
     LeaseHeldError,
     LogWriter,
+    MailboxMessage,
     Store,
     ToolFilter,
     accept,
@@ -584,11 +585,7 @@ class ContinuationManager:
         try:
             while not act.disposing:
                 act.wake = anyio.Event()
-                messages = await anyio.to_thread.run_sync(
-                    lambda: pending(
-                        self.store, act.child_id, consumed=act.consumed, last_consumed_id=act.last_id, mailbox_end=act.mailbox_end
-                    )
-                )
+                messages = await anyio.to_thread.run_sync(self._pending, act)
                 waking = next((i for i, m in enumerate(messages) if m.wake), None)
                 if waking is None:
                     # a delivery in flight, or one that landed after the read began (its poke
@@ -734,16 +731,7 @@ class ContinuationManager:
                 await sub.disposed.wait()
         if act.fenced:
             del self.activations[act.child_id]
-            parent_act = self.activations.get(act.parent_id)
-            if parent_act is not None:
-                parent_act.owned.discard(act.child_id)
-                parent_act.poke()
-            self.sup.events.emit(
-                "subagent/end",
-                {"run_id": act.run_id, "provider": act.descriptor.provider, "id": act.child_id, "local": True,
-                 "stop_reason": "error", "last_assistant_message": None},
-            )
-            act.disposed.set()
+            self._release_ownership(act, "error", None)
             return
         dropped = False
         if act.discard:
@@ -767,6 +755,16 @@ class ContinuationManager:
                 await self._send_to(act.parent_id, source, body, wake=not parent_closing)
         except Exception:
             log.exception("subagent %s settlement notice was not delivered to its parent", act.child_id, extra=_fields(act))
+        self._release_ownership(act, reason, act.last_output or None)
+        if resume_after:
+            self.sup._tg.start_soon(self._resume_for_pending, act.parent_id, act.child_id)
+
+    def _pending(self, act: Activation) -> list[MailboxMessage]:
+        """The activation's unconsumed mailbox messages (read from where its log says they start)."""
+        return pending(self.store, act.child_id, consumed=act.consumed, last_consumed_id=act.last_id, mailbox_end=act.mailbox_end)
+
+    def _release_ownership(self, act: Activation, reason: str, last_message: str | None) -> None:
+        """The last steps of every disposal: the parent stops owning the child, ``subagent/end``, done."""
         parent_act = self.activations.get(act.parent_id)
         if parent_act is not None:
             parent_act.owned.discard(act.child_id)
@@ -774,15 +772,13 @@ class ContinuationManager:
         self.sup.events.emit(
             "subagent/end",
             {"run_id": act.run_id, "provider": act.descriptor.provider, "id": act.child_id, "local": True,
-             "stop_reason": reason, "last_assistant_message": act.last_output or None},
+             "stop_reason": reason, "last_assistant_message": last_message},
         )
         act.disposed.set()
-        if resume_after:
-            self.sup._tg.start_soon(self._resume_for_pending, act.parent_id, act.child_id)
 
     def _has_waking_pending(self, act: Activation) -> bool:
         try:
-            messages = pending(self.store, act.child_id, consumed=act.consumed, last_consumed_id=act.last_id, mailbox_end=act.mailbox_end)
+            messages = self._pending(act)
         except SubagentError:
             return False
         return any(m.wake for m in messages)
@@ -798,7 +794,7 @@ class ContinuationManager:
             log.info("child %s was not resumed for its pending messages: %s", child_id, exc)
 
     def _discard_pending(self, act: Activation) -> bool:
-        messages = pending(self.store, act.child_id, consumed=act.consumed, last_consumed_id=act.last_id, mailbox_end=act.mailbox_end)
+        messages = self._pending(act)
         if not messages:
             return False
         try:
