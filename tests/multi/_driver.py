@@ -51,7 +51,7 @@ TAG_VARIABLE = "MULTI_TEST_HOST_TAG"  # not SUBAGENTS_*: the CLI refuses unknown
 READY_TIMEOUT_S = 30.0
 CALL_TIMEOUT_S = 30.0
 
-__all__ = ["Driver", "DriverError", "HostFactory", "S", "gated", "tagged_pids", "gone", "wait_gone", "REPO_ROOT"]
+__all__ = ["Driver", "DriverError", "HostFactory", "S", "gated", "tagged_pids", "gone", "wait_gone", "poll", "REPO_ROOT"]
 
 
 def S(*actions: dict[str, Any]) -> str:
@@ -655,3 +655,15 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+async def poll(predicate: Any, *, timeout: float = 20.0, what: str = "condition") -> Any:
+    """Wait until ``predicate()`` is truthy (and return it) under a deadline: a hang fails."""
+    import anyio
+
+    with anyio.fail_after(timeout):
+        while True:
+            value = predicate()
+            if value:
+                return value
+            await anyio.sleep(0.005)

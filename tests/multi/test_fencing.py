@@ -22,27 +22,11 @@ import pytest
 from store import Store, inspect, read_lease, read_mailbox, session_status
 from supervisor import Capabilities, Provider, Supervisor, SupervisorConfig
 
-from ._driver import HostFactory, S
+from ._driver import S, poll
 
 pytestmark = pytest.mark.anyio
 
 TTL = 0.5
-
-
-@pytest.fixture
-def hosts(tmp_path):
-    factory = HostFactory(tmp_path)
-    yield factory
-    assert factory.cleanup() == [], "processes of a host outlived it"
-
-
-async def poll(predicate, *, timeout: float = 20.0, what: str = "condition"):
-    with anyio.fail_after(timeout):
-        while True:
-            value = predicate()
-            if value:
-                return value
-            await anyio.sleep(0.005)
 
 
 def snapshot(st: Store, *session_ids: str) -> dict[str, bytes]:

@@ -14,21 +14,12 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
 
 from store import Store, list_children, read_children, reindex, scan
 
-from ._driver import HostFactory
 
 HOSTS = 4
 PER_BURST = 30
-
-
-@pytest.fixture
-def hosts(tmp_path):
-    factory = HostFactory(tmp_path)
-    yield factory
-    assert factory.cleanup() == [], "processes of a host outlived it"
 
 
 def is_subsequence(part: list[str], whole: list[str]) -> bool:

@@ -19,14 +19,7 @@ import pytest
 from store import LeaseHeldError, Store, acquire_lease, owner_alive, read_lease, read_owner, session_status
 from supervisor import SupervisorConfig
 
-from ._driver import HostFactory, S
-
-
-@pytest.fixture
-def hosts(tmp_path):
-    factory = HostFactory(tmp_path)
-    yield factory
-    assert factory.cleanup() == [], "processes of a host outlived it"
+from ._driver import S
 
 
 def poll(predicate, *, timeout: float = 20.0, what: str = "condition"):

@@ -24,25 +24,9 @@ import pytest
 from store import Store, inspect, list_children, list_descendants
 from supervisor import Supervisor, SupervisorConfig
 
-from ._driver import REPO_ROOT, HostFactory, S
+from ._driver import REPO_ROOT, S, poll
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def hosts(tmp_path):
-    factory = HostFactory(tmp_path)
-    yield factory
-    assert factory.cleanup() == [], "processes of a host outlived it"
-
-
-async def poll(predicate, *, timeout: float = 20.0, what: str = "condition"):
-    with anyio.fail_after(timeout):
-        while True:
-            value = predicate()
-            if value:
-                return value
-            await anyio.sleep(0.005)
 
 
 def cli(store: str, *args: str) -> object:

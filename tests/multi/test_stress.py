@@ -48,13 +48,6 @@ LARGE = {"hosts": 6, "kills": 40, "steps": 60, "lanes": 3, "max_children": 8, "s
 CONSUMING = ("message/accepted", "message/discarded")
 
 
-@pytest.fixture
-def hosts(tmp_path):
-    factory = HostFactory(tmp_path)
-    yield factory
-    assert factory.cleanup() == [], "processes of a host outlived it"
-
-
 class World:
     """What the hosts reported, and the checks made while they run."""
 

@@ -22,27 +22,11 @@ import pytest
 from store import Store, inspect, list_descendants, read_lease, session_status
 from supervisor import Capabilities, Provider, Supervisor, SupervisorConfig
 
-from ._driver import HostFactory, S, tagged_pids, wait_gone
+from ._driver import S, poll, tagged_pids, wait_gone
 
 pytestmark = pytest.mark.anyio
 
 CHILDREN = 6
-
-
-@pytest.fixture
-def hosts(tmp_path):
-    factory = HostFactory(tmp_path)
-    yield factory
-    assert factory.cleanup() == [], "processes of a host outlived it"
-
-
-async def poll(predicate, *, timeout: float = 20.0, what: str = "condition"):
-    with anyio.fail_after(timeout):
-        while True:
-            value = predicate()
-            if value:
-                return value
-            await anyio.sleep(0.005)
 
 
 def epochs_never_go_back(events: list[dict]) -> bool:
