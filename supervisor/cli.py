@@ -62,6 +62,8 @@ from store import (
 from store.errors import CorruptSessionError, SubagentError
 from store.fsck import fsck
 
+from worker.logcontext import FieldsFilter
+
 from . import cli_render as render
 from .errors import WaitTimeoutError
 from .config import SupervisorConfig
@@ -151,6 +153,7 @@ class _JsonFormatter(logging.Formatter):
 def _setup_logging(level: str, as_json: bool) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_JsonFormatter() if as_json else _TextFormatter("%(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(FieldsFilter())  # child/parent/epoch of the task that logs (worker/logcontext.py)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(int(level) if level.isdigit() else getattr(logging, level.upper()))

@@ -77,6 +77,7 @@ from store.errors import FencedError, SessionNotFoundError, SubagentError
 from store.lease import owner_alive, read_lease, read_owner
 from store.ids import validate_session_id
 from worker.programs import BUILTIN_PROGRAMS
+from worker.logcontext import bind
 from worker.protocol import Budget, TurnSpec
 
 from .errors import InvalidRequestError, SubagentDepthError, no_provider
@@ -580,6 +581,7 @@ class ContinuationManager:
     async def _drive(self, act: Activation) -> None:
         from .rpc import TurnRpc
 
+        bind(**_fields(act))
         program: str | None = None
         blob: bytes | None = None
         try:

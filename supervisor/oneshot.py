@@ -22,6 +22,7 @@ import anyio
 
 from store import IdGenerator, LogWriter, OneShotDescriptor, Store, create_session, delete_session, read_header, release_lease
 from store.errors import FencedError, SessionNotFoundError, SubagentError
+from worker.logcontext import bind
 from worker.protocol import Budget, TurnSpec
 
 from .errors import CancelledBeforeStartError, InvalidRequestError, SubagentDepthError
@@ -273,6 +274,7 @@ class OneShotRuns:
             tg.cancel_scope.cancel()
 
     async def _drive(self, run: SubagentRun, spec: TurnSpec, epoch: int, on_rpc: Any, info: dict[str, Any]) -> None:
+        bind(child=spec.session_id, parent=spec.parent_session, epoch=epoch)
         result: SubagentResult
         try:
             if run._cancelled is not None:

@@ -24,6 +24,7 @@ import anyio
 from store.errors import from_wire
 
 from .budget import TurnControl
+from .logcontext import FieldsFilter, bind
 from .protocol import Cancel, Reply, RunTurn, Rpc, Ready, Shutdown, TurnDone, TurnOutcome, decode, encode
 
 __all__ = ["worker_entry", "WorkerLoop"]
@@ -78,6 +79,7 @@ class WorkerLoop:
         async def rpc(method: str, args: dict[str, Any]) -> Any:
             return await self.call(msg.call_id, method, args)
 
+        bind(child=msg.spec.session_id, parent=msg.spec.parent_session, epoch=msg.spec.epoch)
         try:
             outcome = await run_turn(msg.spec, control, rpc)
         except Exception as exc:  # a store failure outside the program: report, never hang the caller
@@ -103,6 +105,16 @@ class WorkerLoop:
         return reply.value
 
 
+class _Defaults(logging.Filter):
+    """Records logged outside any turn still format (``child=- epoch=-``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for key in ("child", "epoch"):
+            if not hasattr(record, key):
+                setattr(record, key, "-")
+        return True
+
+
 def worker_entry(conn: Any, log_level: int = logging.WARNING, inherited: Any = None) -> None:
     """Process target: serve the supervisor on ``conn`` until it goes away.
 
@@ -111,7 +123,10 @@ def worker_entry(conn: Any, log_level: int = logging.WARNING, inherited: Any = N
     """
     if inherited is not None:
         inherited.close()
-    logging.basicConfig(level=log_level)
+    logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s [child=%(child)s epoch=%(epoch)s]")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_Defaults())
+        handler.addFilter(FieldsFilter())
     try:
         anyio.run(WorkerLoop(conn).serve)
     except KeyboardInterrupt:

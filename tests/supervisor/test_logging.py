@@ -29,3 +29,28 @@ async def test_activation_records_name_child_parent_and_epoch(tmp_path, caplog) 
         await sup.wait_for_message(root, timeout_s=20)
     started = [r for r in caplog.records if r.getMessage() == f"activation of {child_id} started"]
     assert [(r.child, r.parent, r.epoch) for r in started] == [(child_id, root.id, 1)]
+
+
+def test_bound_fields_reach_every_record_of_the_task_and_its_threads(caplog) -> None:
+    """bind() in a task: its records, and those of threads it starts, carry child/parent/epoch."""
+    import anyio
+
+    from worker.logcontext import FieldsFilter, bind
+
+    logger = logging.getLogger("subagents.test.bound")
+    caplog.set_level(logging.INFO, logger=logger.name)
+    caplog.handler.addFilter(FieldsFilter())
+
+    async def task() -> None:
+        bind(child="c9", parent="r9", epoch=4)
+        logger.info("in the task")
+        await anyio.to_thread.run_sync(lambda: logger.info("in a thread"))
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(task)
+        logger.info("outside")
+
+    anyio.run(main)
+    got = {r.getMessage(): (getattr(r, "child", None), getattr(r, "parent", None), getattr(r, "epoch", None)) for r in caplog.records}
+    assert got == {"in the task": ("c9", "r9", 4), "in a thread": ("c9", "r9", 4), "outside": (None, None, None)}
