@@ -24,6 +24,7 @@ from .models import (
 )
 from .oneshot import SubagentRun
 from .service import Supervisor, SupervisorStatistics
+from .setup import ActivationInfo
 
 __all__ = [
     "SubagentError",
@@ -45,5 +46,6 @@ __all__ = [
     "UserAuthority",
     "SubagentRun",
     "Supervisor",
+    "ActivationInfo",
     "SupervisorStatistics",
 ]

@@ -83,6 +83,7 @@ from worker.protocol import Budget, TurnSpec
 from .errors import InvalidRequestError, SubagentDepthError, no_provider
 from .models import AgentRef, AncestorAuthority, ContinuableSpec, UserAuthority
 from .oneshot import program_fields, validate_budget, validate_max_depth
+from .setup import ActivationInfo, SetupBatch, SetupRegistry
 
 if TYPE_CHECKING:
     from .pool import TurnHandle
@@ -173,6 +174,7 @@ class Activation:
     mailbox_size: int = 0
     control_seq: int = -1
     fenced: bool = False  # taken over by another supervisor: drop without touching the store
+    setup: SetupBatch | None = None  # the setup contributions installed into this activation
 
     def poke(self) -> None:
         self.wake.set()
@@ -186,6 +188,7 @@ class ContinuationManager:
         self._draining_roots: set[str] = set()
         self._closing = False
         self._materializing: dict[str, anyio.Event] = {}
+        self.setups = SetupRegistry()
 
     # -- admission -------------------------------------------------------------
 
@@ -303,7 +306,10 @@ class ContinuationManager:
                             f'subagent parent "{parent_id}" is being disposed; the child was not established',
                             code="ACTIVATION_CLOSING",
                         )
-                except SubagentError:
+                    info = ActivationInfo(child_id, parent_id, spec.label, provider.name, child_depth, epoch, resumed=False)
+                    batch = self.setups.install(info)
+                    batch.commit()
+                except BaseException:
                     await anyio.to_thread.run_sync(lambda: delete_session(self.store, child_id, parent_session=parent_id))
                     raise
         finally:
@@ -312,7 +318,7 @@ class ContinuationManager:
         act = Activation(
             child_id=child_id, parent_id=parent_id, descriptor=descriptor, epoch=epoch, depth=child_depth, sandbox=sandbox,
             ancestry=frozenset(self._lineage(parent_id)), run_id=self.sup._ids.new(), consumed=0, last_id=None,
-            budget=budget,
+            budget=budget, setup=batch,
         )
         self._install(act, provider_name=provider.name)
         return child_id, message_id
@@ -419,10 +425,19 @@ class ContinuationManager:
         parent_depth = parent_act.depth if parent_act else (parent_live.depth if parent_live else 0)
         depth = max(header.delegation_depth, parent_depth + 1)
         sandbox = projection.sandbox  # the delegated policy from its own log; resume re-captures nothing
+        try:
+            info = ActivationInfo(child_id, parent_id, descriptor.label, descriptor.provider, depth, lease.epoch, resumed=True)
+            batch = self.setups.install(info)
+            batch.commit()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(release_lease, self.store, child_id, self.sup.lease_keeper.owner_id, lease.epoch)
+            raise
         act = Activation(
             child_id=child_id, parent_id=parent_id, descriptor=descriptor, epoch=lease.epoch, depth=depth, sandbox=sandbox,
             ancestry=frozenset(self._lineage(parent_id)), run_id=self.sup._ids.new(),
             consumed=projection.consumed, last_id=projection.last_message_id, mailbox_end=projection.mailbox_end,
+            setup=batch,
         )
         self._install(act, provider_name=descriptor.provider)
         return act
@@ -766,7 +781,12 @@ class ContinuationManager:
         return pending(self.store, act.child_id, consumed=act.consumed, last_consumed_id=act.last_id, mailbox_end=act.mailbox_end)
 
     def _release_ownership(self, act: Activation, reason: str, last_message: str | None) -> None:
-        """The last steps of every disposal: the parent stops owning the child, ``subagent/end``, done."""
+        """The last steps of every disposal: setup released, the parent stops owning the child, ``subagent/end``, done."""
+        if act.setup is not None:
+            try:
+                act.setup.release()
+            except SubagentError:
+                log.exception("subagent %s activation teardown failed", act.child_id, extra=_fields(act))
         parent_act = self.activations.get(act.parent_id)
         if parent_act is not None:
             parent_act.owned.discard(act.child_id)

@@ -48,6 +48,7 @@ from .models import AgentRef, AncestorAuthority, ContinuableSpec, Provider, Suba
 from .oneshot import CancelToken, OneShotRuns, SubagentRun
 from .pool import PoolStatistics, WorkerPool
 from .registry import ProviderRegistry
+from .setup import Contribution
 
 __all__ = ["Supervisor", "SupervisorStatistics"]
 
@@ -207,6 +208,10 @@ class Supervisor:
 
     async def report_from(self, child_id: str, content: Any, *, delivery: str = "wakeup") -> str:
         return await self.continuation.report_from(child_id, content, delivery=delivery)
+
+    def register_continuable_setup(self, contribution: Contribution) -> Callable[[], None]:
+        """Install ``contribution(ActivationInfo) -> dispose`` into every continuable activation; returns the revoker."""
+        return self.continuation.setups.register(contribution)
 
     async def drain(self, parents: list[AgentRef | str]) -> None:
         """Close admission below ``parents`` and dispose their continuable descendants child-first."""

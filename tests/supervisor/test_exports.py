@@ -26,6 +26,7 @@ SUPERVISOR_ALL = [
     "UserAuthority",
     "SubagentRun",
     "Supervisor",
+    "ActivationInfo",
     "SupervisorStatistics",
 ]
 
