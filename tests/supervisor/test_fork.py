@@ -1,0 +1,51 @@
+"""A fork provider seeds the child with its parent's completed-turn prefix (seed_length)."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import pytest
+
+from store import fold_resume_descriptor, inspect, read_header, read_projection
+from supervisor import Capabilities, ContinuableSpec, Provider, Supervisor, SupervisorConfig
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_fork_child_inherits_the_completed_prefix_and_folds_its_own_descriptor(tmp_path) -> None:
+    async with Supervisor.open(store=tmp_path / "st", config=SupervisorConfig(pool_size=1, durability="none")) as sup:
+        caps = Capabilities.all()
+        sup.register_provider(Provider(name="script", program="script", capabilities=caps, continuable=True))
+        sup.register_provider(Provider(name="fork", program="script", capabilities=caps, continuable=True, inherits_parent_context=True))
+        root = await sup.open_root()
+        parent_id, _ = await sup.start_continuable(
+            ContinuableSpec(parent=root, provider="script", label="parent", prompt=json.dumps({"script": [{"return": "first turn"}]}))
+        )
+
+        async def settled_once(child: str, count: int) -> None:
+            with anyio.fail_after(20):
+                while sum(1 for e in inspect(sup.store, child).events if e["type"] == "turn/end") < count:
+                    await anyio.sleep(0.02)
+
+        await settled_once(parent_id, 1)
+        second = {"script": [{"start_continuable": {"prompt": {"script": [{"return": "forked"}]}, "label": "forked", "provider": "fork"}},
+                             {"return": "second turn"}]}
+        await sup.followup(root, parent_id, json.dumps(second))
+        await settled_once(parent_id, 2)
+        (grandchild,) = [r.entry for r in await sup.list_descendants(root.id) if r.depth == 2]
+        await settled_once(grandchild.id, 1)
+
+        parent_events = inspect(sup.store, parent_id).events
+        first_end = next(i for i, e in enumerate(parent_events) if e["type"] == "turn/end")
+        header = read_header(sup.store, grandchild.id)
+        child_events = inspect(sup.store, grandchild.id).events
+        assert header.seed_length == first_end + 1
+        assert [(e["type"], e["data"]) for e in child_events[: header.seed_length]] == [
+            (e["type"], e["data"]) for e in parent_events[: first_end + 1]
+        ]
+        # the seed holds the parent's descriptor; resume folds only the child's own suffix
+        seq, own = fold_resume_descriptor(child_events, header.seed_length)
+        assert seq >= header.seed_length and own.label == "forked" and own.provider == "fork"
+        assert read_projection(sup.store, grandchild.id).continuable().label == "forked"
+        assert (grandchild.label, grandchild.mode) == ("forked", "continuable")
