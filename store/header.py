@@ -32,6 +32,7 @@ class SessionHeader(BaseModel):
     delegation_depth: int = 0
     seed_length: int | None = None
     cwd: str | None = None
+    label: str | None = None  # a top-level agent's label (children keep theirs in the descriptor)
 
     @field_validator("id", "parent_session")
     @classmethod

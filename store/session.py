@@ -43,6 +43,7 @@ def create_session(
     cwd: str | None = None,
     created_at: float | None = None,
     lease_owner: str | None = None,
+    label: str | None = None,
 ) -> SessionHeader:
     """Create a session with its seed (events inherited from a parent) and first events.
 
@@ -62,6 +63,8 @@ def create_session(
         record["seed_length"] = len(seed)
     if cwd is not None:
         record["cwd"] = cwd
+    if label is not None:
+        record["label"] = label
     header = parse_header(record)
     folder = store.session_dir(session_id)
     try:

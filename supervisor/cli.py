@@ -320,6 +320,7 @@ def _roots(store: Store) -> list[dict[str, Any]]:
         if header.parent_session is None:
             roots.append({
                 "id": session_id,
+                "label": header.label,
                 "created_at": header.created_at,
                 "status": session_status(store, session_id, owners),
                 "children": _subagent_count(store, session_id),

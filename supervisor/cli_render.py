@@ -130,7 +130,7 @@ def render_listing(out: Output, rows: Sequence[dict[str, Any]]) -> None:
 
 
 def render_roots(out: Output, roots: Sequence[dict[str, Any]]) -> None:
-    """Top-level sessions: ``<id> [<status>] — <n> children (created <time>)``."""
+    """Top-level sessions: ``<id> [<status>] — <label>: <n> children (created <time>)``."""
     if not roots:
         out.line("(no sessions)")
         return
@@ -138,15 +138,16 @@ def render_roots(out: Output, roots: Sequence[dict[str, Any]]) -> None:
         from rich.table import Table
 
         table = Table(box=None, header_style="bold")
-        for column in ("id", "status", "children", "created"):
+        for column in ("id", "status", "label", "children", "created"):
             table.add_column(column)
         for root in roots:
-            table.add_row(root["id"], root["status"], str(root["children"]), fmt_time(root["created_at"]))
+            table.add_row(root["id"], root["status"], root.get("label") or "", str(root["children"]), fmt_time(root["created_at"]))
         out.console.print(table)
         return
     for root in roots:
         noun = "child" if root["children"] == 1 else "children"
-        out.line(f"{root['id']} [{root['status']}] — {root['children']} {noun} (created {fmt_time(root['created_at'])})")
+        label = f"{root['label']}: " if root.get("label") else ""
+        out.line(f"{root['id']} [{root['status']}] — {label}{root['children']} {noun} (created {fmt_time(root['created_at'])})")
 
 
 # -- tree -----------------------------------------------------------------------

@@ -155,7 +155,7 @@ class Supervisor:
         def open_it() -> tuple[str, int, int]:
             if id is None:
                 root_id = self._ids.new()
-                create_session(self.store, root_id)
+                create_session(self.store, root_id, label=label)
                 depth = 0
             else:
                 root_id = id

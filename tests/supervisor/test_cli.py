@@ -156,8 +156,8 @@ def test_ls_of_an_unknown_parent_prints_no_subagents(demo: DemoStore) -> None:
 def test_ls_without_parent_lists_roots_with_child_counts(demo: DemoStore) -> None:
     """ls with no PARENT lists the top-level sessions and their subagent counts."""
     roots = json.loads(ok("--store", "st", "ls", "--json", cwd=demo.cwd))
-    assert [(r["id"], r["children"], r["status"]) for r in roots] == [(demo.root, 4, "complete")]
-    assert ok("--store", "st", "ls", cwd=demo.cwd).startswith(f"{demo.root} [complete] — 4 children (created ")
+    assert [(r["id"], r["label"], r["children"], r["status"]) for r in roots] == [(demo.root, "demo", 4, "complete")]
+    assert ok("--store", "st", "ls", cwd=demo.cwd).startswith(f"{demo.root} [complete] — demo: 4 children (created ")
 
 
 def test_global_options_after_the_command(demo: DemoStore) -> None:
