@@ -535,19 +535,17 @@ async def _send(config: DeploymentConfig, child: str, message: str, parent: str,
         if not out.json_mode:
             render.render_sent(out, doc)
 
-        def held_here() -> bool:
-            now = read_lease(sup.store, child)
-            return now is not None and now.owner == owner_id and now.state != "released"
-
+        # settled = this supervisor emitted the activation's ``subagent/end``: that comes after
+        # the settlement notice is durable in the root's mailbox (the lease is released earlier,
+        # so "lease released" alone would read the mailbox before the notice is there)
         settled = False
         with anyio.move_on_after(wait_s):
-            while True:
-                woken[0] = anyio.Event()  # before the read: an end between the two still wakes us
-                if not await anyio.to_thread.run_sync(held_here):
-                    settled = True
+            while not ends:
+                woken[0] = anyio.Event()
+                if ends:
                     break
-                with anyio.move_on_after(CONTROL_POLL_S):
-                    await woken[0].wait()
+                await woken[0].wait()
+            settled = True
         notices = await anyio.to_thread.run_sync(_settlement_notices, sup.store, parent, child, accepted_at)
         doc.update(settled=settled, stop_reason=ends[0] if ends else None, notice=notices[0] if notices and settled else None)
     return doc
