@@ -66,7 +66,7 @@ from .lease import (
 from .log import LogWriter, SeqMismatchError, load_projection, read_projection
 from .mailbox import MailboxMessage, accept, pending, read_mailbox
 from .projection import Projection, Timing
-from .reader import Inspection, inspect, read_header
+from .reader import Inspection, inspect, read_from, read_header
 from .root import STORE_FORMAT, STORE_VERSION, Store
 from .session import create_session, delete_session
 
@@ -89,7 +89,7 @@ __all__ = [
     "LogWriter", "SeqMismatchError", "load_projection", "read_projection",
     "MailboxMessage", "accept", "pending", "read_mailbox",
     "Projection", "Timing",
-    "Inspection", "inspect", "read_header",
+    "Inspection", "inspect", "read_from", "read_header",
     "STORE_FORMAT", "STORE_VERSION", "Store",
     "create_session", "delete_session",
 ]

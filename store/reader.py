@@ -26,7 +26,7 @@ from .framing import Damage, find_later_record, scan
 from .header import SessionHeader, parse_header
 from .root import Store
 
-__all__ = ["LogStatus", "Inspection", "read_header", "scan_log", "classify", "inspect"]
+__all__ = ["LogStatus", "Inspection", "read_header", "scan_log", "classify", "inspect", "read_from"]
 
 LogStatus = Literal["clean", "torn", "corrupt"]
 
@@ -99,3 +99,13 @@ def inspect(store: Store, session_id: str) -> Inspection:
         data = b""
     events, offsets, end, damage, status = scan_log(session_id, data)
     return Inspection(header, events, offsets, end, len(data), status, damage)
+
+
+def read_from(store: Store, session_id: str, from_seq: int) -> list[dict[str, Any]]:
+    """The stored events with ``seq >= from_seq`` of the valid prefix; read-only.
+
+    Like ``inspect`` it never truncates nor appends closers: an open turn reads open.
+    """
+    if from_seq < 0:
+        raise ValueError("from_seq must be >= 0")
+    return inspect(store, session_id).events[from_seq:]

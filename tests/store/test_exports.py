@@ -34,7 +34,7 @@ EXPECTED = {
     "LogWriter", "SeqMismatchError", "load_projection", "read_projection",
     "MailboxMessage", "accept", "pending", "read_mailbox",
     "Projection", "Timing",
-    "Inspection", "inspect", "read_header",
+    "Inspection", "inspect", "read_from", "read_header",
     "STORE_FORMAT", "STORE_VERSION", "Store",
     "create_session", "delete_session",
 }

@@ -125,3 +125,17 @@ def test_inspect_of_unknown_session(st):
         store.inspect(st, "nobody")
     with pytest.raises(store.InvalidSessionIdError):
         store.inspect(st, "../etc")
+
+
+def test_read_from_returns_the_stored_suffix_and_changes_nothing(tmp_path) -> None:
+    """read_from(seq) is the valid prefix from seq on; an open turn stays open; no byte changes."""
+    import store as _store
+
+    st = _store.Store(tmp_path / "s", durability="none")
+    _store.create_session(st, "s1")
+    with _store.LogWriter.open(st, "s1", epoch=0) as writer:
+        writer.append([("turn/start", {}), ("step/start", {}), ("assistant/message", {"text": "x"})])
+    before = open(st.path("s1", "log"), "rb").read()
+    assert [e["type"] for e in _store.read_from(st, "s1", 1)] == ["step/start", "assistant/message"]
+    assert _store.read_from(st, "s1", 3) == []
+    assert open(st.path("s1", "log"), "rb").read() == before

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
@@ -68,6 +67,16 @@ def test_parse_script_rejects(message):
         parse_script(message)
 
 
-def test_parse_script_rejects_non_json():
-    with pytest.raises(json.JSONDecodeError):
+def test_parse_script_rejects_text_that_is_neither_json_nor_toml():
+    with pytest.raises(ValueError, match="a script is JSON or TOML"):
         parse_script("not json")
+
+
+def test_script_accepts_toml_action_tables() -> None:
+    """A script may be TOML: one [[script]] table per action, in order."""
+    from worker.programs.script import parse_script
+
+    text = '[[script]]\nsay = "hello"\n\n[[script]]\nstep = 2\n\n[[script]]\nreturn = "done"\n'
+    assert parse_script(text) == [{"say": "hello"}, {"step": 2}, {"return": "done"}]
+    with pytest.raises(ValueError):
+        parse_script("neither json = nor [toml")

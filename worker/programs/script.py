@@ -1,7 +1,8 @@
 """``script``: a program driven by a small action list, so tests and the demo need no model.
 
 The turn's message is the script: a JSON string or a map ``{"script": [...]}``
-(or the list itself). Actions run in order; each is a one-key map:
+(or the list itself), or TOML with one ``[[script]]`` table per action
+(``[[script]]`` / ``say = "hi"``). Actions run in order; each is a one-key map:
 
     {"say": "text"}                 record an assistant message (the output, if last)
     {"step": n}                     count n steps (default 1)
@@ -30,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import tomllib
 from typing import Any
 
 import anyio
@@ -40,9 +42,16 @@ __all__ = ["script", "parse_script"]
 
 
 def parse_script(message: Any) -> list[dict[str, Any]]:
+    """The action list of a message: JSON (a list or ``{"script": [...]}``) or TOML (``[[script]]`` tables)."""
     value = message
     if isinstance(value, str):
-        value = json.loads(value)
+        try:
+            value = json.loads(value)
+        except ValueError:
+            try:
+                value = tomllib.loads(value)
+            except tomllib.TOMLDecodeError:
+                raise ValueError("a script is JSON or TOML") from None
     if isinstance(value, dict):
         value = value.get("script")
     if not isinstance(value, list) or not all(isinstance(a, dict) and len(a) >= 1 for a in value):
