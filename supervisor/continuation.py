@@ -655,7 +655,11 @@ class ContinuationManager:
                         await anyio.to_thread.run_sync(self._discard, act, [*quiet, main])
                 elif handle.crashed:
                     await anyio.to_thread.run_sync(self._repair, act)
-                else:
+                elif handle.outcome is not None and handle.outcome.stop_reason == "error" and not handle.outcome.fenced:
+                    # a turn can fail before it logs its message (its log would not open):
+                    # what it consumed is what the log says, never an assumption
+                    await anyio.to_thread.run_sync(self._recount, act)
+                elif not act.fenced:
                     act.consumed += len(quiet) + 1
                     act.last_id = main.id
                     act.mailbox_end = main.end
@@ -703,6 +707,15 @@ class ContinuationManager:
         act.disposing = True
         if act.handle is not None:
             self.sup.pool.cancel(act.handle, "fenced")
+
+    def _recount(self, act: Activation) -> None:
+        """Take the consumed count of the mailbox from the log itself."""
+        try:
+            projection = read_projection(self.store, act.child_id)
+        except SubagentError:
+            log.exception("could not re-read what %s consumed", act.child_id, extra=_fields(act))
+            return
+        act.consumed, act.last_id, act.mailbox_end = projection.consumed, projection.last_message_id, projection.mailbox_end
 
     def _repair(self, act: Activation) -> None:
         """Balance the log of a turn whose worker died; what it consumed is what its log says

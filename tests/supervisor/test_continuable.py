@@ -550,3 +550,27 @@ async def test_a_followup_accepted_while_the_resumed_driver_reads_its_mailbox_st
             await sup.followup(root, child_id, f"resumed {i}")
             notice, _ = await settled(sup, root, child_id)
             assert notice.content.endswith(f"Its closing message:\nresumed {i}")
+
+
+@pytest.mark.anyio
+async def test_after_a_failed_turn_the_driver_takes_the_consumed_count_from_the_log(tmp_path) -> None:
+    """After an error outcome the driver re-reads what the log consumed (a turn may fail before
+    logging its message); here the failed turn did log it, so the next followup runs next, once."""
+    import json as _json
+
+    from store import inspect as _inspect
+    from supervisor import SupervisorConfig
+
+    async with Supervisor.open(store=tmp_path / "st", config=SupervisorConfig(pool_size=1, durability="none")) as sup:
+        sup.register_provider(Provider(name="script", program="script", capabilities=Capabilities.all(), continuable=True))
+        root = await sup.open_root()
+        child_id, _ = await sup.start_continuable(
+            ContinuableSpec(parent=root, provider="script", label="f", prompt=_json.dumps({"script": [{"fail": "boom"}]}))
+        )
+        first = await sup.wait_for_message(root, timeout_s=20)
+        assert "failed before it finished" in first[-1].content
+        await sup.followup(root, child_id, _json.dumps({"script": [{"return": "fine"}]}))
+        second = await sup.wait_for_message(root, timeout_s=20)
+        assert second[-1].content.endswith("Its closing message:\nfine")
+        accepted = [e for e in _inspect(sup.store, child_id).events if e["type"] == "message/accepted"]
+        assert len(accepted) == 2
