@@ -437,7 +437,8 @@ async def _demo_conversation(sup: Supervisor, root: Any, results: list[dict[str,
             for message in await sup.wait_for_message(root, timeout_s=30):
                 received.append({"kind": message.source.get("kind"), "content": message.content})
                 if not out.json_mode:
-                    out.line(f"  root received ({message.source.get('kind')}): {str(message.content).splitlines()[0]}")
+                    text = " ".join(str(message.content).split())
+                    out.line(f"  root received ({message.source.get('kind')}): {text if len(text) <= 160 else text[:159] + '…'}")
 
     await collect(1)
     for n, text in enumerate(["now compare part 1 with part 2", "and summarise everything in one line"], start=2):
