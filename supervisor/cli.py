@@ -17,10 +17,9 @@ print exactly one JSON document (``log --follow --json`` prints one compact
 document per event, JSON Lines; ``top --json`` without ``--once`` one list per
 refresh).
 
-Over ~500 lines because ``store fsck`` (its checks and its repair) and the
-control commands live here for now: fsck is store logic and belongs in
-``store/`` (``store/fsck.py``), and the control commands (``send`` to ``top``)
-would read better in a module of their own, leaving this one the parsing.
+Over ~500 lines because the control commands (``send`` to ``top``) live here
+for now; they would read better in a module of their own, leaving this one the
+parsing and the read-only views (``store fsck`` already moved to ``store/fsck.py``).
 """
 
 from __future__ import annotations
