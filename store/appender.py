@@ -19,8 +19,10 @@ from typing import Any
 
 from .errors import CorruptSessionError
 from .framing import encode_record, find_later_record, scan
+from .locks import SessionFlock
+from .root import Store
 
-__all__ = ["append_record"]
+__all__ = ["append_record", "append_durably"]
 
 
 def append_record(fd: int, record: dict[str, Any], *, tails: dict[str, tuple[int, int]], key: str, owner: str) -> int:
@@ -42,4 +44,27 @@ def append_record(fd: int, record: dict[str, Any], *, tails: dict[str, tuple[int
     blob = encode_record({**record, "seq": seq})
     os.write(fd, blob)
     tails[key] = (result.end + len(blob), seq + 1)
+    return seq
+
+
+def append_durably(
+    store: Store, path: str, record: dict[str, Any], *, lock_path: str, key: str, owner: str, what: str,
+    lock: SessionFlock | None = None,
+) -> int:
+    """Under the lock (the caller's, or one taken on ``lock_path``): append ``record`` and make it
+    durable under the store's policy (strict and batched both fsync before returning)."""
+    own = lock is None
+    held = lock if lock is not None else SessionFlock(lock_path)
+    try:
+        with held:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+            try:
+                seq = append_record(fd, record, tails=store.index_tails, key=key, owner=owner)
+                store.durability.after_append(fd, what)  # strict syncs here, batched below
+                store.durability.at_commit(fd, what)
+            finally:
+                os.close(fd)
+    finally:
+        if own:
+            held.close()
     return seq

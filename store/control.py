@@ -20,12 +20,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .appender import append_record
+from .appender import append_durably
 from .atomic import read_bytes
 from .errors import SessionNotFoundError
 from .framing import scan
 from .ids import IdGenerator
-from .locks import SessionFlock
 from .root import Store
 
 __all__ = ["ControlRecord", "request", "read_controls", "control_size"]
@@ -45,19 +44,9 @@ def request(store: Store, session_id: str, kind: str, data: dict[str, Any], *, i
     if not store.exists(session_id):
         raise SessionNotFoundError(session_id)
     record_id = ids.new()
-    lock = SessionFlock(store.path(session_id, ".lock"))
-    try:
-        with lock:
-            fd = os.open(store.path(session_id, "control"), os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-            try:
-                append_record(fd, {"id": record_id, "ts": time.time(), "kind": kind, "data": data},
-                              tails=store.index_tails, key=f"control/{session_id}", owner=session_id)
-                store.durability.after_append(fd, f"control of {session_id}")
-                store.durability.at_commit(fd, f"control of {session_id}")
-            finally:
-                os.close(fd)
-    finally:
-        lock.close()
+    record = {"id": record_id, "ts": time.time(), "kind": kind, "data": data}
+    append_durably(store, store.path(session_id, "control"), record, lock_path=store.path(session_id, ".lock"),
+                   key=f"control/{session_id}", owner=session_id, what=f"control of {session_id}")
     return record_id
 
 

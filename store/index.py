@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .atomic import read_bytes, write_atomic
-from .appender import append_record
+from .appender import append_durably
 from .framing import encode_record, scan
 from .ids import is_valid_session_id
-from .locks import SessionFlock, file_lock
+from .locks import file_lock
 from .reader import read_header
 from .errors import SubagentError
 from .root import Store
@@ -34,21 +34,11 @@ class IndexEntry:
 
 
 def _append(store: Store, parent_id: str, record: dict[str, Any]) -> None:
-    path = store.children_index_path(parent_id)
     # a blocking flock, not filelock: many creators of one parent's children queue
     # in the kernel instead of polling (filelock's poll stalled waiters under load)
-    lock = SessionFlock(path + ".lock")
-    try:
-        with lock:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-            try:
-                append_record(fd, record, tails=store.index_tails, key=f"index/children/{parent_id}", owner=parent_id)
-                store.durability.after_append(fd, f"children index of {parent_id}")  # strict syncs here, batched below
-                store.durability.at_commit(fd, f"children index of {parent_id}")
-            finally:
-                os.close(fd)
-    finally:
-        lock.close()
+    path = store.children_index_path(parent_id)
+    append_durably(store, path, record, lock_path=path + ".lock", key=f"index/children/{parent_id}", owner=parent_id,
+                   what=f"children index of {parent_id}")
 
 
 def add_child(store: Store, parent_id: str, child_id: str, *, created_at: float, origin: str | None) -> None:

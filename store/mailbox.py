@@ -15,14 +15,13 @@ Recovery therefore delivers each accepted message exactly once.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from .atomic import read_bytes
 from .errors import CorruptSessionError, SessionNotFoundError
-from .appender import append_record
+from .appender import append_durably
 from .framing import scan
 from .ids import IdGenerator
 from .locks import SessionFlock
@@ -50,21 +49,9 @@ def accept(store: Store, session_id: str, *, source: dict[str, Any], content: An
     if not store.exists(session_id):
         raise SessionNotFoundError(session_id)
     message_id = ids.new()
-    own_lock = lock is None
-    lock = lock or SessionFlock(store.path(session_id, ".lock"))
-    try:
-        with lock:
-            fd = os.open(store.path(session_id, "mailbox"), os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-            try:
-                record = {"id": message_id, "ts": time.time(), "source": source, "content": content, "wake": wake}
-                append_record(fd, record, tails=store.index_tails, key=f"mailbox/{session_id}", owner=session_id)
-                store.durability.after_append(fd, f"mailbox of {session_id}")  # strict syncs here, batched below
-                store.durability.at_commit(fd, f"mailbox of {session_id}")
-            finally:
-                os.close(fd)
-    finally:
-        if own_lock:
-            lock.close()
+    record = {"id": message_id, "ts": time.time(), "source": source, "content": content, "wake": wake}
+    append_durably(store, store.path(session_id, "mailbox"), record, lock_path=store.path(session_id, ".lock"),
+                   key=f"mailbox/{session_id}", owner=session_id, what=f"mailbox of {session_id}", lock=lock)
     return message_id
 
 
