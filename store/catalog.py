@@ -18,14 +18,13 @@ Rules (REFERENCE.md §4 adapted by DESIGN.md §4):
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Literal
 
 
 from .descriptor import Descriptor
 from .errors import CorruptSessionError, SessionNotFoundError, UnsupportedFormatError
-from .index import read_children
+from .index import IndexEntry, read_children
 from .lease import OwnerCache, session_status
 from .projection import Projection, read_cache
 from .reader import inspect, read_header
@@ -96,12 +95,17 @@ def read_identity(store: Store, session_id: str, seed_length: int) -> Identity:
     return Identity(ident, None, projection)
 
 
-def _has_subagent_children(store: Store, session_id: str) -> bool:
-    return any(e.origin == "subagent" for e in read_children(store, session_id))
+def _has_subagent_children(children: list[IndexEntry]) -> bool:
+    return any(e.origin == "subagent" for e in children)
 
 
-def _entry(store: Store, parent_id: str, child_id: str, owners: OwnerCache) -> ChildEntry | DiagnosticEntry | None:
-    """The row for one indexed child, or ``None`` when its header does not prove it a subagent child."""
+def _entry(
+    store: Store, parent_id: str, child_id: str, owners: OwnerCache, children: list[IndexEntry] | None = None
+) -> ChildEntry | DiagnosticEntry | None:
+    """The row for one indexed child, or ``None`` when its header does not prove it a subagent child.
+
+    ``children`` is the child's own index when the caller has read it already (one read per node).
+    """
     try:
         header = read_header(store, child_id)
     except SessionNotFoundError:
@@ -131,7 +135,7 @@ def _entry(store: Store, parent_id: str, child_id: str, owners: OwnerCache) -> C
         label=descriptor.label,
         mode=descriptor.mode,
         status=session_status(store, child_id, owners),
-        has_children=_has_subagent_children(store, child_id),
+        has_children=_has_subagent_children(read_children(store, child_id) if children is None else children),
     )
 
 
@@ -161,11 +165,11 @@ def list_descendants(store: Store, root_id: str) -> list[DescendantRow]:
         if node in visited:
             continue
         visited.add(node)
-        if os.path.exists(store.path(node, "header")):
-            row = _entry(store, parent, node, owners)
-            if row is not None:
-                rows.append(DescendantRow(row, parent, depth))
-        for child in reversed(read_children(store, node)):
+        below = read_children(store, node)
+        row = _entry(store, parent, node, owners, below)
+        if row is not None:
+            rows.append(DescendantRow(row, parent, depth))
+        for child in reversed(below):
             if child.id not in visited:
                 stack.append((child.id, node, depth + 1))
     return rows
