@@ -21,6 +21,7 @@ __all__ = [
     "FRAME",
     "MAX_RECORD_BYTES",
     "encode_record",
+    "RecordEncoder",
     "decode_payload",
     "Damage",
     "ScanResult",
@@ -37,6 +38,23 @@ MAX_RECORD_BYTES = 64 * 1024 * 1024
 def encode_record(payload: dict[str, Any]) -> bytes:
     body = msgpack.packb(payload, use_bin_type=True)
     return FRAME.pack(len(body), zlib.crc32(body)) + body
+
+
+class RecordEncoder:
+    """``encode_record`` with one reusable msgpack ``Packer``.
+
+    ``msgpack.packb`` builds a new ``Packer`` on every call; a log writer frames
+    every event it appends, so it keeps one. Not thread-safe (neither is a writer).
+    """
+
+    __slots__ = ("_pack",)
+
+    def __init__(self) -> None:
+        self._pack = msgpack.Packer(use_bin_type=True).pack
+
+    def __call__(self, payload: dict[str, Any]) -> bytes:
+        body = self._pack(payload)
+        return FRAME.pack(len(body), zlib.crc32(body)) + body
 
 
 def decode_payload(body: bytes | memoryview) -> Any:

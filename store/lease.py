@@ -48,6 +48,7 @@ __all__ = [
     "read_owner",
     "owner_alive",
     "read_lease",
+    "read_lease_fd",
     "acquire_lease",
     "set_lease_state",
     "release_lease",
@@ -196,6 +197,24 @@ def _decode_lease(raw: bytes) -> Lease | None:
         return Lease(str(data["owner"]), int(data["epoch"]), data["state"], float(data["acquired_at"]))
     except (ValueError, KeyError, TypeError, msgpack.UnpackException):
         return None
+
+
+def read_lease_fd(fd: int) -> Lease | None:
+    """The lease in an open lease file (``None`` when undecodable).
+
+    Lease files are small and only ever replaced whole (``write_atomic``: tmp +
+    rename), never rewritten in place — which is what lets a log writer keep
+    one open and learn that it is stale from ``st_nlink == 0`` alone.
+    """
+    chunks = []
+    offset = 0
+    while True:
+        chunk = os.pread(fd, 4096, offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+    return _decode_lease(b"".join(chunks))
 
 
 def read_lease(store: Store, session_id: str) -> Lease | None:

@@ -55,22 +55,28 @@ class SessionFlock:
         self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
         self._queue: int | None = os.open(path + ".queue", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE) if fair else None
 
-    def __enter__(self) -> "SessionFlock":
+    def acquire(self) -> None:
         if self._fd is None:
             raise ValueError(f"lock {self.path} is closed")
         if self._queue is None:
             fcntl.flock(self._fd, fcntl.LOCK_EX)
-            return self
+            return
         fcntl.flock(self._queue, fcntl.LOCK_EX)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX)
         finally:
             fcntl.flock(self._queue, fcntl.LOCK_UN)
+
+    def release(self) -> None:
+        assert self._fd is not None
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def __enter__(self) -> "SessionFlock":
+        self.acquire()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        assert self._fd is not None
-        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self.release()
 
     def close(self) -> None:
         for fd in (self._fd, self._queue):

@@ -63,7 +63,7 @@ def test_seq_mismatch_writes_nothing(st):
 
 
 def test_commit_refreshes_the_identity_cache(st):
-    """A commit point writes the projection as the identity file; a plain append does not."""
+    """A commit point rewrites the cache when a turn ended, a descriptor arrived or the lag grew too big."""
     new_session(st)
     with store.LogWriter.open(st, "s1", epoch=0) as writer:
         writer.append([("turn/start", {})])
@@ -71,9 +71,23 @@ def test_commit_refreshes_the_identity_cache(st):
         assert cached["seq"] == 0
         writer.append([("turn/end", {"stop_reason": "completed"})], commit=True)
         assert decode_cache(read_file(st.path("s1", "identity"))) == writer.projection.to_record()
+        # nothing a cache reader needs changed: the commit leaves the cache where it was
         writer.append([("notice/received", {})])
         writer.commit()
-        assert decode_cache(read_file(st.path("s1", "identity")))["seq"] == 3
+        assert decode_cache(read_file(st.path("s1", "identity")))["seq"] == 2
+        assert store.read_projection(st, "s1").seq == 3  # readers fold the suffix after it
+        # a new descriptor must reach the catalog, which reads identity from the cache alone
+        writer.append([("subagent/descriptor", {**ONE_SHOT, "label": "renamed"})], commit=True)
+        assert decode_cache(read_file(st.path("s1", "identity")))["seq"] == 4
+        # once the log outgrows the cache by CACHE_LAG_BYTES, a plain commit rewrites it
+        filler = ("assistant/message", {"text": "x" * 1000})
+        cache_end = decode_cache(read_file(st.path("s1", "identity")))["end_offset"]
+        lags = []
+        while decode_cache(read_file(st.path("s1", "identity")))["seq"] == 4:
+            lags.append(writer.projection.end_offset - cache_end)
+            writer.append([filler], commit=True)
+        assert lags[-1] < store.log.CACHE_LAG_BYTES <= writer.projection.end_offset - cache_end
+        assert decode_cache(read_file(st.path("s1", "identity")))["seq"] == writer.projection.seq
 
 
 def test_two_writers_of_one_epoch_stay_contiguous(st):
