@@ -218,7 +218,13 @@ class LogWriter:
         ``first_seq``, when given, must equal the log's next seq or nothing is
         written (``SeqMismatchError``). ``commit`` makes it a commit point.
         This is the hot path of every turn: one lock, one ``fstat`` of the
-        pinned lease, one ``lseek`` for the tail, one ``write``.
+        pinned lease, one ``lseek`` for the tail, one ``write``. The lock covers
+        the fence check and the write, which fix the record's place; the fsync
+        (``strict``) runs after it is released, so a writer waiting for the lock
+        does not also wait for our fsync, and two writers' fsyncs can share one
+        journal commit (group commit). ``append`` still returns only after its
+        own fsync, and a later record can never be durable without it (an
+        ``fsync`` covers the whole file), so a crash still leaves a prefix.
         """
         if self._broken is not None:
             raise DurabilityError(f'writer of session "{self.session_id}" is broken: {self._broken}') from self._broken
@@ -237,12 +243,13 @@ class LogWriter:
                     f'append seq mismatch for "{self.session_id}": expected {self.next_seq}, got {first_seq}',
                     session_id=self.session_id,
                 )
-            records = self._append_locked(batch)
-            if commit:
-                self._commit_locked()
-            return records
+            records, chunks = self._write_locked(batch)
         finally:
             lock.release()
+        self._settle(records, chunks, locked=False)
+        if commit:
+            self.commit()
+        return records
 
     def _sync_tail(self) -> None:
         """Fold records another writer of the same epoch appended since our last write."""
@@ -259,6 +266,12 @@ class LogWriter:
         self.projection.fold(result.records, result.offsets, result.end)
 
     def _append_locked(self, batch: Sequence[tuple[str, Any]]) -> list[dict[str, Any]]:
+        records, chunks = self._write_locked(batch)
+        self._settle(records, chunks, locked=True)
+        return records
+
+    def _write_locked(self, batch: Sequence[tuple[str, Any]]) -> tuple[list[dict[str, Any]], list[bytes]]:
+        """Frame and write the batch at the tail; a failed write cuts the file back and breaks the writer."""
         now = time.time()
         seq = self.next_seq
         epoch = self.epoch
@@ -271,28 +284,53 @@ class LogWriter:
             chunks.append(encode(record))
             seq += 1
         blob = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        start = self.projection.end_offset
         try:
             written = os.write(self._fd, blob)
             if written != len(blob):
                 raise OSError(f"short write: {written} of {len(blob)} bytes")
-            self.store.durability.after_append(self._fd, self._what)
-        except (OSError, DurabilityError) as exc:
+        except OSError as exc:
             self._broken = exc
-            try:
-                os.ftruncate(self._fd, start)
-            except OSError:
-                pass  # the writer is broken either way; the torn tail is repaired on the next open
-            if isinstance(exc, DurabilityError):
-                raise
+            self._cut_back(self.projection.end_offset)
             raise DurabilityError(f'append to session "{self.session_id}" failed: {exc}', session_id=self.session_id) from exc
+        return records, chunks
+
+    def _settle(self, records: list[dict[str, Any]], chunks: list[bytes], *, locked: bool) -> None:
+        """Sync the written batch as the policy says, then fold it into the projection.
+
+        A failed fsync is never retried and breaks the writer. The batch is cut
+        back off the file when nothing follows it; when another same-epoch
+        writer has appended behind it in the meantime it stays (cutting it would
+        cut theirs) — like any append that did not return, it may or may not
+        survive a crash.
+        """
+        start = self.projection.end_offset
+        end = start + sum(map(len, chunks))
+        try:
+            self.store.durability.after_append(self._fd, self._what)
+        except DurabilityError as exc:
+            self._broken = exc
+            if locked:
+                self._cut_back(start)
+            else:
+                self._lock.acquire()
+                try:
+                    if os.lseek(self._fd, 0, os.SEEK_END) == end:
+                        self._cut_back(start)
+                finally:
+                    self._lock.release()
+            raise
         apply = self.projection.apply
         offset = start
         for record, chunk in zip(records, chunks):
-            end = offset + len(chunk)
-            apply(record, offset, end)
-            offset = end
-        return records
+            stop = offset + len(chunk)
+            apply(record, offset, stop)
+            offset = stop
+
+    def _cut_back(self, length: int) -> None:
+        try:
+            os.ftruncate(self._fd, length)
+        except OSError:
+            pass  # the writer is broken either way; the torn tail is repaired on the next open
 
     def _truncate(self, end: int) -> None:
         try:
@@ -304,14 +342,25 @@ class LogWriter:
     # -- commit points -------------------------------------------------------------
 
     def commit(self) -> None:
-        """A commit point: fsync under ``batched``/``strict`` and refresh the identity cache."""
-        self._lock.acquire()
-        try:
-            self._commit_locked()
-        finally:
-            self._lock.release()
+        """A commit point: fsync under ``batched`` and refresh the identity cache when readers need it.
+
+        The fsync needs no lock (it covers whatever is in the file); only the
+        cache rewrite takes it.
+        """
+        self._sync_at_commit()
+        if self._cache_due():
+            self._lock.acquire()
+            try:
+                self._refresh_cache()
+            finally:
+                self._lock.release()
 
     def _commit_locked(self) -> None:
+        self._sync_at_commit()
+        if self._cache_due():
+            self._refresh_cache()
+
+    def _sync_at_commit(self) -> None:
         if self._broken is not None:
             raise DurabilityError(f'writer of session "{self.session_id}" is broken: {self._broken}') from self._broken
         try:
@@ -319,15 +368,14 @@ class LogWriter:
         except DurabilityError as exc:
             self._broken = exc
             raise
-        self._refresh_cache()
 
-    def _refresh_cache(self) -> None:
-        """Rewrite the identity cache when a reader would miss what changed.
+    def _cache_due(self) -> bool:
+        """Whether a reader would miss something the identity cache does not have.
 
         The catalog takes a session's identity from the cache alone, so a new
-        descriptor always rewrites it; so does a finished turn (listings show
+        descriptor always makes it due; so does a finished turn (listings show
         turn counts and timing). Other commit points (a message accepted mid-
-        turn, a benchmark's group commit) rewrite it only once the log has grown
+        turn, a benchmark's group commit) leave it until the log has grown
         ``CACHE_LAG_BYTES`` past it: readers fold the suffix after the cached
         checkpoint, and that bound keeps the fold short. Skipping the rewrite
         spares a commit an open + pwrite + close and a second inode in the
@@ -336,13 +384,15 @@ class LogWriter:
         """
         projection = self.projection
         mark = self._cache_mark
-        if (
-            mark is not None
-            and mark[0] == projection.identity_seq
-            and mark[1] == projection.turns
-            and projection.end_offset - mark[2] < CACHE_LAG_BYTES
-        ):
-            return
+        return (
+            mark is None
+            or mark[0] != projection.identity_seq
+            or mark[1] != projection.turns
+            or projection.end_offset - mark[2] >= CACHE_LAG_BYTES
+        )
+
+    def _refresh_cache(self) -> None:
+        projection = self.projection
         write_cache(self.store.path(self.session_id, "identity"), projection)
         self._cache_mark = (projection.identity_seq, projection.turns, projection.end_offset)
 

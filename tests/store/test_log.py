@@ -483,6 +483,41 @@ def test_failed_commit_fsync_breaks_the_writer(tmp_path, monkeypatch):
             writer.append([("notice/received", {})])
 
 
+def test_failed_fsync_keeps_a_batch_another_writer_appended_behind(tmp_path, monkeypatch):
+    """The strict fsync runs outside the lock: when it fails after a same-epoch writer has
+    appended behind the batch, the batch stays (cutting it would cut theirs) and only the
+    failing writer breaks; the other goes on, and the log stays one contiguous prefix."""
+    st = store.Store(tmp_path / "store", durability="strict")
+    new_session(st)
+    first = store.LogWriter.open(st, "s1", epoch=0)
+    second = store.LogWriter.open(st, "s1", epoch=0)
+
+    class FsyncFailsAfterAnotherAppend(FailingOS):
+        def fsync(self, fd):
+            if self.armed:
+                self.armed = False
+                second.append([("notice/received", {"by": "second"})])  # lands behind the unsynced batch
+                raise OSError(errno.EIO, "injected fsync failure")
+            return os.fsync(fd)
+
+    fake = FsyncFailsAfterAnotherAppend("fsync")
+    monkeypatch.setattr(store.durability, "os", fake)
+    try:
+        fake.armed = True
+        with pytest.raises(store.DurabilityError):
+            first.append([("assistant/message", {"text": "unsynced"})])
+        with pytest.raises(store.DurabilityError, match="broken"):
+            first.append([("notice/received", {})])
+        (record,) = second.append([("notice/received", {"by": "second, again"})])
+        assert record["seq"] == 3
+    finally:
+        first.close()
+        second.close()
+    found = store.inspect(st, "s1")
+    assert found.status == "clean"
+    assert [e["data"] for e in found.events[1:]] == [{"text": "unsynced"}, {"by": "second"}, {"by": "second, again"}]
+
+
 # -- several processes -----------------------------------------------------------------
 
 
