@@ -8,11 +8,12 @@ tail and appends the crash closers of an open turn — exactly once, since the
 closers balance the turn.
 
 Each ``append`` takes the session ``flock`` (held only for the write), reads
-the lease epoch (an ``fstat`` of the pinned lease file when it has not been replaced), refuses with
-``FencedError`` on mismatch, picks up records another same-epoch writer
-appended, writes the whole batch with one ``write`` and, if that fails, cuts
-the file back to its previous length. A failed write or fsync marks the
-writer broken: it never writes again.
+the lease epoch (an ``fstat`` of the pinned lease file when it has not been
+replaced), refuses with ``FencedError`` on mismatch, picks up records another
+same-epoch writer appended, writes the whole batch with one ``write`` and, if
+that fails, cuts the file back to its previous length. The ``strict`` fsync
+runs after the lock is released (group commit, FORMAT.md §11). A failed write
+or fsync marks the writer broken: it never writes again.
 
 Not guaranteed: a writer resumed from the cache trusts the bytes before the
 cached checkpoint (they were fsynced when the cache was written); damage
