@@ -127,6 +127,7 @@ def parse_descriptor(payload: Any) -> Descriptor | None:
         model = ContinuableDescriptor
     else:
         raise DescriptorError(_PREFIX + 'mode must be "one-shot" or "continuable"')
+    _refuse_unknown_and_nil(payload, model)
     try:
         return model.model_validate(payload)
     except ValidationError as exc:
@@ -137,6 +138,29 @@ def parse_descriptor(payload: Any) -> Descriptor | None:
         if first["type"] == "missing":
             raise DescriptorError(_PREFIX + f"{where} must be a string") from None
         raise DescriptorError(_PREFIX + f"{where}: {first['msg']}") from None
+
+
+def _refuse_unknown_and_nil(payload: dict[str, Any], model: type[BaseModel]) -> None:
+    """Absent optional fields are omitted, never nil (REFERENCE §1.3): a nil one is malformed.
+
+    Pydantic would read ``None`` as the field's default (absent), so the check runs
+    before model validation, after the unknown-field check the reference makes first
+    (pydantic would report a bad known field before an unknown one).
+    """
+    for key in payload:
+        if key not in model.model_fields:
+            raise DescriptorError(_PREFIX + f'payload has unknown field "{key}"')
+    for key, value in payload.items():
+        if value is not None:
+            continue
+        if key == "tool_filter":
+            raise DescriptorError(_PREFIX + "tool_filter must be an object")
+        raise DescriptorError(_PREFIX + f"{key} must be a string")
+    tool_filter = payload.get("tool_filter")
+    if isinstance(tool_filter, dict):
+        for key in ("allow", "deny"):
+            if key in tool_filter and tool_filter[key] is None:
+                raise DescriptorError(_PREFIX + f"tool_filter.{key} must be an array of strings")
 
 
 def fold_resume_descriptor(events: Sequence[dict[str, Any]], seed_length: int) -> tuple[int, Descriptor] | None:

@@ -92,10 +92,27 @@ def test_tool_filter_needs_allow_or_deny():
     assert store.ToolFilter(allow=()).permits("a") is False
 
 
-def test_nil_optional_fields_read_as_absent():
-    """Writers omit absent fields; a reader takes an explicit nil optional field as absent (REFERENCE forbids nil)."""
-    assert store.parse_descriptor({**ONE_SHOT, "label": None}).to_record() == {k: v for k, v in ONE_SHOT.items() if k != "label"}
-    assert store.parse_descriptor({**CONTINUABLE, "persona": None, "tool_filter": None}).to_record() == CONTINUABLE
+@pytest.mark.parametrize(
+    "payload, message",
+    [
+        ({**ONE_SHOT, "label": None}, "label must be a string"),
+        ({**CONTINUABLE, "persona": None}, "persona must be a string"),
+        ({**CONTINUABLE, "agent_provider": None}, "agent_provider must be a string"),
+        ({**CONTINUABLE, "agent_model": None}, "agent_model must be a string"),
+        ({**CONTINUABLE, "tool_filter": None}, "tool_filter must be an object"),
+        ({**CONTINUABLE, "tool_filter": {"allow": ["a"], "deny": None}}, "tool_filter.deny must be an array of strings"),
+        ({**ONE_SHOT, "persona": None}, 'payload has unknown field "persona"'),
+        ({**CONTINUABLE, "label": None, "extra": None}, 'payload has unknown field "extra"'),
+        ({**CONTINUABLE, "provider": 5, "extra": 1}, 'payload has unknown field "extra"'),
+    ],
+)
+def test_nil_optional_fields_are_malformed(payload, message):
+    """Absent optional fields are omitted, never nil (REFERENCE §1.3): an explicit nil is malformed,
+    so the catalog lists such a child as corrupt instead of guessing what was meant."""
+    with pytest.raises(store.DescriptorError) as info:
+        store.parse_descriptor(payload)
+    assert str(info.value) == PREFIX + message
+    assert identity_of(payload) == "corrupt"
 
 
 @pytest.mark.parametrize("version", [0, 2, 99, -1])
