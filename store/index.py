@@ -23,7 +23,7 @@ from .reader import read_header
 from .errors import SubagentError
 from .root import Store
 
-__all__ = ["IndexEntry", "add_child", "remove_child", "read_children", "reindex"]
+__all__ = ["IndexEntry", "add_child", "add_children", "remove_child", "read_children", "reindex"]
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class IndexEntry:
     origin: str | None
 
 
-def _append(store: Store, parent_id: str, record: dict[str, Any]) -> None:
+def _append(store: Store, parent_id: str, record: dict[str, Any] | list[dict[str, Any]]) -> None:
     # a blocking flock, not filelock: many creators of one parent's children queue
     # in the kernel instead of polling (filelock's poll stalled waiters under load)
     path = store.children_index_path(parent_id)
@@ -43,6 +43,11 @@ def _append(store: Store, parent_id: str, record: dict[str, Any]) -> None:
 
 def add_child(store: Store, parent_id: str, child_id: str, *, created_at: float, origin: str | None) -> None:
     _append(store, parent_id, {"id": child_id, "created_at": created_at, "origin": origin})
+
+
+def add_children(store: Store, parent_id: str, children: list[IndexEntry]) -> None:
+    """``add_child`` for several children of one parent: one lock, one write, one fsync."""
+    _append(store, parent_id, [{"id": c.id, "created_at": c.created_at, "origin": c.origin} for c in children])
 
 
 def remove_child(store: Store, parent_id: str, child_id: str) -> None:

@@ -2,11 +2,19 @@
 
 Creation is all-or-nothing and ordered so that a session exists exactly when
 its header does: the folder, the initial log (descriptor and policy events at
-epoch 0), the identity cache and any initial mailbox messages are written
-first; the header is published last (tmp + fsync + exclusive link + fsync of
-the folder); the index entry follows. A crash before the header leaves a
-folder that nothing lists or resumes (``subagents store fsck`` reports it); a
-failure after it removes the folder and tombstones the index entry.
+epoch 0), the identity cache, the lease and any initial mailbox messages are
+written first; the header is published last (tmp + fsync + exclusive link +
+fsync of the folder); the index entry follows. A crash before the header
+leaves a folder that nothing lists or resumes (``subagents store fsck``
+reports it); a failure after it removes the folder and tombstones the index
+entry.
+
+``create_sessions`` creates several sessions as one batch, with the same
+order for each, and shares what a batch can share: one fsync of the
+``sessions`` folder after every header is published, and one locked, fsynced
+index append per parent for all of its new children. Each request succeeds or
+fails on its own; a failure of a shared step fails (and rolls back) exactly
+the sessions it covered.
 """
 
 from __future__ import annotations
@@ -14,21 +22,39 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import msgpack
 
-from .atomic import DIR_MODE, fsync_dir, write_atomic
-from .errors import SessionExistsError
+from .atomic import DIR_MODE, FILE_MODE, fsync_dir, write_atomic
+from .errors import DurabilityError, SessionExistsError
 from .framing import encode_record
 from .header import SessionHeader, parse_header
 from .ids import validate_session_id
-from .index import add_child, remove_child
+from .index import IndexEntry, add_child, add_children, remove_child
 from .lease import Lease
 from .projection import Projection, write_cache
 from .root import Store
 
-__all__ = ["create_session", "delete_session"]
+__all__ = ["NewSession", "create_session", "create_sessions", "delete_session"]
+
+
+@dataclass
+class NewSession:
+    """One creation request of ``create_sessions`` (the keywords of ``create_session``)."""
+
+    session_id: str
+    parent_session: str | None = None
+    origin: str | None = None
+    delegation_depth: int = 0
+    seed: Sequence[dict[str, Any]] = ()
+    events: Sequence[tuple[str, Any]] = ()
+    cwd: str | None = None
+    created_at: float | None = None
+    lease_owner: str | None = None
+    label: str | None = None
+    header: SessionHeader | None = field(default=None, init=False)
 
 
 def create_session(
@@ -52,35 +78,138 @@ def create_session(
     ``running``): no other process can have seen the session yet, so no
     lock or takeover check is needed, and it saves the lease's own fsyncs.
     """
-    validate_session_id(session_id)
-    record: dict[str, Any] = {"version": 1, "id": session_id, "created_at": time.time() if created_at is None else created_at}
-    if parent_session is not None:
-        record["parent_session"] = parent_session
-    if origin is not None:
-        record["origin"] = origin
-    record["delegation_depth"] = delegation_depth
-    if seed:
-        record["seed_length"] = len(seed)
-    if cwd is not None:
-        record["cwd"] = cwd
-    if label is not None:
-        record["label"] = label
-    header = parse_header(record)
-    folder = store.session_dir(session_id)
+    request = NewSession(
+        session_id, parent_session=parent_session, origin=origin, delegation_depth=delegation_depth, seed=seed, events=events,
+        cwd=cwd, created_at=created_at, lease_owner=lease_owner, label=label,
+    )
+    [outcome] = create_sessions(store, [request])
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
+
+
+def create_sessions(store: Store, requests: Sequence[NewSession]) -> list[SessionHeader | BaseException]:
+    """Create every requested session; per request, its header or the error that stopped it.
+
+    A request that fails leaves no trace (no folder, no live index entry);
+    the others are unaffected unless they shared the failed step.
+    """
+    outcomes: list[SessionHeader | BaseException] = []
+    published: list[int] = []
+    for i, request in enumerate(requests):
+        try:
+            request.header = _header(request)
+            _write_unpublished_and_publish(store, request, request.header)
+        except Exception as exc:  # reported per request; the batch goes on
+            outcomes.append(exc)
+            continue
+        except BaseException:
+            # an interrupt, not a failure of this request: nothing of the batch is
+            # reported created, so nothing of it may stay
+            for j in published:
+                _rollback(store, requests[j], indexed=False)
+            raise
+        outcomes.append(request.header)
+        published.append(i)
+    if not published:
+        return outcomes
+    indexed: set[int] = set()
+    try:
+        if store.durability.syncs_at_commit:
+            try:
+                # one fsync persists the names of every session folder published above
+                fsync_dir(store.sessions_dir)
+            except Exception as exc:
+                for i in published:
+                    _rollback(store, requests[i], indexed=False)
+                    outcomes[i] = exc
+                return outcomes
+        by_parent: dict[str, list[int]] = {}
+        for i in published:
+            parent = requests[i].parent_session
+            if parent is not None:
+                by_parent.setdefault(parent, []).append(i)
+        for parent, members in by_parent.items():
+            entries = []
+            for i in members:
+                header = requests[i].header
+                assert header is not None
+                entries.append(IndexEntry(header.id, header.created_at, header.origin))
+            try:
+                if len(entries) == 1:
+                    add_child(store, parent, entries[0].id, created_at=entries[0].created_at, origin=entries[0].origin)
+                else:
+                    add_children(store, parent, entries)
+            except Exception as exc:
+                for i in members:
+                    _rollback(store, requests[i], indexed=True)
+                    outcomes[i] = exc
+            else:
+                indexed.update(members)
+    except BaseException:
+        # an interrupt: nothing of the batch is reported created, so nothing of it may stay
+        for i in published:
+            if not isinstance(outcomes[i], BaseException):
+                _rollback(store, requests[i], indexed=i in indexed)
+        raise
+    return outcomes
+
+
+def _header(request: NewSession) -> SessionHeader:
+    validate_session_id(request.session_id)
+    record: dict[str, Any] = {
+        "version": 1, "id": request.session_id, "created_at": time.time() if request.created_at is None else request.created_at,
+    }
+    if request.parent_session is not None:
+        record["parent_session"] = request.parent_session
+    if request.origin is not None:
+        record["origin"] = request.origin
+    record["delegation_depth"] = request.delegation_depth
+    if request.seed:
+        record["seed_length"] = len(request.seed)
+    if request.cwd is not None:
+        record["cwd"] = request.cwd
+    if request.label is not None:
+        record["label"] = request.label
+    return parse_header(record)
+
+
+def _write_new(path: str, data: bytes, *, durable: bool) -> None:
+    """Write a file that must not exist yet, in a folder nothing reads before its header exists.
+
+    No tmp + rename: until the header is published the folder is invisible, and
+    a crash leaves it header-less (fsck's torn creation), so the file needs no
+    atomic replacement — one inode and one name instead of two and a rename.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        if durable:
+            os.fsync(fd)
+    except OSError as exc:
+        raise DurabilityError(f"write of {path} failed: {exc}", path=path) from exc
+    finally:
+        os.close(fd)
+
+
+def _write_unpublished_and_publish(store: Store, request: NewSession, header: SessionHeader) -> None:
+    folder = store.session_dir(request.session_id)
     try:
         os.mkdir(folder, DIR_MODE)
     except FileExistsError:
-        raise SessionExistsError(session_id) from None
-    published = False
+        raise SessionExistsError(request.session_id) from None
     try:
         now = time.time()
+        seed = request.seed
         projection = Projection(seed_length=len(seed))
         chunks: list[bytes] = []
         offset = 0
         rows: list[dict[str, Any]] = [
             {"seq": i, "ts": e.get("ts", now), "type": e["type"], "data": e.get("data"), "epoch": 0} for i, e in enumerate(seed)
         ]
-        rows += [{"seq": len(seed) + i, "ts": now, "type": kind, "data": data, "epoch": 0} for i, (kind, data) in enumerate(events)]
+        rows += [{"seq": len(seed) + i, "ts": now, "type": kind, "data": data, "epoch": 0} for i, (kind, data) in enumerate(request.events)]
         for row in rows:
             chunk = encode_record(row)
             projection.apply(row, offset, offset + len(chunk))
@@ -88,21 +217,31 @@ def create_session(
             offset += len(chunk)
         durable = store.durability.syncs_at_commit
         # the header's folder fsync below persists the names of every file written before it
-        write_atomic(os.path.join(folder, "log"), b"".join(chunks), durable=durable, sync_dir=False)
+        _write_new(os.path.join(folder, "log"), b"".join(chunks), durable=durable)
         write_cache(os.path.join(folder, "identity"), projection)
-        if lease_owner is not None:
-            lease = Lease(lease_owner, 1, "running", now)
-            write_atomic(os.path.join(folder, "lease"), msgpack.packb(lease.to_record()), durable=durable, sync_dir=False)
+        if request.lease_owner is not None:
+            lease = Lease(request.lease_owner, 1, "running", now)
+            _write_new(os.path.join(folder, "lease"), msgpack.packb(lease.to_record()), durable=durable)
         write_atomic(os.path.join(folder, "header"), msgpack.packb(header.to_record()), durable=durable, exclusive=True)
-        published = True
-        if store.durability.syncs_at_commit:
-            fsync_dir(store.sessions_dir)
-        if parent_session is not None:
-            add_child(store, parent_session, session_id, created_at=header.created_at, origin=origin)
     except BaseException:
-        delete_session(store, session_id, parent_session=parent_session if published else None)
+        _rollback(store, request, indexed=False)
         raise
-    return header
+
+
+def _rollback(store: Store, request: NewSession, *, indexed: bool) -> None:
+    """Undo one creation, best effort: the error that caused it is the one reported.
+
+    A failing tombstone is left to the catalog (it checks every entry's header);
+    the folder is still removed. Only if the header itself cannot be unlinked
+    does the session stay (a double fault the caller cannot repair either).
+    """
+    try:
+        delete_session(store, request.session_id, parent_session=request.parent_session if indexed else None)
+    except Exception:
+        try:
+            delete_session(store, request.session_id)
+        except Exception:
+            pass
 
 
 def delete_session(store: Store, session_id: str, *, parent_session: str | None = None) -> None:

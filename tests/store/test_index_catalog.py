@@ -273,6 +273,49 @@ def test_creation_that_fails_before_publishing_leaves_nothing(st, monkeypatch):
     assert store.read_children(st, "r") == [] and store.list_children(st, "r") == []
 
 
+def test_batch_creation_fails_per_request_and_shares_the_index_append(st, monkeypatch):
+    """``create_sessions``: a bad id or a taken id fails alone and leaves nothing; the rest is
+    created, durable and listed in order, with one index append for all children of a parent."""
+    store.create_session(st, "r")
+    store.create_session(st, "taken", parent_session="r", created_at=1.0)
+    appends = []
+    real = store.session.add_children
+    monkeypatch.setattr(store.session, "add_children", lambda *a, **k: appends.append(a[1]) or real(*a, **k))
+    desc = [("subagent/descriptor", ONE_SHOT)]
+    requests = [
+        store.session.NewSession("a1", parent_session="r", origin="subagent", created_at=2.0, events=desc, lease_owner="o"),
+        store.session.NewSession("../bad", parent_session="r", origin="subagent", created_at=3.0, events=desc),
+        store.session.NewSession("taken", parent_session="r", origin="subagent", created_at=4.0, events=desc),
+        store.session.NewSession("a2", parent_session="r", origin="subagent", created_at=5.0, events=desc),
+        store.session.NewSession("solo"),
+    ]
+    outcomes = store.session.create_sessions(st, requests)
+    assert [type(o).__name__ for o in outcomes] == ["SessionHeader", "InvalidSessionIdError", "SessionExistsError", "SessionHeader", "SessionHeader"]
+    assert appends == ["r"]  # a1 and a2 in one append
+    assert ids(store.list_children(st, "r")) == ["a1", "a2"]  # "taken" has no descriptor: a plain fork
+    assert [e.id for e in store.read_children(st, "r")] == ["taken", "a1", "a2"]
+    assert store.read_header(st, "solo").parent_session is None
+    assert store.read_lease(st, "a1").epoch == 1 and store.read_lease(st, "a2") is None
+    assert sorted(os.listdir(st.sessions_dir)) == ["a1", "a2", "r", "solo", "taken"]
+
+
+def test_batch_creation_rolls_back_the_members_of_a_failed_index_append(st, monkeypatch):
+    """When a parent's shared index append fails, each of its children is rolled back; other parents' children stay."""
+    store.create_session(st, "p1")
+    store.create_session(st, "p2")
+
+    def failing(store_, parent, entries):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(store.session, "add_children", failing)
+    requests = [store.session.NewSession(f"{p}-{n}", parent_session=p, created_at=float(n)) for p in ("p1", "p2") for n in (1, 2)]
+    requests[2:] = [store.session.NewSession("p2-1", parent_session="p2", created_at=1.0)]  # p2 has one child: add_child
+    outcomes = store.session.create_sessions(st, requests)
+    assert [isinstance(o, OSError) for o in outcomes] == [True, True, False]
+    assert not os.path.exists(st.session_dir("p1-1")) and not os.path.exists(st.session_dir("p1-2"))
+    assert [e.id for e in store.read_children(st, "p2")] == ["p2-1"]
+
+
 # -- reindex -------------------------------------------------------------------------------
 
 
