@@ -5,6 +5,11 @@ owns setup and rolls back everything unpublished on failure or cancellation
 (no session folder, no index entry, no lease, no lifecycle events). After, the
 caller owns the ``SubagentRun`` and must ``dispose()`` it.
 
+Creation goes through ``SessionCreator`` (batched store work, few thread
+hops). The worker releases the child's lease right after the turn's commit
+(``TurnSpec.release_owner``); the supervisor releases it only when the worker
+did not (a crash, a takeover, a store failure).
+
 Every validation happens before the first byte is written, in the
 reference's order: provider (``NO_PROVIDER``), capabilities
 (``UNSUPPORTED_CAPABILITY``), ``max_depth``, budget, output schema, parent,
@@ -20,11 +25,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
-from store import IdGenerator, LogWriter, OneShotDescriptor, Store, create_session, delete_session, read_header, release_lease
+from store import IdGenerator, LogWriter, OneShotDescriptor, Store, delete_session, read_header, release_lease
 from store.errors import FencedError, SessionNotFoundError, SubagentError
+from store.session import NewSession
 from worker.logcontext import bind
 from worker.protocol import Budget, TurnSpec
 
+from .creator import SessionCreator
 from .errors import CancelledBeforeStartError, InvalidRequestError, SubagentDepthError
 from .events import EventBus
 from .models import Provider, RunBudget, SubagentRequest, SubagentResult
@@ -165,6 +172,7 @@ class OneShotRuns:
         self.ids = ids
         self.tg = tg
         self.runs: dict[str, SubagentRun] = {}
+        self.creator = SessionCreator(store, tg)
         self.continuation: Any = None  # the ContinuationManager, set by the Supervisor
 
     async def start(self, provider_name: str, request: SubagentRequest, *, cancel: CancelToken | None = None) -> SubagentRun:
@@ -210,16 +218,13 @@ class OneShotRuns:
         events.append(("subagent/descriptor", descriptor.to_record()))
         events.append(("message/accepted", {"message_id": message_id, "source": {"kind": "user"}, "content": prompt}))
 
-        def create() -> int:
-            create_session(
-                self.store, child_id, parent_session=parent.id, origin="subagent", delegation_depth=child_depth, events=events,
-                lease_owner=self.owner_id,
-            )
-            return 1
-
+        new_session = NewSession(
+            child_id, parent_session=parent.id, origin="subagent", delegation_depth=child_depth, events=events, lease_owner=self.owner_id,
+        )
         try:
             with anyio.CancelScope(shield=True):
-                epoch = await anyio.to_thread.run_sync(create)
+                await self.creator.create(new_session)
+                epoch = 1  # created leased to us (create_session's lease_owner)
                 if cancel is not None and cancel.is_set():
                     await anyio.to_thread.run_sync(lambda: delete_session(self.store, child_id, parent_session=parent.id))
                     raise CancelledBeforeStartError("the start was cancelled before the child was published")
@@ -236,7 +241,7 @@ class OneShotRuns:
             program=program, program_blob=blob, message_id=message_id, message_source={"kind": "user"}, message=prompt,
             log_message=False, budget=budget, depth=child_depth, mode="one-shot", label=request.label, provider=provider.name,
             parent_session=parent.id, persona=request.persona, tool_filter=request.tool_filter, sandbox=sandbox,
-            output_schema=request.output_schema, agent_model=request.model,
+            output_schema=request.output_schema, agent_model=request.model, release_owner=self.owner_id,
         )
         self.agents.add_child(child_id, depth=child_depth, sandbox=sandbox, parent=parent.id)
         info = {"run_id": run.run_id, "provider": provider.name, "id": child_id, "local": True}
@@ -276,6 +281,7 @@ class OneShotRuns:
     async def _drive(self, run: SubagentRun, spec: TurnSpec, epoch: int, on_rpc: Any, info: dict[str, Any]) -> None:
         bind(child=spec.session_id, parent=spec.parent_session, epoch=epoch)
         result: SubagentResult
+        released = False  # the worker releases the lease after a committed turn (TurnSpec.release_owner)
         try:
             if run._cancelled is not None:
                 result = SubagentResult(stop_reason="aborted", diagnostic=f"the run was cancelled ({run._cancelled}) before it started")
@@ -287,6 +293,7 @@ class OneShotRuns:
 
                 handle = await self.pool.run_turn(spec, on_rpc, started=started)
                 assert handle.outcome is not None
+                released = handle.outcome.released and not handle.crashed
                 if handle.crashed:
                     await anyio.to_thread.run_sync(self._repair, spec.session_id, epoch)
                 result = result_from_outcome(handle.outcome)
@@ -297,10 +304,11 @@ class OneShotRuns:
             result = SubagentResult(stop_reason="error", diagnostic=f"{type(exc).__name__}: {exc}")
         finally:
             with anyio.CancelScope(shield=True):
-                try:
-                    await anyio.to_thread.run_sync(release_lease, self.store, spec.session_id, self.owner_id, epoch)
-                except FencedError:
-                    log.warning("lease of %s was taken over before release", spec.session_id, extra={"child": spec.session_id, "parent": spec.parent_session, "epoch": epoch})
+                if not released:
+                    try:
+                        await anyio.to_thread.run_sync(release_lease, self.store, spec.session_id, self.owner_id, epoch)
+                    except FencedError:
+                        log.warning("lease of %s was taken over before release", spec.session_id, extra={"child": spec.session_id, "parent": spec.parent_session, "epoch": epoch})
                 self.agents.remove(spec.session_id)
         run._result = result
         run._done.set()

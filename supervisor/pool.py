@@ -47,6 +47,7 @@ import multiprocess
 from store.errors import SubagentError
 from worker.errors import WorkerCrashedError, describe_exit
 from worker.main import worker_entry
+from worker.pipe import FrameReader
 from worker.protocol import BLOCKING_RPCS, Cancel, Ready, Reply, Rpc, RunTurn, Shutdown, TurnDone, TurnOutcome, TurnSpec, decode, encode
 
 from .errors import SupervisorClosedError
@@ -276,25 +277,31 @@ class WorkerPool:
     # -- per-worker tasks -------------------------------------------------------
 
     async def _reader(self, worker: _Worker) -> None:
+        frames = FrameReader(worker.conn.fileno())
         while worker.alive:
             await anyio.wait_readable(worker.conn.fileno())
             try:
-                raw = worker.conn.recv_bytes()
-            except (EOFError, OSError):
+                batch = frames.read_available()
+            except OSError:
                 return  # the sentinel task handles the death
-            msg = decode(raw)
-            if isinstance(msg, TurnDone):
-                handle = worker.turns.get(msg.call_id)
-                if handle is not None:
-                    outcome = msg.outcome
-                    if handle.cancel_reason is not None and outcome.stop_reason == "completed":
-                        outcome = outcome.model_copy(update={"stop_reason": "aborted"})
-                    self._finish(handle, outcome)
-                    self._schedule()
-            elif isinstance(msg, Rpc):
-                handle = worker.turns.get(msg.call_id)
-                assert self._tg is not None
-                self._tg.start_soon(self._serve_rpc, worker, handle, msg)
+            if batch is None:
+                return  # end of file: the sentinel task handles the death
+            for raw in batch:
+                self._received(worker, decode(raw))
+
+    def _received(self, worker: _Worker, msg: Any) -> None:
+        if isinstance(msg, TurnDone):
+            handle = worker.turns.get(msg.call_id)
+            if handle is not None:
+                outcome = msg.outcome
+                if handle.cancel_reason is not None and outcome.stop_reason == "completed":
+                    outcome = outcome.model_copy(update={"stop_reason": "aborted"})
+                self._finish(handle, outcome)
+                self._schedule()
+        elif isinstance(msg, Rpc):
+            handle = worker.turns.get(msg.call_id)
+            assert self._tg is not None
+            self._tg.start_soon(self._serve_rpc, worker, handle, msg)
 
     async def _serve_rpc(self, worker: _Worker, handle: TurnHandle | None, msg: Rpc) -> None:
         blocking = msg.method in BLOCKING_RPCS and handle is not None

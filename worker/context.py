@@ -139,9 +139,20 @@ class TurnContext:
         return n
 
     def close_step(self) -> None:
-        if self._step_open:
-            self._writer.append([("step/end", {})])
-            self._step_open = False
+        events = self.closing_events()
+        if events:
+            self._writer.append(events)
+
+    def closing_events(self) -> list[tuple[str, Any]]:
+        """The ``step/end`` of an open step, handed to the caller instead of appended.
+
+        The turn's end writes it in the same append as the final message and
+        ``turn/end`` (one lock, one write, one commit instead of three appends).
+        """
+        if not self._step_open:
+            return []
+        self._step_open = False
+        return [("step/end", {})]
 
     async def say(self, text: str) -> None:
         """Record an assistant message; the last non-empty one is the turn's output."""

@@ -22,12 +22,16 @@ from typing import Any
 import anyio
 
 from store.errors import from_wire
+from store.root import Store
 
 from .budget import TurnControl
 from .logcontext import FieldsFilter, bind
+from .pipe import FrameReader
 from .protocol import Cancel, Reply, RunTurn, Rpc, Ready, Shutdown, TurnDone, TurnOutcome, decode, encode
 
 __all__ = ["worker_entry", "WorkerLoop"]
+
+_MAX_STORES = 16
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +45,9 @@ class WorkerLoop:
         self._turns: dict[int, TurnControl] = {}
         self._rpc_ids = itertools.count(1)
         self._replies: dict[int, tuple[anyio.Event, list[Reply]]] = {}
+        # open store handles by (root, durability): opening one reads and checks the STORE
+        # marker, which every turn would repeat; a handle holds no session state (store/root.py)
+        self._stores: dict[tuple[str, str], Store] = {}
 
     def send(self, message: Any) -> None:
         with self._send_lock:
@@ -48,30 +55,39 @@ class WorkerLoop:
 
     async def serve(self) -> None:
         self.send(Ready(pid=os.getpid()))
+        frames = FrameReader(self.conn.fileno())
         async with anyio.create_task_group() as tg:
             while True:
                 await anyio.wait_readable(self.conn.fileno())
                 try:
-                    raw = self.conn.recv_bytes()
-                except (EOFError, OSError):
+                    batch = frames.read_available()
+                except OSError:
+                    batch = None
+                if batch is None:
                     os._exit(0)  # the supervisor is gone: never outlive it
-                msg = decode(raw)
-                if isinstance(msg, RunTurn):
-                    control = TurnControl(max_steps=msg.spec.budget.max_steps)
-                    self._turns[msg.call_id] = control
-                    tg.start_soon(self._run, msg, control)
-                elif isinstance(msg, Cancel):
-                    control = self._turns.get(msg.call_id)
-                    if control is not None:
-                        control.stop("aborted", f"the turn was cancelled ({msg.reason})")
-                elif isinstance(msg, Reply):
-                    waiter = self._replies.get(msg.rpc_id)
-                    if waiter is not None:
-                        waiter[1].append(msg)
-                        waiter[0].set()
-                elif isinstance(msg, Shutdown):
-                    tg.cancel_scope.cancel()
-                    return
+                for raw in batch:
+                    if not self._received(decode(raw), tg):
+                        tg.cancel_scope.cancel()
+                        return
+
+    def _received(self, msg: Any, tg: anyio.abc.TaskGroup) -> bool:
+        """Act on one message from the supervisor; False for ``Shutdown``."""
+        if isinstance(msg, RunTurn):
+            control = TurnControl(max_steps=msg.spec.budget.max_steps)
+            self._turns[msg.call_id] = control
+            tg.start_soon(self._run, msg, control)
+        elif isinstance(msg, Cancel):
+            control = self._turns.get(msg.call_id)
+            if control is not None:
+                control.stop("aborted", f"the turn was cancelled ({msg.reason})")
+        elif isinstance(msg, Reply):
+            waiter = self._replies.get(msg.rpc_id)
+            if waiter is not None:
+                waiter[1].append(msg)
+                waiter[0].set()
+        elif isinstance(msg, Shutdown):
+            return False
+        return True
 
     async def _run(self, msg: RunTurn, control: TurnControl) -> None:
         from .turn import run_turn
@@ -81,13 +97,22 @@ class WorkerLoop:
 
         bind(child=msg.spec.session_id, parent=msg.spec.parent_session, epoch=msg.spec.epoch)
         try:
-            outcome = await run_turn(msg.spec, control, rpc)
+            outcome = await run_turn(msg.spec, control, rpc, store=self._store(msg.spec.store_root, msg.spec.durability))
         except Exception as exc:  # a store failure outside the program: report, never hang the caller
             log.exception("turn failed outside its program", extra={"session": msg.spec.session_id})
             outcome = TurnOutcome(stop_reason="error", diagnostic=f"{type(exc).__name__}: {exc}"[:4000], steps=control.steps)
         finally:
             self._turns.pop(msg.call_id, None)
         self.send(TurnDone(call_id=msg.call_id, outcome=outcome))
+
+    def _store(self, root: str, durability: str) -> Store:
+        store = self._stores.get((root, durability))
+        if store is None:
+            store = Store(root, durability=durability, create=False)
+            if len(self._stores) >= _MAX_STORES:
+                self._stores.pop(next(iter(self._stores)))  # the oldest: a worker rarely serves several stores
+            self._stores[(root, durability)] = store
+        return store
 
     async def call(self, call_id: int, method: str, args: dict[str, Any]) -> Any:
         rpc_id = next(self._rpc_ids)

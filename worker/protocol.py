@@ -72,6 +72,9 @@ class TurnSpec(_Msg):
     output_schema: dict[str, Any] | None = None
     agent_model: str | None = None
     notices: list[dict[str, Any]] = []
+    # one-shot turns: the worker releases the lease (this owner, ``epoch``) right after
+    # the turn's commit, sparing the supervisor a store round trip per child
+    release_owner: str | None = None
 
 
 class RunTurn(_Msg):
@@ -110,6 +113,7 @@ class TurnOutcome(_Msg):
     diagnostic: str | None = None
     steps: int = 0
     fenced: bool = False  # another supervisor took the session over: the turn wrote nothing more
+    released: bool = False  # the worker released the lease after the commit (``TurnSpec.release_owner``)
 
 
 class TurnDone(_Msg):

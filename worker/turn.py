@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 
 from store.errors import FencedError, SubagentError
+from store.lease import release_lease
 from store.log import LogWriter
 from store.root import Store
 
@@ -71,18 +72,41 @@ async def _timer(control: TurnControl, timeout_ms: int) -> None:
     control.stop("budget-exhausted", f"the turn exceeded timeout_ms={timeout_ms}")
 
 
-async def run_turn(spec: TurnSpec, control: TurnControl, rpc: RpcCaller) -> TurnOutcome:
-    store = Store(spec.store_root, durability=spec.durability, create=False)
+async def run_turn(spec: TurnSpec, control: TurnControl, rpc: RpcCaller, *, store: Store | None = None) -> TurnOutcome:
+    """Run one turn; ``store`` is an open handle of ``spec.store_root`` to reuse (the worker keeps one)."""
+    if store is None:
+        store = Store(spec.store_root, durability=spec.durability, create=False)
     try:
         writer = LogWriter.open(store, spec.session_id, epoch=spec.epoch)
     except FencedError as exc:  # taken over before the turn began: nothing was written
         return _fenced(spec, control, exc)
     try:
-        return await _run(spec, control, rpc, writer)
+        outcome = await _run(spec, control, rpc, writer)
     except FencedError as exc:
         return _fenced(spec, control, exc)
     finally:
         writer.close()
+    if spec.release_owner is not None:
+        outcome.released = _release(store, spec)
+    return outcome
+
+
+def _release(store: Store, spec: TurnSpec) -> bool:
+    """Release a one-shot child's lease after its commit; False leaves it to the supervisor.
+
+    Any failure here is reported, never raised: the turn itself is committed, and
+    the supervisor releases (or finds the lease taken over) when ``released`` is False.
+    """
+    assert spec.release_owner is not None
+    try:
+        release_lease(store, spec.session_id, spec.release_owner, spec.epoch)
+    except FencedError:
+        log.info("lease of %s moved on before release at epoch %d", spec.session_id, spec.epoch)
+        return False
+    except (SubagentError, OSError):
+        log.warning("releasing the lease of %s failed; the supervisor retries", spec.session_id, exc_info=True)
+        return False
+    return True
 
 
 def _fenced(spec: TurnSpec, control: TurnControl, exc: FencedError) -> TurnOutcome:
@@ -94,6 +118,14 @@ def _fenced(spec: TurnSpec, control: TurnControl, exc: FencedError) -> TurnOutco
     # info, not warning: the supervisor that drops the activation logs it, once per session
     log.info("turn of %s fenced at epoch %d", spec.session_id, spec.epoch)
     return TurnOutcome(stop_reason="error", diagnostic=truncate_diagnostic(f"{exc.code}: {exc}"), steps=control.steps, fenced=True)
+
+
+async def _call_program(program: Any, ctx: TurnContext, control: TurnControl) -> Any:
+    """Run the program under the turn's cancel scope: ``async def`` on the loop, plain ``def`` in a thread."""
+    with control.scope:
+        if pyinspect.iscoroutinefunction(program) or pyinspect.iscoroutinefunction(getattr(program, "__call__", None)):
+            return await program(ctx)
+        return await anyio.to_thread.run_sync(program, BlockingTurnContext(ctx, control))
 
 
 async def _run(spec: TurnSpec, control: TurnControl, rpc: RpcCaller, writer: LogWriter) -> TurnOutcome:
@@ -118,21 +150,24 @@ async def _run(spec: TurnSpec, control: TurnControl, rpc: RpcCaller, writer: Log
         program = load_program(spec.program, spec.program_blob)
         result: Any = None
         failure: Exception | None = None
-        async with anyio.create_task_group() as timers:
-            if spec.budget.timeout_ms is not None:
-                timers.start_soon(_timer, control, spec.budget.timeout_ms)
+        if spec.budget.timeout_ms is None:
+            # no timer to run beside the program: no task group (creating and cancelling
+            # one costs more than a short turn such as echo)
             try:
-                with control.scope:
-                    if pyinspect.iscoroutinefunction(program) or pyinspect.iscoroutinefunction(getattr(program, "__call__", None)):
-                        result = await program(ctx)
-                    else:
-                        result = await anyio.to_thread.run_sync(program, BlockingTurnContext(ctx, control))
+                result = await _call_program(program, ctx, control)
             except Exception as exc:
-                # kept out of the task group: leaving it with an error would wrap
-                # the program's exception in an ExceptionGroup, and the diagnostic
-                # (and the SubagentError branch below) would see only the wrapper
                 failure = exc
-            timers.cancel_scope.cancel()
+        else:
+            async with anyio.create_task_group() as timers:
+                timers.start_soon(_timer, control, spec.budget.timeout_ms)
+                try:
+                    result = await _call_program(program, ctx, control)
+                except Exception as exc:
+                    # kept out of the task group: leaving it with an error would wrap
+                    # the program's exception in an ExceptionGroup, and the diagnostic
+                    # (and the SubagentError branch below) would see only the wrapper
+                    failure = exc
+                timers.cancel_scope.cancel()
         if failure is not None:
             raise failure
         if control.cause is None:
@@ -150,9 +185,11 @@ async def _run(spec: TurnSpec, control: TurnControl, rpc: RpcCaller, writer: Log
         diagnostic = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     if control.cause is not None:
         stop_reason, diagnostic = control.cause, control.diagnostic
-    ctx.close_step()
+    # the open step's end, the final message and turn/end go out as one append and one
+    # commit: they describe the same instant, and a crash before it is repaired alike
+    closing = ctx.closing_events()
     if output and output != ctx.last_output:
-        writer.append([("assistant/message", {"text": output})])
+        closing.append(("assistant/message", {"text": output}))
     elif not output:
         output = ctx.last_output
     if stop_reason == "completed" and spec.output_schema is not None:
@@ -161,5 +198,6 @@ async def _run(spec: TurnSpec, control: TurnControl, rpc: RpcCaller, writer: Log
             stop_reason, diagnostic = "error", problem
     diagnostic = truncate_diagnostic(diagnostic)
     log_reason = "blocked" if stop_reason == "refusal" else stop_reason
-    writer.append([("turn/end", {"stop_reason": log_reason, "diagnostic": diagnostic})], commit=True)
+    closing.append(("turn/end", {"stop_reason": log_reason, "diagnostic": diagnostic}))
+    writer.append(closing, commit=True)
     return TurnOutcome(output=output, structured=structured, stop_reason=stop_reason, diagnostic=diagnostic, steps=control.steps)

@@ -1,0 +1,44 @@
+"""FrameReader: a Connection's stream split into messages, a pipeful at a time."""
+
+from __future__ import annotations
+
+import multiprocess
+
+from worker.pipe import FrameReader
+
+
+def test_a_burst_of_messages_is_read_at_once():
+    """Several sends already in the pipe come back from one read, in order."""
+    ours, theirs = multiprocess.Pipe(duplex=True)
+    for i in range(5):
+        theirs.send_bytes(f"message {i}".encode())
+    reader = FrameReader(ours.fileno())
+    assert reader.read_available() == [f"message {i}".encode() for i in range(5)]
+
+
+def test_a_message_split_across_reads_is_kept_until_complete():
+    """A payload larger than one read arrives whole, after the reads that carry it."""
+    ours, theirs = multiprocess.Pipe(duplex=True)
+    big = bytes(range(256)) * 1024  # 256 KiB: several reads of the pipe
+    import threading
+
+    sender = threading.Thread(target=lambda: (theirs.send_bytes(big), theirs.send_bytes(b"after")))
+    sender.start()
+    reader = FrameReader(ours.fileno())
+    got: list[bytes] = []
+    while len(got) < 2:
+        batch = reader.read_available()
+        assert batch is not None
+        got += batch
+    sender.join()
+    assert got == [big, b"after"]
+
+
+def test_end_of_file_reads_as_none():
+    """The other end closed: ``None``, not an empty list."""
+    ours, theirs = multiprocess.Pipe(duplex=True)
+    theirs.send_bytes(b"last")
+    theirs.close()
+    reader = FrameReader(ours.fileno())
+    assert reader.read_available() == [b"last"]
+    assert reader.read_available() is None
