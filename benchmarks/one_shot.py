@@ -224,7 +224,7 @@ async def measure_respawn(sup: Supervisor, root: Any, rounds: int) -> tuple[list
 async def amain(args: argparse.Namespace) -> dict[str, Any]:
     n = args.n or (200 if args.quick else 2000)
     rounds = 3 if args.quick else 10
-    base = tempfile.mkdtemp(prefix="bench-one-shot-", dir=temp_base())
+    base = tempfile.mkdtemp(prefix="bench-one-shot-", dir=args.dir or temp_base())
     try:
         print(f"one_shot: {n} children, {args.concurrency} in flight, pool of {POOL_SIZE}, durability batched, store in {base}")
         pool_per_s = await run_baseline(n, args.concurrency)
@@ -298,6 +298,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
         "children_per_s_4_turns_per_worker": round(got4["per_s"], 1),
         "first_half_children_per_s": round(got["first_half_per_s"], 1),
         "second_half_children_per_s": round(got["second_half_per_s"], 1),
+        "store_dir": args.dir or "repository file system",
         "phase_ms": {k: round(v, 2) for k, v in phases.items()},
         "goals_met": met,
     }
@@ -308,6 +309,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="200 children, 3 respawns (under 60 s on 2 cores)")
     parser.add_argument("--n", type=int, default=0, help="number of children (default 200 quick, 2000 full)")
     parser.add_argument("--concurrency", type=int, default=32, help="children (and baseline tasks) in flight")
+    parser.add_argument(
+        "--dir", default="",
+        help="parent folder of the store (default: the repository's file system); e.g. /dev/shm to tell the "
+             "runtime's own cost from the file system's",
+    )
     args = parser.parse_args()
     summary = anyio.run(amain, args)
     print(json.dumps(summary))

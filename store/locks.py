@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import struct
 from types import TracebackType
 from typing import Iterator
 
@@ -31,6 +32,12 @@ from .errors import LockTimeoutError
 
 __all__ = ["SessionFlock", "file_lock", "make_filelock", "LOCK_TIMEOUT_S"]
 
+# The turnstile of a fair SessionFlock: an OFD write lock on byte 0 (``struct flock``:
+# short type, short whence, off_t start, off_t len, pid_t pid — 0 for OFD locks).
+_OFD_SETLKW: int | None = getattr(fcntl, "F_OFD_SETLKW", None)
+_TURNSTILE_LOCK = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0)
+_TURNSTILE_UNLOCK = struct.pack("hhqqi4x", fcntl.F_UNLCK, os.SEEK_SET, 0, 1, 0)
+
 # Long enough for any critical section of the store (a few fsyncs); a lock
 # held longer than this means a stuck process, reported as a Timeout.
 LOCK_TIMEOUT_S = 30.0
@@ -39,33 +46,43 @@ LOCK_TIMEOUT_S = 30.0
 class SessionFlock:
     """A long-lived descriptor on a lock file, flocked per critical section.
 
-    ``fair=True`` (the append path) queues through a turnstile first:
-    ``flock(<path>.queue)`` → ``flock(<path>)`` → unlock the turnstile. ``flock``
-    alone is unfair — a writer that unlocks and re-locks at once beats the waiter
-    the kernel just woke, and runs of 500–1,100 appends by one writer were
-    measured while the other waited. With the turnstile, the waiter holds the
-    queue lock while it waits for the main lock, so the re-locking writer must
-    queue behind it: two writers alternate. Lock order is always queue → main and
-    the queue lock is never held while waiting for anything else, so paths that
-    take only the main lock (mailbox, lease) cannot deadlock with it.
+    ``fair=True`` (the append path) queues through a turnstile first: an OFD
+    byte-range lock on byte 0 of the same file → ``flock`` → unlock the
+    turnstile. ``flock`` alone is unfair — a writer that unlocks and re-locks at
+    once beats the waiter the kernel just woke, and runs of 500–1,100 appends by
+    one writer were measured while the other waited. With the turnstile, the
+    waiter holds it while it waits for the main lock, so the re-locking writer
+    must queue behind it: two writers alternate. Lock order is always turnstile →
+    main and the turnstile is never held while waiting for anything else, so
+    paths that take only the main lock (mailbox, lease) cannot deadlock with it.
+
+    Why an OFD lock on the same file rather than a second lock file: on Linux
+    ``flock`` and record locks are independent, so one file carries both, and a
+    session costs one inode fewer to create (creating inodes is what a child's
+    creation spends most on, on some file systems). OFD locks belong to the
+    open file description like ``flock`` — two writers in one process still
+    exclude each other, and closing another descriptor of the file (filelock
+    does) does not drop them, unlike POSIX ``lockf`` locks. Where the platform
+    has no OFD locks the turnstile is skipped (plain, unfair ``flock``).
     """
 
     def __init__(self, path: str, *, fair: bool = False) -> None:
         self.path = path
         self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
-        self._queue: int | None = os.open(path + ".queue", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE) if fair else None
+        self._fair = fair and _OFD_SETLKW is not None
 
     def acquire(self) -> None:
-        if self._fd is None:
+        fd = self._fd
+        if fd is None:
             raise ValueError(f"lock {self.path} is closed")
-        if self._queue is None:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        if not self._fair:
+            fcntl.flock(fd, fcntl.LOCK_EX)
             return
-        fcntl.flock(self._queue, fcntl.LOCK_EX)
+        fcntl.fcntl(fd, _OFD_SETLKW, _TURNSTILE_LOCK)
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_EX)
         finally:
-            fcntl.flock(self._queue, fcntl.LOCK_UN)
+            fcntl.fcntl(fd, _OFD_SETLKW, _TURNSTILE_UNLOCK)
 
     def release(self) -> None:
         assert self._fd is not None
@@ -79,10 +96,9 @@ class SessionFlock:
         self.release()
 
     def close(self) -> None:
-        for fd in (self._fd, self._queue):
-            if fd is not None:
-                os.close(fd)
-        self._fd = self._queue = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def make_filelock(path: str) -> filelock.FileLock:
