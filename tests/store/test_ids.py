@@ -99,3 +99,24 @@ def test_valid_alphabet_ids(text):
     """Any id drawn from the alphabet is valid iff its first character is alphanumeric."""
     assert store.is_valid_session_id(text) == text[0].isalnum()
     assert SESSION_ID_PATTERN.fullmatch(text) is not None or not text[0].isalnum()
+
+
+def test_a_forked_generator_draws_a_new_seed():
+    """A generator inherited through fork must not repeat its parent's ids (the PRNG is reseeded)."""
+    gen = store.IdGenerator()
+    gen.new()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: one id, then out without running pytest's teardown
+        try:
+            time.sleep(0.002)  # a new millisecond, so the id takes fresh random bits
+            os.write(write, gen.new().encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    time.sleep(0.002)
+    mine = gen.new()
+    theirs = os.read(read, 64).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert len(theirs) == 26 and mine[10:] != theirs[10:]
