@@ -13,7 +13,7 @@ import os
 
 from .errors import DurabilityError
 
-__all__ = ["FILE_MODE", "DIR_MODE", "make_dirs", "write_atomic", "fsync_dir", "read_bytes"]
+__all__ = ["FILE_MODE", "DIR_MODE", "make_dirs", "write_atomic", "write_new", "fsync_dir", "read_bytes"]
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
@@ -47,14 +47,7 @@ def write_atomic(path: str, data: bytes, *, durable: bool, exclusive: bool = Fal
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            if durable:
-                os.fsync(fd)
-        except OSError as exc:
-            raise DurabilityError(f"write of {path} failed: {exc}", path=path) from exc
+            _write_whole(fd, data, path, durable=durable)
         finally:
             os.close(fd)
         if exclusive:
@@ -70,6 +63,32 @@ def write_atomic(path: str, data: bytes, *, durable: bool, exclusive: bool = Fal
         raise
     if durable and sync_dir:
         fsync_dir(folder)
+
+
+def write_new(path: str, data: bytes, *, durable: bool) -> None:
+    """Write a file that must not exist yet (``O_EXCL``), in place.
+
+    For files of a folder nothing reads before a later publication step (a
+    session's files before its header): a crash leaves the folder unpublished,
+    so the file needs no atomic replacement — one inode and one name instead of
+    a tmp file, two names and a rename.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+    try:
+        _write_whole(fd, data, path, durable=durable)
+    finally:
+        os.close(fd)
+
+
+def _write_whole(fd: int, data: bytes, path: str, *, durable: bool) -> None:
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        if durable:
+            os.fsync(fd)
+    except OSError as exc:
+        raise DurabilityError(f"write of {path} failed: {exc}", path=path) from exc
 
 
 def read_bytes(path: str) -> bytes:

@@ -27,8 +27,8 @@ from typing import Any, Sequence
 
 import msgpack
 
-from .atomic import DIR_MODE, FILE_MODE, fsync_dir, write_atomic
-from .errors import DurabilityError, SessionExistsError
+from .atomic import DIR_MODE, fsync_dir, write_atomic, write_new
+from .errors import SessionExistsError
 from .framing import encode_record
 from .header import SessionHeader, parse_header
 from .ids import validate_session_id
@@ -174,26 +174,6 @@ def _header(request: NewSession) -> SessionHeader:
     return parse_header(record)
 
 
-def _write_new(path: str, data: bytes, *, durable: bool) -> None:
-    """Write a file that must not exist yet, in a folder nothing reads before its header exists.
-
-    No tmp + rename: until the header is published the folder is invisible, and
-    a crash leaves it header-less (fsck's torn creation), so the file needs no
-    atomic replacement — one inode and one name instead of two and a rename.
-    """
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        if durable:
-            os.fsync(fd)
-    except OSError as exc:
-        raise DurabilityError(f"write of {path} failed: {exc}", path=path) from exc
-    finally:
-        os.close(fd)
-
-
 def _write_unpublished_and_publish(store: Store, request: NewSession, header: SessionHeader) -> None:
     folder = store.session_dir(request.session_id)
     try:
@@ -217,11 +197,11 @@ def _write_unpublished_and_publish(store: Store, request: NewSession, header: Se
             offset += len(chunk)
         durable = store.durability.syncs_at_commit
         # the header's folder fsync below persists the names of every file written before it
-        _write_new(os.path.join(folder, "log"), b"".join(chunks), durable=durable)
+        write_new(os.path.join(folder, "log"), b"".join(chunks), durable=durable)
         write_cache(os.path.join(folder, "identity"), projection)
         if request.lease_owner is not None:
             lease = Lease(request.lease_owner, 1, "running", now)
-            _write_new(os.path.join(folder, "lease"), msgpack.packb(lease.to_record()), durable=durable)
+            write_new(os.path.join(folder, "lease"), msgpack.packb(lease.to_record()), durable=durable)
         write_atomic(os.path.join(folder, "header"), msgpack.packb(header.to_record()), durable=durable, exclusive=True)
     except BaseException:
         _rollback(store, request, indexed=False)
