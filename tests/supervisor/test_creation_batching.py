@@ -1,0 +1,83 @@
+"""Concurrent starts share creation work; a one-shot child's lease is released by its worker."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+import supervisor.creator
+import supervisor.oneshot
+from store import SessionExistsError, Store, create_session, read_children, read_lease
+from store.session import NewSession
+from supervisor import SubagentRequest
+from supervisor.creator import SessionCreator
+
+from ..conftest import open_supervisor
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_concurrent_starts_are_created_in_few_hops(tmp_path, monkeypatch):
+    """40 starts at once: every child is created, published, run and listed, in far fewer thread hops."""
+    batches: list[int] = []
+    real = supervisor.creator.create_sessions
+
+    def counting(store, requests):
+        batches.append(len(requests))
+        return real(store, requests)
+
+    monkeypatch.setattr(supervisor.creator, "create_sessions", counting)
+    async with open_supervisor(tmp_path, pool_size=2, durability="batched") as sup:
+        root = await sup.open_root()
+        outputs: dict[int, str | None] = {}
+
+        async def one(i: int) -> None:
+            run = await sup.start("echo", SubagentRequest(parent=root, prompt=f"hello {i}"))
+            outputs[i] = (await run.result()).output
+            await run.dispose()
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for i in range(40):
+                    tg.start_soon(one, i)
+        assert outputs == {i: f"hello {i}" for i in range(40)}
+        assert sum(batches) == 40 and len(batches) < 40 and max(batches) > 1
+        listed = await sup.list_children(root.id)
+        assert len(listed) == 40 and {c.status for c in listed} == {"complete"}
+        assert len(read_children(sup.store, root.id)) == 40
+
+
+async def test_a_failing_request_fails_alone_in_its_batch(tmp_path):
+    """A taken id raises for its own caller; the requests created with it in one batch succeed."""
+    st = Store(tmp_path / "store", durability="batched")
+    create_session(st, "root")
+    create_session(st, "taken", parent_session="root")
+    results: dict[str, object] = {}
+    async with anyio.create_task_group() as tg:
+        creator = SessionCreator(st, tg, threads=1)
+
+        async def one(sid: str) -> None:
+            try:
+                results[sid] = (await creator.create(NewSession(sid, parent_session="root"))).id
+            except SessionExistsError as exc:
+                results[sid] = exc.code
+
+        for sid in ("c1", "taken", "c2", "c3"):
+            tg.start_soon(one, sid)
+    assert results == {"c1": "c1", "taken": "SESSION_EXISTS", "c2": "c2", "c3": "c3"}
+    assert sorted(e.id for e in read_children(st, "root")) == ["c1", "c2", "c3", "taken"]
+
+
+async def test_the_worker_releases_a_one_shot_lease(tmp_path, monkeypatch):
+    """After the turn's commit the worker releases the child's lease; the supervisor never has to."""
+    host_releases: list[str] = []
+    real = supervisor.oneshot.release_lease
+    monkeypatch.setattr(supervisor.oneshot, "release_lease", lambda st, sid, *a: host_releases.append(sid) or real(st, sid, *a))
+    async with open_supervisor(tmp_path, durability="batched") as sup:
+        root = await sup.open_root()
+        run = await sup.start("echo", SubagentRequest(parent=root, prompt="x"))
+        assert (await run.result()).output == "x"
+        lease = read_lease(sup.store, run.id)
+        assert lease is not None and lease.state == "released" and lease.epoch == 1
+        await run.dispose()
+    assert host_releases == []
