@@ -305,7 +305,6 @@ class LogWriter:
         survive a crash.
         """
         start = self.projection.end_offset
-        end = start + sum(map(len, chunks))
         try:
             self.store.durability.after_append(self._fd, self._what)
         except DurabilityError as exc:
@@ -315,7 +314,7 @@ class LogWriter:
             else:
                 self._lock.acquire()
                 try:
-                    if os.lseek(self._fd, 0, os.SEEK_END) == end:
+                    if os.lseek(self._fd, 0, os.SEEK_END) == start + sum(map(len, chunks)):
                         self._cut_back(start)
                 finally:
                     self._lock.release()
