@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import struct
 from types import TracebackType
 from typing import Iterator
 
@@ -32,12 +31,6 @@ from .errors import LockTimeoutError
 
 __all__ = ["SessionFlock", "file_lock", "make_filelock", "LOCK_TIMEOUT_S"]
 
-# The turnstile of a fair SessionFlock: an OFD write lock on byte 0 (``struct flock``:
-# short type, short whence, off_t start, off_t len, pid_t pid — 0 for OFD locks).
-_OFD_SETLKW: int | None = getattr(fcntl, "F_OFD_SETLKW", None)
-_TURNSTILE_LOCK = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0)
-_TURNSTILE_UNLOCK = struct.pack("hhqqi4x", fcntl.F_UNLCK, os.SEEK_SET, 0, 1, 0)
-
 # Long enough for any critical section of the store (a few fsyncs); a lock
 # held longer than this means a stuck process, reported as a Timeout.
 LOCK_TIMEOUT_S = 30.0
@@ -46,43 +39,30 @@ LOCK_TIMEOUT_S = 30.0
 class SessionFlock:
     """A long-lived descriptor on a lock file, flocked per critical section.
 
-    ``fair=True`` (the append path) queues through a turnstile first: an OFD
-    byte-range lock on byte 0 of the same file → ``flock`` → unlock the
-    turnstile. ``flock`` alone is unfair — a writer that unlocks and re-locks at
-    once beats the waiter the kernel just woke, and runs of 500–1,100 appends by
-    one writer were measured while the other waited. With the turnstile, the
-    waiter holds it while it waits for the main lock, so the re-locking writer
-    must queue behind it: two writers alternate. Lock order is always turnstile →
-    main and the turnstile is never held while waiting for anything else, so
-    paths that take only the main lock (mailbox, lease) cannot deadlock with it.
+    Plain ``flock``, which is unfair: a writer that unlocks and re-locks at
+    once can beat a waiter the kernel just woke. Under ``strict`` that no
+    longer matters — the log's fsync runs after the lock is released (group
+    commit, ``store/log.py``), so the releaser spends a whole fsync outside
+    the lock and two contending writers interleave (longest run of one writer
+    6–15 appends in ``benchmarks/store_append.py``). A tight loop of unsynced
+    appends can run ahead of another writer for the length of its burst.
 
-    Why an OFD lock on the same file rather than a second lock file: on Linux
-    ``flock`` and record locks are independent, so one file carries both, and a
-    session costs one inode fewer to create (creating inodes is what a child's
-    creation spends most on, on some file systems). OFD locks belong to the
-    open file description like ``flock`` — two writers in one process still
-    exclude each other, and closing another descriptor of the file (filelock
-    does) does not drop them, unlike POSIX ``lockf`` locks. Where the platform
-    has no OFD locks the turnstile is skipped (plain, unfair ``flock``).
+    An earlier version queued writers through a turnstile lock for strict
+    alternation. It was removed: a writer frozen (SIGSTOP, a hung host) while
+    queued held the turnstile and kept every other writer out even after the
+    lock itself was free — the new owner of a taken-over session included
+    (``tests/store/test_locks.py``). With plain ``flock`` only a writer frozen
+    *inside* its few-microsecond critical section can do that.
     """
 
-    def __init__(self, path: str, *, fair: bool = False) -> None:
+    def __init__(self, path: str) -> None:
         self.path = path
         self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
-        self._fair = fair and _OFD_SETLKW is not None
 
     def acquire(self) -> None:
-        fd = self._fd
-        if fd is None:
+        if self._fd is None:
             raise ValueError(f"lock {self.path} is closed")
-        if not self._fair:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            return
-        fcntl.fcntl(fd, _OFD_SETLKW, _TURNSTILE_LOCK)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        finally:
-            fcntl.fcntl(fd, _OFD_SETLKW, _TURNSTILE_UNLOCK)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
 
     def release(self) -> None:
         assert self._fd is not None

@@ -141,7 +141,7 @@ class LogWriter:
     @classmethod
     def open(cls, store: Store, session_id: str, *, epoch: int, repair: bool = True) -> "LogWriter":
         header = read_header(store, session_id)
-        lock = SessionFlock(store.path(session_id, ".lock"), fair=True)
+        lock = SessionFlock(store.path(session_id, ".lock"))
         fd = os.open(store.path(session_id, "log"), os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         writer: LogWriter | None = None
         try:

@@ -1,20 +1,30 @@
-"""The session lock: flock for exclusion, an OFD byte lock on the same file as the fair turnstile."""
+"""The session lock: one ``flock`` on ``sessions/<id>/.lock``, shared by every critical section."""
 
 from __future__ import annotations
 
 import fcntl
 import os
-import struct
+import signal
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 
 from store.locks import SessionFlock, file_lock
 
-pytestmark = pytest.mark.skipif(not hasattr(fcntl, "F_OFD_SETLKW"), reason="no OFD locks on this platform")
+from ._support import REPO_ROOT
 
-BYTE0 = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0)
-UNLOCK0 = struct.pack("hhqqi4x", fcntl.F_UNLCK, os.SEEK_SET, 0, 1, 0)
+WAITER = """
+import sys
+from store.locks import SessionFlock
+lock = SessionFlock(sys.argv[1])
+print("waiting", flush=True)
+lock.acquire()
+print("got it", flush=True)
+lock.release()
+"""
 
 
 def acquire_in_thread(lock: SessionFlock) -> tuple[threading.Thread, threading.Event]:
@@ -30,47 +40,51 @@ def acquire_in_thread(lock: SessionFlock) -> tuple[threading.Thread, threading.E
     return thread, got
 
 
-def test_a_queued_waiter_holds_back_a_fair_acquirer(tmp_path):
-    """While someone holds the turnstile (a waiter queued for the lock), a fair acquire waits
-    even though the flock itself is free; an unfair one does not. No second lock file exists."""
+def test_a_waiter_stopped_in_the_queue_blocks_nobody(tmp_path):
+    """A writer frozen (SIGSTOP) while it waits for the lock must not keep others out once the
+    holder releases: a taken-over owner can be frozen anywhere, and the new owner must go on.
+    (A turnstile lock held by waiters, tried in an earlier version for fairness, failed this.)"""
     path = str(tmp_path / ".lock")
-    fair, unfair = SessionFlock(path, fair=True), SessionFlock(path)
-    queued = os.open(path, os.O_RDWR)
+    holder, other = SessionFlock(path), SessionFlock(path)
+    holder.acquire()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+    waiter = subprocess.Popen([sys.executable, "-c", WAITER, path], stdout=subprocess.PIPE, text=True, env=env)
     try:
-        fcntl.fcntl(queued, fcntl.F_OFD_SETLKW, BYTE0)
-        thread, got = acquire_in_thread(unfair)
-        assert got.wait(5), "an unfair acquire waited for the turnstile"
-        thread.join(5)
-        thread, got = acquire_in_thread(fair)
-        assert not got.wait(0.3), "a fair acquire passed a queued waiter"
-        fcntl.fcntl(queued, fcntl.F_OFD_SETLKW, UNLOCK0)
-        assert got.wait(5)
+        assert waiter.stdout is not None and waiter.stdout.readline().strip() == "waiting"
+        time.sleep(0.2)  # let it block in acquire
+        os.kill(waiter.pid, signal.SIGSTOP)
+        _, status = os.waitpid(waiter.pid, os.WUNTRACED)  # stopped while still waiting, not holding
+        assert os.WIFSTOPPED(status)
+        holder.release()
+        thread, got = acquire_in_thread(other)
+        assert got.wait(5), "a stopped waiter kept the lock from everybody else"
         thread.join(5)
     finally:
-        os.close(queued)
-        fair.close()
-        unfair.close()
+        os.kill(waiter.pid, signal.SIGCONT)
+        waiter.wait(10)  # it takes the lock once ``other`` let go, then exits
+        holder.close()
+        other.close()
+    assert waiter.returncode == 0
     assert os.listdir(tmp_path) == [".lock"]
 
 
-def test_the_fair_lock_and_filelock_exclude_each_other(tmp_path):
-    """The turnstile adds to the flock, it does not replace it: filelock's holder keeps a fair
-    acquirer out, and a fair holder keeps out any other flock of the file."""
+def test_session_flock_and_filelock_exclude_each_other(tmp_path):
+    """Both are flock on the same file: filelock's holder keeps a SessionFlock out and the reverse."""
     path = str(tmp_path / ".lock")
-    fair = SessionFlock(path, fair=True)
+    lock = SessionFlock(path)
     try:
         with file_lock(path):
-            thread, got = acquire_in_thread(fair)
-            assert not got.wait(0.3), "the fair lock and filelock did not exclude each other"
+            thread, got = acquire_in_thread(lock)
+            assert not got.wait(0.3), "SessionFlock and filelock did not exclude each other"
         assert got.wait(5)
         thread.join(5)
-        fair.acquire()
+        lock.acquire()
         other = os.open(path, os.O_RDWR)
         try:
             with pytest.raises(BlockingIOError):
                 fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
         finally:
             os.close(other)
-        fair.release()
+        lock.release()
     finally:
-        fair.close()
+        lock.close()
