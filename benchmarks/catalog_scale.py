@@ -42,10 +42,7 @@ import types
 from collections import Counter
 from typing import Any, Callable, Sequence
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+from _common import REPO, temp_base  # noqa: E402  (first: puts the repository on sys.path)
 
 import msgpack  # noqa: E402
 
@@ -375,13 +372,6 @@ class _FixedIds:
 
 
 # -- measurement ---------------------------------------------------------------------------
-
-
-def temp_base() -> str:
-    tmp = tempfile.gettempdir()
-    if os.stat(tmp).st_dev == os.stat(REPO).st_dev:
-        return tmp
-    return HERE
 
 
 def median_ms(fn: Callable[[], Any], runs: int) -> tuple[float, list[float]]:

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import statistics
@@ -57,11 +56,7 @@ import tempfile
 import time
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p)
+from _common import percentile, temp_base  # noqa: E402  (first: puts the repository on sys.path)
 
 import anyio  # noqa: E402
 
@@ -80,19 +75,6 @@ from supervisor import Capabilities, ContinuableSpec, Provider, Supervisor, Supe
 NAME = "followup"
 GOALS = {"accept_p50_ms": "<= 1", "accept_p99_ms": "<= 5", "resume_ratio": "<= 2"}
 EVENTS_PER_TURN = 6
-
-
-def temp_base() -> str:
-    tmp = tempfile.gettempdir()
-    if os.stat(tmp).st_dev == os.stat(REPO).st_dev:
-        return tmp
-    return HERE
-
-
-def percentile(samples: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..1)."""
-    ordered = sorted(samples)
-    return ordered[max(1, math.ceil(q * len(ordered))) - 1]
 
 
 class FsyncBaseline:

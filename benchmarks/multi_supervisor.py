@@ -37,24 +37,13 @@ import tempfile
 import time
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p)
+from _common import temp_base  # noqa: E402  (first: puts the repository on sys.path)
 
 from store import Store, read_children  # noqa: E402
 from tests.multi._driver import Driver  # noqa: E402
 
 NAME = "multi_supervisor"
 WARM_UP = 20
-
-
-def temp_base() -> str:
-    tmp = tempfile.gettempdir()
-    if os.stat(tmp).st_dev == os.stat(REPO).st_dev:
-        return tmp
-    return HERE
 
 
 def run(base: str, label: str, hosts: int, n: int, *, pool_size: int, concurrency: int, shared_parent: bool) -> float:

@@ -36,7 +36,6 @@ import argparse
 import asyncio
 import concurrent.futures
 import json
-import math
 import os
 import shutil
 import signal
@@ -46,10 +45,7 @@ import tempfile
 import time
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+from _common import percentile, temp_base  # noqa: E402  (first: puts the repository on sys.path)
 
 import anyio  # noqa: E402
 
@@ -62,22 +58,6 @@ GOALS = {"ratio": ">= 0.2", "respawn_ms": "<= 150", "children_per_s": ">= 1000"}
 
 
 # -- helpers -----------------------------------------------------------------------
-
-
-def temp_base() -> str:
-    """A temp parent on the repository's file system."""
-    tmp = tempfile.gettempdir()
-    if os.stat(tmp).st_dev == os.stat(REPO).st_dev:
-        return tmp
-    return HERE
-
-
-def percentile(samples: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..1)."""
-    if not samples:
-        return float("nan")
-    ordered = sorted(samples)
-    return ordered[max(1, math.ceil(q * len(ordered))) - 1]
 
 
 def trivial(i: int) -> int:

@@ -30,10 +30,7 @@ import tempfile
 import time
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+from _common import temp_base  # noqa: E402  (first: puts the repository on sys.path)
 
 import anyio  # noqa: E402
 
@@ -42,13 +39,6 @@ from supervisor import Provider, SubagentRequest, Supervisor, SupervisorConfig  
 NAME = "parallel"
 CPU_MS = 500
 GOAL = 1.8
-
-
-def temp_base() -> str:
-    tmp = tempfile.gettempdir()
-    if os.stat(tmp).st_dev == os.stat(REPO).st_dev:
-        return tmp
-    return HERE
 
 
 async def cpu_then_pid(ctx: Any) -> str:

@@ -36,7 +36,6 @@ import argparse
 import fcntl
 import gc
 import json
-import math
 import multiprocessing
 import os
 import shutil
@@ -47,10 +46,7 @@ import tempfile
 import time
 from typing import Any, Callable
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+from _common import REPO, percentile, temp_base  # noqa: E402  (first: puts the repository on sys.path)
 
 import msgpack  # noqa: E402
 
@@ -72,23 +68,6 @@ GOALS = {
 
 
 # -- helpers -----------------------------------------------------------------------
-
-
-def temp_base() -> str:
-    """A temp parent on the repository's file system."""
-    tmp = tempfile.gettempdir()
-    if os.stat(tmp).st_dev == os.stat(REPO).st_dev:
-        return tmp
-    return HERE  # the mkdtemp'd folder under benchmarks/ is removed at the end
-
-
-def percentile(samples: list[int] | list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..1)."""
-    if not samples:
-        return float("nan")
-    ordered = sorted(samples)
-    rank = max(1, math.ceil(q * len(ordered)))
-    return float(ordered[rank - 1])
 
 
 def record_bytes() -> bytes:

@@ -44,11 +44,7 @@ import tempfile
 import time
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p)
+from _common import temp_base  # noqa: E402  (first: puts the repository on sys.path)
 
 import anyio  # noqa: E402
 
@@ -60,13 +56,6 @@ NAME = "takeover"
 CHILDREN = 100
 GOAL_COMPLETE_MS = 100.0
 HOST_CONFIG = {"pool_size": 2, "durability": "batched", "lease_ttl_s": 5.0, "start_method": "forkserver"}
-
-
-def temp_base() -> str:
-    tmp = tempfile.gettempdir()
-    if os.stat(tmp).st_dev == os.stat(REPO).st_dev:
-        return tmp
-    return HERE
 
 
 def running_turns(st: Store, children: list[str]) -> list[str]:
