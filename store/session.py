@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import msgpack
@@ -54,7 +54,6 @@ class NewSession:
     created_at: float | None = None
     lease_owner: str | None = None
     label: str | None = None
-    header: SessionHeader | None = field(default=None, init=False)
 
 
 def create_session(
@@ -98,8 +97,8 @@ def create_sessions(store: Store, requests: Sequence[NewSession]) -> list[Sessio
     published: list[int] = []
     for i, request in enumerate(requests):
         try:
-            request.header = _header(request)
-            _write_unpublished_and_publish(store, request, request.header)
+            header = _header(request)
+            _write_unpublished_and_publish(store, request, header)
         except Exception as exc:  # reported per request; the batch goes on
             outcomes.append(exc)
             continue
@@ -109,7 +108,7 @@ def create_sessions(store: Store, requests: Sequence[NewSession]) -> list[Sessio
             for j in published:
                 _rollback(store, requests[j], indexed=False)
             raise
-        outcomes.append(request.header)
+        outcomes.append(header)
         published.append(i)
     if not published:
         return outcomes
@@ -132,8 +131,8 @@ def create_sessions(store: Store, requests: Sequence[NewSession]) -> list[Sessio
         for parent, members in by_parent.items():
             entries = []
             for i in members:
-                header = requests[i].header
-                assert header is not None
+                header = outcomes[i]
+                assert isinstance(header, SessionHeader)
                 entries.append(IndexEntry(header.id, header.created_at, header.origin))
             try:
                 if len(entries) == 1:
