@@ -1,9 +1,11 @@
 """What every benchmark shares: the repository importable, a temp folder on its file system, percentiles.
 
 Imported as ``_common`` by scripts run as ``python benchmarks/NAME.py`` (their
-folder is first on ``sys.path``). Importing it puts the repository on
-``sys.path`` and on ``PYTHONPATH`` (worker processes inherit the latter), so
-the project imports work from a plain checkout.
+folder is first on ``sys.path``). The project itself imports as
+``subagents`` once installed (``pip install -e .``); importing this module
+also puts the repository on ``sys.path`` and on ``PYTHONPATH`` (worker
+processes inherit the latter), so programs referenced by import path from
+the checkout load in workers.
 """
 
 from __future__ import annotations

@@ -46,10 +46,10 @@ from _common import REPO, temp_base  # noqa: E402  (first: puts the repository o
 
 import msgpack  # noqa: E402
 
-import store.log as store_log  # noqa: E402
-from store.projection import encode_cache  # noqa: E402
-import store.session as store_session  # noqa: E402
-from store import (  # noqa: E402
+import subagents.store.log as store_log  # noqa: E402
+from subagents.store.projection import encode_cache  # noqa: E402
+import subagents.store.session as store_session  # noqa: E402
+from subagents.store import (  # noqa: E402
     ChildEntry,
     IdGenerator,
     LogWriter,
@@ -64,7 +64,7 @@ from store import (  # noqa: E402
     register_owner,
     release_lease,
 )
-from store.header import parse_header  # noqa: E402
+from subagents.store.header import parse_header  # noqa: E402
 
 NAME = "catalog_scale"
 FAMILY_CHILDREN = 1_000

@@ -60,7 +60,7 @@ from _common import percentile, temp_base  # noqa: E402  (first: puts the reposi
 
 import anyio  # noqa: E402
 
-from store import (  # noqa: E402
+from subagents.store import (  # noqa: E402
     ContinuableDescriptor,
     IdGenerator,
     LogWriter,
@@ -70,7 +70,7 @@ from store import (  # noqa: E402
     read_projection,
     scan,
 )
-from supervisor import Capabilities, ContinuableSpec, Provider, Supervisor, SupervisorConfig  # noqa: E402
+from subagents.supervisor import Capabilities, ContinuableSpec, Provider, Supervisor, SupervisorConfig  # noqa: E402
 
 NAME = "followup"
 GOALS = {"accept_p50_ms": "<= 1", "accept_p99_ms": "<= 5", "resume_ratio": "<= 2"}

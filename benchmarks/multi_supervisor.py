@@ -39,7 +39,7 @@ from typing import Any
 
 from _common import temp_base  # noqa: E402  (first: puts the repository on sys.path)
 
-from store import Store, read_children  # noqa: E402
+from subagents.store import Store, read_children  # noqa: E402
 from tests.multi._driver import Driver  # noqa: E402
 
 NAME = "multi_supervisor"

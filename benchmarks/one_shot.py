@@ -49,8 +49,8 @@ from _common import percentile, temp_base  # noqa: E402  (first: puts the reposi
 
 import anyio  # noqa: E402
 
-from store import inspect  # noqa: E402
-from supervisor import Provider, SubagentRequest, Supervisor, SupervisorConfig  # noqa: E402
+from subagents.store import inspect  # noqa: E402
+from subagents.supervisor import Provider, SubagentRequest, Supervisor, SupervisorConfig  # noqa: E402
 
 NAME = "one_shot"
 POOL_SIZE = 2

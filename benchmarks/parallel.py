@@ -34,7 +34,7 @@ from _common import temp_base  # noqa: E402  (first: puts the repository on sys.
 
 import anyio  # noqa: E402
 
-from supervisor import Provider, SubagentRequest, Supervisor, SupervisorConfig  # noqa: E402
+from subagents.supervisor import Provider, SubagentRequest, Supervisor, SupervisorConfig  # noqa: E402
 
 NAME = "parallel"
 CPU_MS = 500
@@ -45,7 +45,7 @@ async def cpu_then_pid(ctx: Any) -> str:
     """Carried to the worker by dill: the ``script`` action ``cpu``, then the worker's pid."""
     import os as _os
 
-    from worker.programs.script import script
+    from subagents.worker.programs.script import script
 
     await script(ctx)
     return str(_os.getpid())

@@ -50,9 +50,9 @@ from _common import REPO, percentile, temp_base  # noqa: E402  (first: puts the 
 
 import msgpack  # noqa: E402
 
-from store import LogWriter, Store, create_session, encode_record, inspect, new_id  # noqa: E402
-from store.projection import write_cache  # noqa: E402
-from store.locks import file_lock, make_filelock  # noqa: E402
+from subagents.store import LogWriter, Store, create_session, encode_record, inspect, new_id  # noqa: E402
+from subagents.store.projection import write_cache  # noqa: E402
+from subagents.store.locks import file_lock, make_filelock  # noqa: E402
 
 NAME = "store_append"
 EVENT_TYPE = "assistant/message"

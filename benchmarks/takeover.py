@@ -48,8 +48,8 @@ from _common import temp_base  # noqa: E402  (first: puts the repository on sys.
 
 import anyio  # noqa: E402
 
-from store import Store, inspect, list_descendants, read_lease  # noqa: E402
-from supervisor import Capabilities, Provider, Supervisor, SupervisorConfig  # noqa: E402
+from subagents.store import Store, inspect, list_descendants, read_lease  # noqa: E402
+from subagents.supervisor import Capabilities, Provider, Supervisor, SupervisorConfig  # noqa: E402
 from tests.multi._driver import Driver, S, tagged_pids  # noqa: E402
 
 NAME = "takeover"

@@ -7,7 +7,7 @@ events), ``config``, ``models``, ``errors``, and ``cli`` (the only module
 that prints).
 """
 
-from store.errors import SubagentError
+from subagents.store.errors import SubagentError
 
 from .config import SupervisorConfig
 from .errors import CancelledBeforeStartError, InvalidRequestError, RegistryError, SubagentDepthError, SupervisorClosedError, WaitTimeoutError

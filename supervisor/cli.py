@@ -36,7 +36,7 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import anyio
 
-from store import (
+from subagents.store import (
     ContinuableDescriptor,
     OneShotDescriptor,
     OwnerCache,
@@ -58,10 +58,10 @@ from store import (
     scan,
     session_status,
 )
-from store.errors import CorruptSessionError, SubagentError
-from store.fsck import fsck
+from subagents.store.errors import CorruptSessionError, SubagentError
+from subagents.store.fsck import fsck
 
-from worker.logcontext import FieldsFilter
+from subagents.worker.logcontext import FieldsFilter
 
 from . import cli_render as render
 from .errors import WaitTimeoutError

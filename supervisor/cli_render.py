@@ -16,7 +16,7 @@ import time
 from types import TracebackType
 from typing import Any, Sequence, TextIO
 
-from worker.listing import render_rows
+from subagents.worker.listing import render_rows
 
 __all__ = [
     "Output",

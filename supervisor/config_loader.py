@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from store.errors import SubagentError
+from subagents.store.errors import SubagentError
 
 from .config import SupervisorConfig
 from .models import Capabilities, Provider

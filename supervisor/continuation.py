@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import anyio
 
-from store import (
+from subagents.store import (
     ContinuableDescriptor,
     LeaseHeldError,
     LogWriter,
@@ -71,14 +71,14 @@ from store import (
     release_lease,
     set_lease_state,
 )
-from store.control import read_controls
-from store.control import request as control_request
-from store.errors import FencedError, SessionNotFoundError, SubagentError
-from store.lease import owner_alive, read_lease, read_owner
-from store.ids import validate_session_id
-from worker.programs import BUILTIN_PROGRAMS
-from worker.logcontext import bind
-from worker.protocol import Budget, TurnSpec
+from subagents.store.control import read_controls
+from subagents.store.control import request as control_request
+from subagents.store.errors import FencedError, SessionNotFoundError, SubagentError
+from subagents.store.lease import owner_alive, read_lease, read_owner
+from subagents.store.ids import validate_session_id
+from subagents.worker.programs import BUILTIN_PROGRAMS
+from subagents.worker.logcontext import bind
+from subagents.worker.protocol import Budget, TurnSpec
 
 from .errors import InvalidRequestError, SubagentDepthError, no_provider
 from .models import AgentRef, AncestorAuthority, ContinuableSpec, UserAuthority

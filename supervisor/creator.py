@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from store import Store
-from store.header import SessionHeader
-from store.session import NewSession, create_sessions
+from subagents.store import Store
+from subagents.store.header import SessionHeader
+from subagents.store.session import NewSession, create_sessions
 
 __all__ = ["SessionCreator"]
 

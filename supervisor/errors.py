@@ -13,7 +13,7 @@ Messages are the reference's texts (REFERENCE.md §1.6), which models read.
 
 from __future__ import annotations
 
-from store.errors import SubagentError
+from subagents.store.errors import SubagentError
 
 __all__ = [
     "RegistryError",

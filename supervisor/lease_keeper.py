@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from store import IdGenerator, OwnerRecord, Store, heartbeat, register_owner, remove_owner
+from subagents.store import IdGenerator, OwnerRecord, Store, heartbeat, register_owner, remove_owner
 
 __all__ = ["LeaseKeeper", "LeaseKeeperStatistics"]
 

@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
-from store import IdGenerator, LogWriter, OneShotDescriptor, Store, delete_session, read_header, release_lease
-from store.errors import FencedError, SessionNotFoundError, SubagentError
-from store.session import NewSession
-from worker.logcontext import bind
-from worker.protocol import Budget, TurnSpec
+from subagents.store import IdGenerator, LogWriter, OneShotDescriptor, Store, delete_session, read_header, release_lease
+from subagents.store.errors import FencedError, SessionNotFoundError, SubagentError
+from subagents.store.session import NewSession
+from subagents.worker.logcontext import bind
+from subagents.worker.protocol import Budget, TurnSpec
 
 from .creator import SessionCreator
 from .errors import CancelledBeforeStartError, InvalidRequestError, SubagentDepthError
@@ -192,7 +192,7 @@ class OneShotRuns:
         budget = validate_budget(request.budget)
         validate_output_schema(request.output_schema)
         if request.tool_filter is not None:
-            from store.descriptor import ToolFilter
+            from subagents.store.descriptor import ToolFilter
 
             try:
                 ToolFilter.model_validate(request.tool_filter)

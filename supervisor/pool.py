@@ -44,11 +44,11 @@ from typing import Any, Awaitable, Callable, Iterator
 import anyio
 import multiprocess
 
-from store.errors import SubagentError
-from worker.errors import WorkerCrashedError, describe_exit
-from worker.main import worker_entry
-from worker.pipe import FrameReader
-from worker.protocol import BLOCKING_RPCS, Cancel, Ready, Reply, Rpc, RunTurn, Shutdown, TurnDone, TurnOutcome, TurnSpec, decode, encode
+from subagents.store.errors import SubagentError
+from subagents.worker.errors import WorkerCrashedError, describe_exit
+from subagents.worker.main import worker_entry
+from subagents.worker.pipe import FrameReader
+from subagents.worker.protocol import BLOCKING_RPCS, Cancel, Ready, Reply, Rpc, RunTurn, Shutdown, TurnDone, TurnOutcome, TurnSpec, decode, encode
 
 from .errors import SupervisorClosedError
 
@@ -60,7 +60,7 @@ RpcHandler = Callable[[str, dict[str, Any]], Awaitable[Any]]
 
 # imported once by the forkserver, so each worker forks with them loaded; anyio imports its
 # asyncio backend lazily on the first ``anyio.run``, which cost every new worker ~30 ms
-_PRELOAD = ["worker.main", "worker.turn", "worker.programs", "store", "jsonschema", "anyio._backends._asyncio"]
+_PRELOAD = ["subagents.worker.main", "subagents.worker.turn", "subagents.worker.programs", "subagents.store", "jsonschema", "anyio._backends._asyncio"]
 
 
 @contextlib.contextmanager

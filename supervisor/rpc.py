@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from store import ChildEntry, list_children, list_descendants
-from store.errors import SubagentError
-from worker.protocol import TurnSpec
+from subagents.store import ChildEntry, list_children, list_descendants
+from subagents.store.errors import SubagentError
+from subagents.worker.protocol import TurnSpec
 
 from .models import AncestorAuthority, ContinuableSpec, RunBudget, SubagentRequest
 

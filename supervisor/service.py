@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator, Callable
 
 import anyio
 
-from store import (
+from subagents.store import (
     ChildEntry,
     DescendantRow,
     DiagnosticEntry,
@@ -36,7 +36,7 @@ from store import (
     read_header,
     release_lease,
 )
-from store.errors import FencedError, SessionNotFoundError, SubagentError
+from subagents.store.errors import FencedError, SessionNotFoundError, SubagentError
 
 from .agents import LiveAgents
 from .config import SupervisorConfig

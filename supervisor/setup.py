@@ -25,7 +25,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from store.errors import SubagentError
+from subagents.store.errors import SubagentError
 
 __all__ = ["ActivationInfo", "Contribution", "SetupBatch", "SetupRegistry"]
 

@@ -30,8 +30,8 @@ _pythonpath = os.environ.get("PYTHONPATH", "")
 if REPO_ROOT not in _pythonpath.split(os.pathsep):
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, _pythonpath) if p)
 
-from store import Store, inspect  # noqa: E402
-from supervisor import Capabilities, Provider, Supervisor, SupervisorConfig  # noqa: E402
+from subagents.store import Store, inspect  # noqa: E402
+from subagents.supervisor import Capabilities, Provider, Supervisor, SupervisorConfig  # noqa: E402
 
 DEADLINE_S = 20.0  # a generous per-wait deadline: a hang fails, a pass never comes near it
 HELPERS = "tests.programs_for_tests"

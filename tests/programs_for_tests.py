@@ -11,8 +11,8 @@ import os
 
 import anyio
 
-from worker.context import TurnContext, TurnResult
-from worker.programs.script import _burn
+from subagents.worker.context import TurnContext, TurnResult
+from subagents.worker.programs.script import _burn
 
 # A message with multibyte characters of every UTF-8 width, long enough to be truncated.
 HUGE_TEXT = "aé€😀" * 2000
@@ -69,7 +69,7 @@ async def script_or_notice(ctx: TurnContext) -> str:
     are prose, not scripts. The answer names the waking message's kind and how
     many quiet messages came with it, so a test can read both from the log.
     """
-    from worker.programs.script import script
+    from subagents.worker.programs.script import script
 
     kind = (ctx.spec.message_source or {}).get("kind")
     if kind in ("subagent-settled", "subagent-report"):

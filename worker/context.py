@@ -18,8 +18,8 @@ from typing import Any, Awaitable, Callable, Literal
 import anyio
 import anyio.from_thread
 
-from store.log import LogWriter
-from store.reader import inspect
+from subagents.store.log import LogWriter
+from subagents.store.reader import inspect
 
 from .budget import TurnControl, TurnStopped
 from .protocol import TurnSpec

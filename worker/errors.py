@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import signal
 
-from store.errors import SubagentError
+from subagents.store.errors import SubagentError
 
 __all__ = ["BudgetExhaustedError", "ToolDeniedError", "ProgramLoadError", "WorkerCrashedError", "describe_exit"]
 

@@ -13,6 +13,7 @@ threads still burning CPU for a program die with it.
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import logging
 import os
@@ -21,8 +22,8 @@ from typing import Any
 
 import anyio
 
-from store.errors import from_wire
-from store.root import Store
+from subagents.store.errors import from_wire
+from subagents.store.root import Store
 
 from .budget import TurnControl
 from .logcontext import FieldsFilter, bind
@@ -153,7 +154,10 @@ def worker_entry(conn: Any, log_level: int = logging.WARNING, inherited: Any = N
         handler.addFilter(_Defaults())
         handler.addFilter(FieldsFilter())
     try:
-        anyio.run(WorkerLoop(conn).serve)
+        # A fresh context: a forked worker inherits the context of the supervisor task that
+        # started it, where anyio (4.16 and later) has marked asyncio as running, and
+        # ``anyio.run`` would refuse to start ("Already running asyncio in this thread").
+        contextvars.Context().run(anyio.run, WorkerLoop(conn).serve)
     except KeyboardInterrupt:
         pass
     os._exit(0)

@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Literal
 
-from store.errors import SubagentError
+from subagents.store.errors import SubagentError
 
 from .context import RunResult, TurnContext
 from .listing import render_rows

@@ -19,10 +19,10 @@ from typing import Any
 
 import anyio
 
-from store.errors import FencedError, SubagentError
-from store.lease import release_lease
-from store.log import LogWriter
-from store.root import Store
+from subagents.store.errors import FencedError, SubagentError
+from subagents.store.lease import release_lease
+from subagents.store.log import LogWriter
+from subagents.store.root import Store
 
 from .budget import TurnControl, TurnStopped
 from .context import BlockingTurnContext, RpcCaller, TurnContext, TurnResult

@@ -33,8 +33,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from store import inspect, read_mailbox
-from supervisor import Capabilities, Provider
+from subagents.store import inspect, read_mailbox
+from subagents.supervisor import Capabilities, Provider
 
 from ..conftest import REPO_ROOT, open_supervisor
 
@@ -51,7 +51,7 @@ DRIVER = textwrap.dedent(
     """
     import json, sys
     import anyio
-    from supervisor import Capabilities, ContinuableSpec, Provider, Supervisor, SupervisorConfig
+    from subagents.supervisor import Capabilities, ContinuableSpec, Provider, Supervisor, SupervisorConfig
 
     store, count, durability, start_method = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 

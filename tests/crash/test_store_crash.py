@@ -22,7 +22,7 @@ import signal
 
 import pytest
 
-import store
+from subagents import store
 from tests.store._support import ONE_SHOT, Child
 
 SESSIONS = ("k0", "k1", "k2")

@@ -15,7 +15,7 @@ import fcntl
 import os
 import signal
 
-import store
+from subagents import store
 from tests.store._support import Child, wait_until
 
 TTL_S = 0.3

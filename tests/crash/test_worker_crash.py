@@ -16,7 +16,7 @@ import signal
 import anyio
 import pytest
 
-from supervisor import SubagentRequest
+from subagents.supervisor import SubagentRequest
 
 from ..conftest import DEADLINE_S, events_of, last_turn_end, open_supervisor, said, wait_until
 

@@ -84,7 +84,7 @@ async def gated(ctx: Any) -> str:
     """
     import anyio
 
-    from worker.programs.script import parse_script, script
+    from subagents.worker.programs.script import parse_script, script
 
     kind = (ctx.spec.message_source or {}).get("kind")
     if kind in ("subagent-settled", "subagent-report"):
@@ -423,7 +423,7 @@ class _Host:
         sys.stdout.flush()
 
     async def handle(self, call_id: int, op: str, args: dict[str, Any]) -> None:
-        from store.errors import SubagentError
+        from subagents.store.errors import SubagentError
 
         try:
             method = getattr(self, f"op_{op}", None)
@@ -452,7 +452,7 @@ class _Host:
         return (await self.sup.open_root(label=label, id=id)).id
 
     async def op_start_continuable(self, parent: str, prompt: Any, label: str = "child", provider: str = "script") -> list[str]:
-        from supervisor import ContinuableSpec
+        from subagents.supervisor import ContinuableSpec
 
         child, message = await self.sup.start_continuable(ContinuableSpec(parent=parent, provider=provider, prompt=_text(prompt), label=label))
         return [child, message]
@@ -461,7 +461,7 @@ class _Host:
         return await self.sup.followup(parent, child, _text(prompt))
 
     async def op_start(self, parent: str, prompt: Any, label: str | None = None, provider: str = "echo", wait: bool = True) -> dict[str, Any]:
-        from supervisor import SubagentRequest
+        from subagents.supervisor import SubagentRequest
 
         run = await self.sup.start(provider, SubagentRequest(parent=parent, prompt=_text(prompt), label=label))
         if not wait:
@@ -495,7 +495,7 @@ class _Host:
         """``count`` one-shot children of ``parent`` (start, result, dispose), at most ``concurrency`` at once."""
         import anyio
 
-        from supervisor import SubagentRequest
+        from subagents.supervisor import SubagentRequest
 
         if barrier is not None:
             with anyio.fail_after(READY_TIMEOUT_S):
@@ -546,8 +546,8 @@ class _Host:
                      lanes: int, seed: int, max_sleep_ms: int) -> None:
         import anyio
 
-        from store.errors import SubagentError
-        from supervisor import ContinuableSpec, SubagentRequest
+        from subagents.store.errors import SubagentError
+        from subagents.supervisor import ContinuableSpec, SubagentRequest
 
         rng = random.Random(seed)
         held: list[str] = []
@@ -610,7 +610,7 @@ class _Host:
 async def _serve(store: str, config: dict[str, Any]) -> None:
     import anyio
 
-    from supervisor import Capabilities, Provider, Supervisor, SupervisorConfig
+    from subagents.supervisor import Capabilities, Provider, Supervisor, SupervisorConfig
 
     caps = Capabilities.all()
     async with Supervisor.open(store=store, config=SupervisorConfig(**config)) as sup:

@@ -19,8 +19,8 @@ import os
 import anyio
 import pytest
 
-from store import Store, inspect, read_lease, read_mailbox, session_status
-from supervisor import Capabilities, Provider, Supervisor, SupervisorConfig
+from subagents.store import Store, inspect, read_lease, read_mailbox, session_status
+from subagents.supervisor import Capabilities, Provider, Supervisor, SupervisorConfig
 
 from ._driver import S, poll
 

@@ -15,7 +15,7 @@ import threading
 import time
 
 
-from store import Store, list_children, read_children, reindex, scan
+from subagents.store import Store, list_children, read_children, reindex, scan
 
 
 HOSTS = 4

@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from store import LeaseHeldError, Store, acquire_lease, owner_alive, read_lease, read_owner, session_status
-from supervisor import SupervisorConfig
+from subagents.store import LeaseHeldError, Store, acquire_lease, owner_alive, read_lease, read_owner, session_status
+from subagents.supervisor import SupervisorConfig
 
 from ._driver import S
 
@@ -135,6 +135,6 @@ def test_lease_state_follows_the_activation_across_processes(tmp_path, hosts) ->
 
 
 def _events(st: Store, session_id: str):
-    from store import inspect
+    from subagents.store import inspect
 
     return inspect(st, session_id).events

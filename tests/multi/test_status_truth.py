@@ -21,8 +21,8 @@ import time
 import anyio
 import pytest
 
-from store import Store, inspect, list_children, list_descendants
-from supervisor import Supervisor, SupervisorConfig
+from subagents.store import Store, inspect, list_children, list_descendants
+from subagents.supervisor import Supervisor, SupervisorConfig
 
 from ._driver import REPO_ROOT, S, poll
 
@@ -33,7 +33,7 @@ def cli(store: str, *args: str) -> object:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SUBAGENTS_")}
     env["PYTHONPATH"] = REPO_ROOT
     done = subprocess.run(
-        [sys.executable, "-m", "supervisor.cli", *args, "--json", "--store", store],
+        [sys.executable, "-m", "subagents.supervisor.cli", *args, "--json", "--store", store],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 0, done.stderr

@@ -18,15 +18,15 @@ import textwrap
 import anyio
 import pytest
 
-from store import inspect, read_controls, read_lease, read_mailbox
-from supervisor import Capabilities, Provider, Supervisor, SupervisorConfig, UserAuthority
+from subagents.store import inspect, read_controls, read_lease, read_mailbox
+from subagents.supervisor import Capabilities, Provider, Supervisor, SupervisorConfig, UserAuthority
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 HOST = textwrap.dedent(
     """
     import json, sys, anyio
-    from supervisor import *
+    from subagents.supervisor import *
 
     async def main(store):
         cfg = SupervisorConfig(pool_size=1, durability="none", control_poll_s=0.02)
@@ -119,7 +119,7 @@ async def test_send_cold_resumes_here_when_nobody_hosts_the_child(host) -> None:
 @pytest.mark.anyio
 async def test_send_checks_the_durable_parent(host) -> None:
     """A send naming the wrong root is UNAUTHORIZED and writes nothing."""
-    from store.errors import SubagentError
+    from subagents.store.errors import SubagentError
 
     store_path, ids, _proc = host
     cfg = SupervisorConfig(pool_size=1, durability="none")

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from store import Store, StoreFormatError
+from subagents.store import Store, StoreFormatError
 
 from ._driver import REPO_ROOT
 
@@ -29,7 +29,7 @@ STORES = 6  # fresh stores, all raced at the same instant (the race lost ~3 roun
 OPEN = textwrap.dedent(
     """
     import sys, time
-    from store import Store
+    from subagents.store import Store
     start = float(sys.argv[2])
     time.sleep(max(0.0, start - time.time() - 0.01))
     while time.time() < start:

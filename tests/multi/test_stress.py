@@ -38,8 +38,8 @@ from collections import Counter, defaultdict
 import anyio
 import pytest
 
-from store import Store, inspect, list_children, list_descendants, read_header, read_lease, read_mailbox, session_status
-from supervisor import Capabilities, Provider, Supervisor, SupervisorConfig
+from subagents.store import Store, inspect, list_children, list_descendants, read_header, read_lease, read_mailbox, session_status
+from subagents.supervisor import Capabilities, Provider, Supervisor, SupervisorConfig
 
 from ._driver import Driver, HostFactory, S, wait_gone
 
@@ -242,7 +242,7 @@ async def test_kill_restart_chaos_large(tmp_path, hosts, seed) -> None:
 
 def test_checker_catches_a_stale_writer(tmp_path) -> None:
     """The epoch checks are not vacuous: an epoch-1 append after an epoch-2 one is reported."""
-    from store import LogWriter, acquire_lease, create_session
+    from subagents.store import LogWriter, acquire_lease, create_session
 
     st = Store(tmp_path / "store", durability="none")
     create_session(st, "01ROOT")
@@ -251,7 +251,7 @@ def test_checker_catches_a_stale_writer(tmp_path) -> None:
         writer.append([("turn/start", {"message_id": "m1"})])
     forged = inspect(st, "01ROOT").events
     # what two writers without fencing would leave: rewrite the log with an epoch going back
-    from store import encode_record
+    from subagents.store import encode_record
 
     records = [*forged, {"seq": len(forged), "ts": 0.0, "type": "turn/end", "data": {"stop_reason": "completed", "diagnostic": None}, "epoch": 0}]
     with open(st.path("01ROOT", "log"), "wb") as handle:

@@ -19,8 +19,8 @@ import time
 import anyio
 import pytest
 
-from store import Store, inspect, list_descendants, read_lease, session_status
-from supervisor import Capabilities, Provider, Supervisor, SupervisorConfig
+from subagents.store import Store, inspect, list_descendants, read_lease, session_status
+from subagents.supervisor import Capabilities, Provider, Supervisor, SupervisorConfig
 
 from ._driver import S, poll, tagged_pids, wait_gone
 

@@ -28,8 +28,8 @@ import signal
 import sys
 import traceback
 
-import store
-from store import FencedError, LogWriter, Store
+from subagents import store
+from subagents.store import FencedError, LogWriter, Store
 
 
 def say(line: str) -> None:

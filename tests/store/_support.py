@@ -19,8 +19,8 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-import store
-from store.framing import FRAME, encode_record
+from subagents import store
+from subagents.store.framing import FRAME, encode_record
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHILD_SCRIPT = Path(__file__).with_name("_child.py")

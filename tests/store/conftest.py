@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-import store
+from subagents import store
 
 
 @pytest.fixture

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-import store
-from store.descriptor import identity_of
-from store.projection import Projection
+from subagents import store
+from subagents.store.descriptor import identity_of
+from subagents.store.projection import Projection
 
 from ._support import CONTINUABLE, ONE_SHOT, event
 

@@ -6,8 +6,8 @@ import pickle
 
 import pytest
 
-import store
-from store.errors import error_registry, from_wire
+from subagents import store
+from subagents.store.errors import error_registry, from_wire
 
 SAMPLES = [
     store.InvalidSessionIdError("../x"),
@@ -59,4 +59,4 @@ def test_unknown_wire_class_becomes_the_root():
     """An error class this process does not know is rebuilt as SubagentError, code kept."""
     back = from_wire({"class": "Nope", "module": "elsewhere", "code": "X_CODE", "message": "m", "fields": {"a": 1}})
     assert type(back) is store.SubagentError and back.code == "X_CODE" and back.a == 1
-    assert "store.errors.FencedError" in error_registry()
+    assert "subagents.store.errors.FencedError" in error_registry()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-import store
+from subagents import store
 
 EXPECTED = {
     # catalog
@@ -58,7 +58,7 @@ def test_public_names_come_from_store_modules():
         value = getattr(store, name)
         module = getattr(value, "__module__", None)
         if module is not None and callable(value) and not isinstance(value, type(store.Descriptor)):
-            assert module.startswith("store."), (name, module)
+            assert module.startswith("subagents.store."), (name, module)
 
 
 def test_every_module_declares_all_and_imports_alone():

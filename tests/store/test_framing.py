@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-import store
-from store.framing import FRAME, MAX_RECORD_BYTES, find_later_record, scan
+from subagents import store
+from subagents.store.framing import FRAME, MAX_RECORD_BYTES, find_later_record, scan
 
 from ._support import read_file, records_blob, refit_crc, write_file
 

@@ -7,8 +7,8 @@ import os
 import msgpack
 import pytest
 
-import store
-from store.header import HEADER_VERSION
+from subagents import store
+from subagents.store.header import HEADER_VERSION
 
 from ._support import read_file, write_file
 

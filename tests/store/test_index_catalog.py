@@ -9,10 +9,10 @@ import sys
 import msgpack
 import pytest
 
-import store
-import store.durability
-import store.session
-from store.framing import scan
+from subagents import store
+import subagents.store.durability
+import subagents.store.session
+from subagents.store.framing import scan
 
 from ._support import CONTINUABLE, ONE_SHOT, make_child, read_file, records_blob, tree_state, write_file
 

@@ -9,8 +9,8 @@ import time
 import msgpack
 import pytest
 
-import store
-from store.lease import host_identity, process_start_time
+from subagents import store
+from subagents.store.lease import host_identity, process_start_time
 
 from ._support import Child, read_file, wait_until, write_file
 
@@ -205,8 +205,8 @@ def test_lock_timeout_is_a_typed_error(tmp_path, monkeypatch) -> None:
     """A lock held past its timeout raises LockTimeoutError (a SubagentError and a TimeoutError)."""
     import fcntl
 
-    import store as _store
-    from store import locks
+    from subagents import store as _store
+    from subagents.store import locks
 
     st = _store.Store(tmp_path / "s", durability="none")
     _store.create_session(st, "s1")

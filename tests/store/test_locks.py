@@ -12,13 +12,13 @@ import time
 
 import pytest
 
-from store.locks import SessionFlock, file_lock
+from subagents.store.locks import SessionFlock, file_lock
 
 from ._support import REPO_ROOT
 
 WAITER = """
 import sys
-from store.locks import SessionFlock
+from subagents.store.locks import SessionFlock
 lock = SessionFlock(sys.argv[1])
 print("waiting", flush=True)
 lock.acquire()

@@ -9,11 +9,11 @@ import random
 import msgpack
 import pytest
 
-import store
-import store.durability
-import store.log
-from store.framing import encode_record
-from store.projection import Projection, decode_cache
+from subagents import store
+import subagents.store.durability
+import subagents.store.log
+from subagents.store.framing import encode_record
+from subagents.store.projection import Projection, decode_cache
 
 from ._support import CONTINUABLE, ONE_SHOT, Child, read_file, write_file
 
@@ -597,7 +597,7 @@ def test_many_sessions_in_parallel(tmp_path):
 
 def test_unknown_event_type_is_refused_before_writing(tmp_path) -> None:
     """A writer never makes a log its readers would refuse (helper-1 finding)."""
-    import store as _store
+    from subagents import store as _store
 
     st = _store.Store(tmp_path / "s", durability="none")
     _store.create_session(st, "s1")

@@ -7,9 +7,9 @@ import os
 import msgpack
 import pytest
 
-import store
-import store.durability
-from store.framing import scan
+from subagents import store
+import subagents.store.durability
+from subagents.store.framing import scan
 
 from ._support import ONE_SHOT, read_file
 
@@ -129,7 +129,7 @@ def test_accept_for_unknown_session(st):
 
 def test_accept_with_the_callers_lock(s1):
     """A caller holding the session's flock descriptor passes it in; acceptance still works and keeps it open."""
-    from store.locks import SessionFlock
+    from subagents.store.locks import SessionFlock
 
     lock = SessionFlock(s1.path("s1", ".lock"))
     try:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from store.projection import decode_cache
+from subagents.store.projection import decode_cache
 
 import msgpack
 import pytest
 
-import store
-from store.projection import PROJECTION_VERSION, Projection
+from subagents import store
+from subagents.store.projection import PROJECTION_VERSION, Projection
 
 from ._support import CONTINUABLE, ONE_SHOT, event, read_file
 

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-import store
-from store.reader import classify
+from subagents import store
+from subagents.store.reader import classify
 
 from ._support import ONE_SHOT, event, read_file, records_blob, refit_crc, tree_state, write_file
 
@@ -129,7 +129,7 @@ def test_inspect_of_unknown_session(st):
 
 def test_read_from_returns_the_stored_suffix_and_changes_nothing(tmp_path) -> None:
     """read_from(seq) is the valid prefix from seq on; an open turn stays open; no byte changes."""
-    import store as _store
+    from subagents import store as _store
 
     st = _store.Store(tmp_path / "s", durability="none")
     _store.create_session(st, "s1")

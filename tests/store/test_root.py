@@ -8,7 +8,7 @@ import stat
 import msgpack
 import pytest
 
-import store
+from subagents import store
 
 from ._support import ONE_SHOT, make_child, write_file
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from store import read_mailbox
-from supervisor import AncestorAuthority, SubagentError, SubagentRequest, UserAuthority
+from subagents.store import read_mailbox
+from subagents.supervisor import AncestorAuthority, SubagentError, SubagentRequest, UserAuthority
 
 from ..conftest import DEADLINE_S, events_of, said, wait_until
 from .test_continuable import S, accepted_ids, continuable_supervisor, only_child_of, settled, start, turn_ends, turn_started

@@ -5,8 +5,8 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from store import read_children
-from supervisor import CancelledBeforeStartError, SubagentRequest
+from subagents.store import read_children
+from subagents.supervisor import CancelledBeforeStartError, SubagentRequest
 
 from ..conftest import DEADLINE_S, disk_snapshot, last_turn_end, open_supervisor, said, wait_until
 

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-import store
-from store import LogWriter, Store, create_session, inspect, list_children, list_descendants, read_lease
-from supervisor import cli_render as render
-from supervisor.config_loader import load_config
-from worker.listing import render_rows
+from subagents import store
+from subagents.store import LogWriter, Store, create_session, inspect, list_children, list_descendants, read_lease
+from subagents.supervisor import cli_render as render
+from subagents.supervisor.config_loader import load_config
+from subagents.worker.listing import render_rows
 
 DEADLINE_S = 90.0
 ROW = re.compile(r"^(\S+) \[complete\] — part-(\d)$")
@@ -47,7 +47,7 @@ FAST = _env(SUBAGENTS_DURABILITY="none")
 def cli(*args: str, cwd: Path, env: dict[str, str] | None = None, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(
-            [sys.executable, "-m", "supervisor.cli", *args], cwd=cwd, env=env or _env(), input=stdin,
+            [sys.executable, "-m", "subagents.supervisor.cli", *args], cwd=cwd, env=env or _env(), input=stdin,
             capture_output=True, text=True, timeout=DEADLINE_S,
         )
     except subprocess.TimeoutExpired as exc:
@@ -250,7 +250,7 @@ def test_log_follow_prints_new_events_until_interrupted(tmp_path: Path) -> None:
     st = Store(tmp_path / "st", durability="none")
     session = store.new_id()
     create_session(st, session, events=[("approval/policy", {"policy": "never", "source": "test"})])
-    proc = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "--store", "st", "log", session, "--follow"],
+    proc = subprocess.Popen([sys.executable, "-m", "subagents.supervisor.cli", "--store", "st", "log", session, "--follow"],
                             cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         lines = _Lines(proc)

@@ -22,8 +22,8 @@ from typing import Any, Callable
 
 import pytest
 
-from store import Store, inspect, read_lease, read_mailbox
-from supervisor import cli_render as render
+from subagents.store import Store, inspect, read_lease, read_mailbox
+from subagents.supervisor import cli_render as render
 
 REPO = str(Path(__file__).resolve().parents[2])
 DEADLINE_S = 60.0
@@ -32,7 +32,7 @@ WAIT_S = 20.0
 HOST = textwrap.dedent(
     """
     import json, sys, anyio
-    from supervisor import *
+    from subagents.supervisor import *
 
     async def main(store):
         cfg = SupervisorConfig(pool_size=1, durability="none", control_poll_s=0.02)
@@ -57,7 +57,7 @@ def _env() -> dict[str, str]:
 
 def cli(store_path: str, *args: str) -> subprocess.CompletedProcess[str]:
     try:
-        return subprocess.run([sys.executable, "-m", "supervisor.cli", "--store", store_path, *args], cwd=REPO, env=_env(),
+        return subprocess.run([sys.executable, "-m", "subagents.supervisor.cli", "--store", store_path, *args], cwd=REPO, env=_env(),
                               capture_output=True, text=True, timeout=DEADLINE_S)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"subagents {' '.join(args)} hung; stdout={exc.stdout!r} stderr={exc.stderr!r}")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import Capabilities, SupervisorConfig
-from supervisor.config_loader import (
+from subagents.supervisor import Capabilities, SupervisorConfig
+from subagents.supervisor.config_loader import (
     DEFAULT_SOURCE,
     DEFAULT_TOML,
     ConfigError,

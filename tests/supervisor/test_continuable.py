@@ -15,9 +15,9 @@ from typing import Any, AsyncIterator
 import anyio
 import pytest
 
-from store import MailboxMessage, read_header, read_lease, read_mailbox
-from store.errors import InvalidSessionIdError
-from supervisor import (
+from subagents.store import MailboxMessage, read_header, read_lease, read_mailbox
+from subagents.store.errors import InvalidSessionIdError
+from subagents.supervisor import (
     Capabilities,
     ContinuableSpec,
     Provider,
@@ -28,7 +28,7 @@ from supervisor import (
     Supervisor,
     UserAuthority,
 )
-from supervisor.continuation import settlement_text
+from subagents.supervisor.continuation import settlement_text
 
 from ..conftest import DEADLINE_S, disk_snapshot, events_of, helper, open_supervisor, types_of, wait_until
 
@@ -517,7 +517,7 @@ async def test_followup_to_an_unknown_child_is_not_resumable(tmp_path):
 
 def craft_history(sup: Supervisor, parent_id: str, turns: int) -> str:
     """A settled continuable ``echo`` child with ``turns`` completed turns and their consumed mailbox."""
-    from store import ContinuableDescriptor, LogWriter, create_session, encode_record
+    from subagents.store import ContinuableDescriptor, LogWriter, create_session, encode_record
 
     child_id = sup._ids.new()
     descriptor = ContinuableDescriptor(provider="echo", label="long history")
@@ -558,8 +558,8 @@ async def test_after_a_failed_turn_the_driver_takes_the_consumed_count_from_the_
     logging its message); here the failed turn did log it, so the next followup runs next, once."""
     import json as _json
 
-    from store import inspect as _inspect
-    from supervisor import SupervisorConfig
+    from subagents.store import inspect as _inspect
+    from subagents.supervisor import SupervisorConfig
 
     async with Supervisor.open(store=tmp_path / "st", config=SupervisorConfig(pool_size=1, durability="none")) as sup:
         sup.register_provider(Provider(name="script", program="script", capabilities=Capabilities.all(), continuable=True))

@@ -5,12 +5,13 @@ from __future__ import annotations
 import anyio
 import pytest
 
-import supervisor.creator
-import supervisor.oneshot
-from store import SessionExistsError, Store, create_session, read_children, read_lease
-from store.session import NewSession
-from supervisor import SubagentRequest
-from supervisor.creator import SessionCreator
+import subagents.supervisor.creator
+import subagents.supervisor.oneshot
+from subagents import supervisor
+from subagents.store import SessionExistsError, Store, create_session, read_children, read_lease
+from subagents.store.session import NewSession
+from subagents.supervisor import SubagentRequest
+from subagents.supervisor.creator import SessionCreator
 
 from ..conftest import open_supervisor
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from store import read_lease, read_mailbox
-from supervisor import SubagentError, UserAuthority
+from subagents.store import read_lease, read_mailbox
+from subagents.supervisor import SubagentError, UserAuthority
 
 from ..conftest import disk_snapshot, events_of, wait_until
 from .test_continuable import (

@@ -57,13 +57,13 @@ WORKER_ALL = [
 
 # Module-level ``__all__`` of the worker modules the supervisor and programs import directly.
 WORKER_MODULES = {
-    "worker.protocol": ["Budget", "TurnSpec", "RunTurn", "Cancel", "Reply", "Shutdown", "Ready", "TurnOutcome", "TurnDone", "Rpc", "encode", "decode", "BLOCKING_RPCS"],
-    "worker.errors": ["BudgetExhaustedError", "ToolDeniedError", "ProgramLoadError", "WorkerCrashedError", "describe_exit"],
-    "worker.programs.script": ["script", "parse_script"],
+    "subagents.worker.protocol": ["Budget", "TurnSpec", "RunTurn", "Cancel", "Reply", "Shutdown", "Ready", "TurnOutcome", "TurnDone", "Rpc", "encode", "decode", "BLOCKING_RPCS"],
+    "subagents.worker.errors": ["BudgetExhaustedError", "ToolDeniedError", "ProgramLoadError", "WorkerCrashedError", "describe_exit"],
+    "subagents.worker.programs.script": ["script", "parse_script"],
 }
 
 
-@pytest.mark.parametrize("package, expected", [("supervisor", SUPERVISOR_ALL), ("worker", WORKER_ALL)])
+@pytest.mark.parametrize("package, expected", [("subagents.supervisor", SUPERVISOR_ALL), ("subagents.worker", WORKER_ALL)])
 def test_package_all_is_pinned(package, expected):
     module = importlib.import_module(package)
     assert sorted(module.__all__) == sorted(expected)
@@ -89,9 +89,10 @@ def test_errors_share_the_root():
     ``TurnStopped`` is the exception: a control-flow signal inside a turn (like
     anyio's ``Cancelled``), never raised to a caller of the service.
     """
-    import store.errors
-    import supervisor
-    import worker
+    import subagents.store.errors
+    from subagents import store
+    from subagents import supervisor
+    from subagents import worker
 
     codes = {}
     for module in (supervisor, worker):
@@ -113,6 +114,9 @@ def test_worker_does_not_import_supervisor():
     import subprocess
     import sys
 
-    code = "import sys, worker, worker.main, worker.turn, worker.programs; print(any(m == 'supervisor' or m.startswith('supervisor.') for m in sys.modules))"
+    code = (
+        "import sys, subagents.worker, subagents.worker.main, subagents.worker.turn, subagents.worker.programs; "
+        "print(any(m.startswith('subagents.supervisor') for m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"

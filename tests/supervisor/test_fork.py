@@ -7,8 +7,8 @@ import json
 import anyio
 import pytest
 
-from store import fold_resume_descriptor, inspect, read_header, read_projection
-from supervisor import Capabilities, ContinuableSpec, Provider, Supervisor, SupervisorConfig
+from subagents.store import fold_resume_descriptor, inspect, read_header, read_projection
+from subagents.supervisor import Capabilities, ContinuableSpec, Provider, Supervisor, SupervisorConfig
 
 pytestmark = pytest.mark.anyio
 

@@ -7,7 +7,7 @@ import json
 import anyio
 import pytest
 
-from supervisor import SubagentRequest
+from subagents.supervisor import SubagentRequest
 
 from ..conftest import DEADLINE_S, open_supervisor, said, wait_until
 

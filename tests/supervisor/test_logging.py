@@ -7,12 +7,12 @@ import logging
 
 import pytest
 
-from supervisor import Capabilities, ContinuableSpec, Provider, Supervisor, SupervisorConfig
-from supervisor.cli import _JsonFormatter, _TextFormatter
+from subagents.supervisor import Capabilities, ContinuableSpec, Provider, Supervisor, SupervisorConfig
+from subagents.supervisor.cli import _JsonFormatter, _TextFormatter
 
 
 def test_json_and_text_formatters_carry_the_fields() -> None:
-    record = logging.LogRecord("supervisor.continuation", logging.INFO, __file__, 1, "activation of %s started", ("c1",), None)
+    record = logging.LogRecord("subagents.supervisor.continuation", logging.INFO, __file__, 1, "activation of %s started", ("c1",), None)
     record.child, record.parent, record.epoch = "c1", "r1", 3
     doc = json.loads(_JsonFormatter().format(record))
     assert (doc["message"], doc["child"], doc["parent"], doc["epoch"]) == ("activation of c1 started", "c1", "r1", 3)
@@ -21,7 +21,7 @@ def test_json_and_text_formatters_carry_the_fields() -> None:
 
 @pytest.mark.anyio
 async def test_activation_records_name_child_parent_and_epoch(tmp_path, caplog) -> None:
-    caplog.set_level(logging.INFO, logger="supervisor.continuation")
+    caplog.set_level(logging.INFO, logger="subagents.supervisor.continuation")
     async with Supervisor.open(store=tmp_path / "st", config=SupervisorConfig(pool_size=1, durability="none")) as sup:
         sup.register_provider(Provider(name="echo", program="echo", capabilities=Capabilities.all(), continuable=True))
         root = await sup.open_root()
@@ -35,7 +35,7 @@ def test_bound_fields_reach_every_record_of_the_task_and_its_threads(caplog) -> 
     """bind() in a task: its records, and those of threads it starts, carry child/parent/epoch."""
     import anyio
 
-    from worker.logcontext import FieldsFilter, bind
+    from subagents.worker.logcontext import FieldsFilter, bind
 
     logger = logging.getLogger("subagents.test.bound")
     caplog.set_level(logging.INFO, logger=logger.name)

@@ -7,8 +7,8 @@ import json
 import anyio
 import pytest
 
-from store import inspect
-from supervisor import SubagentRequest
+from subagents.store import inspect
+from subagents.supervisor import SubagentRequest
 
 from ..conftest import last_turn_end, open_supervisor, wait_until
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from supervisor import SubagentRequest
+from subagents.supervisor import SubagentRequest
 
 from ..conftest import open_supervisor
 

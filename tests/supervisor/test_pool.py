@@ -9,9 +9,9 @@ import time
 import anyio
 import pytest
 
-from store import Store, acquire_lease, create_session, inspect
-from supervisor.pool import WorkerPool
-from worker.protocol import TurnSpec
+from subagents.store import Store, acquire_lease, create_session, inspect
+from subagents.supervisor.pool import WorkerPool
+from subagents.worker.protocol import TurnSpec
 
 pytestmark = pytest.mark.anyio
 

@@ -7,7 +7,7 @@ import json
 import anyio
 import pytest
 
-from supervisor import Capabilities, Provider, RegistryError, SubagentError, SubagentRequest
+from subagents.supervisor import Capabilities, Provider, RegistryError, SubagentError, SubagentRequest
 
 from ..conftest import DEADLINE_S, disk_snapshot, open_supervisor
 

@@ -8,8 +8,8 @@ import os
 import anyio
 import pytest
 
-from store.errors import SubagentError
-from supervisor import ActivationInfo, Capabilities, ContinuableSpec, Provider, Supervisor, SupervisorConfig
+from subagents.store.errors import SubagentError
+from subagents.supervisor import ActivationInfo, Capabilities, ContinuableSpec, Provider, Supervisor, SupervisorConfig
 
 pytestmark = pytest.mark.anyio
 

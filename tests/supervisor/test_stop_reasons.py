@@ -7,7 +7,7 @@ import json
 import anyio
 import pytest
 
-from supervisor import RunBudget, SubagentRequest
+from subagents.supervisor import RunBudget, SubagentRequest
 
 from ..conftest import DEADLINE_S, events_of, last_turn_end, open_supervisor, said, types_of, wait_until
 from ..programs_for_tests import HUGE_TEXT
@@ -53,7 +53,7 @@ async def test_error_from_a_failing_program(tmp_path):
 
 
 async def test_error_for_a_program_that_cannot_be_loaded(tmp_path):
-    from supervisor import Provider
+    from subagents.supervisor import Provider
 
     async with open_supervisor(tmp_path) as sup:
         sup.register_provider(Provider(name="ghost", program="tests.no_such_module:nothing"))
@@ -187,7 +187,7 @@ async def test_blocking_program_runs_in_a_thread(tmp_path):
 
 async def test_callable_program_travels_by_dill(tmp_path):
     """A provider given a callable object (no import path) runs it in the worker."""
-    from supervisor import Provider
+    from subagents.supervisor import Provider
 
     tag = "closure-value"
 

@@ -7,7 +7,7 @@ import json
 import anyio
 import pytest
 
-from supervisor import SubagentRequest
+from subagents.supervisor import SubagentRequest
 
 from ..conftest import DEADLINE_S, events_of, last_turn_end, open_supervisor
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from supervisor import (
+from subagents.supervisor import (
     CancelledBeforeStartError,
     Capabilities,
     InvalidRequestError,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker import BudgetExhaustedError, TurnControl, TurnStopped
+from subagents.worker import BudgetExhaustedError, TurnControl, TurnStopped
 
 # TurnControl holds an anyio CancelScope, which needs a running event loop
 pytestmark = pytest.mark.anyio

@@ -18,10 +18,10 @@ from typing import Any, Iterator
 import anyio
 import pytest
 
-from store import inspect
-from supervisor import Capabilities, ContinuableSpec, Provider, Supervisor, SupervisorConfig
-from worker.model_tools import DelegationConfig
-from worker.programs.llm import DELEGATION_TEXT, LlmProgram
+from subagents.store import inspect
+from subagents.supervisor import Capabilities, ContinuableSpec, Provider, Supervisor, SupervisorConfig
+from subagents.worker.model_tools import DelegationConfig
+from subagents.worker.programs.llm import DELEGATION_TEXT, LlmProgram
 
 SECRET = "sk-test-secret-never-stored"
 # Set at import, before any pool starts: forkserver workers inherit the environment of the
@@ -145,7 +145,7 @@ async def test_llm_conversation_delegates_sends_lists_and_reports(tmp_path, fake
 @pytest.mark.anyio
 async def test_llm_length_finish_is_max_tokens(tmp_path, fake_server) -> None:
     """finish_reason "length" ends the run with stop_reason max-tokens."""
-    from supervisor import SubagentRequest
+    from subagents.supervisor import SubagentRequest
 
     base_url, _seen = fake_server
     program = LlmProgram(base_url=base_url, model="fake-model", api_key_env="NO_SUCH_KEY_VARIABLE")

@@ -9,9 +9,9 @@ import time
 import multiprocess
 import pytest
 
-from store import Store, acquire_lease, create_session, inspect
-from worker import worker_entry
-from worker.protocol import Cancel, Ready, Reply, Rpc, RunTurn, Shutdown, TurnDone, TurnSpec, decode, encode
+from subagents.store import Store, acquire_lease, create_session, inspect
+from subagents.worker import worker_entry
+from subagents.worker.protocol import Cancel, Ready, Reply, Rpc, RunTurn, Shutdown, TurnDone, TurnSpec, decode, encode
 
 DEADLINE_S = 20.0
 
@@ -94,7 +94,7 @@ def test_rpc_round_trip_and_remote_error(peer, tmp_path):
     rpc = peer.recv()
     assert isinstance(rpc, Rpc) and (rpc.call_id, rpc.method) == (3, "spawn_wait")
     assert rpc.args["prompt"] == "x" and rpc.args["provider"] == "echo"
-    peer.send(Reply(rpc_id=rpc.rpc_id, ok=False, error={"class": "SubagentError", "module": "store.errors", "code": "NO_PROVIDER", "message": "nope", "fields": {}}))
+    peer.send(Reply(rpc_id=rpc.rpc_id, ok=False, error={"class": "SubagentError", "module": "subagents.store.errors", "code": "NO_PROVIDER", "message": "nope", "fields": {}}))
     done = peer.recv()
     assert (done.outcome.stop_reason, done.outcome.diagnostic) == ("error", "NO_PROVIDER: nope")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from worker.context import RunResult
-from worker.listing import render_rows
-from worker.model_tools import _interrupt_agent, _list_agents, _send_message, foreground_failure_text
+from subagents.worker.context import RunResult
+from subagents.worker.listing import render_rows
+from subagents.worker.model_tools import _interrupt_agent, _list_agents, _send_message, foreground_failure_text
 
 
 def test_empty_listing_reads_no_subagents() -> None:

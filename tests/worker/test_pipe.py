@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import multiprocess
 
-from worker.pipe import FrameReader
+from subagents.worker.pipe import FrameReader
 
 
 def test_a_burst_of_messages_is_read_at_once():

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from worker import BUILTIN_PROGRAMS, ProgramLoadError, load_program
-from worker.programs.script import parse_script
+from subagents.worker import BUILTIN_PROGRAMS, ProgramLoadError, load_program
+from subagents.worker.programs.script import parse_script
 
 
 async def module_level_program(ctx):
@@ -74,7 +74,7 @@ def test_parse_script_rejects_text_that_is_neither_json_nor_toml():
 
 def test_script_accepts_toml_action_tables() -> None:
     """A script may be TOML: one [[script]] table per action, in order."""
-    from worker.programs.script import parse_script
+    from subagents.worker.programs.script import parse_script
 
     text = '[[script]]\nsay = "hello"\n\n[[script]]\nstep = 2\n\n[[script]]\nreturn = "done"\n'
     assert parse_script(text) == [{"say": "hello"}, {"step": 2}, {"return": "done"}]

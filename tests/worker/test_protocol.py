@@ -6,11 +6,11 @@ import signal
 
 import pytest
 
-from store.errors import SubagentError, from_wire
-from supervisor import InvalidRequestError, SubagentDepthError
-from worker import WorkerCrashedError
-from worker.errors import describe_exit
-from worker.protocol import Budget, Cancel, Ready, Reply, Rpc, RunTurn, Shutdown, TurnDone, TurnOutcome, TurnSpec, decode, encode
+from subagents.store.errors import SubagentError, from_wire
+from subagents.supervisor import InvalidRequestError, SubagentDepthError
+from subagents.worker import WorkerCrashedError
+from subagents.worker.errors import describe_exit
+from subagents.worker.protocol import Budget, Cancel, Ready, Reply, Rpc, RunTurn, Shutdown, TurnDone, TurnOutcome, TurnSpec, decode, encode
 
 SPEC = TurnSpec(
     session_id="01S", epoch=3, store_root="/tmp/x", durability="none", program="echo", message_id="01M",

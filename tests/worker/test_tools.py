@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker import Tool, ToolDeniedError, Toolbox, builtin_tools
+from subagents.worker import Tool, ToolDeniedError, Toolbox, builtin_tools
 
 
 def test_no_filter_shows_every_tool():

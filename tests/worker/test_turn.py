@@ -8,10 +8,10 @@ from typing import Any
 import anyio
 import pytest
 
-from store import Store, acquire_lease, create_session, inspect, release_lease
-from store.errors import SubagentError
-from worker import MAX_DIAGNOSTIC_BYTES, TurnControl, TurnResult, run_turn, truncate_diagnostic
-from worker.protocol import Budget, TurnSpec
+from subagents.store import Store, acquire_lease, create_session, inspect, release_lease
+from subagents.store.errors import SubagentError
+from subagents.worker import MAX_DIAGNOSTIC_BYTES, TurnControl, TurnResult, run_turn, truncate_diagnostic
+from subagents.worker.protocol import Budget, TurnSpec
 
 pytestmark = pytest.mark.anyio
 
