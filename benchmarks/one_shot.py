@@ -24,6 +24,18 @@ What is measured:
   that child's result (``replacement_ready_ms``: kill → the pool counts two
   live workers again).
 
+* **cost per child**: ``cpu_ms_per_child`` is the CPU time (user + system)
+  of the host process and every process below it (workers, forkserver) over
+  the children run, divided by N. ``inodes_per_child`` (inodes allocated per
+  child), ``inodes_freed_per_child`` and ``fsyncs_per_child`` come from a
+  second, smaller run (``COUNT_N`` children after a warm-up) repeated under
+  ``strace -f`` and replayed on a model of the store folder's names
+  (``_syscounts.py``); absent when ``strace`` is missing.
+* **Ray**: ``ray_tasks_per_s``: trivial Ray tasks (``ray.init`` with 2 CPUs,
+  32 in flight), run in the same benchmark inside a private network
+  namespace (``unshare -n``, loopback only) with usage stats off; the key is
+  absent when Ray or the namespace is not available.
+
 A breakdown of where one child's time goes (from the host's clock and the
 ``ts`` of its own log events) is printed for a sample of children.
 
@@ -40,12 +52,14 @@ import os
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
 
 from _common import percentile, temp_base  # noqa: E402  (first: puts the repository on sys.path)
+from _syscounts import TRACED_SYSCALLS, begin_marker, count_trace, end_marker, strace_available  # noqa: E402
 
 import anyio  # noqa: E402
 
@@ -54,7 +68,38 @@ from subagents.supervisor import Provider, SubagentRequest, Supervisor, Supervis
 
 NAME = "one_shot"
 POOL_SIZE = 2
-GOALS = {"ratio": ">= 0.2", "respawn_ms": "<= 150", "children_per_s": ">= 1000"}
+GOALS = {
+    "ratio": ">= 0.2",
+    "respawn_ms": "<= 150",
+    "children_per_s": ">= 1000",
+    "cpu_ms_per_child": "<= 1.4",
+    "inodes_per_child": "<= 1",
+    "children_vs_ray": ">= 1.0",
+}
+COUNT_N = 100  # children of the strace'd counting run (strace slows every call; the counts do not change)
+RAY_TASKS = 2000
+RAY_SCRIPT = """
+import json, os, sys, time
+import ray
+ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
+
+@ray.remote
+def trivial(i):
+    return i
+
+n, in_flight = int(sys.argv[1]), 32
+ray.get([trivial.remote(i) for i in range(64)])
+t0 = time.perf_counter()
+pending, sent = [], 0
+while sent < n or pending:
+    while sent < n and len(pending) < in_flight:
+        pending.append(trivial.remote(sent))
+        sent += 1
+    done, pending = ray.wait(pending, num_returns=1)
+    ray.get(done)
+print(json.dumps({"ray_tasks_per_s": n / (time.perf_counter() - t0)}))
+ray.shutdown()
+"""
 
 
 # -- helpers -----------------------------------------------------------------------
@@ -73,6 +118,92 @@ async def pid_then_sleep(ctx: Any) -> str:
     await ctx.say(str(_os.getpid()))
     await _anyio.sleep(3600)
     return "woke"
+
+
+# -- cost per child ----------------------------------------------------------------
+
+
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and every live process below it (from /proc)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    stack = [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            with open(f"/proc/{current}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / ticks
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as handle:
+                    stack.extend(int(c) for c in handle.read().split())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
+
+
+async def count_pass(base: str, n: int) -> None:
+    """The run repeated under strace: a warm-up, then ``n`` children between the two marker opens."""
+    config = SupervisorConfig(pool_size=POOL_SIZE, durability="batched")
+    async with Supervisor.open(store=os.path.join(base, "store"), config=config) as sup:
+        sup.register_provider(Provider(name="echo", program="echo"))
+        await run_children(sup, await sup.open_root(label="warm-up"), 20, 32)
+        root = await sup.open_root(label="counted")
+        for marker in (begin_marker(base), None, end_marker(base)):
+            if marker is None:
+                got = await run_children(sup, root, n, 32)
+                if got["failures"]:
+                    raise RuntimeError(got["failures"][0])
+                continue
+            try:
+                os.open(marker, os.O_RDONLY)
+            except FileNotFoundError:
+                pass
+
+
+def measure_counts(parent: str) -> dict[str, float] | None:
+    """inodes and fsyncs per child from an strace of ``count_pass``; None without strace."""
+    if not strace_available():
+        print("strace not found: inode and fsync counts skipped")
+        return None
+    base = tempfile.mkdtemp(prefix="bench-one-shot-count-", dir=parent)
+    trace = os.path.join(base, "trace")
+    try:
+        cmd = ["strace", "-f", "-qq", "-yy", "-e", f"trace={TRACED_SYSCALLS}", "-o", trace,
+               sys.executable, os.path.abspath(__file__), "--count-pass", base, "--n", str(COUNT_N)]
+        subprocess.run(cmd, check=True, timeout=300, stdout=subprocess.DEVNULL)
+        counts = count_trace(trace, os.path.join(base, "store"), base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return {
+        "inodes_per_child": counts.inodes_created / COUNT_N,
+        "inodes_freed_per_child": counts.inodes_freed / COUNT_N,
+        "fsyncs_per_child": counts.fsyncs / COUNT_N,
+    }
+
+
+def measure_ray() -> float | None:
+    """Trivial Ray tasks per second, in a private network namespace; None when Ray cannot run here."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        print("ray not installed: ray_tasks_per_s skipped")
+        return None
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        print("unshare or ip missing: ray_tasks_per_s skipped (Ray must run in a private network namespace)")
+        return None
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    inner = f"ip link set lo up && exec {sys.executable} -c \"$0\" {RAY_TASKS}"
+    try:
+        done = subprocess.run(["unshare", "-n", "sh", "-c", inner, RAY_SCRIPT], capture_output=True, text=True,
+                              timeout=300, env=env)
+    except subprocess.TimeoutExpired:
+        print("ray run timed out: ray_tasks_per_s skipped")
+        return None
+    if done.returncode != 0:
+        print(f"ray run failed: ray_tasks_per_s skipped ({done.stderr.strip()[-300:]})")
+        return None
+    return float(json.loads(done.stdout.strip().splitlines()[-1])["ray_tasks_per_s"])
 
 
 # -- baseline ----------------------------------------------------------------------
@@ -217,7 +348,9 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
             warm_root = await sup.open_root(label="warm-up")
             await run_children(sup, warm_root, 20, args.concurrency)
             root = await sup.open_root(label="bench")
+            cpu0 = tree_cpu_s(os.getpid())
             got = await run_children(sup, root, n, args.concurrency)
+            cpu_ms_per_child = (tree_cpu_s(os.getpid()) - cpu0) * 1000 / n
             if got["failures"]:
                 raise RuntimeError(f"{len(got['failures'])} children failed, e.g. {got['failures'][0]}")
             phases = breakdown(sup, got["samples"])
@@ -230,6 +363,8 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
             sup.register_provider(Provider(name="echo", program="echo"))
             root4 = await sup.open_root(label="bench-4-turns-per-worker")
             got4 = await run_children(sup, root4, n, args.concurrency)
+        counts = measure_counts(args.dir or temp_base())
+        ray_per_s = measure_ray()
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -241,12 +376,21 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
         "p50_ms": percentile(lat_ms, 0.5),
         "p99_ms": percentile(lat_ms, 0.99),
         "respawn_ms": statistics.median(respawn),
+        "cpu_ms_per_child": cpu_ms_per_child,
     }
     met = {
         "ratio": figures["ratio"] >= 0.2,
         "respawn_ms": figures["respawn_ms"] <= 150,
         "children_per_s": figures["children_per_s"] >= 1000,
+        "cpu_ms_per_child": cpu_ms_per_child <= 1.4,
     }
+    if counts is not None:
+        figures.update(counts)
+        met["inodes_per_child"] = counts["inodes_per_child"] <= 1 and counts["inodes_freed_per_child"] == 0
+    if ray_per_s is not None:
+        figures["ray_tasks_per_s"] = ray_per_s
+        figures["children_vs_ray"] = got["per_s"] / ray_per_s
+        met["children_vs_ray"] = figures["children_vs_ray"] >= 1.0
     print(f"children: {n} in {got['elapsed']:.2f} s = {figures['children_per_s']:,.1f}/s "
           f"(first half {got['first_half_per_s']:,.1f}/s, second half {got['second_half_per_s']:,.1f}/s)")
     print(f"with turns_per_worker=4: {got4['per_s']:,.1f}/s")
@@ -260,7 +404,10 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
     print()
     print("goals:")
     for key, goal in GOALS.items():
-        print(f"  {key:<16} {figures[key]:>12,.3f}  goal {goal:<8} {'met' if met[key] else 'NOT met'}")
+        if key in figures:
+            print(f"  {key:<16} {figures[key]:>12,.3f}  goal {goal:<8} {'met' if met[key] else 'NOT met'}")
+    extra = {k: round(figures[k], 3) for k in ("cpu_ms_per_child", "inodes_per_child", "inodes_freed_per_child",
+                                               "fsyncs_per_child", "ray_tasks_per_s", "children_vs_ray") if k in figures}
     return {
         "benchmark": NAME,
         "quick": args.quick,
@@ -280,6 +427,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
         "second_half_children_per_s": round(got["second_half_per_s"], 1),
         "store_dir": args.dir or "repository file system",
         "phase_ms": {k: round(v, 2) for k, v in phases.items()},
+        **extra,
         "goals_met": met,
     }
 
@@ -294,7 +442,11 @@ def main() -> None:
         help="parent folder of the store (default: the repository's file system); e.g. /dev/shm to tell the "
              "runtime's own cost from the file system's",
     )
+    parser.add_argument("--count-pass", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.count_pass:
+        anyio.run(count_pass, args.count_pass, args.n or COUNT_N)
+        return
     summary = anyio.run(amain, args)
     print(json.dumps(summary))
 
