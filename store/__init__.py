@@ -11,13 +11,16 @@ General layout (read ``FORMAT.md`` for the bytes):
   from a log, cached in ``identity``;
 * ``lease`` / ``locks`` — owners, heartbeats, fenced leases, session locks;
 * ``mailbox``     — durable accepted messages;
-* ``index`` / ``catalog`` — the derived children index and the listings.
+* ``index`` / ``catalog`` — the derived children index and the listings;
+* ``roots`` / ``held`` / ``description`` / ``tail`` — the read-only views the
+  CLI prints: top-level sessions, held sessions, one session, a growing log.
 
 This package imports neither ``worker`` nor ``supervisor``.
 """
 
 from .catalog import ChildEntry, DescendantRow, DiagnosticEntry, Identity, list_children, list_descendants, read_identity
 from .control import ControlRecord, control_size, read_controls, request
+from .description import MailboxCounts, SessionDescription, describe_session, mailbox_counts
 from .descriptor import (
     DESCRIPTOR_VERSION,
     ContinuableDescriptor,
@@ -46,6 +49,7 @@ from .errors import (
 from .events import EVENT_TYPES, closers
 from .framing import Damage, ScanResult, encode_record, scan
 from .header import SessionHeader, parse_header
+from .held import HeldSession, held_sessions
 from .ids import IdGenerator, is_valid_session_id, new_id, validate_session_id
 from .index import IndexEntry, add_child, read_children, reindex
 from .lease import (
@@ -68,7 +72,9 @@ from .mailbox import MailboxMessage, accept, pending, read_mailbox
 from .projection import Projection, Timing
 from .reader import Inspection, inspect, read_from, read_header
 from .root import STORE_FORMAT, STORE_VERSION, Store
+from .roots import RootEntry, list_roots, subagent_count
 from .session import create_session, delete_session
+from .tail import LogTail
 
 __all__ = [
     "ChildEntry", "DescendantRow", "DiagnosticEntry", "Identity", "list_children", "list_descendants", "read_identity",
@@ -92,4 +98,8 @@ __all__ = [
     "Inspection", "inspect", "read_from", "read_header",
     "STORE_FORMAT", "STORE_VERSION", "Store",
     "create_session", "delete_session",
+    "MailboxCounts", "SessionDescription", "describe_session", "mailbox_counts",
+    "HeldSession", "held_sessions",
+    "RootEntry", "list_roots", "subagent_count",
+    "LogTail",
 ]

@@ -3,8 +3,8 @@
 Layout: ``service`` (the façade), ``registry`` (providers), ``pool`` (worker
 processes), ``oneshot`` (one-shot runs), ``rpc`` (what turns ask of the
 supervisor), ``lease_keeper`` (owner heartbeat), ``events`` (lifecycle
-events), ``config``, ``models``, ``errors``, and ``cli`` (the only module
-that prints).
+events), ``config``, ``models``, ``errors``, and ``cli/`` (the command line,
+the only package that prints).
 """
 
 from subagents.store.errors import SubagentError

@@ -37,6 +37,11 @@ EXPECTED = {
     "Inspection", "inspect", "read_from", "read_header",
     "STORE_FORMAT", "STORE_VERSION", "Store",
     "create_session", "delete_session",
+    # the CLI's read-only views: description, held, roots, tail
+    "MailboxCounts", "SessionDescription", "describe_session", "mailbox_counts",
+    "HeldSession", "held_sessions",
+    "RootEntry", "list_roots", "subagent_count",
+    "LogTail",
 }
 
 

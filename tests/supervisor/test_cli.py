@@ -24,7 +24,7 @@ import pytest
 
 from subagents import store
 from subagents.store import LogWriter, Store, create_session, inspect, list_children, list_descendants, read_lease
-from subagents.supervisor import cli_render as render
+from subagents.supervisor.cli import render
 from subagents.supervisor.config_loader import load_config
 from subagents.worker.listing import render_rows
 

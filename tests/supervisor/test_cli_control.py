@@ -23,7 +23,7 @@ from typing import Any, Callable
 import pytest
 
 from subagents.store import Store, inspect, read_lease, read_mailbox
-from subagents.supervisor import cli_render as render
+from subagents.supervisor.cli import render, top_view
 
 REPO = str(Path(__file__).resolve().parents[2])
 DEADLINE_S = 60.0
@@ -257,18 +257,18 @@ def test_top_on_a_terminal_is_a_rich_table_and_refreshes_live(monkeypatch: pytes
            "owner": "01OWNER", "owner_pid": 42, "owner_host": "h", "settled_ms": 1500.0, "active_since": time.time() - 2}
     monkeypatch.setenv("COLUMNS", "160")  # a wide terminal: every column whole
     screen = _Terminal()
-    render.render_top(render.Output(screen), [row])
+    top_view.render_top(render.Output(screen), [row])
     text = screen.getvalue()
     assert all(cell in text for cell in ("01CHILD", "[x]", "01OWNER", " 42 ", "1.5s +", "01ROOT"))
     monkeypatch.setenv("COLUMNS", "60")
     narrow = _Terminal()
-    render.render_top(render.Output(narrow), [{**row, "id": "01M8MVY0PZ9RKY15DPNHER70WX"}])
+    top_view.render_top(render.Output(narrow), [{**row, "id": "01M8MVY0PZ9RKY15DPNHER70WX"}])
     assert "01M8MVY0PZ9RKY15DPNHER70WX" in narrow.getvalue()  # the id is never cut
     live = _Terminal()
-    with render.TopView(render.Output(live)) as view:
+    with top_view.TopView(render.Output(live)) as view:
         view.update([row], time.time())
     assert "01CHILD" in live.getvalue()
     plain = io.StringIO()
-    with render.TopView(render.Output(plain, json_mode=True)) as view:
+    with top_view.TopView(render.Output(plain, json_mode=True)) as view:
         view.update([row], time.time())
     assert json.loads(plain.getvalue()) == [row]

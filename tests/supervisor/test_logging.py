@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from subagents.supervisor import Capabilities, ContinuableSpec, Provider, Supervisor, SupervisorConfig
-from subagents.supervisor.cli import _JsonFormatter, _TextFormatter
+from subagents.supervisor.cli.log_format import JsonFormatter as _JsonFormatter, TextFormatter as _TextFormatter
 
 
 def test_json_and_text_formatters_carry_the_fields() -> None:

@@ -1,0 +1,73 @@
+"""One session described in full: what ``subagents show`` prints.
+
+``describe_session`` reads the header and the whole log (``inspect``), folds
+it into a projection, and adds the lease, its owner's liveness, the mailbox
+counts and the number of direct subagent children. Read-only: no cache is
+written, no torn tail is cut, and a damaged log is described, not raised
+(only a missing or unreadable header raises, as ``inspect`` does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .catalog import ChildStatus
+from .errors import CorruptSessionError
+from .lease import Lease, OwnerRecord, owner_alive, read_lease, read_owner, session_status
+from .mailbox import pending, read_mailbox
+from .projection import Projection
+from .reader import Inspection, inspect
+from .root import Store
+from .roots import subagent_count
+
+__all__ = ["MailboxCounts", "SessionDescription", "describe_session", "mailbox_counts"]
+
+
+@dataclass(frozen=True)
+class MailboxCounts:
+    accepted: int
+    pending: int | None  # None when log and mailbox disagree (then ``problem`` says how)
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class SessionDescription:
+    inspection: Inspection  # header, valid events, log status and damage
+    projection: Projection  # the fold of the valid events
+    status: ChildStatus
+    lease: Lease | None
+    owner: OwnerRecord | None
+    owner_alive: bool
+    mailbox: MailboxCounts
+    children: int  # direct subagent children, per the index
+
+
+def mailbox_counts(store: Store, session_id: str, projection: Projection) -> MailboxCounts:
+    """Accepted messages, and how many no turn has taken yet."""
+    messages = read_mailbox(store, session_id)
+    if not messages:
+        return MailboxCounts(0, 0)  # a one-shot child's message is logged at creation, never mailed
+    try:
+        waiting = len(pending(store, session_id, consumed=projection.consumed, last_consumed_id=projection.last_message_id))
+    except CorruptSessionError as exc:
+        return MailboxCounts(len(messages), None, exc.message)
+    return MailboxCounts(len(messages), waiting)
+
+
+def describe_session(store: Store, session_id: str) -> SessionDescription:
+    """Everything the store knows about one session, read without writing."""
+    found = inspect(store, session_id)
+    projection = Projection(seed_length=found.header.seed_length or 0)
+    projection.fold(found.events, found.offsets, found.end)
+    lease = read_lease(store, session_id)
+    owner = read_owner(store, lease.owner) if lease is not None else None
+    return SessionDescription(
+        inspection=found,
+        projection=projection,
+        status=session_status(store, session_id),
+        lease=lease,
+        owner=owner,
+        owner_alive=owner_alive(owner) if owner is not None else False,
+        mailbox=mailbox_counts(store, session_id, projection),
+        children=subagent_count(store, session_id),
+    )

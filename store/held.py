@@ -1,0 +1,76 @@
+"""Sessions a live owner holds right now: what ``subagents top`` shows.
+
+A session is held while its lease is ``running`` or ``idle`` and its owner's
+heartbeat is fresh (``OwnerCache``). Finding them costs one lease read per
+session in the store, and a projection read (cached checkpoint plus the log
+after it) per held session, so the timing is exact mid-turn. Never writes a
+byte; a session that stops reading in between is skipped (``store fsck``
+reports it). What is *not* guaranteed: the snapshot is not atomic across
+sessions; a lease may be released between two reads (then the row is left out).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from .descriptor import ContinuableDescriptor, OneShotDescriptor
+from .errors import SubagentError
+from .lease import OwnerCache, read_lease, read_owner, session_status
+from .log import read_projection
+from .reader import read_header
+from .root import Store
+
+__all__ = ["HeldSession", "held_sessions"]
+
+
+@dataclass(frozen=True)
+class HeldSession:
+    id: str
+    label: str | None
+    mode: str  # the descriptor's mode; "root" for a top-level session, "-" for a plain fork
+    parent: str | None
+    status: Literal["running", "idle"]
+    epoch: int
+    owner: str
+    owner_pid: int | None
+    owner_host: str | None
+    settled_ms: float  # time spent in settled turns
+    active_since: float | None  # when the open turn started, if one is open
+
+
+def held_sessions(store: Store) -> list[HeldSession]:
+    """Every session a live owner holds, in id order."""
+    owners = OwnerCache(store)
+    rows = []
+    for session_id in store.session_ids():
+        lease = read_lease(store, session_id)
+        if lease is None or lease.state == "released" or not owners.alive(lease.owner):
+            continue
+        status = session_status(store, session_id, owners)
+        if status == "complete":
+            continue  # released between the two reads
+        try:
+            header = read_header(store, session_id)
+            # the cached checkpoint plus the log after it: exact mid-turn (an open turn's start is
+            # after the last commit point, where the catalog's identity cache stops)
+            projection = read_projection(store, session_id)
+        except (SubagentError, OSError):
+            continue  # `store fsck` reports what does not read
+        ident = projection.identity
+        descriptor = ident if isinstance(ident, (OneShotDescriptor, ContinuableDescriptor)) else None
+        owner = read_owner(store, lease.owner)
+        rows.append(HeldSession(
+            id=session_id,
+            label=descriptor.label if descriptor is not None else None,
+            mode=descriptor.mode if descriptor is not None else ("root" if header.parent_session is None else "-"),
+            parent=header.parent_session,
+            status=status,
+            epoch=lease.epoch,
+            owner=lease.owner,
+            owner_pid=owner.pid if owner is not None else None,
+            owner_host=owner.host if owner is not None else None,
+            settled_ms=projection.timing.settled_ms,
+            active_since=projection.timing.active_since,
+        ))
+    return rows

@@ -1,0 +1,51 @@
+"""Following a session log as it grows: what ``subagents log --follow`` reads.
+
+``LogTail`` remembers where the valid prefix ended and the next seq; each
+``poll`` stats the log and scans only the bytes added since. Read-only.
+At the edges: damage at the end of the new bytes may be a write still in
+flight, so it is not reported, only waited for (the next poll scans it again);
+a log that shrank under us (``store fsck --repair`` cut a torn tail) is read
+again from the start and only the events past the ones already returned are
+given. Not thread-safe: one reader per tail.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .framing import scan
+from .reader import Inspection, inspect
+from .root import Store
+
+__all__ = ["LogTail"]
+
+
+class LogTail:
+    """New events of one session's log, poll after poll, starting after ``start``."""
+
+    def __init__(self, store: Store, session_id: str, start: Inspection) -> None:
+        self._store = store
+        self._session_id = session_id
+        self._path = store.path(session_id, "log")
+        self._end = start.end  # byte length of the valid prefix already returned
+        self._next_seq = len(start.events)
+
+    def poll(self) -> list[dict[str, Any]]:
+        """The events committed since the last poll (possibly none)."""
+        try:
+            size = os.stat(self._path).st_size
+        except FileNotFoundError:
+            size = 0
+        if size < self._end:  # cut back under us (a repair): start over from what is valid now
+            again = inspect(self._store, self._session_id)
+            events = again.events[self._next_seq:]
+            self._end, self._next_seq = again.end, len(again.events)
+            return events
+        if size == self._end:
+            return []
+        with open(self._path, "rb") as handle:
+            handle.seek(self._end)
+            result = scan(handle.read(size - self._end), start_seq=self._next_seq, base_offset=self._end)
+        self._end, self._next_seq = result.end, self._next_seq + len(result.records)
+        return list(result.records)

@@ -1,0 +1,183 @@
+"""Control of children hosted by any process: ``send``, ``interrupt`` and ``drain``.
+
+Each verb opens a ``Supervisor`` on the store. A child hosted by another
+process is reached through the store (its durable mailbox or its control
+file), never by signalling that process; a child nobody hosts is
+cold-resumed here by ``send`` and hosted until it settles (closing earlier
+would cancel its turn). ``send`` and ``drain`` wait under ``--wait-s`` and
+answer ``TIMEOUT`` past it.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import anyio
+
+from subagents.store import MailboxMessage, Store, list_descendants, read_header, read_lease, read_mailbox
+
+from ..config import SupervisorConfig
+from ..config_loader import DeploymentConfig
+from ..errors import WaitTimeoutError
+from ..models import UserAuthority
+from ..service import Supervisor
+from . import render
+from .invocation import Invocation
+from .parser import Verbs, positive_float
+
+__all__ = ["register", "CONTROL_POLL_S", "WAIT_S"]
+
+# `send` and `drain` wait on other processes through the store (a lease read per child per poll);
+# `send` also wakes at once on its own child's end event, so this bounds only the cross-process case
+CONTROL_POLL_S = 0.05
+WAIT_S = 60.0  # how long `send` (a child it resumed) and `drain` wait for children to settle
+
+
+def register(verbs: Verbs) -> None:
+    send = verbs.add("send", cmd_send, "send CHILD its next turn as the host user (cold-resumes it when nobody hosts it)")
+    send.add_argument("child", metavar="CHILD")
+    send.add_argument("message", metavar="MESSAGE", help="the message ('-' reads stdin)")
+    send.add_argument("--parent", required=True, metavar="ROOT", help="the root session CHILD belongs to (checked against its header)")
+    send.add_argument("--wait-s", type=positive_float, default=WAIT_S,
+                      help=f"when CHILD was resumed here: how long to wait for it to settle (default {WAIT_S:.0f})")
+
+    interrupt = verbs.add("interrupt", cmd_interrupt, "cancel CHILD's current turn (its queued messages and children are kept)", json=False)
+    interrupt.add_argument("child", metavar="CHILD")
+    interrupt.add_argument("--parent", required=True, metavar="ROOT", help="the root session CHILD belongs to")
+
+    drain = verbs.add("drain", cmd_drain, "tear down every continuable descendant of ROOT, whichever process hosts it")
+    drain.add_argument("root", metavar="ROOT")
+    drain.add_argument("--wait-s", type=positive_float, default=WAIT_S, help=f"how long to wait for them to settle (default {WAIT_S:.0f})")
+
+
+def _register_configured(sup: Supervisor, config: DeploymentConfig) -> None:
+    """The configured providers: a child resumed here runs its descriptor's provider (or the built-in
+    program of that name)."""
+    for settings in config.providers:
+        sup.register_provider(settings.to_provider())
+
+
+def _control_config(config: DeploymentConfig) -> SupervisorConfig:
+    """The supervisor config of a command that runs no turn (``interrupt``, ``drain``): one worker, the least the pool takes."""
+    return config.supervisor.model_copy(update={"pool_size": 1})
+
+
+def _is_settlement_of(message: MailboxMessage, child_id: str, since: float) -> bool:
+    """A settlement notice of ``child_id`` (the kind the supervisor writes when an activation settles), accepted at or after ``since``."""
+    return message.source.get("kind") == "subagent-settled" and message.source.get("sender_session_id") == child_id and message.ts >= since
+
+
+def _settlement_notices(store: Store, root_id: str, child_id: str, since: float) -> list[dict[str, Any]]:
+    return [{"id": m.id, "ts": m.ts, "summary": m.source.get("summary"), "content": m.content}
+            for m in read_mailbox(store, root_id) if _is_settlement_of(m, child_id, since)]
+
+
+def cmd_send(inv: Invocation) -> int:
+    args, out = inv.args, inv.out
+    inv.open_store()  # a control command never creates a store
+    message = sys.stdin.read() if args.message == "-" else args.message
+    doc = anyio.run(_send, inv.config, args.child, message, args.parent, args.wait_s, out)
+    if out.json_mode:
+        out.json(doc)
+    elif doc["hosted"] == "elsewhere":
+        render.render_sent(out, doc)  # resumed here: printed as soon as it was durable
+    else:
+        render.render_settled(out, doc)
+    if doc["hosted"] == "here" and not doc["settled"]:
+        raise WaitTimeoutError(
+            f'agent "{args.child}" did not settle within {args.wait_s:g} s; its turn was stopped when this command closed',
+            child_id=args.child,
+        )
+    return 0 if doc["hosted"] == "elsewhere" or doc["stop_reason"] == "completed" else 1
+
+
+async def _send(config: DeploymentConfig, child: str, message: str, parent: str, wait_s: float, out: render.Output) -> dict[str, Any]:
+    """Send; when the child was resumed here, host it until it settles (closing earlier would cancel its turn)."""
+    async with Supervisor.open(store=config.store.path, config=config.supervisor) as sup:
+        _register_configured(sup, config)
+        owner_id = sup.statistics().owner_id
+        ends: list[str] = []  # stop reasons of the child's activations that ended here
+        woken = [anyio.Event()]
+
+        def on_end(name: str, payload: dict[str, Any]) -> None:
+            if payload.get("id") == child:
+                ends.append(str(payload.get("stop_reason")))
+                woken[0].set()
+
+        sup.on("subagent/end", on_end)
+        message_id = await sup.send(child, message, parent=parent)
+        accepted_at = next((m.ts for m in await anyio.to_thread.run_sync(read_mailbox, sup.store, child) if m.id == message_id), 0.0)
+        lease = await anyio.to_thread.run_sync(read_lease, sup.store, child)
+        doc: dict[str, Any] = {"message_id": message_id, "child": child, "parent": parent,
+                               "hosted": "here" if lease is not None and lease.owner == owner_id else "elsewhere"}
+        if doc["hosted"] == "elsewhere":
+            return doc  # durable in its mailbox: the hosting supervisor runs it
+        doc["epoch"] = lease.epoch if lease is not None else None
+        if not out.json_mode:
+            render.render_sent(out, doc)
+
+        # settled = this supervisor emitted the activation's ``subagent/end``: that comes after
+        # the settlement notice is durable in the root's mailbox (the lease is released earlier,
+        # so "lease released" alone would read the mailbox before the notice is there)
+        settled = False
+        with anyio.move_on_after(wait_s):
+            while not ends:
+                woken[0] = anyio.Event()
+                if ends:
+                    break
+                await woken[0].wait()
+            settled = True
+        notices = await anyio.to_thread.run_sync(_settlement_notices, sup.store, parent, child, accepted_at)
+        doc.update(settled=settled, stop_reason=ends[0] if ends else None, notice=notices[0] if notices and settled else None)
+    return doc
+
+
+def cmd_interrupt(inv: Invocation) -> int:
+    inv.open_store()
+    anyio.run(_interrupt, inv.config, inv.args.child, inv.args.parent)
+    render.render_interrupt(inv.out, {"child": inv.args.child})
+    return 0
+
+
+async def _interrupt(config: DeploymentConfig, child: str, parent: str) -> None:
+    async with Supervisor.open(store=config.store.path, config=_control_config(config)) as sup:
+        await sup.interrupt(child, authority=UserAuthority(parent_session=parent))
+
+
+def cmd_drain(inv: Invocation) -> int:
+    args = inv.args
+    read_header(inv.open_store(), args.root)  # SESSION_NOT_FOUND before any supervisor starts
+    doc = anyio.run(_drain, inv.config, args.root, args.wait_s)
+    inv.emit(doc, render.render_drain)
+    if not doc["settled"]:
+        left = [c["id"] for c in doc["children"] if c["status"] != "complete"]
+        raise WaitTimeoutError(
+            f"{len(left)} continuable descendants of {args.root} did not settle within {args.wait_s:g} s: {', '.join(left)}", root=args.root
+        )
+    return 0
+
+
+def _continuable_rows(store: Store, root_id: str) -> list[dict[str, Any]]:
+    return [row for row in render.descendant_rows(list_descendants(store, root_id)) if row.get("mode") == "continuable"]
+
+
+async def _drain(config: DeploymentConfig, root: str, wait_s: float) -> dict[str, Any]:
+    """Durable drain requests to the supervisors hosting ROOT's continuable descendants; then wait
+    until each reads complete, asking again for any that began to be hosted since."""
+    async with Supervisor.open(store=config.store.path, config=_control_config(config)) as sup:
+        asked = list(await sup.drain_remote(root))
+        settled = False
+        rows: list[dict[str, Any]] = []
+        with anyio.move_on_after(wait_s):
+            while True:
+                rows = await anyio.to_thread.run_sync(_continuable_rows, sup.store, root)
+                waiting = {r["id"] for r in rows if r["status"] != "complete"}
+                if not waiting:
+                    settled = True
+                    break
+                if waiting - set(asked):
+                    asked += [c for c in await sup.drain_remote(root) if c not in asked]
+                await anyio.sleep(CONTROL_POLL_S)
+        rows = await anyio.to_thread.run_sync(_continuable_rows, sup.store, root)
+    return {"root": root, "drained": asked, "settled": settled, "children": rows}

@@ -1,0 +1,186 @@
+"""The verbs that start workers and run turns: ``demo`` and ``run``.
+
+Both open a ``Supervisor`` (creating the store when absent), open a new
+root, start one-shot children under it and wait for their results; ``demo``
+then runs a continuable ``reviewer`` child through a report and two
+follow-ups, so a first-time user sees both modes. Exit code 1 when a child
+did not complete.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+import anyio
+
+from subagents.store import list_children, list_descendants, read_header, read_identity
+
+from ..config_loader import DeploymentConfig
+from ..models import Capabilities, ContinuableSpec, Provider, SubagentRequest
+from ..service import Supervisor
+from . import render
+from .invocation import Invocation
+from .parser import Verbs, non_negative, positive
+
+__all__ = ["register", "QUICK_CHILDREN", "QUICK_CPU_MS"]
+
+log = logging.getLogger("subagents.cli")
+
+QUICK_CHILDREN, QUICK_CPU_MS = 3, 100
+
+
+def register(verbs: Verbs) -> None:
+    demo = verbs.add("demo", cmd_demo, "run N CPU-bound one-shot children in parallel and show the result")
+    demo.add_argument("--children", type=positive, default=None, help="how many children (default 8)")
+    demo.add_argument("--cpu-ms", type=non_negative, default=None, help="CPU each child burns, in ms (default 400)")
+    demo.add_argument("--quick", action="store_true", help=f"{QUICK_CHILDREN} children × {QUICK_CPU_MS} ms")
+
+    run = verbs.add("run", cmd_run, "run one one-shot child of PROGRAM under a new root")
+    run.add_argument("program", metavar="PROGRAM", help='a built-in program (echo, script) or "package.module:function"')
+    run.add_argument("--prompt", default="", help="the child's message ('-' reads stdin)")
+    run.add_argument("--label", default=None, help="the child's label")
+
+
+def _register_providers(sup: Supervisor, config: DeploymentConfig, own: Provider) -> None:
+    """The CLI's own provider, then the configured ones (a clash keeps the CLI's)."""
+    sup.register_provider(own)
+    for settings in config.providers:
+        if settings.name == own.name:
+            log.warning('configured provider "%s" is shadowed by the CLI\'s own', settings.name)
+            continue
+        sup.register_provider(settings.to_provider())
+
+
+def _worker_cpu_s(pids: Sequence[int]) -> float | None:
+    """User + system CPU seconds of these processes (Linux ``/proc``), ``None`` if unreadable."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+        except (OSError, IndexError, ValueError):
+            return None
+    return total / ticks
+
+
+def cmd_demo(inv: Invocation) -> int:
+    args = inv.args
+    children = args.children or (QUICK_CHILDREN if args.quick else 8)
+    cpu_ms = args.cpu_ms if args.cpu_ms is not None else (QUICK_CPU_MS if args.quick else 400)
+    doc = anyio.run(_demo, inv.config, children, cpu_ms, inv.out)
+    store = inv.open_store()
+    for result in doc["results"]:
+        header = read_header(store, result["id"])
+        result["turn_ms"] = read_identity(store, result["id"], header.seed_length or 0).projection.timing.settled_ms
+    doc["busy_s"] = sum(r["turn_ms"] for r in doc["results"]) / 1000.0
+    doc["speedup"] = doc["busy_s"] / doc["wall_s"] if doc["wall_s"] > 0 else 0.0
+    doc["listing"] = render.entry_rows(list_children(store, doc["root"]))
+    doc["tree"] = render.descendant_rows(list_descendants(store, doc["root"]))
+    inv.emit(doc, render.render_demo)
+    return 0 if all(r["stop_reason"] == "completed" for r in doc["results"]) else 1
+
+
+async def _demo(config: DeploymentConfig, children: int, cpu_ms: int, out: render.Output) -> dict[str, Any]:
+    results: list[dict[str, Any]] = []
+    async with Supervisor.open(store=config.store.path, config=config.supervisor) as sup:
+        _register_providers(sup, config, Provider(name="analyst", program="script", capabilities=Capabilities.all()))
+        root = await sup.open_root(label="demo")
+        if not out.json_mode:
+            out.line(f"demo root {root.id}: {children} children × {cpu_ms} ms of CPU, pool of {config.supervisor.pool_size} workers")
+        pids = sup.pool.worker_pids()
+        cpu_before = _worker_cpu_s(pids)
+        started = time.perf_counter()
+        runs = []
+        for i in range(1, children + 1):
+            script = {"script": [{"cpu": cpu_ms}, {"return": f"part {i} of {children}: analysed with {cpu_ms} ms of CPU"}]}
+            request = SubagentRequest(parent=root, prompt=json.dumps(script), label=f"part-{i}")
+            runs.append((await sup.start("analyst", request), f"part-{i}"))
+
+        with render.DemoProgress(out, children) as progress:
+
+            async def finish(run: Any, label: str) -> None:
+                try:
+                    result = await run.result()
+                finally:
+                    await run.dispose()
+                elapsed = time.perf_counter() - started
+                results.append({"id": run.id, "label": label, "stop_reason": result.stop_reason, "output": result.output,
+                                "diagnostic": result.diagnostic, "elapsed_s": elapsed})
+                progress.finished(run.id, label, result.stop_reason, elapsed)
+
+            async with anyio.create_task_group() as tg:
+                for run, label in runs:
+                    tg.start_soon(finish, run, label)
+        wall = time.perf_counter() - started
+        cpu_after = _worker_cpu_s(pids)
+        conversation = await _demo_conversation(sup, root, results, out)
+    if cpu_before is not None and cpu_after is not None:
+        cpu, source = cpu_after - cpu_before, "measured on the worker processes"
+    else:
+        cpu, source = children * cpu_ms / 1000.0, "requested by the children"
+    results.sort(key=lambda r: r["id"])
+    return {
+        "root": root.id, "children": children, "cpu_ms": cpu_ms, "pool_size": config.supervisor.pool_size,
+        "wall_s": wall, "cpu_s": cpu, "cpu_source": source, "results": results, "conversation": conversation,
+    }
+
+
+async def _demo_conversation(sup: Supervisor, root: Any, results: list[dict[str, Any]], out: render.Output) -> list[dict[str, Any]]:
+    """The continuable half of the demo: a reviewer child that reports, gets follow-ups, and settles.
+
+    Every message the root receives (the report, each settlement notice) is durable in
+    the root's mailbox; ``take_messages`` consumes them into the root's log.
+    """
+    sup.register_provider(Provider(name="reviewer", program="script", capabilities=Capabilities.all(), continuable=True))
+    parts = "; ".join(r["output"] for r in sorted(results, key=lambda r: r["label"]))
+    first = {"script": [{"cpu": 50}, {"report": f"reviewed {len(results)} parts so far", "delivery": "wakeup"},
+                        {"return": f"first review done: {parts[:120]}"}]}
+    spec = ContinuableSpec(parent=root, provider="reviewer", prompt=json.dumps(first), label="reviewer")
+    child_id, _ = await sup.start_continuable(spec)
+    if not out.json_mode:
+        out.line(f"started continuable child {child_id} (reviewer)")
+    received: list[dict[str, Any]] = []
+
+    async def collect(until: int) -> None:
+        while sum(1 for m in received if m["kind"] == "subagent-settled") < until:
+            for message in await sup.wait_for_message(root, timeout_s=30):
+                received.append({"kind": message.source.get("kind"), "content": message.content})
+                if not out.json_mode:
+                    text = " ".join(str(message.content).split())
+                    out.line(f"  root received ({message.source.get('kind')}): {text if len(text) <= 160 else text[:159] + '…'}")
+
+    await collect(1)
+    for n, text in enumerate(["now compare part 1 with part 2", "and summarise everything in one line"], start=2):
+        follow = {"script": [{"cpu": 30}, {"return": f"follow-up {n - 1} answered: {text}"}]}
+        message_id = await sup.followup(root, child_id, json.dumps(follow))
+        if not out.json_mode:
+            out.line(f"followup {message_id} → {child_id}: {text}")
+        await collect(n)
+    return received
+
+
+def cmd_run(inv: Invocation) -> int:
+    args = inv.args
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    doc = anyio.run(_run, inv.config, args.program, prompt, args.label)
+    inv.emit(doc, render.render_run)
+    return 0 if doc["stop_reason"] == "completed" else 1
+
+
+async def _run(config: DeploymentConfig, program: str, prompt: str, label: str | None) -> dict[str, Any]:
+    async with Supervisor.open(store=config.store.path, config=config.supervisor) as sup:
+        _register_providers(sup, config, Provider(name="run", program=program, capabilities=Capabilities.all()))
+        root = await sup.open_root(label="run")
+        run = await sup.start("run", SubagentRequest(parent=root, prompt=prompt, label=label))
+        try:
+            result = await run.result()
+        finally:
+            await run.dispose()
+    return {"root": root.id, "id": run.id, **result.model_dump()}

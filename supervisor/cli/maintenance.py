@@ -1,0 +1,49 @@
+"""Store maintenance and configuration: ``store fsck``, ``store reindex``, ``config show``.
+
+``fsck`` is ``store/fsck.py`` (read-only unless ``--repair``, which only cuts
+torn tails); ``reindex`` rebuilds the derived children index from the
+headers; ``config show`` prints the layered configuration and never opens
+the store.
+"""
+
+from __future__ import annotations
+
+from subagents.store import reindex
+from subagents.store.fsck import fsck
+
+from ..config_loader import dump_toml
+from . import render
+from .invocation import Invocation
+from .parser import Verbs
+
+__all__ = ["register"]
+
+
+def register(verbs: Verbs) -> None:
+    store = verbs.group("store", "store maintenance (fsck, reindex)")
+    fsck_cmd = store.add("fsck", cmd_fsck, "check every session; report torn and corrupt logs")
+    fsck_cmd.add_argument("--repair", action="store_true", help="truncate torn tails (never touches corrupt sessions)")
+    store.add("reindex", cmd_reindex, "rebuild the children index from the headers")
+
+    config = verbs.group("config", "configuration")
+    config.add("show", cmd_config_show, "the effective configuration (default, file, environment, --store)")
+
+
+def cmd_fsck(inv: Invocation) -> int:
+    report = fsck(inv.open_store(), repair=inv.args.repair, lease_ttl_s=inv.config.supervisor.lease_ttl_s)
+    inv.emit(report, render.render_fsck)
+    return 1 if report["counts"]["corrupt"] else 0
+
+
+def cmd_reindex(inv: Invocation) -> int:
+    parents = reindex(inv.open_store())
+    inv.emit({"parents": parents, "children": sum(len(v) for v in parents.values())}, render.render_reindex)
+    return 0
+
+
+def cmd_config_show(inv: Invocation) -> int:
+    if inv.out.json_mode:
+        inv.out.json(inv.config.model_dump(mode="json"))
+    else:
+        render.render_config(inv.out, dump_toml(inv.config), inv.sources)
+    return 0

@@ -1,0 +1,98 @@
+"""The argument parser's frame: global options, the ``Verbs`` helper, argument types.
+
+Each verb group module (``listing``, ``control``, ``demo``, ``maintenance``)
+has a ``register(verbs)`` that adds its verbs through ``Verbs.add``;
+``main.build_parser`` calls them in turn, so a new verb goes in the module of
+its group. The global options are accepted before and after the verb name.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Callable
+
+from ..config_loader import env_variables
+from .invocation import Invocation
+
+__all__ = ["Verbs", "new_parser", "positive", "non_negative", "positive_float"]
+
+Command = Callable[[Invocation], int]
+
+
+def _log_level(value: str) -> str:
+    if value.isdigit() or value.upper() in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        return value
+    raise argparse.ArgumentTypeError(f"{value!r} is not a logging level")
+
+
+def positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return number
+
+
+def non_negative(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError("must be at least 0")
+    return number
+
+
+def positive_float(value: str) -> float:
+    number = float(value)
+    if not number > 0:
+        raise argparse.ArgumentTypeError("must be more than 0")
+    return number
+
+
+def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """The global options; after the verb they default to SUPPRESS so they never undo the ones before it."""
+
+    def default(value: Any) -> Any:
+        return value if top else argparse.SUPPRESS
+
+    parser.add_argument("--store", default=default(None), help="the store folder (default: from the config, ./.subagents)")
+    parser.add_argument("--config", default=default(None), help="a deployment TOML file (default: $SUBAGENTS_CONFIG)")
+    parser.add_argument("--log-level", type=_log_level, default=default("WARNING"), help="DEBUG, INFO, WARNING (default), ERROR")
+    parser.add_argument("--log-json", action="store_true", default=default(False), help="log JSON lines to stderr")
+
+
+class Verbs:
+    """A group of sub-commands (the top level, ``store``, ``config``) that verb modules add to."""
+
+    def __init__(self, group: Any, common: argparse.ArgumentParser) -> None:
+        self._group = group
+        self._common = common
+
+    def add(self, name: str, func: Command, help: str, *, json: bool = True, example: str | None = None) -> argparse.ArgumentParser:
+        """A verb running ``func``; ``json`` adds ``--json``; ``example`` is shown at the end of its ``--help``."""
+        sub = self._group.add_parser(
+            name, parents=[self._common], help=help, description=help,
+            epilog=f"example:\n  {example}" if example else None, formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        sub.set_defaults(func=func)
+        if json:
+            sub.add_argument("--json", action="store_true", help="print one JSON document")
+        return sub
+
+    def group(self, name: str, help: str) -> "Verbs":
+        """A verb that only groups others (``subagents store fsck``); alone it prints its usage."""
+        parser = self._group.add_parser(name, help=help, description=help)
+        parser.set_defaults(usage=parser)
+        return Verbs(parser.add_subparsers(title=f"{name} commands", metavar="COMMAND"), self._common)
+
+
+def new_parser() -> tuple[argparse.ArgumentParser, Verbs]:
+    """The top-level parser with the global options, and its (still empty) verbs."""
+    variables = "\n".join(f"  {name:<32} {what}" for name, what in env_variables().items())
+    parser = argparse.ArgumentParser(
+        prog="subagents",
+        description="Child agents in worker processes over a durable, shared store.",
+        epilog=f"environment (overrides the config files; unknown SUBAGENTS_* names are errors):\n{variables}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _global_options(parser, top=True)
+    common = argparse.ArgumentParser(add_help=False)
+    _global_options(common, top=False)
+    return parser, Verbs(parser.add_subparsers(title="commands", metavar="COMMAND"), common)
