@@ -161,7 +161,7 @@ async def measure_accept(sup: Supervisor, root: Any, count: int, baseline: Fsync
     script = json.dumps({"script": [{"sleep": 3_600_000}]})
     child_id, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="script", prompt=script, label="busy"))
     with anyio.fail_after(30):
-        while sup.continuation.activations[child_id].handle is None or sup.continuation.activations[child_id].handle.worker is None:
+        while sup.statistics().pool.resident == 0:  # the busy turn is in a worker
             await anyio.sleep(0.005)
     content = json.dumps({"script": [{"return": "queued work " + "x" * 40}]})
     for _ in range(20):  # warm-up

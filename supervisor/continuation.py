@@ -80,13 +80,13 @@ from subagents.worker.programs import BUILTIN_PROGRAMS
 from subagents.worker.logcontext import bind
 from subagents.worker.protocol import Budget, TurnSpec
 
+from .backend import TurnTicket
 from .errors import InvalidRequestError, SubagentDepthError, no_provider
 from .models import AgentRef, AncestorAuthority, ContinuableSpec, UserAuthority
 from .oneshot import program_fields, validate_budget, validate_max_depth
 from .setup import ActivationInfo, SetupBatch, SetupRegistry
 
 if TYPE_CHECKING:
-    from .pool import TurnHandle
     from .service import Supervisor
 
 __all__ = ["Activation", "ContinuationManager", "settlement_text", "SUMMARIES"]
@@ -162,7 +162,7 @@ class Activation:
     disposing: bool = False
     discard: bool = False
     admitted: int = 0
-    handle: "TurnHandle | None" = None
+    handle: TurnTicket | None = None  # the pool's ticket of the turn in flight
     reasons: list[str] = field(default_factory=list)
     last_output: str = ""
     state: str = "running"
@@ -640,22 +640,22 @@ class ContinuationManager:
                 stop, act.stop_before = act.stop_before, None
                 interrupted = stop[0] if stop is not None and main.ts < stop[1] else None
 
-                def started(handle: "TurnHandle") -> None:
-                    act.handle = handle
+                def started(ticket: TurnTicket) -> None:
+                    act.handle = ticket
                     reason = "parent" if act.disposing else interrupted
                     if reason is not None:
-                        self.sup.pool.cancel(handle, reason)
+                        self.sup.pool.cancel(ticket, reason)
 
-                handle = await self.sup.pool.run_turn(spec, TurnRpc(self.sup.runs, spec, self), started=started)
+                turn = await self.sup.pool.run_turn(spec, TurnRpc(self.sup.runs, spec, self), started=started)
                 act.handle = None
-                if handle.worker is None:
+                if not turn.dispatched:
                     # stopped before a worker took it, so nothing was logged: an interrupt or a
                     # drain consumes it unrun (durably); closing the supervisor leaves it pending
                     if not act.disposing or act.discard:
                         await anyio.to_thread.run_sync(self._discard, act, [*quiet, main])
-                elif handle.crashed:
+                elif turn.crashed:
                     await anyio.to_thread.run_sync(self._repair, act)
-                elif handle.outcome is not None and handle.outcome.stop_reason == "error" and not handle.outcome.fenced:
+                elif turn.outcome.stop_reason == "error" and not turn.outcome.fenced:
                     # a turn can fail before it logs its message (its log would not open):
                     # what it consumed is what the log says, never an assumption
                     await anyio.to_thread.run_sync(self._recount, act)
@@ -663,10 +663,9 @@ class ContinuationManager:
                     act.consumed += len(quiet) + 1
                     act.last_id = main.id
                     act.mailbox_end = main.end
-                assert handle.outcome is not None
-                act.reasons.append(handle.outcome.stop_reason)
-                act.last_output = handle.outcome.output
-                if handle.outcome.fenced:
+                act.reasons.append(turn.outcome.stop_reason)
+                act.last_output = turn.outcome.output
+                if turn.outcome.fenced:
                     self._fenced(act)
         except Exception:
             log.exception("driver of %s failed", act.child_id, extra=_fields(act))

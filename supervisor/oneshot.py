@@ -35,7 +35,7 @@ from .creator import SessionCreator
 from .errors import CancelledBeforeStartError, InvalidRequestError, SubagentDepthError
 from .events import EventBus
 from .models import Provider, RunBudget, SubagentRequest, SubagentResult
-from .pool import TurnHandle, WorkerPool
+from .backend import Pool, TurnTicket
 from .registry import ProviderRegistry
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ class SubagentRun:
         self._runs = runs
         self._done = anyio.Event()
         self._result: SubagentResult | None = None
-        self._handle: TurnHandle | None = None
+        self._handle: TurnTicket | None = None
         self._cancelled: str | None = None
         self._disposed = False
         self._rpc: Any = None  # the TurnRpc of this run's turn: cancellation propagates to its children
@@ -162,7 +162,7 @@ class _Parent:
 class OneShotRuns:
     """Starts one-shot children and drives each to its result."""
 
-    def __init__(self, *, store: Store, pool: WorkerPool, registry: ProviderRegistry, events: EventBus, agents: "LiveAgents", owner_id: str, ids: IdGenerator, tg: anyio.abc.TaskGroup) -> None:
+    def __init__(self, *, store: Store, pool: Pool, registry: ProviderRegistry, events: EventBus, agents: "LiveAgents", owner_id: str, ids: IdGenerator, tg: anyio.abc.TaskGroup) -> None:
         self.store = store
         self.pool = pool
         self.registry = registry
@@ -286,17 +286,16 @@ class OneShotRuns:
             if run._cancelled is not None:
                 result = SubagentResult(stop_reason="aborted", diagnostic=f"the run was cancelled ({run._cancelled}) before it started")
             else:
-                def started(handle: TurnHandle) -> None:
-                    run._handle = handle
+                def started(ticket: TurnTicket) -> None:
+                    run._handle = ticket
                     if run._cancelled is not None:
-                        self.pool.cancel(handle, run._cancelled)
+                        self.pool.cancel(ticket, run._cancelled)
 
-                handle = await self.pool.run_turn(spec, on_rpc, started=started)
-                assert handle.outcome is not None
-                released = handle.outcome.released and not handle.crashed
-                if handle.crashed:
+                turn = await self.pool.run_turn(spec, on_rpc, started=started)
+                released = turn.outcome.released and not turn.crashed
+                if turn.crashed:
                     await anyio.to_thread.run_sync(self._repair, spec.session_id, epoch)
-                result = result_from_outcome(handle.outcome)
+                result = result_from_outcome(turn.outcome)
                 if run._cancelled is not None and result.stop_reason != "completed":
                     result = result.model_copy(update={"stop_reason": "aborted"})
         except Exception as exc:

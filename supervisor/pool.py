@@ -1,4 +1,7 @@
-"""The worker pool: processes, pipes, dispatch, and crash → typed outcome.
+"""The local worker pool: processes, pipes, dispatch, and crash → typed outcome.
+
+``WorkerPool`` implements the ``Pool`` protocol (``supervisor/backend.py``)
+with worker processes on this host, one duplex pipe each:
 
     Supervisor tasks ──run_turn()──▶ queue ──_schedule()──▶ Worker.conn ──▶ worker process
           ▲                                                      │
@@ -34,12 +37,13 @@ import contextlib
 import itertools
 import logging
 import os
+import socket
 import sys
 import time
 import types
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any, Iterator
 
 import anyio
 import multiprocess
@@ -50,13 +54,12 @@ from subagents.worker.main import worker_entry
 from subagents.worker.pipe import FrameReader
 from subagents.worker.protocol import BLOCKING_RPCS, Cancel, Ready, Reply, Rpc, RunTurn, Shutdown, TurnDone, TurnOutcome, TurnSpec, decode, encode
 
+from .backend import PoolStatistics, RpcHandler, StartedCallback, TurnResult, TurnTicket, WorkerRef
 from .errors import SupervisorClosedError
 
-__all__ = ["RpcHandler", "TurnHandle", "PoolStatistics", "WorkerPool"]
+__all__ = ["WorkerPool"]
 
 log = logging.getLogger(__name__)
-
-RpcHandler = Callable[[str, dict[str, Any]], Awaitable[Any]]
 
 # imported once by the forkserver, so each worker forks with them loaded; anyio imports its
 # asyncio backend lazily on the first ``anyio.run``, which cost every new worker ~30 ms
@@ -82,7 +85,9 @@ def _main_module_hidden() -> Iterator[None]:
 
 
 @dataclass(eq=False)
-class TurnHandle:
+class _Turn:
+    """One queued or resident turn: the pool's ticket (``TurnTicket``), owned by the pool's tasks."""
+
     call_id: int
     spec: TurnSpec
     on_rpc: RpcHandler
@@ -101,7 +106,7 @@ class _Worker:
     process: Any
     conn: Any
     pid: int
-    turns: dict[int, TurnHandle] = field(default_factory=dict)
+    turns: dict[int, _Turn] = field(default_factory=dict)
     alive: bool = True
 
     @property
@@ -109,18 +114,9 @@ class _Worker:
         return sum(1 for t in self.turns.values() if t.parked == 0)
 
 
-@dataclass(frozen=True)
-class PoolStatistics:
-    size: int
-    workers_alive: int
-    queued: int
-    resident: int
-    parked: int
-    started: int
-    crashed: int
-
-
 class WorkerPool:
+    """``Pool`` over local worker processes (``multiprocess``, started by ``start_method``)."""
+
     def __init__(
         self, *, size: int, start_method: str, ready_timeout_s: float, cancel_grace_s: float,
         log_level: int = logging.WARNING, turns_per_worker: int = 1,
@@ -135,7 +131,8 @@ class WorkerPool:
         self._cancel_grace_s = cancel_grace_s
         self._log_level = log_level
         self._workers: list[_Worker] = []
-        self._queue: deque[TurnHandle] = deque()
+        self._queue: deque[_Turn] = deque()
+        self._host = socket.gethostname()
         self._call_ids = itertools.count(1)
         self._tg: anyio.abc.TaskGroup | None = None
         self._closing = False
@@ -206,20 +203,24 @@ class WorkerPool:
 
     # -- turns -------------------------------------------------------------------
 
-    async def run_turn(self, spec: TurnSpec, on_rpc: RpcHandler, *, started: Callable[[TurnHandle], None] | None = None) -> TurnHandle:
-        """Queue a turn and wait for its outcome (in ``handle.outcome``)."""
+    async def run_turn(self, spec: TurnSpec, on_rpc: RpcHandler, *, started: StartedCallback | None = None) -> TurnResult:
+        """Queue a turn and wait for how it ended."""
         if self._closing:
             raise SupervisorClosedError("the supervisor is closed")
-        handle = TurnHandle(next(self._call_ids), spec, on_rpc)
+        handle = _Turn(next(self._call_ids), spec, on_rpc)
         self._queue.append(handle)
         if started is not None:
             started(handle)
         self._schedule()
         await handle.done.wait()
-        return handle
+        assert handle.outcome is not None
+        worker = None if handle.worker is None else WorkerRef(self._host, handle.worker.pid)
+        return TurnResult(handle.outcome, worker, handle.crashed)
 
-    def cancel(self, handle: TurnHandle, reason: str = "user") -> None:
+    def cancel(self, ticket: TurnTicket, reason: str = "user") -> None:
         """Ask a turn to stop; kill its worker if it ignores that past the grace period."""
+        assert isinstance(ticket, _Turn), "a ticket of another pool"
+        handle = ticket
         if handle.done.is_set() or handle.cancel_reason is not None:
             return
         handle.cancel_reason = reason
@@ -233,7 +234,7 @@ class WorkerPool:
         assert self._tg is not None
         self._tg.start_soon(self._enforce_cancel, handle)
 
-    async def _enforce_cancel(self, handle: TurnHandle) -> None:
+    async def _enforce_cancel(self, handle: _Turn) -> None:
         with anyio.move_on_after(self._cancel_grace_s):
             await handle.done.wait()
             return
@@ -242,7 +243,7 @@ class WorkerPool:
             log.warning("turn ignored cancellation for %.1fs; killing worker %s", self._cancel_grace_s, worker.pid)
             worker.process.kill()
 
-    def _finish(self, handle: TurnHandle, outcome: TurnOutcome, *, crashed: bool = False) -> None:
+    def _finish(self, handle: _Turn, outcome: TurnOutcome, *, crashed: bool = False) -> None:
         if handle.done.is_set():
             return
         handle.outcome, handle.crashed = outcome, crashed
@@ -303,7 +304,7 @@ class WorkerPool:
             assert self._tg is not None
             self._tg.start_soon(self._serve_rpc, worker, handle, msg)
 
-    async def _serve_rpc(self, worker: _Worker, handle: TurnHandle | None, msg: Rpc) -> None:
+    async def _serve_rpc(self, worker: _Worker, handle: _Turn | None, msg: Rpc) -> None:
         blocking = msg.method in BLOCKING_RPCS and handle is not None
         if blocking:
             assert handle is not None
@@ -360,8 +361,9 @@ class WorkerPool:
             crashed=self._crashed,
         )
 
-    def worker_pids(self) -> list[int]:
-        return [w.pid for w in self._workers if w is not None and w.alive]
+    def workers(self) -> list[WorkerRef]:
+        return [WorkerRef(self._host, pid) for pid in self.worker_pids()]
 
-    def pid_of(self, handle: TurnHandle) -> int | None:
-        return None if handle.worker is None else handle.worker.pid
+    def worker_pids(self) -> list[int]:
+        """The live workers' pids (this pool's workers all run on this host)."""
+        return [w.pid for w in self._workers if w is not None and w.alive]

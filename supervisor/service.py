@@ -46,7 +46,8 @@ from .lease_keeper import LeaseKeeper
 from .continuation import ContinuationManager
 from .models import AgentRef, AncestorAuthority, ContinuableSpec, Provider, SubagentRequest, UserAuthority
 from .oneshot import CancelToken, OneShotRuns, SubagentRun
-from .pool import PoolStatistics, WorkerPool
+from .backend import Pool, PoolStatistics
+from .pool import WorkerPool
 from .registry import ProviderRegistry
 from .setup import Contribution
 
@@ -75,7 +76,7 @@ class Supervisor:
         self.registry = ProviderRegistry(self.events)
         self.agents = LiveAgents()
         self.lease_keeper = LeaseKeeper(store, ttl_s=config.lease_ttl_s, ids=self._ids)
-        self.pool = WorkerPool(
+        self.pool: Pool = WorkerPool(
             size=config.pool_size,
             start_method=config.start_method,
             ready_timeout_s=config.worker_ready_timeout_s,

@@ -18,11 +18,9 @@ from typing import Any, Awaitable, Callable, Literal
 import anyio
 import anyio.from_thread
 
-from subagents.store.log import LogWriter
-from subagents.store.reader import inspect
-
 from .budget import TurnControl, TurnStopped
 from .protocol import TurnSpec
+from .sessions import SessionAccess, SessionWriter
 from .tools import Toolbox
 
 __all__ = ["TurnResult", "RunResult", "TurnContext", "BlockingTurnContext", "RpcCaller"]
@@ -64,9 +62,12 @@ class _Outputs:
 class TurnContext:
     """The turn's message, history, budget, tools and delegation API."""
 
-    def __init__(self, spec: TurnSpec, writer: LogWriter, control: TurnControl, rpc: RpcCaller, tools: Toolbox) -> None:
+    def __init__(
+        self, spec: TurnSpec, writer: SessionWriter, control: TurnControl, rpc: RpcCaller, tools: Toolbox, sessions: SessionAccess,
+    ) -> None:
         self.spec = spec
         self._writer = writer
+        self._sessions = sessions
         self._control = control
         self._rpc = rpc
         self.tools = tools
@@ -121,8 +122,7 @@ class TurnContext:
 
     async def history(self) -> list[dict[str, Any]]:
         """The events of this session's log before this turn's end (read-only)."""
-        found = await anyio.to_thread.run_sync(inspect, self._writer.store, self.session_id)
-        return found.events
+        return await anyio.to_thread.run_sync(self._sessions.history, self.session_id)
 
     # -- budget and recording ---------------------------------------------------
 

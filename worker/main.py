@@ -1,10 +1,11 @@
-"""The worker process: entry point and its loop.
+"""The worker process: entry point and its pipe loop.
 
 A worker serves one supervisor over one duplex pipe. It announces itself with
-``Ready``, then runs every ``RunTurn`` it is sent as a task of its event loop
-(several turns may be resident at once: a turn waiting on its children
-leaves the process free for them), forwards ``Cancel`` to the turn's control,
-and routes ``Reply`` to the RPC that awaits it.
+``Ready``, then hands what arrives to its ``TurnRunner`` (``worker/runner.py``):
+each ``RunTurn`` runs as a task of its event loop (several turns may be
+resident at once: a turn waiting on its children leaves the process free for
+them), ``Cancel`` and ``Reply`` go to the runner. This module owns only the
+pipe: framing, one lock for sends from the loop and from program threads.
 
 It never outlives its supervisor: end-of-file on the pipe (the supervisor
 died, even by ``kill -9``) ends the process at once with ``os._exit`` —
@@ -14,7 +15,6 @@ threads still burning CPU for a program die with it.
 from __future__ import annotations
 
 import contextvars
-import itertools
 import logging
 import os
 import threading
@@ -22,33 +22,23 @@ from typing import Any
 
 import anyio
 
-from subagents.store.errors import from_wire
-from subagents.store.root import Store
-
-from .budget import TurnControl
-from .logcontext import FieldsFilter, bind
+from .logcontext import FieldsFilter
 from .pipe import FrameReader
-from .protocol import Cancel, Reply, RunTurn, Rpc, Ready, Shutdown, TurnDone, TurnOutcome, decode, encode
+from .protocol import Cancel, Reply, RunTurn, Ready, Shutdown, TurnDone, decode, encode
+from .runner import TurnRunner
 
 __all__ = ["worker_entry", "WorkerLoop"]
-
-_MAX_STORES = 16
 
 log = logging.getLogger(__name__)
 
 
 class WorkerLoop:
-    """State of one worker process: its pipe, resident turns, RPCs in flight."""
+    """The pipe host of a ``TurnRunner``: reads the supervisor's messages, sends the turns' messages."""
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Any, runner: TurnRunner | None = None) -> None:
         self.conn = conn
+        self.runner = runner or TurnRunner()
         self._send_lock = threading.Lock()
-        self._turns: dict[int, TurnControl] = {}
-        self._rpc_ids = itertools.count(1)
-        self._replies: dict[int, tuple[anyio.Event, list[Reply]]] = {}
-        # open store handles by (root, durability): opening one reads and checks the STORE
-        # marker, which every turn would repeat; a handle holds no session state (store/root.py)
-        self._stores: dict[tuple[str, str], Store] = {}
 
     def send(self, message: Any) -> None:
         with self._send_lock:
@@ -74,61 +64,19 @@ class WorkerLoop:
     def _received(self, msg: Any, tg: anyio.abc.TaskGroup) -> bool:
         """Act on one message from the supervisor; False for ``Shutdown``."""
         if isinstance(msg, RunTurn):
-            control = TurnControl(max_steps=msg.spec.budget.max_steps)
-            self._turns[msg.call_id] = control
-            tg.start_soon(self._run, msg, control)
+            self.runner.admit(msg)
+            tg.start_soon(self._run, msg)
         elif isinstance(msg, Cancel):
-            control = self._turns.get(msg.call_id)
-            if control is not None:
-                control.stop("aborted", f"the turn was cancelled ({msg.reason})")
+            self.runner.cancel(msg)
         elif isinstance(msg, Reply):
-            waiter = self._replies.get(msg.rpc_id)
-            if waiter is not None:
-                waiter[1].append(msg)
-                waiter[0].set()
+            self.runner.reply(msg)
         elif isinstance(msg, Shutdown):
             return False
         return True
 
-    async def _run(self, msg: RunTurn, control: TurnControl) -> None:
-        from .turn import run_turn
-
-        async def rpc(method: str, args: dict[str, Any]) -> Any:
-            return await self.call(msg.call_id, method, args)
-
-        bind(child=msg.spec.session_id, parent=msg.spec.parent_session, epoch=msg.spec.epoch)
-        try:
-            outcome = await run_turn(msg.spec, control, rpc, store=self._store(msg.spec.store_root, msg.spec.durability))
-        except Exception as exc:  # a store failure outside the program: report, never hang the caller
-            log.exception("turn failed outside its program", extra={"session": msg.spec.session_id})
-            outcome = TurnOutcome(stop_reason="error", diagnostic=f"{type(exc).__name__}: {exc}"[:4000], steps=control.steps)
-        finally:
-            self._turns.pop(msg.call_id, None)
+    async def _run(self, msg: RunTurn) -> None:
+        outcome = await self.runner.run(msg, self.send)
         self.send(TurnDone(call_id=msg.call_id, outcome=outcome))
-
-    def _store(self, root: str, durability: str) -> Store:
-        store = self._stores.get((root, durability))
-        if store is None:
-            store = Store(root, durability=durability, create=False)
-            if len(self._stores) >= _MAX_STORES:
-                self._stores.pop(next(iter(self._stores)))  # the oldest: a worker rarely serves several stores
-            self._stores[(root, durability)] = store
-        return store
-
-    async def call(self, call_id: int, method: str, args: dict[str, Any]) -> Any:
-        rpc_id = next(self._rpc_ids)
-        event = anyio.Event()
-        box: list[Reply] = []
-        self._replies[rpc_id] = (event, box)
-        try:
-            self.send(Rpc(rpc_id=rpc_id, call_id=call_id, method=method, args=args))
-            await event.wait()
-        finally:
-            self._replies.pop(rpc_id, None)
-        reply = box[0]
-        if not reply.ok:
-            raise from_wire(reply.error or {})
-        return reply.value
 
 
 class _Defaults(logging.Filter):

@@ -6,7 +6,8 @@ program records, the final ``assistant/message``, then ``turn/end`` with the
 stop reason, and a commit point (fsync under ``batched``). Any failure of the
 program resolves the turn with a non-``completed`` reason; only a store
 failure (fenced, fsync) makes the turn end without a ``turn/end``, which the
-next open repairs.
+next open repairs. Every store access goes through a ``SessionAccess``
+(``worker/sessions.py``), so the turn does not care where the store is.
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ from typing import Any
 import anyio
 
 from subagents.store.errors import FencedError, SubagentError
-from subagents.store.lease import release_lease
-from subagents.store.log import LogWriter
 from subagents.store.root import Store
 
 from .budget import TurnControl, TurnStopped
@@ -29,6 +28,7 @@ from .context import BlockingTurnContext, RpcCaller, TurnContext, TurnResult
 from .errors import BudgetExhaustedError
 from .programs import load_program
 from .protocol import TurnOutcome, TurnSpec
+from .sessions import LocalSessions, SessionAccess, SessionWriter
 from .tools import Toolbox, builtin_tools
 
 __all__ = ["MAX_DIAGNOSTIC_BYTES", "truncate_diagnostic", "run_turn"]
@@ -72,26 +72,26 @@ async def _timer(control: TurnControl, timeout_ms: int) -> None:
     control.stop("budget-exhausted", f"the turn exceeded timeout_ms={timeout_ms}")
 
 
-async def run_turn(spec: TurnSpec, control: TurnControl, rpc: RpcCaller, *, store: Store | None = None) -> TurnOutcome:
-    """Run one turn; ``store`` is an open handle of ``spec.store_root`` to reuse (the worker keeps one)."""
-    if store is None:
-        store = Store(spec.store_root, durability=spec.durability, create=False)
+async def run_turn(spec: TurnSpec, control: TurnControl, rpc: RpcCaller, *, sessions: SessionAccess | None = None) -> TurnOutcome:
+    """Run one turn; ``sessions`` reaches the store (default: the local store at ``spec.store_root``)."""
+    if sessions is None:
+        sessions = LocalSessions(Store(spec.store_root, durability=spec.durability, create=False))
     try:
-        writer = LogWriter.open(store, spec.session_id, epoch=spec.epoch)
+        writer = sessions.open_writer(spec.session_id, epoch=spec.epoch)
     except FencedError as exc:  # taken over before the turn began: nothing was written
         return _fenced(spec, control, exc)
     try:
-        outcome = await _run(spec, control, rpc, writer)
+        outcome = await _run(spec, control, rpc, writer, sessions)
     except FencedError as exc:
         return _fenced(spec, control, exc)
     finally:
         writer.close()
     if spec.release_owner is not None:
-        outcome.released = _release(store, spec)
+        outcome.released = _release(sessions, spec)
     return outcome
 
 
-def _release(store: Store, spec: TurnSpec) -> bool:
+def _release(sessions: SessionAccess, spec: TurnSpec) -> bool:
     """Release a one-shot child's lease after its commit; False leaves it to the supervisor.
 
     Any failure here is reported, never raised: the turn itself is committed, and
@@ -99,7 +99,7 @@ def _release(store: Store, spec: TurnSpec) -> bool:
     """
     assert spec.release_owner is not None
     try:
-        release_lease(store, spec.session_id, spec.release_owner, spec.epoch)
+        sessions.release_lease(spec.session_id, spec.release_owner, spec.epoch)
     except FencedError:
         log.info("lease of %s moved on before release at epoch %d", spec.session_id, spec.epoch)
         return False
@@ -128,7 +128,7 @@ async def _call_program(program: Any, ctx: TurnContext, control: TurnControl) ->
         return await anyio.to_thread.run_sync(program, BlockingTurnContext(ctx, control))
 
 
-async def _run(spec: TurnSpec, control: TurnControl, rpc: RpcCaller, writer: LogWriter) -> TurnOutcome:
+async def _run(spec: TurnSpec, control: TurnControl, rpc: RpcCaller, writer: SessionWriter, sessions: SessionAccess) -> TurnOutcome:
     first: list[tuple[str, Any]] = []
     for notice in spec.notices:
         # quiet messages accepted before this turn's waking one: consumed here, in FIFO order
@@ -143,7 +143,7 @@ async def _run(spec: TurnSpec, control: TurnControl, rpc: RpcCaller, writer: Log
 
     tf = spec.tool_filter or {}
     tools = Toolbox(builtin_tools(), allow=tf.get("allow"), deny=tf.get("deny"), sandbox=spec.sandbox)
-    ctx = TurnContext(spec, writer, control, rpc, tools)
+    ctx = TurnContext(spec, writer, control, rpc, tools, sessions)
     output, structured = "", None
     stop_reason, diagnostic = "completed", None
     try:

@@ -64,7 +64,7 @@ DRIVER = textwrap.dedent(
             sup.register_provider(Provider(name="script", program="script", capabilities=Capabilities.all(), continuable=True))
             root = await sup.open_root(label="crash")
             print("root", root.id, flush=True)
-            print("workers", *[w.pid for w in sup.pool._workers], flush=True)
+            print("workers", *sup.pool.worker_pids(), flush=True)
             child, first = await sup.start_continuable(ContinuableSpec(
                 parent=root, provider="script", label="victim", prompt=S({"sleep": 20}, {"return": "t0"})))
             print("child", child, flush=True)

@@ -1,0 +1,97 @@
+"""The ``Pool`` seam: how the supervisor runs turns, whatever runs them.
+
+The supervisor (one-shot runs, the continuable driver, the service) talks to
+workers only through this protocol. ``WorkerPool`` (``supervisor/pool.py``,
+local processes) implements it; a pool over a cluster's actors can too.
+
+A turn's life: ``run_turn`` queues it and calls ``started(ticket)`` before
+its first await, so the caller can ``cancel(ticket, reason)`` at any time;
+it returns a ``TurnResult`` once the turn is over. The result says whether a
+worker ever took the turn (``dispatched``: only then can the turn have
+written to its log), whether that worker died under it (``crashed``: the log
+needs repair) and the ``outcome``. A pool never raises for a turn's failure;
+it raises ``SupervisorClosedError`` only for a turn queued after ``aclose``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Protocol
+
+import anyio
+
+from subagents.worker.protocol import TurnOutcome, TurnSpec
+
+__all__ = ["Pool", "PoolStatistics", "RpcHandler", "TurnResult", "TurnTicket", "WorkerRef", "StartedCallback"]
+
+# What a turn asks of its supervisor (``supervisor/rpc.py`` answers): method name, arguments.
+RpcHandler = Callable[[str, dict[str, Any]], Awaitable[Any]]
+
+
+class TurnTicket(Protocol):
+    """A pool's handle on one queued or running turn; opaque to callers, who only pass it to ``cancel``."""
+
+    call_id: int
+
+
+StartedCallback = Callable[[TurnTicket], None]
+
+
+@dataclass(frozen=True)
+class WorkerRef:
+    """Where a turn ran: the worker's host and process id."""
+
+    host: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    """How one turn ended, as the pool saw it."""
+
+    outcome: TurnOutcome
+    worker: WorkerRef | None  # the worker that took the turn; None: stopped before any did
+    crashed: bool = False  # the worker died (or was killed) under the turn: its log needs repair
+
+    @property
+    def dispatched(self) -> bool:
+        """A worker took the turn, so it may have written to its log."""
+        return self.worker is not None
+
+
+@dataclass(frozen=True)
+class PoolStatistics:
+    size: int
+    workers_alive: int
+    queued: int
+    resident: int
+    parked: int
+    started: int
+    crashed: int
+
+
+class Pool(Protocol):
+    """Runs turns in workers. Every method runs on the supervisor's event loop."""
+
+    async def start(self, tg: anyio.abc.TaskGroup) -> None:
+        """Start the workers (and the pool's own tasks in ``tg``); returns once they are ready."""
+        ...
+
+    async def aclose(self) -> None:
+        """Abort queued turns, stop the workers; later ``run_turn`` calls raise ``SupervisorClosedError``."""
+        ...
+
+    async def run_turn(self, spec: TurnSpec, on_rpc: RpcHandler, *, started: StartedCallback | None = None) -> TurnResult:
+        """Queue a turn, serve its RPCs with ``on_rpc``, and return how it ended."""
+        ...
+
+    def cancel(self, ticket: TurnTicket, reason: str = "user") -> None:
+        """Ask a turn to stop: a queued turn ends ``aborted`` undispatched; a running one is told, then
+        its worker is killed if it ignores that past the grace period. Idempotent."""
+        ...
+
+    def statistics(self) -> PoolStatistics: ...
+
+    def workers(self) -> list[WorkerRef]:
+        """The live workers."""
+        ...

@@ -1,0 +1,68 @@
+"""How a turn reaches its own session: the ``SessionWriter`` seam and its local implementation.
+
+A turn appends to its session's log under the lease epoch the supervisor gave
+it (every append is fenced: a writer whose lease was taken over raises
+``FencedError`` and never writes again), reads the log back for
+``ctx.history()``, and a one-shot turn releases its lease after its commit.
+``SessionWriter`` is the open writer, ``SessionAccess`` opens writers and does
+the other two calls. ``LocalSessions`` does all of it on this host's file
+system; the writer it opens is the store's ``LogWriter``. A host whose store
+is elsewhere (a store service) supplies another ``SessionAccess``; nothing in
+the turn changes. Called by ``worker/turn.py`` and ``worker/context.py`` only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+from subagents.store.lease import release_lease
+from subagents.store.log import LogWriter
+from subagents.store.reader import inspect
+from subagents.store.root import Store
+
+__all__ = ["SessionWriter", "SessionAccess", "LocalSessions"]
+
+
+class SessionWriter(Protocol):
+    """An open, fenced writer of one session's log (one per turn; not thread-safe)."""
+
+    session_id: str
+    epoch: int
+
+    def append(self, batch: Sequence[tuple[str, Any]], *, commit: bool = False) -> list[dict[str, Any]]:
+        """Append ``(type, data)`` events with contiguous seqs; ``commit`` makes them durable under the store's policy."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class SessionAccess(Protocol):
+    """What a turn needs of the store besides its writer."""
+
+    def open_writer(self, session_id: str, *, epoch: int) -> SessionWriter:
+        """Open the session's log for appends at ``epoch`` (repairs a torn tail; ``FencedError`` if taken over)."""
+        ...
+
+    def history(self, session_id: str) -> list[dict[str, Any]]:
+        """The valid prefix of the session's log (read-only)."""
+        ...
+
+    def release_lease(self, session_id: str, owner: str, epoch: int) -> None:
+        """Release ``owner``'s lease at ``epoch`` (``FencedError`` if it moved on)."""
+        ...
+
+
+class LocalSessions:
+    """``SessionAccess`` over a ``Store`` on this host; its writer is ``LogWriter``."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def open_writer(self, session_id: str, *, epoch: int) -> SessionWriter:
+        return LogWriter.open(self.store, session_id, epoch=epoch)
+
+    def history(self, session_id: str) -> list[dict[str, Any]]:
+        return inspect(self.store, session_id).events
+
+    def release_lease(self, session_id: str, owner: str, epoch: int) -> None:
+        release_lease(self.store, session_id, owner, epoch)
