@@ -13,11 +13,13 @@ General layout (read ``FORMAT.md`` for the bytes):
 * ``mailbox``     — durable accepted messages;
 * ``index`` / ``catalog`` — the derived children index and the listings;
 * ``roots`` / ``held`` / ``description`` / ``tail`` — the read-only views the
-  CLI prints: top-level sessions, held sessions, one session, a growing log.
+  CLI prints: top-level sessions, held sessions, one session, a growing log;
+* ``check``       — every invariant of a store, checked while others write.
 
 This package imports neither ``worker`` nor ``supervisor``.
 """
 
+from .check import CheckCounts, CheckReport, Violation, check_store
 from .catalog import ChildEntry, DescendantRow, DiagnosticEntry, Identity, list_children, list_descendants, read_identity
 from .control import ControlRecord, control_size, read_controls, request
 from .description import MailboxCounts, SessionDescription, describe_session, mailbox_counts
@@ -77,6 +79,7 @@ from .session import create_session, delete_session
 from .tail import LogTail
 
 __all__ = [
+    "CheckCounts", "CheckReport", "Violation", "check_store",
     "ChildEntry", "DescendantRow", "DiagnosticEntry", "Identity", "list_children", "list_descendants", "read_identity",
     "ControlRecord", "control_size", "read_controls", "request",
     "DESCRIPTOR_VERSION", "ContinuableDescriptor", "Descriptor", "OneShotDescriptor", "ToolFilter",

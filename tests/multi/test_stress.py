@@ -38,7 +38,7 @@ from collections import Counter, defaultdict
 import anyio
 import pytest
 
-from subagents.store import Store, inspect, list_children, list_descendants, read_header, read_lease, read_mailbox, session_status
+from subagents.store import Store, check_store, inspect, list_children, list_descendants, read_header, read_lease, read_mailbox, session_status
 from subagents.supervisor import Capabilities, Provider, Supervisor, SupervisorConfig
 
 from ._driver import Driver, HostFactory, S, wait_gone
@@ -110,6 +110,8 @@ def run_chaos(st: Store, hosts: HostFactory, size: dict, seed: int) -> tuple[dic
         time.sleep(rng.choice([0.0, 0.0, rng.uniform(0.0, 0.05)]))  # chaos, not synchronisation: lands the kill mid-work
         victim.kill()
         world.check_after_kill(victim)
+        report = check_store(st)  # while the other hosts write
+        assert report.clean, str(report)
         live.remove(victim)
         replacement = world.start(world.roots(victim), new_roots=rng.choice([0, 1]))
         live.append(replacement)
@@ -219,6 +221,8 @@ async def stress(tmp_path, hosts: HostFactory, size: dict, seed: int) -> dict[st
     accepted, everyone = await anyio.to_thread.run_sync(run_chaos, st, hosts, size, seed)
     await deliver_everything(st)
     counts = check_logs(st, accepted)
+    report = check_store(st)
+    assert report.clean, str(report)
     refused = Counter(e["code"] for host in everyone for e in host.events("refused"))
     assert set(refused) <= {"NOT_RESUMABLE"}, refused
     assert counts.get("accepted", 0) > 0 and counts.get("continuable", 0) > 0, counts

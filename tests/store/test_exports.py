@@ -8,6 +8,8 @@ import pkgutil
 from subagents import store
 
 EXPECTED = {
+    # check
+    "CheckCounts", "CheckReport", "Violation", "check_store",
     # catalog
     "ChildEntry", "DescendantRow", "DiagnosticEntry", "Identity", "list_children", "list_descendants", "read_identity",
     # control
