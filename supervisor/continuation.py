@@ -188,6 +188,10 @@ class ContinuationManager:
         self._draining_roots: set[str] = set()
         self._closing = False
         self._materializing: dict[str, anyio.Event] = {}
+        # cold resumes under way, one per child: a second delivery waits for the first instead of
+        # acquiring the lease again (a re-acquisition by the same owner raises the epoch and
+        # would fence the activation the first one installs)
+        self._resuming: dict[str, anyio.Event] = {}
         self.setups = SetupRegistry()
 
     # -- admission -------------------------------------------------------------
@@ -385,7 +389,22 @@ class ContinuationManager:
         return message_id
 
     async def _cold_resume(self, parent_id: str, child_id: str) -> Activation | None:
-        """Materialize an activation from the store alone (never through the provider)."""
+        """Materialize an activation from the store alone (never through the provider).
+
+        ``None`` when another delivery resumed (or tried to resume) the child meanwhile: the caller looks again.
+        """
+        under_way = self._resuming.get(child_id)
+        if under_way is not None:
+            await under_way.wait()
+            return None
+        done = self._resuming[child_id] = anyio.Event()
+        try:
+            return await self._resume_from_store(parent_id, child_id)
+        finally:
+            del self._resuming[child_id]
+            done.set()
+
+    async def _resume_from_store(self, parent_id: str, child_id: str) -> Activation | None:
         try:
             header = await anyio.to_thread.run_sync(read_header, self.store, child_id)
         except SessionNotFoundError as exc:

@@ -1,0 +1,40 @@
+"""Concurrent follow-ups to a cold child materialise ONE activation (found by ``check_store``, issue 16).
+
+Two deliveries that both found the child without an activation each took its
+lease; the second one then saw the first one's activation and gave up — but its
+acquisition had already raised the epoch (a lease held by the same owner is
+re-acquired at ``epoch + 1``), fencing the live activation. Its turns stopped,
+its messages stayed pending, and the lease stayed held after the supervisor
+closed (``lease-expired``).
+"""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from subagents.store import check_store, read_lease
+
+from .test_continuable import S, continuable_supervisor, settled, start, turn_ends
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_concurrent_followups_to_a_cold_child(tmp_path) -> None:
+    """Both messages run at the first resume's epoch; the lease is released on close; the store checks clean."""
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root(label="main")
+        child, _ = await start(sup, root, S({"return": "first"}))
+        await settled(sup, root, child)
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root(id=root.id)
+        async with anyio.create_task_group() as tg:
+            for i in range(4):
+                tg.start_soon(sup.followup, root, child, S({"return": f"again {i}"}))
+        with anyio.fail_after(30):
+            while len(turn_ends(sup.store, child)) < 5:
+                await anyio.sleep(0.01)
+        assert read_lease(sup.store, child).epoch == 2, "one resume, one acquisition"
+    assert turn_ends(sup.store, child) == ["completed"] * 5
+    report = check_store(sup.store.root)
+    assert report.clean, str(report)
