@@ -11,6 +11,7 @@ General layout (read ``FORMAT.md`` for the bytes):
   from a log, cached in ``identity``;
 * ``lease`` / ``locks`` — owners, heartbeats, fenced leases, session locks;
 * ``mailbox``     — durable accepted messages;
+* ``records``     — the typed check of every decoded record (damage is a value);
 * ``index`` / ``catalog`` — the derived children index and the listings;
 * ``roots`` / ``held`` / ``description`` / ``tail`` — the read-only views the
   CLI prints: top-level sessions, held sessions, one session, a growing log;
@@ -42,23 +43,26 @@ from .errors import (
     InvalidSessionIdError,
     LeaseHeldError,
     LockTimeoutError,
+    RecordTooLargeError,
     SessionExistsError,
     SessionNotFoundError,
     StoreFormatError,
     SubagentError,
+    UnavailableSessionError,
     UnsupportedFormatError,
 )
 from .events import EVENT_TYPES, closers
-from .framing import Damage, ScanResult, encode_record, scan
+from .framing import MAX_RECORD_BYTES, Damage, ScanResult, encode_record, scan
 from .header import SessionHeader, parse_header
 from .held import HeldSession, held_sessions
 from .ids import IdGenerator, is_valid_session_id, new_id, validate_session_id
-from .index import IndexEntry, add_child, read_children, reindex
+from .index import IndexEntry, IndexRead, add_child, read_children, read_index, reindex
 from .lease import (
     Lease,
     OwnerCache,
     OwnerRecord,
     acquire_lease,
+    check_lease,
     heartbeat,
     owner_alive,
     read_lease,
@@ -86,14 +90,14 @@ __all__ = [
     "fold_resume_descriptor", "parse_descriptor",
     "Durability", "durability_policy",
     "CorruptSessionError", "DescriptorError", "DurabilityError", "FencedError", "InvalidHeaderError",
-    "InvalidSessionIdError", "LeaseHeldError", "LockTimeoutError", "SessionExistsError", "SessionNotFoundError", "StoreFormatError",
-    "SubagentError", "UnsupportedFormatError",
+    "InvalidSessionIdError", "LeaseHeldError", "LockTimeoutError", "RecordTooLargeError", "SessionExistsError", "SessionNotFoundError",
+    "StoreFormatError", "SubagentError", "UnavailableSessionError", "UnsupportedFormatError",
     "EVENT_TYPES", "closers",
-    "Damage", "ScanResult", "encode_record", "scan",
+    "MAX_RECORD_BYTES", "Damage", "ScanResult", "encode_record", "scan",
     "SessionHeader", "parse_header",
     "IdGenerator", "is_valid_session_id", "new_id", "validate_session_id",
-    "IndexEntry", "add_child", "read_children", "reindex",
-    "Lease", "OwnerCache", "OwnerRecord", "acquire_lease", "heartbeat", "owner_alive", "read_lease", "read_owner",
+    "IndexEntry", "IndexRead", "add_child", "read_children", "read_index", "reindex",
+    "Lease", "OwnerCache", "OwnerRecord", "acquire_lease", "check_lease", "heartbeat", "owner_alive", "read_lease", "read_owner",
     "register_owner", "release_lease", "remove_owner", "session_status", "set_lease_state",
     "LogWriter", "SeqMismatchError", "load_projection", "read_projection",
     "MailboxMessage", "accept", "pending", "read_mailbox",

@@ -1,15 +1,21 @@
 """Appending one record to a framed file that several processes append to.
 
-Used by the mailbox and the children index, under the caller's lock. The
-caller's ``Store`` keeps a checkpoint per file (byte offset and next seq after
-its last append): the next append scans only what other processes added
-since, so an append costs O(1) in the file's length instead of a full
-re-read. The checkpoint is a hint: if it no longer falls on a record
-boundary the file is scanned from the start.
+Used by the mailbox, the control file and the children index, under the
+caller's lock. The caller's ``Store`` keeps a checkpoint per file (byte
+offset and next seq after its last append): the next append scans only what
+other processes added since, so an append costs O(1) in the file's length
+instead of a full re-read. The checkpoint is a hint: if it no longer falls on
+a record boundary the file is scanned from the start.
+
+Every record is framed (and checked against the store's ``max_record_bytes``)
+before any byte of the file changes, so an oversize record leaves no trace.
 
 Damage at the end is a torn tail (an append that never returned) and is cut
-off; damage followed by any valid record is corruption — accepted messages
-would be lost by cutting it — and raises ``CorruptSessionError``.
+off. Damage followed by records that chain is, for a file read as a prefix
+(the mailbox: ``skip_damage=False``), corruption — accepted messages would be
+lost by cutting it — and raises ``CorruptSessionError``; for a file whose
+readers step over damage (control, children index: ``skip_damage=True``) the
+append goes on after the last record.
 """
 
 from __future__ import annotations
@@ -17,56 +23,84 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-from .errors import CorruptSessionError
-from .framing import encode_record, find_later_record, scan
+from .atomic import FILE_MODE, NOFOLLOW
+from .errors import CorruptSessionError, SubagentError
+from .framing import Check, encode_record, find_committed, scan, scan_all
 from .locks import SessionFlock
 from .root import Store
 
 __all__ = ["append_record", "append_records", "append_durably"]
 
 
-def append_record(fd: int, record: dict[str, Any], *, tails: dict[str, tuple[int, int]], key: str, owner: str) -> int:
+def append_record(fd: int, record: dict[str, Any], *, tails: dict[str, tuple[int, int]], key: str, owner: str, **how: Any) -> int:
     """Append ``record`` with the next contiguous ``seq``; returns that seq. The caller holds the lock."""
-    return append_records(fd, [record], tails=tails, key=key, owner=owner)
+    return append_records(fd, [record], tails=tails, key=key, owner=owner, **how)
 
 
-def append_records(fd: int, records: Sequence[dict[str, Any]], *, tails: dict[str, tuple[int, int]], key: str, owner: str) -> int:
+def append_records(
+    fd: int, records: Sequence[dict[str, Any]], *, tails: dict[str, tuple[int, int]], key: str, owner: str,
+    limit: int, check: Check | None = None, skip_damage: bool = False, too_large: str | None = None,
+) -> int:
     """Append ``records`` with contiguous seqs in one ``write``; returns the first seq. The caller holds the lock."""
     size = os.fstat(fd).st_size
     offset, next_seq = tails.get(key, (0, 0))
     if offset > size:
         offset, next_seq = 0, 0  # the file was rebuilt under us
-    result = scan(os.pread(fd, size - offset, offset), start_seq=next_seq, base_offset=offset)
+    result = scan(os.pread(fd, size - offset, offset), start_seq=next_seq, base_offset=offset, check=check)
     if result.damage is not None and offset:
         offset, next_seq = 0, 0  # our checkpoint is not a record boundary any more
-        result = scan(os.pread(fd, size, 0))
+        result = scan(os.pread(fd, size, 0), check=check)
+    end, seq, cut = result.end, next_seq + len(result.records), False
     if result.damage is not None:
         data = os.pread(fd, size, 0)
-        if find_later_record(data, result.damage.offset + 1, lambda _payload: True) is not None:
+        if skip_damage:
+            skim = scan_all(data, check=check)
+            end, seq, cut = skim.end, skim.next_seq, skim.tail is not None
+        elif find_committed(data, result.damage.offset + 1, seq, lambda _payload: True, torn_reason=result.damage.reason) is not None:
             raise CorruptSessionError(owner, f"{key}: {result.damage.reason} at byte {result.damage.offset} before valid records", offset=result.damage.offset)
-        os.ftruncate(fd, result.end)  # a torn tail of an append that never returned
-    seq = next_seq + len(result.records)
-    blob = b"".join(encode_record({**record, "seq": seq + i}) for i, record in enumerate(records))
+        else:
+            cut = True
+    blob = b"".join(_frame({**record, "seq": seq + i}, limit, key, too_large) for i, record in enumerate(records))
+    if cut:
+        os.ftruncate(fd, end)  # a torn tail of an append that never returned
     os.write(fd, blob)
-    tails[key] = (result.end + len(blob), seq + len(records))
+    tails[key] = (end + len(blob), seq + len(records))
     return seq
+
+
+# msgpack's widest integer (9 bytes): a record framed with it is at least as long as with its real seq
+_WIDEST_SEQ = 2**64 - 1
+
+
+def _frame(record: dict[str, Any], limit: int, key: str, too_large: str | None) -> bytes:
+    try:
+        return encode_record(record, limit=limit, what=f"a record of {key}")
+    except SubagentError as exc:
+        if too_large is not None:
+            exc.code = too_large  # type: ignore[misc]
+        raise
 
 
 def append_durably(
     store: Store, path: str, record: dict[str, Any] | Sequence[dict[str, Any]], *, lock_path: str, key: str, owner: str, what: str,
-    lock: SessionFlock | None = None,
+    lock: SessionFlock | None = None, check: Check | None = None, skip_damage: bool = False, too_large: str | None = None,
 ) -> int:
     """Under the lock (the caller's, or one taken on ``lock_path``): append ``record`` (or a
     sequence of records, in one write) and make it durable under the store's policy (strict
-    and batched both fsync before returning). Returns the (first) record's seq."""
+    and batched both fsync before returning). Returns the (first) record's seq.
+
+    ``too_large`` is the error code of a record above the store's limit (default ``RECORD_TOO_LARGE``)."""
     records = [record] if isinstance(record, dict) else list(record)
+    for one in records:  # refused before the lock, the file or its tail are touched; the widest seq bounds the size
+        _frame({**one, "seq": _WIDEST_SEQ}, store.max_record_bytes, key, too_large)
     own = lock is None
     held = lock if lock is not None else SessionFlock(lock_path)
     try:
         with held:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | NOFOLLOW, FILE_MODE)
             try:
-                seq = append_records(fd, records, tails=store.index_tails, key=key, owner=owner)
+                seq = append_records(fd, records, tails=store.index_tails, key=key, owner=owner, limit=store.max_record_bytes,
+                                     check=check, skip_damage=skip_damage, too_large=too_large)
                 store.durability.after_append(fd, what)  # strict syncs here, batched below
                 store.durability.at_commit(fd, what)
             finally:

@@ -5,6 +5,9 @@ Files are created 0600 and folders 0700 (the store may hold transcripts).
 folder: a reader sees the old bytes or the new bytes, never a mix. What is
 *not* guaranteed without ``durable=True``: that the new bytes survive a power
 loss (the rename may be lost; the old file then remains).
+
+Every open here passes ``O_NOFOLLOW``: a link planted in place of a store
+file is refused (``ELOOP``), never read or written through.
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ import os
 
 from .errors import DurabilityError
 
-__all__ = ["FILE_MODE", "DIR_MODE", "make_dirs", "write_atomic", "write_new", "fsync_dir", "read_bytes"]
+__all__ = ["FILE_MODE", "DIR_MODE", "NOFOLLOW", "make_dirs", "write_atomic", "write_new", "fsync_dir", "read_bytes"]
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
+# added to the flags of every open of a store file (atomic.py, log.py, locks.py, ...)
+NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def make_dirs(path: str) -> None:
@@ -44,7 +49,7 @@ def write_atomic(path: str, data: bytes, *, durable: bool, exclusive: bool = Fal
     """
     folder = os.path.dirname(path)
     tmp = f"{path}.tmp.{os.getpid()}.{id(data):x}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, FILE_MODE)
     try:
         try:
             _write_whole(fd, data, path, durable=durable)
@@ -73,7 +78,7 @@ def write_new(path: str, data: bytes, *, durable: bool) -> None:
     so the file needs no atomic replacement — one inode and one name instead of
     a tmp file, two names and a rename.
     """
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, FILE_MODE)
     try:
         _write_whole(fd, data, path, durable=durable)
     finally:
@@ -91,6 +96,19 @@ def _write_whole(fd: int, data: bytes, path: str, *, durable: bool) -> None:
         raise DurabilityError(f"write of {path} failed: {exc}", path=path) from exc
 
 
-def read_bytes(path: str) -> bytes:
-    with open(path, "rb") as handle:
-        return handle.read()
+def read_bytes(path: str, *, offset: int = 0) -> bytes:
+    """The file's bytes from ``offset``; ``OSError`` (``ELOOP`` for a link, ``EISDIR`` ...) as the OS says."""
+    # O_NONBLOCK: a FIFO planted in place of a file fails the read instead of blocking the open
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
+    try:
+        want = os.fstat(fd).st_size - offset
+        chunks = []
+        while True:
+            chunk = os.pread(fd, max(want, 1 << 16), offset)
+            want = 0
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            offset += len(chunk)
+    finally:
+        os.close(fd)

@@ -14,18 +14,26 @@ Rules (REFERENCE.md §4 adapted by DESIGN.md §4):
   ``unavailable``) and never hides its siblings;
 * ``status`` is ``running`` / ``idle`` from a live owner's lease, else
   ``complete``: true across processes.
+
+Each row is built inside one guard (``_entry``): whatever a child's files hold
+— wrong types, a folder or a link in place of a file, a damaged lease or
+index — becomes that child's ``DiagnosticEntry``, never an exception out of
+the listing. A failure the guard does not expect is logged with its traceback
+(it is a bug) and still becomes a diagnostic: the listing is an isolation
+boundary between sessions.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Literal
 
 
-from .descriptor import Descriptor
-from .errors import CorruptSessionError, SessionNotFoundError, UnsupportedFormatError
-from .index import IndexEntry, read_children
-from .lease import OwnerCache, session_status
+from .descriptor import ContinuableDescriptor, Descriptor, OneShotDescriptor
+from .errors import CorruptSessionError, SessionNotFoundError, SubagentError, UnsupportedFormatError
+from .index import IndexEntry, read_index
+from .lease import OwnerCache, check_lease
 from .projection import Projection, read_cache
 from .reader import inspect, read_header
 from .root import Store
@@ -34,6 +42,8 @@ __all__ = ["ChildStatus", "DiagnosticReason", "ChildEntry", "DiagnosticEntry", "
 
 ChildStatus = Literal["running", "idle", "complete"]
 DiagnosticReason = Literal["corrupt", "unsupported", "unavailable"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -87,16 +97,23 @@ def read_identity(store: Store, session_id: str, seed_length: int) -> Identity:
             return Identity(None, "corrupt", folded)
         projection = folded
     ident = projection.identity
-    if ident is None or ident == "corrupt":
-        return Identity(None, "corrupt", projection)
+    if isinstance(ident, (OneShotDescriptor, ContinuableDescriptor)):
+        return Identity(ident, None, projection)
     if ident == "unsupported":
         return Identity(None, "unsupported", projection)
-    assert not isinstance(ident, str)
-    return Identity(ident, None, projection)
+    return Identity(None, "corrupt", projection)  # none, "corrupt", or anything a cache should not hold
 
 
 def _has_subagent_children(children: list[IndexEntry]) -> bool:
     return any(e.origin == "subagent" for e in children)
+
+
+def _read_children(store: Store, parent_id: str) -> list[IndexEntry]:
+    """The index entries; a damaged index is logged (``fsck`` flags it for reindex) and read past."""
+    found = read_index(store, parent_id)
+    for problem in found.problems:
+        log.warning("children index of %s: %s (run `subagents store reindex`)", parent_id, problem, extra={"session": parent_id})
+    return found.entries
 
 
 def _entry(
@@ -105,45 +122,57 @@ def _entry(
     """The row for one indexed child, or ``None`` when its header does not prove it a subagent child.
 
     ``children`` is the child's own index when the caller has read it already (one read per node).
+    Never raises: this is the guard that keeps one child's damage in its own row.
     """
     try:
-        header = read_header(store, child_id)
+        return _row(store, parent_id, child_id, owners, children)
     except SessionNotFoundError:
         return None  # a rolled-back or never-published creation
     except UnsupportedFormatError:
         return DiagnosticEntry(child_id, "unsupported")
-    except CorruptSessionError:
-        return DiagnosticEntry(child_id, "corrupt")
-    except OSError:
+    except OSError:  # UnavailableSessionError too: a file that cannot be read at all
         return DiagnosticEntry(child_id, "unavailable")
+    except SubagentError:  # CorruptSessionError, a descriptor or a header that breaks the rules
+        return DiagnosticEntry(child_id, "corrupt")
+    except Exception:  # a bug, not damage: logged with its traceback, and still confined to this row
+        log.exception("listing row of %s failed", child_id, extra={"session": child_id})
+        return DiagnosticEntry(child_id, "unavailable")
+
+
+def _row(
+    store: Store, parent_id: str, child_id: str, owners: OwnerCache, children: list[IndexEntry] | None
+) -> ChildEntry | DiagnosticEntry | None:
+    header = read_header(store, child_id)
     if header.parent_session != parent_id or header.origin != "subagent":
         return None
-    try:
-        identity = read_identity(store, child_id, header.seed_length or 0)
-    except UnsupportedFormatError:
-        return DiagnosticEntry(child_id, "unsupported")
-    except CorruptSessionError:
-        return DiagnosticEntry(child_id, "corrupt")
-    except OSError:
-        return DiagnosticEntry(child_id, "unavailable")
+    identity = read_identity(store, child_id, header.seed_length or 0)
     if identity.verdict is not None:
         return DiagnosticEntry(child_id, identity.verdict)
     descriptor = identity.descriptor
-    assert descriptor is not None
+    if descriptor is None:
+        return DiagnosticEntry(child_id, "corrupt")
     return ChildEntry(
         id=child_id,
         label=descriptor.label,
         mode=descriptor.mode,
-        status=session_status(store, child_id, owners),
-        has_children=_has_subagent_children(read_children(store, child_id) if children is None else children),
+        status=_status(store, child_id, owners),
+        has_children=_has_subagent_children(_read_children(store, child_id) if children is None else children),
     )
+
+
+def _status(store: Store, child_id: str, owners: OwnerCache) -> ChildStatus:
+    """``session_status`` that lets a damaged lease raise (the row becomes a diagnostic)."""
+    lease = check_lease(store, child_id)
+    if lease is None or lease.state == "released" or not owners.alive(lease.owner):
+        return "complete"
+    return "idle" if lease.state == "idle" else "running"
 
 
 def list_children(store: Store, parent_id: str) -> list[ChildEntry | DiagnosticEntry]:
     """Direct subagent children of ``parent_id`` in (created_at, id) order."""
     owners = OwnerCache(store)
     out: list[ChildEntry | DiagnosticEntry] = []
-    for indexed in read_children(store, parent_id):
+    for indexed in _read_children(store, parent_id):
         if indexed.origin != "subagent":
             continue
         row = _entry(store, parent_id, indexed.id, owners)
@@ -158,14 +187,14 @@ def list_descendants(store: Store, root_id: str) -> list[DescendantRow]:
     rows: list[DescendantRow] = []
     visited = {root_id}
     stack: list[tuple[str, str, int]] = [
-        (e.id, root_id, 1) for e in reversed(read_children(store, root_id))
+        (e.id, root_id, 1) for e in reversed(_read_children(store, root_id))
     ]
     while stack:
         node, parent, depth = stack.pop()
         if node in visited:
             continue
         visited.add(node)
-        below = read_children(store, node)
+        below = _read_children(store, node)
         row = _entry(store, parent, node, owners, below)
         if row is not None:
             rows.append(DescendantRow(row, parent, depth))

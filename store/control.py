@@ -11,10 +11,17 @@ records older than its activation are ignored (an interrupt is about the
 turn running when it was asked, never a later one). Not guaranteed: a
 request that lands while the holder is releasing the lease finds no turn to
 stop; that is the same outcome as interrupting an inactive child (a no-op).
+
+Reading never raises for damage: a record of the wrong shape (checked by
+``store/records.py``) comes back as a ``ControlRecord`` of kind ``invalid``
+with its problem, in its place, so the holder reports it once, moves past
+its seq and applies the records after it; a run of damaged bytes is stepped
+over (``framing.scan_all``); an unreadable file reads as no records.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -23,11 +30,19 @@ from typing import Any
 from .appender import append_durably
 from .atomic import read_bytes
 from .errors import SessionNotFoundError
-from .framing import scan
+from .framing import scan_all
 from .ids import IdGenerator
+from .records import ControlFields, problem_of
 from .root import Store
 
-__all__ = ["ControlRecord", "request", "read_controls", "control_size"]
+__all__ = ["ControlRecord", "INVALID", "request", "read_controls", "control_size"]
+
+log = logging.getLogger(__name__)
+
+# The kind of a record that failed its check; no request is ever written with it.
+INVALID = "invalid"
+
+_problem = problem_of(ControlFields)
 
 
 @dataclass(frozen=True)
@@ -37,33 +52,50 @@ class ControlRecord:
     ts: float
     kind: str
     data: dict[str, Any]
+    problem: str | None = None  # set (and kind == INVALID) for a record that failed its check
 
 
 def request(store: Store, session_id: str, kind: str, data: dict[str, Any], *, ids: IdGenerator) -> str:
     """Durably append a control record; returns its id."""
     if not store.exists(session_id):
         raise SessionNotFoundError(session_id)
+    if kind == INVALID:
+        raise ValueError(f'"{INVALID}" is not a control request kind')
     record_id = ids.new()
     record = {"id": record_id, "ts": time.time(), "kind": kind, "data": data}
     append_durably(store, store.path(session_id, "control"), record, lock_path=store.path(session_id, ".lock"),
-                   key=f"control/{session_id}", owner=session_id, what=f"control of {session_id}")
+                   key=f"control/{session_id}", owner=session_id, what=f"control of {session_id}", skip_damage=True)
     return record_id
 
 
 def read_controls(store: Store, session_id: str, *, after_seq: int = -1) -> list[ControlRecord]:
+    """Records with ``seq > after_seq`` in seq order; a damaged one as kind ``INVALID`` in its place."""
     try:
         data = read_bytes(store.path(session_id, "control"))
     except FileNotFoundError:
         return []
-    return [
-        ControlRecord(r["seq"], str(r.get("id")), float(r.get("ts", 0.0)), str(r.get("kind")), dict(r.get("data") or {}))
-        for r in scan(data).records
+    except OSError as exc:  # a folder or a link in its place: nothing to apply (fsck reports it;
+        # debug only: the holder polls this file, and a warning would repeat every poll)
+        log.debug("control file of %s cannot be read: %s", session_id, exc, extra={"session": session_id})
+        return []
+    skim = scan_all(data, check=_problem)
+    out = [
+        ControlRecord(r["seq"], r["id"], float(r["ts"]), r["kind"], dict(r.get("data") or {}))
+        for r in skim.records
         if r["seq"] > after_seq
     ]
+    for skipped in skim.skipped:
+        problem = f"{skipped.damage.reason} at byte {skipped.damage.offset}" + (f" ({skipped.damage.detail})" if skipped.damage.detail else "")
+        for seq in skipped.seqs:
+            if seq > after_seq:
+                log.warning("control record %d of %s skipped: %s", seq, session_id, problem, extra={"session": session_id})
+                out.append(ControlRecord(seq, "", 0.0, INVALID, {}, problem))
+    out.sort(key=lambda r: r.seq)
+    return out
 
 
 def control_size(store: Store, session_id: str) -> int:
     try:
-        return os.stat(store.path(session_id, "control")).st_size
-    except FileNotFoundError:
+        return os.lstat(store.path(session_id, "control")).st_size
+    except OSError:
         return 0

@@ -10,6 +10,8 @@ the code, never on the message)::
     ├── SessionNotFoundError            no such session (also LookupError)
     ├── SessionExistsError              creation of an id that exists
     ├── CorruptSessionError             committed bytes are damaged
+    ├── UnavailableSessionError         a session file cannot be read at all (also OSError)
+    ├── RecordTooLargeError             bad input: a record above the store's size limit (also ValueError)
     ├── UnsupportedFormatError          written by a newer/other format
     ├── FencedError                     a newer lease epoch took the session over
     ├── DurabilityError                 fsync/write failed: fatal for that session (also OSError)
@@ -33,6 +35,8 @@ __all__ = [
     "SessionNotFoundError",
     "SessionExistsError",
     "CorruptSessionError",
+    "UnavailableSessionError",
+    "RecordTooLargeError",
     "UnsupportedFormatError",
     "FencedError",
     "DurabilityError",
@@ -161,6 +165,29 @@ class CorruptSessionError(SubagentError):
             session_id=session_id,
             reason=reason,
             offset=offset,
+        )
+
+
+class UnavailableSessionError(SubagentError, OSError):
+    """Raised when a file of a session cannot be read at all: a folder or a link in
+    place of the file, a link loop, no permission. Listings show it as ``unavailable``."""
+
+    code = "SESSION_UNAVAILABLE"
+
+    def __init__(self, session_id: str, reason: str) -> None:
+        super().__init__(f'stored session "{session_id}" is unavailable: {reason}', session_id=session_id, reason=reason)
+
+
+class RecordTooLargeError(SubagentError, ValueError):
+    """Raised before anything is written when one record (a message, an event, a control
+    request) would frame to more bytes than the store's ``max_record_bytes``."""
+
+    code = "RECORD_TOO_LARGE"
+
+    def __init__(self, what: str, *, size: int, limit: int, code: str | None = None) -> None:
+        super().__init__(
+            f"{what} of {size} bytes exceeds the store's record size limit of {limit} bytes (max_record_bytes)",
+            code=code, what=what, size=size, limit=limit,
         )
 
 

@@ -6,6 +6,12 @@ writer side is ``encode_record``; the reader side is ``scan``, which never
 raises: it returns the valid prefix and, when the bytes stop being valid,
 a ``Damage`` value saying where, how many bytes were dropped and why — the
 caller decides whether that is a torn tail or corruption (LevelDB's Reporter).
+
+Sizes: ``MAX_RECORD_BYTES`` is the format's ceiling, shared by every reader
+and writer: a length above it is damage, never a record. A store may set a
+lower limit for its writers (``Store.max_record_bytes``), never a higher one,
+so every record a writer accepted is one every reader reads. A record above
+the writer's limit is refused by ``encode_record`` before a byte is written.
 """
 
 from __future__ import annotations
@@ -17,26 +23,48 @@ from typing import Any, Callable
 
 import msgpack
 
+from .errors import RecordTooLargeError
+
 __all__ = [
     "FRAME",
     "MAX_RECORD_BYTES",
+    "DEFAULT_RECORD_LIMIT",
+    "Check",
     "encode_record",
     "RecordEncoder",
     "decode_payload",
     "Damage",
     "ScanResult",
     "scan",
+    "Skipped",
+    "SkimResult",
+    "scan_all",
     "find_later_record",
+    "find_committed",
 ]
 
 FRAME = struct.Struct("<II")
 # A length above this is treated as damage, not as a real record: it bounds the
 # memory a corrupt length field can make a reader allocate.
 MAX_RECORD_BYTES = 64 * 1024 * 1024
+# What a store's writers accept unless its marker says otherwise: big enough for any
+# message or tool result a model produces, small enough that a reader folding a log
+# never holds more than this per record.
+DEFAULT_RECORD_LIMIT = 16 * 1024 * 1024
+
+# A record's typed check (store/records.py): the problem as text, or None when valid.
+Check = Callable[[dict[str, Any]], "str | None"]
 
 
-def encode_record(payload: dict[str, Any]) -> bytes:
+def _refuse(body: bytes, limit: int, what: str) -> None:
+    raise RecordTooLargeError(what, size=len(body), limit=limit)
+
+
+def encode_record(payload: dict[str, Any], *, limit: int = MAX_RECORD_BYTES, what: str = "record") -> bytes:
+    """Frame ``payload``; ``RecordTooLargeError`` (nothing framed) when it is above ``limit``."""
     body = msgpack.packb(payload, use_bin_type=True)
+    if len(body) > limit:
+        _refuse(body, limit, what)
     return FRAME.pack(len(body), zlib.crc32(body)) + body
 
 
@@ -47,13 +75,16 @@ class RecordEncoder:
     every event it appends, so it keeps one. Not thread-safe (neither is a writer).
     """
 
-    __slots__ = ("_pack",)
+    __slots__ = ("_pack", "limit")
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = MAX_RECORD_BYTES) -> None:
         self._pack = msgpack.Packer(use_bin_type=True).pack
+        self.limit = limit
 
-    def __call__(self, payload: dict[str, Any]) -> bytes:
+    def __call__(self, payload: dict[str, Any], what: str = "record") -> bytes:
         body = self._pack(payload)
+        if len(body) > self.limit:
+            _refuse(body, self.limit, what)
         return FRAME.pack(len(body), zlib.crc32(body)) + body
 
 
@@ -83,7 +114,7 @@ class ScanResult:
     damage: Damage | None = None
 
 
-def _frame_at(data: bytes | memoryview, pos: int) -> tuple[str, Any, int]:
+def _frame_at(data: bytes | memoryview, pos: int, check: Check | None = None) -> tuple[str, Any, int]:
     """Decode one frame at ``pos``: (status, payload-or-detail, next position)."""
     total = len(data)
     if total - pos < FRAME.size:
@@ -103,15 +134,20 @@ def _frame_at(data: bytes | memoryview, pos: int) -> tuple[str, Any, int]:
         return "undecodable", type(exc).__name__, total
     if not isinstance(payload, dict) or not isinstance(payload.get("seq"), int) or isinstance(payload.get("seq"), bool):
         return "not-a-record", "", total
+    if check is not None:
+        problem = check(payload)
+        if problem is not None:
+            return "not-a-record", problem, total
     return "ok", payload, start + length
 
 
-def scan(data: bytes | memoryview, *, start_seq: int = 0, base_offset: int = 0) -> ScanResult:
+def scan(data: bytes | memoryview, *, start_seq: int = 0, base_offset: int = 0, check: Check | None = None) -> ScanResult:
     """Read records from ``data`` until the first invalid one.
 
     ``start_seq`` is the seq the first record must carry (records are
     contiguous); ``base_offset`` is added to reported offsets when ``data``
-    is a suffix of a file.
+    is a suffix of a file; ``check`` is the record kind's typed check
+    (``store/records.py``): a record that fails it is damage (``not-a-record``).
     """
     records: list[dict[str, Any]] = []
     offsets: list[int] = []
@@ -119,7 +155,7 @@ def scan(data: bytes | memoryview, *, start_seq: int = 0, base_offset: int = 0) 
     expected = start_seq
     total = len(data)
     while pos < total:
-        status, value, nxt = _frame_at(data, pos)
+        status, value, nxt = _frame_at(data, pos, check)
         if status != "ok":
             return ScanResult(records, base_offset + pos, offsets, Damage(base_offset + pos, total - pos, status, value))
         if value["seq"] != expected:
@@ -136,15 +172,116 @@ def scan(data: bytes | memoryview, *, start_seq: int = 0, base_offset: int = 0) 
     return ScanResult(records, base_offset + pos, offsets, None)
 
 
+@dataclass(frozen=True)
+class Skipped:
+    """Records ``scan_all`` stepped over: the seqs they held (as far as the chain tells) and why."""
+
+    seqs: range
+    damage: Damage
+
+
+@dataclass(frozen=True)
+class SkimResult:
+    """Every record ``scan_all`` could reach, and the damage it stepped over."""
+
+    records: list[dict[str, Any]]
+    skipped: list[Skipped]  # damage with valid, chained records after it
+    tail: Damage | None  # damage at the end with nothing chained after it (a torn tail)
+    end: int  # byte offset after the last record read
+    next_seq: int
+
+
+def scan_all(data: bytes | memoryview, *, check: Check | None = None) -> SkimResult:
+    """Read every record of a file whose records are independent (children index, control).
+
+    Unlike ``scan`` it does not stop at the first damage: it looks for the next
+    frame that chains (``find_committed``) and goes on from there, so one bad
+    record never hides the ones after it. A record that is framed and sequenced
+    right but fails ``check`` is skipped in place (its length is trustworthy:
+    the CRC matched). Damage with nothing chained after it is the torn tail.
+    """
+    records: list[dict[str, Any]] = []
+    skipped: list[Skipped] = []
+    pos, expected, total = 0, 0, len(data)
+    while pos < total:
+        status, value, nxt = _frame_at(data, pos)
+        if status == "ok" and value["seq"] == expected:
+            problem = None if check is None else check(value)
+            if problem is None:
+                records.append(value)
+            else:
+                skipped.append(Skipped(range(expected, expected + 1), Damage(pos, nxt - pos, "not-a-record", problem)))
+            expected += 1
+            pos = nxt
+            continue
+        if status == "ok":
+            status, value = "seq-gap", f"expected {expected}, got {value['seq']}"
+        found = find_committed(data, pos + 1, expected, lambda _payload: True, torn_reason=status)
+        if found is None:
+            return SkimResult(records, skipped, Damage(pos, total - pos, status, value), pos, expected)
+        resumed = _frame_at(data, found)[1]["seq"]
+        skipped.append(Skipped(range(expected, resumed), Damage(pos, found - pos, status, value)))
+        pos, expected = found, resumed
+    return SkimResult(records, skipped, None, pos, expected)
+
+
+def _chain(data: bytes | memoryview, pos: int, seq: int, limit: int = 2) -> tuple[int, int]:
+    """How many valid frames with consecutive seqs start at ``pos`` (up to ``limit``), and where they end."""
+    count = 0
+    while count < limit:
+        status, value, nxt = _frame_at(data, pos)
+        if status != "ok" or value["seq"] != seq + count:
+            break
+        count += 1
+        pos = nxt
+    return count, pos
+
+
+def find_committed(
+    data: bytes | memoryview,
+    start: int,
+    expected_seq: int,
+    predicate: Callable[[dict[str, Any]], bool],
+    *,
+    torn_reason: str,
+) -> int | None:
+    """The offset of the first frame at or after ``start`` that proves committed records follow damage.
+
+    A candidate is a valid frame (length, CRC, msgpack map with a ``seq``)
+    whose payload matches ``predicate``, whose seq continues the valid prefix
+    (``>= expected_seq``), and that *chains*: the next frame follows it with
+    seq + 1. A lone frame at the very end of the file chains too, except when
+    the damage is ``short-payload`` or ``short-header``: then everything after
+    the damage offset lies inside the cut record's own announced bytes, and a
+    frame found there is data of that record (binary tool output can hold
+    frame-shaped bytes), not a record of its own. The cost of that rule: a
+    corrupted length field in the last-but-one record, followed by one lone
+    committed record, reads as torn.
+    """
+    total = len(data)
+    pos = start
+    inside_cut = torn_reason in ("short-payload", "short-header")
+    while pos + FRAME.size <= total:
+        length, crc = FRAME.unpack_from(data, pos)
+        end = pos + FRAME.size + length
+        if length <= MAX_RECORD_BYTES and end <= total and zlib.crc32(data[pos + FRAME.size : end]) == crc:
+            status, payload, _ = _frame_at(data, pos)
+            if status == "ok" and payload["seq"] >= expected_seq and predicate(payload):
+                count, _ = _chain(data, pos, payload["seq"])
+                if count >= 2 or (count == 1 and end == total and not inside_cut):
+                    return pos
+        pos += 1
+    return None
+
+
 def find_later_record(
     data: bytes | memoryview, start: int, predicate: Callable[[dict[str, Any]], bool]
 ) -> int | None:
-    """The offset of the first valid frame at or after ``start`` whose payload matches.
+    """The offset of the first valid frame at or after ``start`` whose payload matches (no chain rule).
 
-    Used after damage to tell a torn tail from corruption: if a committed
-    record (``turn/end``) can still be found beyond the damage, the damage is
-    not a write that never finished. Scans byte by byte; frames whose CRC
-    does not match are skipped cheaply before any decode.
+    Scans byte by byte; frames whose CRC does not match are skipped cheaply
+    before any decode. Tests use it to locate records; damage classification
+    uses ``find_committed``.
     """
     total = len(data)
     pos = start

@@ -5,19 +5,25 @@ reported and left alone; torn tails are repaired only with ``repair=True``,
 through the resume path (``LogWriter.open``) under a lease the check takes
 for the moment (a session whose lease a live owner holds is skipped: that
 owner repairs on its own resume). Also reports index entries no header
-backs and headers the index misses (``reindex`` fixes both).
+backs and headers the index misses (``reindex`` fixes both), index files
+with damaged records or that cannot be read (``reindex`` rewrites them),
+unreadable or undecodable leases and control files, and session folders that
+are symbolic links (never followed). Every read goes through the store's
+defensive readers, so a damaged file is a finding about its own session.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 from typing import Any
 
+from .control import INVALID, read_controls
 from .errors import LeaseHeldError, SubagentError
-from .ids import new_id
-from .index import read_children
-from .lease import acquire_lease, owner_alive, read_lease, read_owner, register_owner, release_lease, remove_owner
+from .ids import is_valid_session_id, new_id
+from .index import read_index
+from .lease import acquire_lease, check_lease, owner_alive, read_lease, read_owner, register_owner, release_lease, remove_owner
 from .log import LogWriter
 from .reader import inspect, read_header
 from .root import Store
@@ -37,14 +43,22 @@ def fsck(store: Store, *, repair: bool, lease_ttl_s: float) -> dict[str, Any]:
     """
     counts = {"clean": 0, "torn": 0, "corrupt": 0, "unsupported": 0}
     findings: list[dict[str, Any]] = []
-    names = sorted(os.listdir(store.sessions_dir))
+    try:
+        names = sorted(os.listdir(store.sessions_dir))
+    except OSError as exc:
+        names = []
+        findings.append({"id": "sessions", "kind": "unreadable", "detail": f"the sessions folder cannot be listed: {exc}"})
     checked = 0
     for name in names:
         folder = os.path.join(store.sessions_dir, name)
-        if not os.path.isdir(folder):
+        if os.path.islink(folder):
+            counts["corrupt"] += 1
+            findings.append({"id": name, "kind": "unreadable", "detail": "the session folder is a symbolic link (never followed)"})
+            continue
+        if not os.path.isdir(folder) or not is_valid_session_id(name):
             findings.append({"id": name, "kind": "stray", "detail": "not a session folder"})
             continue
-        if not os.path.exists(os.path.join(folder, "header")):
+        if not os.path.lexists(os.path.join(folder, "header")):
             findings.append({"id": name, "kind": "no-header", "detail": "a creation that never published its header (nothing lists or resumes it)"})
             continue
         checked += 1
@@ -53,26 +67,26 @@ def fsck(store: Store, *, repair: bool, lease_ttl_s: float) -> dict[str, Any]:
         except SubagentError as exc:
             kind = "unsupported" if exc.code == "UNSUPPORTED_FORMAT" else "corrupt"
             counts[kind] += 1
-            findings.append({"id": name, "kind": kind if kind == "unsupported" else "header-corrupt", "detail": f"{exc.code}: {exc.message}"})
+            finding_kind = {"UNSUPPORTED_FORMAT": "unsupported", "SESSION_UNAVAILABLE": "unreadable"}.get(exc.code, "header-corrupt")
+            findings.append({"id": name, "kind": finding_kind, "detail": f"{exc.code}: {exc.message}"})
             continue
-        except OSError as exc:
-            counts["corrupt"] += 1
-            findings.append({"id": name, "kind": "unreadable", "detail": f"{type(exc).__name__}: {exc}"})
-            continue
-        if os.path.exists(store.path(name, "lease")) and read_lease(store, name) is None:
-            findings.append({"id": name, "kind": "lease-unreadable", "detail": "the lease file does not decode"})
+        findings.extend(_side_files(store, name))
         counts[found.status] += 1
         if found.status == "clean":
             continue
         damage = found.damage
-        assert damage is not None
+        if damage is None:  # a status other than clean always carries its damage
+            continue
         detail = f"{damage.reason} at byte {damage.offset}" + (f" ({damage.detail})" if damage.detail else "") + f", {damage.dropped} bytes after the valid prefix"
         finding: dict[str, Any] = {"id": name, "kind": found.status, "detail": detail, "damage": dataclasses.asdict(damage),
                                    "valid_events": len(found.events)}
         if found.status == "corrupt":
             finding["detail"] += "; committed work follows the damage"
         elif repair:
-            finding["repair"] = _repair_torn(store, name, lease_ttl_s)
+            try:
+                finding["repair"] = _repair_torn(store, name, lease_ttl_s)
+            except SubagentError as exc:  # a damaged lease or lock: reported, the session left as it is
+                finding["repair"] = f"not repaired: {exc.code}: {exc.message}"
             finding["repaired"] = finding["repair"].startswith("repaired")
         findings.append(finding)
     findings.extend(_index_findings(store))
@@ -85,6 +99,27 @@ def fsck(store: Store, *, repair: bool, lease_ttl_s: float) -> dict[str, Any]:
         "repaired": [f["id"] for f in findings if f.get("repaired")],
         "findings": findings,
     }
+
+
+def _side_files(store: Store, session_id: str) -> list[dict[str, Any]]:
+    """Findings about a readable session's lease and control file."""
+    out: list[dict[str, Any]] = []
+    try:
+        check_lease(store, session_id)
+    except SubagentError as exc:
+        out.append({"id": session_id, "kind": "lease-unreadable", "detail": f"{exc.code}: {exc.message}"})
+    try:
+        mode: int | None = os.lstat(store.path(session_id, "control")).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        out.append({"id": session_id, "kind": "control-unreadable", "detail": "the control file is not a regular file"})
+    else:
+        bad = [r for r in read_controls(store, session_id) if r.kind == INVALID]
+        if bad:
+            out.append({"id": session_id, "kind": "control-damaged",
+                        "detail": f"{len(bad)} control record(s) skipped, first: {bad[0].problem}"})
+    return out
 
 
 def _repair_torn(store: Store, session_id: str, lease_ttl_s: float) -> str:
@@ -113,7 +148,8 @@ def _repair_torn(store: Store, session_id: str, lease_ttl_s: float) -> str:
 
 
 def _index_findings(store: Store) -> list[dict[str, Any]]:
-    """Index entries the headers do not back, and headers the index misses (``store reindex`` fixes both)."""
+    """Index entries the headers do not back, headers the index misses, and damaged index files
+    (``store reindex`` fixes all three)."""
     proven: dict[str, set[str]] = {}
     for session_id in store.session_ids():
         try:
@@ -122,13 +158,18 @@ def _index_findings(store: Store) -> list[dict[str, Any]]:
             continue
         if header.parent_session is not None:
             proven.setdefault(header.parent_session, set()).add(session_id)
-    findings = []
-    indexed_parents = {n for n in os.listdir(store.children_index_dir) if not n.endswith(".lock") and not n.startswith(".")}
+    findings: list[dict[str, Any]] = []
+    try:
+        names = os.listdir(store.children_index_dir)
+    except OSError as exc:
+        names = []
+        findings.append({"id": "index", "kind": "index-damaged", "detail": f"the index folder cannot be listed: {exc} (run `subagents store reindex`)"})
+    indexed_parents = {n for n in names if is_valid_session_id(n)}
     for parent in sorted(indexed_parents | set(proven)):
-        try:
-            indexed = {e.id for e in read_children(store, parent)}
-        except SubagentError:
-            continue  # a file name that is not a session id: not ours to judge
+        found = read_index(store, parent)
+        for problem in found.problems:
+            findings.append({"id": parent, "kind": "index-damaged", "detail": f"children index of {parent}: {problem} (run `subagents store reindex`)"})
+        indexed = {e.id for e in found.entries}
         for child in sorted(proven.get(parent, set()) - indexed):
             findings.append({"id": child, "kind": "index-missing", "detail": f"child of {parent} by its header, absent from the index (run `subagents store reindex`)"})
         for child in sorted(indexed - proven.get(parent, set())):

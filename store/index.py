@@ -5,6 +5,12 @@ tombstone ``{seq, id, removed: true}`` when a creation is rolled back. Headers
 are the authority: the catalog checks every entry against the child's header,
 and ``reindex`` rebuilds every file from headers alone. Readers never write;
 a torn tail (a crash mid-append) reads as the valid prefix.
+
+A damaged record in the middle (bad bytes, or a CRC-valid record of the wrong
+shape, checked by ``store/records.py``) is skipped and reading goes on with
+the records after it (``framing.scan_all``): one bad record never drops the
+children after it. ``read_index`` reports the skipped records, and the file
+is then flagged for ``subagents store reindex`` (``fsck`` says so).
 """
 
 from __future__ import annotations
@@ -16,14 +22,17 @@ from typing import Any
 
 from .atomic import read_bytes, write_atomic
 from .appender import append_durably
-from .framing import encode_record, scan
+from .framing import encode_record, scan_all
 from .ids import is_valid_session_id
 from .locks import file_lock
 from .reader import read_header
+from .records import IndexFields, problem_of
 from .errors import SubagentError
 from .root import Store
 
-__all__ = ["IndexEntry", "add_child", "add_children", "remove_child", "read_children", "reindex"]
+__all__ = ["IndexEntry", "IndexRead", "add_child", "add_children", "remove_child", "read_index", "read_children", "reindex"]
+
+_problem = problem_of(IndexFields)
 
 
 @dataclass(frozen=True)
@@ -33,12 +42,24 @@ class IndexEntry:
     origin: str | None
 
 
+@dataclass(frozen=True)
+class IndexRead:
+    """One read of a parent's index file: its live entries and what was wrong with it."""
+
+    entries: list[IndexEntry]
+    problems: list[str]  # each a skipped record or an unreadable file; non-empty → run reindex
+
+    @property
+    def needs_reindex(self) -> bool:
+        return bool(self.problems)
+
+
 def _append(store: Store, parent_id: str, record: dict[str, Any] | list[dict[str, Any]]) -> None:
     # a blocking flock, not filelock: many creators of one parent's children queue
     # in the kernel instead of polling (filelock's poll stalled waiters under load)
     path = store.children_index_path(parent_id)
     append_durably(store, path, record, lock_path=path + ".lock", key=f"index/children/{parent_id}", owner=parent_id,
-                   what=f"children index of {parent_id}")
+                   what=f"children index of {parent_id}", skip_damage=True)
 
 
 def add_child(store: Store, parent_id: str, child_id: str, *, created_at: float, origin: str | None) -> None:
@@ -54,23 +75,35 @@ def remove_child(store: Store, parent_id: str, child_id: str) -> None:
     _append(store, parent_id, {"id": child_id, "removed": True})
 
 
-def read_children(store: Store, parent_id: str) -> list[IndexEntry]:
-    """Live entries in (created_at, id) order; read-only."""
+def read_index(store: Store, parent_id: str) -> IndexRead:
+    """Live entries in (created_at, id) order and the problems met; read-only, never raises for damage."""
     try:
         data = read_bytes(store.children_index_path(parent_id))
     except FileNotFoundError:
-        return []
+        return IndexRead([], [])
+    except OSError as exc:
+        return IndexRead([], [f"the index file cannot be read ({exc.strerror or exc})"])
+    skim = scan_all(data, check=_problem)
+    problems = [
+        f"record(s) {s.seqs.start}..{s.seqs.stop - 1} skipped: {s.damage.reason} at byte {s.damage.offset}"
+        + (f" ({s.damage.detail})" if s.damage.detail else "")
+        for s in skim.skipped
+    ]
     entries: dict[str, IndexEntry] = {}
-    for record in scan(data).records:
-        child = record.get("id")
+    for record in skim.records:
+        child = record["id"]
         if not is_valid_session_id(child):
             continue
         if record.get("removed"):
             entries.pop(child, None)
         elif child not in entries:
-            created = record.get("created_at")
-            entries[child] = IndexEntry(child, float(created) if isinstance(created, (int, float)) else 0.0, record.get("origin"))
-    return sorted(entries.values(), key=lambda e: (e.created_at, e.id))
+            entries[child] = IndexEntry(child, float(record.get("created_at", 0.0)), record.get("origin"))
+    return IndexRead(sorted(entries.values(), key=lambda e: (e.created_at, e.id)), problems)
+
+
+def read_children(store: Store, parent_id: str) -> list[IndexEntry]:
+    """Live entries in (created_at, id) order; read-only (damage: see ``read_index``)."""
+    return read_index(store, parent_id).entries
 
 
 def reindex(store: Store) -> dict[str, list[str]]:

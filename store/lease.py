@@ -19,6 +19,13 @@ or (b) its heartbeat is older than its TTL. (b) also catches a live but
 stopped (SIGSTOP) or hung owner. What is *not* guaranteed: clocks across
 hosts are trusted to within a fraction of the TTL (heartbeat ages are wall
 clock), and ``flock`` does not exclude across NFS: one host, local disk.
+
+A damaged lease (undecodable, wrong types, a folder or a link in its place)
+is never guessed at: readers see it as no proof of a live holder
+(``read_lease`` → ``None``, status ``complete``; the catalog lists the
+session as a diagnostic through ``check_lease``), a writer's fence check
+fails, and ``acquire_lease`` refuses (``CorruptSessionError``) rather than
+restart the epoch below one a fenced writer may still hold.
 """
 
 from __future__ import annotations
@@ -32,8 +39,9 @@ from typing import Any, Literal
 import msgpack
 
 from .atomic import read_bytes, write_atomic
-from .errors import FencedError, LeaseHeldError, SessionNotFoundError
+from .errors import CorruptSessionError, FencedError, LeaseHeldError, SessionNotFoundError, UnavailableSessionError
 from .locks import SessionFlock, file_lock
+from .records import LeaseFields, OwnerFields, decode
 from .root import Store
 
 __all__ = [
@@ -48,6 +56,7 @@ __all__ = [
     "read_owner",
     "owner_alive",
     "read_lease",
+    "check_lease",
     "read_lease_fd",
     "acquire_lease",
     "set_lease_state",
@@ -150,14 +159,15 @@ def remove_owner(store: Store, owner_id: str) -> None:
 
 
 def read_owner(store: Store, owner_id: str) -> OwnerRecord | None:
+    """The owner's record; ``None`` when absent, unreadable or damaged (an owner that proves nothing is dead)."""
     try:
-        data = msgpack.unpackb(read_bytes(store.owner_path(owner_id)), raw=False)
-        return OwnerRecord(
-            data["owner"], data["host"], int(data["pid"]), data.get("pid_start"), float(data["started_at"]),
-            float(data["heartbeat_at"]), float(data["ttl"]),
-        )
-    except (OSError, ValueError, KeyError, TypeError, msgpack.UnpackException):
+        raw = read_bytes(store.owner_path(owner_id))
+    except (OSError, ValueError):  # ValueError: an owner id that is not an id
         return None
+    data = decode(OwnerFields, raw)
+    if isinstance(data, str):
+        return None
+    return OwnerRecord(data.owner, data.host, data.pid, data.pid_start, data.started_at, data.heartbeat_at, data.ttl)
 
 
 def owner_alive(record: OwnerRecord | None, *, now: float | None = None, host: str | None = None) -> bool:
@@ -191,12 +201,12 @@ class OwnerCache:
 # -- leases -------------------------------------------------------------------
 
 
-def _decode_lease(raw: bytes) -> Lease | None:
-    try:
-        data = msgpack.unpackb(raw, raw=False)
-        return Lease(str(data["owner"]), int(data["epoch"]), data["state"], float(data["acquired_at"]))
-    except (ValueError, KeyError, TypeError, msgpack.UnpackException):
-        return None
+def _decode_lease(raw: bytes) -> Lease | str:
+    """The lease, or the problem with its bytes as text."""
+    data = decode(LeaseFields, raw)
+    if isinstance(data, str):
+        return data
+    return Lease(data.owner, data.epoch, data.state, data.acquired_at)
 
 
 def read_lease_fd(fd: int) -> Lease | None:
@@ -214,13 +224,31 @@ def read_lease_fd(fd: int) -> Lease | None:
             break
         chunks.append(chunk)
         offset += len(chunk)
-    return _decode_lease(b"".join(chunks))
+    lease = _decode_lease(b"".join(chunks))
+    return None if isinstance(lease, str) else lease
+
+
+def check_lease(store: Store, session_id: str) -> Lease | None:
+    """The session's lease, ``None`` when there is none; ``CorruptSessionError`` when it does
+    not decode, ``UnavailableSessionError`` when it cannot be read."""
+    try:
+        raw = read_bytes(store.path(session_id, "lease"))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise UnavailableSessionError(session_id, f"its lease cannot be read ({exc.strerror or exc})") from None
+    lease = _decode_lease(raw)
+    if isinstance(lease, str):
+        raise CorruptSessionError(session_id, f"lease {lease}")
+    return lease
 
 
 def read_lease(store: Store, session_id: str) -> Lease | None:
+    """The lease, or ``None`` when there is none *or it is damaged* (it then proves no holder);
+    never raises for damage. ``check_lease`` tells the two apart."""
     try:
-        return _decode_lease(read_bytes(store.path(session_id, "lease")))
-    except FileNotFoundError:
+        return check_lease(store, session_id)
+    except (CorruptSessionError, UnavailableSessionError):
         return None
 
 
@@ -232,7 +260,7 @@ def acquire_lease(store: Store, session_id: str, owner_id: str, *, state: LeaseS
     """Take the session's lease at ``epoch + 1``; ``LeaseHeldError`` if a live other owner holds it."""
     _require_session(store, session_id)
     with file_lock(store.path(session_id, ".lock")):
-        current = read_lease(store, session_id)
+        current = check_lease(store, session_id)  # damage: refuse, never restart the epoch
         if current is not None and current.state != "released" and current.owner != owner_id:
             if owner_alive(read_owner(store, current.owner)):
                 raise LeaseHeldError(session_id, owner=current.owner, epoch=current.epoch)

@@ -13,7 +13,8 @@ processes. They must never be nested in one thread (two open file
 descriptions of one file conflict even inside one process). Descriptors are
 opened ``O_CLOEXEC`` and the pool starts workers with forkserver/spawn, so a
 lock is never inherited across a fork. The lock file is never deleted:
-deleting it would split waiters across two inodes (filelock's note).
+deleting it would split waiters across two inodes (filelock's note). Both
+open it with ``O_NOFOLLOW`` (filelock does on its own).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Iterator
 
 import filelock
 
-from .atomic import FILE_MODE
+from .atomic import FILE_MODE, NOFOLLOW
 from .errors import LockTimeoutError
 
 __all__ = ["SessionFlock", "file_lock", "make_filelock", "LOCK_TIMEOUT_S"]
@@ -57,7 +58,7 @@ class SessionFlock:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+        self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | NOFOLLOW, FILE_MODE)
 
     def acquire(self) -> None:
         if self._fd is None:

@@ -27,14 +27,15 @@ import time
 from typing import Any, Sequence
 
 
-from .errors import CorruptSessionError, DurabilityError, FencedError, SubagentError, UnsupportedFormatError
+from .atomic import FILE_MODE, NOFOLLOW
+from .errors import CorruptSessionError, DurabilityError, FencedError, SubagentError, UnavailableSessionError, UnsupportedFormatError
 from .events import EVENT_TYPES, closers
-from .framing import RecordEncoder, scan
+from .framing import RecordEncoder
 from .header import SessionHeader
 from .lease import read_lease_fd
 from .locks import SessionFlock
 from .projection import Projection, read_cache, write_cache
-from .reader import read_header, scan_log
+from .reader import read_header, scan_events, scan_log
 from .root import Store
 
 __all__ = ["SeqMismatchError", "LogWriter", "load_projection", "read_projection"]
@@ -64,7 +65,7 @@ def _from_cache(store: Store, session_id: str, header: SessionHeader, fd: int, s
     if cached is None or cached.seq < 0 or cached.end_offset > size or cached.seed_length != (header.seed_length or 0):
         return None
     anchor = os.pread(fd, cached.end_offset - cached.last_offset, cached.last_offset)
-    check = scan(anchor, start_seq=cached.seq)
+    check = scan_events(anchor, start_seq=cached.seq)
     if check.damage is not None or len(check.records) != 1:
         return None
     rest = os.pread(fd, size - cached.end_offset, cached.end_offset)
@@ -106,12 +107,16 @@ def read_projection(store: Store, session_id: str) -> Projection:
     """
     header = read_header(store, session_id)
     try:
-        fd = os.open(store.path(session_id, "log"), os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(store.path(session_id, "log"), os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
     except FileNotFoundError:
         return Projection(seed_length=header.seed_length or 0)
+    except OSError as exc:
+        raise UnavailableSessionError(session_id, f"its log cannot be read ({exc.strerror or exc})") from None
     try:
         projection, _end, _status = load_projection(store, session_id, header, fd)
         return projection
+    except OSError as exc:  # a folder in place of the log opens, then fails to read
+        raise UnavailableSessionError(session_id, f"its log cannot be read ({exc.strerror or exc})") from None
     finally:
         os.close(fd)
 
@@ -130,7 +135,7 @@ class LogWriter:
         self._lease_path = store.path(header.id, "lease")
         self._lease_epoch: int | None = 0
         self._lease_pin: int | None = None  # the lease file last read, kept open (_current_epoch)
-        self._encode = RecordEncoder()
+        self._encode = RecordEncoder(store.max_record_bytes)
         self._what = f"log of {header.id}"
         self._broken: BaseException | None = None
         self._cache_mark: tuple[int | None, int, int] | None = None  # what the identity cache last got
@@ -141,8 +146,15 @@ class LogWriter:
     @classmethod
     def open(cls, store: Store, session_id: str, *, epoch: int, repair: bool = True) -> "LogWriter":
         header = read_header(store, session_id)
-        lock = SessionFlock(store.path(session_id, ".lock"))
-        fd = os.open(store.path(session_id, "log"), os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            lock = SessionFlock(store.path(session_id, ".lock"))
+        except OSError as exc:  # a link, a loop or a folder in its place
+            raise UnavailableSessionError(session_id, f"its lock file cannot be opened ({exc.strerror or exc})") from None
+        try:
+            fd = os.open(store.path(session_id, "log"), os.O_RDWR | os.O_APPEND | os.O_CREAT | NOFOLLOW, FILE_MODE)
+        except OSError as exc:
+            lock.close()
+            raise UnavailableSessionError(session_id, f"its log cannot be opened ({exc.strerror or exc})") from None
         writer: LogWriter | None = None
         try:
             with lock:
@@ -187,10 +199,14 @@ class LogWriter:
 
     def _read_lease(self) -> int | None:
         try:
-            pin = os.open(self._lease_path, os.O_RDONLY | os.O_CLOEXEC)
+            pin = os.open(self._lease_path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
         except FileNotFoundError:
             self._unpin()
             return 0
+        except OSError:  # a link or something unopenable in place of the lease: it proves no epoch
+            self._unpin()
+            self._lease_epoch = None
+            return None
         self._unpin()
         self._lease_pin = pin
         lease = read_lease_fd(pin)
@@ -261,7 +277,7 @@ class LogWriter:
         if size < end:
             raise CorruptSessionError(self.session_id, f"log shrank under its writer ({size} < {end} bytes)")
         data = os.pread(self._fd, size - end, end)
-        result = scan(data, start_seq=self.next_seq, base_offset=end)
+        result = scan_events(data, start_seq=self.next_seq, base_offset=end)
         if result.damage is not None:
             raise CorruptSessionError(self.session_id, f"another writer left {result.damage.reason} at byte {result.damage.offset}")
         self.projection.fold(result.records, result.offsets, result.end)
@@ -282,7 +298,7 @@ class LogWriter:
         for kind, data in batch:
             record = {"seq": seq, "ts": now, "type": kind, "data": data, "epoch": epoch}
             records.append(record)
-            chunks.append(encode(record))
+            chunks.append(encode(record, f'a "{kind}" event'))  # RecordTooLargeError before any write
             seq += 1
         blob = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         try:
@@ -345,12 +361,16 @@ class LogWriter:
         """A commit point: fsync under ``batched`` and refresh the identity cache when readers need it.
 
         The fsync needs no lock (it covers whatever is in the file); only the
-        cache rewrite takes it.
+        cache rewrite takes it, and checks the fence first like any append: a
+        writer frozen between its last append and this commit, then taken
+        over, must not overwrite the new owner's cache with its older
+        checkpoint (``FencedError``, nothing written).
         """
         self._sync_at_commit()
         if self._cache_due():
             self._lock.acquire()
             try:
+                self._check_fence()
                 self._refresh_cache()
             finally:
                 self._lock.release()

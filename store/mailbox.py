@@ -11,6 +11,12 @@ its id. Messages are consumed in FIFO order, so the log's consumed count
 (kept in the projection) is the length of the consumed prefix of the mailbox;
 ``pending`` checks that the last consumed id matches before trusting it.
 Recovery therefore delivers each accepted message exactly once.
+
+Readers check every record (``store/records.py``): a record of the wrong
+shape is damage, and ends the valid prefix like a bad CRC — writers use the
+same check, so they never append after damage a reader would stop at. A
+message above the store's ``max_record_bytes`` is refused
+(``MESSAGE_TOO_LARGE``) before anything is written.
 """
 
 from __future__ import annotations
@@ -19,12 +25,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .atomic import read_bytes
 from .errors import CorruptSessionError, SessionNotFoundError
 from .appender import append_durably
 from .framing import scan
 from .ids import IdGenerator
 from .locks import SessionFlock
+from .reader import read_session_file
+from .records import mailbox_problem
 from .root import Store
 
 __all__ = ["MailboxMessage", "accept", "read_mailbox", "pending"]
@@ -51,15 +58,16 @@ def accept(store: Store, session_id: str, *, source: dict[str, Any], content: An
     message_id = ids.new()
     record = {"id": message_id, "ts": time.time(), "source": source, "content": content, "wake": wake}
     append_durably(store, store.path(session_id, "mailbox"), record, lock_path=store.path(session_id, ".lock"),
-                   key=f"mailbox/{session_id}", owner=session_id, what=f"mailbox of {session_id}", lock=lock)
+                   key=f"mailbox/{session_id}", owner=session_id, what=f"mailbox of {session_id}", lock=lock,
+                   check=mailbox_problem, too_large="MESSAGE_TOO_LARGE")
     return message_id
 
 
 def _messages(data: bytes, *, start_seq: int = 0, base: int = 0) -> tuple[list[MailboxMessage], bool]:
-    result = scan(data, start_seq=start_seq, base_offset=base)
+    result = scan(data, start_seq=start_seq, base_offset=base, check=mailbox_problem)
     ends = result.offsets[1:] + [result.end]
     out = [
-        MailboxMessage(r["id"], float(r.get("ts", 0.0)), r.get("source") or {}, r.get("content"), bool(r.get("wake", True)), end)
+        MailboxMessage(r["id"], float(r["ts"]), r["source"], r.get("content"), r.get("wake", True), end)
         for r, end in zip(result.records, ends)
     ]
     # damage right at ``base`` means ``base`` is not where record ``start_seq`` starts
@@ -67,11 +75,9 @@ def _messages(data: bytes, *, start_seq: int = 0, base: int = 0) -> tuple[list[M
 
 
 def read_mailbox(store: Store, session_id: str) -> list[MailboxMessage]:
-    try:
-        data = read_bytes(store.path(session_id, "mailbox"))
-    except FileNotFoundError:
-        return []
-    return _messages(data)[0]
+    """The valid prefix of the mailbox; ``UnavailableSessionError`` when the file cannot be read."""
+    data = read_session_file(store, session_id, "mailbox")
+    return [] if data is None else _messages(data)[0]
 
 
 def pending(
@@ -85,12 +91,7 @@ def pending(
     record ``consumed``, the whole mailbox is read and checked against the log.
     """
     if mailbox_end is not None and consumed > 0:
-        try:
-            with open(store.path(session_id, "mailbox"), "rb") as handle:
-                handle.seek(mailbox_end)
-                suffix = handle.read()
-        except FileNotFoundError:
-            suffix = None
+        suffix = read_session_file(store, session_id, "mailbox", offset=mailbox_end)
         if suffix is not None:
             messages, misplaced = _messages(suffix, start_seq=consumed, base=mailbox_end)
             if not misplaced and (messages or len(suffix) == 0):

@@ -16,12 +16,16 @@ its gate folds the log in memory instead, and never writes it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal
 
 import os
 
+from pydantic import Field
+
+from .atomic import FILE_MODE, NOFOLLOW, read_bytes
 from .framing import encode_record, scan
 from .descriptor import ContinuableDescriptor, Descriptor, DescriptorError, identity_of, parse_descriptor
+from .records import Checked, validate
 
 __all__ = ["PROJECTION_VERSION", "Timing", "Projection", "encode_cache", "decode_cache", "read_cache", "write_cache"]
 
@@ -92,7 +96,8 @@ class Projection:
         elif kind == "turn/end":
             self.open_turn, self.open_step, self.open_calls = None, None, {}
             self.turns += 1
-            self.last_stop_reason = data.get("stop_reason") if isinstance(data, dict) else None
+            reason = data.get("stop_reason") if isinstance(data, dict) else None
+            self.last_stop_reason = reason if isinstance(reason, str) else None
             if self.timing.active_since is not None:
                 self.timing.settled_ms += max(0.0, ts - self.timing.active_since) * 1000.0
             self.timing.active_since = self.timing.active_through = None
@@ -110,11 +115,13 @@ class Projection:
                 self.open_calls.pop(str(data.get("call_id")), None)
             elif kind in ("message/accepted", "message/discarded") and isinstance(data, dict):
                 self.consumed += 1
-                self.last_message_id = data.get("message_id")
+                message_id = data.get("message_id")
+                self.last_message_id = message_id if isinstance(message_id, str) else None
                 end = data.get("mailbox_end")
                 self.mailbox_end = end if isinstance(end, int) and not isinstance(end, bool) else None
             elif kind == "sandbox/mode" and isinstance(data, dict):
-                self.sandbox = data.get("mode")
+                mode = data.get("mode")
+                self.sandbox = mode if isinstance(mode, str) else None
 
     def _descriptor(self, seq: int, data: Any, ts: float) -> None:
         verdict = identity_of(data)
@@ -185,44 +192,79 @@ class Projection:
 
     @classmethod
     def from_record(cls, data: Any) -> "Projection | None":
-        """Rebuild a cached projection; ``None`` if it is not one this build wrote."""
+        """Rebuild a cached projection; ``None`` if it is not one this build wrote (any type wrong)."""
         if not isinstance(data, dict) or data.get("version") != PROJECTION_VERSION:
             return None
-        try:
-            ident = data["identity"]
-            identity: Descriptor | str | None
-            if ident is None or isinstance(ident, str):
-                identity = ident
-            else:
-                identity = parse_descriptor(ident)
-            resume = None if data["resume"] is None else parse_descriptor(data["resume"])
-            t = data["timing"]
-            return cls(
-                seed_length=int(data["seed_length"]),
-                seq=int(data["seq"]),
-                end_offset=int(data["end_offset"]),
-                last_offset=int(data["last_offset"]),
-                last_ts=float(data["last_ts"]),
-                identity=identity,
-                identity_seq=data["identity_seq"],
-                resume=resume,
-                resume_seq=data["resume_seq"],
-                resume_error=data["resume_error"],
-                resume_seen=bool(data["resume_seen"]),
-                timing=Timing(t["settled_ms"], t["active_since"], t["active_through"], t["pending_since"]),
-                seen_descriptor=bool(data["seen_descriptor"]),
-                consumed=int(data["consumed"]),
-                last_message_id=data["last_message_id"],
-                open_turn=data["open_turn"],
-                open_step=data["open_step"],
-                open_calls={str(k): int(v) for k, v in data["open_calls"].items()},
-                turns=int(data["turns"]),
-                last_stop_reason=data["last_stop_reason"],
-                sandbox=data["sandbox"],
-                mailbox_end=data["mailbox_end"],  # a cache written before this field existed is refolded
-            )
-        except (KeyError, TypeError, ValueError, AttributeError, DescriptorError):
+        found = validate(_CacheFields, data)
+        if isinstance(found, str):
             return None
+        try:
+            identity: Descriptor | str | None
+            ident = found.identity
+            identity = ident if ident is None or isinstance(ident, str) else parse_descriptor(ident)
+            resume = None if found.resume is None else parse_descriptor(found.resume)
+        except DescriptorError:
+            return None
+        t = found.timing
+        return cls(
+            seed_length=found.seed_length,
+            seq=found.seq,
+            end_offset=found.end_offset,
+            last_offset=found.last_offset,
+            last_ts=found.last_ts,
+            identity=identity,
+            identity_seq=found.identity_seq,
+            resume=resume,
+            resume_seq=found.resume_seq,
+            resume_error=found.resume_error,
+            resume_seen=found.resume_seen,
+            timing=Timing(t.settled_ms, t.active_since, t.active_through, t.pending_since),
+            seen_descriptor=found.seen_descriptor,
+            consumed=found.consumed,
+            last_message_id=found.last_message_id,
+            open_turn=found.open_turn,
+            open_step=found.open_step,
+            open_calls=dict(found.open_calls),
+            turns=found.turns,
+            last_stop_reason=found.last_stop_reason,
+            sandbox=found.sandbox,
+            mailbox_end=found.mailbox_end,
+        )
+
+
+class _TimingFields(Checked):
+    settled_ms: float
+    active_since: float | None
+    active_through: float | None
+    pending_since: float | None
+
+
+class _CacheFields(Checked):
+    """The cached projection map (``Projection.to_record``), every field typed (store/records.py)."""
+
+    version: Literal[1]
+    seed_length: int = Field(ge=0)
+    seq: int = Field(ge=-1)
+    end_offset: int = Field(ge=0)
+    last_offset: int = Field(ge=0)
+    last_ts: float
+    identity: Literal["unsupported", "corrupt"] | dict[str, Any] | None
+    identity_seq: int | None
+    resume: dict[str, Any] | None
+    resume_seq: int | None
+    resume_error: str | None
+    resume_seen: bool
+    timing: _TimingFields
+    seen_descriptor: bool
+    consumed: int = Field(ge=0)
+    last_message_id: str | None
+    open_turn: int | None
+    open_step: int | None
+    open_calls: dict[str, int]
+    turns: int = Field(ge=0)
+    last_stop_reason: str | None
+    sandbox: str | None
+    mailbox_end: int | None  # required: a cache written before this field existed is refolded
 
 
 # -- the ``identity`` cache file ------------------------------------------------------
@@ -247,9 +289,9 @@ def decode_cache(raw: bytes) -> dict[str, Any] | None:
 
 
 def read_cache(path: str) -> Projection | None:
+    """The cached projection; ``None`` when absent or not valid. ``OSError`` when unreadable."""
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read()
+        raw = read_bytes(path)
     except FileNotFoundError:
         return None
     data = decode_cache(raw)
@@ -258,7 +300,7 @@ def read_cache(path: str) -> Projection | None:
 
 def write_cache(path: str, projection: Projection) -> None:
     blob = encode_cache(projection)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | NOFOLLOW, FILE_MODE)
     try:
         os.pwrite(fd, blob, 0)
         os.ftruncate(fd, len(blob))

@@ -10,6 +10,11 @@ classifies the log as:
 * ``corrupt`` — a valid ``turn/end`` record exists beyond the damage: bytes
   inside the committed region are bad, and dropping them would lose committed
   work. Nothing repairs this silently.
+
+Every event passes the envelope check of ``store/records.py`` (a record whose
+``type`` is not a string, or whose ``ts`` is not a finite number, is damage
+like a bad CRC). Nothing here raises anything but a ``SubagentError``: an
+unreadable file (a folder or a link in its place) is ``UnavailableSessionError``.
 """
 
 from __future__ import annotations
@@ -17,16 +22,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import msgpack
-
 from .atomic import read_bytes
-from .errors import CorruptSessionError, InvalidHeaderError, SessionNotFoundError, UnsupportedFormatError
+from .errors import (
+    CorruptSessionError,
+    InvalidHeaderError,
+    SessionNotFoundError,
+    UnavailableSessionError,
+    UnsupportedFormatError,
+)
 from .events import unknown_type
-from .framing import Damage, find_later_record, scan
+from .framing import Damage, ScanResult, find_committed, scan
 from .header import SessionHeader, parse_header
+from .records import event_problem, unpack
 from .root import Store
 
-__all__ = ["LogStatus", "Inspection", "read_header", "scan_log", "classify", "inspect", "read_from"]
+__all__ = ["LogStatus", "Inspection", "read_session_file", "read_header", "scan_events", "scan_log", "classify", "inspect", "read_from"]
 
 LogStatus = Literal["clean", "torn", "corrupt"]
 
@@ -46,17 +56,26 @@ class Inspection:
         return len(self.events)
 
 
-def read_header(store: Store, session_id: str) -> SessionHeader:
-    """The validated header; ``SessionNotFoundError``, ``CorruptSessionError`` or ``UnsupportedFormatError``."""
-    path = store.path(session_id, "header")
+def read_session_file(store: Store, session_id: str, name: str, *, offset: int = 0) -> bytes | None:
+    """The bytes of ``sessions/<id>/<name>`` (``None`` when absent); ``UnavailableSessionError`` when unreadable."""
     try:
-        raw = read_bytes(path)
+        return read_bytes(store.path(session_id, name), offset=offset)
     except FileNotFoundError:
-        raise SessionNotFoundError(session_id) from None
+        return None
+    except OSError as exc:
+        raise UnavailableSessionError(session_id, f"its {name} cannot be read ({exc.strerror or exc})") from None
+
+
+def read_header(store: Store, session_id: str) -> SessionHeader:
+    """The validated header; ``SessionNotFoundError``, ``CorruptSessionError``,
+    ``UnavailableSessionError`` or ``UnsupportedFormatError``, nothing else."""
+    raw = read_session_file(store, session_id, "header")
+    if raw is None:
+        raise SessionNotFoundError(session_id)
     try:
-        data = msgpack.unpackb(raw, raw=False)
-    except Exception as exc:  # garbage bytes
-        raise CorruptSessionError(session_id, f"header is not msgpack ({type(exc).__name__})") from None
+        data = unpack(raw)
+    except ValueError as exc:
+        raise CorruptSessionError(session_id, f"header is {exc}") from None
     try:
         return parse_header(data, expected_id=session_id)
     except InvalidHeaderError as exc:
@@ -67,14 +86,21 @@ def _is_turn_end(payload: dict[str, Any]) -> bool:
     return payload.get("type") == "turn/end"
 
 
-def classify(data: bytes, damage: Damage | None) -> LogStatus:
+def classify(data: bytes, damage: Damage | None, expected_seq: int = 0) -> LogStatus:
+    """``corrupt`` when a committed ``turn/end`` that chains (``framing.find_committed``) follows the damage."""
     if damage is None:
         return "clean"
-    return "corrupt" if find_later_record(data, damage.offset + 1, _is_turn_end) is not None else "torn"
+    found = find_committed(data, damage.offset + 1, expected_seq, _is_turn_end, torn_reason=damage.reason)
+    return "torn" if found is None else "corrupt"
+
+
+def scan_events(data: bytes | memoryview, *, start_seq: int = 0, base_offset: int = 0) -> ScanResult:
+    """``framing.scan`` of log events, each checked against the event envelope."""
+    return scan(data, start_seq=start_seq, base_offset=base_offset, check=event_problem)
 
 
 def scan_log(session_id: str, data: bytes, *, start_seq: int = 0, base_offset: int = 0) -> tuple[list[dict[str, Any]], list[int], int, Damage | None, LogStatus]:
-    result = scan(data, start_seq=start_seq, base_offset=base_offset)
+    result = scan_events(data, start_seq=start_seq, base_offset=base_offset)
     for event in result.records:
         kind = unknown_type(event)
         if kind is not None:
@@ -86,17 +112,14 @@ def scan_log(session_id: str, data: bytes, *, start_seq: int = 0, base_offset: i
     status: LogStatus = "clean"
     if result.damage is not None:
         local = Damage(result.damage.offset - base_offset, result.damage.dropped, result.damage.reason, result.damage.detail)
-        status = classify(data, local)
+        status = classify(data, local, start_seq + len(result.records))
     return result.records, result.offsets, result.end, result.damage, status
 
 
 def inspect(store: Store, session_id: str) -> Inspection:
     """Header and valid prefix of a session, classified; read-only."""
     header = read_header(store, session_id)
-    try:
-        data = read_bytes(store.path(session_id, "log"))
-    except FileNotFoundError:
-        data = b""
+    data = read_session_file(store, session_id, "log") or b""
     events, offsets, end, damage, status = scan_log(session_id, data)
     return Inspection(header, events, offsets, end, len(data), status, damage)
 

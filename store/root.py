@@ -2,19 +2,26 @@
 
 ``Store`` is a cheap handle (a path and a durability policy); every process
 opens its own. It never caches session state: other processes write the same
-files. Every path it builds goes through ``validate_session_id`` first.
+files. Every path it builds goes through ``validate_session_id`` first, and
+a session folder that is a symbolic link is refused (``UnavailableSessionError``)
+before any path inside it is handed out: nothing is read or written through it.
+
+The marker holds the store's ``max_record_bytes``, the one limit every process
+on the store writes by (FORMAT.md §2); it is fixed when the store is created.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from typing import Any
 
 import msgpack
 
 from .atomic import make_dirs, read_bytes, write_atomic
 from .durability import Durability, durability_policy
-from .errors import StoreFormatError
+from .errors import StoreFormatError, UnavailableSessionError
+from .framing import DEFAULT_RECORD_LIMIT, MAX_RECORD_BYTES
 from .ids import validate_session_id
 
 __all__ = ["STORE_FORMAT", "STORE_VERSION", "Store"]
@@ -36,15 +43,26 @@ def _creating(name: str) -> bool:
 class Store:
     """An opened store folder (created with its ``STORE`` marker when absent)."""
 
-    def __init__(self, root: str | os.PathLike[str], *, durability: str | Durability = "batched", create: bool = True) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], *, durability: str | Durability = "batched", create: bool = True,
+        max_record_bytes: int | None = None,
+    ) -> None:
+        """``max_record_bytes`` is used only when this call creates the store; an existing
+        store keeps the limit in its marker (every writer of a store must agree)."""
         self.root = os.path.abspath(os.fspath(root))
         self.durability = durability if isinstance(durability, Durability) else durability_policy(durability)
         # where this handle's last append to each shared framed file (children index,
         # mailbox) ended: (byte offset, next seq). Only a hint (store/appender.py).
         self.index_tails: dict[str, tuple[int, int]] = {}
-        self._open(create)
+        if max_record_bytes is not None and not 1024 <= max_record_bytes <= MAX_RECORD_BYTES:
+            raise StoreFormatError(
+                f"max_record_bytes must be between 1024 and {MAX_RECORD_BYTES} (the format's ceiling), not {max_record_bytes}",
+                path=self.root,
+            )
+        self.max_record_bytes = DEFAULT_RECORD_LIMIT
+        self._open(create, max_record_bytes)
 
-    def _open(self, create: bool) -> None:
+    def _open(self, create: bool, max_record_bytes: int | None) -> None:
         marker = os.path.join(self.root, "STORE")
         if not os.path.exists(marker):
             if not create:
@@ -58,7 +76,8 @@ class Store:
             for sub in ("sessions", "owners", "index", os.path.join("index", "children")):
                 make_dirs(os.path.join(self.root, sub))
             try:
-                write_atomic(marker, msgpack.packb({"format": STORE_FORMAT, "version": STORE_VERSION}), durable=True, exclusive=True)
+                info = {"format": STORE_FORMAT, "version": STORE_VERSION, "max_record_bytes": max_record_bytes or DEFAULT_RECORD_LIMIT}
+                write_atomic(marker, msgpack.packb(info), durable=True, exclusive=True)
             except FileExistsError:
                 pass  # another process created it at the same time
         try:
@@ -72,6 +91,10 @@ class Store:
                 f"{self.root} is a {STORE_FORMAT} of version {info.get('version')!r}; this build reads version {STORE_VERSION}",
                 path=self.root,
             )
+        limit = info.get("max_record_bytes", DEFAULT_RECORD_LIMIT)  # absent in markers written before the limit
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_RECORD_BYTES:
+            raise StoreFormatError(f"{marker} holds max_record_bytes {limit!r}, not an integer up to {MAX_RECORD_BYTES}", path=self.root)
+        self.max_record_bytes = limit
 
     # -- layout --------------------------------------------------------------
 
@@ -88,7 +111,17 @@ class Store:
         return os.path.join(self.root, "index", "children")
 
     def session_dir(self, session_id: str) -> str:
-        return os.path.join(self.root, "sessions", validate_session_id(session_id))
+        """``sessions/<id>``; ``UnavailableSessionError`` when that name is a link (one ``lstat``)."""
+        folder = os.path.join(self.root, "sessions", validate_session_id(session_id))
+        try:
+            mode = os.lstat(folder).st_mode
+        except FileNotFoundError:
+            return folder
+        except OSError as exc:
+            raise UnavailableSessionError(session_id, f"its folder cannot be examined ({exc.strerror})") from None
+        if stat.S_ISLNK(mode):
+            raise UnavailableSessionError(session_id, "its folder is a symbolic link (refused: nothing is read or written through it)")
+        return folder
 
     def path(self, session_id: str, name: str) -> str:
         """``sessions/<id>/<name>`` for name in header, log, mailbox, lease, .lock, identity."""
@@ -101,14 +134,14 @@ class Store:
         return os.path.join(self.root, "index", "children", validate_session_id(parent_id))
 
     def exists(self, session_id: str) -> bool:
-        return os.path.exists(self.path(session_id, "header"))
+        return os.path.lexists(self.path(session_id, "header"))
 
     def session_ids(self) -> list[str]:
-        """Every id with a header, sorted (ids are time-ordered)."""
+        """Every id with a header, sorted (ids are time-ordered); session folders that are links are left out."""
         found = []
         with os.scandir(self.sessions_dir) as entries:
             for entry in entries:
-                if os.path.exists(os.path.join(entry.path, "header")):
+                if entry.is_dir(follow_symlinks=False) and os.path.lexists(os.path.join(entry.path, "header")):
                     found.append(entry.name)
         return sorted(found)
 

@@ -174,26 +174,27 @@ def _header(request: NewSession) -> SessionHeader:
 
 
 def _write_unpublished_and_publish(store: Store, request: NewSession, header: SessionHeader) -> None:
+    now = time.time()
+    seed = request.seed
+    projection = Projection(seed_length=len(seed))
+    chunks: list[bytes] = []
+    offset = 0
+    rows: list[dict[str, Any]] = [
+        {"seq": i, "ts": e.get("ts", now), "type": e["type"], "data": e.get("data"), "epoch": 0} for i, e in enumerate(seed)
+    ]
+    rows += [{"seq": len(seed) + i, "ts": now, "type": kind, "data": data, "epoch": 0} for i, (kind, data) in enumerate(request.events)]
+    for row in rows:
+        # framed before the folder exists: a record above the limit leaves no trace
+        chunk = encode_record(row, limit=store.max_record_bytes, what=f'a "{row["type"]}" event')
+        projection.apply(row, offset, offset + len(chunk))
+        chunks.append(chunk)
+        offset += len(chunk)
     folder = store.session_dir(request.session_id)
     try:
         os.mkdir(folder, DIR_MODE)
     except FileExistsError:
         raise SessionExistsError(request.session_id) from None
     try:
-        now = time.time()
-        seed = request.seed
-        projection = Projection(seed_length=len(seed))
-        chunks: list[bytes] = []
-        offset = 0
-        rows: list[dict[str, Any]] = [
-            {"seq": i, "ts": e.get("ts", now), "type": e["type"], "data": e.get("data"), "epoch": 0} for i, e in enumerate(seed)
-        ]
-        rows += [{"seq": len(seed) + i, "ts": now, "type": kind, "data": data, "epoch": 0} for i, (kind, data) in enumerate(request.events)]
-        for row in rows:
-            chunk = encode_record(row)
-            projection.apply(row, offset, offset + len(chunk))
-            chunks.append(chunk)
-            offset += len(chunk)
         durable = store.durability.syncs_at_commit
         # the header's folder fsync below persists the names of every file written before it
         write_new(os.path.join(folder, "log"), b"".join(chunks), durable=durable)

@@ -67,6 +67,7 @@ turns_per_worker = 1            # running turns per worker: 1 for CPU-bound prog
 control_poll_s = 0.05           # how often a supervisor looks for messages/controls other processes wrote for its children
 worker_ready_timeout_s = 30.0   # a worker that is not READY by then is a startup failure
 worker_log_level = 30           # logging level inside workers (30 = WARNING)
+max_record_bytes = 16777216     # largest record (message, event) a store created here accepts; kept in its STORE marker; at most 64 MiB
 
 # Providers registered by the CLI (`subagents run`, `subagents demo`), besides
 # the CLI's own. A deployment file's `providers` array replaces this one.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import queue
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -74,14 +75,21 @@ def write_file(path: str, data: bytes) -> None:
         handle.write(data)
 
 
-def tree_state(root: str) -> dict[str, tuple[str, int, bytes | None]]:
-    """Every path under ``root`` with its kind, mtime and (for files) bytes."""
-    state: dict[str, tuple[str, int, bytes | None]] = {}
+def tree_state(root: str) -> dict[str, tuple[str, int, int, bytes | str | None]]:
+    """Every path under ``root`` with its kind, mode, mtime and content (file bytes, link target), links not followed."""
+    state: dict[str, tuple[str, int, int, bytes | str | None]] = {}
     for folder, dirs, files in os.walk(root):
-        state[folder] = ("dir", os.stat(folder).st_mtime_ns, None)
-        for name in files:
+        info = os.lstat(folder)
+        state[folder] = ("dir", info.st_mode, info.st_mtime_ns, None)
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(folder, d))]:
             path = os.path.join(folder, name)
-            state[path] = ("file", os.stat(path).st_mtime_ns, read_file(path))
+            info = os.lstat(path)
+            if stat.S_ISLNK(info.st_mode):
+                state[path] = ("link", info.st_mode, info.st_mtime_ns, os.readlink(path))
+            elif stat.S_ISREG(info.st_mode):
+                state[path] = ("file", info.st_mode, info.st_mtime_ns, read_file(path))
+            else:
+                state[path] = ("other", info.st_mode, info.st_mtime_ns, None)
     return state
 
 

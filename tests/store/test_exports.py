@@ -21,16 +21,16 @@ EXPECTED = {
     "Durability", "durability_policy",
     # errors
     "CorruptSessionError", "DescriptorError", "DurabilityError", "FencedError", "InvalidHeaderError",
-    "InvalidSessionIdError", "LeaseHeldError", "LockTimeoutError", "SessionExistsError", "SessionNotFoundError", "StoreFormatError",
-    "SubagentError", "UnsupportedFormatError",
+    "InvalidSessionIdError", "LeaseHeldError", "LockTimeoutError", "RecordTooLargeError", "SessionExistsError",
+    "SessionNotFoundError", "StoreFormatError", "SubagentError", "UnavailableSessionError", "UnsupportedFormatError",
     # events, framing, header, ids
     "EVENT_TYPES", "closers",
-    "Damage", "ScanResult", "encode_record", "scan",
+    "MAX_RECORD_BYTES", "Damage", "ScanResult", "encode_record", "scan",
     "SessionHeader", "parse_header",
     "IdGenerator", "is_valid_session_id", "new_id", "validate_session_id",
     # index, lease
-    "IndexEntry", "add_child", "read_children", "reindex",
-    "Lease", "OwnerCache", "OwnerRecord", "acquire_lease", "heartbeat", "owner_alive", "read_lease", "read_owner",
+    "IndexEntry", "IndexRead", "add_child", "read_children", "read_index", "reindex",
+    "Lease", "OwnerCache", "OwnerRecord", "acquire_lease", "check_lease", "heartbeat", "owner_alive", "read_lease", "read_owner",
     "register_owner", "release_lease", "remove_owner", "session_status", "set_lease_state",
     # log, mailbox, projection, reader, root, session
     "LogWriter", "SeqMismatchError", "load_projection", "read_projection",

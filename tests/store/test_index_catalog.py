@@ -181,6 +181,50 @@ def descriptor_child(payload):
     return damage
 
 
+def replace_with_folder(name):
+    def damage(st, sid):
+        os.unlink(st.path(sid, name)) if os.path.lexists(st.path(sid, name)) else None
+        os.mkdir(st.path(sid, name), 0o700)
+    return damage
+
+
+def replace_with_loop(name):
+    def damage(st, sid):
+        path = st.path(sid, name)
+        if os.path.lexists(path):
+            os.unlink(path)
+        os.symlink(os.path.basename(path), path)  # a link to itself: ELOOP
+    return damage
+
+
+def lease_record(**fields):
+    def damage(st, sid):
+        record = {"owner": "o1", "epoch": 1, "state": "running", "acquired_at": 1.0, **fields}
+        write_file(st.path(sid, "lease"), msgpack.packb(record))
+    return damage
+
+
+def cache_with(**fields):
+    def damage(st, sid):
+        from subagents.store.projection import encode_cache, read_cache
+        record = read_cache(st.path(sid, "identity")).to_record()
+        record.update(fields)
+        write_file(st.path(sid, "identity"), store.encode_record({"seq": 0, "projection": record}))
+    return damage
+
+
+def event_envelope(**fields):
+    """A CRC-valid event of the wrong shape before a committed turn/end (the log is then corrupt)."""
+    def damage(st, sid):
+        found = store.inspect(st, sid)
+        records = [dict(e) for e in found.events]
+        records[1].update(fields)
+        blob, _ = records_blob(records)
+        write_file(st.path(sid, "log"), blob)
+        os.unlink(st.path(sid, "identity"))
+    return damage
+
+
 DAMAGES = {
     "garbage-header": (lambda st, sid: write_file(st.path(sid, "header"), b"\xc1\xc1"), "corrupt"),
     "header-breaks-rules": (rewrite_header(delegation_depth=-1), "corrupt"),
@@ -191,6 +235,20 @@ DAMAGES = {
     "descriptor-version-99": (descriptor_child({"version": 99, "mode": "future"}), "unsupported"),
     "unknown-event-type": (unknown_event, "unsupported"),
     "log-is-a-directory": (log_is_a_directory, "unavailable"),
+    # issue #14: each of these raised out of the listing and hid every sibling
+    "header-is-a-directory": (replace_with_folder("header"), "unavailable"),
+    "header-is-a-link-loop": (replace_with_loop("header"), "unavailable"),
+    "lease-epoch-inf": (lease_record(epoch=float("inf")), "corrupt"),
+    "lease-epoch-string": (lease_record(epoch="7"), "corrupt"),
+    "lease-is-garbage": (lambda st, sid: write_file(st.path(sid, "lease"), b"\xc1"), "corrupt"),
+    "lease-is-a-directory": (replace_with_folder("lease"), "unavailable"),
+    "lease-is-a-link-loop": (replace_with_loop("lease"), "unavailable"),
+    "cache-identity-unknown-string": (cache_with(identity="bogus", identity_seq=0), None),
+    "cache-seq-inf": (cache_with(seq=float("inf")), None),
+    "cache-is-a-directory": (replace_with_folder("identity"), None),
+    "event-type-is-a-list": (event_envelope(type=["turn/start"]), "corrupt"),
+    "event-ts-is-a-string": (event_envelope(ts="yesterday"), "corrupt"),
+    "own-index-is-a-directory": (lambda st, sid: os.mkdir(st.children_index_path(sid), 0o700), None),
 }
 
 
@@ -200,6 +258,9 @@ def test_one_bad_child_never_hides_its_siblings(tree, name):
     damage, reason = DAMAGES[name]
     damage(tree, "c2")
     rows = store.list_children(tree, "r")
+    if reason is None:  # damage of a derived file: the log is the authority, the child stays healthy
+        assert rows[1].kind == "child" and rows[1].label == "two"
+        return
     assert rows[1] == store.DiagnosticEntry("c2", reason)
     assert [(r.id, r.kind) for r in rows] == [("c1", "child"), ("c2", "diagnostic"), ("c0", "child")]
     assert rows[0].label == "one" and rows[2].label == "zero"

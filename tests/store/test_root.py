@@ -16,7 +16,7 @@ from ._support import ONE_SHOT, make_child, write_file
 def test_marker_and_layout(tmp_path):
     """Opening an absent folder creates the marker and the three top-level folders."""
     st = store.Store(tmp_path / "s")
-    assert msgpack.unpackb(open(os.path.join(st.root, "STORE"), "rb").read()) == {"format": "subagents-store", "version": 1}
+    assert msgpack.unpackb(open(os.path.join(st.root, "STORE"), "rb").read()) == {"format": "subagents-store", "version": 1, "max_record_bytes": 16 * 1024 * 1024}
     assert (store.STORE_FORMAT, store.STORE_VERSION) == ("subagents-store", 1)
     for sub in ("sessions", "owners", os.path.join("index", "children")):
         assert os.path.isdir(os.path.join(st.root, sub))

@@ -159,3 +159,15 @@ def test_llm_config_loads_and_leaves_llm_variables_to_the_program() -> None:
     cfg = load_config(CONFIGS / "llm.toml", env={"SUBAGENTS_LLM_MODEL": "m", "SUBAGENTS_LLM_BASE_URL": "http://127.0.0.1:1"}).config
     assert cfg.supervisor.turns_per_worker == 8
     assert [(p.name, p.program, p.continuable) for p in cfg.providers] == [("llm", "llm", True)]
+
+
+def test_max_record_bytes_is_a_bounded_supervisor_key(tmp_path: Path) -> None:
+    """Issue #14: the record size limit is configurable, never above the format's ceiling."""
+    from subagents.store import MAX_RECORD_BYTES
+
+    assert load_config(env={}).config.supervisor.max_record_bytes == 16 * 1024 * 1024
+    path = write(tmp_path, "[supervisor]\nmax_record_bytes = 65536\n")
+    assert load_config(path, env={}).config.supervisor.max_record_bytes == 65536
+    path = write(tmp_path, f"[supervisor]\nmax_record_bytes = {MAX_RECORD_BYTES + 1}\n")
+    with pytest.raises(ConfigError, match="max_record_bytes"):
+        load_config(path, env={})

@@ -1,0 +1,152 @@
+"""Typed checks of every record the store decodes: the one gate between bytes and code.
+
+A reader never uses a decoded value before it passes here. Each small file
+(lease, owner) and each framed record kind (log event, mailbox message,
+control request, children-index entry) has one schema. A value of the wrong
+type — a string where a number belongs, ``inf`` where an integer belongs, a
+list where a type name belongs — is damage of that one file, returned as a
+value (``None`` or a problem text), never an exception: the caller turns it
+into a diagnostic for that file's session only, so one damaged session never
+hides another. Who calls it: every reader in ``store/`` (``lease``,
+``mailbox``, ``control``, ``index``, ``reader``, ``projection``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal, TypeVar
+
+import msgpack
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .framing import Check
+
+__all__ = [
+    "Checked",
+    "LeaseFields",
+    "OwnerFields",
+    "MailboxFields",
+    "ControlFields",
+    "IndexFields",
+    "unpack",
+    "validate",
+    "decode",
+    "problem_of",
+    "event_problem",
+    "mailbox_problem",
+]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class Checked(BaseModel):
+    """Strict: no coercion (``"5"`` is not 5, ``True`` is not 1), finite floats only; extra keys are kept out."""
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore", frozen=True)
+
+
+class LeaseFields(Checked):
+    owner: str
+    epoch: int = Field(ge=0)
+    state: Literal["running", "idle", "released"]
+    acquired_at: float
+
+
+class OwnerFields(Checked):
+    owner: str
+    host: str
+    pid: int = Field(ge=0)
+    pid_start: int | None = None
+    started_at: float
+    heartbeat_at: float
+    ttl: float = Field(gt=0)
+
+
+class MailboxFields(Checked):
+    seq: int
+    id: str
+    ts: float
+    source: dict[str, Any]
+    content: Any = None
+    wake: bool = True
+
+
+class ControlFields(Checked):
+    seq: int
+    id: str
+    ts: float
+    kind: str
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class IndexFields(Checked):
+    seq: int
+    id: str
+    created_at: float = 0.0
+    origin: str | None = None
+    removed: bool = False
+
+
+def unpack(raw: bytes) -> Any:
+    """The msgpack value in ``raw``; ``ValueError`` for anything that is not exactly one value."""
+    try:
+        return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types for garbage
+        raise ValueError(f"not msgpack ({type(exc).__name__})") from None
+
+
+def validate(model: type[M], data: Any) -> M | str:
+    """``data`` as ``model``, or the first problem as text."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "record"
+        return f"{where}: {first['msg']}"
+
+
+def decode(model: type[M], raw: bytes) -> M | str:
+    """Unpack and validate a whole small file (lease, owner)."""
+    try:
+        data = unpack(raw)
+    except ValueError as exc:
+        return str(exc)
+    return validate(model, data)
+
+
+def problem_of(model: type[BaseModel]) -> Check:
+    """A framing ``Check`` for ``model``: the problem text of a record, ``None`` when it is valid."""
+
+    def check(record: dict[str, Any]) -> str | None:
+        found = validate(model, record)
+        return found if isinstance(found, str) else None
+
+    return check
+
+
+mailbox_problem = problem_of(MailboxFields)
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def event_problem(record: dict[str, Any]) -> str | None:
+    """The log event envelope ``{seq, ts, type, data, epoch}`` (+ ``ignorable``).
+
+    Explicit checks, not a model: every event of every log read passes here,
+    and this costs a few ``isinstance`` calls. ``data`` is the event kind's
+    own business (folds check what they use).
+    """
+    kind = record.get("type")
+    if not isinstance(kind, str):
+        return f"type must be a string, not {type(kind).__name__}"
+    if not _finite_number(record.get("ts")):
+        return "ts must be a finite number"
+    epoch = record.get("epoch", 0)
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+        return "epoch must be a non-negative integer"
+    ignorable = record.get("ignorable")
+    if ignorable is not None and not isinstance(ignorable, bool):
+        return "ignorable must be a boolean"
+    return None

@@ -1,0 +1,201 @@
+"""Readers under damage (issue #14): a damaged file is a value about its own session, never an exception.
+
+Listings are covered by ``test_index_catalog.py::test_one_bad_child_never_hides_its_siblings``;
+here: the readers one by one, ``fsck``, control records and the children index.
+"""
+
+from __future__ import annotations
+
+import os
+
+import msgpack
+import pytest
+
+from subagents import store
+from subagents.store.control import INVALID, read_controls
+from subagents.store.fsck import fsck
+from subagents.store.index import read_index
+
+from ._support import ONE_SHOT, make_child, read_file, records_blob, tree_state, write_file
+
+TURN = [("turn/start", {}), ("assistant/message", {"text": "done"}), ("turn/end", {"stop_reason": "completed"})]
+
+
+def lease_bytes(**fields):
+    return msgpack.packb({"owner": "o1", "epoch": 1, "state": "running", "acquired_at": 1.0, **fields})
+
+
+# -- leases and owners ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("raw", [lease_bytes(epoch=float("inf")), lease_bytes(epoch=2.5), lease_bytes(state=["x"]),
+                                 lease_bytes(acquired_at=float("nan")), b"\xc1", b""])
+def test_a_damaged_lease_reads_as_none_checks_as_corrupt_and_is_never_taken(st, raw):
+    """read_lease never raises; check_lease names the damage; acquire refuses instead of restarting the epoch."""
+    store.create_session(st, "s1")
+    write_file(st.path("s1", "lease"), raw)
+    assert store.read_lease(st, "s1") is None
+    assert store.session_status(st, "s1") == "complete"
+    with pytest.raises(store.CorruptSessionError):
+        store.check_lease(st, "s1")
+    with pytest.raises(store.CorruptSessionError):
+        store.acquire_lease(st, "s1", "o2")
+    assert read_file(st.path("s1", "lease")) == raw
+
+
+@pytest.mark.parametrize("how", ["folder", "loop"])
+def test_an_unreadable_lease_is_unavailable(st, how):
+    store.create_session(st, "s1")
+    path = st.path("s1", "lease")
+    os.mkdir(path) if how == "folder" else os.symlink("lease", path)
+    assert store.read_lease(st, "s1") is None
+    with pytest.raises(store.UnavailableSessionError):
+        store.check_lease(st, "s1")
+
+
+@pytest.mark.parametrize("fields", [{"pid": float("inf")}, {"ttl": float("inf")}, {"heartbeat_at": "now"}, {"host": 3}])
+def test_a_damaged_owner_is_dead(st, fields):
+    """An owner record that does not check proves nothing: its leases can be taken."""
+    record = store.register_owner(st, "o1", ttl=60.0)
+    write_file(st.owner_path("o1"), msgpack.packb({**record.to_record(), **fields}))
+    assert store.read_owner(st, "o1") is None
+    assert store.owner_alive(store.read_owner(st, "o1")) is False
+
+
+# -- header and log -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["header", "log"])
+def test_a_folder_in_place_of_a_file_is_unavailable_not_an_os_error(st, name):
+    store.create_session(st, "s1")
+    os.unlink(st.path("s1", name))
+    os.mkdir(st.path("s1", name))
+    with pytest.raises(store.UnavailableSessionError) as info:
+        store.inspect(st, "s1")
+    assert info.value.code == "SESSION_UNAVAILABLE" and name in info.value.message
+
+
+def test_an_event_with_a_list_type_is_damage_not_a_type_error(st):
+    """A CRC-valid event whose type is a list: the valid prefix ends there (torn at the tail, corrupt before a turn/end)."""
+    make_child(st, "r", "c", events=TURN)
+    events = store.inspect(st, "c").events
+    bad = [dict(e) for e in events] + [{"seq": len(events), "ts": 1.0, "type": ["x"], "data": {}, "epoch": 0}]
+    write_file(st.path("c", "log"), records_blob(bad)[0])
+    found = store.inspect(st, "c")
+    assert found.status == "torn" and found.damage.reason == "not-a-record" and "type" in found.damage.detail
+    bad[1]["type"] = {"a": 1}
+    write_file(st.path("c", "log"), records_blob(bad)[0])
+    assert store.inspect(st, "c").status == "corrupt"
+
+
+# -- control records ----------------------------------------------------------------------
+
+
+def control_blob(records):
+    return records_blob([{"seq": i, **r} for i, r in enumerate(records)])
+
+
+def test_a_bad_control_record_is_reported_and_skipped(st):
+    """Issue #14 defect 1: {ts: "not a number", data: [1, 2, 3]} once killed the hosting supervisor."""
+    store.create_session(st, "s1")
+    good = {"id": "a", "ts": 1.0, "kind": "interrupt", "data": {"reason": "user"}}
+    blob, offsets = control_blob([good, {"id": "b", "ts": "not a number", "kind": "interrupt", "data": [1, 2, 3]},
+                                  {**good, "id": "c"}])
+    write_file(st.path("s1", "control"), blob)
+    found = read_controls(st, "s1")
+    assert [(r.seq, r.kind) for r in found] == [(0, "interrupt"), (1, INVALID), (2, "interrupt")]
+    assert "ts" in found[1].problem
+    assert [r.seq for r in read_controls(st, "s1", after_seq=1)] == [2]
+    # a run of garbage bytes in the middle: the records after it are still read
+    buf = bytearray(blob)
+    buf[offsets[1] + 9] ^= 0xFF
+    write_file(st.path("s1", "control"), bytes(buf))
+    found = read_controls(st, "s1")
+    assert [(r.seq, r.kind) for r in found] == [(0, "interrupt"), (1, INVALID), (2, "interrupt")]
+    assert "crc-mismatch" in found[1].problem
+    # a later request appends after the damage, and is read
+    store.request(st, "s1", "interrupt", {}, ids=store.IdGenerator())
+    assert [r.seq for r in read_controls(st, "s1", after_seq=2)] == [3]
+
+
+def test_an_unreadable_control_file_reads_as_nothing(st):
+    store.create_session(st, "s1")
+    os.mkdir(st.path("s1", "control"))
+    assert read_controls(st, "s1") == []
+
+
+# -- the children index -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["wrong-types", "crc", "not-a-map"])
+def test_a_bad_index_record_never_drops_the_children_after_it(st, how):
+    """Issue #14 defect 3: the bad record is skipped, the rest read, and fsck flags the file for reindex."""
+    store.create_session(st, "r", created_at=1.0)
+    for i, cid in enumerate(["c1", "c2", "c3"]):
+        make_child(st, "r", cid, descriptor={**ONE_SHOT, "label": cid}, created_at=10.0 + i)
+    path = st.children_index_path("r")
+    found = store.scan(read_file(path))
+    records = found.records
+    if how == "wrong-types":
+        records[1] = {**records[1], "created_at": "yesterday", "origin": ["subagent"]}
+        blob = records_blob(records)[0]
+    elif how == "not-a-map":
+        blob = records_blob(records)[0]
+        cut = records_blob(records[:1])[0]
+        rest = records_blob(records[2:])[0]
+        blob = cut + records_blob([{"seq": 1}])[0][:8] + b"\x93\x01\x02\x03" + rest
+        body = b"\x93\x01\x02\x03"
+        import zlib
+        blob = cut + len(body).to_bytes(4, "little") + zlib.crc32(body).to_bytes(4, "little") + body + rest
+    else:
+        buf = bytearray(read_file(path))
+        buf[found.offsets[1] + 12] ^= 0xFF
+        blob = bytes(buf)
+    write_file(path, blob)
+    read = read_index(st, "r")
+    assert [e.id for e in read.entries] == ["c1", "c3"] and read.needs_reindex
+    assert [r.id for r in store.list_children(st, "r")] == ["c1", "c3"]
+    report = fsck(st, repair=False, lease_ttl_s=5.0)
+    assert any(f["kind"] == "index-damaged" and f["id"] == "r" and "reindex" in f["detail"] for f in report["findings"])
+    make_child(st, "r", "c4", created_at=20.0)  # an append after the damage is read too
+    assert [e.id for e in read_index(st, "r").entries] == ["c1", "c3", "c4"]
+    store.reindex(st)
+    read = read_index(st, "r")
+    assert [e.id for e in read.entries] == ["c1", "c2", "c3", "c4"] and not read.needs_reindex
+
+
+# -- fsck ---------------------------------------------------------------------------------
+
+
+def _damage_everything(st):
+    """One session per kind of damage fsck once crashed on, plus a healthy one."""
+    store.create_session(st, "ok")
+    store.create_session(st, "hdir")
+    os.unlink(st.path("hdir", "header"))
+    os.mkdir(st.path("hdir", "header"))
+    store.create_session(st, "hloop")
+    os.unlink(st.path("hloop", "header"))
+    os.symlink("header", st.path("hloop", "header"))
+    store.create_session(st, "linf")
+    write_file(st.path("linf", "lease"), lease_bytes(epoch=float("inf")))
+    store.create_session(st, "ldir")
+    os.mkdir(st.path("ldir", "lease"))
+    make_child(st, "ok", "evlist", events=TURN)
+    events = [dict(e) for e in store.inspect(st, "evlist").events]
+    events[1]["type"] = ["turn/start"]
+    write_file(st.path("evlist", "log"), records_blob(events)[0])
+    os.mkdir(st.children_index_path("ldir"))
+    store.create_session(st, "ctl")
+    os.mkdir(st.path("ctl", "control"))
+
+
+def test_fsck_reports_and_never_crashes(st):
+    _damage_everything(st)
+    before = tree_state(st.root)
+    report = fsck(st, repair=False, lease_ttl_s=5.0)
+    assert tree_state(st.root) == before
+    kinds = {(f["id"], f["kind"]) for f in report["findings"]}
+    assert {("hdir", "unreadable"), ("hloop", "unreadable"), ("linf", "lease-unreadable"), ("ldir", "lease-unreadable"),
+            ("evlist", "corrupt"), ("ldir", "index-damaged"), ("ctl", "control-unreadable")} <= kinds
+    assert "ok" not in {f["id"] for f in report["findings"]}
+    assert fsck(st, repair=True, lease_ttl_s=5.0)["counts"] == report["counts"]

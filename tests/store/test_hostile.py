@@ -1,0 +1,212 @@
+"""Hostile input the store must refuse or see through (issue #14).
+
+* records above the store's size limit are refused before anything is written;
+* a fenced writer never rewrites the identity cache;
+* a frame embedded in a torn record's bytes never makes the tail read as corrupt;
+* links planted in the store are never followed.
+"""
+
+from __future__ import annotations
+
+import os
+
+import msgpack
+import pytest
+
+from subagents import store
+from subagents.store.framing import FRAME, encode_record
+from subagents.store.projection import read_cache
+
+from ._support import ONE_SHOT, make_child, read_file, tree_state, write_file
+
+LIMIT = 64 * 1024
+
+
+@pytest.fixture
+def small(tmp_path) -> store.Store:
+    """A store whose writers accept records up to 64 KiB."""
+    return store.Store(tmp_path / "store", max_record_bytes=LIMIT)
+
+
+# -- the record size limit ------------------------------------------------------------------
+
+
+def test_the_limit_lives_in_the_marker_and_every_handle_reads_it(small, tmp_path):
+    assert small.max_record_bytes == LIMIT
+    again = store.Store(tmp_path / "store", max_record_bytes=2 * LIMIT)  # an existing store keeps its limit
+    assert again.max_record_bytes == LIMIT
+    assert store.Store(tmp_path / "other").max_record_bytes == 16 * 1024 * 1024
+    with pytest.raises(store.StoreFormatError):
+        store.Store(tmp_path / "big", max_record_bytes=store.MAX_RECORD_BYTES + 1)
+
+
+def test_an_oversize_message_is_refused_before_anything_is_written(small):
+    """Issue #14 defect 4: an acknowledged message the readers could not read took the mailbox with it."""
+    store.create_session(small, "s1")
+    ids = store.IdGenerator()
+    first = store.accept(small, "s1", source={"kind": "user"}, content="before", ids=ids)
+    before = tree_state(small.root)
+    with pytest.raises(store.RecordTooLargeError) as info:
+        store.accept(small, "s1", source={"kind": "user"}, content="x" * LIMIT, ids=ids)
+    assert info.value.code == "MESSAGE_TOO_LARGE" and str(LIMIT) in info.value.message
+    assert tree_state(small.root) == before
+    last = store.accept(small, "s1", source={"kind": "user"}, content="y" * (LIMIT - 200), ids=ids)  # just under
+    assert [m.id for m in store.read_mailbox(small, "s1")] == [first, last]
+
+
+def test_an_oversize_event_is_refused_before_anything_is_written(small):
+    store.create_session(small, "s1", events=[("subagent/descriptor", ONE_SHOT)])
+    with store.LogWriter.open(small, "s1", epoch=0) as writer:
+        writer.append([("turn/start", {})], commit=True)
+        before = read_file(small.path("s1", "log"))
+        with pytest.raises(store.RecordTooLargeError) as info:
+            writer.append([("assistant/message", {"text": "ok"}), ("tool/result", {"text": "z" * LIMIT})])
+        assert info.value.code == "RECORD_TOO_LARGE" and "tool/result" in info.value.message
+        assert read_file(small.path("s1", "log")) == before
+        writer.append([("turn/end", {"stop_reason": "completed"})], commit=True)  # the writer is not broken
+    assert store.inspect(small, "s1").status == "clean"
+
+
+def test_an_oversize_creation_or_control_request_leaves_no_trace(small):
+    store.create_session(small, "p")
+    before = tree_state(small.root)
+    with pytest.raises(store.RecordTooLargeError):
+        make_child(small, "p", "c1", events=[("assistant/message", {"text": "w" * LIMIT})])
+    with pytest.raises(store.RecordTooLargeError):
+        store.request(small, "p", "interrupt", {"why": "v" * LIMIT}, ids=store.IdGenerator())
+    assert tree_state(small.root) == before
+
+
+def test_a_record_at_the_format_ceiling_is_readable(tmp_path):
+    """Whatever a writer accepts, every reader reads: the store's limit is never above the readers' ceiling."""
+    st = store.Store(tmp_path / "store", max_record_bytes=store.MAX_RECORD_BYTES)
+    store.create_session(st, "s1")
+    big = "m" * (store.MAX_RECORD_BYTES - 1024)
+    ids = store.IdGenerator()
+    first = store.accept(st, "s1", source={"kind": "user"}, content=big, ids=ids)
+    second = store.accept(st, "s1", source={"kind": "user"}, content="after", ids=ids)
+    assert [m.id for m in store.read_mailbox(st, "s1")] == [first, second]
+    with pytest.raises(store.RecordTooLargeError):
+        store.accept(st, "s1", source={"kind": "user"}, content=big + "m" * 2048, ids=ids)
+
+
+# -- a fenced writer and the identity cache -----------------------------------------------------
+
+
+def test_a_fenced_writer_never_rewrites_the_identity_cache(st):
+    """Issue #14 defect 6: frozen between its write and its commit, then taken over, then continued."""
+    store.create_session(st, "s1", events=[("subagent/descriptor", ONE_SHOT)])
+    store.register_owner(st, "o1", ttl=60)
+    store.register_owner(st, "o2", ttl=60)
+    first = store.acquire_lease(st, "s1", "o1")
+    old = store.LogWriter.open(st, "s1", epoch=first.epoch)
+    try:
+        old.append([("turn/start", {}), ("turn/end", {"stop_reason": "completed"})])  # written, not committed: frozen here
+        store.remove_owner(st, "o1")  # its heartbeat is gone: a takeover is allowed
+        second = store.acquire_lease(st, "s1", "o2")
+        with store.LogWriter.open(st, "s1", epoch=second.epoch) as new:
+            for _ in range(3):
+                new.append([("turn/start", {}), ("turn/end", {"stop_reason": "completed"})], commit=True)
+        cache = read_file(st.path("s1", "identity"))
+        assert read_cache(st.path("s1", "identity")).turns == 4
+        with pytest.raises(store.FencedError):
+            old.commit()  # continued after the takeover
+        assert read_file(st.path("s1", "identity")) == cache
+    finally:
+        old.close()
+    assert store.list_children  # the catalog reads the new owner's cache
+    assert read_cache(st.path("s1", "identity")).turns == store.read_projection(st, "s1").turns == 4
+
+
+# -- torn tails and frames inside them --------------------------------------------------------
+
+
+@pytest.mark.parametrize("claimed", ["same-seq", "next-seq"])
+def test_a_turn_end_inside_a_cut_record_never_reads_corrupt_at_any_offset(st, claimed):
+    """Issue #14 defect 7 (LevelDB style, every offset): the last record carries, as binary tool data,
+    the bytes of a valid turn/end frame; cutting it anywhere is a torn tail, and resume truncates it."""
+    store.create_session(st, "s1", events=[("subagent/descriptor", ONE_SHOT)])
+    with store.LogWriter.open(st, "s1", epoch=0) as writer:
+        writer.append([("turn/start", {}), ("turn/end", {"stop_reason": "completed"}), ("turn/start", {})], commit=True)
+        seq = writer.next_seq + (0 if claimed == "same-seq" else 1)
+        inner = encode_record({"seq": seq, "ts": 1.0, "type": "turn/end", "data": {"stop_reason": "completed"}, "epoch": 0})
+        writer.append([("tool/result", {"call_id": "c", "blob": b"\x00" * 7 + inner + b"\x01" * 5})])
+    full = read_file(st.path("s1", "log"))
+    good = store.inspect(st, "s1")
+    last_at = good.offsets[-1]
+    assert full.find(inner) > last_at
+    for cut in range(1, len(full) - last_at):
+        write_file(st.path("s1", "log"), full[: last_at + cut])
+        os.unlink(st.path("s1", "identity")) if os.path.exists(st.path("s1", "identity")) else None
+        found = store.inspect(st, "s1")
+        assert (found.status, found.end) == ("torn", last_at), cut
+        with store.LogWriter.open(st, "s1", epoch=0) as writer:
+            assert [r["type"] for r in writer.repaired] == ["turn/end"]  # the open turn closed as interrupted
+        assert read_file(st.path("s1", "log"))[:last_at] == full[:last_at]
+
+
+def test_real_corruption_before_a_chained_turn_end_still_reads_corrupt(st):
+    """The chain rule keeps the promise it guards: committed work after damage is never dropped."""
+    store.create_session(st, "s1", events=[("subagent/descriptor", ONE_SHOT)])
+    with store.LogWriter.open(st, "s1", epoch=0) as writer:
+        writer.append([("turn/start", {}), ("assistant/message", {"text": "x"}), ("turn/end", {"stop_reason": "completed"})],
+                      commit=True)
+    full = bytearray(read_file(st.path("s1", "log")))
+    offsets = store.inspect(st, "s1").offsets
+    full[offsets[2] + FRAME.size + 2] ^= 0xFF  # the assistant message; the turn/end after it is the last record
+    write_file(st.path("s1", "log"), bytes(full))
+    assert store.inspect(st, "s1").status == "corrupt"
+
+
+# -- links in the store -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["log", "mailbox", "control", "identity", "lease", "header", ".lock"])
+def test_a_link_planted_in_a_session_is_never_written_through(st, tmp_path, name):
+    """Issue #14 defect 8: every store file is opened with O_NOFOLLOW."""
+    store.create_session(st, "s1", events=[("subagent/descriptor", ONE_SHOT)])
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"precious")
+    path = st.path("s1", name)
+    if os.path.lexists(path):
+        os.unlink(path)
+    os.symlink(outside, path)
+    ids = store.IdGenerator()
+    attempts = [
+        lambda: store.accept(st, "s1", source={"kind": "user"}, content="hi", ids=ids),
+        lambda: store.request(st, "s1", "interrupt", {}, ids=ids),
+        lambda: store.LogWriter.open(st, "s1", epoch=0).close(),
+        lambda: store.inspect(st, "s1"),
+        lambda: store.read_mailbox(st, "s1"),
+        lambda: store.list_children(st, "s1"),
+        lambda: store.read_projection(st, "s1"),
+    ]
+    for attempt in attempts:
+        try:
+            attempt()
+        except store.SubagentError:
+            pass
+        except OSError as exc:  # a raw ELOOP is acceptable only where nothing maps it (never through)
+            assert exc.errno == 40, exc
+    assert outside.read_bytes() == b"precious"
+    assert os.path.islink(path)
+
+
+def test_a_session_folder_that_is_a_link_is_refused(st, tmp_path):
+    make_child(st, "r", "c1")
+    make_child(st, "r", "c2")
+    elsewhere = tmp_path / "elsewhere"
+    os.rename(st.session_dir("c2"), elsewhere)
+    os.symlink(elsewhere, os.path.join(st.sessions_dir, "c2"))
+    before = {p: read_file(os.path.join(elsewhere, p)) for p in os.listdir(elsewhere) if p != ".lock"}
+    with pytest.raises(store.UnavailableSessionError):
+        store.inspect(st, "c2")
+    with pytest.raises(store.UnavailableSessionError):
+        store.accept(st, "c2", source={"kind": "user"}, content="hi", ids=store.IdGenerator())
+    with pytest.raises(store.UnavailableSessionError):
+        store.LogWriter.open(st, "c2", epoch=0)
+    rows = store.list_children(st, "r")
+    assert [(r.id, r.kind) for r in rows] == [("c1", "child"), ("c2", "diagnostic")] and rows[1].reason == "unavailable"
+    assert "c2" not in st.session_ids()
+    assert {p: read_file(os.path.join(elsewhere, p)) for p in os.listdir(elsewhere) if p != ".lock"} == before
+    msgpack.unpackb(read_file(os.path.join(elsewhere, "header")))
