@@ -3,8 +3,9 @@
 ``describe_session`` reads the header and the whole log (``inspect``), folds
 it into a projection, and adds the lease, its owner's liveness, the mailbox
 counts and the number of direct subagent children. Read-only: no cache is
-written, no torn tail is cut, and a damaged log is described, not raised
-(only a missing or unreadable header raises, as ``inspect`` does).
+written, no torn tail is cut, and a damaged log, lease or mailbox is
+described, not raised (only a missing or unreadable header or log raises, as
+``inspect`` does).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .catalog import ChildStatus
-from .errors import CorruptSessionError
+from .errors import CorruptSessionError, UnavailableSessionError
 from .lease import Lease, OwnerRecord, owner_alive, read_lease, read_owner, session_status
 from .mailbox import pending, read_mailbox
 from .projection import Projection
@@ -44,12 +45,15 @@ class SessionDescription:
 
 def mailbox_counts(store: Store, session_id: str, projection: Projection) -> MailboxCounts:
     """Accepted messages, and how many no turn has taken yet."""
-    messages = read_mailbox(store, session_id)
+    try:
+        messages = read_mailbox(store, session_id)
+    except UnavailableSessionError as exc:  # a folder or a link in place of the mailbox
+        return MailboxCounts(0, None, exc.message)
     if not messages:
         return MailboxCounts(0, 0)  # a one-shot child's message is logged at creation, never mailed
     try:
         waiting = len(pending(store, session_id, consumed=projection.consumed, last_consumed_id=projection.last_message_id))
-    except CorruptSessionError as exc:
+    except (CorruptSessionError, UnavailableSessionError) as exc:
         return MailboxCounts(len(messages), None, exc.message)
     return MailboxCounts(len(messages), waiting)
 

@@ -14,8 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .framing import scan
-from .reader import Inspection, inspect
+from .reader import Inspection, inspect, read_session_file, scan_events
 from .root import Store
 
 __all__ = ["LogTail"]
@@ -34,7 +33,7 @@ class LogTail:
     def poll(self) -> list[dict[str, Any]]:
         """The events committed since the last poll (possibly none)."""
         try:
-            size = os.stat(self._path).st_size
+            size = os.lstat(self._path).st_size
         except FileNotFoundError:
             size = 0
         if size < self._end:  # cut back under us (a repair): start over from what is valid now
@@ -44,8 +43,7 @@ class LogTail:
             return events
         if size == self._end:
             return []
-        with open(self._path, "rb") as handle:
-            handle.seek(self._end)
-            result = scan(handle.read(size - self._end), start_seq=self._next_seq, base_offset=self._end)
+        added = (read_session_file(self._store, self._session_id, "log", offset=self._end) or b"")[: size - self._end]
+        result = scan_events(added, start_seq=self._next_seq, base_offset=self._end)
         self._end, self._next_seq = result.end, self._next_seq + len(result.records)
         return list(result.records)
