@@ -235,8 +235,8 @@ async def run(args: argparse.Namespace, folder: str) -> dict[str, Any]:
         print(f"turn: {turns} followups -> settlement (cold resume + echo turn + notice); p50 {percentile(turn, 0.5):.2f} ms")
 
         t0 = time.perf_counter()
-        small = craft_session(sup.store, sup._ids, root.id, 100 // EVENTS_PER_TURN)
-        large = craft_session(sup.store, sup._ids, root.id, 100_000 // EVENTS_PER_TURN)
+        small = craft_session(sup.store, sup.ids, root.id, 100 // EVENTS_PER_TURN)
+        large = craft_session(sup.store, sup.ids, root.id, 100_000 // EVENTS_PER_TURN)
         sizes = {name: read_projection(sup.store, cid).next_seq for name, cid in (("small", small), ("large", large))}
         print(f"resume: crafted sessions of {sizes['small']} and {sizes['large']} events in {time.perf_counter() - t0:.1f} s")
         small_ms, large_ms = [], []

@@ -1,7 +1,10 @@
 """The host side of subagents: the ``Supervisor`` service and its public models.
 
-Layout: ``service`` (the façade), ``registry`` (providers), ``pool`` (worker
-processes), ``oneshot`` (one-shot runs), ``rpc`` (what turns ask of the
+Layout: ``service`` (the façade), ``runtime`` (what the collaborators
+share), ``registry`` (providers), ``backend`` (the ``Pool`` protocol) and
+``pool`` (local worker processes), ``oneshot`` (one-shot runs),
+``continuable/`` (continuable children: activations, delivery, teardown),
+``validation`` (start requests), ``rpc`` (what turns ask of the
 supervisor), ``lease_keeper`` (owner heartbeat), ``events`` (lifecycle
 events), ``config``, ``models``, ``errors``, and ``cli/`` (the command line,
 the only package that prints).

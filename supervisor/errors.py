@@ -1,14 +1,26 @@
-"""Errors of the supervisor room, each with the reference's stable code.
+"""Errors of the supervisor room: one class per cause, each message text written once, here.
 
     SubagentError (store/errors.py)
-    ├── RegistryError            DUPLICATE_PROVIDER, NO_PROVIDER, UNSUPPORTED_CAPABILITY
-    ├── InvalidRequestError      INVALID_REQUEST: a request field breaks its rule (also ValueError)
-    ├── SubagentDepthError       DEPTH_EXCEEDED: attempted_depth > max_depth
+    ├── RegistryError             DUPLICATE_PROVIDER, NO_PROVIDER, UNSUPPORTED_CAPABILITY
+    ├── InvalidRequestError       INVALID_REQUEST: a request field breaks its rule (also ValueError)
+    ├── SubagentDepthError        DEPTH_EXCEEDED: attempted_depth > max_depth
     ├── CancelledBeforeStartError CANCELLED: cancelled before the run was published
-    ├── SupervisorClosedError    SUPERVISOR_CLOSED: the service is closing or closed
-    └── WaitTimeoutError         TIMEOUT: a wait for children or messages ran out (also TimeoutError)
+    ├── SupervisorClosedError     SUPERVISOR_CLOSED: the service is closing or closed
+    ├── WaitTimeoutError          TIMEOUT: a wait for children or messages ran out (also TimeoutError)
+    ├── NoParentError             NO_PARENT: the named parent session does not exist (also LookupError)
+    ├── DuplicateChildError       DUPLICATE_CHILD: a caller-chosen child id is taken
+    ├── UnauthorizedError         UNAUTHORIZED: the caller is not the agent allowed to do this (also PermissionError)
+    ├── NotResumableError         NOT_RESUMABLE: a continuable child cannot be materialised from the store
+    ├── ActivationClosingError    ACTIVATION_CLOSING: the activation concerned is being disposed
+    ├── DrainingError             DRAINING: admission is closed (a drain, or the supervisor closing)
+    ├── ParentUnavailableError    PARENT_UNAVAILABLE: a report found no live direct parent
+    ├── SetupError                ACTIVATION_SETUP_REVOKED, ACTIVATION_SETUP_RELEASE_FAILED
+    ├── RpcError                  UNKNOWN_RPC, NO_RUN, TURN_GONE, RPC_FAILED: a turn's request to its supervisor failed
+    └── WorkerHandshakeError      WORKER_HANDSHAKE: a new worker did not announce itself
 
-Messages are the reference's texts (REFERENCE.md §1.6), which models read.
+The texts are part of the contract: programs and models read them, and
+tests pin them. A class with several texts offers one named constructor per
+text, so each is written once.
 """
 
 from __future__ import annotations
@@ -22,9 +34,21 @@ __all__ = [
     "CancelledBeforeStartError",
     "SupervisorClosedError",
     "WaitTimeoutError",
+    "NoParentError",
+    "DuplicateChildError",
+    "UnauthorizedError",
+    "NotResumableError",
+    "ActivationClosingError",
+    "DrainingError",
+    "ParentUnavailableError",
+    "SetupError",
+    "RpcError",
+    "WorkerHandshakeError",
     "duplicate_provider",
     "no_provider",
     "unsupported_capability",
+    "not_continuable",
+    "program_missing",
 ]
 
 
@@ -47,6 +71,19 @@ def unsupported_capability(name: str, capability: str) -> RegistryError:
         provider=name,
         capability=capability,
     )
+
+
+def not_continuable(name: str) -> RegistryError:
+    return RegistryError(
+        f'subagent provider "{name}" does not support continuable children (no prepareContinuable capability)',
+        code="UNSUPPORTED_CAPABILITY",
+        provider=name,
+    )
+
+
+def program_missing(child_id: str, provider: str) -> RegistryError:
+    """A resident child's provider is gone and no built-in program has its name."""
+    return RegistryError(f'subagent "{child_id}" needs provider "{provider}" to run its program', code="NO_PROVIDER", provider=provider)
 
 
 class InvalidRequestError(SubagentError, ValueError):
@@ -73,14 +110,198 @@ class CancelledBeforeStartError(SubagentError):
 
     code = "CANCELLED"
 
+    @classmethod
+    def before_creation(cls) -> "CancelledBeforeStartError":
+        return cls("the start was cancelled before the child was created")
+
+    @classmethod
+    def before_publication(cls) -> "CancelledBeforeStartError":
+        return cls("the start was cancelled before the child was published")
+
 
 class SupervisorClosedError(SubagentError):
     """Raised for operations on a Supervisor that is closing or closed."""
 
     code = "SUPERVISOR_CLOSED"
 
+    def __init__(self) -> None:
+        super().__init__("the supervisor is closed")
+
 
 class WaitTimeoutError(SubagentError, TimeoutError):
     """Raised when a wait (for a message, for children to settle) ran past its deadline."""
 
     code = "TIMEOUT"
+
+
+class NoParentError(SubagentError, LookupError):
+    """Raised when a start names a parent session that neither lives here nor exists in the store."""
+
+    code = "NO_PARENT"
+
+    def __init__(self, parent: str) -> None:
+        super().__init__(f'parent session "{parent}" does not exist', parent=parent)
+
+
+class DuplicateChildError(SubagentError):
+    """Raised when a continuable start reserves a child id that a live agent or a stored session holds."""
+
+    code = "DUPLICATE_CHILD"
+
+    def __init__(self, child_id: str) -> None:
+        super().__init__(f'subagent "{child_id}" already exists', child_id=child_id)
+
+
+class UnauthorizedError(SubagentError, PermissionError):
+    """Raised when the caller is not the agent the operation requires (exact live parent, ancestor, the child itself)."""
+
+    code = "UNAUTHORIZED"
+
+    @classmethod
+    def not_live_parent(cls, child_id: str) -> "UnauthorizedError":
+        """Delivery (start, followup) named a parent that is not live in this supervisor."""
+        return cls(f'subagent "{child_id}" delivery requires the exact live parent agent', child_id=child_id)
+
+    @classmethod
+    def other_parent(cls, child_id: str) -> "UnauthorizedError":
+        """The child's header names another parent session."""
+        return cls(f'subagent "{child_id}" belongs to another parent session', child_id=child_id)
+
+    @classmethod
+    def cannot_report(cls, agent_id: str) -> "UnauthorizedError":
+        return cls(f'agent "{agent_id}" is not a live continuable subagent and cannot report', agent_id=agent_id)
+
+    @classmethod
+    def not_live_ancestor(cls, target_id: str) -> "UnauthorizedError":
+        return cls(f'interrupting "{target_id}" requires the exact live ancestor agent', target_id=target_id)
+
+    @classmethod
+    def self_interrupt(cls, target_id: str) -> "UnauthorizedError":
+        return cls(f'agent "{target_id}" cannot interrupt itself', target_id=target_id)
+
+    @classmethod
+    def not_descendant(cls, target_id: str, caller: str) -> "UnauthorizedError":
+        return cls(f'subagent "{target_id}" is not a live descendant of agent "{caller}"', target_id=target_id, caller=caller)
+
+    @classmethod
+    def teardown_needs_parent(cls) -> "UnauthorizedError":
+        return cls("selected child teardown requires the exact live parent agent")
+
+    @classmethod
+    def not_direct_child(cls, child_id: str, parent: str) -> "UnauthorizedError":
+        return cls(f'subagent "{child_id}" is not a direct child of agent "{parent}"', child_id=child_id, parent=parent)
+
+    @classmethod
+    def not_own_root(cls, root_id: str) -> "UnauthorizedError":
+        return cls(f'agent "{root_id}" is not a root opened by this supervisor', root_id=root_id)
+
+
+class NotResumableError(SubagentError):
+    """Raised when a continuable child cannot be materialised from the store (unreadable, held elsewhere, no descriptor)."""
+
+    code = "NOT_RESUMABLE"
+
+    @classmethod
+    def unavailable(cls, child_id: str, detail: str | None = None) -> "NotResumableError":
+        suffix = f": {detail}" if detail else ""
+        return cls(f'subagent "{child_id}" is unavailable{suffix}', child_id=child_id)
+
+    @classmethod
+    def held_elsewhere(cls, child_id: str) -> "NotResumableError":
+        return cls.unavailable(child_id, "it is active in another supervisor")
+
+    @classmethod
+    def no_state(cls, child_id: str) -> "NotResumableError":
+        """Its log holds no continuable descriptor: retrying cannot help."""
+        return cls(
+            f'subagent "{child_id}" has no supported continuation state and cannot be resumed; do not retry send_message with this id',
+            child_id=child_id,
+        )
+
+
+class ActivationClosingError(SubagentError):
+    """Raised when the activation an operation needs (the child's, or its parent's) is being disposed."""
+
+    code = "ACTIVATION_CLOSING"
+
+    @classmethod
+    def parent_disposing(cls, parent_id: str) -> "ActivationClosingError":
+        return cls(f'subagent parent "{parent_id}" is being disposed; the child was not established', parent=parent_id)
+
+    @classmethod
+    def message_refused(cls, child_id: str) -> "ActivationClosingError":
+        return cls(f'subagent "{child_id}" activation is being disposed; the message was not accepted', child_id=child_id)
+
+    @classmethod
+    def report_refused(cls, child_id: str) -> "ActivationClosingError":
+        return cls(f'subagent "{child_id}" activation is being disposed; the report was not delivered', child_id=child_id)
+
+
+class DrainingError(SubagentError):
+    """Raised when admission is closed: below a parent being drained, or everywhere while the supervisor closes."""
+
+    code = "DRAINING"
+
+    def __init__(self, parent: str | None = None) -> None:
+        if parent is None:
+            super().__init__("continuable subagents are draining; the operation was not admitted")
+        else:
+            super().__init__(f'continuable subagents below parent "{parent}" are draining; the operation was not admitted', parent=parent)
+
+
+class ParentUnavailableError(SubagentError):
+    """Raised when a report finds its child's direct parent not live."""
+
+    code = "PARENT_UNAVAILABLE"
+
+    def __init__(self) -> None:
+        super().__init__("direct parent is not live; report was not delivered")
+
+
+class SetupError(SubagentError):
+    """Raised when a continuable setup contribution was revoked mid-build or its disposers failed."""
+
+    @classmethod
+    def revoked(cls) -> "SetupError":
+        return cls(
+            "a continuable-subagent setup contribution was revoked while this child was being built; the child was not established",
+            code="ACTIVATION_SETUP_REVOKED",
+        )
+
+    @classmethod
+    def release_failed(cls, what: str, failures: list[BaseException]) -> "SetupError":
+        return cls(
+            f"continuable-subagent setup {what} failed to release {len(failures)} installation(s): "
+            + "; ".join(f"{type(e).__name__}: {e}" for e in failures),
+            code="ACTIVATION_SETUP_RELEASE_FAILED",
+        )
+
+
+class RpcError(SubagentError):
+    """Raised back into a turn when its request to the supervisor cannot be served."""
+
+    @classmethod
+    def unknown(cls, method: str) -> "RpcError":
+        return cls(f"unknown rpc {method!r}", code="UNKNOWN_RPC", method=method)
+
+    @classmethod
+    def no_run(cls, run_id: str) -> "RpcError":
+        return cls(f'no background subagent "{run_id}" was started by this turn', code="NO_RUN", run_id=run_id)
+
+    @classmethod
+    def turn_gone(cls) -> "RpcError":
+        return cls("the calling turn is gone", code="TURN_GONE")
+
+    @classmethod
+    def failed(cls, exc: BaseException) -> "RpcError":
+        """An unexpected failure serving the request (logged with its traceback where it happened)."""
+        return cls(f"{type(exc).__name__}: {exc}", code="RPC_FAILED")
+
+
+class WorkerHandshakeError(SubagentError):
+    """Raised when a new worker's first message is not ``Ready``."""
+
+    code = "WORKER_HANDSHAKE"
+
+    def __init__(self, pid: int | None) -> None:
+        super().__init__(f"worker {pid} did not announce itself", pid=pid)

@@ -55,7 +55,7 @@ from subagents.worker.pipe import FrameReader
 from subagents.worker.protocol import BLOCKING_RPCS, Cancel, Ready, Reply, Rpc, RunTurn, Shutdown, TurnDone, TurnOutcome, TurnSpec, decode, encode
 
 from .backend import PoolStatistics, RpcHandler, StartedCallback, TurnResult, TurnTicket, WorkerRef
-from .errors import SupervisorClosedError
+from .errors import RpcError, SupervisorClosedError, WorkerHandshakeError
 
 __all__ = ["WorkerPool"]
 
@@ -164,7 +164,7 @@ class WorkerPool:
             await anyio.wait_readable(parent_conn.fileno())
         hello = decode(parent_conn.recv_bytes())
         if not isinstance(hello, Ready):
-            raise SubagentError(f"worker {process.pid} did not announce itself", code="WORKER_HANDSHAKE")
+            raise WorkerHandshakeError(process.pid)
         worker = _Worker(index, process, parent_conn, hello.pid)
         if index < len(self._workers):
             self._workers[index] = worker
@@ -206,7 +206,7 @@ class WorkerPool:
     async def run_turn(self, spec: TurnSpec, on_rpc: RpcHandler, *, started: StartedCallback | None = None) -> TurnResult:
         """Queue a turn and wait for how it ended."""
         if self._closing:
-            raise SupervisorClosedError("the supervisor is closed")
+            raise SupervisorClosedError()
         handle = _Turn(next(self._call_ids), spec, on_rpc)
         self._queue.append(handle)
         if started is not None:
@@ -312,14 +312,14 @@ class WorkerPool:
             self._schedule()
         try:
             if handle is None:
-                raise SubagentError("the calling turn is gone", code="TURN_GONE")
+                raise RpcError.turn_gone()
             value = await handle.on_rpc(msg.method, msg.args)
             reply = Reply(rpc_id=msg.rpc_id, ok=True, value=value)
         except SubagentError as exc:
             reply = Reply(rpc_id=msg.rpc_id, ok=False, error=exc.to_wire())
-        except Exception as exc:
+        except Exception as exc:  # isolation boundary: a failure serving one request goes back to its turn as an error
             log.exception("rpc %s failed", msg.method)
-            reply = Reply(rpc_id=msg.rpc_id, ok=False, error=SubagentError(f"{type(exc).__name__}: {exc}", code="RPC_FAILED").to_wire())
+            reply = Reply(rpc_id=msg.rpc_id, ok=False, error=RpcError.failed(exc).to_wire())
         finally:
             if blocking:
                 assert handle is not None

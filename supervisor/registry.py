@@ -6,18 +6,24 @@ registration back. Unregistering stops new starts but never revokes accepted
 runs or hides persisted children; it emits ``subagent/provider-removed``
 with per-listener containment. A removed provider is remembered (``resolve``)
 so that its continuable children can still be resumed by this supervisor:
-their store names the provider, not its program.
+their store names the provider, not its program. ``program_for`` says what
+a child of a provider runs, for both kinds of start and for resume.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
+from subagents.worker.programs import BUILTIN_PROGRAMS
+
 from .errors import duplicate_provider, no_provider, unsupported_capability
 from .events import EventBus
 from .models import Provider
 
-__all__ = ["ProviderRegistry", "CAPABILITY_ORDER"]
+__all__ = ["ProviderRegistry", "CAPABILITY_ORDER", "ProgramRef", "program_fields"]
+
+# what a worker loads: an import path ``"module:function"``, or a callable carried by dill
+ProgramRef = tuple[str | None, bytes | None]
 
 # (request field, capability flag, name in the error) in the reference's order
 CAPABILITY_ORDER = (
@@ -28,6 +34,15 @@ CAPABILITY_ORDER = (
     ("sandbox", "sandbox_mode", "sandboxMode"),
     ("budget", "run_budget", "runBudget"),
 )
+
+
+def program_fields(provider: Provider) -> ProgramRef:
+    """A program reference travels as its import path; a bare callable travels by dill."""
+    if isinstance(provider.program, str):
+        return provider.program, None
+    import dill  # here, not at the top: only a callable program needs it, and it costs ~35 ms to import
+
+    return None, dill.dumps(provider.program)
 
 
 class ProviderRegistry:
@@ -60,6 +75,16 @@ class ProviderRegistry:
     def resolve(self, name: str) -> Provider | None:
         """The registered provider, else the one last unregistered under ``name`` (for resume only)."""
         return self._providers.get(name) or self._removed.get(name)
+
+    def program_for(self, name: str) -> ProgramRef | None:
+        """What a child of provider ``name`` runs: its provider's program (even if the provider was
+        unregistered since), else the built-in program of that name; None if neither exists."""
+        provider = self.resolve(name)
+        if provider is not None:
+            return program_fields(provider)
+        if name in BUILTIN_PROGRAMS:
+            return name, None
+        return None
 
     def require(self, name: str) -> Provider:
         provider = self._providers.get(name)

@@ -11,19 +11,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 
-from subagents.store import ChildEntry, list_children, list_descendants
-from subagents.store.errors import SubagentError
+from subagents.store import list_children, list_descendants
 from subagents.worker.protocol import TurnSpec
 
+from .continuable import ContinuationManager
+from .errors import RpcError
 from .models import AncestorAuthority, ContinuableSpec, RunBudget, SubagentRequest
-
-if TYPE_CHECKING:
-    from .continuation import ContinuationManager
-    from .oneshot import OneShotRuns, SubagentRun
+from .oneshot import OneShotRuns, SubagentRun
+from .runtime import Runtime
 
 __all__ = ["TurnRpc", "catalog_rows"]
 
@@ -42,30 +41,37 @@ def catalog_rows(entries: list[Any], *, descendants: bool) -> list[dict[str, Any
 
 
 class TurnRpc:
-    def __init__(self, runs: "OneShotRuns", spec: TurnSpec, continuation: "ContinuationManager | None" = None) -> None:
-        self._runs = runs
+    """The RPC handler of one turn (``Pool.run_turn``'s ``on_rpc``) and owner of the one-shot children it starts."""
+
+    def __init__(self, rt: Runtime, spec: TurnSpec, *, runs: OneShotRuns, continuation: ContinuationManager) -> None:
+        self._rt = rt
         self._spec = spec
+        self._runs = runs
         self._continuation = continuation
-        self._background: dict[str, "SubagentRun"] = {}
-        self._children: list["SubagentRun"] = []
+        self._background: dict[str, SubagentRun] = {}
+        self._children: list[SubagentRun] = []
 
     def cancel_children(self, reason: str) -> None:
         for run in self._children:
             run.cancel(reason)
 
+    async def dispose_children(self) -> None:
+        for run in list(self._children):
+            await run.dispose()
+
     async def __call__(self, method: str, args: dict[str, Any]) -> Any:
         handler = getattr(self, f"_rpc_{method}", None)
         if handler is None:
-            raise SubagentError(f"unknown rpc {method!r}", code="UNKNOWN_RPC")
+            raise RpcError.unknown(method)
         return await handler(**args)
 
-    async def _start(self, args: dict[str, Any]) -> "SubagentRun":
+    async def _start(self, args: dict[str, Any]) -> SubagentRun:
         provider = args.pop("provider", None) or self._spec.provider
         budget = None
         max_steps, timeout_ms = args.pop("max_steps", None), args.pop("timeout_ms", None)
         if max_steps is not None or timeout_ms is not None:
             budget = RunBudget(max_steps=max_steps, timeout_ms=timeout_ms)
-        request = SubagentRequest(parent=self._spec.session_id, budget=budget, **{k: v for k, v in args.items()})
+        request = SubagentRequest(parent=self._spec.session_id, budget=budget, **args)
         run = await self._runs.start(provider, request)
         self._children.append(run)
         return run
@@ -82,45 +88,38 @@ class TurnRpc:
     async def _rpc_spawn(self, **args: Any) -> str:
         run = await self._start(args)
         self._background[run.id] = run
-        self._runs.tg.start_soon(_dispose_when_done, run)
+        self._rt.tg.start_soon(_dispose_when_done, run)
         return run.id
 
     async def _rpc_wait_run(self, run_id: str) -> dict[str, Any]:
         run = self._background.get(run_id)
         if run is None:
-            raise SubagentError(f'no background subagent "{run_id}" was started by this turn', code="NO_RUN", run_id=run_id)
+            raise RpcError.no_run(run_id)
         result = await run.result()
         return {"id": run.id, **result.model_dump()}
 
     async def _rpc_list_agents(self, scope: str = "children") -> list[dict[str, Any]]:
-        store = self._runs.store
+        store = self._rt.store
         if scope == "descendants":
-            rows = catalog_rows(await anyio.to_thread.run_sync(list_descendants, store, self._spec.session_id), descendants=True)
-        else:
-            rows = catalog_rows(await anyio.to_thread.run_sync(list_children, store, self._spec.session_id), descendants=False)
-        return rows
-
-    def _manager(self) -> "ContinuationManager":
-        if self._continuation is None:
-            raise SubagentError("continuable subagents require the agents service", code="CONTINUATION_UNAVAILABLE")
-        return self._continuation
+            return catalog_rows(await anyio.to_thread.run_sync(list_descendants, store, self._spec.session_id), descendants=True)
+        return catalog_rows(await anyio.to_thread.run_sync(list_children, store, self._spec.session_id), descendants=False)
 
     async def _rpc_start_continuable(self, prompt: Any, label: str, provider: str | None = None, options: dict[str, Any] | None = None) -> list[str]:
         spec = ContinuableSpec(parent=self._spec.session_id, provider=provider or self._spec.provider or "", prompt=prompt, label=label, **(options or {}))
-        child_id, message_id = await self._manager().start_continuable(spec)
+        child_id, message_id = await self._continuation.start_continuable(spec)
         return [child_id, message_id]
 
     async def _rpc_send_message(self, child_id: str, message: Any) -> str:
         source = {"kind": "coordinator", "form": "relay", "sender_session_id": self._spec.session_id}
-        return await self._manager().followup(self._spec.session_id, child_id, message, source=source)
+        return await self._continuation.followup(self._spec.session_id, child_id, message, source=source)
 
     async def _rpc_report(self, content: Any, delivery: str = "quiet") -> str:
-        return await self._manager().report_from(self._spec.session_id, content, delivery=delivery)
+        return await self._continuation.report_from(self._spec.session_id, content, delivery=delivery)
 
     async def _rpc_interrupt(self, child_id: str) -> None:
-        self._manager().interrupt(child_id, AncestorAuthority(self._spec.session_id))
+        self._continuation.interrupt(child_id, AncestorAuthority(self._spec.session_id))
 
 
-async def _dispose_when_done(run: "SubagentRun") -> None:
+async def _dispose_when_done(run: SubagentRun) -> None:
     await run.result()
     await run.dispose()

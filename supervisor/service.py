@@ -1,9 +1,12 @@
 """``Supervisor``: the public service, a façade over its collaborators.
 
 Each method names the collaborator that does the work: the provider
-``registry``, the worker ``pool``, one-shot ``runs``, the ``lease keeper``,
-and the store's catalog. State lives on the instance (no module globals), so
-several supervisors may run in one process, each with its own pool.
+``registry``, the worker ``pool``, one-shot ``runs``, the continuable
+children (``continuation``), the ``lease keeper``, and the store's catalog.
+The collaborators are built from one frozen ``Runtime`` (``runtime.py``),
+never from the ``Supervisor``; each turn's RPC handler too (``_turn_rpc``).
+State lives on the instance (no module globals), so several supervisors may
+run in one process, each with its own pool.
 
 Closing the supervisor cancels and disposes every run it still holds, stops
 its workers, releases its roots' leases and removes its owner record.
@@ -36,20 +39,23 @@ from subagents.store import (
     read_header,
     release_lease,
 )
-from subagents.store.errors import FencedError, SessionNotFoundError, SubagentError
+from subagents.store.errors import FencedError
+from subagents.worker.protocol import TurnSpec
 
 from .agents import LiveAgents
 from .config import SupervisorConfig
-from .errors import SupervisorClosedError, WaitTimeoutError
+from .backend import Pool, PoolStatistics
+from .continuable import ContinuationManager
+from .errors import SupervisorClosedError, UnauthorizedError, WaitTimeoutError
 from .events import EventBus
 from .lease_keeper import LeaseKeeper
-from .continuation import ContinuationManager
 from .models import AgentRef, AncestorAuthority, ContinuableSpec, Provider, SubagentRequest, UserAuthority
 from .oneshot import CancelToken, OneShotRuns, SubagentRun
-from .backend import Pool, PoolStatistics
 from .pool import WorkerPool
 from .registry import ProviderRegistry
-from .setup import Contribution
+from .rpc import TurnRpc
+from .runtime import Runtime
+from .setup import Contribution, SetupRegistry
 
 __all__ = ["Supervisor", "SupervisorStatistics"]
 
@@ -70,12 +76,11 @@ class Supervisor:
     def __init__(self, store: Store, config: SupervisorConfig, tg: anyio.abc.TaskGroup) -> None:
         self.store = store
         self.config = config
-        self._tg = tg
-        self._ids = IdGenerator()
+        self.ids = IdGenerator()
         self.events = EventBus()
         self.registry = ProviderRegistry(self.events)
         self.agents = LiveAgents()
-        self.lease_keeper = LeaseKeeper(store, ttl_s=config.lease_ttl_s, ids=self._ids)
+        self.lease_keeper = LeaseKeeper(store, ttl_s=config.lease_ttl_s, ids=self.ids)
         self.pool: Pool = WorkerPool(
             size=config.pool_size,
             start_method=config.start_method,
@@ -84,14 +89,18 @@ class Supervisor:
             log_level=config.worker_log_level,
             turns_per_worker=config.turns_per_worker,
         )
-        self.runs = OneShotRuns(
-            store=store, pool=self.pool, registry=self.registry, events=self.events, agents=self.agents,
-            owner_id=self.lease_keeper.owner_id, ids=self._ids, tg=tg,
+        self.runtime = Runtime(
+            store=store, config=config, ids=self.ids, tg=tg, owner_id=self.lease_keeper.owner_id, pool=self.pool,
+            registry=self.registry, events=self.events, agents=self.agents, setups=SetupRegistry(),
         )
-        self.continuation = ContinuationManager(self)
-        self.runs.continuation = self.continuation
+        self.runs = OneShotRuns(self.runtime, rpc_for=self._turn_rpc)
+        self.continuation = ContinuationManager(self.runtime, rpc_for=self._turn_rpc)
         self._root_epochs: dict[str, int] = {}
         self._closed = False
+
+    def _turn_rpc(self, spec: TurnSpec) -> TurnRpc:
+        """The RPC handler of one turn: what it may ask of the one-shot runs and the continuable children."""
+        return TurnRpc(self.runtime, spec, runs=self.runs, continuation=self.continuation)
 
     @classmethod
     @asynccontextmanager
@@ -115,10 +124,11 @@ class Supervisor:
         self._closed = True
         with anyio.move_on_after(self.config.cancel_grace_s + 10):
             await self.continuation.close()
-        for run in list(self.runs.runs.values()):
+        runs = list(self.runs.runs.values())
+        for run in runs:
             run.cancel("disposed")
         with anyio.move_on_after(self.config.cancel_grace_s + 5):
-            for run in list(self.runs.runs.values()):
+            for run in runs:
                 await run.dispose()
         await self.pool.aclose()
         for root_id, epoch in list(self._root_epochs.items()):
@@ -130,7 +140,7 @@ class Supervisor:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise SupervisorClosedError("the supervisor is closed")
+            raise SupervisorClosedError()
 
     # -- providers (ProviderRegistry) ------------------------------------------------
 
@@ -155,7 +165,7 @@ class Supervisor:
 
         def open_it() -> tuple[str, int, int]:
             if id is None:
-                root_id = self._ids.new()
+                root_id = self.ids.new()
                 create_session(self.store, root_id, label=label)
                 depth = 0
             else:
@@ -212,7 +222,7 @@ class Supervisor:
 
     def register_continuable_setup(self, contribution: Contribution) -> Callable[[], None]:
         """Install ``contribution(ActivationInfo) -> dispose`` into every continuable activation; returns the revoker."""
-        return self.continuation.setups.register(contribution)
+        return self.runtime.setups.register(contribution)
 
     async def drain(self, parents: list[AgentRef | str]) -> None:
         """Close admission below ``parents`` and dispose their continuable descendants child-first."""
@@ -231,7 +241,7 @@ class Supervisor:
         root_id = root.id if isinstance(root, AgentRef) else root
         epoch = self._root_epochs.get(root_id)
         if epoch is None:
-            raise SubagentError(f'agent "{root_id}" is not a root opened by this supervisor', code="UNAUTHORIZED")
+            raise UnauthorizedError.not_own_root(root_id)
 
         def take() -> list[MailboxMessage]:
             projection = read_projection(self.store, root_id)
@@ -268,6 +278,6 @@ class Supervisor:
         return SupervisorStatistics(
             owner_id=self.lease_keeper.owner_id,
             pool=self.pool.statistics(),
-            runs_live=sum(1 for r in self.runs.runs.values() if not r.done),
+            runs_live=self.runs.live(),
             roots=len(self._root_epochs),
         )

@@ -4,8 +4,7 @@
 ``contribution(ActivationInfo) -> dispose`` (``dispose`` a callable or
 ``None``), applied synchronously, in registration order, to every continuable
 child while it materialises — fresh start and cold resume — before its ids
-are handed out or its activation is announced (REFERENCE.md §2
-``registerContinuableSetup``):
+are handed out or its activation is announced:
 
 * an installer that raises releases the installations the batch already
   made (newest first) and the child is not established (the error propagates);
@@ -25,7 +24,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from subagents.store.errors import SubagentError
+from .errors import SetupError
 
 __all__ = ["ActivationInfo", "Contribution", "SetupBatch", "SetupRegistry"]
 
@@ -79,11 +78,7 @@ class _Installation:
 def _release_all(installations: list[_Installation], what: str) -> None:
     failures = [exc for exc in (i.release() for i in reversed(installations)) if exc is not None]
     if failures:
-        raise SubagentError(
-            f"continuable-subagent setup {what} failed to release {len(failures)} installation(s): "
-            + "; ".join(f"{type(e).__name__}: {e}" for e in failures),
-            code="ACTIVATION_SETUP_RELEASE_FAILED",
-        ) from failures[0]
+        raise SetupError.release_failed(what, failures) from failures[0]
 
 
 class SetupBatch:
@@ -96,11 +91,7 @@ class SetupBatch:
         """At publication: fail if any contribution of the batch was revoked meanwhile."""
         if any(i.entry.revoked for i in self._installations):
             self.release("setup rollback")
-            raise SubagentError(
-                "a continuable-subagent setup contribution was revoked while this child was being built; "
-                "the child was not established",
-                code="ACTIVATION_SETUP_REVOKED",
-            )
+            raise SetupError.revoked()
 
     def release(self, what: str = "child scope disposal") -> None:
         _release_all(self._installations, what)
@@ -133,7 +124,7 @@ class SetupRegistry:
             except BaseException:
                 try:
                     _release_all(made, "setup rollback")
-                except SubagentError:
+                except SetupError:
                     log.exception("releasing a failed setup batch of %s also failed", info.child_id)
                 raise
             installation = _Installation(entry, dispose if callable(dispose) else None)

@@ -126,6 +126,10 @@ class TurnContext:
 
     # -- budget and recording ---------------------------------------------------
 
+    def check(self) -> None:
+        """Raise if the turn must stop (cheap and thread-safe: for tight loops, also off the event loop)."""
+        self._control.check()
+
     async def step(self) -> int:
         """Count a step (``max_steps``), check cancellation, and record it in the log."""
         self._control.check()

@@ -484,7 +484,7 @@ class _Host:
 
     async def op_activations(self) -> dict[str, Any]:
         return {
-            cid: {"epoch": act.epoch, "state": act.state, "parent": act.parent_id}
+            cid: {"epoch": act.epoch, "state": act.lease_state.value, "parent": act.parent_id}
             for cid, act in self.sup.continuation.activations.items()
         }
 

@@ -4,7 +4,7 @@
 ``AncestorAuthority`` (a live ancestor recorded when the activation
 materialised); ``followup`` only the exact live direct parent. An interrupt
 cancels the current turn only: queued messages still run afterwards (our
-documented choice, see ``supervisor/continuation.py``).
+documented choice, see ``supervisor/continuable/__init__.py``).
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ async def test_interrupting_a_turn_no_worker_took_yet(tmp_path):
         hog, _ = await sleeping_child(sup, root)  # holds the only worker
         child_id, m0 = await start(sup, root, S({"return": "b0"}))
         await wait_until(
-            lambda: (act := sup.continuation.activations.get(child_id)) is not None and act.handle is not None,
+            lambda: (act := sup.continuation.activations.get(child_id)) is not None and act.ticket is not None,
             what="the child's turn to queue",
         )
         m1 = await sup.followup(root, child_id, S({"return": "b1"}))

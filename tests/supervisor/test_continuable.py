@@ -28,7 +28,7 @@ from subagents.supervisor import (
     Supervisor,
     UserAuthority,
 )
-from subagents.supervisor.continuation import settlement_text
+from subagents.supervisor.continuable import settlement_text
 
 from ..conftest import DEADLINE_S, disk_snapshot, events_of, helper, open_supervisor, types_of, wait_until
 
@@ -519,14 +519,14 @@ def craft_history(sup: Supervisor, parent_id: str, turns: int) -> str:
     """A settled continuable ``echo`` child with ``turns`` completed turns and their consumed mailbox."""
     from subagents.store import ContinuableDescriptor, LogWriter, create_session, encode_record
 
-    child_id = sup._ids.new()
+    child_id = sup.ids.new()
     descriptor = ContinuableDescriptor(provider="echo", label="long history")
     create_session(sup.store, child_id, parent_session=parent_id, origin="subagent", delegation_depth=1,
                    events=[("subagent/descriptor", descriptor.to_record())])
     source = {"kind": "coordinator", "form": "relay", "sender_session_id": parent_id}
     records, batch = [], []
     for turn in range(turns):
-        message_id = sup._ids.new()
+        message_id = sup.ids.new()
         records.append(encode_record({"seq": turn, "id": message_id, "ts": 0.0, "source": source, "content": "x" * 100, "wake": True}))
         batch += [
             ("message/accepted", {"message_id": message_id, "source": source, "content": "x" * 100}),

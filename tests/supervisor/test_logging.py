@@ -12,7 +12,7 @@ from subagents.supervisor.cli.log_format import JsonFormatter as _JsonFormatter,
 
 
 def test_json_and_text_formatters_carry_the_fields() -> None:
-    record = logging.LogRecord("subagents.supervisor.continuation", logging.INFO, __file__, 1, "activation of %s started", ("c1",), None)
+    record = logging.LogRecord("subagents.supervisor.continuable.materialization", logging.INFO, __file__, 1, "activation of %s started", ("c1",), None)
     record.child, record.parent, record.epoch = "c1", "r1", 3
     doc = json.loads(_JsonFormatter().format(record))
     assert (doc["message"], doc["child"], doc["parent"], doc["epoch"]) == ("activation of c1 started", "c1", "r1", 3)
@@ -21,7 +21,7 @@ def test_json_and_text_formatters_carry_the_fields() -> None:
 
 @pytest.mark.anyio
 async def test_activation_records_name_child_parent_and_epoch(tmp_path, caplog) -> None:
-    caplog.set_level(logging.INFO, logger="subagents.supervisor.continuation")
+    caplog.set_level(logging.INFO, logger="subagents.supervisor.continuable")
     async with Supervisor.open(store=tmp_path / "st", config=SupervisorConfig(pool_size=1, durability="none")) as sup:
         sup.register_provider(Provider(name="echo", program="echo", capabilities=Capabilities.all(), continuable=True))
         root = await sup.open_root()

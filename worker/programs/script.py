@@ -90,13 +90,7 @@ async def script(ctx: TurnContext) -> str | TurnResult:
         elif name == "sleep":
             await anyio.sleep(float(arg) / 1000.0)
         elif name == "cpu":
-            control = ctx._control  # the cheap, thread-safe stop check
-
-            class _Check:
-                def check(self) -> None:
-                    control.check()
-
-            await anyio.to_thread.run_sync(_burn, float(arg), _Check())
+            await anyio.to_thread.run_sync(_burn, float(arg), ctx)  # ``ctx.check`` is thread-safe
         elif name == "spin":
             _burn(float(arg), None)
         elif name == "spawn":

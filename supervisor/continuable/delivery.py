@@ -1,0 +1,159 @@
+"""Delivery: followups, host-user sends and reports, each durably in a mailbox before it returns.
+
+Every message is accepted into the recipient's mailbox (``store.accept``:
+appended and fsync'd under the session lock) and only then acknowledged with
+its id; the driver takes it from there. Routing of a message to a child:
+resident here → its mailbox and a poke of its driver; resident in another
+live supervisor (``send`` only) → its mailbox, which that supervisor's
+watcher picks up; nobody → a cold resume here (``materialization.py``).
+A followup needs the exact live parent; a ``send`` needs only the durable
+lineage (the child's header must name the parent); a report goes up to the
+reporting child's live direct parent.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import anyio
+
+from subagents.store import accept, read_header
+from subagents.store.errors import SubagentError
+from subagents.store.ids import validate_session_id
+from subagents.store.lease import owner_alive, read_lease, read_owner
+
+from ..errors import ActivationClosingError, InvalidRequestError, NotResumableError, ParentUnavailableError, UnauthorizedError
+from ..runtime import Runtime
+from ..validation import prompt_text
+from .activation import Activation, ActivationTable
+from .admission import Admission
+from .materialization import Materializer
+
+__all__ = ["Delivery"]
+
+log = logging.getLogger(__name__)
+
+
+class Delivery:
+    def __init__(self, rt: Runtime, table: ActivationTable, admission: Admission, materializer: Materializer) -> None:
+        self._rt = rt
+        self._table = table
+        self._admission = admission
+        self._materializer = materializer
+
+    async def followup(self, parent_id: str, child_id: str, content: Any, *, source: dict[str, Any] | None = None) -> str:
+        """The next FIFO turn for a child of the live ``parent_id``; cold-resumes it when nobody hosts it."""
+        table = self._table
+        self._admission.admit(parent_id)
+        validate_session_id(child_id)
+        if not table.is_live(parent_id):
+            raise UnauthorizedError.not_live_parent(child_id)
+        text = prompt_text(content)
+        src = source or {"kind": "coordinator", "form": "relay", "sender_session_id": parent_id}
+        while True:
+            act = table.get(child_id)
+            if act is not None and act.disposing:
+                await act.disposed.wait()
+                continue
+            if act is None:
+                act = await self._materializer.cold_resume(parent_id, child_id)
+                if act is None:
+                    continue
+            if act.parent_id != parent_id:
+                raise UnauthorizedError.other_parent(child_id)
+            parent = table.get(parent_id)
+            if parent is not None:
+                if parent.disposing:
+                    raise ActivationClosingError.message_refused(child_id)
+                table.adopt(parent_id, child_id)
+            return await self.deliver(act, src, text, wake=True)
+
+    async def deliver(self, act: Activation, source: dict[str, Any], text: str, *, wake: bool) -> str:
+        """Durably accept a message for a resident activation and wake its driver."""
+        act.admitted += 1
+        try:
+            return await self._accept(act.child_id, source, text, wake=wake)
+        finally:
+            act.admitted -= 1
+            act.poke()
+
+    async def _accept(self, recipient: str, source: dict[str, Any], text: str, *, wake: bool) -> str:
+        """Append to ``recipient``'s mailbox; shielded: once begun, an acceptance is never half-done."""
+        store, ids = self._rt.store, self._rt.ids
+        with anyio.CancelScope(shield=True):
+            return await anyio.to_thread.run_sync(lambda: accept(store, recipient, source=source, content=text, ids=ids, wake=wake))
+
+    async def report_from(self, child_id: str, content: Any, *, delivery: str = "wakeup") -> str:
+        """A live continuable child's message to its live direct parent: ``quiet`` (context) or ``wakeup`` (a turn)."""
+        if delivery not in ("quiet", "wakeup"):
+            raise InvalidRequestError(f'report delivery must be "quiet" or "wakeup", got {delivery!r}')
+        act = self._table.get(child_id)
+        if act is None:
+            raise UnauthorizedError.cannot_report(child_id)
+        self._admission.admit(child_id)
+        if act.disposing:
+            raise ActivationClosingError.report_refused(child_id)
+        if not self._table.is_live(act.parent_id):
+            raise ParentUnavailableError()
+        text = f"Background subagent {child_id} reported:\n{prompt_text(content)}"
+        source = {"kind": "subagent-report", "form": "relay", "sender_session_id": child_id}
+        return await self.send_to(act.parent_id, source, text, wake=delivery == "wakeup")
+
+    async def send_to(self, recipient: str, source: dict[str, Any], text: str, *, wake: bool) -> str:
+        """Deliver to a parent: its activation's driver when resident, else its durable mailbox (a root's)."""
+        parent = self._table.get(recipient)
+        if parent is not None and not parent.disposing:
+            return await self.deliver(parent, source, text, wake=wake)
+        return await self._accept(recipient, source, text, wake=wake)
+
+    async def send(self, child_id: str, content: Any, *, parent: str, source: dict[str, Any] | None = None) -> str:
+        """Host-user continuation from any process: deliver a message to a child of ``parent``.
+
+        Authority is the durable lineage (the child's header must name ``parent``),
+        not a live parent object.
+        """
+        validate_session_id(child_id)
+        try:
+            header = await anyio.to_thread.run_sync(read_header, self._rt.store, child_id)
+        except SubagentError as exc:
+            raise NotResumableError.unavailable(child_id) from exc
+        if header.parent_session != parent:
+            raise UnauthorizedError.other_parent(child_id)
+        self._admission.admit(parent)
+        text = prompt_text(content)
+        src = source or {"kind": "user"}
+        while True:
+            act = self._table.get(child_id)
+            if act is not None and act.disposing:
+                await act.disposed.wait()
+                continue
+            if act is not None:
+                return await self.deliver(act, src, text, wake=True)
+            if await anyio.to_thread.run_sync(self.held_elsewhere, child_id):
+                message_id = await self._accept(child_id, src, text, wake=True)
+                if await anyio.to_thread.run_sync(self.held_elsewhere, child_id):
+                    return message_id
+                # the holder let go meanwhile: run it here (it may also resume it; the lease decides)
+                await self.resume_for_pending(parent, child_id)
+                return message_id
+            act = await self._materializer.cold_resume(parent, child_id)
+            if act is not None:
+                return await self.deliver(act, src, text, wake=True)
+
+    def held_elsewhere(self, child_id: str) -> bool:
+        """Whether a live other supervisor holds the child's lease (blocking: run it in a thread)."""
+        lease = read_lease(self._rt.store, child_id)
+        if lease is None or lease.state == "released" or lease.owner == self._rt.owner_id:
+            return False
+        return owner_alive(read_owner(self._rt.store, lease.owner))
+
+    async def resume_for_pending(self, parent_id: str, child_id: str) -> None:
+        """Run messages another process left for a child nobody hosts now."""
+        if child_id in self._table or self._admission.closing:
+            return
+        try:
+            await self._materializer.cold_resume(parent_id, child_id)
+        except SubagentError as exc:
+            # another supervisor resumed it first (it delivers them), or admission closed
+            log.info("child %s was not resumed for its pending messages: %s", child_id, exc)

@@ -1,0 +1,173 @@
+"""The driver: one task per activation, running its mailbox as turns until it settles or is disposed.
+
+Each pass reads the pending mailbox from the cursor. *Quiet* messages wait
+and ride along as context of the next turn; each *waking* message is one
+turn (a followup never steers a running turn). With no waking message the
+driver waits while deliveries are in flight, sets its lease ``idle`` and
+waits while it owns live children, and otherwise settles (the loop ends and
+teardown disposes the activation). After each turn the cursor follows what
+the log says was consumed: advanced for a committed turn, re-read after a
+crash or a turn that failed before logging, advanced by ``message/discarded``
+for a turn stopped before any worker took it.
+
+The loop is an isolation boundary: whatever fails in it — the child's own
+files damaged, its provider gone — ends this activation with ``error``
+(logged with its traceback); the supervisor and the other activations carry
+on, and the next activation of the child starts from what its log says.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import anyio
+
+from subagents.store import LogWriter, MailboxMessage, pending, read_projection, set_lease_state
+from subagents.store.errors import FencedError, SubagentError
+from subagents.worker.logcontext import bind
+from subagents.worker.protocol import TurnSpec
+
+from ..backend import RpcHandler, TurnTicket
+from ..errors import SupervisorClosedError, program_missing
+from ..registry import ProgramRef
+from ..runtime import Runtime
+from .activation import Activation, ActivationTable, LeaseState, log_fields
+from .teardown import Teardown
+
+__all__ = ["Driver", "continuable_turn_spec"]
+
+log = logging.getLogger(__name__)
+
+RpcFactory = Callable[[TurnSpec], RpcHandler]
+
+
+def continuable_turn_spec(rt: Runtime, act: Activation, program: ProgramRef, quiet: list[MailboxMessage], main: MailboxMessage) -> TurnSpec:
+    """The turn that consumes ``main`` (and the ``quiet`` messages before it) under the activation's lease."""
+    ident = act.identity
+    tf = ident.descriptor.tool_filter
+    return TurnSpec(
+        session_id=ident.child_id, epoch=ident.epoch, store_root=rt.store.root, durability=rt.store.durability.name,
+        program=program[0], program_blob=program[1], message_id=main.id, message_source=main.source, message=main.content,
+        message_mailbox_end=main.end, log_message=True, budget=ident.budget, depth=ident.depth, mode="continuable",
+        label=ident.descriptor.label, provider=ident.descriptor.provider, parent_session=ident.parent_id,
+        persona=ident.descriptor.persona, tool_filter=None if tf is None else tf.to_record(), sandbox=ident.sandbox,
+        agent_model=ident.descriptor.agent_model, notices=[m.to_event_data() for m in quiet],
+    )
+
+
+class Driver:
+    def __init__(self, rt: Runtime, table: ActivationTable, teardown: Teardown, *, rpc_for: RpcFactory) -> None:
+        self._rt = rt
+        self._table = table
+        self._teardown = teardown
+        self._rpc_for = rpc_for
+
+    async def run(self, act: Activation) -> None:
+        """Run turns until the activation settles or its disposal begins (the caller then disposes it)."""
+        bind(**log_fields(act))
+        try:
+            await self._loop(act)
+        except SupervisorClosedError:  # the pool closed under a turn being queued: its message stays pending
+            log.info("driver of %s stopped: the supervisor closed", act.child_id, extra=log_fields(act))
+            act.reasons.append("error")
+        except Exception:  # isolation boundary: see the module docstring
+            log.exception("driver of %s failed", act.child_id, extra=log_fields(act))
+            act.reasons.append("error")
+
+    async def _loop(self, act: Activation) -> None:
+        program: ProgramRef | None = None
+        while not act.disposing:
+            act.wake = anyio.Event()
+            messages = await anyio.to_thread.run_sync(self._pending, act)
+            waking = next((i for i, m in enumerate(messages) if m.wake), None)
+            if waking is None:
+                # a delivery in flight, or one that landed after the read began (its poke
+                # set ``wake``): read again rather than settle over an accepted message
+                if act.admitted or act.wake.is_set():
+                    await act.wake.wait()
+                    continue
+                if self._table.owned(act.child_id):
+                    await self._set_lease_state(act, LeaseState.WAITING)
+                    await act.wake.wait()
+                    continue
+                return  # settled
+            if program is None:
+                program = self._rt.registry.program_for(act.identity.descriptor.provider)
+                if program is None:
+                    raise program_missing(act.child_id, act.identity.descriptor.provider)
+            await self._set_lease_state(act, LeaseState.RUNNING)
+            if act.disposing:
+                return  # fenced while recording the state: never dispatch a turn it cannot write
+            await self._turn(act, program, messages[:waking], messages[waking])
+
+    async def _turn(self, act: Activation, program: ProgramRef, quiet: list[MailboxMessage], main: MailboxMessage) -> None:
+        rt = self._rt
+        spec = continuable_turn_spec(rt, act, program, quiet, main)
+        stop, act.stop_before = act.stop_before, None
+        interrupted = stop[0] if stop is not None and main.ts < stop[1] else None
+
+        def started(ticket: TurnTicket) -> None:
+            act.ticket = ticket
+            reason = "parent" if act.disposing else interrupted
+            if reason is not None:
+                rt.pool.cancel(ticket, reason)
+
+        try:
+            turn = await rt.pool.run_turn(spec, self._rpc_for(spec), started=started)
+        finally:
+            act.ticket = None
+        if not turn.dispatched:
+            # stopped before a worker took it, so nothing was logged: an interrupt or a
+            # drain consumes it unrun (durably); closing the supervisor leaves it pending
+            if not act.disposing or act.discard:
+                await anyio.to_thread.run_sync(self._discard, act, [*quiet, main])
+        elif turn.crashed:
+            await anyio.to_thread.run_sync(self._repair, act)
+        elif turn.outcome.stop_reason == "error" and not turn.outcome.fenced:
+            # a turn can fail before it logs its message (its log would not open):
+            # what it consumed is what the log says, never an assumption
+            await anyio.to_thread.run_sync(self._recount, act)
+        elif not act.fenced:
+            act.cursor.advance([*quiet, main])
+        act.reasons.append(turn.outcome.stop_reason)
+        act.last_output = turn.outcome.output
+        if turn.outcome.fenced:
+            self._teardown.fence(act)
+
+    async def _set_lease_state(self, act: Activation, state: LeaseState) -> None:
+        if act.lease_state is state:
+            return
+        act.lease_state = state
+        rt = self._rt
+        try:
+            await anyio.to_thread.run_sync(lambda: set_lease_state(rt.store, act.child_id, rt.owner_id, act.epoch, state.value))  # type: ignore[arg-type]
+        except FencedError:
+            self._teardown.fence(act)
+
+    def _pending(self, act: Activation) -> list[MailboxMessage]:
+        """The activation's unconsumed mailbox messages (read from where its log says they start)."""
+        c = act.cursor
+        return pending(self._rt.store, act.child_id, consumed=c.consumed, last_consumed_id=c.last_id, mailbox_end=c.mailbox_end)
+
+    def _recount(self, act: Activation) -> None:
+        """Take the cursor from the log itself."""
+        try:
+            act.cursor.reset(read_projection(self._rt.store, act.child_id))
+        except SubagentError:
+            log.exception("could not re-read what %s consumed", act.child_id, extra=log_fields(act))
+
+    def _repair(self, act: Activation) -> None:
+        """Balance the log of a turn whose worker died; what it consumed is what its log says
+        (a message the dead worker never logged stays pending and runs again)."""
+        try:
+            with LogWriter.open(self._rt.store, act.child_id, epoch=act.epoch) as writer:
+                act.cursor.reset(writer.projection)
+        except SubagentError:
+            log.exception("repair of %s failed", act.child_id, extra=log_fields(act))
+
+    def _discard(self, act: Activation, messages: list[MailboxMessage]) -> None:
+        """Record the head of the pending mailbox as consumed unrun (``message/discarded``)."""
+        with LogWriter.open(self._rt.store, act.child_id, epoch=act.epoch) as writer:
+            writer.append([("message/discarded", {"message_id": m.id, "mailbox_end": m.end}) for m in messages], commit=True)
+        act.cursor.advance(messages)

@@ -1,0 +1,107 @@
+"""``ContinuationManager``: the façade of continuable children, one per supervisor.
+
+Each public method names the module that does the work: ``materialization``
+(fresh starts, cold resumes), ``delivery`` (followups, sends, reports),
+``teardown`` (interrupts, drains, close), ``driver`` (the turn loop of each
+activation), ``watcher`` (what other processes write). The façade builds
+them from the ``Runtime``, owns the ``ActivationTable`` they share, and runs
+each activation's task: its driver, then its disposal, then a resume for
+messages that arrived while it was letting go.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+import anyio
+
+from subagents.store.control import ControlRecord
+
+from ..models import AgentRef, AncestorAuthority, ContinuableSpec, UserAuthority
+from ..runtime import Runtime
+from .activation import Activation, ActivationTable
+from .admission import Admission
+from .delivery import Delivery
+from .driver import Driver, RpcFactory
+from .materialization import Materializer
+from .teardown import Teardown
+from .watcher import StoreWatcher
+
+__all__ = ["ContinuationManager"]
+
+
+def _id(agent: AgentRef | str) -> str:
+    return agent.id if isinstance(agent, AgentRef) else agent
+
+
+class ContinuationManager:
+    def __init__(self, rt: Runtime, *, rpc_for: RpcFactory) -> None:
+        self._rt = rt
+        self._table = ActivationTable(rt.agents)
+        self._admission = Admission(self._table)
+        self._watcher = StoreWatcher(rt.store, self._table, apply=self._apply_control)
+        self._materializer = Materializer(rt, self._table, self._admission, self._watcher, launch=self._launch)
+        self._delivery = Delivery(rt, self._table, self._admission, self._materializer)
+        self._teardown = Teardown(rt, self._table, self._admission, self._delivery)
+        self._driver = Driver(rt, self._table, self._teardown, rpc_for=rpc_for)
+
+    @property
+    def activations(self) -> Mapping[str, Activation]:
+        """The resident activations by child id (a snapshot, for introspection)."""
+        return self._table.as_dict()
+
+    # -- starting and delivering (materialization, delivery) --------------------------------
+
+    async def start_continuable(self, spec: ContinuableSpec) -> tuple[str, str]:
+        return await self._materializer.start(spec)
+
+    async def followup(self, parent: AgentRef | str, child_id: str, content: Any, *, source: dict[str, Any] | None = None) -> str:
+        return await self._delivery.followup(_id(parent), child_id, content, source=source)
+
+    async def send(self, child_id: str, content: Any, *, parent: str, source: dict[str, Any] | None = None) -> str:
+        return await self._delivery.send(child_id, content, parent=parent, source=source)
+
+    async def report_from(self, child_id: str, content: Any, *, delivery: str = "wakeup") -> str:
+        return await self._delivery.report_from(child_id, content, delivery=delivery)
+
+    # -- stopping (teardown) -------------------------------------------------------------------
+
+    def interrupt(self, target_id: str, authority: UserAuthority | AncestorAuthority) -> None:
+        self._teardown.interrupt(target_id, authority)
+
+    async def interrupt_anywhere(self, target_id: str, authority: UserAuthority | AncestorAuthority) -> None:
+        await self._teardown.interrupt_anywhere(target_id, authority)
+
+    async def drain(self, parents: Iterable[AgentRef | str]) -> None:
+        await self._teardown.drain([_id(p) for p in parents])
+
+    async def drain_remote(self, root_id: str) -> list[str]:
+        return await self._teardown.drain_remote(root_id)
+
+    async def drain_children(self, parent: AgentRef | str, child_ids: Iterable[str]) -> None:
+        await self._teardown.drain_children(_id(parent), child_ids)
+
+    async def close(self) -> None:
+        await self._teardown.close()
+
+    # -- tasks ---------------------------------------------------------------------------------
+
+    async def watch_store(self, poll_s: float) -> None:
+        """Notice what other processes write for our activations (runs until cancelled)."""
+        await self._watcher.run(poll_s)
+
+    def _apply_control(self, act: Activation, record: ControlRecord) -> None:
+        self._teardown.apply_control(act, record)  # built after the watcher, which needs this callback first
+
+    def _launch(self, act: Activation) -> None:
+        self._rt.tg.start_soon(self._activation, act)
+
+    async def _activation(self, act: Activation) -> None:
+        """One activation's task: its driver, then (shielded) its disposal, then a resume if messages arrived meanwhile."""
+        try:
+            await self._driver.run(act)
+        finally:
+            with anyio.CancelScope(shield=True):
+                resume_after = await self._teardown.dispose(act)
+        if resume_after:
+            self._rt.tg.start_soon(self._delivery.resume_for_pending, act.parent_id, act.child_id)

@@ -1,0 +1,228 @@
+"""Materialisation: how an activation comes to exist — a fresh start, or a cold resume from the store.
+
+A fresh start validates the request (``validation.py``, plus what only a
+continuable start checks), creates the child leased to this supervisor
+(epoch 1) with its delegation prefix and its prompt durably accepted in its
+mailbox, installs the setup contributions, and publishes the activation.
+Any failure before publication deletes the session: no trace remains.
+
+A cold resume builds the activation from the store alone — header, the
+descriptor and cursor folded from its log, its last sandbox mode — and
+never through the provider; it takes the lease (``NOT_RESUMABLE`` if a live
+supervisor holds it). Both end in ``install``: the table, the watcher's
+baseline, ``subagent/start``, and the launch of the driver task.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import anyio
+
+from subagents.store import (
+    ContinuableDescriptor,
+    LeaseHeldError,
+    accept,
+    acquire_lease,
+    create_session,
+    delete_session,
+    inspect,
+    read_header,
+    read_projection,
+    release_lease,
+)
+from subagents.store.errors import SubagentError
+from subagents.store.ids import validate_session_id
+
+from subagents.worker.protocol import Budget
+
+from ..errors import (
+    ActivationClosingError,
+    DuplicateChildError,
+    InvalidRequestError,
+    NotResumableError,
+    UnauthorizedError,
+    no_provider,
+    not_continuable,
+)
+from ..models import ContinuableSpec
+from ..runtime import Runtime
+from ..setup import ActivationInfo, SetupBatch
+from ..validation import delegation_events, place_child, prompt_text, request_fields
+from .activation import Activation, ActivationIdentity, ActivationTable, MailboxCursor, log_fields
+from .admission import Admission
+from .watcher import StoreWatcher
+
+__all__ = ["Materializer"]
+
+log = logging.getLogger(__name__)
+
+Launch = Callable[[Activation], None]
+
+
+class Materializer:
+    def __init__(self, rt: Runtime, table: ActivationTable, admission: Admission, watcher: StoreWatcher, *, launch: Launch) -> None:
+        self._rt = rt
+        self._table = table
+        self._admission = admission
+        self._watcher = watcher
+        self._launch = launch
+        # cold resumes under way, one per child: a second delivery waits for the first instead of
+        # acquiring the lease again (a re-acquisition by the same owner raises the epoch and
+        # would fence the activation the first one installs)
+        self._resuming: dict[str, anyio.Event] = {}
+
+    # -- fresh start ---------------------------------------------------------------
+
+    async def start(self, spec: ContinuableSpec) -> tuple[str, str]:
+        """Create, accept the prompt, publish; returns ``(child_id, message_id)`` once the prompt is durable."""
+        rt, table = self._rt, self._table
+        parent_id = spec.parent_id
+        self._admission.admit(parent_id)
+        provider = rt.registry.require(spec.provider)
+        if not provider.continuable:
+            raise not_continuable(provider.name)
+        fields = request_fields(max_depth=spec.max_depth, budget=spec.budget, tool_filter=spec.tool_filter)
+        if not isinstance(spec.label, str):
+            raise InvalidRequestError("a continuable child needs a string label")
+        child_id = spec.child_id
+        if child_id is not None:
+            validate_session_id(child_id)
+            if table.is_live(child_id) or rt.store.exists(child_id):
+                raise DuplicateChildError(child_id)
+        else:
+            child_id = rt.ids.new()
+        if not table.is_live(parent_id):
+            raise UnauthorizedError.not_live_parent(child_id)
+        self._check_parent_open(parent_id)
+        placement = place_child(rt.agents, rt.store, parent_id, max_depth=fields.max_depth, sandbox=spec.sandbox)
+        descriptor = ContinuableDescriptor(
+            provider=provider.name, label=spec.label, agent_provider=spec.agent_provider, agent_model=spec.model,
+            persona=spec.persona, tool_filter=fields.tool_filter,
+        )
+        prompt = prompt_text(spec.prompt)
+        events = delegation_events(placement.sandbox, descriptor)
+        seed: list[dict[str, Any]] = []
+        if provider.inherits_parent_context:
+            seed = await anyio.to_thread.run_sync(self._fork_prefix, parent_id)
+
+        def create() -> str:
+            create_session(
+                rt.store, child_id, parent_session=parent_id, origin="subagent", delegation_depth=placement.depth,
+                seed=seed, events=events, lease_owner=rt.owner_id,
+            )
+            try:
+                return accept(rt.store, child_id, source={"kind": "user"}, content=prompt, ids=rt.ids)
+            except BaseException:
+                delete_session(rt.store, child_id, parent_session=parent_id)
+                raise
+
+        epoch = 1  # created leased to us (create_session's lease_owner)
+        with self._admission.materializing(child_id), anyio.CancelScope(shield=True):
+            message_id = await anyio.to_thread.run_sync(create)
+            try:
+                self._admission.admit(parent_id)  # a drain may have begun while we wrote
+                self._check_parent_open(parent_id)
+                setup = self._install_setup(ActivationInfo(child_id, parent_id, spec.label, provider.name, placement.depth, epoch, resumed=False))
+            except BaseException:
+                await anyio.to_thread.run_sync(lambda: delete_session(rt.store, child_id, parent_session=parent_id))
+                raise
+        identity = ActivationIdentity(
+            child_id=child_id, parent_id=parent_id, descriptor=descriptor, epoch=epoch, depth=placement.depth,
+            sandbox=placement.sandbox, ancestry=frozenset(table.lineage(parent_id)), run_id=rt.ids.new(), budget=fields.budget,
+        )
+        self.install(Activation(identity, setup))
+        return child_id, message_id
+
+    def _check_parent_open(self, parent_id: str) -> None:
+        parent = self._table.get(parent_id)
+        if parent is not None and parent.disposing:
+            raise ActivationClosingError.parent_disposing(parent_id)
+
+    def _fork_prefix(self, parent_id: str) -> list[dict[str, Any]]:
+        """The parent's completed-turn prefix: events up to its last ``turn/end``."""
+        events = inspect(self._rt.store, parent_id).events
+        last = max((i for i, e in enumerate(events) if e["type"] == "turn/end"), default=-1)
+        return [{"type": e["type"], "data": e["data"], "ts": e["ts"]} for e in events[: last + 1]]
+
+    def _install_setup(self, info: ActivationInfo) -> SetupBatch:
+        batch = self._rt.setups.install(info)
+        batch.commit()
+        return batch
+
+    # -- cold resume ----------------------------------------------------------------
+
+    async def cold_resume(self, parent_id: str, child_id: str) -> Activation | None:
+        """Materialise an activation from the store alone (never through the provider).
+
+        Returns None when another delivery resumed (or tried to resume) it meanwhile: the caller looks again.
+        """
+        under_way = self._resuming.get(child_id)
+        if under_way is not None:
+            await under_way.wait()
+            return None
+        done = self._resuming[child_id] = anyio.Event()
+        try:
+            return await self._resume_from_store(parent_id, child_id)
+        finally:
+            del self._resuming[child_id]
+            done.set()
+
+    async def _resume_from_store(self, parent_id: str, child_id: str) -> Activation | None:
+        rt = self._rt
+        try:
+            header = await anyio.to_thread.run_sync(read_header, rt.store, child_id)
+        except SubagentError as exc:
+            raise NotResumableError.unavailable(child_id) from exc
+        if header.parent_session != parent_id:
+            raise UnauthorizedError.other_parent(child_id)
+        try:
+            projection = await anyio.to_thread.run_sync(read_projection, rt.store, child_id)
+        except SubagentError as exc:
+            raise NotResumableError.unavailable(child_id) from exc
+        if projection.resume_error is not None:
+            raise NotResumableError.unavailable(child_id, projection.resume_error)
+        descriptor = projection.continuable()
+        if descriptor is None:
+            raise NotResumableError.no_state(child_id)
+        if rt.registry.program_for(descriptor.provider) is None:
+            raise no_provider(descriptor.provider)  # refused before anything is accepted
+        if child_id in self._table:
+            return None
+        self._admission.admit(parent_id)
+        try:
+            lease = await anyio.to_thread.run_sync(lambda: acquire_lease(rt.store, child_id, rt.owner_id))
+        except LeaseHeldError as exc:
+            raise NotResumableError.held_elsewhere(child_id) from exc
+        if child_id in self._table:
+            return None
+        depth = max(header.delegation_depth, self._table.parent_depth(parent_id) + 1)
+        try:
+            setup = self._install_setup(ActivationInfo(child_id, parent_id, descriptor.label, descriptor.provider, depth, lease.epoch, resumed=True))
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(release_lease, rt.store, child_id, rt.owner_id, lease.epoch)
+            raise
+        identity = ActivationIdentity(
+            child_id=child_id, parent_id=parent_id, descriptor=descriptor, epoch=lease.epoch, depth=depth,
+            sandbox=projection.sandbox,  # the delegated policy from its own log; resume re-captures nothing
+            ancestry=frozenset(self._table.lineage(parent_id)), run_id=rt.ids.new(), budget=Budget(),
+        )
+        cursor = MailboxCursor()
+        cursor.reset(projection)
+        act = Activation(identity, setup, cursor=cursor)
+        self.install(act)
+        return act
+
+    # -- publication ------------------------------------------------------------------
+
+    def install(self, act: Activation) -> None:
+        """Publish: the table (its parent owns it), the watcher's baseline, ``subagent/start``, the driver."""
+        self._watcher.baseline(act)
+        self._table.add(act)
+        log.info("activation of %s started", act.child_id, extra=log_fields(act))
+        self._rt.events.emit(
+            "subagent/start", {"run_id": act.identity.run_id, "provider": act.identity.descriptor.provider, "id": act.child_id, "local": True}
+        )
+        self._launch(act)

@@ -1,0 +1,288 @@
+"""Teardown: interrupt, disposal, drain and close — everything that stops work.
+
+``interrupt`` cancels only the current turn (queued messages, the activation
+and its children stay; queued waking messages then run at once). Disposal
+opens top-down — mark, cancel the current turn, wake; then the same for the
+owned children — and completes child-first on each driver's task
+(``dispose``): wait for the owned children, drop the pending mailbox if a
+drain asked for it, release the lease, deliver the settlement notice to the
+parent durably, and only then release the parent's ownership and emit
+``subagent/end``. ``drain`` does that below some parents and closes
+admission there; ``close`` does it everywhere and keeps pending messages for
+the next activation. Only this module writes an activation's lifecycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Iterable
+
+import anyio
+
+from subagents.store import LogWriter, list_descendants, pending, read_header, release_lease
+from subagents.store.control import ControlRecord
+from subagents.store.control import request as control_request
+from subagents.store.errors import FencedError, SubagentError
+
+from ..errors import UnauthorizedError
+from ..models import AncestorAuthority, UserAuthority
+from ..runtime import Runtime
+from .activation import Activation, ActivationTable, Lifecycle, log_fields
+from .admission import Admission
+from .delivery import Delivery
+from .settlement import bounded_line, epoch_stop_reason, settlement_text
+
+__all__ = ["Teardown"]
+
+log = logging.getLogger(__name__)
+
+
+class Teardown:
+    def __init__(self, rt: Runtime, table: ActivationTable, admission: Admission, delivery: Delivery) -> None:
+        self._rt = rt
+        self._table = table
+        self._admission = admission
+        self._delivery = delivery
+
+    # -- interrupt ---------------------------------------------------------------------
+
+    def interrupt(self, target_id: str, authority: UserAuthority | AncestorAuthority) -> None:
+        """Cancel the target's current turn; an unknown or inactive target is a no-op."""
+        if isinstance(authority, AncestorAuthority):
+            caller = authority.agent_id
+            if not self._table.is_live(caller):
+                raise UnauthorizedError.not_live_ancestor(target_id)
+            if caller == target_id:
+                raise UnauthorizedError.self_interrupt(target_id)
+            act = self._table.get(target_id)
+            if act is None or act.disposing:
+                return
+            if caller not in act.identity.ancestry:
+                raise UnauthorizedError.not_descendant(target_id, caller)
+            reason = "parent"
+        else:
+            try:
+                header = read_header(self._rt.store, target_id)
+            except SubagentError:
+                return  # unknown target: no-op
+            if header.parent_session != authority.parent_session:
+                raise UnauthorizedError.other_parent(target_id)
+            act = self._table.get(target_id)
+            if act is None or act.disposing:
+                return
+            reason = "user"
+        self._stop_turn(act, reason, time.time())
+
+    def _stop_turn(self, act: Activation, reason: str, asked_at: float) -> None:
+        if act.ticket is not None:
+            self._rt.pool.cancel(act.ticket, reason)
+        else:
+            # no turn in flight yet: the current turn is the next one, if its message was accepted
+            # before the request (mailbox ``ts``, same host clock; a later message is not stopped)
+            act.stop_before = (reason, asked_at)
+
+    async def interrupt_anywhere(self, target_id: str, authority: UserAuthority | AncestorAuthority) -> None:
+        """``interrupt``, and for a user authority over a child active in another supervisor,
+        a durable control record that supervisor carries out."""
+        if isinstance(authority, UserAuthority) and target_id not in self._table:
+            store = self._rt.store
+            try:
+                header = await anyio.to_thread.run_sync(read_header, store, target_id)
+            except SubagentError:
+                return  # unknown target: no-op
+            if header.parent_session != authority.parent_session:
+                raise UnauthorizedError.other_parent(target_id)
+            if await anyio.to_thread.run_sync(self._delivery.held_elsewhere, target_id):
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(
+                        lambda: control_request(store, target_id, "interrupt", {"reason": "user"}, ids=self._rt.ids)
+                    )
+            return
+        self.interrupt(target_id, authority)
+
+    def apply_control(self, act: Activation, record: ControlRecord) -> None:
+        """A control record another process wrote for a hosted child (the store watcher calls this)."""
+        if record.kind == "interrupt":
+            self._stop_turn(act, "user", record.ts)
+        elif record.kind == "drain":
+            self.open_disposal(act, discard=True)
+        else:
+            log.warning("control record %d of %s has unknown kind %r; ignored", record.seq, act.child_id, record.kind, extra=log_fields(act))
+
+    # -- disposal ----------------------------------------------------------------------
+
+    def open_disposal(self, act: Activation, *, discard: bool) -> None:
+        """Top-down: mark, cancel the current turn, wake; then the same for owned children."""
+        if act.disposing:
+            return
+        act.lifecycle = Lifecycle.DISPOSING
+        act.discard = discard
+        if act.ticket is not None:
+            self._rt.pool.cancel(act.ticket, "parent")
+        act.poke()
+        for child_id in self._table.owned(act.child_id):
+            child = self._table.get(child_id)
+            if child is not None:
+                self.open_disposal(child, discard=discard)
+
+    def fence(self, act: Activation) -> None:
+        """Another supervisor took this child over: stop, and never write to its files again."""
+        if not act.fenced:
+            log.warning(
+                "activation %s was taken over by another supervisor (fenced at epoch %d); dropping it", act.child_id, act.epoch,
+                extra=log_fields(act),
+            )
+        act.fenced = True
+        act.lifecycle = Lifecycle.DISPOSING
+        if act.ticket is not None:
+            self._rt.pool.cancel(act.ticket, "fenced")
+
+    async def dispose(self, act: Activation) -> bool:
+        """Child-first teardown, on the driver's task after its loop ends.
+
+        Returns whether messages another process left for the child arrived
+        meanwhile (the caller resumes the child for them).
+        """
+        act.lifecycle = Lifecycle.DISPOSING
+        for child_id in self._table.owned(act.child_id):
+            child = self._table.get(child_id)
+            if child is not None:
+                self.open_disposal(child, discard=act.discard)
+                await child.disposed.wait()
+        if act.fenced:
+            self._table.remove(act)
+            self._finish(act, "error", None)
+            return False
+        dropped = False
+        if act.discard:
+            dropped = await anyio.to_thread.run_sync(self._discard_pending, act)
+        reason = epoch_stop_reason(act.reasons, dropped)
+        rt = self._rt
+        try:
+            await anyio.to_thread.run_sync(release_lease, rt.store, act.child_id, rt.owner_id, act.epoch)
+        except FencedError:
+            log.warning("lease of %s was taken over before release", act.child_id, extra=log_fields(act))
+        # another process may have accepted a message after our last mailbox read and seen our
+        # lease still held; it left the message for us. Re-read after releasing: one of us sees it.
+        resume_after = not act.discard and not self._admission.closing and await anyio.to_thread.run_sync(self._has_waking_pending, act)
+        self._table.remove(act)
+        await self._notify_parent(act, reason)
+        self._finish(act, reason, act.last_output or None)
+        return resume_after
+
+    async def _notify_parent(self, act: Activation, reason: str) -> None:
+        """The settlement notice, durably in the parent's mailbox (quiet when the parent's lineage is closing)."""
+        summary, body = settlement_text(act.child_id, reason, act.last_output)
+        source = {"kind": "subagent-settled", "form": "notice", "summary": bounded_line(summary), "sender_session_id": act.child_id}
+        wake = not self._admission.closed_below(act.parent_id)
+        try:
+            if self._table.is_live(act.parent_id) or self._rt.store.exists(act.parent_id):
+                await self._delivery.send_to(act.parent_id, source, body, wake=wake)
+        except SubagentError:
+            # the parent's files refused it (damage, a takeover): the child is settled all the same
+            log.exception("subagent %s settlement notice was not delivered to its parent", act.child_id, extra=log_fields(act))
+
+    def _finish(self, act: Activation, reason: str, last_message: str | None) -> None:
+        """The last steps of every disposal: setup released, the parent stops owning the child, ``subagent/end``, done."""
+        if act.setup is not None:
+            try:
+                act.setup.release()
+            except SubagentError:
+                log.exception("subagent %s activation teardown failed", act.child_id, extra=log_fields(act))
+        self._table.disown(act.parent_id, act.child_id)
+        self._admission.reopen(act.child_id)
+        self._rt.events.emit(
+            "subagent/end",
+            {"run_id": act.identity.run_id, "provider": act.identity.descriptor.provider, "id": act.child_id, "local": True,
+             "stop_reason": reason, "last_assistant_message": last_message},
+        )
+        act.lifecycle = Lifecycle.DISPOSED
+        act.disposed.set()
+
+    def _has_waking_pending(self, act: Activation) -> bool:
+        try:
+            messages = self._pending(act)
+        except SubagentError:
+            return False
+        return any(m.wake for m in messages)
+
+    def _pending(self, act: Activation) -> list:
+        c = act.cursor
+        return pending(self._rt.store, act.child_id, consumed=c.consumed, last_consumed_id=c.last_id, mailbox_end=c.mailbox_end)
+
+    def _discard_pending(self, act: Activation) -> bool:
+        """Record the whole pending mailbox as consumed unrun (``message/discarded``); whether any was."""
+        try:
+            messages = self._pending(act)
+            if not messages:
+                return False
+            with LogWriter.open(self._rt.store, act.child_id, epoch=act.epoch) as writer:
+                writer.append([("message/discarded", {"message_id": m.id, "mailbox_end": m.end}) for m in messages], commit=True)
+        except SubagentError:
+            log.exception("could not discard pending messages of %s", act.child_id, extra=log_fields(act))
+            return False
+        act.cursor.advance(messages)
+        return True
+
+    # -- drain and close -----------------------------------------------------------------
+
+    async def drain(self, roots: list[str]) -> None:
+        """Close admission below the live ``roots`` and dispose their continuable descendants child-first."""
+        live_roots = [r for r in roots if self._table.is_live(r)]
+        self._admission.drain_below(live_roots)
+        targets = [a for a in self._table if any(r in a.identity.ancestry for r in live_roots)]
+        for act in targets:
+            self.open_disposal(act, discard=True)
+        await self._admission.wait_materializing()
+        for act in targets:
+            await act.disposed.wait()
+        # admission stays closed below each root until that root is disposed (``Admission.reopen``)
+
+    async def drain_children(self, parent_id: str, child_ids: Iterable[str]) -> None:
+        """Dispose the named resident direct children of the live ``parent_id`` (admission stays open)."""
+        if not self._table.is_live(parent_id):
+            raise UnauthorizedError.teardown_needs_parent()
+        selected = []
+        for child_id in dict.fromkeys(child_ids):
+            act = self._table.get(child_id)
+            if act is None:
+                continue
+            if act.parent_id != parent_id or parent_id not in act.identity.ancestry:
+                raise UnauthorizedError.not_direct_child(child_id, parent_id)
+            selected.append(act)
+        for act in selected:
+            self.open_disposal(act, discard=True)
+        for act in selected:
+            await act.disposed.wait()
+
+    async def drain_remote(self, root_id: str) -> list[str]:
+        """Ask the supervisors hosting continuable descendants of ``root_id`` to tear them down.
+
+        Writes a durable ``drain`` control record for each descendant whose lease a
+        live other supervisor holds; returns their ids. Admission below the root is
+        closed only in this supervisor (``drain``), not in theirs.
+        """
+        store, ids = self._rt.store, self._rt.ids
+
+        def targets() -> list[str]:
+            found = []
+            for row in list_descendants(store, root_id):
+                entry = row.entry
+                if getattr(entry, "mode", None) == "continuable" and entry.id not in self._table and self._delivery.held_elsewhere(entry.id):
+                    control_request(store, entry.id, "drain", {"root": root_id}, ids=ids)
+                    found.append(entry.id)
+            return found
+
+        with anyio.CancelScope(shield=True):
+            return await anyio.to_thread.run_sync(targets)
+
+    async def close(self) -> None:
+        """Manager-wide drain: admission closed forever; pending messages stay for the next activation."""
+        self._admission.close()
+        await self._admission.wait_materializing()
+        acts = list(self._table)
+        for act in acts:
+            self.open_disposal(act, discard=False)
+        for act in acts:
+            await act.disposed.wait()

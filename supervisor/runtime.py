@@ -1,0 +1,41 @@
+"""``Runtime``: what one supervisor's collaborators share, fixed when the supervisor opens.
+
+The one-shot runs, the continuable children and each turn's RPC handler are
+built from a ``Runtime``, never from the ``Supervisor``: they see exactly
+these collaborators, each owned by its own object (the store handle, the id
+generator, the task group every background task runs in, this supervisor's
+owner id, the worker pool, the provider registry, the lifecycle events, the
+live agents, the setup contributions). The record is frozen: nothing is
+swapped in after construction. Built by ``supervisor/service.py`` only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import anyio
+
+from subagents.store import IdGenerator, Store
+
+from .agents import LiveAgents
+from .backend import Pool
+from .config import SupervisorConfig
+from .events import EventBus
+from .registry import ProviderRegistry
+from .setup import SetupRegistry
+
+__all__ = ["Runtime"]
+
+
+@dataclass(frozen=True)
+class Runtime:
+    store: Store
+    config: SupervisorConfig
+    ids: IdGenerator
+    tg: anyio.abc.TaskGroup  # owns every background task (drivers, watchers, creation drains)
+    owner_id: str  # this supervisor's owner record: the holder named in every lease it takes
+    pool: Pool
+    registry: ProviderRegistry
+    events: EventBus
+    agents: LiveAgents
+    setups: SetupRegistry

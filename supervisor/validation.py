@@ -1,0 +1,131 @@
+"""Request validation shared by one-shot and continuable starts.
+
+Everything here runs before the first byte of a child is written, so a
+refused request leaves no trace. ``request_fields`` checks the fields both
+kinds of start carry (``max_depth``, ``budget``, ``tool_filter``, and a
+one-shot's ``output_schema``); ``place_child`` takes the policy snapshot of
+the parent (its depth and sandbox mode, read before the caller's first
+await) and checks the child's depth; ``delegation_events`` is the prefix
+every child's log starts with. Called by ``oneshot.py`` and
+``continuable/materialization.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from subagents.store import Store, ToolFilter, read_header
+from subagents.store.descriptor import ContinuableDescriptor, OneShotDescriptor
+from subagents.store.errors import SessionNotFoundError
+from subagents.worker.protocol import Budget
+
+from .agents import LiveAgents
+from .errors import InvalidRequestError, NoParentError, SubagentDepthError
+from .models import RunBudget
+
+__all__ = ["MAX_TIMEOUT_MS", "RequestFields", "Placement", "request_fields", "place_child", "prompt_text", "delegation_events"]
+
+# the largest timer a JavaScript host accepts (2**31 - 1 ms); kept so budgets mean the same everywhere
+MAX_TIMEOUT_MS = 2_147_483_647
+
+
+@dataclass(frozen=True)
+class RequestFields:
+    """The checked fields of a start request."""
+
+    max_depth: int | None
+    budget: Budget
+    tool_filter: ToolFilter | None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a new child goes: its parent, its depth, and the sandbox mode it inherits or was given."""
+
+    parent_id: str
+    depth: int
+    sandbox: str | None
+
+
+def _max_depth(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidRequestError("subagent maxDepth must be a non-negative safe integer")
+    return value
+
+
+def _budget(budget: RunBudget | None) -> Budget:
+    if budget is None:
+        return Budget()
+    for name in ("max_steps", "timeout_ms"):
+        value = getattr(budget, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            raise InvalidRequestError(f"budget {name} must be a positive integer", field=name)
+    if budget.timeout_ms is not None and budget.timeout_ms > MAX_TIMEOUT_MS:
+        raise InvalidRequestError(f"budget timeout_ms must be at most {MAX_TIMEOUT_MS}", field="timeout_ms")
+    return Budget(max_steps=budget.max_steps, timeout_ms=budget.timeout_ms)
+
+
+def _output_schema(schema: Any) -> None:
+    if schema is None:
+        return
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        raise InvalidRequestError("output_schema must be an object-rooted JSON schema ({\"type\": \"object\", ...})")
+
+
+def _tool_filter(raw: Any) -> ToolFilter | None:
+    if raw is None:
+        return None
+    try:
+        return ToolFilter.model_validate(raw)
+    except ValidationError as exc:
+        raise InvalidRequestError(f"tool_filter is invalid: {exc}") from None
+
+
+def request_fields(*, max_depth: Any, budget: RunBudget | None, tool_filter: Any, output_schema: Any = None) -> RequestFields:
+    """Check the request's fields in the order callers see their errors: max_depth, budget, output_schema, tool_filter."""
+    depth = _max_depth(max_depth)
+    checked_budget = _budget(budget)
+    _output_schema(output_schema)
+    return RequestFields(depth, checked_budget, _tool_filter(tool_filter))
+
+
+def place_child(agents: LiveAgents, store: Store, parent_id: str, *, max_depth: int | None, sandbox: str | None) -> Placement:
+    """The policy snapshot of the parent (no await: it is the state at the call) and the child's depth check.
+
+    A live agent's depth already includes its header's (``open_root`` and the
+    starts read it); a parent known only from the store contributes its
+    header's depth and no sandbox mode.
+    """
+    live = agents.get(parent_id)
+    if live is not None:
+        parent_depth, parent_sandbox = live.depth, live.sandbox
+    else:
+        try:
+            parent_depth, parent_sandbox = read_header(store, parent_id).delegation_depth, None
+        except SessionNotFoundError:
+            raise NoParentError(parent_id) from None
+    depth = parent_depth + 1
+    if max_depth is not None and depth > max_depth:
+        raise SubagentDepthError(depth, max_depth)
+    return Placement(parent_id, depth, sandbox if sandbox is not None else parent_sandbox)
+
+
+def prompt_text(prompt: Any) -> str:
+    """A prompt as the child's message: text as is, anything else as JSON."""
+    return prompt if isinstance(prompt, str) else json.dumps(prompt)
+
+
+def delegation_events(sandbox: str | None, descriptor: OneShotDescriptor | ContinuableDescriptor) -> list[tuple[str, Any]]:
+    """The events every child's log opens with: the delegated sandbox mode, no interactive approval, the descriptor."""
+    events: list[tuple[str, Any]] = []
+    if sandbox is not None:
+        events.append(("sandbox/mode", {"mode": sandbox, "source": "delegation"}))
+    events.append(("approval/policy", {"policy": "never", "source": "delegation"}))
+    events.append(("subagent/descriptor", descriptor.to_record()))
+    return events

@@ -1,0 +1,39 @@
+"""The store watcher: each hosted child's files are an isolation boundary (issue 14, item 1)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from subagents.store.framing import encode_record
+from subagents.supervisor import UserAuthority
+
+from ..conftest import wait_until
+from .test_continuable import S, continuable_supervisor, start, turn_ends, turn_started
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_malformed_control_record_of_one_child_never_ends_the_supervisor(tmp_path, caplog):
+    """Issue 14 item 1: a CRC-valid control record of the wrong shape for one hosted child is
+    logged and skipped; the supervisor and its other children carry on."""
+    caplog.set_level(logging.WARNING)
+    async with continuable_supervisor(tmp_path, control_poll_s=0.01) as sup:
+        root = await sup.open_root(label="host")
+        bad, _ = await start(sup, root, S({"sleep": 60_000}), label="bad")
+        good, _ = await start(sup, root, S({"sleep": 60_000}), label="good")
+        await turn_started(sup, bad)
+        await turn_started(sup, good)
+        with open(sup.store.path(bad, "control"), "ab") as control:  # CRC-valid framing, wrong field types
+            control.write(encode_record({"seq": 0, "id": "01BADCONTROL", "ts": "not a number", "kind": "interrupt", "data": [1, 2, 3]}))
+        await wait_until(
+            lambda: any(bad in r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING),
+            what="the watcher to report the bad record",
+        )
+        # still serving: the other child is interrupted, the damaged one still runs its turn
+        await sup.interrupt(good, authority=UserAuthority(parent_session=root.id))
+        await wait_until(lambda: turn_ends(sup.store, good) == ["aborted"], what="the other child's turn to be interrupted")
+        assert bad in sup.continuation.activations and turn_ends(sup.store, bad) == []
+        await sup.interrupt(bad, authority=UserAuthority(parent_session=root.id))
+        await wait_until(lambda: turn_ends(sup.store, bad) == ["aborted"], what="the damaged child's turn to be interrupted")
