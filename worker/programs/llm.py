@@ -1,28 +1,68 @@
-"""``llm``: an agent loop over an OpenAI-compatible chat-completions endpoint.
+"""``llm``: an agent loop over an OpenAI-compatible chat-completions endpoint (the official ``openai`` SDK).
 
 Each step sends the conversation (rebuilt from this session's own log, so a
 resumed continuable child keeps its transcript) with the model-facing tools
 of ``worker/model_tools.py`` as function tools; tool calls are recorded in the
 log and answered; a reply without tool calls ends the turn. ``finish_reason
-== "length"`` ends it ``max-tokens``.
+== "length"`` ends it ``max-tokens``, ``"content_filter"`` ends it ``refusal``.
 
-The endpoint is the DeepSeek API shape (``POST {base_url}/chat/completions``
-with a bearer key). The key is read from the environment variable named by
-``api_key_env`` at call time, sent only in the ``Authorization`` header, and
-never written to the store, the logs or an error message.
+The client is ``openai.AsyncOpenAI`` with ``base_url`` (DeepSeek and any
+compatible endpoint): it brings the timeout, retries with exponential backoff
+on 429, 5xx, timeouts and dropped connections (``max_retries``, honouring
+``Retry-After``), and typed errors. Every failure ends the turn with stop
+reason ``error`` and a diagnostic that says what happened (rate limited,
+server error, timeout, unreachable, key refused, request rejected), never
+an exception out of the program.
+
+The key is read from the environment variable named by ``api_key_env`` at
+call time, stripped of surrounding whitespace (a CRLF ``.env`` file leaves a
+trailing ``\r``), checked to be a value an HTTP header can carry, and sent
+only in the ``Authorization`` header. Every diagnostic passes a ``Redactor``
+(``worker/redaction.py``) before it is returned, so neither the key nor an
+endpoint's echo of it is ever written to the store, a log or a result.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from ..context import TurnContext, TurnResult
 from ..model_tools import DelegationConfig, ToolOutcome, model_tools, tool_arguments
+from ..redaction import Redactor
 
-__all__ = ["DELEGATION_TEXT", "REPORT_TEXT", "LlmProgram", "llm"]
+__all__ = ["DELEGATION_TEXT", "REPORT_TEXT", "ApiKeyError", "LlmProgram", "llm", "load_api_key"]
+
+log = logging.getLogger(__name__)
+
+# An error body is quoted in a diagnostic up to this many characters (after redaction).
+_BODY_CHARS = 300
+# What an HTTP header value may hold: visible ASCII, no whitespace inside a key.
+_KEY_SHAPE = re.compile(r"[\x21-\x7e]+")
+
+
+class ApiKeyError(ValueError):
+    """Raised when the API key variable holds a value no HTTP header can carry (the value is never quoted)."""
+
+
+def load_api_key(variable: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The key in ``variable``, stripped; ``None`` when unset or blank; ``ApiKeyError`` when malformed.
+
+    Stripping removes what editors and ``.env`` files leave around a key (``\r``, ``\n``, spaces);
+    anything else outside visible ASCII would make an illegal header that HTTP libraries
+    quote back in their exceptions — key included — so it is refused here instead.
+    """
+    raw = (os.environ if environ is None else environ).get(variable)
+    if raw is None or not raw.strip():
+        return None
+    key = raw.strip()
+    if not _KEY_SHAPE.fullmatch(key):
+        raise ApiKeyError(f"the API key in ${variable} holds whitespace or characters an HTTP header cannot carry")
+    return key
 
 DELEGATION_TEXT = (
     "You are a delegated subagent: your permission scope was fixed when you were started and cannot be widened from "
@@ -57,18 +97,22 @@ class LlmProgram:
     model: str = "deepseek-chat"
     api_key_env: str = "DEEPSEEK_API_KEY"
     timeout_s: float = 120.0
+    max_retries: int = 3  # the SDK's retries on 429 / 5xx / timeouts, with exponential backoff
     max_steps: int = 32
     delegation: DelegationConfig = field(default_factory=DelegationConfig)
     report_delivery: str = "wakeup"
 
     @classmethod
     def from_environment(cls) -> "LlmProgram":
-        """``SUBAGENTS_LLM_BASE_URL``, ``SUBAGENTS_LLM_MODEL``, ``SUBAGENTS_LLM_API_KEY_ENV`` (read at the program boundary)."""
+        """``SUBAGENTS_LLM_BASE_URL``, ``_MODEL``, ``_API_KEY_ENV``, ``_TIMEOUT_S``, ``_MAX_RETRIES`` (read at the program boundary)."""
         defaults = cls()
+        env = os.environ
         return cls(
-            base_url=os.environ.get("SUBAGENTS_LLM_BASE_URL", defaults.base_url),
-            model=os.environ.get("SUBAGENTS_LLM_MODEL", defaults.model),
-            api_key_env=os.environ.get("SUBAGENTS_LLM_API_KEY_ENV", defaults.api_key_env),
+            base_url=env.get("SUBAGENTS_LLM_BASE_URL", defaults.base_url),
+            model=env.get("SUBAGENTS_LLM_MODEL", defaults.model),
+            api_key_env=env.get("SUBAGENTS_LLM_API_KEY_ENV", defaults.api_key_env),
+            timeout_s=float(env.get("SUBAGENTS_LLM_TIMEOUT_S", defaults.timeout_s)),
+            max_retries=int(env.get("SUBAGENTS_LLM_MAX_RETRIES", defaults.max_retries)),
         )
 
     def system_prompt(self, ctx: TurnContext) -> str:
@@ -82,37 +126,51 @@ class LlmProgram:
         return "\n\n".join(parts) or "You are a helpful agent."
 
     async def __call__(self, ctx: TurnContext) -> str | TurnResult:
-        import httpx
+        import openai
 
+        try:
+            key = load_api_key(self.api_key_env)
+        except ApiKeyError as exc:
+            return TurnResult(stop_reason="error", diagnostic=str(exc))
+        redact = Redactor([key, os.environ.get(self.api_key_env)])
         tools = {t.name: t for t in model_tools(ctx, delegation=self.delegation, report_delivery=self.report_delivery)}  # type: ignore[arg-type]
         messages: list[dict[str, Any]] = [{"role": "system", "content": self.system_prompt(ctx)}]
         messages += _transcript(await ctx.history())
-        key = os.environ.get(self.api_key_env, "")
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
         model = ctx.spec.agent_model or self.model
-        async with httpx.AsyncClient(base_url=self.base_url.rstrip("/"), timeout=self.timeout_s, headers=headers) as client:
+        # a keyless local endpoint gets no Authorization header at all (the SDK wants a key object)
+        client = openai.AsyncOpenAI(
+            api_key=key or "unused", base_url=self.base_url.rstrip("/"), timeout=self.timeout_s, max_retries=self.max_retries,
+        )
+        extra = {} if key else {"extra_headers": {"Authorization": openai.omit}}
+        try:
             for _ in range(self.max_steps):
                 await ctx.step()
-                response = await client.post(
-                    "/chat/completions",
-                    json={"model": model, "messages": messages, "tools": [t.schema() for t in tools.values()]},
-                )
-                if response.status_code >= 400:
-                    return TurnResult(stop_reason="error", diagnostic=f"the model endpoint answered HTTP {response.status_code}: {response.text[:500]}")
-                choice = response.json()["choices"][0]
-                message = choice.get("message") or {}
-                calls = message.get("tool_calls") or []
+                try:
+                    response = await client.chat.completions.create(
+                        model=model, messages=messages, tools=[t.schema() for t in tools.values()], **extra,  # type: ignore[arg-type]
+                    )
+                except openai.OpenAIError as exc:
+                    return TurnResult(stop_reason="error", diagnostic=redact(self._diagnostic(exc)))
+                if not response.choices:
+                    return TurnResult(stop_reason="error", diagnostic="the model endpoint answered with no choices")
+                choice = response.choices[0]
+                message = choice.message
+                calls = message.tool_calls or []
                 if not calls:
-                    content = message.get("content") or ""
+                    content = message.content or ""
                     if content:
                         await ctx.say(content)
-                    if choice.get("finish_reason") == "length":
+                    if choice.finish_reason == "length":
                         return TurnResult(output=content, stop_reason="max-tokens", diagnostic="the model hit its token limit")
+                    if choice.finish_reason == "content_filter":
+                        return TurnResult(output=content, stop_reason="refusal", diagnostic="the endpoint's content filter stopped the reply")
                     return content
-                messages.append({"role": "assistant", "content": message.get("content"), "tool_calls": calls})
+                messages.append({"role": "assistant", "content": message.content,
+                                 "tool_calls": [c.model_dump(mode="json", exclude_none=True) for c in calls]})
                 for call in calls:
-                    name = call.get("function", {}).get("name", "")
-                    args = tool_arguments(call.get("function", {}).get("arguments"))
+                    function = getattr(call, "function", None)
+                    name = getattr(function, "name", "") or ""
+                    args = tool_arguments(getattr(function, "arguments", None))
                     tool = tools.get(name)
                     if tool is None:
                         outcome = ToolOutcome(f'unknown tool "{name}"', is_error=True)
@@ -123,8 +181,49 @@ class LlmProgram:
 
                         recorded = await ctx.recorded_call(name, args, run)
                         outcome = ToolOutcome(recorded["text"], recorded["is_error"])
-                    messages.append({"role": "tool", "tool_call_id": call.get("id", ""), "content": outcome.text})
+                    messages.append({"role": "tool", "tool_call_id": call.id or "", "content": outcome.text})
+        finally:
+            await client.close()
         return TurnResult(stop_reason="error", diagnostic=f"the model made more than {self.max_steps} calls in one turn")
+
+    def _diagnostic(self, exc: Exception) -> str:
+        """What went wrong, in words an operator acts on (redacted by the caller before it is returned)."""
+        import openai
+
+        retried = f" (after {self.max_retries} retries)" if self.max_retries else ""
+        if isinstance(exc, openai.APITimeoutError):
+            return f"the model endpoint did not answer within timeout_s={self.timeout_s:g}{retried}"
+        if isinstance(exc, openai.APIConnectionError):
+            cause = type(exc.__cause__).__name__ if exc.__cause__ is not None else "connection error"
+            return f"the model endpoint {self.base_url} is unreachable ({cause}){retried}"
+        if isinstance(exc, openai.APIStatusError):
+            body = _body_text(exc)
+            status = exc.status_code
+            if isinstance(exc, openai.RateLimitError):
+                what = f"the model endpoint is rate limiting (HTTP 429){retried}"
+            elif status >= 500:
+                what = f"the model endpoint failed (HTTP {status}){retried}"
+            elif isinstance(exc, (openai.AuthenticationError, openai.PermissionDeniedError)):
+                what = f"the model endpoint refused the API key from ${self.api_key_env} (HTTP {status})"
+            else:
+                what = f"the model endpoint rejected the request (HTTP {status})"
+            return f"{what}: {body}" if body else what
+        log.warning("llm call failed", exc_info=exc)
+        return f"the model call failed: {type(exc).__name__}"
+
+
+def _body_text(exc: Any) -> str:
+    """The endpoint's error message (not the whole body), bounded."""
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        text = inner.get("message") if isinstance(inner, dict) and isinstance(inner.get("message"), str) else json.dumps(body)
+    elif isinstance(body, str):
+        text = body
+    else:
+        text = ""
+    text = " ".join(text.split())
+    return text if len(text) <= _BODY_CHARS else text[:_BODY_CHARS] + "…"
 
 
 async def llm(ctx: TurnContext) -> str | TurnResult:

@@ -1,0 +1,56 @@
+"""Removing secrets from text before it is stored: API keys never reach the store.
+
+A program that talks to a remote service copies the service's words into
+diagnostics (an error body, an exception message), and a diagnostic is
+written to the session log, the run result and ``subagents log --json``. A
+proxy or a misbehaving endpoint may echo the ``Authorization`` header back;
+an HTTP library may quote an illegal header value. ``Redactor`` replaces
+every known secret (as given, and with surrounding whitespace stripped) and
+anything shaped like a bearer token or an API key with ``[redacted]``.
+
+What it does *not* guarantee: a secret transformed beyond recognition
+(base64-encoded, split across lines) passes. Callers therefore also keep
+bodies short and never quote request headers themselves.
+Who calls it: ``worker/programs/llm.py`` for every diagnostic it returns.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+__all__ = ["REDACTED", "Redactor"]
+
+REDACTED = "[redacted]"
+
+# Token shapes redacted even when the exact key is not known: "Bearer <token>",
+# "sk-..." style keys, and "api_key: <value>" / "Authorization=<value>" pairs.
+_SHAPES = re.compile(
+    r"(?i)(bearer\s+)[^\s\"',;}]+"
+    r"|\bsk-[A-Za-z0-9_\-]{6,}"
+    r"|((?:api[_-]?key|authorization|x-api-key)[\"']?\s*[:=]\s*[\"']?)[^\s\"',;}]+"
+)
+
+
+def _shape(match: re.Match[str]) -> str:
+    prefix = match.group(1) or match.group(2) or ""
+    return prefix + REDACTED
+
+
+class Redactor:
+    """Replaces known secrets and secret-shaped tokens in text."""
+
+    def __init__(self, secrets: Iterable[str | None] = ()) -> None:
+        variants = set()
+        for secret in secrets:
+            if secret:
+                variants.add(secret)
+                if secret.strip():
+                    variants.add(secret.strip())
+        # longest first, so a key containing another key is removed whole
+        self._secrets = sorted((v for v in variants if len(v) >= 4), key=len, reverse=True)
+
+    def __call__(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, REDACTED)
+        return _SHAPES.sub(_shape, text)
