@@ -218,3 +218,20 @@ async def test_a_start_racing_a_drain_is_either_rolled_back_or_drained(tmp_path)
             await wait_until(lambda: child_id not in sup.continuation.activations, what="the started child to be drained")
             assert read_lease(sup.store, child_id).state == "released"
         assert sup.continuation.activations == {}
+
+
+async def test_admission_below_a_drained_continuable_parent_reopens_once_it_is_disposed(tmp_path):
+    """A drained parent keeps admission closed below it only while it lives: once disposed, a
+    resumed activation of it may start children again (the drained set no longer only grows)."""
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        parent, _ = await start(sup, root, SLEEP)
+        await turn_started(sup, parent)
+        await sup.drain([parent])
+        await draining(start(sup, parent, S({"return": "x"})))
+        await sup.interrupt(parent, authority=UserAuthority(parent_session=root.id))
+        await settled(sup, root, parent)
+        await wait_until(lambda: parent not in sup.continuation.activations, what="the drained parent to be disposed")
+        await sup.followup(root, parent, SLEEP)  # a cold resume: a new activation of the same child
+        child, _ = await start(sup, parent, S({"return": "admitted again"}))
+        await wait_until(lambda: turn_ends(sup.store, child) == ["completed"], what="the new child's turn")
