@@ -13,7 +13,9 @@ Other processes may be writing during the check, so every reading is ordered
 to stay sound: a log before its mailbox (a consumed message is always already
 in the mailbox) and before its lease (the lease epoch only grows), and each
 suspected index or lease finding is read again at the end of the pass; a
-discrepancy a creation still in flight explains is counted, not reported.
+discrepancy a creation still in flight explains is counted, not reported, and
+so is a child its creator died before indexing, if nothing ever used it (a
+creation nobody was told of, like a torn tail).
 Called by ``subagents.testing.check_store`` and ``subagents store check``.
 """
 
@@ -87,6 +89,7 @@ class CheckCounts:
     leases_live: int = 0  # unreleased leases of live owners
     leases_dead: int = 0  # unreleased leases of owners that crashed (they read `complete`)
     in_flight: int = 0  # index discrepancies of a creation or rollback still under way
+    creations_interrupted: int = 0  # headers whose creator died before indexing them, before anyone used them
     vanished: int = 0  # sessions removed between the listing and their reading
 
 
@@ -126,6 +129,7 @@ class _Pass:
     headers: dict[str, SessionHeader] = field(default_factory=dict)
     owners: dict[str, OwnerRecord | None] = field(default_factory=dict)
     suspect_leases: list[str] = field(default_factory=list)
+    untouched: set[str] = field(default_factory=set)  # no turn, no message, no lease past the creator's
 
     def add(self, key: str, n: int = 1) -> None:
         self.counts[key] = self.counts.get(key, 0) + n
@@ -193,6 +197,9 @@ def _check_session(state: _Pass, session_id: str) -> None:
     lease = read_lease(state.store, session_id)
     _check_lease_covers_log(state, session_id, own, lease)
     pending = _check_messages(state, found, own)
+    if (not any(e.get("type") == "turn/start" for e in own) and not os.path.exists(state.store.path(session_id, "mailbox"))
+            and (lease is None or lease.epoch <= 1)):
+        state.untouched.add(session_id)
     held = _check_lease(state, session_id, lease)
     if pending and not held and not _resumable(found):
         state.flag(session_id, "message-stranded", f"{pending} accepted message(s) pending, no live owner holds the "
@@ -383,6 +390,11 @@ def _confirm_missing(state: _Pass, parent: str, child: str, in_flight_s: float) 
     creator_alive = lease is not None and lease.epoch == 1 and owner_alive(read_owner(state.store, lease.owner))
     if time.time() - header.created_at < in_flight_s or creator_alive:
         state.add("in_flight")
+        return
+    if child in state.untouched:
+        # its creator died between publishing the header and indexing it: like a torn tail, a
+        # creation nobody was told of (start returns after the index entry) and nothing used
+        state.add("creations_interrupted")
         return
     state.flag(child, "index-missing", f"its header names parent {parent}, whose children index does not list it")
 

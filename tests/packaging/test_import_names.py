@@ -53,6 +53,8 @@ def test_worker_import_does_not_load_the_host_side():
 
 def _source_packages() -> set[str]:
     found = {"subagents"}
+    for init in (REPO / "subagents").rglob("__init__.py"):  # sub-packages of the top package itself (subagents.testing)
+        found.add(".".join(init.parent.relative_to(REPO).parts))
     for room in ROOMS:
         for init in (REPO / room).rglob("__init__.py"):
             rel = init.parent.relative_to(REPO).parts

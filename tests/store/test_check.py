@@ -220,10 +220,33 @@ def test_a_corrupt_mailbox(st):
 
 
 def test_an_index_entry_missing(st):
+    """A child that ran a turn, absent from its parent's index."""
     root, child = tree(st)
+    append_events(st, child, ("turn/start", {}, 0), ("turn/end", {"stop_reason": "completed"}, 0))
     os.unlink(st.children_index_path(root))
     violation = only(check_store(st), "index-missing")
     assert violation.session_id == child and root in violation.evidence
+
+
+def test_a_creation_its_creator_never_indexed(st):
+    """Created leased by an owner that died before the index append, and never used: counted, not reported."""
+    root, _ = tree(st)
+    child = store.new_id()
+    code = (
+        "import os, sys\nfrom subagents import store\n"
+        "st = store.Store(sys.argv[1])\nstore.register_owner(st, sys.argv[2], ttl=30.0)\n"
+        "store.create_session(st, sys.argv[3], parent_session=sys.argv[4], origin='subagent', created_at=1.0, "
+        "lease_owner=sys.argv[2], events=[('subagent/descriptor', {'version': 1, 'mode': 'one-shot', 'provider': 'p'})])\n"
+        "os._exit(0)\n"
+    )
+    subprocess.run([sys.executable, "-c", code, st.root, store.new_id(), child, root], check=True, timeout=60)
+    index = [e.id for e in store.read_children(st, root)]
+    index.remove(child)
+    os.unlink(st.children_index_path(root))
+    for other in index:
+        store.add_child(st, root, other, created_at=OLD, origin="subagent")
+    report = check_store(st)
+    assert report.clean and report.counts.creations_interrupted == 1, str(report)
 
 
 def test_a_young_missing_entry_is_a_creation_in_flight(st):

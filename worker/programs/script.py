@@ -8,6 +8,9 @@ The turn's message is the script: a JSON string or a map ``{"script": [...]}``
     {"step": n}                     count n steps (default 1)
     {"sleep": ms}                   wait, cancellable
     {"cpu": ms}                     burn CPU in a thread, checking cancellation every ~5 ms
+    {"cpu_iters": n}                a fixed amount of CPU work (n loop iterations, the same on any
+                                    machine or load), in a thread, checking cancellation
+    {"hold": path}                  wait until the file at path exists (a test opens the gate), cancellable
     {"spin": ms}                    burn CPU ignoring cancellation (tests of the kill grace)
     {"spawn": {...}}                one-shot child: prompt, provider, label, wait (default true),
                                     max_steps, timeout_ms, output_schema, tool_filter, persona, sandbox
@@ -70,6 +73,24 @@ def _burn(ms: float, ctx: Any | None) -> int:
     return x
 
 
+def _iterate(n: int, ctx: Any) -> int:
+    x = 0
+    for start in range(0, n, 20000):
+        for i in range(start, min(n, start + 20000)):
+            x = (x * 31 + i) % 1000003
+        ctx.check()
+    return x
+
+
+# how often a ``hold`` looks for its file: a gate opened by a test is seen within this
+HOLD_POLL_S = 0.005
+
+
+async def _hold(path: str) -> None:
+    while not os.path.exists(path):
+        await anyio.sleep(HOLD_POLL_S)
+
+
 def _prompt(value: Any) -> Any:
     return json.dumps(value) if isinstance(value, (dict, list)) else value
 
@@ -91,6 +112,10 @@ async def script(ctx: TurnContext) -> str | TurnResult:
             await anyio.sleep(float(arg) / 1000.0)
         elif name == "cpu":
             await anyio.to_thread.run_sync(_burn, float(arg), ctx)  # ``ctx.check`` is thread-safe
+        elif name == "cpu_iters":
+            await anyio.to_thread.run_sync(_iterate, int(arg), ctx)
+        elif name == "hold":
+            await _hold(str(arg))
         elif name == "spin":
             _burn(float(arg), None)
         elif name == "spawn":
