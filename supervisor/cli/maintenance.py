@@ -1,14 +1,15 @@
-"""Store maintenance and configuration: ``store fsck``, ``store reindex``, ``config show``.
+"""Store maintenance and configuration: ``store fsck``, ``store check``, ``store reindex``, ``config show``.
 
 ``fsck`` is ``store/fsck.py`` (read-only unless ``--repair``, which only cuts
-torn tails); ``reindex`` rebuilds the derived children index from the
+torn tails); ``check`` is ``store/check.py`` (read-only, every invariant, safe
+while supervisors write; exit 1 on a violation); ``reindex`` rebuilds the derived children index from the
 headers; ``config show`` prints the layered configuration and never opens
 the store.
 """
 
 from __future__ import annotations
 
-from subagents.store import reindex
+from subagents.store import check_store, reindex
 from subagents.store.fsck import fsck
 
 from ..config_loader import dump_toml
@@ -20,9 +21,10 @@ __all__ = ["register"]
 
 
 def register(verbs: Verbs) -> None:
-    store = verbs.group("store", "store maintenance (fsck, reindex)")
+    store = verbs.group("store", "store maintenance (fsck, check, reindex)")
     fsck_cmd = store.add("fsck", cmd_fsck, "check every session; report torn and corrupt logs")
     fsck_cmd.add_argument("--repair", action="store_true", help="truncate torn tails (never touches corrupt sessions)")
+    store.add("check", cmd_check, "check every invariant of the store (read-only; safe while it is written)")
     store.add("reindex", cmd_reindex, "rebuild the children index from the headers")
 
     config = verbs.group("config", "configuration")
@@ -33,6 +35,12 @@ def cmd_fsck(inv: Invocation) -> int:
     report = fsck(inv.open_store(), repair=inv.args.repair, lease_ttl_s=inv.config.supervisor.lease_ttl_s)
     inv.emit(report, render.render_fsck)
     return 1 if report["counts"]["corrupt"] else 0
+
+
+def cmd_check(inv: Invocation) -> int:
+    report = check_store(inv.open_store())
+    inv.emit(report.to_dict(), render.render_check)
+    return 0 if report.clean else 1
 
 
 def cmd_reindex(inv: Invocation) -> int:

@@ -35,6 +35,7 @@ __all__ = [
     "event_line",
     "render_log",
     "render_fsck",
+    "render_check",
     "render_reindex",
     "render_config",
     "render_run",
@@ -292,6 +293,15 @@ def render_fsck(out: Output, report: dict[str, Any]) -> None:
         out.line(line)
     if counts["corrupt"]:
         out.line("corrupt sessions are never repaired automatically: their committed work would be lost")
+
+
+def render_check(out: Output, doc: dict[str, Any]) -> None:
+    counts = doc["counts"]
+    verdict = "clean" if doc["clean"] else f"{len(doc['violations'])} violation(s)"
+    out.line(f"{doc['store']}: {verdict}; " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items()))
+    for v in doc["violations"]:
+        at = f" seq {v['seq']}" if v["seq"] is not None else ""
+        out.line(f"{v['kind']:<21} {v['session_id']}{at}  {v['evidence']}")
 
 
 def render_reindex(out: Output, doc: dict[str, Any]) -> None:
