@@ -33,7 +33,7 @@ from .framing import find_later_record, scan
 from .header import SessionHeader
 from .ids import is_valid_session_id
 from .index import read_children
-from .lease import Lease, OwnerRecord, host_identity, owner_alive, process_start_time, read_lease, read_owner
+from .lease import Lease, OwnerRecord, check_lease, host_identity, owner_alive, process_start_time, read_lease, read_owner
 from .projection import Projection
 from .reader import Inspection, inspect, read_header
 from .root import Store
@@ -56,6 +56,7 @@ ViolationKind = Literal[
     "index-missing",  # a header names a parent whose index lacks the child
     "index-stale",  # an index entry no header proves
     "lease-expired",  # a lease held by an owner that left without releasing it
+    "lease-unreadable",  # a lease file that does not decode or cannot be read
 ]
 
 # A creation publishes its header, then appends the index entry; a rollback removes the
@@ -175,7 +176,7 @@ def _check_session(state: _Pass, session_id: str) -> None:
         state.add("vanished")
         return
     except SubagentError as exc:
-        kind: ViolationKind = "unsupported" if exc.code == "UNSUPPORTED_FORMAT" else "header-corrupt"
+        kind: ViolationKind = {"UNSUPPORTED_FORMAT": "unsupported", "SESSION_UNAVAILABLE": "unreadable"}.get(exc.code, "header-corrupt")
         state.add("sessions")
         state.flag(session_id, kind, f"{exc.code}: {exc.message}")
         return
@@ -194,7 +195,11 @@ def _check_session(state: _Pass, session_id: str) -> None:
                    f"turn/end follows it ({found.damage.dropped} bytes after the valid prefix)")
     own = found.events[found.header.seed_length or 0 :]
     _check_epochs_and_turns(state, session_id, own)
-    lease = read_lease(state.store, session_id)
+    try:
+        lease = check_lease(state.store, session_id)
+    except SubagentError as exc:
+        state.flag(session_id, "lease-unreadable", f"{exc.code}: {exc.message}")
+        return
     _check_lease_covers_log(state, session_id, own, lease)
     pending = _check_messages(state, found, own)
     if (not any(e.get("type") == "turn/start" for e in own) and not os.path.exists(state.store.path(session_id, "mailbox"))

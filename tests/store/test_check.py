@@ -315,3 +315,9 @@ def test_a_new_writer_inside_an_unrepaired_turn(st):
     leased(st, child, epochs=2)
     append_events(st, child, ("turn/start", {}, 1), ("step/start", {}, 2))
     assert "inside the turn of epoch 1" in only(check_store(st), "turn-overlap").evidence
+
+
+def test_an_undecodable_lease(st):
+    _, child = tree(st)
+    write_file(st.path(child, "lease"), b"\xc1 not a lease")
+    assert only(check_store(st), "lease-unreadable").session_id == child
