@@ -101,6 +101,9 @@ class Chaos:
         self._rng = random.Random(self.seed)
         self._done = threading.Event()
         self._stopped: list[tuple[float, int, str]] = []  # (when to continue, pid, target): a heap
+        # pids killed already: a dying process may still be listed (and unreaped) for a while;
+        # leaving it out keeps a replay's picks the same and never kills a process twice
+        self._killed: set[int] = set()
         self._thread: threading.Thread | None = None
         self._began = 0.0
         self._error: BaseException | None = None
@@ -158,12 +161,14 @@ class Chaos:
         action = self._rng.choice(self.choices)
         pause = self._rng.uniform(*self.stop_for_s)
         pick = self._rng.random()
-        held = {pid for _, pid, _ in self._stopped}
-        pids = sorted(p for p in set(self.targets[target]()) if p != os.getpid() and p > 1 and p not in held)
+        spared = {pid for _, pid, _ in self._stopped} | self._killed | {os.getpid()}
+        pids = sorted(p for p in set(self.targets[target]()) if p > 1 and p not in spared)
         if not pids:
             log.info("chaos seed=%d: no %s process to %s", self.seed, target, action)
             return
         pid = pids[int(pick * len(pids))]
+        if action == "kill":
+            self._killed.add(pid)
         if self._signal(action, target, pid) and action == "stop":
             heapq.heappush(self._stopped, (time.monotonic() + pause, pid, target))
 
