@@ -1,4 +1,9 @@
-"""Supervisor configuration (a pydantic model; the TOML loader of the CLI fills it)."""
+"""Supervisor configuration (a pydantic model; the TOML loader of the CLI fills it).
+
+``pool`` picks where turns run: ``local`` (worker processes of this host) or
+``ray`` (actors of a Ray cluster, ``supervisor/ray_pool.py``); ``ray`` holds
+how to join that cluster. Ray itself is imported only when ``pool = "ray"``.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +14,28 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from subagents.store import MAX_RECORD_BYTES
 
-__all__ = ["SupervisorConfig"]
+__all__ = ["RayConfig", "SupervisorConfig"]
+
+
+class RayConfig(BaseModel):
+    """How a supervisor with ``pool = "ray"`` joins its cluster (the ``[ray]`` table)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # "auto" joins the cluster this host runs (``ray start`` wrote its address); "host:port"
+    # names a head's GCS; "ray://host:10001" goes through Ray Client
+    address: str = Field(default="auto", min_length=1)
+    namespace: str = Field(default="subagents", min_length=1)
+    # CPUs Ray reserves per worker actor: below 1 packs several I/O-bound (LLM) workers per core
+    worker_num_cpus: float = Field(default=1.0, gt=0)
+    # a custom resource only the store's host advertises: the store service is pinned by it
+    store_resource: str = Field(default="subagents_store", min_length=1)
 
 
 class SupervisorConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    pool: Literal["local", "ray"] = "local"
     pool_size: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
     start_method: Literal["forkserver", "spawn", "fork"] = "forkserver"
     # running turns one worker process takes at once: 1 for CPU-bound programs; more for
@@ -31,3 +52,4 @@ class SupervisorConfig(BaseModel):
     # the largest record (a message, an event) writers of a store this supervisor CREATES accept;
     # an existing store keeps the limit in its STORE marker, so every process on it agrees
     max_record_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, le=MAX_RECORD_BYTES)
+    ray: RayConfig = RayConfig()

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 
 from subagents.store.errors import SubagentError
 
-from .config import SupervisorConfig
+from .config import RayConfig, SupervisorConfig
 from .models import Capabilities, Provider
 
 __all__ = [
@@ -44,7 +44,10 @@ DEFAULT_SOURCE = "the embedded default (configs/default.toml)"
 ENV_PREFIX = "SUBAGENTS_"
 ENV_LLM_PREFIX = ENV_PREFIX + "LLM_"
 ENV_CONFIG = "SUBAGENTS_CONFIG"  # the deployment file, when --config is not given
-ENV_STORE = "SUBAGENTS_STORE"  # store.path; every other variable is SUBAGENTS_<supervisor field>
+ENV_STORE = "SUBAGENTS_STORE"  # store.path; every other variable is SUBAGENTS_<supervisor field> ...
+ENV_RAY_ADDRESS = "SUBAGENTS_RAY_ADDRESS"  # ... but this one: ray.address
+# SupervisorConfig fields that are tables of their own (``[ray]``), not SUBAGENTS_* scalars
+_NESTED = frozenset({"ray"})
 
 DEFAULT_TOML = """\
 # subagents: the embedded default configuration.
@@ -58,6 +61,7 @@ DEFAULT_TOML = """\
 path = "./.subagents"           # relative paths are relative to the working directory
 
 [supervisor]
+pool = "local"                  # local (worker processes of this host) | ray (actors of a Ray cluster: [ray])
 pool_size = "auto"              # worker processes; "auto" = the CPU count
 start_method = "forkserver"     # forkserver | spawn | fork
 durability = "batched"          # strict (fsync every append) | batched (fsync at commit points) | none
@@ -68,6 +72,13 @@ control_poll_s = 0.05           # how often a supervisor looks for messages/cont
 worker_ready_timeout_s = 30.0   # a worker that is not READY by then is a startup failure
 worker_log_level = 30           # logging level inside workers (30 = WARNING)
 max_record_bytes = 16777216     # largest record (message, event) a store created here accepts; kept in its STORE marker; at most 64 MiB
+
+# Used only with pool = "ray" (pip install 'subagents[ray]').
+[ray]
+address = "auto"                # auto (the cluster this host joined) | host:port | ray://host:10001
+namespace = "subagents"         # the Ray namespace of the pool's actors
+worker_num_cpus = 1.0           # CPUs per worker actor: below 1 for I/O-bound (LLM) agents, with turns_per_worker > 1
+store_resource = "subagents_store"  # custom resource only the store's host advertises (the store service runs there)
 
 # Providers registered by the CLI (`subagents run`, `subagents demo`), besides
 # the CLI's own. A deployment file's `providers` array replaces this one.
@@ -135,13 +146,31 @@ class ProviderSettings(BaseModel):
 
 
 class DeploymentConfig(BaseModel):
-    """The effective configuration: where the store is, how the supervisor runs, which providers."""
+    """The effective configuration: where the store is, how the supervisor runs, which providers.
+
+    The file's top-level ``[ray]`` table is the supervisor's ``ray`` field
+    (``SupervisorConfig.ray``): a deployment file names it as a table of its
+    own, the way operators think of it, and the service takes one model.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     store: StoreSettings = StoreSettings()
     supervisor: SupervisorConfig = SupervisorConfig()
     providers: list[ProviderSettings] = []
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ray_table(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "ray" in data:
+            data = dict(data)
+            ray = data.pop("ray")
+            supervisor = dict(data.get("supervisor") or {})
+            if "ray" in supervisor:
+                raise ValueError('"ray" is given both as a table and inside [supervisor]')
+            supervisor["ray"] = ray
+            data["supervisor"] = supervisor
+        return data
 
     @model_validator(mode="after")
     def _unique_providers(self) -> "DeploymentConfig":
@@ -164,9 +193,10 @@ class LoadedConfig:
 
 def env_variables() -> dict[str, str]:
     """Every variable this loader reads, and the key it sets (for help texts)."""
-    out = {ENV_CONFIG: "the deployment file", ENV_STORE: "store.path"}
+    out = {ENV_CONFIG: "the deployment file", ENV_STORE: "store.path", ENV_RAY_ADDRESS: "ray.address"}
     for field in SupervisorConfig.model_fields:
-        out[ENV_PREFIX + field.upper()] = f"supervisor.{field}"
+        if field not in _NESTED:
+            out[ENV_PREFIX + field.upper()] = f"supervisor.{field}"
     return out
 
 
@@ -215,7 +245,7 @@ def _read_file(path: str) -> dict[str, Any]:
     return _parse(text, path)
 
 
-_TABLES = {"store": StoreSettings, "supervisor": SupervisorConfig}
+_TABLES = {"store": StoreSettings, "supervisor": SupervisorConfig, "ray": RayConfig}
 
 
 def _merge(merged: dict[str, Any], origins: dict[tuple[str, ...], str], data: dict[str, Any], source: str) -> None:
@@ -236,7 +266,7 @@ def _merge(merged: dict[str, Any], origins: dict[tuple[str, ...], str], data: di
 
 
 def _merge_env(merged: dict[str, Any], origins: dict[tuple[str, ...], str], environ: Mapping[str, str]) -> list[str]:
-    known = {ENV_PREFIX + f.upper(): f for f in SupervisorConfig.model_fields}
+    known = {ENV_PREFIX + f.upper(): f for f in SupervisorConfig.model_fields if f not in _NESTED}
     used: list[str] = []
     for name in sorted(environ):
         if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG or name.startswith(ENV_LLM_PREFIX):
@@ -246,6 +276,9 @@ def _merge_env(merged: dict[str, Any], origins: dict[tuple[str, ...], str], envi
         if name == ENV_STORE:
             merged.setdefault("store", {})["path"] = value
             origins[("store", "path")] = source
+        elif name == ENV_RAY_ADDRESS:
+            merged.setdefault("ray", {})["address"] = value
+            origins[("ray", "address")] = source
         elif name in known:
             merged.setdefault("supervisor", {})[known[name]] = value
             origins[("supervisor", known[name])] = source
@@ -273,6 +306,8 @@ def _validate(merged: dict[str, Any], origins: dict[tuple[str, ...], str]) -> De
 def _config_error(exc: ValidationError, origins: dict[tuple[str, ...], str]) -> ConfigError:
     first = exc.errors()[0]
     loc = tuple(str(p) for p in first["loc"])
+    if loc[:2] == ("supervisor", "ray"):
+        loc = loc[1:]  # the [ray] table, as the file names it
     key = _dotted(loc)
     source = origins.get(loc[:2]) or origins.get(loc[:1]) or "the merged configuration"
     if first["type"] == "extra_forbidden":
@@ -295,7 +330,10 @@ def dump_toml(config: DeploymentConfig) -> str:
     """The configuration as a TOML deployment file (loads back to the same config)."""
     lines = [] if config.providers else ["providers = []", ""]  # top-level keys come before any table
     lines += ["[store]", f"path = {_toml_value(config.store.path)}", "", "[supervisor]"]
-    for key, value in config.supervisor.model_dump().items():
+    for key, value in config.supervisor.model_dump(exclude=set(_NESTED)).items():
+        lines.append(f"{key} = {_toml_value(value)}")
+    lines += ["", "[ray]"]
+    for key, value in config.supervisor.ray.model_dump().items():
         lines.append(f"{key} = {_toml_value(value)}")
     for provider in config.providers:
         lines += ["", "[[providers]]"]

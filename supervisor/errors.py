@@ -16,7 +16,8 @@
     ├── ParentUnavailableError    PARENT_UNAVAILABLE: a report found no live direct parent
     ├── SetupError                ACTIVATION_SETUP_REVOKED, ACTIVATION_SETUP_RELEASE_FAILED
     ├── RpcError                  UNKNOWN_RPC, NO_RUN, TURN_GONE, RPC_FAILED: a turn's request to its supervisor failed
-    └── WorkerHandshakeError      WORKER_HANDSHAKE: a new worker did not announce itself
+    ├── WorkerHandshakeError      WORKER_HANDSHAKE: a new worker did not announce itself
+    └── RayUnavailableError       RAY_UNAVAILABLE: pool = "ray" without Ray, asyncio or a cluster
 
 The texts are part of the contract: programs and models read them, and
 tests pin them. A class with several texts offers one named constructor per
@@ -44,6 +45,7 @@ __all__ = [
     "SetupError",
     "RpcError",
     "WorkerHandshakeError",
+    "RayUnavailableError",
     "duplicate_provider",
     "no_provider",
     "unsupported_capability",
@@ -305,3 +307,14 @@ class WorkerHandshakeError(SubagentError):
 
     def __init__(self, pid: int | None) -> None:
         super().__init__(f"worker {pid} did not announce itself", pid=pid)
+
+
+class RayUnavailableError(SubagentError, RuntimeError):
+    """Raised by ``Supervisor.open`` with ``pool = "ray"`` when Ray cannot serve this host.
+
+    Ray is not installed (``pip install 'subagents[ray]'``), the event loop is
+    not asyncio (Ray's object refs are asyncio awaitables), or the cluster
+    cannot be joined. Nothing was started.
+    """
+
+    code = "RAY_UNAVAILABLE"

@@ -46,12 +46,13 @@ from .agents import LiveAgents
 from .config import SupervisorConfig
 from .backend import Pool, PoolStatistics
 from .continuable import ContinuationManager
-from .errors import SupervisorClosedError, UnauthorizedError, WaitTimeoutError
+from .errors import RayUnavailableError, SupervisorClosedError, UnauthorizedError, WaitTimeoutError
 from .events import EventBus
 from .lease_keeper import LeaseKeeper
 from .models import AgentRef, AncestorAuthority, ContinuableSpec, Provider, SubagentRequest, UserAuthority
 from .oneshot import CancelToken, OneShotRuns, SubagentRun
 from .pool import WorkerPool
+from .ray_cluster import require_ray
 from .registry import ProviderRegistry
 from .rpc import TurnRpc
 from .runtime import Runtime
@@ -106,6 +107,9 @@ class Supervisor:
     @asynccontextmanager
     async def open(cls, store: str | os.PathLike[str] = "./.subagents", config: SupervisorConfig | None = None) -> AsyncIterator["Supervisor"]:
         cfg = config or SupervisorConfig()
+        if cfg.pool == "ray":
+            require_ray()  # before anything exists: Ray installed, asyncio loop
+            raise RayUnavailableError('pool = "ray": the Ray pool is not part of this build yet (issue 11)')
         handle = Store(store, durability=cfg.durability)
         async with anyio.create_task_group() as tg:
             sup = cls(handle, cfg, tg)

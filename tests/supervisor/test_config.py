@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from subagents.supervisor import Capabilities, SupervisorConfig
+from subagents.supervisor.config import RayConfig
 from subagents.supervisor.config_loader import (
     DEFAULT_SOURCE,
     DEFAULT_TOML,
@@ -149,9 +150,57 @@ def test_dump_toml_round_trips() -> None:
 
 
 def test_env_variables_cover_every_supervisor_field() -> None:
+    """Every scalar supervisor field has its variable; the [ray] table is a table, with SUBAGENTS_RAY_ADDRESS."""
     names = env_variables()
-    assert {f"SUBAGENTS_{f.upper()}" for f in SupervisorConfig.model_fields} <= set(names)
+    scalars = set(SupervisorConfig.model_fields) - {"ray"}
+    assert {f"SUBAGENTS_{f.upper()}" for f in scalars} <= set(names)
+    assert "SUBAGENTS_RAY" not in names
     assert names["SUBAGENTS_STORE"] == "store.path"
+    assert names["SUBAGENTS_RAY_ADDRESS"] == "ray.address"
+
+
+def test_pool_and_ray_defaults() -> None:
+    cfg = load_config(env={}).config.supervisor
+    assert cfg.pool == "local"
+    assert cfg.ray == RayConfig(address="auto", namespace="subagents", worker_num_cpus=1.0, store_resource="subagents_store")
+
+
+def test_ray_table_in_a_file(tmp_path: Path) -> None:
+    """The file's [ray] table fills SupervisorConfig.ray key by key; the rest keeps its default."""
+    path = write(tmp_path, '[supervisor]\npool = "ray"\n\n[ray]\naddress = "10.0.0.5:6379"\nworker_num_cpus = 0.25\n')
+    cfg = load_config(path, env={}).config.supervisor
+    assert cfg.pool == "ray"
+    assert cfg.ray.address == "10.0.0.5:6379" and cfg.ray.worker_num_cpus == 0.25
+    assert cfg.ray.namespace == "subagents" and cfg.ray.store_resource == "subagents_store"
+
+
+def test_pool_and_ray_address_from_the_environment(tmp_path: Path) -> None:
+    path = write(tmp_path, '[ray]\naddress = "10.0.0.5:6379"\n')
+    loaded = load_config(path, env={"SUBAGENTS_POOL": "ray", "SUBAGENTS_RAY_ADDRESS": "ray://head:10001"})
+    assert loaded.config.supervisor.pool == "ray"
+    assert loaded.config.supervisor.ray.address == "ray://head:10001"
+    assert "environment variable SUBAGENTS_RAY_ADDRESS" in loaded.sources
+
+
+def test_ray_table_errors_name_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match='unknown key "ray.adress"') as info:
+        load_config(write(tmp_path, '[ray]\nadress = "x"\n'), env={})
+    assert info.value.code == "CONFIG_INVALID"
+    with pytest.raises(ConfigError, match='invalid value for "ray.worker_num_cpus" in .*deploy.toml'):
+        load_config(write(tmp_path, "[ray]\nworker_num_cpus = 0\n"), env={})
+    with pytest.raises(ConfigError, match='invalid value for "supervisor.pool"'):
+        load_config(env={"SUBAGENTS_POOL": "dask"})
+    with pytest.raises(ConfigError, match='unknown key "SUBAGENTS_RAY"'):
+        load_config(env={"SUBAGENTS_RAY": "x"})
+
+
+def test_dump_toml_round_trips_the_ray_table(tmp_path: Path) -> None:
+    path = write(tmp_path, '[supervisor]\npool = "ray"\n\n[ray]\nnamespace = "team-a"\n')
+    cfg = load_config(path, env={}).config
+    text = dump_toml(cfg)
+    assert "[ray]" in text and 'namespace = "team-a"' in text
+    assert DeploymentConfig.model_validate(tomllib.loads(text)) == cfg
+    assert load_config(write(tmp_path, text, "dumped.toml"), env={}).config == cfg
 
 
 def test_llm_config_loads_and_leaves_llm_variables_to_the_program() -> None:

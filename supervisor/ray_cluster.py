@@ -1,0 +1,153 @@
+"""Joining a Ray cluster, and a simulated one on this host.
+
+``require_ray`` is what ``Supervisor.open`` checks first when ``pool = "ray"``:
+Ray importable and the event loop asyncio (Ray's object refs are asyncio
+awaitables; a trio host cannot await them). ``join`` connects this process to
+the cluster the ``[ray]`` table names, unless it already is. Ray is imported
+only inside these functions, never at module import.
+
+``SimulatedCluster`` starts a head (no CPUs, the store resource: the store's
+host) and N one-CPU worker nodes, all on this host and all inside a private
+network namespace (``netns.py``): the tests, the benchmark and
+``subagents demo --pool ray`` use it. It stops only the processes it started
+(through Ray's ``Cluster`` object, never ``ray stop``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import netns
+from .config import RayConfig
+from .errors import RayUnavailableError
+
+__all__ = ["require_ray", "join", "SimulatedCluster"]
+
+log = logging.getLogger(__name__)
+
+# a simulated node's object store: Ray's test default; turns move only small msgpack frames
+_NODE_OBJECT_STORE_BYTES = 100 * 1024 * 1024
+
+
+def require_ray() -> None:
+    """Raise ``RayUnavailableError`` unless Ray is installed and the running loop is asyncio."""
+    try:
+        import ray  # noqa: F401  (the pool imports it next anyway)
+    except ImportError as exc:
+        raise RayUnavailableError(f"pool = \"ray\" needs Ray, which cannot be imported ({exc}): pip install 'subagents[ray]'") from None
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        raise RayUnavailableError(
+            'pool = "ray" needs the asyncio event loop (anyio.run(..., backend="asyncio")): Ray\'s object refs are asyncio awaitables'
+        ) from None
+
+
+def join(config: RayConfig) -> bool:
+    """Connect this process to the cluster; True if this call connected it (then the caller disconnects)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    address = None if config.address == "local" else config.address
+    try:
+        ray.init(address=address, namespace=config.namespace, log_to_driver=False, configure_logging=False)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise RayUnavailableError(f"cannot join the Ray cluster at {config.address!r}: {exc}", address=config.address) from exc
+    return True
+
+
+@dataclass
+class SimulatedCluster:
+    """A head with ``num_cpus=0`` and the store resource, plus ``nodes`` one-CPU nodes, in a private network.
+
+    ``start()`` must run in the thread that will drive Ray (it moves that
+    thread into the namespace); ``stop()`` undoes both.
+    """
+
+    nodes: int = 2
+    store_resource: str = "subagents_store"
+    node_cpus: float = 1.0
+    cluster: Any = None
+    worker_nodes: list[Any] = field(default_factory=list)
+    _network: netns.PrivateNetwork | None = None
+    _saved_usage_stats: str | None = None
+
+    @property
+    def address(self) -> str:
+        return str(self.cluster.address)
+
+    @property
+    def head_node_id(self) -> str:
+        return str(self.cluster.head_node.node_id)
+
+    def start(self) -> "SimulatedCluster":
+        from ray.cluster_utils import Cluster
+
+        self._saved_usage_stats = os.environ.get("RAY_USAGE_STATS_ENABLED")
+        os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # never report usage
+        self._network = netns.enter()
+        try:
+            self.cluster = Cluster(
+                initialize_head=True,
+                head_node_args={
+                    "num_cpus": 0,
+                    "resources": {self.store_resource: 1},
+                    "include_dashboard": False,
+                    "object_store_memory": _NODE_OBJECT_STORE_BYTES,
+                },
+            )
+            for _ in range(self.nodes):
+                self.add_node()
+            self.cluster.wait_for_nodes()
+        except BaseException:
+            self.stop()
+            raise
+        log.info("simulated Ray cluster at %s: head + %d nodes", self.address, self.nodes)
+        return self
+
+    def add_node(self) -> Any:
+        node = self.cluster.add_node(num_cpus=self.node_cpus, object_store_memory=_NODE_OBJECT_STORE_BYTES)
+        self.worker_nodes.append(node)
+        return node
+
+    def remove_node(self, node: Any) -> None:
+        """Kill every process of one worker node (a node loss, as Ray sees it)."""
+        self.worker_nodes.remove(node)
+        self.cluster.remove_node(node, allow_graceful=False)
+
+    def pids(self) -> list[int]:
+        """The pids of every Ray service process this cluster started (raylets, GCS, agents)."""
+        out: list[int] = []
+        for node in self.cluster.list_all_nodes() if self.cluster is not None else []:
+            for infos in node.all_processes.values():
+                out.extend(info.process.pid for info in infos)
+        return out
+
+    def stop(self) -> None:
+        import ray
+
+        try:
+            if ray.is_initialized():
+                ray.shutdown()
+            if self.cluster is not None:
+                self.cluster.shutdown()
+                self.cluster = None
+        finally:
+            if self._network is not None:
+                netns.leave(self._network)
+                self._network = None
+            if self._saved_usage_stats is None:
+                os.environ.pop("RAY_USAGE_STATS_ENABLED", None)
+            else:
+                os.environ["RAY_USAGE_STATS_ENABLED"] = self._saved_usage_stats
+
+    def __enter__(self) -> "SimulatedCluster":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
