@@ -65,16 +65,18 @@ def join(config: RayConfig) -> bool:
 class SimulatedCluster:
     """A head with ``num_cpus=0`` and the store resource, plus ``nodes`` one-CPU nodes, in a private network.
 
-    ``start()`` must run in the thread that will drive Ray (it moves that
-    thread into the namespace); ``stop()`` undoes both.
+    ``start(namespace=...)`` also connects this process as the cluster's
+    driver, from inside the namespace (Ray's driver threads stay there).
+    Whatever talks to the cluster afterwards (Ray calls, drivers started as
+    subprocesses) runs ``with cluster.network.entered():``.
     """
 
     nodes: int = 2
     store_resource: str = "subagents_store"
     node_cpus: float = 1.0
     cluster: Any = None
+    network: netns.PrivateNetwork | None = None
     worker_nodes: list[Any] = field(default_factory=list)
-    _network: netns.PrivateNetwork | None = None
     _saved_usage_stats: str | None = None
 
     @property
@@ -85,25 +87,30 @@ class SimulatedCluster:
     def head_node_id(self) -> str:
         return str(self.cluster.head_node.node_id)
 
-    def start(self) -> "SimulatedCluster":
+    def start(self, *, namespace: str | None = None) -> "SimulatedCluster":
         from ray.cluster_utils import Cluster
 
         self._saved_usage_stats = os.environ.get("RAY_USAGE_STATS_ENABLED")
         os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # never report usage
-        self._network = netns.enter()
+        self.network = netns.PrivateNetwork.create()
         try:
-            self.cluster = Cluster(
-                initialize_head=True,
-                head_node_args={
-                    "num_cpus": 0,
-                    "resources": {self.store_resource: 1},
-                    "include_dashboard": False,
-                    "object_store_memory": _NODE_OBJECT_STORE_BYTES,
-                },
-            )
-            for _ in range(self.nodes):
-                self.add_node()
-            self.cluster.wait_for_nodes()
+            with self.network.entered():
+                self.cluster = Cluster(
+                    initialize_head=True,
+                    head_node_args={
+                        "num_cpus": 0,
+                        "resources": {self.store_resource: 1},
+                        "include_dashboard": False,
+                        "object_store_memory": _NODE_OBJECT_STORE_BYTES,
+                    },
+                )
+                for _ in range(self.nodes):
+                    self.add_node()
+                self.cluster.wait_for_nodes()
+                if namespace is not None:
+                    import ray
+
+                    ray.init(address=self.address, namespace=namespace, log_to_driver=False, configure_logging=False)
         except BaseException:
             self.stop()
             raise
@@ -111,6 +118,7 @@ class SimulatedCluster:
         return self
 
     def add_node(self) -> Any:
+        """Start one more worker node (call inside the namespace)."""
         node = self.cluster.add_node(num_cpus=self.node_cpus, object_store_memory=_NODE_OBJECT_STORE_BYTES)
         self.worker_nodes.append(node)
         return node
@@ -129,25 +137,22 @@ class SimulatedCluster:
         return out
 
     def stop(self) -> None:
+        """Disconnect the driver and stop every process the cluster started."""
         import ray
 
         try:
-            if ray.is_initialized():
-                ray.shutdown()
-            if self.cluster is not None:
-                self.cluster.shutdown()
-                self.cluster = None
+            if self.network is not None:
+                with self.network.entered():
+                    if ray.is_initialized():
+                        ray.shutdown()
+                    if self.cluster is not None:
+                        self.cluster.shutdown()
+                        self.cluster = None
         finally:
-            if self._network is not None:
-                netns.leave(self._network)
-                self._network = None
+            if self.network is not None:
+                self.network.close()
+                self.network = None
             if self._saved_usage_stats is None:
                 os.environ.pop("RAY_USAGE_STATS_ENABLED", None)
             else:
                 os.environ["RAY_USAGE_STATS_ENABLED"] = self._saved_usage_stats
-
-    def __enter__(self) -> "SimulatedCluster":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -3,11 +3,13 @@
 Every test under ``tests/ray/`` is marked ``ray`` and put in the xdist group
 ``ray-cluster``; with ``--dist loadgroup`` (pyproject's addopts) they all run
 on one xdist worker, so one cluster (~1 GiB, ~10 s to start) exists at a time.
-The session-scoped ``ray_cluster`` fixture moves that worker's main thread
-into a private network namespace with only ``lo`` (``supervisor/netns.py``),
-where Ray binds and advertises 127.0.0.1 only, starts a head with no CPUs and
-the store resource plus two one-CPU nodes, and connects the test process as
-a driver. Without Ray, or without the right to make a namespace, the tests
+The session-scoped ``ray_cluster`` fixture makes a private network namespace
+with only ``lo`` (``supervisor/netns.py``), where Ray binds and advertises
+127.0.0.1 only, starts a head with no CPUs and the store resource plus two
+one-CPU nodes in it, and connects the test process as a driver. Each test
+that uses it runs with its thread inside that namespace, and the thread
+leaves it after, so other tests of the same xdist worker keep the host's
+network. Without Ray, or without the right to make a namespace, the tests
 skip saying why.
 """
 
@@ -17,6 +19,7 @@ import importlib.util
 from typing import Iterator
 
 import pytest
+from multiprocess import forkserver
 
 from subagents.supervisor import netns
 from subagents.supervisor.ray_cluster import SimulatedCluster
@@ -38,16 +41,31 @@ def ray_cluster() -> Iterator[SimulatedCluster]:
         pytest.skip("Ray is not installed (pip install -e '.[test]' installs it)")
     if not netns.available():
         pytest.skip("no private network namespace here (needs CAP_SYS_ADMIN): Ray must never use a network but loopback")
-    import ray
-
-    cluster = SimulatedCluster(nodes=2).start()
+    cluster = SimulatedCluster(nodes=2).start(namespace=NAMESPACE)
     started = cluster.pids()
     try:
-        ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False, configure_logging=False)
         yield cluster
     finally:
         cluster.stop()
     assert not [pid for pid in started if alive(pid)], "processes of the simulated cluster outlived it"
+
+
+@pytest.fixture(autouse=True)
+def _inside_the_cluster_network(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test using the cluster runs with this thread in its namespace, and leaves it after.
+
+    multiprocess's forkserver (shared by every local pool of this process) is
+    started first, outside: started inside, it would fork every later local
+    worker of this xdist process into the private network.
+    """
+    if "ray_cluster" not in request.fixturenames:
+        yield
+        return
+    cluster: SimulatedCluster = request.getfixturevalue("ray_cluster")
+    forkserver.ensure_running()
+    assert cluster.network is not None
+    with cluster.network.entered():
+        yield
 
 
 def alive(pid: int) -> bool:
