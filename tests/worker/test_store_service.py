@@ -1,0 +1,208 @@
+"""The store service and its remote writer, without a cluster: one in flight, coalesced, seq- and fence-checked.
+
+The service runs on an event loop of its own thread, as an actor would, and
+the writer's transport submits each call to that loop: calls from several
+threads really run concurrently on the service, as they do on an async actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from subagents.store import Store, acquire_lease, create_session, inspect
+from subagents.store.errors import FencedError
+from subagents.store.log import SeqMismatchError
+from subagents.worker.service_writer import ServiceSessions, ServiceWriter, StoreServiceError
+from subagents.worker.store_service import StoreService, pack_events
+
+DEADLINE_S = 20.0
+
+
+class ServiceHost:
+    """A ``StoreService`` on its own event loop thread; ``call`` is a blocking transport to it."""
+
+    def __init__(self, store: Store) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.service = self.run(lambda: _make(store))
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.gate: threading.Event | None = None  # when set up, appends wait for it (a slow service)
+
+    def run(self, factory: Callable[[], Any]) -> Any:
+        async def go() -> Any:
+            return await factory()
+        return asyncio.run_coroutine_threadsafe(go(), self.loop).result(DEADLINE_S)
+
+    def call(self, method: str, **kwargs: Any) -> dict[str, Any]:
+        self.calls.append((method, kwargs))
+        if method == "append" and self.gate is not None:
+            assert self.gate.wait(DEADLINE_S)
+        return self.run(lambda: getattr(self.service, method)(**kwargs))
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(DEADLINE_S)
+        self.loop.close()
+
+
+async def _make(store: Store) -> StoreService:
+    return StoreService(store.root, store.durability.name)
+
+
+@pytest.fixture
+def st(tmp_path: Path) -> Store:
+    return Store(tmp_path / "store", durability="strict")
+
+
+@pytest.fixture
+def host(st: Store) -> Iterator[ServiceHost]:
+    h = ServiceHost(st)
+    yield h
+    h.close()
+
+
+def wait_for(predicate: Callable[[], Any], what: str) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.001)
+
+
+def leased(st: Store, sid: str) -> int:
+    create_session(st, sid)
+    return acquire_lease(st, sid, "01OWNER").epoch
+
+
+def appends(host: ServiceHost) -> list[dict[str, Any]]:
+    return [kwargs for method, kwargs in host.calls if method == "append"]
+
+
+def test_appends_reach_the_log_with_contiguous_seqs(st: Store, host: ServiceHost) -> None:
+    epoch = leased(st, "s1")
+    writer = ServiceSessions(host.call).open_writer("s1", epoch=epoch)
+    records = writer.append([("turn/start", {"message_id": "m"}), ("assistant/message", {"text": "hi"})])
+    assert [r["seq"] for r in records] == [0, 1]
+    writer.append([("turn/end", {"stop_reason": "completed", "diagnostic": None})], commit=True)
+    asyncio.run(writer.flush())
+    writer.close()
+    events = inspect(st, "s1").events
+    assert [(e["seq"], e["type"], e["epoch"]) for e in events] == [(0, "turn/start", epoch), (1, "assistant/message", epoch), (2, "turn/end", epoch)]
+    assert all(isinstance(e["ts"], float) for e in events)  # stamped on the store's host
+    assert ServiceSessions(host.call).history("s1") == events
+    assert host.service.statistics() == {"open_writers": 0}
+
+
+def test_queued_appends_coalesce_behind_the_one_in_flight(st: Store, host: ServiceHost) -> None:
+    """While the first batch is in flight, ten more appends queue and go out as ONE call at its first_seq."""
+    epoch = leased(st, "s1")
+    writer = ServiceSessions(host.call).open_writer("s1", epoch=epoch)
+    host.gate = threading.Event()
+    writer.append([("turn/start", {"message_id": "m"})])
+    wait_for(lambda: appends(host), "the sender to pick the first batch up")
+    for i in range(10):
+        writer.append([("assistant/message", {"text": str(i)})])
+    host.gate.set()
+    asyncio.run(writer.flush())
+    sent = appends(host)
+    assert [(a["first_seq"], len(a["events"]) > 0) for a in sent] == [(0, True), (1, True)]
+    assert writer.batches_sent == 2
+    writer.close()
+    assert [e["seq"] for e in inspect(st, "s1").events] == list(range(11))
+
+
+def test_reordered_batches_are_refused_and_the_log_stays_contiguous(st: Store, host: ServiceHost) -> None:
+    """Batches sent out of order (as an async actor may run them) land only at their own first_seq."""
+    epoch = leased(st, "s1")
+    host.call("open_writer", writer_id="w", session_id="s1", epoch=epoch)
+    batch = pack_events([("assistant/message", {"text": "x"})])
+    late = host.call("append", writer_id="w", first_seq=1, events=batch, commit=False)  # overtook seq 0
+    assert late["error"]["code"] == "SEQ_MISMATCH"
+    assert "next_seq" in host.call("append", writer_id="w", first_seq=0, events=batch, commit=False)
+    replay = host.call("append", writer_id="w", first_seq=0, events=batch, commit=False)  # a retried duplicate
+    assert replay["error"]["code"] == "SEQ_MISMATCH"
+    assert [e["seq"] for e in inspect(st, "s1").events] == [0]
+
+
+def test_concurrent_calls_on_one_writer_never_interleave(st: Store, host: ServiceHost) -> None:
+    """Twenty batches each claiming the next seq, from twenty threads at once: exactly one lands per seq."""
+    epoch = leased(st, "s1")
+    host.call("open_writer", writer_id="w", session_id="s1", epoch=epoch)
+    results: list[dict[str, Any]] = []
+    lock = threading.Lock()
+
+    def send(seq: int) -> None:
+        reply = host.call("append", writer_id="w", first_seq=seq, events=pack_events([("assistant/message", {"text": str(seq)})]), commit=False)
+        with lock:
+            results.append(reply)
+
+    threads = [threading.Thread(target=send, args=(seq,)) for seq in reversed(range(20))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(DEADLINE_S)
+    events = inspect(st, "s1").events
+    assert [e["seq"] for e in events] == list(range(len(events)))
+    assert all(e["data"]["text"] == str(e["seq"]) for e in events)  # each batch landed at the seq it claimed
+    assert sum(1 for r in results if "next_seq" in r) == len(events)
+    assert all(r["error"]["code"] == "SEQ_MISMATCH" for r in results if "error" in r)
+
+
+def test_a_zombie_writer_is_fenced_after_takeover(st: Store, host: ServiceHost) -> None:
+    """The supervisor takes the lease at epoch + 1; the old writer's next batch gets FencedError, and
+    everything queued behind it is dropped, so the log stays a prefix of what the zombie wrote."""
+    epoch = leased(st, "s1")
+    zombie = ServiceSessions(host.call).open_writer("s1", epoch=epoch)
+    zombie.append([("turn/start", {"message_id": "m"})])
+    asyncio.run(zombie.flush())
+    assert acquire_lease(st, "s1", "01OWNER").epoch == epoch + 1  # fence before repair
+    zombie.append([("assistant/message", {"text": "late"})])
+    with pytest.raises(FencedError):
+        asyncio.run(zombie.flush())
+    with pytest.raises(FencedError):
+        zombie.append([("assistant/message", {"text": "later"})])
+    zombie.close()
+    assert [e["type"] for e in inspect(st, "s1").events] == ["turn/start"]
+
+
+def test_opening_a_taken_over_session_is_fenced(st: Store, host: ServiceHost) -> None:
+    epoch = leased(st, "s1")
+    acquire_lease(st, "s1", "01OWNER")
+    with pytest.raises(FencedError):
+        ServiceSessions(host.call).open_writer("s1", epoch=epoch)
+
+
+def test_a_seq_mismatch_from_the_service_breaks_the_writer(st: Store, host: ServiceHost) -> None:
+    """Another writer of the same epoch appended behind our back: our batch is refused, never misplaced."""
+    epoch = leased(st, "s1")
+    ours = ServiceSessions(host.call).open_writer("s1", epoch=epoch)
+    other = ServiceSessions(host.call).open_writer("s1", epoch=epoch)
+    other.append([("turn/start", {"message_id": "m"})])
+    asyncio.run(other.flush())
+    ours.append([("turn/start", {"message_id": "n"})])
+    with pytest.raises(SeqMismatchError):
+        asyncio.run(ours.flush())
+    ours.close()
+    other.close()
+    assert [e["data"]["message_id"] for e in inspect(st, "s1").events] == ["m"]
+
+
+def test_a_dead_service_is_a_typed_error(st: Store) -> None:
+    def dead(method: str, **kwargs: Any) -> dict[str, Any]:
+        raise RuntimeError("the actor died")
+
+    with pytest.raises(StoreServiceError, match="actor died") as info:
+        ServiceSessions(dead).open_writer("s1", epoch=1)
+    assert info.value.code == "STORE_SERVICE_FAILED"
+    writer = ServiceWriter(dead, "s1", 1, "w", 0)
+    writer.append([("turn/start", {"message_id": "m"})])
+    with pytest.raises(StoreServiceError):
+        asyncio.run(writer.flush())
+    writer.close()

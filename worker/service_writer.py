@@ -1,0 +1,187 @@
+"""The worker's end of the store service: a ``SessionWriter`` whose appends travel to the store's host.
+
+``ServiceSessions`` is the ``SessionAccess`` of a worker that cannot reach the
+store's disk (a Ray worker on another node); ``ServiceWriter`` is its writer.
+``call(method, **kwargs)`` carries one request to ``StoreService``
+(``worker/store_service.py``) and returns its reply; over Ray it is an actor
+call, in tests it can be the service itself.
+
+Ordering: a cluster may run the calls of one client in any order (Ray's async
+actors do), so the writer keeps **one append in flight** and sends each
+batch with its ``first_seq``; the service refuses any other seq
+(``SeqMismatchError``), so a reordered or replayed batch can never land out
+of place. Appends made while a batch is in flight queue up and go out
+**coalesced** in the next call, which amortises the round trip. ``append``
+itself only queues (it returns the records it will write, ``ts`` still
+unset: the store's host stamps them); a sender thread owned by the writer
+does the calls. ``flush()`` awaits everything queued: the turn calls it
+before a tool runs (``tool/call`` is write-ahead), at commit points, around
+a report and at the turn's end. A failed batch (``FencedError``, a dead
+service) is raised by the next ``append`` or ``flush``; what was queued
+behind it is dropped, so the log stays a prefix of what the turn wrote.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from typing import Any, Callable, Sequence
+
+import anyio
+import msgpack
+
+from subagents.store.errors import SubagentError, UnsupportedFormatError, from_wire
+from subagents.store.events import EVENT_TYPES
+
+from .store_service import pack_events
+
+__all__ = ["ServiceCall", "ServiceSessions", "ServiceWriter", "StoreServiceError"]
+
+log = logging.getLogger(__name__)
+
+ServiceCall = Callable[..., dict[str, Any]]
+
+
+class StoreServiceError(SubagentError, ConnectionError):
+    """Raised when the store service cannot be reached or died under a call."""
+
+    code = "STORE_SERVICE_FAILED"
+
+
+def _checked(reply: dict[str, Any]) -> dict[str, Any]:
+    if "error" in reply:
+        raise from_wire(reply["error"])
+    return reply
+
+
+def _call(call: ServiceCall, method: str, **kwargs: Any) -> dict[str, Any]:
+    try:
+        reply = call(method, **kwargs)
+    except SubagentError:
+        raise
+    except Exception as exc:  # the transport's own failure (actor died, node lost): one typed error
+        raise StoreServiceError(f"the store service failed during {method}: {type(exc).__name__}: {exc}", method=method) from exc
+    return _checked(reply)
+
+
+class ServiceWriter:
+    """An open, fenced writer of one session, appending through the store service."""
+
+    def __init__(self, call: ServiceCall, session_id: str, epoch: int, writer_id: str, next_seq: int) -> None:
+        self.session_id = session_id
+        self.epoch = epoch
+        self._call = call
+        self._writer_id = writer_id
+        self._cond = threading.Condition()
+        self._queue: list[tuple[str, Any]] = []  # appended, not yet sent
+        self._commit = False  # a commit point is among the queued appends
+        self._in_flight = False
+        self._sent_seq = next_seq  # the log's next seq after every acknowledged batch
+        self._queued_seq = next_seq  # ... after everything appended
+        self._error: SubagentError | None = None
+        self._closing = False
+        self.batches_sent = 0
+        self._sender = threading.Thread(target=self._send_loop, name=f"store-writer-{session_id}", daemon=True)
+        self._sender.start()
+
+    @property
+    def next_seq(self) -> int:
+        return self._queued_seq
+
+    def append(self, batch: Sequence[tuple[str, Any]], *, commit: bool = False) -> list[dict[str, Any]]:
+        """Queue ``(type, data)`` events (one in flight, the rest coalesced); raises an earlier batch's failure."""
+        for kind, _ in batch:
+            if kind not in EVENT_TYPES:
+                raise UnsupportedFormatError(f'event type "{kind}" is not one this store writes', event_type=kind)
+        pack_events(list(batch))  # refuse what msgpack cannot carry now, not in the sender thread
+        with self._cond:
+            if self._error is not None:
+                raise self._error
+            if self._closing:
+                raise SubagentError(f'writer of session "{self.session_id}" is closed', code="WRITER_CLOSED")
+            seq = self._queued_seq
+            records = [{"seq": seq + i, "ts": None, "type": kind, "data": data, "epoch": self.epoch} for i, (kind, data) in enumerate(batch)]
+            self._queue.extend(batch)
+            self._queued_seq += len(batch)
+            self._commit = self._commit or commit
+            self._cond.notify_all()
+        return records
+
+    async def flush(self) -> None:
+        """Return once every queued append is acknowledged by the store's host (durable at a commit point)."""
+        with self._cond:
+            if self._error is not None:
+                raise self._error
+            if not self._queue and not self._in_flight:
+                return
+        await anyio.to_thread.run_sync(self._wait_idle)
+
+    def _wait_idle(self) -> None:
+        with self._cond:
+            while (self._queue or self._in_flight) and self._error is None:
+                self._cond.wait()
+            if self._error is not None:
+                raise self._error
+
+    def _send_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                batch, commit = self._queue, self._commit
+                self._queue, self._commit = [], False
+                self._in_flight = True
+                first_seq = self._sent_seq
+            error: SubagentError | None = None
+            next_seq = first_seq
+            try:
+                reply = _call(self._call, "append", writer_id=self._writer_id, first_seq=first_seq, events=pack_events(batch), commit=commit)
+                next_seq = int(reply["next_seq"])
+            except SubagentError as exc:
+                error = exc
+            with self._cond:
+                self._in_flight = False
+                self.batches_sent += 1
+                if error is None:
+                    self._sent_seq = next_seq
+                else:
+                    self._error = error
+                    self._queue.clear()  # never send past a failed batch: the log stays a prefix
+                self._cond.notify_all()
+                if error is not None:
+                    return
+
+    def close(self) -> None:
+        """Send what is still queued, stop the sender, close the service's writer (best effort)."""
+        with self._cond:
+            if self._closing:
+                return
+            self._closing = True
+            self._cond.notify_all()
+        self._sender.join()
+        try:
+            _call(self._call, "close_writer", writer_id=self._writer_id)
+        except SubagentError:
+            log.warning("closing the remote writer of %s failed", self.session_id, exc_info=True)
+
+
+class ServiceSessions:
+    """``SessionAccess`` through the store service (a worker on a host without the store's disk)."""
+
+    def __init__(self, call: ServiceCall) -> None:
+        self._call = call
+
+    def open_writer(self, session_id: str, *, epoch: int) -> ServiceWriter:
+        writer_id = uuid.uuid4().hex
+        reply = _call(self._call, "open_writer", writer_id=writer_id, session_id=session_id, epoch=epoch)
+        return ServiceWriter(self._call, session_id, epoch, writer_id, int(reply["next_seq"]))
+
+    def history(self, session_id: str) -> list[dict[str, Any]]:
+        reply = _call(self._call, "history", session_id=session_id)
+        return list(msgpack.unpackb(reply["events"], raw=False))
+
+    def release_lease(self, session_id: str, owner: str, epoch: int) -> None:
+        _call(self._call, "release_lease", session_id=session_id, owner=owner, epoch=epoch)

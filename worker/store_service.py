@@ -1,0 +1,128 @@
+"""``StoreService``: the store's host serving the appends of turns that run on other hosts.
+
+One instance runs on the host whose disk holds the store (as a Ray actor
+pinned there by a custom resource only that host advertises; the supervisor
+starts it, ``supervisor/ray_pool.py``). It opens each remote turn's log with
+the store's own ``LogWriter``, so the fence check stays at the resource,
+under the same session ``flock`` as a local append, and a torn tail or an
+open turn is repaired exactly as on the local resume path.
+
+Placement: the service and its client (``worker/service_writer.py``) live in
+``worker/`` because they are the two ends of the worker's append path and
+share its contract; the service imports only ``store`` (never Ray, never the
+supervisor), so it runs and is tested without a cluster, and the supervisor,
+which may import ``worker``, wraps it into an actor. ``store/`` stays free of
+any transport.
+
+Every call returns plain data: a failure is ``{"error": SubagentError.to_wire()}``
+and the client rebuilds the same class (``FencedError``, ``SeqMismatchError``...).
+Calls on one writer run one at a time (the client keeps one in flight anyway;
+a second concurrent one, e.g. a zombie's retry, waits and then meets the
+seq or fence check). The blocking file work runs in threads, so one slow
+fsync does not hold the other sessions' appends.
+
+Not guaranteed: a writer whose client vanished (its node died) stays open
+until the supervisor fences the session and someone calls ``close_writer``,
+or the service stops; it can never write again once fenced.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import msgpack
+
+from subagents.store.errors import SubagentError
+from subagents.store.lease import release_lease
+from subagents.store.log import LogWriter
+from subagents.store.reader import inspect
+from subagents.store.root import Store
+
+__all__ = ["StoreService", "pack_events", "unpack_events"]
+
+log = logging.getLogger(__name__)
+
+Reply = dict[str, Any]
+
+
+def pack_events(batch: list[tuple[str, Any]]) -> bytes:
+    """A batch of ``(type, data)`` as msgpack bytes: what crosses the wire (Ray pickles only opaque bytes)."""
+    return msgpack.packb([[kind, data] for kind, data in batch], use_bin_type=True)
+
+
+def unpack_events(raw: bytes) -> list[tuple[str, Any]]:
+    return [(kind, data) for kind, data in msgpack.unpackb(raw, raw=False)]
+
+
+@dataclass(eq=False)
+class _OpenWriter:
+    writer: LogWriter
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+
+
+class StoreService:
+    """Appends, history and lease release for turns whose worker cannot reach the store's disk."""
+
+    def __init__(self, store_root: str, durability: str) -> None:
+        self._store = Store(store_root, durability=durability, create=False)
+        self._writers: dict[str, _OpenWriter] = {}
+
+    async def ping(self) -> Reply:
+        """The store this service serves (a readiness probe)."""
+        return {"store_root": self._store.root, "durability": self._store.durability.name}
+
+    async def open_writer(self, writer_id: str, session_id: str, epoch: int) -> Reply:
+        """Open (and repair, as the resume path does) a session's log for one remote turn."""
+        if writer_id in self._writers:
+            return _error(SubagentError(f"writer {writer_id} is already open", code="WRITER_EXISTS", writer_id=writer_id))
+        try:
+            writer = await anyio.to_thread.run_sync(lambda: LogWriter.open(self._store, session_id, epoch=epoch))
+        except SubagentError as exc:
+            return _error(exc)
+        self._writers[writer_id] = _OpenWriter(writer)
+        return {"next_seq": writer.next_seq}
+
+    async def append(self, writer_id: str, first_seq: int, events: bytes, commit: bool) -> Reply:
+        """Append one batch at ``first_seq`` (else ``SEQ_MISMATCH``, nothing written); fenced under the session lock."""
+        entry = self._writers.get(writer_id)
+        if entry is None:
+            return _error(SubagentError(f"writer {writer_id} is not open", code="WRITER_CLOSED", writer_id=writer_id))
+        batch = unpack_events(events)
+        async with entry.lock:
+            try:
+                await anyio.to_thread.run_sync(lambda: entry.writer.append(batch, first_seq=first_seq, commit=commit))
+            except SubagentError as exc:
+                return _error(exc)
+            return {"next_seq": entry.writer.next_seq}
+
+    async def close_writer(self, writer_id: str) -> Reply:
+        entry = self._writers.pop(writer_id, None)
+        if entry is not None:
+            async with entry.lock:
+                entry.writer.close()
+        return {}
+
+    async def history(self, session_id: str) -> Reply:
+        """The valid prefix of a session's log, read-only (``ctx.history()``)."""
+        try:
+            found = await anyio.to_thread.run_sync(inspect, self._store, session_id)
+        except SubagentError as exc:
+            return _error(exc)
+        return {"events": msgpack.packb(found.events, use_bin_type=True)}
+
+    async def release_lease(self, session_id: str, owner: str, epoch: int) -> Reply:
+        try:
+            await anyio.to_thread.run_sync(release_lease, self._store, session_id, owner, epoch)
+        except SubagentError as exc:
+            return _error(exc)
+        return {}
+
+    def statistics(self) -> Reply:
+        return {"open_writers": len(self._writers)}
+
+
+def _error(exc: SubagentError) -> Reply:
+    return {"error": exc.to_wire()}
