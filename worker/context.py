@@ -184,6 +184,7 @@ class TurnContext:
         self._control.check()
         call_id = f"{self.message_id}-{next(self._call_ids)}"
         self._writer.append([("tool/call", {"call_id": call_id, "name": name, "args": args})])
+        await self._writer.flush()  # write-ahead: the call is in the log before the tool acts
         try:
             value = await run()
         except Exception as exc:
@@ -238,6 +239,7 @@ class TurnContext:
         return list(await self._call("list_agents", scope=scope))
 
     async def report(self, content: Any, delivery: Literal["quiet", "wakeup"] = "quiet") -> str:
+        await self._writer.flush()  # the parent never reads a report ahead of what led to it
         message_id = str(await self._call("report", content=content, delivery=delivery))
         self._writer.append([("report/sent", {"message_id": message_id, "delivery": delivery})])
         return message_id

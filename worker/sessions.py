@@ -20,7 +20,7 @@ from subagents.store.log import LogWriter
 from subagents.store.reader import inspect
 from subagents.store.root import Store
 
-__all__ = ["SessionWriter", "SessionAccess", "LocalSessions"]
+__all__ = ["SessionWriter", "SessionAccess", "LocalWriter", "LocalSessions"]
 
 
 class SessionWriter(Protocol):
@@ -30,7 +30,18 @@ class SessionWriter(Protocol):
     epoch: int
 
     def append(self, batch: Sequence[tuple[str, Any]], *, commit: bool = False) -> list[dict[str, Any]]:
-        """Append ``(type, data)`` events with contiguous seqs; ``commit`` makes them durable under the store's policy."""
+        """Append ``(type, data)`` events with contiguous seqs; ``commit`` makes them durable under the store's policy.
+
+        A remote writer may only queue them here (and raise an earlier batch's failure); ``flush`` awaits them.
+        """
+        ...
+
+    async def flush(self) -> None:
+        """Return once every append so far is in the log (a no-op where ``append`` already wrote it).
+
+        The turn flushes before a tool runs (``tool/call`` is write-ahead), before a
+        report, and after its closing commit.
+        """
         ...
 
     def close(self) -> None: ...
@@ -52,6 +63,13 @@ class SessionAccess(Protocol):
         ...
 
 
+class LocalWriter(LogWriter):
+    """The store's ``LogWriter`` as a ``SessionWriter``: every append is written when it returns."""
+
+    async def flush(self) -> None:
+        """Nothing waits: ``append`` wrote (and, at a commit point, synced) before returning."""
+
+
 class LocalSessions:
     """``SessionAccess`` over a ``Store`` on this host; its writer is ``LogWriter``."""
 
@@ -59,7 +77,7 @@ class LocalSessions:
         self.store = store
 
     def open_writer(self, session_id: str, *, epoch: int) -> SessionWriter:
-        return LogWriter.open(self.store, session_id, epoch=epoch)
+        return LocalWriter.open(self.store, session_id, epoch=epoch)
 
     def history(self, session_id: str) -> list[dict[str, Any]]:
         return inspect(self.store, session_id).events

@@ -200,4 +200,5 @@ async def _run(spec: TurnSpec, control: TurnControl, rpc: RpcCaller, writer: Ses
     log_reason = "blocked" if stop_reason == "refusal" else stop_reason
     closing.append(("turn/end", {"stop_reason": log_reason, "diagnostic": diagnostic}))
     writer.append(closing, commit=True)
+    await writer.flush()
     return TurnOutcome(output=output, structured=structured, stop_reason=stop_reason, diagnostic=diagnostic, steps=control.steps)
