@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 import anyio
 
-from subagents.store import LogWriter, OneShotDescriptor, delete_session, release_lease
+from subagents.store import LogWriter, OneShotDescriptor, acquire_lease, delete_session, release_lease
 from subagents.store.errors import FencedError, SubagentError
 from subagents.store.session import NewSession
 from subagents.worker.logcontext import bind
@@ -260,6 +260,7 @@ class OneShotRuns:
         fields = {"child": spec.session_id, "parent": spec.parent_session, "epoch": spec.epoch}
         bind(**fields)
         released = False  # the worker releases the lease after a committed turn (TurnSpec.release_owner)
+        epoch = spec.epoch  # raised by the fence before a crash repair
         try:
             if state.cancelled is not None:
                 result = SubagentResult(stop_reason="aborted", diagnostic=f"the run was cancelled ({state.cancelled}) before it started")
@@ -275,7 +276,7 @@ class OneShotRuns:
                     turn = TurnResult(TurnOutcome(stop_reason="aborted", diagnostic=str(exc)), worker=None)
                 released = turn.outcome.released and not turn.crashed
                 if turn.crashed:
-                    await anyio.to_thread.run_sync(self._repair, spec.session_id, spec.epoch)
+                    epoch = await anyio.to_thread.run_sync(self._repair, spec.session_id, spec.epoch)
                 result = result_from_outcome(turn.outcome)
                 if state.cancelled is not None and result.stop_reason != "completed":
                     result = result.model_copy(update={"stop_reason": "aborted"})
@@ -283,7 +284,7 @@ class OneShotRuns:
             with anyio.CancelScope(shield=True):
                 if not released:
                     try:
-                        await anyio.to_thread.run_sync(release_lease, rt.store, spec.session_id, rt.owner_id, spec.epoch)
+                        await anyio.to_thread.run_sync(release_lease, rt.store, spec.session_id, rt.owner_id, epoch)
                     except FencedError:
                         log.warning("lease of %s was taken over before release", spec.session_id, extra=fields)
                 rt.agents.remove(spec.session_id)
@@ -291,9 +292,16 @@ class OneShotRuns:
         state.done.set()
         rt.events.emit("subagent/end", {**info, "stop_reason": result.stop_reason, "last_assistant_message": result.output or None})
 
-    def _repair(self, session_id: str, epoch: int) -> None:
-        """Balance a log whose worker died mid-turn (closers, torn tail)."""
+    def _repair(self, session_id: str, epoch: int) -> int:
+        """Fence, then balance a log whose worker died mid-turn (closers, torn tail); returns the new epoch.
+
+        Fence before repair: the lease is taken again (epoch + 1) first, so a worker
+        only *believed* dead (on a cluster node cut off from us) gets ``FencedError``
+        on its next append instead of writing after the closers.
+        """
         try:
+            epoch = acquire_lease(self._rt.store, session_id, self._rt.owner_id).epoch
             LogWriter.open(self._rt.store, session_id, epoch=epoch).close()
         except SubagentError:
             log.exception("repair of %s after a worker crash failed", session_id)
+        return epoch

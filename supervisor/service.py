@@ -46,7 +46,7 @@ from .agents import LiveAgents
 from .config import SupervisorConfig
 from .backend import Pool, PoolStatistics
 from .continuable import ContinuationManager
-from .errors import RayUnavailableError, SupervisorClosedError, UnauthorizedError, WaitTimeoutError
+from .errors import SupervisorClosedError, UnauthorizedError, WaitTimeoutError
 from .events import EventBus
 from .lease_keeper import LeaseKeeper
 from .models import AgentRef, AncestorAuthority, ContinuableSpec, Provider, SubagentRequest, UserAuthority
@@ -71,6 +71,31 @@ class SupervisorStatistics:
     roots: int
 
 
+def _make_pool(config: SupervisorConfig, store: Store) -> Pool:
+    """The pool ``config.pool`` names: local worker processes, or actors of a Ray cluster (imported only then)."""
+    if config.pool == "ray":
+        from .ray_pool import RayPool
+
+        return RayPool(
+            size=config.pool_size,
+            ray=config.ray,
+            store_root=store.root,
+            durability=config.durability,
+            ready_timeout_s=config.worker_ready_timeout_s,
+            cancel_grace_s=config.cancel_grace_s,
+            log_level=config.worker_log_level,
+            turns_per_worker=config.turns_per_worker,
+        )
+    return WorkerPool(
+        size=config.pool_size,
+        start_method=config.start_method,
+        ready_timeout_s=config.worker_ready_timeout_s,
+        cancel_grace_s=config.cancel_grace_s,
+        log_level=config.worker_log_level,
+        turns_per_worker=config.turns_per_worker,
+    )
+
+
 class Supervisor:
     """Use ``async with Supervisor.open(store=..., config=...) as sup``."""
 
@@ -82,14 +107,7 @@ class Supervisor:
         self.registry = ProviderRegistry(self.events)
         self.agents = LiveAgents()
         self.lease_keeper = LeaseKeeper(store, ttl_s=config.lease_ttl_s, ids=self.ids)
-        self.pool: Pool = WorkerPool(
-            size=config.pool_size,
-            start_method=config.start_method,
-            ready_timeout_s=config.worker_ready_timeout_s,
-            cancel_grace_s=config.cancel_grace_s,
-            log_level=config.worker_log_level,
-            turns_per_worker=config.turns_per_worker,
-        )
+        self.pool: Pool = _make_pool(config, store)
         self.runtime = Runtime(
             store=store, config=config, ids=self.ids, tg=tg, owner_id=self.lease_keeper.owner_id, pool=self.pool,
             registry=self.registry, events=self.events, agents=self.agents, setups=SetupRegistry(),
@@ -109,7 +127,6 @@ class Supervisor:
         cfg = config or SupervisorConfig()
         if cfg.pool == "ray":
             require_ray()  # before anything exists: Ray installed, asyncio loop
-            raise RayUnavailableError('pool = "ray": the Ray pool is not part of this build yet (issue 11)')
         handle = Store(store, durability=cfg.durability)
         async with anyio.create_task_group() as tg:
             sup = cls(handle, cfg, tg)

@@ -77,3 +77,24 @@ async def script_or_notice(ctx: TurnContext) -> str:
         return f"noted {kind} with {len(quiet)} quiet: {','.join(quiet)}"
     result = await script(ctx)
     return result if isinstance(result, str) else result.output
+
+
+def _where() -> str:
+    """The Ray node this program runs on, or ``local`` outside a Ray worker."""
+    try:
+        import ray
+    except ImportError:
+        return "local"
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
+
+
+async def node_pid(ctx: TurnContext) -> str:
+    """Answers ``<node id> <pid>``: where the turn ran (Ray tests)."""
+    return f"{_where()} {os.getpid()}"
+
+
+async def node_then_sleep(ctx: TurnContext) -> str:
+    """Records ``<node id> <pid>`` in the log, then sleeps ``message`` ms (cancellable)."""
+    await ctx.say(f"{_where()} {os.getpid()}")
+    await anyio.sleep(float(ctx.text) / 1000.0)
+    return f"slept {ctx.text}"

@@ -4,7 +4,7 @@
     ├── BudgetExhaustedError    a turn ran past max_steps or timeout_ms
     ├── ToolDeniedError         a filtered or sandbox-forbidden tool was called
     ├── ProgramLoadError        a program reference cannot be imported
-    └── WorkerCrashedError      a worker process died under a call (pid, exit code, signal)
+    └── WorkerCrashedError      a worker process died under a call (pid, exit code, signal; node and cause on a cluster)
 """
 
 from __future__ import annotations
@@ -46,9 +46,18 @@ def describe_exit(exitcode: int | None) -> str:
 
 
 class WorkerCrashedError(SubagentError):
-    """Raised for every call pending on a worker process that died."""
+    """Raised for every call pending on a worker process that died.
+
+    A local worker is named by its pid and exit status; a worker on a cluster
+    node (``node``: its address and id) by its pid and the cause the cluster
+    gave (``cause``: the process died, its node died, a memory monitor killed it).
+    """
 
     code = "WORKER_CRASHED"
 
-    def __init__(self, pid: int | None, exitcode: int | None) -> None:
-        super().__init__(f"worker process {pid} {describe_exit(exitcode)}", pid=pid, exitcode=exitcode)
+    def __init__(self, pid: int | None, exitcode: int | None, *, node: str | None = None, cause: str | None = None) -> None:
+        if node is None:
+            message = f"worker process {pid} {describe_exit(exitcode)}"
+        else:
+            message = f"worker process {pid} on node {node} died: {cause or describe_exit(exitcode)}"
+        super().__init__(message, pid=pid, exitcode=exitcode, node=node, cause=cause)

@@ -45,7 +45,8 @@ class LeaseState(enum.Enum):
 
 @dataclass(frozen=True)
 class ActivationIdentity:
-    """Fixed when the activation materialises (``materialization.py``)."""
+    """Fixed when the activation materialises (``materialization.py``), except ``epoch``: after a
+    worker crash the driver fences the session (lease at epoch + 1) and replaces the identity."""
 
     child_id: str
     parent_id: str

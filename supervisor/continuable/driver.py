@@ -18,12 +18,13 @@ on, and the next activation of the child starts from what its log says.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Callable
 
 import anyio
 
-from subagents.store import LogWriter, MailboxMessage, pending, read_projection, set_lease_state
+from subagents.store import LogWriter, MailboxMessage, acquire_lease, pending, read_projection, set_lease_state
 from subagents.store.errors import FencedError, SubagentError
 from subagents.worker.logcontext import bind
 from subagents.worker.protocol import TurnSpec
@@ -158,9 +159,18 @@ class Driver:
             log.exception("could not re-read what %s consumed", act.child_id, extra=log_fields(act))
 
     def _repair(self, act: Activation) -> None:
-        """Balance the log of a turn whose worker died; what it consumed is what its log says
-        (a message the dead worker never logged stays pending and runs again)."""
+        """Fence, then balance the log of a turn whose worker died; what it consumed is what its log
+        says (a message the dead worker never logged stays pending and runs again).
+
+        Fence before repair: the activation takes its own lease again (epoch + 1,
+        the lease state kept) before it repairs, so a worker only *believed* dead
+        (on a cluster node cut off from us) gets ``FencedError`` on its next
+        append instead of writing after the closers. The activation writes at the
+        new epoch from then on.
+        """
         try:
+            lease = acquire_lease(self._rt.store, act.child_id, self._rt.owner_id, state=act.lease_state.value)  # type: ignore[arg-type]
+            act.identity = dataclasses.replace(act.identity, epoch=lease.epoch)
             with LogWriter.open(self._rt.store, act.child_id, epoch=act.epoch) as writer:
                 act.cursor.reset(writer.projection)
         except SubagentError:

@@ -1,0 +1,161 @@
+"""The pool contract, on the local pool and on the Ray pool alike (real kill -9, real cancellation)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any, Iterator
+
+import anyio
+import pytest
+
+from subagents.store import read_lease
+from subagents.supervisor import SubagentRequest
+from subagents.supervisor.ray_cluster import SimulatedCluster
+
+from ..conftest import DEADLINE_S, events_of, last_turn_end, said, wait_until
+from ._pools import open_pool_supervisor
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["local", "ray"])
+def kind(request: pytest.FixtureRequest) -> Iterator[str]:
+    if request.param == "ray":
+        request.getfixturevalue("ray_cluster")
+    yield request.param
+
+
+async def first_said(sup: Any, run: Any) -> str:
+    texts = await wait_until(lambda: said(sup.store, run.id), what=f"child {run.id} to start")
+    return texts[0]
+
+
+def assert_repaired(st: Any, session_id: str) -> None:
+    events = events_of(st, session_id)
+    assert events[-1]["type"] == "turn/end" and events[-1]["data"]["stop_reason"] == "interrupted"
+    kinds = [e["type"] for e in events]
+    assert kinds.count("turn/start") == kinds.count("turn/end") == 1
+
+
+async def test_kill_9_mid_turn(tmp_path: Path, kind: str) -> None:
+    """The turn on the killed worker ends error naming its pid (and node), its log is repaired after a
+    fence (epoch + 1), a replacement starts, and the next turn runs."""
+    async with open_pool_supervisor(tmp_path, kind, pool_size=2) as sup:
+        root = await sup.open_root()
+        victim = await sup.start("node-then-sleep", SubagentRequest(parent=root, prompt="30000"))
+        node, pid = (await first_said(sup, victim)).split()
+        epoch_before = read_lease(sup.store, victim.id).epoch
+        os.kill(int(pid), signal.SIGKILL)
+        with anyio.fail_after(DEADLINE_S):
+            result = await victim.result()
+        assert result.stop_reason == "error"
+        assert f"worker process {pid}" in (result.diagnostic or "")
+        if kind == "ray":
+            assert f"on node 127.0.0.1/{node[:12]}" in (result.diagnostic or "")
+        assert_repaired(sup.store, victim.id)
+        repaired_at = events_of(sup.store, victim.id)[-1]["epoch"]
+        assert repaired_at == epoch_before + 1  # fenced before the repair
+        await wait_until(lambda: sup.statistics().pool.workers_alive == 2, what="the replacement worker")
+        assert sup.statistics().pool.crashed == 1
+        assert int(pid) not in sup.pool.worker_pids()
+        nxt = await sup.start("node-pid", SubagentRequest(parent=root, prompt="x"))
+        with anyio.fail_after(DEADLINE_S):
+            assert (await nxt.result()).stop_reason == "completed"
+        await nxt.dispose()
+        await victim.dispose()
+
+
+async def test_queued_work_goes_to_the_replacement(tmp_path: Path, kind: str) -> None:
+    async with open_pool_supervisor(tmp_path, kind, pool_size=1) as sup:
+        root = await sup.open_root()
+        running = await sup.start("node-then-sleep", SubagentRequest(parent=root, prompt="30000"))
+        _node, pid = (await first_said(sup, running)).split()
+        queued = await sup.start("node-pid", SubagentRequest(parent=root, prompt="x"))
+        await wait_until(lambda: sup.statistics().pool.queued == 1, what="the second turn to queue")
+        os.kill(int(pid), signal.SIGKILL)
+        with anyio.fail_after(DEADLINE_S):
+            assert (await running.result()).stop_reason == "error"
+            second = await queued.result()
+        assert second.stop_reason == "completed"
+        assert second.output.split()[1] != pid  # it ran on the replacement
+        await running.dispose()
+        await queued.dispose()
+
+
+async def test_parent_and_child_share_one_worker(tmp_path: Path, kind: str) -> None:
+    """Nested delegation on a pool of 1: the waiting parent is parked, its children run in the same worker."""
+    grandchild = {"script": [{"return": "leaf"}]}
+    child = {"script": [{"spawn": {"prompt": grandchild, "provider": "script"}}, {"return": "middle"}]}
+    parent = {"script": [{"spawn": {"prompt": child, "provider": "script"}}, {"spawn": {"prompt": child, "provider": "script"}}, {"return": "top"}]}
+    async with open_pool_supervisor(tmp_path, kind, pool_size=1) as sup:
+        root = await sup.open_root()
+        run = await sup.start("script", SubagentRequest(parent=root, prompt=json.dumps(parent)))
+        with anyio.fail_after(DEADLINE_S):
+            result = await run.result()
+        assert (result.stop_reason, result.output) == ("completed", "top")
+        rows = await sup.list_descendants(root.id)
+        assert len(rows) == 5 and sup.statistics().pool.crashed == 0
+        await run.dispose()
+
+
+async def test_ignored_cancel_kills_the_worker(tmp_path: Path, kind: str) -> None:
+    """A turn spinning on the event loop never sees its cancel: after the grace its worker is killed, the turn aborted."""
+    async with open_pool_supervisor(tmp_path, kind, pool_size=1, cancel_grace_s=0.5) as sup:
+        root = await sup.open_root()
+        run = await sup.start("script", SubagentRequest(parent=root, prompt=json.dumps({"script": [{"say": "spinning"}, {"spin": 60000}]})))
+        await first_said(sup, run)
+        started = sup.statistics().pool.started
+        run.cancel("user")
+        with anyio.fail_after(DEADLINE_S):
+            result = await run.result()
+        assert result.stop_reason == "aborted"
+        await wait_until(lambda: sup.statistics().pool.started == started + 1, what="the replacement worker")
+        assert sup.statistics().pool.crashed == 1
+        assert last_turn_end(sup.store, run.id)["stop_reason"] == "interrupted"
+        await run.dispose()
+
+
+async def test_cooperative_cancel(tmp_path: Path, kind: str) -> None:
+    async with open_pool_supervisor(tmp_path, kind, pool_size=1) as sup:
+        root = await sup.open_root()
+        run = await sup.start("node-then-sleep", SubagentRequest(parent=root, prompt="30000"))
+        await first_said(sup, run)
+        run.cancel("user")
+        with anyio.fail_after(DEADLINE_S):
+            result = await run.result()
+        assert result.stop_reason == "aborted" and sup.statistics().pool.crashed == 0
+        assert last_turn_end(sup.store, run.id)["stop_reason"] == "aborted"
+        await run.dispose()
+
+
+async def test_structured_output(tmp_path: Path, kind: str) -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    async with open_pool_supervisor(tmp_path, kind, pool_size=1) as sup:
+        root = await sup.open_root()
+        good = await sup.start("script", SubagentRequest(parent=root, prompt=json.dumps({"script": [{"structured": {"n": 3}}]}), output_schema=schema))
+        bad = await sup.start("script", SubagentRequest(parent=root, prompt=json.dumps({"script": [{"structured": {"n": "x"}}]}), output_schema=schema))
+        with anyio.fail_after(DEADLINE_S):
+            ok, wrong = await good.result(), await bad.result()
+        assert (ok.stop_reason, ok.structured) == ("completed", {"n": 3})
+        assert wrong.stop_reason == "error" and "does not match the schema" in (wrong.diagnostic or "")
+        await good.dispose()
+        await bad.dispose()
+
+
+async def test_turns_per_worker(tmp_path: Path, kind: str) -> None:
+    """With turns_per_worker = 2 one worker runs two sleeping turns at once; the third waits."""
+    async with open_pool_supervisor(tmp_path, kind, pool_size=1, turns_per_worker=2) as sup:
+        root = await sup.open_root()
+        runs = [await sup.start("node-then-sleep", SubagentRequest(parent=root, prompt="30000")) for _ in range(3)]
+        await wait_until(lambda: sum(1 for r in runs if said(sup.store, r.id)) == 2, what="two turns to run")
+        stats = sup.statistics().pool
+        assert (stats.resident, stats.queued) == (2, 1)
+        for run in runs:
+            run.cancel("user")
+        with anyio.fail_after(DEADLINE_S):
+            for run in runs:
+                assert (await run.result()).stop_reason == "aborted"
+                await run.dispose()
