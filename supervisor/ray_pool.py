@@ -60,6 +60,9 @@ log = logging.getLogger(__name__)
 # host (each with its own service) fit on it
 _SERVICE_RESOURCE_SHARE = 0.001
 _CAUSE_MAX = 300
+# how long an actor that stopped answering may take to be declared dead by Ray before the
+# pool kills it and declares it dead itself (Ray's node-death verdict took ~1.6 s here)
+_DEATH_VERDICT_S = 5.0
 
 
 @dataclass(eq=False)
@@ -86,6 +89,7 @@ class _Actor:
     pid: int
     turns: dict[int, _Turn] = field(default_factory=dict)
     alive: bool = True
+    dead: anyio.Event = field(default_factory=anyio.Event)  # set once the pool has handled its death
 
     @property
     def running(self) -> int:
@@ -201,6 +205,24 @@ class RayPool:
             where = await handle.ready.remote()
         finally:
             self._pending.pop(index, None)
+        self._admit(index, handle, where)
+
+    async def _replace(self, index: int) -> None:
+        """Start a replacement, however long the cluster takes to have room; retry if it dies starting
+        (placed on a node that was dying too), until the pool closes."""
+        from ray.exceptions import RayActorError
+
+        delay = 0.05
+        while not self._closing:
+            try:
+                await self._start_actor(index)
+                return
+            except RayActorError as exc:
+                log.warning("replacement worker %d died while starting (%s); retrying", index, crash_cause(exc))
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def _admit(self, index: int, handle: Any, where: dict[str, Any]) -> None:
         actor = _Actor(index, handle, where["node_id"], where["ip"], where["pid"])
         if self._closing:
             self._kill(actor.handle)
@@ -311,7 +333,7 @@ class RayPool:
 
     async def _drive(self, actor: _Actor, handle: _Turn) -> None:
         """Stream one turn's frames: serve its RPCs, finish it on ``TurnDone``; a dead actor is a crash."""
-        from ray.exceptions import RayActorError
+        from ray.exceptions import ActorUnavailableError, RayActorError
 
         try:
             stream = actor.handle.run_turn.options(num_returns="streaming").remote(encode(RunTurn(call_id=handle.call_id, spec=handle.spec)))
@@ -327,6 +349,14 @@ class RayPool:
                     self._finish(handle, outcome)
                     self._schedule()
                     return
+        except ActorUnavailableError as exc:
+            # _watch gets the verdict (dead, with its cause; or killed past a deadline)
+            with anyio.move_on_after(2 * _DEATH_VERDICT_S):
+                await actor.dead.wait()
+                return
+            self._kill(actor.handle)
+            await self._crashed(actor, exc)
+            return
         except RayActorError as exc:
             await self._crashed(actor, exc)
             return
@@ -364,18 +394,41 @@ class RayPool:
                 pass  # the actor died: _watch reports it
 
     async def _watch(self, actor: _Actor) -> None:
-        from ray.exceptions import RayActorError
+        """Keep one ``watch()`` call pending on the actor; its failure is the death sentinel.
 
-        try:
-            await actor.handle.watch.remote()
-        except RayActorError as exc:
-            await self._crashed(actor, exc)
+        ``ActorUnavailableError`` (the actor stopped answering: dead, or cut off
+        from us) is not yet a verdict: the call is made again, and Ray's
+        ``ActorDiedError`` with the precise cause usually follows within a
+        second or two. Past ``_DEATH_VERDICT_S`` the actor is killed and
+        declared dead by the pool. Either way the callers fence the session
+        before repairing its log, so a worker still running somewhere can
+        never write after the repair.
+        """
+        from ray.exceptions import ActorUnavailableError, RayActorError
+
+        unavailable_since: float | None = None
+        while actor.alive:
+            try:
+                await actor.handle.watch.remote()
+                return
+            except ActorUnavailableError as exc:
+                now = time.monotonic()
+                unavailable_since = unavailable_since or now
+                if now - unavailable_since > _DEATH_VERDICT_S:
+                    self._kill(actor.handle)
+                    await self._crashed(actor, exc)
+                    return
+                await anyio.sleep(0.05)
+            except RayActorError as exc:
+                await self._crashed(actor, exc)
+                return
 
     async def _crashed(self, actor: _Actor, exc: BaseException) -> None:
         """End every turn resident on a dead actor, then start its replacement."""
         if not actor.alive or self._closing:
             return
         actor.alive = False
+        actor.dead.set()
         self._crash_count += 1
         crash = WorkerCrashedError(actor.pid, None, node=actor.node, cause=crash_cause(exc))
         log.error("%s", crash)
@@ -388,7 +441,7 @@ class RayPool:
         self._actors[actor.index] = None
         if not self._closing:
             # no deadline: after a node loss the replacement waits until the cluster has room
-            await self._start_actor(actor.index)
+            await self._replace(actor.index)
 
     # -- introspection --------------------------------------------------------------
 

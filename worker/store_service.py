@@ -29,6 +29,7 @@ or the service stops; it can never write again once fenced.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,7 +73,7 @@ class StoreService:
 
     async def ping(self) -> Reply:
         """The store this service serves (a readiness probe)."""
-        return {"store_root": self._store.root, "durability": self._store.durability.name}
+        return {"store_root": self._store.root, "durability": self._store.durability.name, "pid": os.getpid()}
 
     async def open_writer(self, writer_id: str, session_id: str, epoch: int) -> Reply:
         """Open (and repair, as the resume path does) a session's log for one remote turn."""
