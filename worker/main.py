@@ -42,7 +42,10 @@ class WorkerLoop:
 
     def send(self, message: Any) -> None:
         with self._send_lock:
-            self.conn.send_bytes(encode(message))
+            try:
+                self.conn.send_bytes(encode(message))
+            except (BrokenPipeError, ConnectionResetError):
+                os._exit(0)  # the supervisor is gone (as at end of file): exit quietly, never outlive it
 
     async def serve(self) -> None:
         self.send(Ready(pid=os.getpid()))

@@ -123,3 +123,19 @@ def test_worker_exits_when_its_supervisor_goes_away(peer):
     assert not peer.process.is_alive()
     with pytest.raises(ProcessLookupError):
         os.kill(peer.process.pid, 0)
+
+
+def test_a_worker_whose_host_died_exits_quietly(tmp_path):
+    """Issue #14 defect 9: writing to the pipe of a dead host ends the worker without a BrokenPipeError traceback."""
+    import subprocess
+    import sys
+
+    script = (
+        "import multiprocess\n"
+        "from subagents.worker import worker_entry\n"
+        "host, mine = multiprocess.Pipe(duplex=True)\n"
+        "host.close()  # the host is gone before the worker says READY\n"
+        "worker_entry(mine)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=DEADLINE_S, cwd=tmp_path)
+    assert (done.returncode, done.stderr) == (0, "")
