@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from subagents.store import Store, read_header
 from subagents.testing import check_store
 
@@ -19,21 +21,31 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "test_parallel_stress.py"
 
 
-def test_the_readme_example_runs(tmp_path: Path) -> None:
-    """Two lanes of four children under random kills, one shared store, clean at the end."""
-    env = {**os.environ, "STRESS_CHILDREN": "4", "STRESS_LANES": "2"}
+def run_example(tmp_path: Path, *, lanes: int, children: int, workers: int, timeout: float) -> None:
+    env = {**os.environ, "STRESS_CHILDREN": str(children), "STRESS_LANES": str(lanes)}
     basetemp = tmp_path / "basetemp"
-    command = [sys.executable, "-m", "pytest", "-n", "2", "-p", "xdist", "-q", "-p", "no:cacheprovider",
+    command = [sys.executable, "-m", "pytest", "-n", str(workers), "-p", "xdist", "-q", "-p", "no:cacheprovider",
                f"--basetemp={basetemp}", str(EXAMPLE)]
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "2 passed" in done.stdout, done.stdout[-2000:]
+    assert f"{lanes} passed" in done.stdout, done.stdout[-2000:]
     shared = basetemp / "subagents-shared-store"
     st = Store(shared, create=False)
     roots = sorted(read_header(st, s).label for s in st.session_ids() if read_header(st, s).parent_session is None)
-    assert roots == ["lane-0", "lane-1"], "both lanes wrote into the one shared store"
+    assert roots == [f"lane-{n}" for n in range(lanes)], "every lane wrote into the one shared store"
     report = check_store(shared)
-    assert report.clean and report.counts.sessions == 2 + 2 * 4, str(report)
+    assert report.clean and report.counts.sessions == lanes * (1 + children), str(report)
+
+
+def test_the_readme_example_runs(tmp_path: Path) -> None:
+    """Two lanes of four children under random kills, one shared store, clean at the end."""
+    run_example(tmp_path, lanes=2, children=4, workers=2, timeout=600)
+
+
+@pytest.mark.stress
+def test_the_readme_example_at_full_size(tmp_path: Path) -> None:
+    """As the README runs it: four xdist workers, 50 children each (minutes on two cores)."""
+    run_example(tmp_path, lanes=4, children=50, workers=4, timeout=1800)
 
 
 def test_the_readme_quotes_the_example() -> None:
