@@ -29,7 +29,7 @@ What is measured:
   epoch 0 under ``durability="none"``, and the identity cache is written as
   the writer does at a commit point. Median over R alternating rounds.
 
-Goals (DESIGN.md §6 issue): accept p50 <= 1 ms, p99 <= 5 ms; resume_ratio
+Goals (set when the mailbox was made incremental): accept p50 <= 1 ms, p99 <= 5 ms; resume_ratio
 (large / small) <= 2. The last stdout line is one JSON object
 ``{"benchmark": "followup", ...}``.
 

@@ -6,7 +6,7 @@ owner's heartbeat, read once per owner per query). Only a child whose cache
 is missing or behind its gate has its log folded, in memory. A listing never
 writes a byte and never loads, resumes or repairs anything.
 
-Rules (REFERENCE.md §4 adapted by DESIGN.md §4):
+Rules (the reference's, with this project's statuses; docs/behaviour.md, "Catalog"):
 * only a child whose header proves it (``parent_session`` == parent,
   ``origin == "subagent"``) is a candidate; plain forks are walked by
   ``list_descendants`` but never listed;

@@ -2,9 +2,10 @@
 
 ``sessions/<id>/control`` holds framed records ``{seq, id, ts, kind, ...}``
 appended under the session lock and fsync'd before ``request`` returns, so a
-request is acknowledged only once durable. Today the one kind is
-``interrupt`` (cancel the current turn), written by a process that does not
-hold the child's activation — another supervisor, the CLI.
+request is acknowledged only once durable (``FORMAT.md`` §8.1). The kinds are
+``interrupt`` (cancel the current turn) and ``drain`` (tear the activation
+down), written by a process that does not hold the child's activation —
+another supervisor, the CLI.
 
 The lease holder polls the file's size and applies records it has not seen;
 records older than its activation are ignored (an interrupt is about the

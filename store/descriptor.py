@@ -1,8 +1,8 @@
 """The subagent descriptor: the event that proves a session is a subagent.
 
 A child's own log holds one ``subagent/descriptor`` event with everything
-needed to rebuild it (DESIGN.md §2). Two folds read it, deliberately
-different (REFERENCE.md §1.3):
+needed to rebuild it. Two folds read it, deliberately different (as in the
+reference; docs/behaviour.md, "Descriptors"):
 
 * resume folds the **first** descriptor of the child's own suffix (after
   ``seed_length``): a fork child must not resume under its ancestor's identity;
@@ -141,7 +141,7 @@ def parse_descriptor(payload: Any) -> Descriptor | None:
 
 
 def _refuse_unknown_and_nil(payload: dict[str, Any], model: type[BaseModel]) -> None:
-    """Absent optional fields are omitted, never nil (REFERENCE §1.3): a nil one is malformed.
+    """Absent optional fields are omitted, never nil (docs/behaviour.md, "Descriptors"): a nil one is malformed.
 
     Pydantic would read ``None`` as the field's default (absent), so the check runs
     before model validation, after the unknown-field check the reference makes first

@@ -47,7 +47,7 @@ def unknown_type(event: dict[str, Any]) -> str | None:
 
 
 def closers(open_turn: int | None, open_step: int | None, open_calls: dict[str, int]) -> list[tuple[str, dict[str, Any]]]:
-    """Events that close a turn a crash left open (DESIGN.md §3 crash repair).
+    """Events that close a turn a crash left open (the resume path's crash repair, store/FORMAT.md).
 
     Every ``tool/call`` without a ``tool/result`` gets a synthetic error result
     (``TOOL_OUTCOME_UNKNOWN``: it may or may not have run), then the open step

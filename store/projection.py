@@ -34,7 +34,7 @@ PROJECTION_VERSION = 1
 
 @dataclass
 class Timing:
-    """REFERENCE.md §3 timing: settled active milliseconds, plus the open turn."""
+    """The reference's timing rules (docs/behaviour.md, "Timing"): settled active milliseconds, plus the open turn."""
 
     settled_ms: float = 0.0
     active_since: float | None = None

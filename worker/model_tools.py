@@ -3,16 +3,16 @@
 Each tool is a JSON-schema'd function (``ModelTool.schema()`` gives the
 OpenAI ``tools`` entry) whose ``run`` takes the turn's ``TurnContext`` and the
 model's arguments and returns a ``ToolOutcome``: the text the model reads and
-whether it is an error. Inputs, renderings and error texts follow
-REFERENCE.md §4 exactly, so prompts written for the reference keep working:
+whether it is an error. Inputs, renderings and error texts are the
+reference's, word for word (docs/behaviour.md), so prompts written for it keep working:
 
 * ``list_agents`` (scope children|descendants), ``send_message``,
   ``interrupt_agent``, ``report`` (only inside a continuable child), and the
   delegation tool (``subagent`` by default: description, prompt,
   run_in_background).
 
-Statuses are this project's ``running`` / ``idle`` / ``complete`` (DESIGN.md
-§4) instead of the reference's process-local ``ready`` / ``running`` / ``idle``.
+Statuses are this project's ``running`` / ``idle`` / ``complete``, true across
+processes, instead of the reference's process-local ``ready`` / ``running`` / ``idle``.
 """
 
 from __future__ import annotations

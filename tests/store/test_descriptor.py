@@ -107,7 +107,7 @@ def test_tool_filter_needs_allow_or_deny():
     ],
 )
 def test_nil_optional_fields_are_malformed(payload, message):
-    """Absent optional fields are omitted, never nil (REFERENCE §1.3): an explicit nil is malformed,
+    """Absent optional fields are omitted, never nil (docs/behaviour.md, "Descriptors"): an explicit nil is malformed,
     so the catalog lists such a child as corrupt instead of guessing what was meant."""
     with pytest.raises(store.DescriptorError) as info:
         store.parse_descriptor(payload)

@@ -1,4 +1,4 @@
-"""Projections: the REFERENCE.md §3 timing rules, counters, and the identity cache record."""
+"""Projections: the reference's timing rules (docs/behaviour.md, "Timing"), counters, and the identity cache record."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""register_continuable_setup: install / revoke semantics (REFERENCE.md §2 registerContinuableSetup)."""
+"""register_continuable_setup: install / revoke semantics (the reference's rules; docs/behaviour.md, "Continuable setup")."""
 
 from __future__ import annotations
 

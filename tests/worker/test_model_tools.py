@@ -1,4 +1,4 @@
-"""Model-facing tool texts, compared to the reference's exact strings (REFERENCE.md §4)."""
+"""Model-facing tool texts, compared to the reference's exact strings (docs/behaviour.md)."""
 
 from __future__ import annotations
 
