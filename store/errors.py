@@ -7,6 +7,8 @@ the code, never on the message)::
     ├── InvalidSessionIdError           bad input: id syntax (also ValueError)
     ├── InvalidHeaderError              bad input: header breaks the rules (also ValueError)
     ├── StoreFormatError                the folder is not a store of our format/version
+    │   └── StoreNotFoundError          there is no store at that path (also FileNotFoundError)
+    ├── ReadOnlyStoreError              the store cannot be written by this process (also PermissionError)
     ├── SessionNotFoundError            no such session (also LookupError)
     ├── SessionExistsError              creation of an id that exists
     ├── CorruptSessionError             committed bytes are damaged
@@ -32,6 +34,8 @@ __all__ = [
     "InvalidSessionIdError",
     "InvalidHeaderError",
     "StoreFormatError",
+    "StoreNotFoundError",
+    "ReadOnlyStoreError",
     "SessionNotFoundError",
     "SessionExistsError",
     "CorruptSessionError",
@@ -121,7 +125,21 @@ class InvalidSessionIdError(SubagentError, ValueError):
     code = "INVALID_SESSION_ID"
 
     def __init__(self, session_id: object) -> None:
-        super().__init__(f"invalid session id {session_id!r}", session_id=repr(session_id))
+        shown = _shown(session_id)
+        super().__init__(f"invalid session id {shown}", session_id=shown)
+
+
+# an id is echoed back in messages: a bad one may be any length (a 5,000-character argument)
+_SHOWN_ID_CHARS = 80
+
+
+def _shown(value: object) -> str:
+    """``repr(value)``, cut to a readable length with the full length said."""
+    text = repr(value)
+    if len(text) <= _SHOWN_ID_CHARS:
+        return text
+    size = f" ({len(value)} characters)" if isinstance(value, (str, bytes)) else ""
+    return text[: _SHOWN_ID_CHARS - 1] + "…" + size
 
 
 class InvalidHeaderError(SubagentError, ValueError):
@@ -134,6 +152,18 @@ class StoreFormatError(SubagentError):
     """Raised when a folder is not a subagents store of a version this build reads."""
 
     code = "STORE_FORMAT"
+
+
+class StoreNotFoundError(StoreFormatError, FileNotFoundError):
+    """Raised when a store is opened without creating it and the path holds no store (no ``STORE`` marker)."""
+
+    code = "STORE_NOT_FOUND"
+
+
+class ReadOnlyStoreError(SubagentError, PermissionError):
+    """Raised when a process that must write to a store cannot (a read-only mount, missing write permission)."""
+
+    code = "STORE_READ_ONLY"
 
 
 class SessionNotFoundError(SubagentError, LookupError):

@@ -12,6 +12,7 @@ on the store writes by (FORMAT.md §2); it is fixed when the store is created.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from typing import Any
@@ -20,7 +21,7 @@ import msgpack
 
 from .atomic import make_dirs, read_bytes, write_atomic
 from .durability import Durability, durability_policy
-from .errors import StoreFormatError, UnavailableSessionError
+from .errors import ReadOnlyStoreError, StoreFormatError, StoreNotFoundError, UnavailableSessionError
 from .framing import DEFAULT_RECORD_LIMIT, MAX_RECORD_BYTES
 from .ids import validate_session_id
 
@@ -34,6 +35,14 @@ STORE_VERSION = 1
 # creation (every step is idempotent; the marker is written exclusively) instead of refusing
 # "a non-empty folder": several supervisors may start together on a new store.
 _LAYOUT = frozenset({"sessions", "owners", "index", "STORE"})
+
+
+def _file_above(path: str) -> str:
+    """The nearest existing ancestor of ``path`` (or ``path`` itself) that is not a folder."""
+    probe = path
+    while probe and not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    return probe or path
 
 
 def _creating(name: str) -> bool:
@@ -64,17 +73,30 @@ class Store:
 
     def _open(self, create: bool, max_record_bytes: int | None) -> None:
         marker = os.path.join(self.root, "STORE")
+        if os.path.exists(self.root) and not os.path.isdir(self.root):
+            raise StoreFormatError(f"{self.root} is a file, not a store folder", path=self.root)
         if not os.path.exists(marker):
             if not create:
-                raise StoreFormatError(f"{self.root} is not a subagents store (no STORE marker)", path=self.root)
+                raise StoreNotFoundError(f"there is no store at {self.root}", path=self.root)
             if os.path.isdir(self.root) and not all(_creating(n) for n in os.listdir(self.root)):
                 raise StoreFormatError(
                     f"{self.root} is not empty and has no STORE marker: refusing to make it a store", path=self.root
                 )
-            make_dirs(self.root)
-            # "index" is listed on its own: makedirs gives intermediate folders the umask's mode, not 0700
-            for sub in ("sessions", "owners", "index", os.path.join("index", "children")):
-                make_dirs(os.path.join(self.root, sub))
+            try:
+                make_dirs(self.root)
+                # "index" is listed on its own: makedirs gives intermediate folders the umask's mode, not 0700
+                for sub in ("sessions", "owners", "index", os.path.join("index", "children")):
+                    make_dirs(os.path.join(self.root, sub))
+            except (NotADirectoryError, FileExistsError) as exc:
+                raise StoreFormatError(
+                    f"cannot make a store at {self.root}: {_file_above(self.root)} is a file, not a folder", path=self.root
+                ) from exc
+            except PermissionError as exc:
+                raise ReadOnlyStoreError(f"cannot make a store at {self.root}: {exc.strerror}", path=self.root) from exc
+            except OSError as exc:
+                if exc.errno != errno.EROFS:
+                    raise
+                raise ReadOnlyStoreError(f"cannot make a store at {self.root}: {exc.strerror}", path=self.root) from exc
             try:
                 info = {"format": STORE_FORMAT, "version": STORE_VERSION, "max_record_bytes": max_record_bytes or DEFAULT_RECORD_LIMIT}
                 write_atomic(marker, msgpack.packb(info), durable=True, exclusive=True)
@@ -95,6 +117,20 @@ class Store:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_RECORD_BYTES:
             raise StoreFormatError(f"{marker} holds max_record_bytes {limit!r}, not an integer up to {MAX_RECORD_BYTES}", path=self.root)
         self.max_record_bytes = limit
+
+    def require_writable(self) -> None:
+        """``ReadOnlyStoreError`` unless this process may write the folders every writer touches.
+
+        Checked by callers that are about to write (the CLI's writing verbs), so a
+        read-only store is named as such before anything starts. ``os.access``
+        answers for the real user and sees read-only mounts and immutable folders,
+        which root's permission bypass does not; not guaranteed: a store that turns
+        read-only afterwards fails at its next write instead.
+        """
+        for folder in (self.root, self.sessions_dir, self.owners_dir, self.children_index_dir):
+            if not os.access(folder, os.W_OK | os.X_OK):
+                why = "a read-only file system" if os.statvfs(folder).f_flag & os.ST_RDONLY else f"no write permission on {folder}"
+                raise ReadOnlyStoreError(f"the store at {self.root} is read-only ({why})", path=self.root)
 
     # -- layout --------------------------------------------------------------
 

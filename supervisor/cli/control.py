@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 
-from subagents.store import MailboxMessage, Store, list_descendants, read_header, read_lease, read_mailbox
+from subagents.store import MailboxMessage, Store, list_descendants, read_lease, read_mailbox
 
 from ..config import SupervisorConfig
 from ..config_loader import DeploymentConfig
@@ -75,7 +75,9 @@ def _settlement_notices(store: Store, root_id: str, child_id: str, since: float)
 
 def cmd_send(inv: Invocation) -> int:
     args, out = inv.args, inv.out
-    inv.open_store()  # a control command never creates a store
+    store = inv.open_store(write=True)  # a control command never creates a store
+    inv.session(store, args.child)  # SESSION_NOT_FOUND before any supervisor starts
+    inv.session(store, args.parent)
     message = sys.stdin.read() if args.message == "-" else args.message
     doc = anyio.run(_send, inv.config, args.child, message, args.parent, args.wait_s, out)
     if out.json_mode:
@@ -134,7 +136,9 @@ async def _send(config: DeploymentConfig, child: str, message: str, parent: str,
 
 
 def cmd_interrupt(inv: Invocation) -> int:
-    inv.open_store()
+    store = inv.open_store(write=True)
+    inv.session(store, inv.args.child)
+    inv.session(store, inv.args.parent)
     anyio.run(_interrupt, inv.config, inv.args.child, inv.args.parent)
     render.render_interrupt(inv.out, {"child": inv.args.child})
     return 0
@@ -147,7 +151,7 @@ async def _interrupt(config: DeploymentConfig, child: str, parent: str) -> None:
 
 def cmd_drain(inv: Invocation) -> int:
     args = inv.args
-    read_header(inv.open_store(), args.root)  # SESSION_NOT_FOUND before any supervisor starts
+    inv.session(inv.open_store(write=True), args.root)  # SESSION_NOT_FOUND before any supervisor starts
     doc = anyio.run(_drain, inv.config, args.root, args.wait_s)
     inv.emit(doc, render.render_drain)
     if not doc["settled"]:

@@ -20,6 +20,8 @@ import anyio
 
 from subagents.store import list_children, list_descendants, read_header, read_identity
 
+from subagents.worker.programs import load_program
+
 from ..config_loader import DeploymentConfig
 from ..models import Capabilities, ContinuableSpec, Provider, SubagentRequest
 from ..service import Supervisor
@@ -74,8 +76,8 @@ def cmd_demo(inv: Invocation) -> int:
     args = inv.args
     children = args.children or (QUICK_CHILDREN if args.quick else 8)
     cpu_ms = args.cpu_ms if args.cpu_ms is not None else (QUICK_CPU_MS if args.quick else 400)
+    store = inv.open_store(create=True, write=True)
     doc = anyio.run(_demo, inv.config, children, cpu_ms, inv.out)
-    store = inv.open_store()
     for result in doc["results"]:
         header = read_header(store, result["id"])
         result["turn_ms"] = read_identity(store, result["id"], header.seed_length or 0).projection.timing.settled_ms
@@ -168,6 +170,8 @@ async def _demo_conversation(sup: Supervisor, root: Any, results: list[dict[str,
 
 def cmd_run(inv: Invocation) -> int:
     args = inv.args
+    load_program(args.program)  # PROGRAM_LOAD_FAILED before the store, a root or a child is written
+    inv.open_store(create=True, write=True)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     doc = anyio.run(_run, inv.config, args.program, prompt, args.label)
     inv.emit(doc, render.render_run)

@@ -2,7 +2,8 @@
 
 Built once by ``main`` per run of the CLI and handed to the verb's function
 (``def cmd_x(inv: Invocation) -> int``, the exit code). ``open_store`` is the
-only way a verb opens the store, so no read or control verb ever creates one.
+only way a verb opens the store: only ``demo`` and ``run`` create one, and a
+verb that writes checks first that it can (``STORE_READ_ONLY``).
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ import argparse
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from subagents.store import Store
+from subagents.store import SessionHeader, Store, StoreNotFoundError, read_header, validate_session_id
 
 from ..config_loader import DeploymentConfig
 from .render import Output
 
-__all__ = ["Invocation"]
+__all__ = ["Invocation", "NO_STORE_HINT"]
+
+NO_STORE_HINT = "`subagents demo` or `subagents run PROGRAM` makes one there; `--store PATH` (or SUBAGENTS_STORE) names another"
 
 
 @dataclass(frozen=True)
@@ -26,9 +29,19 @@ class Invocation:
     out: Output
     sources: tuple[str, ...]  # the configuration layers that applied, lowest first
 
-    def open_store(self) -> Store:
-        """The configured store, which must exist: only ``demo`` and ``run`` create one."""
-        return Store(self.config.store.path, durability=self.config.supervisor.durability, create=False)
+    def open_store(self, *, create: bool = False, write: bool = False) -> Store:
+        """The configured store; it must exist unless ``create``; with ``write``, it must be writable."""
+        try:
+            store = Store(self.config.store.path, durability=self.config.supervisor.durability, create=create)
+        except StoreNotFoundError as exc:
+            raise StoreNotFoundError(f"{exc.message}: {NO_STORE_HINT}", path=exc.fields.get("path")) from None
+        if write:
+            store.require_writable()
+        return store
+
+    def session(self, store: Store, session_id: str) -> SessionHeader:
+        """The header of ``session_id``: ``INVALID_SESSION_ID`` or ``SESSION_NOT_FOUND`` before a verb acts on it."""
+        return read_header(store, validate_session_id(session_id))
 
     def emit(self, doc: Any, text: Callable[[Output, Any], None]) -> None:
         """``doc`` as one JSON document under ``--json``, else its text rendering."""

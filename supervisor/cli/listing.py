@@ -10,6 +10,7 @@ supervisor or creates a store.
 from __future__ import annotations
 
 import dataclasses
+import signal
 import time
 from typing import Any, Callable
 
@@ -36,6 +37,12 @@ FOLLOW_POLL_S = 0.2  # `log --follow`: a human watching; cheap enough (one stat 
 TOP_INTERVAL_S = 1.0  # `top`: one lease read per session per refresh
 
 
+def _stop_on_ctrl_c() -> None:
+    """Ctrl-C ends the endless views even when this process was started with SIGINT ignored
+    (a shell's ``trap '' INT``, a background job): Python then installs no handler of its own."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def register(verbs: Verbs) -> None:
     ls = verbs.add("ls", cmd_ls, "list a parent's direct subagents (no PARENT: the top-level sessions)")
     ls.add_argument("parent", metavar="PARENT", nargs="?")
@@ -58,6 +65,8 @@ def register(verbs: Verbs) -> None:
 
 def cmd_ls(inv: Invocation) -> int:
     store = inv.open_store()
+    if inv.args.parent is not None:
+        inv.session(store, inv.args.parent)  # an unknown parent is SESSION_NOT_FOUND, not an empty listing
     if inv.args.parent is None:
         inv.emit([dataclasses.asdict(r) for r in list_roots(store)], render.render_roots)
         return 0
@@ -69,6 +78,7 @@ def cmd_tree(inv: Invocation) -> int:
     store = inv.open_store()
     root = inv.args.root
     if root is not None:
+        inv.session(store, root)
         rows = render.descendant_rows(list_descendants(store, root))
         inv.emit(rows, lambda out, _: render.render_tree(out, [{"root": root, "descendants": rows}]))
         return 0
@@ -78,7 +88,9 @@ def cmd_tree(inv: Invocation) -> int:
 
 
 def cmd_show(inv: Invocation) -> int:
-    found = describe_session(inv.open_store(), inv.args.id)
+    store = inv.open_store()
+    inv.session(store, inv.args.id)
+    found = describe_session(store, inv.args.id)
     header, projection, log = found.inspection.header, found.projection, found.inspection
     ident = projection.identity
     descriptor = ident.model_dump(mode="json", exclude_none=True) if isinstance(ident, (OneShotDescriptor, ContinuableDescriptor)) else None
@@ -108,12 +120,14 @@ def cmd_show(inv: Invocation) -> int:
 
 def cmd_log(inv: Invocation) -> int:
     store, out = inv.open_store(), inv.out
+    inv.session(store, inv.args.id)
     found = inspect(store, inv.args.id)
     doc = {"session": inv.args.id, "log_status": found.status,
            "damage": dataclasses.asdict(found.damage) if found.damage else None, "events": found.events}
     if not inv.args.follow:
         inv.emit(doc, render.render_log)
         return 0
+    _stop_on_ctrl_c()
     emit: Callable[[dict[str, Any]], None] = (lambda e: out.json(e, compact=True)) if out.json_mode else (lambda e: out.line(render.event_line(e)))
     for event in found.events:
         emit(event)
@@ -136,6 +150,7 @@ def cmd_top(inv: Invocation) -> int:
     if inv.args.once:
         inv.emit(snapshot(), render_top)
         return 0
+    _stop_on_ctrl_c()
     try:
         with TopView(inv.out) as view:
             while True:

@@ -2,16 +2,21 @@
 
 Exit codes: 0 success; 1 the command ran but found a failure (a run, or a
 turn ``send`` hosted, that did not complete; a corrupt session in ``fsck``);
-2 an error (``error: <CODE>: <message>`` on stderr; ``TIMEOUT`` when ``send``
-or ``drain`` waited past ``--wait-s``); 130 interrupted. Listings take
-``--json`` and then print exactly one JSON document (``log --follow --json``
-prints one compact document per event, JSON Lines; ``top --json`` without
-``--once`` one list per refresh).
+2 an error: one line ``error: <CODE>: <message>`` on stderr (``TIMEOUT`` when
+``send`` or ``drain`` waited past ``--wait-s``; ``OS_ERROR`` for a failure of
+the system outside the store; ``INTERNAL``, with a traceback, only for a bug);
+130 interrupted; 141 stdout was closed (``subagents tree | head -1``), quietly,
+as ``git log | head`` does. Listings take ``--json`` and then print exactly
+one JSON document (``log --follow --json`` prints one compact document per
+event, JSON Lines; ``top --json`` without ``--once`` one list per refresh).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import logging
+import os
 import sys
 import traceback
 from typing import Sequence, TypeVar
@@ -29,6 +34,12 @@ __all__ = ["main", "build_parser"]
 
 _E = TypeVar("_E", bound=BaseException)
 
+log = logging.getLogger("subagents.cli")
+
+MESSAGE_CHARS = 1000  # an error line stays readable whatever a message echoes back
+EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a process ended by SIGPIPE
+_READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
+
 
 def build_parser() -> argparse.ArgumentParser:
     """Every verb, group by group (the order of ``subagents --help``)."""
@@ -45,25 +56,58 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "func"):
         getattr(args, "usage", parser).print_help(sys.stderr)
         return 2
+    _import_from_here()
+    store_path: str | None = None
     try:
         loaded = load_config(args.config)
         config = loaded.config.with_store(args.store) if args.store else loaded.config
+        store_path = os.path.abspath(config.store.path)
         sources = tuple(loaded.sources) + (("--store",) if args.store else ())
         out = Output(json_mode=getattr(args, "json", False))
         return int(args.func(Invocation(args, config, out, sources)) or 0)
     except BaseException as exc:  # the CLI's boundary: every failure becomes an exit code
-        if _find(exc, KeyboardInterrupt) is not None:
-            print("interrupted", file=sys.stderr)
-            return 130
-        error = _find(exc, SubagentError)
-        if error is not None:
-            print(f"error: {error.code}: {error.message}", file=sys.stderr)
-            return 2
-        if not isinstance(exc, Exception):
-            raise  # SystemExit and friends keep their meaning
-        traceback.print_exception(exc, file=sys.stderr)
-        print(f"error: INTERNAL: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
+        return _exit_code(exc, store_path)
+
+
+def _import_from_here() -> None:
+    """Put the working folder first on the import path, as ``python -m`` does: ``run myprog:hello``
+    finds ``./myprog.py``, here and in the workers (they start from this process's path)."""
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.insert(0, here)
+
+
+def _exit_code(exc: BaseException, store_path: str | None) -> int:
+    if _find(exc, KeyboardInterrupt) is not None:
+        print("interrupted", file=sys.stderr)
+        return 130
+    if _find(exc, BrokenPipeError) is not None:
+        # the reader went away: nothing more to say, and nothing to say it on; stdout goes to
+        # /dev/null so the interpreter's last flush does not complain either
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    error = _find(exc, SubagentError)
+    if error is not None:
+        return _error(error.code, error.message)
+    if not isinstance(exc, Exception):
+        raise exc  # SystemExit and friends keep their meaning
+    failure = _find(exc, OSError)
+    if failure is not None and failure.errno is not None:  # a system call failed (not a bare TimeoutError)
+        log.debug("the command failed", exc_info=exc)
+        filename = os.path.abspath(str(failure.filename)) if failure.filename is not None else None
+        if failure.errno in _READ_ONLY and store_path and filename and filename.startswith(store_path + os.sep):
+            return _error("STORE_READ_ONLY", f"the store at {store_path} is read-only: {failure.strerror}: {filename}")
+        return _error("OS_ERROR", str(failure))
+    traceback.print_exception(exc, file=sys.stderr)
+    return _error("INTERNAL", f"{type(exc).__name__}: {exc}")
+
+
+def _error(code: str, message: str) -> int:
+    if len(message) > MESSAGE_CHARS:
+        message = message[: MESSAGE_CHARS - 1] + f"… ({len(message)} characters)"
+    print(f"error: {code}: {message}", file=sys.stderr)
+    return 2
 
 
 def _find(exc: BaseException, kind: type[_E]) -> _E | None:

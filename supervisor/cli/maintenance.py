@@ -32,7 +32,7 @@ def register(verbs: Verbs) -> None:
 
 
 def cmd_fsck(inv: Invocation) -> int:
-    report = fsck(inv.open_store(), repair=inv.args.repair, lease_ttl_s=inv.config.supervisor.lease_ttl_s)
+    report = fsck(inv.open_store(write=inv.args.repair), repair=inv.args.repair, lease_ttl_s=inv.config.supervisor.lease_ttl_s)
     inv.emit(report, render.render_fsck)
     return 1 if report["counts"]["corrupt"] else 0
 
@@ -44,7 +44,7 @@ def cmd_check(inv: Invocation) -> int:
 
 
 def cmd_reindex(inv: Invocation) -> int:
-    parents = reindex(inv.open_store())
+    parents = reindex(inv.open_store(write=True))
     inv.emit({"parents": parents, "children": sum(len(v) for v in parents.values())}, render.render_reindex)
     return 0
 

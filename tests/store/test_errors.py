@@ -13,6 +13,8 @@ SAMPLES = [
     store.InvalidSessionIdError("../x"),
     store.InvalidHeaderError("bad header"),
     store.StoreFormatError("not a store", path="/x"),
+    store.StoreNotFoundError("there is no store at /x", path="/x"),
+    store.ReadOnlyStoreError("the store at /x is read-only", path="/x"),
     store.SessionNotFoundError("s1"),
     store.SessionExistsError("s1"),
     store.CorruptSessionError("s1", "crc-mismatch at byte 9", offset=9),
@@ -30,6 +32,7 @@ def test_codes_are_stable_and_distinct():
     codes = {type(e).__name__: e.code for e in SAMPLES}
     assert codes == {
         "InvalidSessionIdError": "INVALID_SESSION_ID", "InvalidHeaderError": "INVALID_HEADER", "StoreFormatError": "STORE_FORMAT",
+        "StoreNotFoundError": "STORE_NOT_FOUND", "ReadOnlyStoreError": "STORE_READ_ONLY",
         "SessionNotFoundError": "SESSION_NOT_FOUND", "SessionExistsError": "SESSION_EXISTS", "CorruptSessionError": "CORRUPT_SESSION",
         "UnsupportedFormatError": "UNSUPPORTED_FORMAT", "FencedError": "FENCED", "DurabilityError": "DURABILITY_FAILED",
         "LeaseHeldError": "LEASE_HELD", "DescriptorError": "INVALID_DESCRIPTOR", "SeqMismatchError": "SEQ_MISMATCH",
@@ -39,6 +42,8 @@ def test_codes_are_stable_and_distinct():
 
 @pytest.mark.parametrize("cls, base", [(store.InvalidSessionIdError, ValueError), (store.InvalidHeaderError, ValueError),
                                        (store.SessionNotFoundError, LookupError), (store.DurabilityError, OSError),
+                                       (store.StoreNotFoundError, FileNotFoundError), (store.StoreNotFoundError, store.StoreFormatError),
+                                       (store.ReadOnlyStoreError, PermissionError),
                                        (store.DescriptorError, ValueError), (store.SeqMismatchError, ValueError)])
 def test_builtin_bases(cls, base):
     """Bad input is a ValueError, a missing session a LookupError, a failed fsync an OSError."""
@@ -53,6 +58,13 @@ def test_wire_and_pickle_roundtrip(error):
         assert (back.code, str(back), back.fields) == (error.code, str(error), error.fields)
         for key, value in error.fields.items():
             assert getattr(back, key) == value
+
+
+def test_a_long_invalid_id_is_echoed_short():
+    """A malformed id of any length is echoed as a short prefix and its length (issue #13)."""
+    error = store.InvalidSessionIdError("x" * 5000)
+    assert len(str(error)) < 120 and "(5000 characters)" in str(error)
+    assert str(store.InvalidSessionIdError("../x")) == "invalid session id '../x'"
 
 
 def test_unknown_wire_class_becomes_the_root():

@@ -22,7 +22,8 @@ EXPECTED = {
     # errors
     "CorruptSessionError", "DescriptorError", "DurabilityError", "FencedError", "InvalidHeaderError",
     "InvalidSessionIdError", "LeaseHeldError", "LockTimeoutError", "RecordTooLargeError", "SessionExistsError",
-    "SessionNotFoundError", "StoreFormatError", "SubagentError", "UnavailableSessionError", "UnsupportedFormatError",
+    "SessionNotFoundError", "StoreFormatError", "StoreNotFoundError", "ReadOnlyStoreError", "SubagentError", "UnavailableSessionError",
+    "UnsupportedFormatError",
     # events, framing, header, ids
     "EVENT_TYPES", "closers",
     "MAX_RECORD_BYTES", "Damage", "ScanResult", "encode_record", "scan",

@@ -50,6 +50,34 @@ def test_non_empty_folder_without_marker_is_refused(tmp_path):
     assert not (tmp_path / "absent").exists()
 
 
+def test_a_missing_store_and_a_file_are_named(tmp_path):
+    """No marker without create: StoreNotFoundError; a file, or a folder below one: StoreFormatError naming the file (issue #13)."""
+    (tmp_path / "empty").mkdir()
+    for where in ("empty", "absent"):
+        with pytest.raises(store.StoreNotFoundError, match="there is no store at"):
+            store.Store(tmp_path / where, create=False)
+    (tmp_path / "file").write_text("mine")
+    for where in ("file", "file/sub", "file/sub/deeper"):
+        with pytest.raises(store.StoreFormatError, match=f"{tmp_path / 'file'} is a file") as info:
+            store.Store(tmp_path / where)
+        assert info.value.code == "STORE_FORMAT"
+    assert (tmp_path / "file").read_text() == "mine"
+
+
+def test_require_writable_sees_a_read_only_folder(tmp_path):
+    """require_writable names the store read-only when this process may not write it (a mode check; root bypasses modes)."""
+    st = store.Store(tmp_path / "s")
+    st.require_writable()
+    if os.geteuid() == 0:
+        pytest.skip("root writes through file modes; the CLI tests use a read-only mount instead")
+    os.chmod(st.owners_dir, 0o500)
+    try:
+        with pytest.raises(store.ReadOnlyStoreError, match="is read-only"):
+            st.require_writable()
+    finally:
+        os.chmod(st.owners_dir, 0o700)
+
+
 def test_unknown_durability_is_refused(tmp_path):
     """Only strict, batched and none exist."""
     with pytest.raises(ValueError):

@@ -147,10 +147,12 @@ def test_ls_text_is_render_rows(demo: DemoStore) -> None:
     assert ok("--store", "st", "ls", demo.root, cwd=demo.cwd) == render_rows(rows) + "\n"
 
 
-def test_ls_of_an_unknown_parent_prints_no_subagents(demo: DemoStore) -> None:
-    """An id nobody has is an empty listing, not an error."""
-    assert ok("--store", "st", "ls", "01UNKNOWNPARENT0000000000", cwd=demo.cwd) == "(no subagents)\n"
-    assert json.loads(ok("--store", "st", "ls", "01UNKNOWNPARENT0000000000", "--json", cwd=demo.cwd)) == []
+def test_ls_of_an_unknown_parent_is_session_not_found(demo: DemoStore) -> None:
+    """An id nobody has is SESSION_NOT_FOUND, so a typo never looks like an empty parent (issue #13)."""
+    for args in (["ls", "01UNKNOWNPARENT0000000000"], ["ls", "01UNKNOWNPARENT0000000000", "--json"]):
+        done = cli("--store", "st", *args, cwd=demo.cwd)
+        assert (done.returncode, done.stdout) == (2, "")
+        assert done.stderr.startswith("error: SESSION_NOT_FOUND: ")
 
 
 def test_ls_without_parent_lists_roots_with_child_counts(demo: DemoStore) -> None:
@@ -206,9 +208,9 @@ def test_show_unknown_session_is_an_error(demo: DemoStore) -> None:
 
 
 def test_commands_refuse_a_folder_that_is_not_a_store(tmp_path: Path) -> None:
-    """Read commands never create a store: a missing one is STORE_FORMAT, exit 2."""
+    """Read commands never create a store: a missing one is STORE_NOT_FOUND, exit 2."""
     done = cli("--store", "nothing-here", "ls", cwd=tmp_path)
-    assert done.returncode == 2 and "error: STORE_FORMAT: " in done.stderr
+    assert done.returncode == 2 and "error: STORE_NOT_FOUND: " in done.stderr
     assert not (tmp_path / "nothing-here").exists()
 
 

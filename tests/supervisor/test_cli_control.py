@@ -192,10 +192,11 @@ def test_wrong_parent_is_unauthorized_and_writes_nothing(host, command: str) -> 
     assert not os.path.exists(st.path(ids["child"], "control"))
 
 
-def test_send_to_an_unknown_child_is_not_resumable(host) -> None:
+def test_send_to_an_unknown_child_is_session_not_found(host) -> None:
+    """send to an id with no session: SESSION_NOT_FOUND (issue #13), not NOT_RESUMABLE."""
     store_path, ids, _proc = host
     done = cli(store_path, "send", "01J00000000000000000000000", "x", "--parent", ids["root"])
-    assert done.returncode == 2 and done.stderr.startswith("error: NOT_RESUMABLE: ")
+    assert done.returncode == 2 and done.stderr.startswith("error: SESSION_NOT_FOUND: ")
 
 
 # -- drain -------------------------------------------------------------------------------------

@@ -1,0 +1,214 @@
+"""Ordinary mistakes through the real ``subagents`` CLI: an ``error: CODE: message`` line, never a traceback (issue #13).
+
+Each test runs the CLI as a subprocess on a store in ``tmp_path`` and checks
+the exit code, the code on stderr, and that nothing was written when the
+command refused. Read-only stores are made with a read-only bind mount in a
+private mount namespace (``unshare -m``): the tests run as root, and root
+writes through file modes, but not through a read-only mount.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from subagents import store
+from subagents.store import Store, create_session
+
+DEADLINE_S = 90.0
+FAST = {**{k: v for k, v in os.environ.items() if not k.startswith("SUBAGENTS_") and k != "PYTHONPATH"}, "SUBAGENTS_DURABILITY": "none"}
+CLI = [sys.executable, "-m", "subagents.supervisor.cli"]
+
+
+def cli(*args: str, cwd: Path, prefix: tuple[str, ...] = (), **kwargs: object) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run([*prefix, *CLI, *args], cwd=cwd, env=FAST, capture_output=True, text=True,
+                              timeout=DEADLINE_S, **kwargs)  # type: ignore[call-overload]
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"subagents {' '.join(args)} hung; stdout={exc.stdout!r} stderr={exc.stderr!r}")
+
+
+def refused(done: subprocess.CompletedProcess[str], code: str) -> str:
+    """The one ``error: CODE: ...`` line of a refusal (exit 2, no traceback); returns its message."""
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr and "INTERNAL" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {code}: "), done.stderr
+    return lines[0][len(f"error: {code}: "):]
+
+
+def _family(tmp_path: Path) -> tuple[Path, str, str]:
+    """A store holding a root and one continuable-looking child of it (headers only)."""
+    path = tmp_path / "st"
+    st = Store(path, durability="none")
+    root, child = store.new_id(), store.new_id()
+    create_session(st, root, events=[("approval/policy", {"policy": "never", "source": "test"})])
+    create_session(st, child, parent_session=root, origin="subagent", delegation_depth=1)
+    return path, root, child
+
+
+# -- the store path ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("verb", [["run", "echo"], ["demo", "--quick"]])
+@pytest.mark.parametrize("where", ["file", "file/sub"])
+def test_a_file_as_the_store_is_refused(tmp_path: Path, verb: list[str], where: str) -> None:
+    """run / demo with --store naming a file (or a folder below a file) say so, and create nothing."""
+    (tmp_path / "file").write_text("not a store\n")
+    message = refused(cli("--store", where, *verb, cwd=tmp_path), "STORE_FORMAT")
+    assert "file" in message
+    assert sorted(os.listdir(tmp_path)) == ["file"] and (tmp_path / "file").read_text() == "not a store\n"
+
+
+def test_a_folder_without_a_store_says_how_to_make_one(tmp_path: Path) -> None:
+    """A folder with no store: 'there is no store at PATH', and how to make one; never 'no STORE marker'."""
+    (tmp_path / "empty").mkdir()
+    for folder in ("empty", "missing"):
+        message = refused(cli("--store", folder, "ls", cwd=tmp_path), "STORE_NOT_FOUND")
+        assert f"there is no store at {tmp_path / folder}" in message
+        assert "subagents demo" in message and "--store" in message and "STORE marker" not in message
+    assert not (tmp_path / "missing").exists() and os.listdir(tmp_path / "empty") == []
+
+
+def _read_only_mount_works(tmp_path: Path) -> bool:
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    done = subprocess.run(["unshare", "-m", "sh", "-c", f"mount --bind {probe} {probe} && mount -o remount,ro,bind {probe} && "
+                           f"! touch {probe}/x 2>/dev/null"], capture_output=True)
+    shutil.rmtree(probe)
+    return done.returncode == 0
+
+
+@pytest.fixture
+def read_only(tmp_path: Path) -> tuple[str, ...]:
+    """A command prefix that runs the CLI with ``tmp_path/st`` bind-mounted read-only (private mount namespace)."""
+    if shutil.which("unshare") is None or not _read_only_mount_works(tmp_path):
+        pytest.skip("cannot make a read-only bind mount here (needs unshare -m and mount)")
+    st = tmp_path / "st"
+    return ("unshare", "-m", "sh", "-c", f'mount --bind {st} {st} && mount -o remount,ro,bind {st} && exec "$@"', "sh")
+
+
+@pytest.mark.parametrize("verb", ["run", "demo", "send", "interrupt", "drain", "reindex", "repair"])
+def test_a_read_only_store_is_named_as_such(tmp_path: Path, read_only: tuple[str, ...], verb: str) -> None:
+    """Every verb that writes answers STORE_READ_ONLY on a read-only store: no ExceptionGroup, no traceback."""
+    path, root, child = _family(tmp_path)
+    args = {
+        "run": ["run", "echo", "--prompt", "hi"],
+        "demo": ["demo", "--quick"],
+        "send": ["send", child, "hello", "--parent", root],
+        "interrupt": ["interrupt", child, "--parent", root],
+        "drain": ["drain", root],
+        "reindex": ["store", "reindex"],
+        "repair": ["store", "fsck", "--repair"],
+    }[verb]
+    message = refused(cli("--store", "st", *args, cwd=tmp_path, prefix=read_only), "STORE_READ_ONLY")
+    assert f"the store at {path} is read-only" in message
+    # the read verbs still work on it
+    listed = cli("--store", "st", "ls", root, cwd=tmp_path, prefix=read_only)
+    assert listed.returncode == 0, listed.stderr
+
+
+# -- programs --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("program", ["nosuch", "nosuch.module:fn", "os:nosuch_function"])
+def test_run_of_an_unknown_program_fails_before_anything_is_written(tmp_path: Path, program: str) -> None:
+    """run PROGRAM resolves the program first: PROGRAM_LOAD_FAILED, and no root or child session is written."""
+    Store(tmp_path / "st", durability="none")
+    message = refused(cli("--store", "st", "run", program, cwd=tmp_path), "PROGRAM_LOAD_FAILED")
+    assert program in message
+    assert os.listdir(tmp_path / "st" / "sessions") == []
+
+
+def test_run_loads_a_program_from_the_current_folder(tmp_path: Path) -> None:
+    """`subagents run myprog:hello` from the folder holding myprog.py works without PYTHONPATH, as `python -m` does."""
+    (tmp_path / "myprog.py").write_text(textwrap.dedent(
+        """
+        async def hello(ctx):
+            return "hello from myprog"
+        """
+    ))
+    script = Path(sys.executable).with_name("subagents")
+    command = [str(script)] if script.exists() else CLI
+    done = subprocess.run([*command, "--store", "st", "run", "myprog:hello"], cwd=tmp_path, env=FAST,
+                          capture_output=True, text=True, timeout=DEADLINE_S)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert done.stdout.splitlines()[0] == "hello from myprog"
+
+
+# -- ids -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("verb", ["ls", "tree"])
+def test_listing_an_unknown_id_is_session_not_found(tmp_path: Path, verb: str) -> None:
+    """ls / tree of an id with no session: SESSION_NOT_FOUND, not an empty '(no subagents)'."""
+    _family(tmp_path)
+    refused(cli("--store", "st", verb, "01NOSUCHSESSION", cwd=tmp_path), "SESSION_NOT_FOUND")
+
+
+BAD_IDS = ["../../etc", "sp ace", "é", "x" * 5000]
+
+
+@pytest.mark.parametrize("bad", BAD_IDS, ids=["dotdot", "space", "unicode", "long"])
+def test_malformed_ids_are_invalid_session_id_and_echoed_short(tmp_path: Path, bad: str) -> None:
+    """Every verb that takes an id refuses a malformed one with INVALID_SESSION_ID, echoing at most a short prefix."""
+    _, root, child = _family(tmp_path)
+    for args in (["ls", bad], ["tree", bad], ["show", bad], ["log", bad], ["drain", bad],
+                 ["send", bad, "hi", "--parent", root], ["send", child, "hi", "--parent", bad],
+                 ["interrupt", bad, "--parent", root], ["interrupt", child, "--parent", bad]):
+        message = refused(cli("--store", "st", *args, cwd=tmp_path), "INVALID_SESSION_ID")
+        assert len(message) < 200, (args[0], message)
+
+
+@pytest.mark.parametrize("verb", ["send", "interrupt"])
+def test_control_of_an_unknown_child_is_session_not_found(tmp_path: Path, verb: str) -> None:
+    """send / interrupt to a well-formed id with no session: SESSION_NOT_FOUND, before any supervisor starts."""
+    _, root, _ = _family(tmp_path)
+    args = ["send", "01NOSUCHCHILD", "hi", "--parent", root] if verb == "send" else ["interrupt", "01NOSUCHCHILD", "--parent", root]
+    refused(cli("--store", "st", *args, cwd=tmp_path), "SESSION_NOT_FOUND")
+    assert os.listdir(tmp_path / "st" / "owners") == []  # no supervisor registered
+
+
+# -- pipes and signals -----------------------------------------------------------------------------
+
+
+def test_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
+    """`subagents tree | head -1`: no BrokenPipeError traceback, nothing on stderr (like `git log | head`)."""
+    path, root, _ = _family(tmp_path)
+    st = Store(path, durability="none")
+    for _ in range(300):  # more output than a pipe buffer holds
+        create_session(st, store.new_id(), parent_session=root, origin="subagent", delegation_depth=1)
+    done = subprocess.run(["bash", "-c", f'set -o pipefail; "$@" | head -1', "sh", *CLI, "--store", "st", "tree"],
+                          cwd=tmp_path, env=FAST, capture_output=True, text=True, timeout=DEADLINE_S)
+    assert done.stdout.count("\n") == 1
+    assert done.stderr == ""
+    assert done.returncode in (0, 141)
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("verb", ["log", "top"])
+def test_ctrl_c_stops_follow_and_top_even_when_sigint_was_ignored(tmp_path: Path, verb: str) -> None:
+    """log --follow and top stop on SIGINT even when started with SIGINT ignored (`trap '' INT` in the shell)."""
+    _, root, _ = _family(tmp_path)
+    args = ["log", root, "--follow"] if verb == "log" else ["top", "--interval", "0.2"]
+    proc = subprocess.Popen([*CLI, "--store", "st", *args], cwd=tmp_path, env=FAST, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_ignore_sigint)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline()  # running: it has printed its first line
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
