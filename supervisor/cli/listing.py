@@ -129,10 +129,10 @@ def cmd_log(inv: Invocation) -> int:
         return 0
     _stop_on_ctrl_c()
     emit: Callable[[dict[str, Any]], None] = (lambda e: out.json(e, compact=True)) if out.json_mode else (lambda e: out.line(render.event_line(e)))
-    for event in found.events:
-        emit(event)
     tail = LogTail(store, inv.args.id, found)
-    try:
+    try:  # from the first line printed: a Ctrl-C right after it still ends with 0
+        for event in found.events:
+            emit(event)
         while True:
             time.sleep(FOLLOW_POLL_S)
             for event in tail.poll():
