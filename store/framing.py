@@ -81,10 +81,11 @@ class RecordEncoder:
         self._pack = msgpack.Packer(use_bin_type=True).pack
         self.limit = limit
 
-    def __call__(self, payload: dict[str, Any], what: str = "record") -> bytes:
+    def __call__(self, payload: dict[str, Any]) -> bytes:
         body = self._pack(payload)
-        if len(body) > self.limit:
-            _refuse(body, self.limit, what)
+        if len(body) > self.limit:  # the message is built only here: the hot path pays one comparison
+            kind = payload.get("type")
+            _refuse(body, self.limit, f'a "{kind}" event' if isinstance(kind, str) else "a record")
         return FRAME.pack(len(body), zlib.crc32(body)) + body
 
 

@@ -298,7 +298,7 @@ class LogWriter:
         for kind, data in batch:
             record = {"seq": seq, "ts": now, "type": kind, "data": data, "epoch": epoch}
             records.append(record)
-            chunks.append(encode(record, f'a "{kind}" event'))  # RecordTooLargeError before any write
+            chunks.append(encode(record))  # RecordTooLargeError before any write
             seq += 1
         blob = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         try:
