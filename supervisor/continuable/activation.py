@@ -92,7 +92,7 @@ class Activation:
     # -- the turn in flight (driver.py): its pool ticket, and what each turn of the epoch ended with
     ticket: TurnTicket | None = None
     reasons: list[str] = field(default_factory=list)
-    last_output: str = ""
+    last_output: str = ""  # the last non-empty reply of the epoch: the closing message
     lease_state: LeaseState = LeaseState.RUNNING
     # -- an interrupt that found no turn in flight: (reason, time). Set by teardown.interrupt, taken
     # by the driver: it stops the next turn if that turn's message was accepted before the interrupt

@@ -132,7 +132,8 @@ class Driver:
         elif not act.fenced:
             act.cursor.advance([*quiet, main])
         act.reasons.append(turn.outcome.stop_reason)
-        act.last_output = turn.outcome.output
+        if turn.outcome.output:  # the closing message is the epoch's last non-empty reply
+            act.last_output = turn.outcome.output
         if turn.outcome.fenced:
             self._teardown.fence(act)
 

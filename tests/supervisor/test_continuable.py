@@ -574,3 +574,23 @@ async def test_after_a_failed_turn_the_driver_takes_the_consumed_count_from_the_
         assert second[-1].content.endswith("Its closing message:\nfine")
         accepted = [e for e in _inspect(sup.store, child_id).events if e["type"] == "message/accepted"]
         assert len(accepted) == 2
+
+
+@pytest.mark.parametrize("second", [S({"fail": "boom"}), S({"sleep": 60_000})], ids=["failed", "interrupted"])
+async def test_a_later_silent_turn_keeps_the_closing_message(tmp_path, second):
+    """Issue 13, item 3: the closing message is the epoch's last non-empty reply, not the last turn's.
+
+    A child answers once; its next turn (queued in the same activation) fails or is interrupted
+    without saying anything. The notice and ``subagent/end`` still carry the first answer.
+    """
+    async with continuable_supervisor(tmp_path) as sup:
+        ends = record_ends(sup)
+        root = await sup.open_root()
+        child_id, _ = await start(sup, root, S({"sleep": 200}, {"return": "first answer"}))
+        await sup.followup(root, child_id, second)
+        if "sleep" in second:
+            await wait_until(lambda: types_of(sup.store, child_id).count("turn/start") == 2, what="the second turn to start")
+            await sup.interrupt(child_id, authority=UserAuthority(root.id))
+        notice, _ = await settled(sup, root, child_id)
+        assert notice.content.endswith("Its closing message:\nfirst answer")
+        assert [e["last_assistant_message"] for e in ends] == ["first answer"]
