@@ -128,18 +128,30 @@ class Supervisor:
         if cfg.pool == "ray":
             require_ray()  # before anything exists: Ray installed, asyncio loop
         handle = Store(store, durability=cfg.durability)
-        async with anyio.create_task_group() as tg:
-            sup = cls(handle, cfg, tg)
-            sup.lease_keeper.start()
-            tg.start_soon(sup.lease_keeper.run)
-            tg.start_soon(sup.continuation.watch_store, cfg.control_poll_s)
-            try:
-                await sup.pool.start(tg)
-                yield sup
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await sup._close()
-                tg.cancel_scope.cancel()
+        body_error: BaseException | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+                sup = cls(handle, cfg, tg)
+                sup.lease_keeper.start()
+                tg.start_soon(sup.lease_keeper.run)
+                tg.start_soon(sup.continuation.watch_store, cfg.control_poll_s)
+                try:
+                    await sup.pool.start(tg)
+                    try:
+                        yield sup
+                    except BaseException as exc:
+                        body_error = exc
+                        raise
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await sup._close()
+                    tg.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # The task group wraps whatever left the body; when that is all it holds, the
+            # caller gets its own exception back (``except ValueError`` must see a ValueError).
+            if body_error is not None and group.split(lambda exc: exc is body_error)[1] is None:
+                raise body_error from None
+            raise
 
     async def _close(self) -> None:
         self._closed = True
