@@ -15,10 +15,11 @@ its workers, releases its roots' leases and removes its owner record.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Mapping
 
 import anyio
 
@@ -44,6 +45,7 @@ from subagents.worker.protocol import TurnSpec
 
 from .agents import LiveAgents
 from .config import SupervisorConfig
+from .config_loader import load_config
 from .backend import Pool, PoolStatistics
 from .continuable import ContinuationManager
 from .errors import SupervisorClosedError, UnauthorizedError, WaitTimeoutError
@@ -152,6 +154,27 @@ class Supervisor:
             if body_error is not None and group.split(lambda exc: exc is body_error)[1] is None:
                 raise body_error from None
             raise
+
+    @classmethod
+    @asynccontextmanager
+    async def open_configured(
+        cls, config_file: str | os.PathLike[str] | None = None, *, env: Mapping[str, str] | None = None,
+    ) -> AsyncIterator["Supervisor"]:
+        """Open a supervisor the way the ``subagents`` CLI does: from the layered configuration.
+
+        ``open(store, config)`` reads nothing but its arguments. This call reads
+        the embedded default, then the deployment file (``config_file``, else
+        ``$SUBAGENTS_CONFIG``), then the ``SUBAGENTS_*`` variables of ``env``
+        (default ``os.environ``), opens the configured store with the
+        configured ``[supervisor]`` settings, and registers the configured
+        ``[[providers]]``. A bad layer raises ``ConfigError`` (``CONFIG_INVALID``)
+        before anything is opened.
+        """
+        deployment = load_config(config_file, env=env).config
+        async with cls.open(store=deployment.store.path, config=deployment.supervisor) as sup:
+            for settings in deployment.providers:
+                sup.register_provider(settings.to_provider())
+            yield sup
 
     async def _close(self) -> None:
         self._closed = True
@@ -289,9 +312,15 @@ class Supervisor:
 
         return await anyio.to_thread.run_sync(take)
 
-    async def wait_for_message(self, root: AgentRef | str, *, timeout_s: float = 30.0) -> list[MailboxMessage]:
-        """Poll a root's mailbox until something arrives (the host side of ``report``)."""
-        with anyio.move_on_after(timeout_s):
+    async def wait_for_message(self, root: AgentRef | str, *, timeout_s: float | None = None) -> list[MailboxMessage]:
+        """Wait until messages reach a root's mailbox, take them, and return them (the host side of ``report``).
+
+        ``timeout_s=None`` (the default) waits as long as it takes, like any
+        anyio receive: bound it with ``timeout_s`` (then ``WaitTimeoutError``,
+        code ``WAIT_TIMEOUT``) or with a cancel scope of your own
+        (``anyio.fail_after``). The mailbox is polled every 20 ms.
+        """
+        with anyio.move_on_after(math.inf if timeout_s is None else timeout_s):
             while True:
                 got = await self.take_messages(root)
                 if got:
