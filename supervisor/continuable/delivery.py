@@ -57,6 +57,9 @@ class Delivery:
                 await act.disposed.wait()
                 continue
             if act is None:
+                routed = await self._accept_for_holder(parent_id, child_id, src, text)
+                if routed is not None:
+                    return routed
                 act = await self._materializer.cold_resume(parent_id, child_id)
                 if act is None:
                     continue
@@ -130,16 +133,30 @@ class Delivery:
                 continue
             if act is not None:
                 return await self.deliver(act, src, text, wake=True)
-            if await anyio.to_thread.run_sync(self.held_elsewhere, child_id):
-                message_id = await self._accept(child_id, src, text, wake=True)
-                if await anyio.to_thread.run_sync(self.held_elsewhere, child_id):
-                    return message_id
-                # the holder let go meanwhile: run it here (it may also resume it; the lease decides)
-                await self.resume_for_pending(parent, child_id)
-                return message_id
+            routed = await self._accept_for_holder(parent, child_id, src, text)
+            if routed is not None:
+                return routed
             act = await self._materializer.cold_resume(parent, child_id)
             if act is not None:
                 return await self.deliver(act, src, text, wake=True)
+
+    async def _accept_for_holder(self, parent_id: str, child_id: str, source: dict[str, Any], text: str) -> str | None:
+        """When a live other supervisor holds the child, accept the message into its durable mailbox.
+
+        That supervisor's store watcher runs it as the next turn; the message id
+        is returned once durable. ``followup`` and ``send`` share this rule.
+        None: nobody else holds it, so the caller resumes it here.
+        """
+        if not await anyio.to_thread.run_sync(self.held_elsewhere, child_id):
+            return None
+        header = await anyio.to_thread.run_sync(read_header, self._rt.store, child_id)
+        if header.parent_session != parent_id:
+            raise UnauthorizedError.other_parent(child_id)
+        message_id = await self._accept(child_id, source, text, wake=True)
+        if not await anyio.to_thread.run_sync(self.held_elsewhere, child_id):
+            # the holder let go meanwhile: run it here (it may also resume it; the lease decides)
+            await self.resume_for_pending(parent_id, child_id)
+        return message_id
 
     def held_elsewhere(self, child_id: str) -> bool:
         """Whether a live other supervisor holds the child's lease (blocking: run it in a thread)."""
