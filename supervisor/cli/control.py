@@ -35,19 +35,22 @@ WAIT_S = 60.0  # how long `send` (a child it resumed) and `drain` wait for child
 
 
 def register(verbs: Verbs) -> None:
-    send = verbs.add("send", cmd_send, "send CHILD its next turn as the host user (cold-resumes it when nobody hosts it)")
-    send.add_argument("child", metavar="CHILD")
+    send = verbs.add("send", cmd_send, "send CHILD its next turn as the host user (cold-resumes it when nobody hosts it)",
+                     example='subagents send 01M8MW1K3J5T0000000000000B "and summarise it in one line" --parent 01M8MVY0PZ9RKY15DPNHER70WX')
+    send.add_argument("child", metavar="CHILD", help="the continuable child that takes the message")
     send.add_argument("message", metavar="MESSAGE", help="the message ('-' reads stdin)")
     send.add_argument("--parent", required=True, metavar="ROOT", help="the root session CHILD belongs to (checked against its header)")
     send.add_argument("--wait-s", type=positive_float, default=WAIT_S,
                       help=f"when CHILD was resumed here: how long to wait for it to settle (default {WAIT_S:.0f})")
 
-    interrupt = verbs.add("interrupt", cmd_interrupt, "cancel CHILD's current turn (its queued messages and children are kept)", json=False)
-    interrupt.add_argument("child", metavar="CHILD")
+    interrupt = verbs.add("interrupt", cmd_interrupt, "cancel CHILD's current turn (its queued messages and children are kept)", json=False,
+                          example="subagents interrupt 01M8MW1K3J5T0000000000000B --parent 01M8MVY0PZ9RKY15DPNHER70WX")
+    interrupt.add_argument("child", metavar="CHILD", help="the child whose current turn to cancel")
     interrupt.add_argument("--parent", required=True, metavar="ROOT", help="the root session CHILD belongs to")
 
-    drain = verbs.add("drain", cmd_drain, "tear down every continuable descendant of ROOT, whichever process hosts it")
-    drain.add_argument("root", metavar="ROOT")
+    drain = verbs.add("drain", cmd_drain, "tear down every continuable descendant of ROOT, whichever process hosts it",
+                      example="subagents drain 01M8MVY0PZ9RKY15DPNHER70WX --wait-s 30")
+    drain.add_argument("root", metavar="ROOT", help="the top-level session whose continuable descendants to tear down")
     drain.add_argument("--wait-s", type=positive_float, default=WAIT_S, help=f"how long to wait for them to settle (default {WAIT_S:.0f})")
 
 

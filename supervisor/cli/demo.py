@@ -37,12 +37,14 @@ QUICK_CHILDREN, QUICK_CPU_MS = 3, 100
 
 
 def register(verbs: Verbs) -> None:
-    demo = verbs.add("demo", cmd_demo, "run N CPU-bound one-shot children in parallel and show the result")
+    demo = verbs.add("demo", cmd_demo, "run N CPU-bound one-shot children in parallel and show the result",
+                     example="subagents demo --quick\nsubagents --store /tmp/st demo --children 16 --cpu-ms 200")
     demo.add_argument("--children", type=positive, default=None, help="how many children (default 8)")
     demo.add_argument("--cpu-ms", type=non_negative, default=None, help="CPU each child burns, in ms (default 400)")
     demo.add_argument("--quick", action="store_true", help=f"{QUICK_CHILDREN} children × {QUICK_CPU_MS} ms")
 
-    run = verbs.add("run", cmd_run, "run one one-shot child of PROGRAM under a new root")
+    run = verbs.add("run", cmd_run, "run one one-shot child of PROGRAM under a new root",
+                    example='subagents run echo --prompt "hello"\nsubagents run myprog:hello   # myprog.py in the working folder')
     run.add_argument("program", metavar="PROGRAM", help='a built-in program (echo, script) or "package.module:function"')
     run.add_argument("--prompt", default="", help="the child's message ('-' reads stdin)")
     run.add_argument("--label", default=None, help="the child's label")

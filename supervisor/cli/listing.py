@@ -44,20 +44,25 @@ def _stop_on_ctrl_c() -> None:
 
 
 def register(verbs: Verbs) -> None:
-    ls = verbs.add("ls", cmd_ls, "list a parent's direct subagents (no PARENT: the top-level sessions)")
-    ls.add_argument("parent", metavar="PARENT", nargs="?")
+    ls = verbs.add("ls", cmd_ls, "list a parent's direct subagents (no PARENT: the top-level sessions)",
+                   example="subagents ls\nsubagents ls 01M8MVY0PZ9RKY15DPNHER70WX --json")
+    ls.add_argument("parent", metavar="PARENT", nargs="?", help="the session whose direct subagents to list (omit it for the top-level sessions)")
 
-    tree = verbs.add("tree", cmd_tree, "every subagent below ROOT (no ROOT: below every top-level session)")
-    tree.add_argument("root", metavar="ROOT", nargs="?")
+    tree = verbs.add("tree", cmd_tree, "every subagent below ROOT (no ROOT: below every top-level session)",
+                     example="subagents tree 01M8MVY0PZ9RKY15DPNHER70WX")
+    tree.add_argument("root", metavar="ROOT", nargs="?", help="the session whose descendants to show (omit it for every top-level session)")
 
-    show = verbs.add("show", cmd_show, "one session: header, identity, status, lease, timing, log")
-    show.add_argument("id", metavar="ID")
+    show = verbs.add("show", cmd_show, "one session: header, identity, status, lease, timing, log",
+                     example="subagents show 01M8MVY0PZ9RKY15DPNHER70WX --json")
+    show.add_argument("id", metavar="ID", help="a session id, as `ls`, `tree` or `run` print it")
 
-    log_cmd = verbs.add("log", cmd_log, "the events of a session")
-    log_cmd.add_argument("id", metavar="ID")
+    log_cmd = verbs.add("log", cmd_log, "the events of a session",
+                        example="subagents log 01M8MVY0PZ9RKY15DPNHER70WX --follow")
+    log_cmd.add_argument("id", metavar="ID", help="a session id, as `ls`, `tree` or `run` print it")
     log_cmd.add_argument("--follow", "-f", action="store_true", help="keep printing new events until interrupted")
 
-    top = verbs.add("top", cmd_top, "running and idle sessions across processes (live on a terminal)")
+    top = verbs.add("top", cmd_top, "running and idle sessions across processes (live on a terminal)",
+                    example="subagents top\nsubagents top --once --json")
     top.add_argument("--once", action="store_true", help="print one snapshot and exit")
     top.add_argument("--interval", type=positive_float, default=TOP_INTERVAL_S, metavar="S",
                      help=f"seconds between refreshes (default {TOP_INTERVAL_S:g})")

@@ -22,13 +22,16 @@ __all__ = ["register"]
 
 def register(verbs: Verbs) -> None:
     store = verbs.group("store", "store maintenance (fsck, check, reindex)")
-    fsck_cmd = store.add("fsck", cmd_fsck, "check every session; report torn and corrupt logs")
+    fsck_cmd = store.add("fsck", cmd_fsck, "check every session; report torn and corrupt logs",
+                         example="subagents store fsck\nsubagents store fsck --repair")
     fsck_cmd.add_argument("--repair", action="store_true", help="truncate torn tails (never touches corrupt sessions)")
-    store.add("check", cmd_check, "check every invariant of the store (read-only; safe while it is written)")
-    store.add("reindex", cmd_reindex, "rebuild the children index from the headers")
+    store.add("check", cmd_check, "check every invariant of the store (read-only; safe while it is written)",
+              example="subagents store check --json")
+    store.add("reindex", cmd_reindex, "rebuild the children index from the headers", example="subagents store reindex")
 
     config = verbs.group("config", "configuration")
-    config.add("show", cmd_config_show, "the effective configuration (default, file, environment, --store)")
+    config.add("show", cmd_config_show, "the effective configuration (default, file, environment, --store)",
+               example="subagents config show\nSUBAGENTS_POOL_SIZE=4 subagents --config deploy.toml config show --json")
 
 
 def cmd_fsck(inv: Invocation) -> int:

@@ -9,6 +9,7 @@ its group. The global options are accepted before and after the verb name.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 from typing import Any, Callable
 
 from ..config_loader import env_variables
@@ -65,11 +66,13 @@ class Verbs:
         self._group = group
         self._common = common
 
-    def add(self, name: str, func: Command, help: str, *, json: bool = True, example: str | None = None) -> argparse.ArgumentParser:
-        """A verb running ``func``; ``json`` adds ``--json``; ``example`` is shown at the end of its ``--help``."""
+    def add(self, name: str, func: Command, help: str, *, example: str, json: bool = True) -> argparse.ArgumentParser:
+        """A verb running ``func``; ``json`` adds ``--json``; ``example`` (one or more command lines,
+        ``subagents ...``) ends its ``--help``."""
         sub = self._group.add_parser(
             name, parents=[self._common], help=help, description=help,
-            epilog=f"example:\n  {example}" if example else None, formatter_class=argparse.RawDescriptionHelpFormatter,
+            epilog="example:\n" + "\n".join(f"  {line}" for line in example.splitlines()),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         sub.set_defaults(func=func)
         if json:
@@ -92,6 +95,7 @@ def new_parser() -> tuple[argparse.ArgumentParser, Verbs]:
         epilog=f"environment (overrides the config files; unknown SUBAGENTS_* names are errors):\n{variables}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"subagents {importlib.metadata.version('subagents')}")
     _global_options(parser, top=True)
     common = argparse.ArgumentParser(add_help=False)
     _global_options(common, top=False)
