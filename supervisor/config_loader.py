@@ -13,8 +13,9 @@ and only when the caller does not pass its own mapping.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
@@ -189,6 +190,9 @@ class DeploymentConfig(BaseModel):
 class LoadedConfig:
     config: DeploymentConfig
     sources: tuple[str, ...]  # the layers that were applied, in order
+    # where each value that a layer set came from, by dotted key ("supervisor.pool_size", "ray.address",
+    # "providers"): "default", "<file>:<line>" or "env <NAME>"; a key absent here has the model's default
+    origins: Mapping[str, str] = field(default_factory=dict)
 
 
 def env_variables() -> dict[str, str]:
@@ -209,8 +213,10 @@ def load_config(path: str | os.PathLike[str] | None = None, *, env: Mapping[str,
     environ = os.environ if env is None else env
     layers: list[tuple[str, dict[str, Any]]] = [(DEFAULT_SOURCE, _parse(DEFAULT_TOML, DEFAULT_SOURCE))]
     file_path = os.fspath(path) if path is not None else environ.get(ENV_CONFIG) or None
+    key_lines: dict[tuple[str, ...], int] = {}
     if file_path is not None:
-        layers.append((file_path, _read_file(file_path)))
+        data, key_lines = _read_file(file_path)
+        layers.append((file_path, data))
     merged: dict[str, Any] = {}
     origins: dict[tuple[str, ...], str] = {}
     sources: list[str] = []
@@ -219,7 +225,39 @@ def load_config(path: str | os.PathLike[str] | None = None, *, env: Mapping[str,
         sources.append(source)
     env_sources = _merge_env(merged, origins, environ)
     sources.extend(env_sources)
-    return LoadedConfig(_validate(merged, origins), tuple(sources))
+    labels = {".".join(key): _label(source, key, file_path, key_lines) for key, source in origins.items()}
+    return LoadedConfig(_validate(merged, origins), tuple(sources), labels)
+
+
+def _label(source: str, key: tuple[str, ...], file_path: str | None, key_lines: dict[tuple[str, ...], int]) -> str:
+    """A layer's name as ``config show`` prints it beside a value."""
+    if source == DEFAULT_SOURCE:
+        return "default"
+    if source == file_path:
+        line = key_lines.get(key)
+        return f"{file_path}:{line}" if line is not None else file_path
+    return source.replace("environment variable ", "env ", 1)
+
+
+_TABLE_LINE = re.compile(r"^\s*\[\s*([A-Za-z0-9_.-]+)\s*\]")
+_ARRAY_LINE = re.compile(r"^\s*\[\[\s*([A-Za-z0-9_.-]+)\s*\]\]")
+_KEY_LINE = re.compile(r"^\s*([A-Za-z0-9_.-]+)\s*=")
+
+
+def _key_lines(text: str) -> dict[tuple[str, ...], int]:
+    """The line (1-based) where each ``(table, key)`` of a TOML file is set; an array of tables by its
+    first header. Only for naming sources: ``tomllib`` validates the file, this never rejects it."""
+    found: dict[tuple[str, ...], int] = {}
+    table: tuple[str, ...] = ()
+    for number, line in enumerate(text.splitlines(), start=1):
+        if match := _ARRAY_LINE.match(line):
+            table = (match.group(1),)
+            found.setdefault(table, number)
+        elif match := _TABLE_LINE.match(line):
+            table = tuple(match.group(1).split("."))
+        elif (match := _KEY_LINE.match(line)) and not (table and table[0] == "providers"):
+            found.setdefault((*table, *match.group(1).split(".")), number)
+    return found
 
 
 # -- layers ---------------------------------------------------------------------
@@ -232,7 +270,7 @@ def _parse(text: str, source: str) -> dict[str, Any]:
         raise ConfigError(f"{source} is not valid TOML: {exc}", source=source) from None
 
 
-def _read_file(path: str) -> dict[str, Any]:
+def _read_file(path: str) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
     try:
         with open(path, "rb") as handle:
             raw = handle.read()
@@ -242,7 +280,7 @@ def _read_file(path: str) -> dict[str, Any]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError(f"config file {path} is not UTF-8", source=path) from None
-    return _parse(text, path)
+    return _parse(text, path), _key_lines(text)
 
 
 _TABLES = {"store": StoreSettings, "supervisor": SupervisorConfig, "ray": RayConfig}

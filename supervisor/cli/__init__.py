@@ -10,7 +10,7 @@ General layout (the CLI parses, calls the library, and renders; it holds no stor
 * ``control``    — ``send``, ``interrupt``, ``drain``: children hosted by any process;
 * ``demo``       — ``demo`` and ``run``: the verbs that start workers and run turns;
 * ``maintenance``— ``store fsck``, ``store reindex``, ``config show``;
-* ``render`` / ``top_view`` — every byte written to stdout; ``log_format`` — stderr logging.
+* ``render`` / ``top_view`` / ``config_view`` — every byte written to stdout; ``log_format`` — stderr logging.
 
 Only this package prints. Listings read the store directly (``subagents.store``'s
 read-only views) and never write a byte; ``demo``, ``run`` and the control verbs

@@ -9,8 +9,8 @@ verb that writes checks first that it can (``STORE_READ_ONLY``).
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 
 from subagents.store import SessionHeader, Store, StoreNotFoundError, read_header, validate_session_id
 
@@ -28,6 +28,7 @@ class Invocation:
     config: DeploymentConfig
     out: Output
     sources: tuple[str, ...]  # the configuration layers that applied, lowest first
+    origins: Mapping[str, str] = field(default_factory=dict)  # dotted key -> where its value came from (LoadedConfig.origins)
 
     def open_store(self, *, create: bool = False, write: bool = False) -> Store:
         """The configured store; it must exist unless ``create``; with ``write``, it must be writable."""

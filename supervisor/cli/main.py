@@ -63,8 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = loaded.config.with_store(args.store) if args.store else loaded.config
         store_path = os.path.abspath(config.store.path)
         sources = tuple(loaded.sources) + (("--store",) if args.store else ())
+        origins = {**loaded.origins, **({"store.path": "flag --store"} if args.store else {})}
         out = Output(json_mode=getattr(args, "json", False))
-        return int(args.func(Invocation(args, config, out, sources)) or 0)
+        return int(args.func(Invocation(args, config, out, sources, origins)) or 0)
     except BaseException as exc:  # the CLI's boundary: every failure becomes an exit code
         return _exit_code(exc, store_path)
 

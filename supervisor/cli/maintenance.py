@@ -14,6 +14,7 @@ from subagents.store.fsck import fsck
 
 from ..config_loader import dump_toml
 from . import render
+from .config_view import render_config
 from .invocation import Invocation
 from .parser import Verbs
 
@@ -52,9 +53,18 @@ def cmd_reindex(inv: Invocation) -> int:
     return 0
 
 
+def _value_sources(inv: Invocation) -> dict[str, str]:
+    """Where every value of the effective configuration came from, by dotted key ("default" when no layer set it)."""
+    supervisor = inv.config.supervisor
+    keys = ["store.path", *(f"supervisor.{k}" for k in supervisor.model_dump(exclude={"ray"})),
+            *(f"ray.{k}" for k in supervisor.ray.model_dump()), "providers"]
+    return {key: inv.origins.get(key, "default") for key in keys}
+
+
 def cmd_config_show(inv: Invocation) -> int:
+    sources = _value_sources(inv)
     if inv.out.json_mode:
-        inv.out.json(inv.config.model_dump(mode="json"))
+        inv.out.json({**inv.config.model_dump(mode="json"), "sources": sources})
     else:
-        render.render_config(inv.out, dump_toml(inv.config), inv.sources)
+        render_config(inv.out, dump_toml(inv.config), inv.sources, sources)
     return 0

@@ -37,7 +37,6 @@ __all__ = [
     "render_fsck",
     "render_check",
     "render_reindex",
-    "render_config",
     "render_run",
     "DemoProgress",
     "render_demo",
@@ -308,17 +307,6 @@ def render_reindex(out: Output, doc: dict[str, Any]) -> None:
     for parent, children in doc["parents"].items():
         out.line(f"{parent}: {len(children)} {'child' if len(children) == 1 else 'children'}")
     out.line(f"reindexed {len(doc['parents'])} parents, {doc['children']} children")
-
-
-def render_config(out: Output, text: str, sources: Sequence[str]) -> None:
-    body = "".join(f"# from {s}\n" for s in sources) + "\n" + text
-    if out.rich:
-        from rich.syntax import Syntax
-
-        out.console.print(Syntax(body, "toml", background_color="default"))
-        return
-    out.stream.write(body)
-    out.stream.flush()
 
 
 # -- run, demo ---------------------------------------------------------------------------
