@@ -21,6 +21,8 @@ import sys
 import traceback
 from typing import Sequence, TypeVar
 
+import argcomplete
+
 from subagents.store.errors import SubagentError
 
 from ..config_loader import load_config
@@ -51,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argcomplete.autocomplete(parser)  # answers a shell's completion request and exits; otherwise returns at once
     args = parser.parse_args(argv)
     setup_logging(args.log_level, args.log_json)
     if not hasattr(args, "func"):

@@ -1,13 +1,15 @@
-"""Store maintenance and configuration: ``store fsck``, ``store check``, ``store reindex``, ``config show``.
+"""Store maintenance and setup: ``store fsck``, ``store check``, ``store reindex``, ``config show``, ``completion``.
 
 ``fsck`` is ``store/fsck.py`` (read-only unless ``--repair``, which only cuts
 torn tails); ``check`` is ``store/check.py`` (read-only, every invariant, safe
 while supervisors write; exit 1 on a violation); ``reindex`` rebuilds the derived children index from the
 headers; ``config show`` prints the layered configuration and never opens
-the store.
+the store; ``completion`` prints a shell's completion code (argcomplete).
 """
 
 from __future__ import annotations
+
+import argcomplete
 
 from subagents.store import check_store, reindex
 from subagents.store.fsck import fsck
@@ -18,7 +20,9 @@ from .config_view import render_config
 from .invocation import Invocation
 from .parser import Verbs
 
-__all__ = ["register"]
+__all__ = ["register", "SHELLS"]
+
+SHELLS = ("bash", "zsh", "fish", "tcsh")
 
 
 def register(verbs: Verbs) -> None:
@@ -30,9 +34,21 @@ def register(verbs: Verbs) -> None:
               example="subagents store check --json")
     store.add("reindex", cmd_reindex, "rebuild the children index from the headers", example="subagents store reindex")
 
+    completion = verbs.add("completion", cmd_completion, "print the shell code that completes subagents' verbs and options",
+                           json=False, example='eval "$(subagents completion bash)"   # in ~/.bashrc\n'
+                                                "subagents completion fish > ~/.config/fish/completions/subagents.fish")
+    completion.add_argument("shell", metavar="SHELL", choices=SHELLS, help=f"the shell to complete in: {', '.join(SHELLS)}")
+
     config = verbs.group("config", "configuration")
     config.add("show", cmd_config_show, "the effective configuration (default, file, environment, --store)",
                example="subagents config show\nSUBAGENTS_POOL_SIZE=4 subagents --config deploy.toml config show --json")
+
+
+def cmd_completion(inv: Invocation) -> int:
+    """The shell code argcomplete generates for the ``subagents`` command (it calls back into this CLI)."""
+    inv.out.stream.write(argcomplete.shellcode(["subagents"], shell=inv.args.shell))
+    inv.out.stream.flush()
+    return 0
 
 
 def cmd_fsck(inv: Invocation) -> int:

@@ -61,3 +61,24 @@ def test_every_verb_documents_its_arguments_with_an_example(tmp_path: Path, verb
     assert "example" in text, text
     example = text[text.index("example") :]
     assert f"subagents {' '.join(verb)}" in example, text
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_completion_prints_a_script_for_the_shell(tmp_path: Path, shell: str) -> None:
+    """`subagents completion SHELL` prints the script that shell sources to complete `subagents`."""
+    done = run("completion", shell, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "subagents" in done.stdout and "complete" in done.stdout
+
+
+@pytest.mark.parametrize("line, expected", [("subagents dr", {"drain"}), ("subagents store ", {"fsck", "check", "reindex"}),
+                                            ("subagents log --fo", {"--follow"})])
+def test_completion_completes_verbs_and_options(tmp_path: Path, line: str, expected: set[str]) -> None:
+    """What the shell script asks for: the CLI, run with the completion protocol's variables, answers the candidates."""
+    answer = tmp_path / "answer"
+    env = {**ENV, "_ARGCOMPLETE": "1", "COMP_LINE": line, "COMP_POINT": str(len(line)), "_ARGCOMPLETE_IFS": "\n",
+           "_ARGCOMPLETE_STDOUT_FILENAME": str(answer)}
+    done = run(cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    candidates = {c.strip() for c in answer.read_text().split("\n") if c.strip()}
+    assert expected <= candidates, candidates
