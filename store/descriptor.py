@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Sequence
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import DescriptorError
 
@@ -93,6 +93,10 @@ class ContinuableDescriptor(BaseModel):
     agent_model: str | None = None
     persona: str | None = None
     tool_filter: ToolFilter | None = None
+    # The program the child runs, by reference: a built-in name or "package.module:function".
+    # Recorded so that any process on the store can resume the child without registering its
+    # provider; absent when the program was a Python object carried by value (dill).
+    program: str | None = Field(default=None, min_length=1)
 
     def to_record(self) -> dict[str, Any]:
         out = self.model_dump(exclude_none=True, exclude={"tool_filter"})

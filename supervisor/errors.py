@@ -62,8 +62,15 @@ def duplicate_provider(name: str) -> RegistryError:
     return RegistryError(f'a subagent provider named "{name}" is already registered', code="DUPLICATE_PROVIDER", provider=name)
 
 
-def no_provider(name: str) -> RegistryError:
-    return RegistryError(f'no subagent provider registered for "{name}"', code="NO_PROVIDER", provider=name)
+def no_provider(name: str, *, recorded: bool = True) -> RegistryError:
+    """``recorded=False``: a child to resume whose descriptor names no program reference."""
+    message = f'no subagent provider registered for "{name}"'
+    if not recorded:
+        message += (
+            " (the child's descriptor records no program reference: a program carried by value, a Python"
+            f' object, is recorded nowhere; register a provider named "{name}" to resume it)'
+        )
+    return RegistryError(message, code="NO_PROVIDER", provider=name)
 
 
 def unsupported_capability(name: str, capability: str) -> RegistryError:

@@ -76,14 +76,17 @@ class ProviderRegistry:
         """The registered provider, else the one last unregistered under ``name`` (for resume only)."""
         return self._providers.get(name) or self._removed.get(name)
 
-    def program_for(self, name: str) -> ProgramRef | None:
-        """What a child of provider ``name`` runs: its provider's program (even if the provider was
-        unregistered since), else the built-in program of that name; None if neither exists."""
+    def program_for(self, name: str, *, recorded: str | None = None) -> ProgramRef | None:
+        """What a child of provider ``name`` runs, first found of: its provider's program (even if
+        the provider was unregistered since), the built-in program of that name, the program
+        reference its descriptor ``recorded``; None if none exists."""
         provider = self.resolve(name)
         if provider is not None:
             return program_fields(provider)
         if name in BUILTIN_PROGRAMS:
             return name, None
+        if recorded is not None:
+            return recorded, None
         return None
 
     def require(self, name: str) -> Provider:

@@ -98,3 +98,8 @@ async def node_then_sleep(ctx: TurnContext) -> str:
     await ctx.say(f"{_where()} {os.getpid()}")
     await anyio.sleep(float(ctx.text) / 1000.0)
     return f"slept {ctx.text}"
+
+
+async def echo_upper(ctx: TurnContext) -> str:
+    """The turn's message in capitals: a program only reachable by its import path."""
+    return ctx.text.upper()

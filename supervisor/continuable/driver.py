@@ -94,7 +94,7 @@ class Driver:
                     continue
                 return  # settled
             if program is None:
-                program = self._rt.registry.program_for(act.identity.descriptor.provider)
+                program = self._rt.registry.program_for(act.identity.descriptor.provider, recorded=act.identity.descriptor.program)
                 if program is None:
                     raise program_missing(act.child_id, act.identity.descriptor.provider)
             await self._set_lease_state(act, LeaseState.RUNNING)

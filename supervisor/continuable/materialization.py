@@ -100,6 +100,7 @@ class Materializer:
         descriptor = ContinuableDescriptor(
             provider=provider.name, label=spec.label, agent_provider=spec.agent_provider, agent_model=spec.model,
             persona=spec.persona, tool_filter=fields.tool_filter,
+            program=provider.program if isinstance(provider.program, str) else None,
         )
         prompt = prompt_text(spec.prompt)
         events = delegation_events(placement.sandbox, descriptor)
@@ -186,8 +187,8 @@ class Materializer:
         descriptor = projection.continuable()
         if descriptor is None:
             raise NotResumableError.no_state(child_id)
-        if rt.registry.program_for(descriptor.provider) is None:
-            raise no_provider(descriptor.provider)  # refused before anything is accepted
+        if rt.registry.program_for(descriptor.provider, recorded=descriptor.program) is None:
+            raise no_provider(descriptor.provider, recorded=False)  # refused before anything is accepted
         if child_id in self._table:
             return None
         self._admission.admit(parent_id)

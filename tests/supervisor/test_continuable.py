@@ -471,8 +471,9 @@ async def test_followup_after_the_provider_is_unregistered(tmp_path):
 
 
 async def test_followup_after_restart_without_the_provider(tmp_path):
-    """After a restart, a child whose provider nobody registered is refused before anything is accepted;
-    a provider named after a built-in program still resolves."""
+    """After a restart, a child whose provider nobody registered resumes from the program reference its
+    descriptor recorded (issue 13: resume never goes through the provider); a provider named after a
+    built-in program still resolves. (A program carried by value: tests/supervisor/test_resume_anywhere.py.)"""
     async with continuable_supervisor(tmp_path) as sup:
         root = await sup.open_root()
         nest_id, _ = await start(sup, root, S({"return": "one"}), provider="nest")
@@ -480,12 +481,9 @@ async def test_followup_after_restart_without_the_provider(tmp_path):
         await settled_all(sup, root, [nest_id, echo_id])
     async with open_supervisor(tmp_path, providers=False) as bare:
         root2 = await bare.open_root(id=root.id)
-        before = len(read_mailbox(bare.store, nest_id))
-        with pytest.raises(SubagentError) as caught:
-            await bare.followup(root2, nest_id, S({"return": "two"}))
-        assert caught.value.code == "NO_PROVIDER"
-        assert len(read_mailbox(bare.store, nest_id)) == before
-        assert bare.continuation.activations == {}
+        await bare.followup(root2, nest_id, S({"return": "two"}))
+        notice, _ = await settled(bare, root2, nest_id)
+        assert notice.content.endswith("Its closing message:\ntwo")
         await bare.followup(root2, echo_id, "again")
         notice, _ = await settled(bare, root2, echo_id)
         assert notice.content.endswith("Its closing message:\nagain")
