@@ -21,10 +21,11 @@ append goes on after the last record.
 from __future__ import annotations
 
 import os
+import stat
 from typing import Any, Sequence
 
 from .atomic import FILE_MODE, NOFOLLOW
-from .errors import CorruptSessionError, SubagentError
+from .errors import CorruptSessionError, SubagentError, UnavailableSessionError
 from .framing import Check, encode_record, find_committed, scan, scan_all
 from .locks import SessionFlock
 from .root import Store
@@ -97,8 +98,13 @@ def append_durably(
     held = lock if lock is not None else SessionFlock(lock_path)
     try:
         with held:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | NOFOLLOW, FILE_MODE)
             try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | NOFOLLOW, FILE_MODE)
+            except OSError as exc:  # a link, a loop or a folder in its place
+                raise UnavailableSessionError(owner, f"{key} cannot be opened ({exc.strerror or exc})") from None
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise UnavailableSessionError(owner, f"{key} is not a regular file")
                 seq = append_records(fd, records, tails=store.index_tails, key=key, owner=owner, limit=store.max_record_bytes,
                                      check=check, skip_damage=skip_damage, too_large=too_large)
                 store.durability.after_append(fd, what)  # strict syncs here, batched below

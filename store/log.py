@@ -23,6 +23,7 @@ there is found by ``inspect`` / ``subagents store fsck``, not by resume.
 from __future__ import annotations
 
 import os
+import stat
 import time
 from typing import Any, Sequence
 
@@ -157,6 +158,8 @@ class LogWriter:
             raise UnavailableSessionError(session_id, f"its log cannot be opened ({exc.strerror or exc})") from None
         writer: LogWriter | None = None
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or a device in place of the log
+                raise UnavailableSessionError(session_id, "its log is not a regular file")
             with lock:
                 writer = cls(store, header, epoch=epoch, projection=Projection(), fd=fd, lock=lock)
                 writer._check_fence()

@@ -300,7 +300,8 @@ def read_cache(path: str) -> Projection | None:
 
 def write_cache(path: str, projection: Projection) -> None:
     blob = encode_cache(projection)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | NOFOLLOW, FILE_MODE)
+    # O_NONBLOCK: a FIFO planted in place of the cache fails the open (ENXIO) instead of blocking the writer
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | NOFOLLOW, FILE_MODE)
     try:
         os.pwrite(fd, blob, 0)
         os.ftruncate(fd, len(blob))

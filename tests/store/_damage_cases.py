@@ -38,7 +38,7 @@ from subagents import store
 from subagents.store.framing import FRAME, encode_record, scan
 
 KINDS = ("STORE", "header", "log", "lease", "mailbox", "control", "identity", "owner", "index", "parent-index")
-HOWS = ("random-bytes", "truncate", "flip", "wrong-type", "folder", "link-loop", "link-out", "missing")
+HOWS = ("random-bytes", "truncate", "flip", "wrong-type", "folder", "link-loop", "link-out", "fifo", "missing")
 # values of the wrong type for any field: what a CRC-valid hostile record can hold
 WEIRD = [float("inf"), float("-inf"), float("nan"), -1, 2**63, -(2**63), 2**64 - 1, 1.5, "", "x", "not a number", [1, 2, 3],
          ["turn/end"], {"a": 1}, {}, None, True, False, b"\x00\xff", 0]
@@ -120,7 +120,7 @@ def damage(st: store.Store, case: Damage, outside: str) -> None:
     path = _path(st, case.kind)
     rng = random.Random(case.seed)
     raw = open(path, "rb").read() if os.path.isfile(path) and not os.path.islink(path) else b""
-    if case.how in ("folder", "link-loop", "link-out", "missing") and os.path.lexists(path):
+    if case.how in ("folder", "link-loop", "link-out", "fifo", "missing") and os.path.lexists(path):
         os.unlink(path)
     if case.how == "random-bytes":
         open(path, "wb").write(case.data)
@@ -138,6 +138,8 @@ def damage(st: store.Store, case: Damage, outside: str) -> None:
         os.symlink(os.path.basename(path), path)
     elif case.how == "link-out":
         os.symlink(outside, path)
+    elif case.how == "fifo":
+        os.mkfifo(path, 0o600)
 
 
 def tree_state(root: str) -> dict[str, tuple[Any, ...]]:

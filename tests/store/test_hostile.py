@@ -210,3 +210,27 @@ def test_a_session_folder_that_is_a_link_is_refused(st, tmp_path):
     assert "c2" not in st.session_ids()
     assert {p: read_file(os.path.join(elsewhere, p)) for p in os.listdir(elsewhere) if p != ".lock"} == before
     msgpack.unpackb(read_file(os.path.join(elsewhere, "header")))
+
+
+def test_a_fifo_in_place_of_a_store_file_never_blocks(st):
+    """A FIFO opens without a writer only non-blocking: readers and the resume path refuse it at once."""
+    store.create_session(st, "s1", events=[("subagent/descriptor", ONE_SHOT)])
+    for name in ("log", "mailbox"):
+        os.unlink(st.path("s1", name)) if os.path.lexists(st.path("s1", name)) else None
+        os.mkfifo(st.path("s1", name), 0o600)
+    with pytest.raises(store.UnavailableSessionError):
+        store.inspect(st, "s1")
+    with pytest.raises(store.UnavailableSessionError):
+        store.read_mailbox(st, "s1")
+    with pytest.raises(store.UnavailableSessionError):
+        store.LogWriter.open(st, "s1", epoch=0)
+    assert [r.kind for r in store.list_children(st, "s1")] == []
+
+
+@pytest.mark.parametrize("how", ["fifo", "folder", "loop"])
+def test_an_append_to_a_file_that_is_not_one_is_unavailable(st, how):
+    store.create_session(st, "s1")
+    path = st.path("s1", "mailbox")
+    {"fifo": lambda: os.mkfifo(path, 0o600), "folder": lambda: os.mkdir(path), "loop": lambda: os.symlink("mailbox", path)}[how]()
+    with pytest.raises(store.UnavailableSessionError):
+        store.accept(st, "s1", source={"kind": "user"}, content="hi", ids=store.IdGenerator())
