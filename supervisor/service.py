@@ -129,7 +129,7 @@ class Supervisor:
         cfg = config or SupervisorConfig()
         if cfg.pool == "ray":
             require_ray()  # before anything exists: Ray installed, asyncio loop
-        handle = Store(store, durability=cfg.durability)
+        handle = Store(store, durability=cfg.durability, max_record_bytes=cfg.max_record_bytes)
         body_error: BaseException | None = None
         try:
             async with anyio.create_task_group() as tg:

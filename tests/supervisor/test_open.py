@@ -68,3 +68,19 @@ async def test_open_configured_refuses_a_bad_layer_before_opening(tmp_path):
         async with Supervisor.open_configured(env={"SUBAGENTS_POOL_SIZE": "zero", "SUBAGENTS_STORE": str(tmp_path / "st")}):
             pass
     assert not (tmp_path / "st").exists()
+
+
+async def test_the_configured_record_limit_is_the_new_stores_limit(tmp_path):
+    """``max_record_bytes`` reaches the store a supervisor creates: a larger message is refused before it is written."""
+    from subagents.store import Store
+    from subagents.store.errors import SubagentError
+    from subagents.supervisor import Capabilities, ContinuableSpec, Provider
+
+    cfg = SupervisorConfig(pool_size=1, durability="none", max_record_bytes=4096)
+    async with Supervisor.open(store=tmp_path / "st", config=cfg) as sup:
+        assert Store(tmp_path / "st").max_record_bytes == 4096
+        sup.register_provider(Provider(name="echo", program="echo", capabilities=Capabilities.all(), continuable=True))
+        root = await sup.open_root()
+        with pytest.raises(SubagentError) as caught:
+            await sup.start_continuable(ContinuableSpec(parent=root, provider="echo", label="big", prompt="x" * 10_000))
+        assert caught.value.code == "MESSAGE_TOO_LARGE"
