@@ -27,6 +27,13 @@ __all__ = [
     "SubagentDepthError",
     "SupervisorClosedError",
     "WaitTimeoutError",
+    "UnauthorizedError",
+    "NotResumableError",
+    "ActivationClosingError",
+    "DrainingError",
+    "DuplicateChildError",
+    "NoParentError",
+    "ParentUnavailableError",
     "AgentRef",
     "AncestorAuthority",
     "Capabilities",
@@ -65,6 +72,13 @@ if TYPE_CHECKING:
         SupervisorStatistics,
         UserAuthority,
         WaitTimeoutError,
+        UnauthorizedError,
+        NotResumableError,
+        ActivationClosingError,
+        DrainingError,
+        DuplicateChildError,
+        NoParentError,
+        ParentUnavailableError,
     )
 
 

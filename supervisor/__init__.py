@@ -13,7 +13,21 @@ the only package that prints).
 from subagents.store.errors import SubagentError
 
 from .config import SupervisorConfig
-from .errors import CancelledBeforeStartError, InvalidRequestError, RegistryError, SubagentDepthError, SupervisorClosedError, WaitTimeoutError
+from .errors import (
+    ActivationClosingError,
+    CancelledBeforeStartError,
+    DrainingError,
+    DuplicateChildError,
+    InvalidRequestError,
+    NoParentError,
+    NotResumableError,
+    ParentUnavailableError,
+    RegistryError,
+    SubagentDepthError,
+    SupervisorClosedError,
+    UnauthorizedError,
+    WaitTimeoutError,
+)
 from .models import (
     AgentRef,
     AncestorAuthority,
@@ -38,6 +52,13 @@ __all__ = [
     "SubagentDepthError",
     "SupervisorClosedError",
     "WaitTimeoutError",
+    "UnauthorizedError",
+    "NotResumableError",
+    "ActivationClosingError",
+    "DrainingError",
+    "DuplicateChildError",
+    "NoParentError",
+    "ParentUnavailableError",
     "AgentRef",
     "AncestorAuthority",
     "Capabilities",

@@ -24,7 +24,7 @@ StopReason = Literal["completed", "aborted", "error", "max-tokens", "refusal", "
 
 
 class Capabilities(BaseModel):
-    """What a provider supports for one-shot starts (all off by default, as the reference)."""
+    """What a provider supports for one-shot starts (all off by default: a provider opts in to each)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

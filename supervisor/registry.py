@@ -25,7 +25,7 @@ __all__ = ["ProviderRegistry", "CAPABILITY_ORDER", "ProgramRef", "program_fields
 # what a worker loads: an import path ``"module:function"``, or a callable carried by dill
 ProgramRef = tuple[str | None, bytes | None]
 
-# (request field, capability flag, name in the error) in the reference's order
+# (request field, capability flag, name in the error), in the order a request's capabilities are checked
 CAPABILITY_ORDER = (
     ("output_schema", "output_schema", "outputSchema"),
     ("max_depth", "depth_limit", "depthLimit"),
@@ -100,7 +100,7 @@ class ProviderRegistry:
 
     @staticmethod
     def check_capabilities(provider: Provider, requested: dict[str, object]) -> None:
-        """Reject the first requested capability the provider lacks, in the reference order."""
+        """Reject the first requested capability the provider lacks, in ``CAPABILITY_ORDER``."""
         for field, flag, public in CAPABILITY_ORDER:
             if requested.get(field) is not None and not getattr(provider.capabilities, flag):
                 raise unsupported_capability(provider.name, public)
