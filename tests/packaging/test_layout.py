@@ -13,8 +13,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 ROOMS = ("store", "worker", "supervisor")
-# "about 400 lines": past this a module must say at its top why it is long
-LONG_MODULE_LINES = 440
+# a module past this many lines must say at its top why it is long (STYLE: "no module over ~500 lines
+# without a reason at its top"; the supervisor aims at ~400, which this test does not enforce)
+LONG_MODULE_LINES = 500
 
 
 def _modules(room: str) -> dict[str, Path]:
