@@ -56,6 +56,9 @@ class CountingSessions(LocalSessions):
                 appended.extend(kind for kind, _ in batch)
                 return writer.append(batch, commit=commit)
 
+            async def flush(self) -> None:
+                await writer.flush()
+
             def close(self) -> None:
                 writer.close()
 
