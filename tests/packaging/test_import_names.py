@@ -8,6 +8,7 @@ one environment must not break either.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -65,8 +66,16 @@ def _source_packages() -> set[str]:
 def test_wheel_holds_only_subagents(tmp_path):
     """A built wheel installs no top-level module but ``subagents``, and every room's sub-package."""
     pytest.importorskip("wheel")
+    # built from a copy of the tracked sources: setuptools writes build/ beside what it builds,
+    # and a build/ left in the checkout would both dirty it and ship stale modules in later wheels
+    source = tmp_path / "source"
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout.split(b"\0")
+    for name in filter(None, (t.decode() for t in tracked)):
+        if (REPO / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, source / name)
     out = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(source)],
         capture_output=True, text=True, timeout=300,
     )
     assert out.returncode == 0, out.stderr
