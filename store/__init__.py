@@ -47,6 +47,8 @@ from .errors import (
     ReadOnlyStoreError,
     SessionExistsError,
     SessionNotFoundError,
+    AmbiguousIdError,
+    InvalidQueryError,
     StoreFormatError,
     StoreNotFoundError,
     SubagentError,
@@ -77,11 +79,15 @@ from .lease import (
 )
 from .log import LogWriter, SeqMismatchError, load_projection, read_projection
 from .mailbox import MailboxMessage, accept, pending, read_mailbox
+from .outcome import OUTCOMES, OutcomeVerdict, outcome_of
+from .prefix import MIN_PREFIX, resolve_id, short_ids
 from .projection import Projection, Timing
 from .reader import Inspection, inspect, read_from, read_header
 from .root import STORE_FORMAT, STORE_VERSION, Store
-from .roots import RootEntry, list_roots, subagent_count
+from .query import Page, Query
+from .roots import DEFAULT_ROOT_LIMIT, RootEntry, find_roots, list_roots, rebuild_roots, subagent_count
 from .session import create_session, delete_session
+from .summary import Summary, SupervisorCount, summarize
 from .tail import LogTail
 
 __all__ = [
@@ -92,7 +98,7 @@ __all__ = [
     "fold_resume_descriptor", "parse_descriptor",
     "Durability", "durability_policy",
     "CorruptSessionError", "DescriptorError", "DurabilityError", "FencedError", "InvalidHeaderError",
-    "InvalidSessionIdError", "LeaseHeldError", "LockTimeoutError", "RecordTooLargeError", "SessionExistsError", "SessionNotFoundError",
+    "InvalidSessionIdError", "LeaseHeldError", "LockTimeoutError", "RecordTooLargeError", "SessionExistsError", "SessionNotFoundError", "AmbiguousIdError",
     "StoreFormatError", "StoreNotFoundError", "ReadOnlyStoreError", "SubagentError", "UnavailableSessionError", "UnsupportedFormatError",
     "EVENT_TYPES", "closers",
     "MAX_RECORD_BYTES", "Damage", "ScanResult", "encode_record", "scan",
@@ -103,12 +109,16 @@ __all__ = [
     "register_owner", "release_lease", "remove_owner", "session_status", "set_lease_state",
     "LogWriter", "SeqMismatchError", "load_projection", "read_projection",
     "MailboxMessage", "accept", "pending", "read_mailbox",
+    "OUTCOMES", "OutcomeVerdict", "outcome_of",
+    "MIN_PREFIX", "resolve_id", "short_ids",
     "Projection", "Timing",
     "Inspection", "inspect", "read_from", "read_header",
     "STORE_FORMAT", "STORE_VERSION", "Store",
     "create_session", "delete_session",
     "MailboxCounts", "SessionDescription", "describe_session", "mailbox_counts",
     "HeldSession", "held_sessions",
-    "RootEntry", "list_roots", "subagent_count",
+    "RootEntry", "list_roots", "subagent_count", "DEFAULT_ROOT_LIMIT", "find_roots", "rebuild_roots",
+    "Page", "Query", "InvalidQueryError",
+    "Summary", "SupervisorCount", "summarize",
     "LogTail",
 ]

@@ -13,7 +13,9 @@ Rules (the reference's, with this project's statuses; docs/behaviour.md, "Catalo
 * one bad child yields a ``DiagnosticEntry`` (``corrupt``, ``unsupported``,
   ``unavailable``) and never hides its siblings;
 * ``status`` is ``running`` / ``idle`` from a live owner's lease, else
-  ``complete``: true across processes.
+  ``complete``: true across processes; ``outcome`` beside it says how the
+  child's last turn ended (``store/outcome.py``), with the error's code and
+  first line for a failure.
 
 Each row is built inside one guard (``_entry``): whatever a child's files hold
 — wrong types, a folder or a link in place of a file, a damaged lease or
@@ -26,6 +28,7 @@ boundary between sessions.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -34,7 +37,10 @@ from .descriptor import ContinuableDescriptor, Descriptor, OneShotDescriptor
 from .errors import CorruptSessionError, SessionNotFoundError, SubagentError, UnsupportedFormatError
 from .index import IndexEntry, read_index
 from .lease import OwnerCache, check_lease
+from .log import read_projection
+from .outcome import Outcome, outcome_of
 from .projection import Projection, read_cache
+from .query import Query
 from .reader import inspect, read_header
 from .root import Store
 
@@ -53,6 +59,10 @@ class ChildEntry:
     mode: Literal["one-shot", "continuable"]
     status: ChildStatus
     has_children: bool
+    outcome: Outcome | None = None  # how its last turn ended (store/outcome.py); None: none finished yet
+    error_code: str | None = None  # for a failure: the diagnostic's leading code, when it has one
+    error: str | None = None  # for a failure: the diagnostic's first line
+    created_at: float = 0.0  # the header's creation time (seconds since the epoch)
     kind: Literal["child"] = "child"
 
 
@@ -89,6 +99,11 @@ def read_identity(store: Store, session_id: str, seed_length: int) -> Identity:
         projection = read_cache(store.path(session_id, "identity"))
     except OSError:  # an unreadable cache is ignored: the log is the authority
         projection = None
+    if projection is not None and projection.identity is not None and projection.seq >= seed_length:
+        # the cache stops at the last commit point: a log that grew since (an open turn, a
+        # message dropped by a drain) is folded from the cached checkpoint on (log.py)
+        if os.stat(store.path(session_id, "log"), follow_symlinks=False).st_size != projection.end_offset:
+            projection = read_projection(store, session_id)
     if projection is None or projection.identity is None or projection.seq < seed_length:
         folded = Projection(seed_length=seed_length)
         found = inspect(store, session_id)
@@ -151,12 +166,18 @@ def _row(
     descriptor = identity.descriptor
     if descriptor is None:
         return DiagnosticEntry(child_id, "corrupt")
+    status = _status(store, child_id, owners)
+    verdict = outcome_of(identity.projection, held=status != "complete")
     return ChildEntry(
         id=child_id,
         label=descriptor.label,
         mode=descriptor.mode,
-        status=_status(store, child_id, owners),
+        status=status,
         has_children=_has_subagent_children(_read_children(store, child_id) if children is None else children),
+        outcome=verdict.outcome,
+        error_code=verdict.error_code,
+        error=verdict.error,
+        created_at=header.created_at,
     )
 
 
@@ -168,21 +189,25 @@ def _status(store: Store, child_id: str, owners: OwnerCache) -> ChildStatus:
     return "idle" if lease.state == "idle" else "running"
 
 
-def list_children(store: Store, parent_id: str) -> list[ChildEntry | DiagnosticEntry]:
-    """Direct subagent children of ``parent_id`` in (created_at, id) order."""
+def list_children(store: Store, parent_id: str, query: Query | None = None) -> list[ChildEntry | DiagnosticEntry]:
+    """Direct subagent children of ``parent_id`` in (created_at, id) order; ``query`` keeps only the matching
+    rows (store/query.py; a diagnostic row matches only an empty query)."""
     owners = OwnerCache(store)
     out: list[ChildEntry | DiagnosticEntry] = []
     for indexed in _read_children(store, parent_id):
         if indexed.origin != "subagent":
             continue
         row = _entry(store, parent_id, indexed.id, owners)
-        if row is not None:
+        if row is not None and (query is None or query.matches(row)):
             out.append(row)
     return out
 
 
-def list_descendants(store: Store, root_id: str) -> list[DescendantRow]:
-    """Every subagent below ``root_id`` in pre-order, through non-subagent sessions; cycle-safe."""
+def list_descendants(store: Store, root_id: str, query: Query | None = None) -> list[DescendantRow]:
+    """Every subagent below ``root_id`` in pre-order, through non-subagent sessions; cycle-safe.
+
+    ``query`` keeps only the matching rows; the walk still goes through the others
+    (a matching grandchild below a parent that does not match is listed)."""
     owners = OwnerCache(store)
     rows: list[DescendantRow] = []
     visited = {root_id}
@@ -196,7 +221,7 @@ def list_descendants(store: Store, root_id: str) -> list[DescendantRow]:
         visited.add(node)
         below = _read_children(store, node)
         row = _entry(store, parent, node, owners, below)
-        if row is not None:
+        if row is not None and (query is None or query.matches(row)):
             rows.append(DescendantRow(row, parent, depth))
         for child in reversed(below):
             if child.id not in visited:

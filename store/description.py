@@ -16,6 +16,7 @@ from .catalog import ChildStatus
 from .errors import CorruptSessionError, UnavailableSessionError
 from .lease import Lease, OwnerRecord, owner_alive, read_lease, read_owner, session_status
 from .mailbox import pending, read_mailbox
+from .outcome import OutcomeVerdict, outcome_of
 from .projection import Projection
 from .reader import Inspection, inspect
 from .root import Store
@@ -41,6 +42,7 @@ class SessionDescription:
     owner_alive: bool
     mailbox: MailboxCounts
     children: int  # direct subagent children, per the index
+    outcome: OutcomeVerdict  # store/outcome.py
 
 
 def mailbox_counts(store: Store, session_id: str, projection: Projection) -> MailboxCounts:
@@ -65,13 +67,15 @@ def describe_session(store: Store, session_id: str) -> SessionDescription:
     projection.fold(found.events, found.offsets, found.end)
     lease = read_lease(store, session_id)
     owner = read_owner(store, lease.owner) if lease is not None else None
+    status = session_status(store, session_id)
     return SessionDescription(
         inspection=found,
         projection=projection,
-        status=session_status(store, session_id),
+        status=status,
         lease=lease,
         owner=owner,
         owner_alive=owner_alive(owner) if owner is not None else False,
         mailbox=mailbox_counts(store, session_id, projection),
         children=subagent_count(store, session_id),
+        outcome=outcome_of(projection, held=status != "complete", root=found.header.parent_session is None),
     )

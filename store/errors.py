@@ -10,6 +10,8 @@ the code, never on the message)::
     │   └── StoreNotFoundError          there is no store at that path (also FileNotFoundError)
     ├── ReadOnlyStoreError              the store cannot be written by this process (also PermissionError)
     ├── SessionNotFoundError            no such session (also LookupError)
+    │   └── AmbiguousIdError            bad input: an id prefix that names several sessions
+    ├── InvalidQueryError               bad input: a listing's filter, sort, limit or cursor (also ValueError)
     ├── SessionExistsError              creation of an id that exists
     ├── CorruptSessionError             committed bytes are damaged
     ├── UnavailableSessionError         a session file cannot be read at all (also OSError)
@@ -37,6 +39,8 @@ __all__ = [
     "StoreNotFoundError",
     "ReadOnlyStoreError",
     "SessionNotFoundError",
+    "AmbiguousIdError",
+    "InvalidQueryError",
     "SessionExistsError",
     "CorruptSessionError",
     "UnavailableSessionError",
@@ -173,6 +177,23 @@ class SessionNotFoundError(SubagentError, LookupError):
 
     def __init__(self, session_id: str) -> None:
         super().__init__(f'session "{session_id}" not found', session_id=session_id)
+
+
+class AmbiguousIdError(SessionNotFoundError):
+    """Raised when an id prefix typed by a user starts more than one session id (``store/prefix.py``)."""
+
+    code = "AMBIGUOUS_ID"
+
+    def __init__(self, prefix: str, matches: list[str]) -> None:
+        shown = ", ".join(matches[:5]) + (", …" if len(matches) > 5 else "")
+        SubagentError.__init__(self, f'"{prefix}" starts {len(matches)} session ids ({shown}); type more of it',
+                               session_id=prefix, matches=matches[:5])
+
+
+class InvalidQueryError(SubagentError, ValueError):
+    """Raised when a listing's filter, sort, limit or cursor is not one this build understands (``store/query.py``)."""
+
+    code = "INVALID_QUERY"
 
 
 class SessionExistsError(SubagentError):

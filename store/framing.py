@@ -39,6 +39,7 @@ __all__ = [
     "Skipped",
     "SkimResult",
     "scan_all",
+    "scan_suffix",
     "find_later_record",
     "find_committed",
 ]
@@ -298,3 +299,32 @@ def find_later_record(
                 return pos
         pos += 1
     return None
+
+
+def scan_suffix(data: bytes | memoryview, *, check: Check | None = None) -> list[dict[str, Any]]:
+    """The records of the last bytes of a file of independent records (the roots index), read from its end.
+
+    ``data`` may begin inside a record: reading starts at the first frame that
+    chains (``find_committed``), then goes on as ``scan_all`` does, skipping a
+    record that fails ``check``. What lies before that first chained frame is
+    the caller's to read with a larger suffix.
+    """
+    start = find_committed(data, 0, 0, lambda _payload: True, torn_reason="crc-mismatch")
+    if start is None:
+        return []
+    records: list[dict[str, Any]] = []
+    pos, total = start, len(data)
+    expected = _frame_at(data, start)[1]["seq"]
+    while pos < total:
+        status, value, nxt = _frame_at(data, pos)
+        if status != "ok" or value["seq"] != expected:
+            found = find_committed(data, pos + 1, expected, lambda _payload: True, torn_reason=status)
+            if found is None:
+                break  # a torn tail
+            pos, expected = found, _frame_at(data, found)[1]["seq"]
+            continue
+        if check is None or check(value) is None:
+            records.append(value)
+        expected += 1
+        pos = nxt
+    return records

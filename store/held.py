@@ -18,6 +18,7 @@ from .descriptor import ContinuableDescriptor, OneShotDescriptor
 from .errors import SubagentError
 from .lease import OwnerCache, read_lease, read_owner, session_status
 from .log import read_projection
+from .outcome import Outcome, outcome_of
 from .reader import read_header
 from .root import Store
 
@@ -37,6 +38,9 @@ class HeldSession:
     owner_host: str | None
     settled_ms: float  # time spent in settled turns
     active_since: float | None  # when the open turn started, if one is open
+    outcome: Outcome | None = None  # its last finished turn's (store/outcome.py); None: none finished yet
+    error_code: str | None = None
+    error: str | None = None
 
 
 def held_sessions(store: Store) -> list[HeldSession]:
@@ -60,6 +64,7 @@ def held_sessions(store: Store) -> list[HeldSession]:
         ident = projection.identity
         descriptor = ident if isinstance(ident, (OneShotDescriptor, ContinuableDescriptor)) else None
         owner = read_owner(store, lease.owner)
+        verdict = outcome_of(projection, held=True, root=header.parent_session is None)
         rows.append(HeldSession(
             id=session_id,
             label=descriptor.label if descriptor is not None else None,
@@ -72,5 +77,8 @@ def held_sessions(store: Store) -> list[HeldSession]:
             owner_host=owner.host if owner is not None else None,
             settled_ms=projection.timing.settled_ms,
             active_since=projection.timing.active_since,
+            outcome=verdict.outcome,
+            error_code=verdict.error_code,
+            error=verdict.error,
         ))
     return rows

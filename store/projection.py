@@ -74,6 +74,9 @@ class Projection:
     open_calls: dict[str, int] = field(default_factory=dict)
     turns: int = 0
     last_stop_reason: str | None = None
+    last_diagnostic: str | None = None  # the last ``turn/end``'s diagnostic
+    last_cause: str | None = None  # the last ``turn/end``'s ``cause`` (what stopped it; store/outcome.py)
+    discarded: int = 0  # ``message/discarded`` records since the last ``turn/end`` (work dropped unrun)
     sandbox: str | None = None  # the last ``sandbox/mode`` (a later switch wins over the delegated one)
     mailbox_end: int | None = None  # mailbox offset after the last consumed message (store/mailbox.py)
 
@@ -98,6 +101,11 @@ class Projection:
             self.turns += 1
             reason = data.get("stop_reason") if isinstance(data, dict) else None
             self.last_stop_reason = reason if isinstance(reason, str) else None
+            diagnostic = data.get("diagnostic") if isinstance(data, dict) else None
+            self.last_diagnostic = diagnostic if isinstance(diagnostic, str) else None
+            cause = data.get("cause") if isinstance(data, dict) else None
+            self.last_cause = cause if isinstance(cause, str) else None
+            self.discarded = 0
             if self.timing.active_since is not None:
                 self.timing.settled_ms += max(0.0, ts - self.timing.active_since) * 1000.0
             self.timing.active_since = self.timing.active_through = None
@@ -115,6 +123,8 @@ class Projection:
                 self.open_calls.pop(str(data.get("call_id")), None)
             elif kind in ("message/accepted", "message/discarded") and isinstance(data, dict):
                 self.consumed += 1
+                if kind == "message/discarded":
+                    self.discarded += 1
                 message_id = data.get("message_id")
                 self.last_message_id = message_id if isinstance(message_id, str) else None
                 end = data.get("mailbox_end")
@@ -186,6 +196,9 @@ class Projection:
             "open_calls": dict(self.open_calls),
             "turns": self.turns,
             "last_stop_reason": self.last_stop_reason,
+            "last_diagnostic": self.last_diagnostic,
+            "last_cause": self.last_cause,
+            "discarded": self.discarded,
             "sandbox": self.sandbox,
             "mailbox_end": self.mailbox_end,
         }
@@ -227,6 +240,9 @@ class Projection:
             open_calls=dict(found.open_calls),
             turns=found.turns,
             last_stop_reason=found.last_stop_reason,
+            last_diagnostic=found.last_diagnostic,
+            last_cause=found.last_cause,
+            discarded=found.discarded,
             sandbox=found.sandbox,
             mailbox_end=found.mailbox_end,
         )
@@ -263,6 +279,9 @@ class _CacheFields(Checked):
     open_calls: dict[str, int]
     turns: int = Field(ge=0)
     last_stop_reason: str | None
+    last_diagnostic: str | None  # required, like the two below: an older cache is refolded
+    last_cause: str | None
+    discarded: int = Field(ge=0)
     sandbox: str | None
     mailbox_end: int | None  # required: a cache written before this field existed is refolded
 

@@ -1,24 +1,52 @@
-"""Top-level sessions: the roots of a store, for listings that start from nothing.
+"""Top-level sessions: the roots of a store, and their index, for listings that start from nothing.
 
-A root is a session whose header names no ``parent_session``. Finding them
-costs one header read per session in the store (there is no index of roots
-yet), plus one lease read per root; it never writes a byte. An unreadable
-header is skipped here: ``store fsck`` is the place that reports it.
-Called by the CLI (``ls`` and ``tree`` without an id) and anyone listing a store.
+A root is a session whose header names no ``parent_session``. ``index/roots``
+holds framed records ``{seq, id, created_at}`` appended when a root is
+created (and ``{seq, id, removed: true}`` when one is deleted), so the newest
+roots are read from the end of one file — the last few KiB for a page of 20 —
+whatever the number of sessions in the store. Like the children index it is
+derived: headers are the authority (a listed root is checked against its
+header), ``reindex`` rebuilds it from headers, and a store written before it
+existed gets it built from headers by the first root created afterwards;
+until then listings scan ``sessions/``. What is not guaranteed: entries are
+in append order, which two processes creating roots in the same instant may
+swap; the newest-first read sorts what it read by ``(created_at, id)``.
+Called by the CLI (``ls``, ``tree``, ``summary``, ``gc``) and anyone listing a store.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from typing import Any
 
+from .appender import append_durably
+from .atomic import NOFOLLOW, write_atomic
 from .catalog import ChildStatus
 from .errors import SubagentError
+from .framing import encode_record, scan_all, scan_suffix
+from .ids import is_valid_session_id
 from .index import read_children
 from .lease import OwnerCache, session_status
+from .locks import file_lock
+from .log import read_projection
+from .outcome import Outcome, outcome_of
+from .query import Page, Query, decode_cursor, encode_cursor, paginate, sort_key
 from .reader import read_header
+from .records import IndexFields, problem_of
 from .root import Store
 
-__all__ = ["RootEntry", "list_roots", "subagent_count"]
+__all__ = [
+    "RootEntry", "DEFAULT_ROOT_LIMIT", "list_roots", "find_roots", "subagent_count",
+    "add_root", "remove_root", "rebuild_roots", "roots_index_path",
+]
+
+# what `ls` shows with no --limit: a screenful, and the cost of a listing stays flat
+# as the store grows (each row costs a header, a lease and a projection read)
+DEFAULT_ROOT_LIMIT = 20
+_FIRST_WINDOW = 16 * 1024  # bytes read from the end of index/roots first (~300 entries)
+
+_problem = problem_of(IndexFields)
 
 
 @dataclass(frozen=True)
@@ -28,6 +56,13 @@ class RootEntry:
     created_at: float
     status: ChildStatus
     children: int  # direct subagent children, per the index
+    outcome: Outcome | None = None  # store/outcome.py; None for a root that never ran a turn
+    error_code: str | None = None
+    error: str | None = None
+
+
+def roots_index_path(store: Store) -> str:
+    return os.path.join(store.root, "index", "roots")
 
 
 def subagent_count(store: Store, session_id: str) -> int:
@@ -35,16 +70,154 @@ def subagent_count(store: Store, session_id: str) -> int:
     return sum(1 for e in read_children(store, session_id) if e.origin == "subagent")
 
 
-def list_roots(store: Store) -> list[RootEntry]:
-    """Every top-level session, oldest first (ids are time-ordered)."""
-    owners = OwnerCache(store)
-    roots = []
+# -- the index -------------------------------------------------------------------------
+
+
+def _root_headers(store: Store) -> list[tuple[float, str]]:
+    found = []
     for session_id in store.session_ids():
         try:
             header = read_header(store, session_id)
         except SubagentError:
             continue  # `store fsck` reports unreadable headers
         if header.parent_session is None:
-            roots.append(RootEntry(session_id, header.label, header.created_at,
-                                   session_status(store, session_id, owners), subagent_count(store, session_id)))
-    return roots
+            found.append((header.created_at, session_id))
+    return sorted(found)
+
+
+def _write_index(store: Store, roots: list[tuple[float, str]]) -> None:
+    blob = b"".join(encode_record({"seq": i, "id": sid, "created_at": ts}) for i, (ts, sid) in enumerate(roots))
+    write_atomic(roots_index_path(store), blob, durable=store.durability.syncs_at_commit)
+    store.index_tails.pop("index/roots", None)
+
+
+def rebuild_roots(store: Store) -> list[str]:
+    """Rewrite ``index/roots`` from headers (``subagents store reindex``); the root ids, oldest first."""
+    path = roots_index_path(store)
+    with file_lock(path + ".lock"):
+        roots = _root_headers(store)
+        _write_index(store, roots)
+    return [sid for _, sid in roots]
+
+
+def add_root(store: Store, root_id: str, created_at: float) -> None:
+    """Index a root just published (its header exists). A store without the index gets it built from headers."""
+    path = roots_index_path(store)
+    if not os.path.lexists(path):
+        with file_lock(path + ".lock"):
+            if not os.path.lexists(path):
+                _write_index(store, _root_headers(store))  # includes this root: its header is published
+                return
+    append_durably(store, path, {"id": root_id, "created_at": created_at}, lock_path=path + ".lock", key="index/roots",
+                   owner="roots", what="roots index", skip_damage=True)
+
+
+def remove_root(store: Store, root_id: str) -> None:
+    path = roots_index_path(store)
+    if os.path.lexists(path):
+        append_durably(store, path, {"id": root_id, "removed": True}, lock_path=path + ".lock", key="index/roots",
+                       owner="roots", what="roots index", skip_damage=True)
+
+
+def _live(records: list[dict[str, Any]]) -> list[tuple[float, str]]:
+    """Entries minus tombstones (a tombstone always follows its entry), newest first."""
+    removed: set[str] = set()
+    seen: dict[str, float] = {}
+    for record in reversed(records):
+        sid = record["id"]
+        if not is_valid_session_id(sid):
+            continue
+        if record.get("removed"):
+            removed.add(sid)
+        elif sid not in removed and sid not in seen:
+            seen[sid] = float(record.get("created_at", 0.0))
+    return sorted(((ts, sid) for sid, ts in seen.items()), reverse=True)
+
+
+def _read_suffix(store: Store, size: int) -> tuple[list[tuple[float, str]], bool] | None:
+    """Live entries in the last ``size`` bytes of the index, newest first, and whether that was the whole file.
+
+    ``None`` when there is no index (or it cannot be read): the caller scans headers.
+    """
+    try:
+        fd = os.open(roots_index_path(store), os.O_RDONLY | NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        total = os.fstat(fd).st_size
+        start = max(0, total - size)
+        data = os.pread(fd, total - start, start)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    records = scan_all(data, check=_problem).records if start == 0 else scan_suffix(data, check=_problem)
+    return _live(records), start == 0
+
+
+# -- listing -----------------------------------------------------------------------------
+
+
+def _entry(store: Store, session_id: str, owners: OwnerCache) -> RootEntry | None:
+    """The row of one root; ``None`` when its header does not prove a root or its files do not read."""
+    try:
+        header = read_header(store, session_id)
+        if header.parent_session is not None:
+            return None
+        status = session_status(store, session_id, owners)
+        verdict = outcome_of(read_projection(store, session_id), held=status != "complete", root=True)
+    except (SubagentError, OSError):
+        return None  # a rolled-back or deleted root, or damage `store fsck` reports
+    return RootEntry(session_id, header.label, header.created_at, status, subagent_count(store, session_id),
+                     verdict.outcome, verdict.error_code, verdict.error)
+
+
+def list_roots(store: Store, query: Query | None = None) -> list[RootEntry]:
+    """Every top-level session ``query`` keeps, oldest first."""
+    owners = OwnerCache(store)
+    found = _read_suffix(store, 1 << 62)
+    ids = [sid for _, sid in sorted(found[0])] if found is not None else [sid for _, sid in _root_headers(store)]
+    rows = [r for r in (_entry(store, sid, owners) for sid in ids) if r is not None]
+    return [r for r in rows if query is None or query.matches(r)]
+
+
+def find_roots(
+    store: Store, *, query: Query | None = None, sort: str = "created", newest_first: bool = True,
+    limit: int | None = DEFAULT_ROOT_LIMIT, cursor: str | None = None,
+) -> Page[RootEntry]:
+    """A page of top-level sessions, with the cursor of the next one.
+
+    Newest first by creation (the default) reads the end of ``index/roots``
+    only, growing the window until the page is full: the cost follows the page,
+    not the store. Any other order reads every root.
+    """
+    if sort != "created" or not newest_first or limit is None:
+        return paginate(list_roots(store), query=query, sort=sort, reverse=newest_first, limit=limit, cursor=cursor)
+    key = sort_key(sort)
+    after = decode_cursor(cursor, sort, True) if cursor is not None else None
+    owners = OwnerCache(store)
+    built: dict[str, RootEntry | None] = {}
+    size = _FIRST_WINDOW
+    while True:
+        found = _read_suffix(store, size)
+        if found is None:  # no index yet: every header
+            return paginate(list_roots(store), query=query, sort=sort, reverse=True, limit=limit, cursor=cursor)
+        entries, whole = found
+        page: list[RootEntry] = []
+        for ts, sid in entries:
+            if after is not None and not [ts, sid] < list(after):
+                continue
+            if sid not in built:
+                built[sid] = _entry(store, sid, owners)
+            row = built[sid]
+            if row is not None and (query is None or query.matches(row)):
+                page.append(row)
+                if len(page) > limit:
+                    break
+        if len(page) > limit or whole:
+            break
+        size *= 4
+    page.sort(key=key, reverse=True)
+    if len(page) <= limit:
+        return Page(page, None)
+    return Page(page[:limit], encode_cursor(sort, True, key(page[limit - 1])))

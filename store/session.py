@@ -36,6 +36,7 @@ from .index import IndexEntry, add_child, add_children, remove_child
 from .lease import Lease
 from .projection import Projection, write_cache
 from .root import Store
+from .roots import add_root, remove_root
 
 __all__ = ["NewSession", "create_session", "create_sessions", "delete_session"]
 
@@ -128,6 +129,16 @@ def create_sessions(store: Store, requests: Sequence[NewSession]) -> list[Sessio
             parent = requests[i].parent_session
             if parent is not None:
                 by_parent.setdefault(parent, []).append(i)
+            else:
+                header = outcomes[i]
+                assert isinstance(header, SessionHeader)
+                try:
+                    add_root(store, header.id, header.created_at)
+                except Exception as exc:
+                    _rollback(store, requests[i], indexed=False)
+                    outcomes[i] = exc
+                else:
+                    indexed.add(i)
         for parent, members in by_parent.items():
             entries = []
             for i in members:
@@ -216,7 +227,8 @@ def _rollback(store: Store, request: NewSession, *, indexed: bool) -> None:
     does the session stay (a double fault the caller cannot repair either).
     """
     try:
-        delete_session(store, request.session_id, parent_session=request.parent_session if indexed else None)
+        delete_session(store, request.session_id, parent_session=request.parent_session if indexed else None,
+                       root=indexed and request.parent_session is None)
     except Exception:
         try:
             delete_session(store, request.session_id)
@@ -224,8 +236,9 @@ def _rollback(store: Store, request: NewSession, *, indexed: bool) -> None:
             pass
 
 
-def delete_session(store: Store, session_id: str, *, parent_session: str | None = None) -> None:
-    """Remove a session that was never handed out (rollback); tombstones its index entry."""
+def delete_session(store: Store, session_id: str, *, parent_session: str | None = None, root: bool = False) -> None:
+    """Remove a session that was never handed out (rollback); tombstones its index entry
+    (the parent's, or with ``root`` the roots index)."""
     folder = store.session_dir(session_id)
     try:
         os.unlink(os.path.join(folder, "header"))  # unpublish first: from here nothing lists it
@@ -233,4 +246,6 @@ def delete_session(store: Store, session_id: str, *, parent_session: str | None 
         pass
     if parent_session is not None:
         remove_child(store, parent_session, session_id)
+    elif root:
+        remove_root(store, session_id)
     shutil.rmtree(folder, ignore_errors=True)

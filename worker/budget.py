@@ -36,14 +36,19 @@ class TurnControl:
         self.steps = 0
         self.cause: StopCause | None = None
         self.diagnostic: str | None = None
+        self.why: str | None = None  # what set the cause: "timeout", "max_steps", or a cancel reason
         self.flag = threading.Event()
         self.scope = anyio.CancelScope()
 
-    def stop(self, cause: StopCause, diagnostic: str | None = None) -> bool:
-        """Record the cause (first one wins) and cancel the turn; False if already stopping."""
+    def stop(self, cause: StopCause, diagnostic: str | None = None, *, why: str | None = None) -> bool:
+        """Record the cause (first one wins) and cancel the turn; False if already stopping.
+
+        ``why`` goes into ``turn/end`` as ``cause`` so listings tell a timeout from a
+        step budget, and a user's interrupt from a drain (store/outcome.py).
+        """
         if self.cause is not None:
             return False
-        self.cause, self.diagnostic = cause, diagnostic
+        self.cause, self.diagnostic, self.why = cause, diagnostic, why
         self.flag.set()
         self.scope.cancel()
         return True
@@ -56,6 +61,6 @@ class TurnControl:
         self.check()
         self.steps += 1
         if self.max_steps is not None and self.steps > self.max_steps:
-            self.stop("budget-exhausted", f"the turn exceeded max_steps={self.max_steps}")
+            self.stop("budget-exhausted", f"the turn exceeded max_steps={self.max_steps}", why="max_steps")
             raise BudgetExhaustedError(f"the turn exceeded max_steps={self.max_steps}")
         return self.steps

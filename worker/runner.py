@@ -111,7 +111,7 @@ class TurnRunner:
         """Stop a resident turn (first cause wins); an unknown or finished turn is a no-op."""
         control = self._turns.get(msg.call_id)
         if control is not None:
-            control.stop("aborted", f"the turn was cancelled ({msg.reason})")
+            control.stop("aborted", f"the turn was cancelled ({msg.reason})", why=msg.reason)
 
     def reply(self, msg: Reply) -> None:
         """Hand an RPC's answer to the turn awaiting it (a late reply for a gone turn is dropped)."""

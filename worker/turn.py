@@ -69,7 +69,7 @@ def _validate_structured(schema: dict[str, Any], output: str, structured: Any) -
 async def _timer(control: TurnControl, timeout_ms: int) -> None:
     """Stop the turn at its wall-clock budget (a cancellation that came first wins)."""
     await anyio.sleep(timeout_ms / 1000.0)
-    control.stop("budget-exhausted", f"the turn exceeded timeout_ms={timeout_ms}")
+    control.stop("budget-exhausted", f"the turn exceeded timeout_ms={timeout_ms}", why="timeout")
 
 
 async def run_turn(spec: TurnSpec, control: TurnControl, rpc: RpcCaller, *, sessions: SessionAccess | None = None) -> TurnOutcome:
@@ -198,7 +198,10 @@ async def _run(spec: TurnSpec, control: TurnControl, rpc: RpcCaller, writer: Ses
             stop_reason, diagnostic = "error", problem
     diagnostic = truncate_diagnostic(diagnostic)
     log_reason = "blocked" if stop_reason == "refusal" else stop_reason
-    closing.append(("turn/end", {"stop_reason": log_reason, "diagnostic": diagnostic}))
+    end: dict[str, Any] = {"stop_reason": log_reason, "diagnostic": diagnostic}
+    if control.cause is not None and control.why is not None:
+        end["cause"] = control.why  # what stopped it (store/outcome.py reads it)
+    closing.append(("turn/end", end))
     writer.append(closing, commit=True)
     await writer.flush()
     return TurnOutcome(output=output, structured=structured, stop_reason=stop_reason, diagnostic=diagnostic, steps=control.steps)

@@ -18,18 +18,26 @@ from subagents.store import (
     ContinuableDescriptor,
     LogTail,
     OneShotDescriptor,
+    summarize,
     describe_session,
     held_sessions,
     inspect,
     list_children,
     list_descendants,
+    DEFAULT_ROOT_LIMIT,
+    find_roots,
     list_roots,
+    resolve_id,
+    short_ids,
 )
 
-from . import render
+from subagents.store.query import paginate
+
+from . import columns, render
+from .filters import add_filters, add_paging, query_of
 from .invocation import Invocation
 from .parser import Verbs, positive_float
-from .top_view import TopView, render_top
+from .top_view import COLUMNS_HELP, TopView, render_top
 
 __all__ = ["register", "FOLLOW_POLL_S", "TOP_INTERVAL_S"]
 
@@ -44,58 +52,127 @@ def _stop_on_ctrl_c() -> None:
 
 
 def register(verbs: Verbs) -> None:
-    ls = verbs.add("ls", cmd_ls, "list a parent's direct subagents (no PARENT: the top-level sessions)",
-                   example="subagents ls\nsubagents ls 01M8MVY0PZ9RKY15DPNHER70WX --json")
-    ls.add_argument("parent", metavar="PARENT", nargs="?", help="the session whose direct subagents to list (omit it for the top-level sessions)")
+    ls = verbs.add("ls", cmd_ls, "list a parent's direct subagents (no PARENT: the newest top-level sessions)",
+                   example="subagents ls\nsubagents ls 01M8MVY0 --outcome error,crashed --since 1d\n"
+                           "subagents ls --limit 50 --json   # then: --cursor <next_cursor>")
+    ls.add_argument("parent", metavar="PARENT", nargs="?",
+                    help="the session whose direct subagents to list, its id or a unique prefix (omit it for the top-level sessions)")
+    add_filters(ls)
+    add_paging(ls, default_limit=None)
 
-    tree = verbs.add("tree", cmd_tree, "every subagent below ROOT (no ROOT: below every top-level session)",
-                     example="subagents tree 01M8MVY0PZ9RKY15DPNHER70WX")
-    tree.add_argument("root", metavar="ROOT", nargs="?", help="the session whose descendants to show (omit it for every top-level session)")
+    tree = verbs.add("tree", cmd_tree, "every subagent below ROOT (no ROOT: below each of the newest top-level sessions)",
+                     example="subagents tree 01M8MVY0\nsubagents tree 01M8MVY0 --status running,idle")
+    tree.add_argument("root", metavar="ROOT", nargs="?",
+                      help="the session whose descendants to show, its id or a unique prefix (omit it for the newest top-level sessions)")
+    add_filters(tree)
+    add_paging(tree, default_limit=None)
 
     show = verbs.add("show", cmd_show, "one session: header, identity, status, lease, timing, log",
                      example="subagents show 01M8MVY0PZ9RKY15DPNHER70WX --json")
-    show.add_argument("id", metavar="ID", help="a session id, as `ls`, `tree` or `run` print it")
+    show.add_argument("id", metavar="ID", help="a session id, as `ls`, `tree` or `run` print it, or a unique prefix of one")
 
     log_cmd = verbs.add("log", cmd_log, "the events of a session",
                         example="subagents log 01M8MVY0PZ9RKY15DPNHER70WX --follow")
-    log_cmd.add_argument("id", metavar="ID", help="a session id, as `ls`, `tree` or `run` print it")
+    log_cmd.add_argument("id", metavar="ID", help="a session id, as `ls`, `tree` or `run` print it, or a unique prefix of one")
     log_cmd.add_argument("--follow", "-f", action="store_true", help="keep printing new events until interrupted")
+    log_cmd.add_argument("--full", action="store_true", help="print each event's data whole (default: one line of 96 characters; --json is never cut)")
+
+    summary = verbs.add("summary", cmd_summary, "counts of subagents by status and outcome, and live per supervisor",
+                        example="subagents summary\nsubagents summary 01M8MVY0 --json")
+    summary.add_argument("root", metavar="ROOT", nargs="?", help="count below this root only, its id or a unique prefix (default: the whole store)")
 
     top = verbs.add("top", cmd_top, "running and idle sessions across processes (live on a terminal)",
                     example="subagents top\nsubagents top --once --json")
+    top.epilog = COLUMNS_HELP + ("\n\n" + top.epilog if top.epilog else "")
     top.add_argument("--once", action="store_true", help="print one snapshot and exit")
     top.add_argument("--interval", type=positive_float, default=TOP_INTERVAL_S, metavar="S",
                      help=f"seconds between refreshes (default {TOP_INTERVAL_S:g})")
+    add_filters(top, times=False)
+
+
+_TIME_KEYS = ("created_at", "active_since")
+
+
+def _iso_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows as ``--json`` prints them: times in ISO 8601 (UTC)."""
+    return [{k: (columns.iso(v) if k in _TIME_KEYS and isinstance(v, (int, float)) else v) for k, v in row.items()} for row in rows]
+
+
+def _ids_in(rows: list[dict[str, Any]], *extra: str) -> list[str]:
+    return [*extra, *(r["id"] for r in rows)]
+
+
+def _paged(args: Any) -> bool:
+    """Whether ``ls PARENT`` / ``tree ROOT`` print a page (an object with ``next_cursor``) rather than a plain list."""
+    return args.limit is not None or args.cursor is not None
+
+
+def _more(out: Any, cursor: str | None, noun: str) -> None:
+    if cursor is not None:
+        out.line(f"(more {noun}: --cursor {cursor})")
 
 
 def cmd_ls(inv: Invocation) -> int:
-    store = inv.open_store()
-    if inv.args.parent is not None:
-        inv.session(store, inv.args.parent)  # an unknown parent is SESSION_NOT_FOUND, not an empty listing
-    if inv.args.parent is None:
-        inv.emit([dataclasses.asdict(r) for r in list_roots(store)], render.render_roots)
+    store, args = inv.open_store(), inv.args
+    query = query_of(args)
+    if args.parent is None:
+        page = find_roots(store, query=query, sort=args.sort, newest_first=args.sort == "created",
+                          limit=args.limit or DEFAULT_ROOT_LIMIT, cursor=args.cursor)
+        roots = [dataclasses.asdict(r) for r in page.rows]
+        if inv.out.json_mode:
+            inv.out.json({"roots": _iso_rows(roots), "next_cursor": page.next_cursor})
+        else:
+            render.render_roots(inv.out, roots, short_ids(store, _ids_in(roots)))
+            _more(inv.out, page.next_cursor, "sessions")
         return 0
-    inv.emit(render.entry_rows(list_children(store, inv.args.parent)), render.render_listing)
+    parent = resolve_id(store, args.parent)
+    inv.session(store, parent)  # an unknown parent is SESSION_NOT_FOUND, not an empty listing
+    listed = paginate(list_children(store, parent, query), sort=args.sort, limit=args.limit, cursor=args.cursor)
+    rows = render.entry_rows(listed.rows)
+    if inv.out.json_mode:
+        inv.out.json({"rows": _iso_rows(rows), "next_cursor": listed.next_cursor} if _paged(args) else _iso_rows(rows))
+    else:
+        render.render_listing(inv.out, rows, short_ids(store, _ids_in(rows)))
+        _more(inv.out, listed.next_cursor, "subagents")
     return 0
 
 
 def cmd_tree(inv: Invocation) -> int:
-    store = inv.open_store()
-    root = inv.args.root
-    if root is not None:
+    store, args = inv.open_store(), inv.args
+    query = query_of(args)
+    if args.root is not None:
+        root = resolve_id(store, args.root)
         inv.session(store, root)
-        rows = render.descendant_rows(list_descendants(store, root))
-        inv.emit(rows, lambda out, _: render.render_tree(out, [{"root": root, "descendants": rows}]))
+        found = list_descendants(store, root, query)
+        if _paged(args):  # a page keeps pre-order: rows are cut, never reordered
+            listed = paginate([r.entry for r in found], limit=args.limit, cursor=args.cursor, sort=args.sort)
+            kept = {e.id for e in listed.rows}
+            found, cursor = [r for r in found if r.entry.id in kept], listed.next_cursor
+        else:
+            cursor = None
+        rows = render.descendant_rows(found)
+        if inv.out.json_mode:
+            inv.out.json({"rows": _iso_rows(rows), "next_cursor": cursor} if _paged(args) else _iso_rows(rows))
+        else:
+            render.render_tree(inv.out, [{"root": root, "descendants": rows}], short_ids(store, _ids_in(rows, root)))
+            _more(inv.out, cursor, "subagents")
         return 0
-    forest = [{"root": r.id, "descendants": render.descendant_rows(list_descendants(store, r.id))} for r in list_roots(store)]
-    inv.emit(forest, render.render_tree)
+    page = find_roots(store, limit=args.limit or DEFAULT_ROOT_LIMIT, cursor=args.cursor)
+    forest = [{"root": r.id, "label": r.label, "descendants": render.descendant_rows(list_descendants(store, r.id, query))}
+              for r in page.rows]
+    if inv.out.json_mode:
+        inv.out.json([{**tree, "descendants": _iso_rows(tree["descendants"])} for tree in forest])
+    else:
+        ids = [i for tree in forest for i in _ids_in(tree["descendants"], tree["root"])]
+        render.render_tree(inv.out, forest, short_ids(store, ids))
     return 0
 
 
 def cmd_show(inv: Invocation) -> int:
     store = inv.open_store()
-    inv.session(store, inv.args.id)
-    found = describe_session(store, inv.args.id)
+    session_id = resolve_id(store, inv.args.id)
+    inv.session(store, session_id)
+    found = describe_session(store, session_id)
     header, projection, log = found.inspection.header, found.projection, found.inspection
     ident = projection.identity
     descriptor = ident.model_dump(mode="json", exclude_none=True) if isinstance(ident, (OneShotDescriptor, ContinuableDescriptor)) else None
@@ -118,23 +195,50 @@ def cmd_show(inv: Invocation) -> int:
                 "damage": dataclasses.asdict(log.damage) if log.damage else None},
         "mailbox": mailbox,
         "children": found.children,
+        "outcome": found.outcome.outcome,
+        "error_code": found.outcome.error_code,
+        "error": found.outcome.error,
+        "result": _closing_message(log.events),
+        "failure": projection.last_diagnostic if found.outcome.outcome not in (None, "completed") else None,
     }
     inv.emit(doc, render.render_show)
     return 0
 
 
+def _closing_message(events: list[dict[str, Any]]) -> Any:
+    """The last non-empty ``assistant/message`` (its text, or its data when it has no text): the session's result."""
+    for event in reversed(events):
+        if event.get("type") == "assistant/message":
+            data = event.get("data")
+            text = data.get("text") if isinstance(data, dict) else data
+            if text:
+                return text
+    return None
+
+
+def cmd_summary(inv: Invocation) -> int:
+    store = inv.open_store()
+    root = resolve_id(store, inv.args.root) if inv.args.root is not None else None
+    if root is not None:
+        inv.session(store, root)
+    inv.emit(dataclasses.asdict(summarize(store, root)), render.render_summary)
+    return 0
+
+
 def cmd_log(inv: Invocation) -> int:
     store, out = inv.open_store(), inv.out
-    inv.session(store, inv.args.id)
-    found = inspect(store, inv.args.id)
-    doc = {"session": inv.args.id, "log_status": found.status,
+    session_id = resolve_id(store, inv.args.id)
+    inv.session(store, session_id)
+    found = inspect(store, session_id)
+    doc = {"session": session_id, "log_status": found.status,
            "damage": dataclasses.asdict(found.damage) if found.damage else None, "events": found.events}
     if not inv.args.follow:
-        inv.emit(doc, render.render_log)
+        inv.emit(doc, lambda o, d: render.render_log(o, d, full=inv.args.full))
         return 0
+    full = inv.args.full
+    emit: Callable[[dict[str, Any]], None] = (lambda e: out.json(e, compact=True)) if out.json_mode else (lambda e: out.line(render.event_line(e, full=full)))
     _stop_on_ctrl_c()
-    emit: Callable[[dict[str, Any]], None] = (lambda e: out.json(e, compact=True)) if out.json_mode else (lambda e: out.line(render.event_line(e)))
-    tail = LogTail(store, inv.args.id, found)
+    tail = LogTail(store, session_id, found)
     try:  # from the first line printed: a Ctrl-C right after it still ends with 0
         for event in found.events:
             emit(event)
@@ -149,17 +253,27 @@ def cmd_log(inv: Invocation) -> int:
 def cmd_top(inv: Invocation) -> int:
     store = inv.open_store()
 
+    query = query_of(inv.args)
+
     def snapshot() -> list[dict[str, Any]]:
-        return [dataclasses.asdict(row) for row in held_sessions(store)]
+        return [dataclasses.asdict(row) for row in held_sessions(store) if query.matches(row)]
+
+    def shorts(rows: list[dict[str, Any]]) -> dict[str, str]:
+        return {} if inv.out.json_mode else short_ids(store, [*_ids_in(rows), *(r["parent"] for r in rows if r.get("parent"))])
 
     if inv.args.once:
-        inv.emit(snapshot(), render_top)
+        rows = snapshot()
+        if inv.out.json_mode:
+            inv.out.json(_iso_rows(rows))
+        else:
+            render_top(inv.out, rows, shorts(rows))
         return 0
     _stop_on_ctrl_c()
     try:
         with TopView(inv.out) as view:
             while True:
-                view.update(snapshot(), time.time())
+                rows = snapshot()
+                view.update(_iso_rows(rows) if inv.out.json_mode else rows, time.time(), shorts(rows))
                 time.sleep(inv.args.interval)
     except KeyboardInterrupt:
         return 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argcomplete
 
-from subagents.store import check_store, reindex
+from subagents.store import check_store, rebuild_roots, reindex
 from subagents.store.fsck import fsck
 
 from ..config_loader import dump_toml
@@ -32,7 +32,7 @@ def register(verbs: Verbs) -> None:
     fsck_cmd.add_argument("--repair", action="store_true", help="truncate torn tails (never touches corrupt sessions)")
     store.add("check", cmd_check, "check every invariant of the store (read-only; safe while it is written)",
               example="subagents store check --json")
-    store.add("reindex", cmd_reindex, "rebuild the children index from the headers", example="subagents store reindex")
+    store.add("reindex", cmd_reindex, "rebuild the children index and the roots index from the headers", example="subagents store reindex")
 
     completion = verbs.add("completion", cmd_completion, "print the shell code that completes subagents' verbs and options",
                            json=False, example='eval "$(subagents completion bash)"   # in ~/.bashrc\n'
@@ -64,8 +64,10 @@ def cmd_check(inv: Invocation) -> int:
 
 
 def cmd_reindex(inv: Invocation) -> int:
-    parents = reindex(inv.open_store(write=True))
-    inv.emit({"parents": parents, "children": sum(len(v) for v in parents.values())}, render.render_reindex)
+    store = inv.open_store(write=True)
+    parents = reindex(store)
+    roots = rebuild_roots(store)
+    inv.emit({"parents": parents, "children": sum(len(v) for v in parents.values()), "roots": len(roots)}, render.render_reindex)
     return 0
 
 

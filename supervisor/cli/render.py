@@ -4,7 +4,7 @@ Owns every byte the CLI writes to stdout (``top``'s table lives in
 ``top_view``). Verbs (``listing``, ``control``, ...) build plain data (dicts
 and lists, the same that ``--json`` prints) and hand it to one ``render_*``
 function here. Plain text is the stable form (scripts
-and tests read it; ``ls`` is exactly ``worker.listing.render_rows``); rich
+and tests read it; listings are the aligned tables of ``columns``); rich
 tables, trees and progress bars are used only when stdout is a terminal and
 ``--json`` is off, and ``rich`` is imported only then.
 """
@@ -16,10 +16,12 @@ import json
 import sys
 import time
 from types import TracebackType
-from typing import Any, Sequence, TextIO
+from typing import Any, Mapping, Sequence, TextIO
 
 from subagents.store import ChildEntry, DescendantRow, DiagnosticEntry
 from subagents.worker.listing import render_rows
+
+from . import columns
 
 __all__ = [
     "Output",
@@ -76,7 +78,7 @@ class Output:
 
 
 def entry_rows(entries: Sequence[ChildEntry | DiagnosticEntry]) -> list[dict[str, Any]]:
-    """Catalog entries as the plain rows ``ls`` prints (``worker.listing.render_rows``)."""
+    """Catalog entries as the plain rows ``ls`` prints."""
     return [dataclasses.asdict(e) for e in entries]
 
 
@@ -120,80 +122,54 @@ def status_style(status: str) -> str:
     return {"running": "bold green", "idle": "yellow", "complete": "dim"}.get(status, "")
 
 
-def render_listing(out: Output, rows: Sequence[dict[str, Any]]) -> None:
-    """Direct children: exactly ``render_rows`` as plain text, a table on a terminal."""
-    if not out.rich or not rows:
-        out.line(render_rows(rows))
+def render_listing(out: Output, rows: Sequence[dict[str, Any]], shorts: Mapping[str, str] | None = None) -> None:
+    """Direct children: an aligned table (``columns.children_table``), the status coloured on a terminal."""
+    _print_lines(out, columns.children_table(rows, shorts or {}, time.time()))
+
+
+def render_roots(out: Output, roots: Sequence[dict[str, Any]], shorts: Mapping[str, str] | None = None) -> None:
+    """Top-level sessions: an aligned table (``columns.roots_table``)."""
+    _print_lines(out, columns.roots_table(roots, shorts or {}, time.time()))
+
+
+def _print_lines(out: Output, lines: list[str]) -> None:
+    if not out.rich:
+        for line in lines:
+            out.line(line)
         return
     from rich.markup import escape
-    from rich.table import Table
 
-    table = Table(box=None, header_style="bold")
-    for column in ("id", "status", "mode", "label", "children"):
-        table.add_column(column)
-    for row in rows:
-        if row.get("kind") == "diagnostic":
-            table.add_row(row["id"], f"[red]diagnostic: {escape(row['reason'])}[/red]", "", "", "")
-        else:
-            status = row["status"]
-            table.add_row(
-                row["id"], f"[{status_style(status)}]{status}[/]" if status_style(status) else status,
-                row["mode"], escape(row.get("label") or ""), "yes" if row["has_children"] else "",
-            )
-    out.console.print(table)
-
-
-def render_roots(out: Output, roots: Sequence[dict[str, Any]]) -> None:
-    """Top-level sessions: ``<id> [<status>] — <label>: <n> children (created <time>)``."""
-    if not roots:
-        out.line("(no sessions)")
-        return
-    if out.rich:
-        from rich.table import Table
-
-        table = Table(box=None, header_style="bold")
-        for column in ("id", "status", "label", "children", "created"):
-            table.add_column(column)
-        for root in roots:
-            table.add_row(root["id"], root["status"], root.get("label") or "", str(root["children"]), fmt_time(root["created_at"]))
-        out.console.print(table)
-        return
-    for root in roots:
-        noun = "child" if root["children"] == 1 else "children"
-        label = f"{root['label']}: " if root.get("label") else ""
-        out.line(f"{root['id']} [{root['status']}] — {label}{root['children']} {noun} (created {fmt_time(root['created_at'])})")
+    for i, line in enumerate(lines):
+        text = escape(line)
+        if i == 0 and len(lines) > 1:
+            text = f"[bold]{text}[/bold]"
+        out.console.print(text, soft_wrap=True, highlight=False)
 
 
 # -- tree -----------------------------------------------------------------------
 
 
-def _row_text(row: dict[str, Any]) -> str:
-    return render_rows([{k: v for k, v in row.items() if k not in ("parent_id", "depth")}])
-
-
-def render_tree(out: Output, forest: Sequence[dict[str, Any]]) -> None:
-    """Each ``{"root", "descendants"}`` as an indented tree (two spaces a level)."""
+def render_tree(out: Output, forest: Sequence[dict[str, Any]], shorts: Mapping[str, str] | None = None) -> None:
+    """Each ``{"root", "descendants"}`` as an indented tree (two spaces a level), one ``columns.tree_line`` a row."""
     if not forest:
         out.line("(no sessions)")
         return
+    names = shorts or {}
     for tree in forest:
         rows = tree["descendants"]
+        label = f" — {tree['label']}" if tree.get("label") else ""
+        lines = [f"{names.get(tree['root'], tree['root'])} (root){label}"]
+        lines += ["  " * row["depth"] + columns.tree_line(row, names.get(row["id"], row["id"])) for row in rows]
+        if not rows:
+            lines.append("  (no subagents)")
         if out.rich:
             from rich.markup import escape
-            from rich.tree import Tree
 
-            top = Tree(f"[bold]{escape(tree['root'])}[/bold] (root)")
-            nodes: dict[str, Any] = {tree["root"]: top}
-            for row in rows:
-                parent = nodes.get(row["parent_id"], top)
-                nodes[row["id"]] = parent.add(escape(_row_text(row)))
-            out.console.print(top)
-            continue
-        out.line(f"{tree['root']} (root)")
-        for row in rows:
-            out.line("  " * row["depth"] + _row_text(row))
-        if not rows:
-            out.line("  (no subagents)")
+            for line in lines:
+                out.console.print(escape(line), soft_wrap=True, highlight=False)
+        else:
+            for line in lines:
+                out.line(line)
 
 
 # -- show -----------------------------------------------------------------------
@@ -245,6 +221,13 @@ def render_show(out: Output, doc: dict[str, Any]) -> None:
     waiting = "?" if mailbox["pending"] is None else mailbox["pending"]
     fields.append(("mailbox", f"{mailbox['accepted']} accepted, {waiting} pending" + (f" ({mailbox['problem']})" if mailbox.get("problem") else "")))
     fields.append(("children", str(doc["children"])))
+    outcome = doc.get("outcome") or ("-" if doc["status"] == "complete" else "- (no turn finished yet)")
+    fields.insert(next(i for i, (k, _) in enumerate(fields) if k == "status") + 1, ("outcome", outcome))
+    if doc.get("failure"):
+        fields.append(("failure", doc["failure"]))
+    if doc.get("result") is not None:
+        result = doc["result"] if isinstance(doc["result"], str) else to_json(doc["result"])
+        fields.append(("result", result))
     if out.rich:
         from rich.markup import escape
         from rich.table import Table
@@ -261,16 +244,40 @@ def render_show(out: Output, doc: dict[str, Any]) -> None:
         out.line(f"{key.ljust(width)}  {value}")
 
 
+# -- summary --------------------------------------------------------------------
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))) or "none"
+
+
+def render_summary(out: Output, doc: dict[str, Any]) -> None:
+    scope = f"below {doc['root']}" if doc["root"] else f"below {doc['roots']} top-level session{'s' if doc['roots'] != 1 else ''}"
+    out.line(f"{doc['subagents']} subagent{'s' if doc['subagents'] != 1 else ''} {scope}")
+    out.line(f"status    {_counts(doc['by_status'])}")
+    out.line(f"outcome   {_counts(doc['by_outcome'])}")
+    if doc["diagnostics"]:
+        out.line(f"damaged   {_counts(doc['diagnostics'])}")
+    if not doc["supervisors"]:
+        out.line("live      no supervisor holds any of them")
+    for sup in doc["supervisors"]:
+        where = f"pid {sup['pid']} on {sup['host']}" if sup["pid"] is not None else "pid unknown"
+        out.line(f"live      {sup['owner']} ({where}): {sup['running']} running, {sup['idle']} idle")
+
+
 # -- log ------------------------------------------------------------------------
 
 
-def event_line(event: dict[str, Any]) -> str:
-    return f"{event['seq']:>5}  {fmt_time(event.get('ts'), date=False)}  {str(event.get('type')):<20}  {summarize(event.get('data'))}"
+def event_line(event: dict[str, Any], *, full: bool = False) -> str:
+    """One event on one line, its data cut to ``SUMMARY_WIDTH``; ``full``: the data whole (newlines kept)."""
+    data = event.get("data")
+    shown = (data if isinstance(data, str) else to_json(data, compact=True)) if full else summarize(data)
+    return f"{event['seq']:>5}  {fmt_time(event.get('ts'), date=False)}  {str(event.get('type')):<20}  {shown}"
 
 
-def render_log(out: Output, doc: dict[str, Any]) -> None:
+def render_log(out: Output, doc: dict[str, Any], *, full: bool = False) -> None:
     for event in doc["events"]:
-        out.line(event_line(event))
+        out.line(event_line(event, full=full))
     if doc["log_status"] != "clean":
         damage = doc.get("damage") or {}
         out.line(f"({doc['log_status']} log: {damage.get('reason')} at byte {damage.get('offset')}, {damage.get('dropped')} bytes after the valid prefix)")
@@ -306,7 +313,7 @@ def render_check(out: Output, doc: dict[str, Any]) -> None:
 def render_reindex(out: Output, doc: dict[str, Any]) -> None:
     for parent, children in doc["parents"].items():
         out.line(f"{parent}: {len(children)} {'child' if len(children) == 1 else 'children'}")
-    out.line(f"reindexed {len(doc['parents'])} parents, {doc['children']} children")
+    out.line(f"reindexed {len(doc['parents'])} parents, {doc['children']} children, {doc.get('roots', 0)} roots")
 
 
 # -- run, demo ---------------------------------------------------------------------------

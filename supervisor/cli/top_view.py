@@ -10,45 +10,62 @@ from __future__ import annotations
 
 import time
 from types import TracebackType
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from .render import Output, fmt_time, status_style
 
-__all__ = ["render_top", "TopView"]
+__all__ = ["render_top", "TopView", "COLUMNS_HELP"]
 
 # -- top ------------------------------------------------------------------------------------
 
-# the short columns first: on a narrow terminal what gives way is the long ids on the right
-_TOP_COLUMNS = ("id", "status", "mode", "label", "epoch", "settled", "pid", "parent", "owner")
+# ids are short unique prefixes (accepted back by every verb), so the label keeps its room;
+# what gives way on a narrow terminal is the owner on the right
+_TOP_COLUMNS = ("id", "status", "last", "mode", "label", "busy", "turn", "epoch", "pid", "parent", "owner")
+
+COLUMNS_HELP = """columns:
+  id      the session id's shortest unique prefix (every verb takes it back)
+  status  running (a turn runs or is queued) or idle (waiting on its own children)
+  last    the outcome of its last finished turn (completed, error, ...; - : none yet)
+  mode    one-shot, continuable, root (top-level) or - (a plain fork)
+  busy    time spent in its finished turns
+  turn    how long the open turn has been running (- : no turn open)
+  epoch   the lease epoch (grows by one each time a supervisor takes the session)
+  pid     the process of the supervisor holding it; owner: that supervisor's id"""
 
 
-def _top_cells(row: dict[str, Any], now: float) -> tuple[str, ...]:
-    settled = f"{row['settled_ms'] / 1000.0:.1f}s"
-    if row.get("active_since") is not None:
-        settled += f" +{max(0.0, now - row['active_since']):.1f}s"
+def _seconds(value: float) -> str:
+    return f"{value:.1f}s" if value < 60 else f"{int(value // 60)}m{int(value % 60):02d}s"
+
+
+def _top_cells(row: dict[str, Any], now: float, shorts: Mapping[str, str]) -> tuple[str, ...]:
+    busy = _seconds(row["settled_ms"] / 1000.0)
+    turn = _seconds(max(0.0, now - row["active_since"])) if row.get("active_since") is not None else "-"
     pid = str(row["owner_pid"]) if row.get("owner_pid") is not None else "-"
-    return (row["id"], row["status"], row["mode"], row.get("label") or "-", str(row["epoch"]), settled, pid, row.get("parent") or "-", row["owner"])
+    parent = row.get("parent")
+    return (shorts.get(row["id"], row["id"]), row["status"], row.get("outcome") or "-", row["mode"], row.get("label") or "-",
+            busy, turn, str(row["epoch"]), pid, shorts.get(parent, parent) if parent else "-", row["owner"])
 
 
-def _top_plain(rows: Sequence[dict[str, Any]], now: float) -> list[str]:
+def _top_plain(rows: Sequence[dict[str, Any]], now: float, shorts: Mapping[str, str]) -> list[str]:
     if not rows:
         return ["(no running or idle sessions)"]
-    table = [_TOP_COLUMNS, *(_top_cells(r, now) for r in rows)]
+    table = [_TOP_COLUMNS, *(_top_cells(r, now, shorts) for r in rows)]
     widths = [max(len(line[i]) for line in table) for i in range(len(_TOP_COLUMNS))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in table]
 
 
-def _top_table(rows: Sequence[dict[str, Any]], now: float) -> Any:
+def _top_table(rows: Sequence[dict[str, Any]], now: float, shorts: Mapping[str, str]) -> Any:
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(box=None, header_style="bold", caption=f"{len(rows)} sessions held, {fmt_time(now, date=False)}")
-    cells_by_row = [_top_cells(row, now) for row in rows]
+    table = Table(box=None, header_style="bold",
+                  caption=f"{len(rows)} sessions held, {fmt_time(now, date=False)} (columns: subagents top --help)")
+    cells_by_row = [_top_cells(row, now, shorts) for row in rows]
     for i, column in enumerate(_TOP_COLUMNS):
         widest = max([len(column), *(len(cells[i]) for cells in cells_by_row)])
-        if column in ("label", "parent", "owner"):  # on a narrow terminal these give way (`--once --json` has them whole)
+        if column in ("parent", "owner"):  # on a narrow terminal these give way (`--once --json` has them whole)
             table.add_column(column, no_wrap=True, overflow="ellipsis")
-        else:  # the id (what the other commands take) and the short columns are never cut
+        else:  # the short id (what the other commands take), the label and the short columns are never cut
             table.add_column(column, no_wrap=True, min_width=widest)
     for row, plain in zip(rows, cells_by_row):
         cells = [escape(c) for c in plain]
@@ -58,13 +75,13 @@ def _top_table(rows: Sequence[dict[str, Any]], now: float) -> Any:
     return table
 
 
-def render_top(out: Output, rows: Sequence[dict[str, Any]]) -> None:
-    """One snapshot: aligned columns (``settled`` is settled time, ``+N s`` the open turn)."""
+def render_top(out: Output, rows: Sequence[dict[str, Any]], shorts: Mapping[str, str] | None = None) -> None:
+    """One snapshot: aligned columns (``COLUMNS_HELP`` says what each one means)."""
     now = time.time()
     if out.rich:
-        out.console.print(_top_table(rows, now))
+        out.console.print(_top_table(rows, now, shorts or {}))
         return
-    for line in _top_plain(rows, now):
+    for line in _top_plain(rows, now, shorts or {}):
         out.line(line)
 
 
@@ -80,18 +97,18 @@ class TopView:
         if self.out.rich:
             from rich.live import Live
 
-            self._live = Live(_top_table([], time.time()), console=self.out.console, auto_refresh=False)
+            self._live = Live(_top_table([], time.time(), {}), console=self.out.console, auto_refresh=False)
             self._live.__enter__()
         return self
 
-    def update(self, rows: Sequence[dict[str, Any]], now: float) -> None:
+    def update(self, rows: Sequence[dict[str, Any]], now: float, shorts: Mapping[str, str] | None = None) -> None:
         if self._live is not None:
-            self._live.update(_top_table(rows, now), refresh=True)
+            self._live.update(_top_table(rows, now, shorts or {}), refresh=True)
         elif self.out.json_mode:
             self.out.json(list(rows), compact=True)
         else:
             self.out.line(f"-- {fmt_time(now)}: {len(rows)} sessions held")
-            for line in _top_plain(rows, now):
+            for line in _top_plain(rows, now, shorts or {}):
                 self.out.line(line)
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:

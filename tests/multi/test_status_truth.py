@@ -108,7 +108,7 @@ async def test_every_reader_reports_the_hosts_truth(tmp_path, hosts) -> None:
         }
         for who, seen in after.items():
             assert seen == {cid: "complete" for cid in expected_tree}, f"{who} ({elapsed * 1000:.0f} ms after the kill)"
-        roots = {row["id"]: row for row in await anyio.to_thread.run_sync(cli, st.root, "ls")}
+        roots = {row["id"]: row for row in (await anyio.to_thread.run_sync(cli, st.root, "ls"))["roots"]}
         assert roots[root]["status"] == "complete"
         # its workers noticed: no process of the dead host remains
         from ._driver import wait_gone

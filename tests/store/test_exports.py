@@ -22,8 +22,8 @@ EXPECTED = {
     # errors
     "CorruptSessionError", "DescriptorError", "DurabilityError", "FencedError", "InvalidHeaderError",
     "InvalidSessionIdError", "LeaseHeldError", "LockTimeoutError", "RecordTooLargeError", "SessionExistsError",
-    "SessionNotFoundError", "StoreFormatError", "StoreNotFoundError", "ReadOnlyStoreError", "SubagentError", "UnavailableSessionError",
-    "UnsupportedFormatError",
+    "SessionNotFoundError", "AmbiguousIdError", "StoreFormatError", "StoreNotFoundError", "ReadOnlyStoreError", "SubagentError",
+    "UnavailableSessionError", "UnsupportedFormatError",
     # events, framing, header, ids
     "EVENT_TYPES", "closers",
     "MAX_RECORD_BYTES", "Damage", "ScanResult", "encode_record", "scan",
@@ -36,6 +36,9 @@ EXPECTED = {
     # log, mailbox, projection, reader, root, session
     "LogWriter", "SeqMismatchError", "load_projection", "read_projection",
     "MailboxMessage", "accept", "pending", "read_mailbox",
+    # outcome
+    "OUTCOMES", "OutcomeVerdict", "outcome_of",
+    "MIN_PREFIX", "resolve_id", "short_ids",
     "Projection", "Timing",
     "Inspection", "inspect", "read_from", "read_header",
     "STORE_FORMAT", "STORE_VERSION", "Store",
@@ -43,7 +46,9 @@ EXPECTED = {
     # the CLI's read-only views: description, held, roots, tail
     "MailboxCounts", "SessionDescription", "describe_session", "mailbox_counts",
     "HeldSession", "held_sessions",
-    "RootEntry", "list_roots", "subagent_count",
+    "RootEntry", "list_roots", "subagent_count", "DEFAULT_ROOT_LIMIT", "find_roots", "rebuild_roots",
+    "Page", "Query", "InvalidQueryError",
+    "Summary", "SupervisorCount", "summarize",
     "LogTail",
 }
 

@@ -94,9 +94,9 @@ def test_children_in_creation_order_with_ties_and_no_forks(tree):
     """Direct subagent children by (created_at, id); the plain fork is left out silently."""
     rows = store.list_children(tree, "r")
     assert rows == [
-        store.ChildEntry("c1", "one", "one-shot", "complete", True),
-        store.ChildEntry("c2", "two", "continuable", "complete", False),
-        store.ChildEntry("c0", "zero", "one-shot", "complete", False),
+        store.ChildEntry("c1", "one", "one-shot", "complete", True, outcome="completed", created_at=10.0),
+        store.ChildEntry("c2", "two", "continuable", "complete", False, outcome="completed", created_at=10.0),
+        store.ChildEntry("c0", "zero", "one-shot", "complete", False, outcome="completed", created_at=20.0),
     ]
     assert ids(store.list_children(tree, "f1")) == ["g2"]  # a plain session can have subagent children
     assert ids(store.list_children(tree, "c1")) == ["g1"]

@@ -24,13 +24,18 @@ import pytest
 
 from subagents import store
 from subagents.store import LogWriter, Store, create_session, inspect, list_children, list_descendants, read_lease
-from subagents.supervisor.cli import render
+from subagents.supervisor.cli import columns, render
 from subagents.supervisor.config_loader import load_config
-from subagents.worker.listing import render_rows
 
 DEADLINE_S = 90.0
-ROW = re.compile(r"^(\S+) \[complete\] — part-(\d)$")
-CHILD = re.compile(r"^(\S+) \[complete\] — (part-\d|reviewer)$")
+ROW = re.compile(r"^(\S+)\s+complete\s+completed\s+one-shot\s+.+\s+part-(\d)$")  # a row of the `ls` table
+CHILD = re.compile(r"^(\S+) \[complete, completed\] — (part-\d|reviewer)$")  # a line of `tree`
+LS_HEADER = ["ID", "STATUS", "OUTCOME", "MODE", "CREATED", "LABEL", "ERROR"]
+
+
+def iso_times(row: dict) -> dict:
+    """A listing row as `--json` prints it: times in ISO 8601."""
+    return {k: (columns.iso(v) if k in ("created_at", "active_since") and v is not None else v) for k, v in row.items()}
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -81,8 +86,8 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoStore:
     root = re.search(r"^demo root (\S+):", out, re.M)
     assert root is not None, out
     lines = out.splitlines()
-    listing = lines[lines.index(f"$ subagents ls {root.group(1)}") + 1 :][:4]
-    children = [m.group(1) for m in map(CHILD.match, listing) if m]
+    listing = lines[lines.index(f"$ subagents ls {root.group(1)}") + 2 :][:4]  # under the header row
+    children = [line.split()[0] for line in listing if line.split()[1:3] == ["complete", "completed"]]
     assert len(children) == 4, out
     return DemoStore(cwd, cwd / "st", root.group(1), children, out)
 
@@ -102,11 +107,13 @@ def test_demo_quick_lists_three_complete_children(demo: DemoStore) -> None:
     lines = demo.stdout.splitlines()
     assert sum(1 for line in lines if re.match(r"^\[\d/3\] \S+ part-\d completed after", line)) == 3
     assert any(line.startswith("speedup") for line in lines)
-    listing = lines[lines.index(f"$ subagents ls {demo.root}") + 1 :][:3]
+    assert lines[lines.index(f"$ subagents ls {demo.root}") + 1].split() == LS_HEADER
+    listing = lines[lines.index(f"$ subagents ls {demo.root}") + 2 :][:3]
     assert [ROW.match(line).group(2) for line in listing] == ["1", "2", "3"]  # type: ignore[union-attr]
     tree = lines[lines.index(f"$ subagents tree {demo.root}") + 1 :]
     assert tree[0] == f"{demo.root} (root)"
-    assert [line.strip() for line in tree[1:4]] == listing
+    assert [CHILD.match(line.strip()).groups() for line in tree[1:4]] == [  # type: ignore[union-attr]
+        (line.split()[0], f"part-{i}") for i, line in enumerate(listing, 1)]
     assert all(line.startswith("  ") for line in tree[1:4])
 
 
@@ -134,17 +141,29 @@ def test_demo_json_as_the_console_script(tmp_path: Path) -> None:
 
 
 def test_ls_json_equals_the_library_listing(demo: DemoStore) -> None:
-    """ls PARENT --json is the library's list_children, as dataclass dicts."""
+    """ls PARENT --json is the library's list_children, as dataclass dicts with ISO 8601 times (issue 15)."""
     rows = json.loads(ok("--store", "st", "ls", demo.root, "--json", cwd=demo.cwd))
-    expected = [dataclasses.asdict(e) for e in list_children(Store(demo.path, create=False), demo.root)]
+    expected = [iso_times(dataclasses.asdict(e)) for e in list_children(Store(demo.path, create=False), demo.root)]
     assert rows == expected
-    assert [r["id"] for r in rows] == demo.children
+    assert [r["id"] for r in rows] == [r["id"] for r in expected]
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", r["created_at"]) for r in rows)
 
 
-def test_ls_text_is_render_rows(demo: DemoStore) -> None:
-    """Plain ls PARENT prints exactly worker.listing.render_rows of the rows."""
+def test_ls_text_is_a_table_with_short_ids_and_outcomes(demo: DemoStore) -> None:
+    """Plain ls PARENT: a header row, then per child a unique id prefix (taken back by `show`), status,
+    outcome, mode, relative creation time and label (issues 13 and 15)."""
     rows = json.loads(ok("--store", "st", "ls", demo.root, "--json", cwd=demo.cwd))
-    assert ok("--store", "st", "ls", demo.root, cwd=demo.cwd) == render_rows(rows) + "\n"
+    header, *lines = ok("--store", "st", "ls", demo.root, cwd=demo.cwd).splitlines()
+    assert header.split() == LS_HEADER
+    assert len(lines) == len(rows)
+    for row, line in zip(rows, lines):
+        cells = line.split()
+        assert row["id"].startswith(cells[0]) and 8 <= len(cells[0]) < len(row["id"])
+        assert cells[1:4] == [row["status"], row["outcome"], row["mode"]]
+        assert line.endswith(row["label"])
+        assert re.search(r"  (just now|\d+ (s|min|h|d) ago)  ", line), line
+        shown = json.loads(ok("--store", "st", "show", cells[0], "--json", cwd=demo.cwd))
+        assert shown["header"]["id"] == row["id"]
 
 
 def test_ls_of_an_unknown_parent_is_session_not_found(demo: DemoStore) -> None:
@@ -157,27 +176,33 @@ def test_ls_of_an_unknown_parent_is_session_not_found(demo: DemoStore) -> None:
 
 def test_ls_without_parent_lists_roots_with_child_counts(demo: DemoStore) -> None:
     """ls with no PARENT lists the top-level sessions and their subagent counts."""
-    roots = json.loads(ok("--store", "st", "ls", "--json", cwd=demo.cwd))
+    doc = json.loads(ok("--store", "st", "ls", "--json", cwd=demo.cwd))
+    roots = doc["roots"]
+    assert doc["next_cursor"] is None
     assert [(r["id"], r["label"], r["children"], r["status"]) for r in roots] == [(demo.root, "demo", 4, "complete")]
-    assert ok("--store", "st", "ls", cwd=demo.cwd).startswith(f"{demo.root} [complete] — demo: 4 children (created ")
+    header, line = ok("--store", "st", "ls", cwd=demo.cwd).splitlines()
+    assert header.split() == ["ID", "STATUS", "OUTCOME", "CHILDREN", "CREATED", "LABEL"]
+    cells = line.split()
+    assert demo.root.startswith(cells[0]) and cells[1:4] == ["complete", "-", "4"] and cells[-1] == "demo"
 
 
 def test_global_options_after_the_command(demo: DemoStore) -> None:
     """--store is accepted after the command name too."""
-    assert ok("ls", demo.root, "--store", "st", cwd=demo.cwd) == ok("--store", "st", "ls", demo.root, cwd=demo.cwd)
+    assert ok("ls", demo.root, "--store", "st", "--json", cwd=demo.cwd) == ok("--store", "st", "ls", demo.root, "--json", cwd=demo.cwd)
 
 
 def test_tree(demo: DemoStore) -> None:
     """tree ROOT indents by depth; --json is list_descendants flattened; no ROOT walks every root."""
     text = ok("--store", "st", "tree", demo.root, cwd=demo.cwd).splitlines()
-    assert text[0] == f"{demo.root} (root)"
-    assert [CHILD.match(line.removeprefix("  ")).group(1) for line in text[1:]] == demo.children  # type: ignore[union-attr]
+    assert demo.root.startswith(text[0].removesuffix(" (root)"))
+    shown = [CHILD.match(line.removeprefix("  ")).group(1) for line in text[1:]]  # type: ignore[union-attr]
+    assert len(shown) == len(demo.children) and all(c.startswith(s) for c, s in zip(demo.children, shown))
     rows = json.loads(ok("--store", "st", "tree", demo.root, "--json", cwd=demo.cwd))
-    expected = [{**dataclasses.asdict(r.entry), "parent_id": r.parent_id, "depth": r.depth}
+    expected = [iso_times({**dataclasses.asdict(r.entry), "parent_id": r.parent_id, "depth": r.depth})
                 for r in list_descendants(Store(demo.path, create=False), demo.root)]
     assert rows == expected
     forest = json.loads(ok("--store", "st", "tree", "--json", cwd=demo.cwd))
-    assert forest == [{"root": demo.root, "descendants": expected}]
+    assert forest == [{"root": demo.root, "label": "demo", "descendants": expected}]
 
 
 # -- show / log ---------------------------------------------------------------------------------
@@ -445,6 +470,6 @@ def test_terminal_renderings_keep_brackets_and_ids(demo: DemoStore) -> None:
     render.render_listing(out, rows + [{"kind": "diagnostic", "id": "01BROKEN", "reason": "corrupt"}])
     render.render_tree(out, [{"root": demo.root, "descendants": tree_rows}])
     text = screen.getvalue()
-    assert all(child in text for child in demo.children) and "diagnostic: corrupt" in text
-    assert text.count("[complete] — part-") == 3  # the tree lines
+    assert all(child in text for child in demo.children) and re.search(r"01BROKEN\s+diagnostic\s+corrupt", text)
+    assert text.count("[complete, completed] — part-") == 3  # the tree lines
     assert not render.Output(_Terminal(), json_mode=True).rich

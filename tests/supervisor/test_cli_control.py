@@ -231,18 +231,21 @@ def test_top_once_json_lists_the_held_sessions(host) -> None:
     child = rows[ids["child"]]
     assert (child["status"], child["mode"], child["label"], child["parent"], child["epoch"]) == ("running", "continuable", "sleeper", ids["root"], 1)
     assert child["owner"] == ids["owner"] and child["owner_pid"] == proc.pid
-    assert child["active_since"] is not None and child["settled_ms"] == 0
+    assert child["active_since"].endswith("Z") and child["settled_ms"] == 0  # ISO 8601 (issue 15)
+    assert child["outcome"] is None  # its first turn is still running (issue 13)
     assert (rows[ids["root"]]["status"], rows[ids["root"]]["mode"]) == ("idle", "root")
 
 
 def test_top_once_text_and_a_dead_owner(host) -> None:
-    """Plain text is one aligned row per held session; once the host dies, nothing is listed."""
+    """Plain text is one aligned row per held session, ids as unique prefixes; once the host dies, nothing is listed."""
     store_path, ids, proc = host
     lines = ok(store_path, "top", "--once").splitlines()
-    assert lines[0].split() == ["id", "status", "mode", "label", "epoch", "settled", "pid", "parent", "owner"]
-    child = next(line.split() for line in lines if line.startswith(ids["child"]))
-    assert child[1:5] == ["running", "continuable", "sleeper", "1"]
-    assert child[-3:] == [str(proc.pid), ids["root"], ids["owner"]]
+    assert lines[0].split() == ["id", "status", "last", "mode", "label", "busy", "turn", "epoch", "pid", "parent", "owner"]
+    child = next(line.split() for line in lines[1:] if ids["child"].startswith(line.split()[0]))
+    assert len(child[0]) < len(ids["child"])
+    assert child[1:6] == ["running", "-", "continuable", "sleeper", "0.0s"]
+    assert child[-4:-2] == ["1", str(proc.pid)] and ids["root"].startswith(child[-2]) and child[-1] == ids["owner"]
+    assert "busy " in ok(store_path, "top", "--help")  # the columns are explained
     _kill(proc)
     assert ok(store_path, "top", "--once") == "(no running or idle sessions)\n"
 
@@ -260,11 +263,13 @@ def test_top_on_a_terminal_is_a_rich_table_and_refreshes_live(monkeypatch: pytes
     screen = _Terminal()
     top_view.render_top(render.Output(screen), [row])
     text = screen.getvalue()
-    assert all(cell in text for cell in ("01CHILD", "[x]", "01OWNER", " 42 ", "1.5s +", "01ROOT"))
-    monkeypatch.setenv("COLUMNS", "60")
+    assert all(cell in text for cell in ("01CHILD", "[x]", "01OWNER", " 42 ", "1.5s", "2.0s", "01ROOT"))
+    monkeypatch.setenv("COLUMNS", "80")
     narrow = _Terminal()
-    top_view.render_top(render.Output(narrow), [{**row, "id": "01M8MVY0PZ9RKY15DPNHER70WX"}])
-    assert "01M8MVY0PZ9RKY15DPNHER70WX" in narrow.getvalue()  # the id is never cut
+    long_label = "a label of thirty-two characters"
+    top_view.render_top(render.Output(narrow), [{**row, "id": "01M8MVY0PZ9RKY15DPNHER70WX", "label": long_label}],
+                        {"01M8MVY0PZ9RKY15DPNHER70WX": "01M8MVY0"})
+    assert "01M8MVY0" in narrow.getvalue() and long_label in narrow.getvalue()  # the short id and the label are kept
     live = _Terminal()
     with top_view.TopView(render.Output(live)) as view:
         view.update([row], time.time())

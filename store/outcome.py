@@ -1,0 +1,105 @@
+"""The outcome of a session: how its work ended, in one word, derived from its log.
+
+``status`` (running / idle / complete) says whether a live supervisor holds a
+session; the outcome says how its last turn went. This module is the one
+place that maps log records to outcome words (``store/FORMAT.md`` "Outcomes"
+repeats the table for readers of the bytes). It reads a ``Projection`` (the
+identity cache plus the log after it), never the whole log, so a listing pays
+nothing extra for it. Called by the catalog, ``list_roots``, ``held_sessions``,
+``describe_session`` and the CLI.
+
+What is *not* guaranteed: the outcome is the log's word. A turn stopped by
+its parent (``cause = "parent"``) reads ``aborted`` whether an ancestor
+interrupted it or a drain tore its lineage down; a drain reads ``drained``
+when it dropped accepted work unrun (``message/discarded``) or its cancel
+says ``drain``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from .projection import Projection
+
+__all__ = ["Outcome", "OUTCOMES", "OutcomeVerdict", "outcome_of", "split_diagnostic"]
+
+Outcome = Literal[
+    "completed", "error", "aborted", "drained", "interrupted", "crashed",
+    "budget", "timeout", "refused", "max-tokens", "not-started",
+]
+OUTCOMES: tuple[str, ...] = Outcome.__args__  # type: ignore[attr-defined]
+
+# turn/end ``stop_reason`` → outcome, where the reason alone decides
+_BY_REASON: dict[str, Outcome] = {
+    "completed": "completed",
+    "error": "error",
+    "interrupted": "interrupted",  # written only by crash repair (store/events.py closers)
+    "blocked": "refused",
+    "refusal": "refused",
+    "max-tokens": "max-tokens",
+}
+
+# an error code is the diagnostic's first word before ": " (``NOT_RESUMABLE: …``, ``ValueError: …``)
+_CODE = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]{0,63}): ")
+
+CRASHED_TEXT = "its host stopped mid-turn; the turn is closed as interrupted when the child is next resumed"
+
+
+@dataclass(frozen=True)
+class OutcomeVerdict:
+    """One session's outcome, and for a failure its error code and the diagnostic's first line."""
+
+    outcome: Outcome | None  # None: a live session whose first turn has not finished, or a root that never ran one
+    error_code: str | None = None
+    error: str | None = None
+
+
+def split_diagnostic(diagnostic: str | None) -> tuple[str | None, str | None]:
+    """``(code, first line)`` of a diagnostic; the code only when it leads as ``CODE: text``."""
+    if not diagnostic:
+        return None, None
+    first = diagnostic.strip().splitlines()[0] if diagnostic.strip() else ""
+    match = _CODE.match(first)
+    return (match.group(1) if match else None), (first or None)
+
+
+def _turn_outcome(p: Projection) -> Outcome:
+    """The outcome of the last finished turn (``p.turns`` > 0)."""
+    reason, cause = p.last_stop_reason or "", p.last_cause
+    if reason == "aborted":
+        return "drained" if cause == "drain" else "aborted"
+    if reason == "budget-exhausted":
+        timed_out = cause == "timeout" or (cause is None and (p.last_diagnostic or "").startswith("the turn exceeded timeout_ms"))
+        return "timeout" if timed_out else "budget"
+    return _BY_REASON.get(reason, "error")  # an unknown reason is a failure: say so, with its text
+
+
+def outcome_of(p: Projection, *, held: bool, root: bool = False) -> OutcomeVerdict:
+    """The outcome of a session whose log folds to ``p``; ``held``: a live owner holds its lease.
+
+    Rules, first match wins:
+    1. a turn is open and no live owner holds the session → ``crashed``;
+    2. no turn finished: work dropped unrun → ``drained``; a live or open first turn, or a
+       root that never ran one → none yet; else ``not-started``;
+    3. accepted work dropped unrun after the last turn ended → ``drained``;
+    4. else the last ``turn/end``: see ``_turn_outcome`` (FORMAT.md "Outcomes").
+    """
+    if p.open_turn is not None and not held:
+        return OutcomeVerdict("crashed", None, CRASHED_TEXT)
+    if p.turns == 0:
+        if p.discarded:
+            return OutcomeVerdict("drained")
+        if p.open_turn is not None or root:
+            return OutcomeVerdict(None)
+        return OutcomeVerdict("not-started")
+    if p.discarded:
+        return OutcomeVerdict("drained")
+    outcome = _turn_outcome(p)
+    if outcome == "completed":
+        return OutcomeVerdict(outcome)
+    code, first = split_diagnostic(p.last_diagnostic)
+    if outcome == "error" and p.last_stop_reason not in ("error", None):
+        first = first or f"stop reason {p.last_stop_reason}"
+    return OutcomeVerdict(outcome, code, first)

@@ -1,0 +1,130 @@
+"""Filters, order and pages over listing rows: what ``ls``, ``tree``, ``top`` and the catalog calls take.
+
+A ``Query`` keeps the rows whose status and outcome are among the ones asked
+for, whose label matches a glob (``fnmatch``, case-sensitive) and whose
+creation time lies in ``[since, until)``. ``paginate`` orders rows by a sort
+key (``created``, ``label`` or ``status``; ties broken by creation time, then
+id), cuts a page of ``limit`` rows, and returns a cursor: opaque text naming
+the last row's key, from which the next call continues. A cursor is only
+meaningful with the same sort and direction; any other is refused
+(``INVALID_QUERY``). Rows are anything with ``id``, ``status``, ``created_at``
+and optionally ``outcome`` and ``label`` (catalog entries, roots, held sessions).
+Pure functions: no I/O. Called by the catalog, ``store/roots.py`` and the CLI.
+"""
+
+from __future__ import annotations
+
+import base64
+import fnmatch
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, Iterable, Sequence, TypeVar
+
+from .errors import InvalidQueryError
+from .outcome import OUTCOMES
+
+__all__ = ["Query", "Page", "SORTS", "STATUSES", "paginate", "sort_key", "encode_cursor", "decode_cursor"]
+
+T = TypeVar("T")
+
+SORTS = ("created", "label", "status")
+STATUSES = ("running", "idle", "complete")
+_STATUS_RANK = {"running": 0, "idle": 1, "complete": 2}
+_OUTCOME_WORDS = frozenset(OUTCOMES) | {"none"}  # "none": no outcome yet
+
+
+def _get(row: Any, name: str) -> Any:
+    return row.get(name) if isinstance(row, dict) else getattr(row, name, None)
+
+
+@dataclass(frozen=True)
+class Query:
+    """Which rows a listing keeps; an empty field keeps every row. Diagnostic rows match only an empty query."""
+
+    status: frozenset[str] = field(default_factory=frozenset)
+    outcome: frozenset[str] = field(default_factory=frozenset)  # outcome words, or "none"
+    label: str | None = None  # a glob: "review-*", "*[0-9]"
+    since: float | None = None  # created at or after (seconds since the epoch)
+    until: float | None = None  # created before
+
+    def __post_init__(self) -> None:
+        bad = sorted(set(self.status) - set(STATUSES))
+        if bad:
+            raise InvalidQueryError(f"unknown status {', '.join(bad)}; one of {', '.join(STATUSES)}")
+        bad = sorted(set(self.outcome) - _OUTCOME_WORDS)
+        if bad:
+            raise InvalidQueryError(f"unknown outcome {', '.join(bad)}; one of {', '.join(sorted(_OUTCOME_WORDS))}")
+        if self.since is not None and self.until is not None and self.since >= self.until:
+            raise InvalidQueryError("--since must be earlier than --until")
+
+    @property
+    def empty(self) -> bool:
+        return not (self.status or self.outcome or self.label is not None or self.since is not None or self.until is not None)
+
+    def matches(self, row: Any) -> bool:
+        if self.empty:
+            return True
+        if _get(row, "kind") == "diagnostic":
+            return False  # a damaged session has no status, outcome, label or time to match
+        if self.status and _get(row, "status") not in self.status:
+            return False
+        if self.outcome and (_get(row, "outcome") or "none") not in self.outcome:
+            return False
+        if self.label is not None and not fnmatch.fnmatchcase(_get(row, "label") or "", self.label):
+            return False
+        created = _get(row, "created_at") or 0.0
+        if self.since is not None and created < self.since:
+            return False
+        if self.until is not None and created >= self.until:
+            return False
+        return True
+
+
+@dataclass(frozen=True)
+class Page(Generic[T]):
+    rows: list[T]
+    next_cursor: str | None  # None: this was the last page
+
+
+def sort_key(sort: str) -> Callable[[Any], tuple[Any, ...]]:
+    if sort == "created":
+        return lambda r: (_get(r, "created_at") or 0.0, _get(r, "id"))
+    if sort == "label":
+        return lambda r: (_get(r, "label") or "", _get(r, "created_at") or 0.0, _get(r, "id"))
+    if sort == "status":
+        return lambda r: (_STATUS_RANK.get(_get(r, "status"), 3), _get(r, "created_at") or 0.0, _get(r, "id"))
+    raise InvalidQueryError(f"unknown sort {sort!r}; one of {', '.join(SORTS)}")
+
+
+def encode_cursor(sort: str, reverse: bool, key: tuple[Any, ...]) -> str:
+    raw = json.dumps([sort, reverse, list(key)], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str, sort: str, reverse: bool) -> tuple[Any, ...]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        got_sort, got_reverse, key = json.loads(raw)
+    except (ValueError, TypeError):
+        raise InvalidQueryError(f"the cursor {cursor[:40]!r} is not one this program printed") from None
+    if got_sort != sort or got_reverse != reverse or not isinstance(key, list):
+        raise InvalidQueryError("the cursor belongs to a listing with another sort or order: repeat that listing's options")
+    return tuple(key)
+
+
+def paginate(
+    rows: Iterable[T], *, query: Query | None = None, sort: str = "created", reverse: bool = False,
+    limit: int | None = None, cursor: str | None = None,
+) -> Page[T]:
+    """The rows ``query`` keeps, ordered by ``sort`` (``reverse``: descending), after ``cursor``, at most ``limit``."""
+    if limit is not None and limit < 1:
+        raise InvalidQueryError("limit must be at least 1")
+    key = sort_key(sort)
+    kept: Sequence[T] = sorted((r for r in rows if query is None or query.matches(r)), key=key, reverse=reverse)
+    if cursor is not None:
+        after = decode_cursor(cursor, sort, reverse)
+        kept = [r for r in kept if (list(key(r)) < list(after) if reverse else list(key(r)) > list(after))]
+    if limit is None or len(kept) <= limit:
+        return Page(list(kept), None)
+    page = list(kept[:limit])
+    return Page(page, encode_cursor(sort, reverse, key(page[-1])))

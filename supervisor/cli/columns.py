@@ -1,0 +1,84 @@
+"""Plain-text tables of the listings: aligned columns, short ids, relative times.
+
+``ls`` (a parent's children, or the top-level sessions) prints one header row
+then one row per session; ``tree`` prints one indented line per session.
+Ids are shown as their shortest unique prefix (``store.short_ids``; every verb
+takes one back) and times as "3 min ago"; ``--json`` has the whole ids and
+ISO 8601 times. The label and the outcome are never cut: on a narrow
+terminal a row wraps rather than hide them. Called by ``render`` only.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, Mapping, Sequence
+
+__all__ = ["relative", "iso", "aligned", "children_table", "roots_table", "tree_line", "state"]
+
+
+def relative(ts: float | None, now: float) -> str:
+    """``12 s ago``, ``3 min ago``, ``5 h ago``, ``4 d ago``; ``-`` for no time."""
+    if ts is None:
+        return "-"
+    age = now - ts
+    if age < 1:
+        return "just now"
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):
+        if age >= size:
+            return f"{int(age // size)} {unit} ago"
+    return f"{int(age)} s ago"
+
+
+def iso(ts: float | None) -> str | None:
+    """ISO 8601 in UTC with milliseconds (``2026-11-30T17:02:09.123Z``), what ``--json`` prints."""
+    if ts is None:
+        return None
+    moment = datetime.datetime.fromtimestamp(ts, datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def aligned(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    table = [list(header), *(list(r) for r in rows)]
+    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in table]
+
+
+def state(row: Mapping[str, Any]) -> str:
+    """The outcome cell: the outcome, ``-`` when none yet."""
+    return row.get("outcome") or "-"
+
+
+def _error(row: Mapping[str, Any]) -> str:
+    return row.get("error") or ""
+
+
+def children_table(rows: Sequence[Mapping[str, Any]], shorts: Mapping[str, str], now: float) -> list[str]:
+    """A parent's children: id, status, outcome, mode, created, label, error (its first line)."""
+    if not rows:
+        return ["(no subagents)"]
+    cells = []
+    for row in rows:
+        short = shorts.get(row["id"], row["id"])
+        if row.get("kind") == "diagnostic":
+            cells.append([short, "diagnostic", row["reason"], "", "", "", ""])
+        else:
+            cells.append([short, row["status"], state(row), row["mode"], relative(row.get("created_at"), now),
+                          row.get("label") or "", _error(row)])
+    return aligned(("ID", "STATUS", "OUTCOME", "MODE", "CREATED", "LABEL", "ERROR"), cells)
+
+
+def roots_table(rows: Sequence[Mapping[str, Any]], shorts: Mapping[str, str], now: float) -> list[str]:
+    """Top-level sessions: id, status, outcome, children, created, label."""
+    if not rows:
+        return ["(no sessions)"]
+    cells = [[shorts.get(r["id"], r["id"]), r["status"], state(r), str(r["children"]), relative(r.get("created_at"), now),
+              r.get("label") or ""] for r in rows]
+    return aligned(("ID", "STATUS", "OUTCOME", "CHILDREN", "CREATED", "LABEL"), cells)
+
+
+def tree_line(row: Mapping[str, Any], short: str) -> str:
+    """``<id> [<status>, <outcome>] — <label>`` and ``: <error>`` for a failure."""
+    if row.get("kind") == "diagnostic":
+        return f"{short} [diagnostic: {row['reason']}]"
+    error = f" ({row['error']})" if row.get("error") else ""
+    return f"{short} [{row['status']}, {state(row)}] — {row.get('label') or ''}{error}"

@@ -1,0 +1,171 @@
+"""Operating a store (issue 15), through the real CLI in a subprocess: read a result, filter, page, sort, count, short ids.
+
+The store is built with the store's own API (real files, no workers): roots
+created hours and days apart, children whose logs end with each kind of
+``turn/end``. Each test runs ``python -m subagents.supervisor.cli`` on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from subagents import store
+from subagents.store import Query, Store, create_session, find_roots, list_children, list_descendants
+
+from ..conftest import REPO_ROOT
+
+ONE_SHOT = {"version": 1, "mode": "one-shot", "provider": "script"}
+HOUR = 3600.0
+
+
+def run_cli(st: Store, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SUBAGENTS_")}
+    env["PYTHONPATH"] = REPO_ROOT
+    return subprocess.run([sys.executable, "-m", "subagents.supervisor.cli", "--store", st.root, *args],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+
+
+def ok(st: Store, *args: str) -> str:
+    done = run_cli(st, *args)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def child(st: Store, parent: str, cid: str, label: str, created_at: float, end: dict | None, *, say: str | None = None) -> None:
+    events: list[tuple[str, object]] = [("subagent/descriptor", {**ONE_SHOT, "label": label}),
+                                        ("message/accepted", {"message_id": f"m-{cid}", "source": {"kind": "user"}, "content": "go"})]
+    if end is not None:
+        events.append(("turn/start", {"message_id": f"m-{cid}"}))
+        if say:
+            events.append(("assistant/message", {"text": say}))
+        events.append(("turn/end", end))
+    create_session(st, cid, parent_session=parent, origin="subagent", delegation_depth=1, created_at=created_at, events=events)
+
+
+@pytest.fixture
+def st(tmp_path: Path) -> Store:
+    """Roots r0..r4 created 4 days, 2 days, 5 h, 2 h and 1 min ago; r3 has five children of different outcomes."""
+    s = Store(tmp_path / "store", durability="none")
+    now = time.time()
+    for i, age in enumerate((4 * 24 * HOUR, 2 * 24 * HOUR, 5 * HOUR, 2 * HOUR, 60.0)):
+        create_session(s, f"r{i}AAAAAAAAAA", label=f"job-{i}", created_at=now - age)
+    parent = "r3AAAAAAAAAA"
+    child(s, parent, "c0000000AAAA", "review-a", now - 110 * 60, {"stop_reason": "completed", "diagnostic": None},
+          say="the closing message\nwith a second line")
+    child(s, parent, "c0000000AAAB", "review-b", now - 100 * 60,
+          {"stop_reason": "error", "diagnostic": "RuntimeError: boom\n  at line 3\n" + "x" * 300})
+    child(s, parent, "c0000000AAAC", "build-1", now - 90 * 60, {"stop_reason": "budget-exhausted", "diagnostic": "the turn exceeded timeout_ms=50", "cause": "timeout"})
+    child(s, parent, "c0000000AAAD", "build-2", now - 30 * 60, {"stop_reason": "aborted", "diagnostic": "the turn was cancelled (user)", "cause": "user"})
+    child(s, parent, "c0000000AAAE", "idle", now - 10 * 60, None)
+    return s
+
+
+def test_show_prints_the_result_the_outcome_and_the_failure(st: Store) -> None:
+    """show: the closing message whole, the outcome, and the failure text whole (issue 15 'read a result')."""
+    text = ok(st, "show", "c0000000AAAA")
+    assert re.search(r"^outcome\s+completed$", text, re.M)
+    assert "result    the closing message\nwith a second line" in text or re.search(r"^result\s+the closing message\nwith a second line$", text, re.M)
+    doc = json.loads(ok(st, "show", "c0000000AAAB", "--json"))
+    assert (doc["outcome"], doc["error_code"], doc["error"]) == ("error", "RuntimeError", "RuntimeError: boom")
+    assert doc["failure"].endswith("x" * 300)  # whole, never cut
+    assert re.search(r"^failure\s+RuntimeError: boom$", ok(st, "show", "c0000000AAAB"), re.M)
+
+
+def test_log_full_and_json_are_never_cut(st: Store) -> None:
+    """log cuts data at 96 characters; --full and --json print it whole."""
+    cut = ok(st, "log", "c0000000AAAB")
+    assert "x" * 300 not in cut and "…" in cut
+    assert "x" * 300 in ok(st, "log", "c0000000AAAB", "--full")
+    events = json.loads(ok(st, "log", "c0000000AAAB", "--json"))["events"]
+    assert events[-1]["data"]["diagnostic"].endswith("x" * 300)
+
+
+def test_filters_on_ls_tree_and_the_library(st: Store) -> None:
+    """--status, --outcome, --label (glob), --since / --until on ls and tree, and the same Query on the catalog calls."""
+    parent = "r3AAAAAAAAAA"
+
+    def ids(*args: str) -> list[str]:
+        return [r["id"] for r in json.loads(ok(st, "ls", parent, "--json", *args))]
+
+    assert ids("--outcome", "error,timeout") == ["c0000000AAAB", "c0000000AAAC"]
+    assert ids("--outcome", "not-started") == ["c0000000AAAE"]
+    assert ids("--label", "review-*") == ["c0000000AAAA", "c0000000AAAB"]
+    assert ids("--since", "95m") == ["c0000000AAAC", "c0000000AAAD", "c0000000AAAE"]
+    assert ids("--since", "95m", "--until", "20m") == ["c0000000AAAC", "c0000000AAAD"]
+    assert ids("--status", "running") == []
+    assert [r["id"] for r in json.loads(ok(st, "tree", parent, "--json", "--outcome", "aborted"))] == ["c0000000AAAD"]
+    text = ok(st, "ls", parent, "--label", "build-?", "--outcome", "timeout")
+    assert len(text.splitlines()) == 2 and "timeout" in text
+    # the library takes the same filters
+    query = Query(outcome=frozenset({"error", "aborted"}))
+    assert [e.id for e in list_children(st, parent, query)] == ["c0000000AAAB", "c0000000AAAD"]
+    assert [r.entry.id for r in list_descendants(st, parent, Query(label="review-b"))] == ["c0000000AAAB"]
+    # a bad value is a usage error before anything is read
+    done = run_cli(st, "ls", parent, "--outcome", "exploded")
+    assert done.returncode == 2 and "--outcome" in done.stderr
+    done = run_cli(st, "ls", parent, "--since", "yesterday-ish")
+    assert done.returncode == 2 and "duration" in done.stderr
+
+
+def test_top_level_ls_is_newest_first_paged_with_a_cursor(st: Store) -> None:
+    """ls with no PARENT: the newest roots first, --limit, and next_cursor in --json continues the listing."""
+    first = json.loads(ok(st, "ls", "--json", "--limit", "2"))
+    assert [r["id"][:2] for r in first["roots"]] == ["r4", "r3"]
+    assert all(r["created_at"].endswith("Z") for r in first["roots"])
+    second = json.loads(ok(st, "ls", "--json", "--limit", "2", "--cursor", first["next_cursor"]))
+    assert [r["id"][:2] for r in second["roots"]] == ["r2", "r1"]
+    third = json.loads(ok(st, "ls", "--json", "--limit", "2", "--cursor", second["next_cursor"]))
+    assert [r["id"][:2] for r in third["roots"]] == ["r0"] and third["next_cursor"] is None
+    text = ok(st, "ls", "--limit", "2")
+    assert text.splitlines()[-1] == f"(more sessions: --cursor {first['next_cursor']})"
+    assert "1 min ago" in text and "2 h ago" in text  # relative times in tables
+    by_label = json.loads(ok(st, "ls", "r3AAAAAAAAAA", "--json", "--sort", "label", "--limit", "3"))
+    assert [r["label"] for r in by_label["rows"]] == ["build-1", "build-2", "idle"]
+    rest = json.loads(ok(st, "ls", "r3AAAAAAAAAA", "--json", "--sort", "label", "--cursor", by_label["next_cursor"]))
+    assert [r["label"] for r in rest["rows"]] == ["review-a", "review-b"]
+    assert [r.id[:2] for r in find_roots(st, limit=3).rows] == ["r4", "r3", "r2"]
+    done = run_cli(st, "ls", "--cursor", "garbage!")
+    assert done.returncode != 0 and "INVALID_QUERY" in done.stderr
+
+
+def test_roots_index_is_rebuilt_by_reindex(st: Store) -> None:
+    """index/roots is derived: lost, the listing falls back to headers; `store reindex` writes it again."""
+    path = os.path.join(st.root, "index", "roots")
+    assert os.path.exists(path)
+    os.unlink(path)
+    assert [r["id"][:2] for r in json.loads(ok(st, "ls", "--json"))["roots"]] == ["r4", "r3", "r2", "r1", "r0"]
+    assert "5 roots" in ok(st, "store", "reindex")
+    assert os.path.exists(path)
+    assert [r["id"][:2] for r in json.loads(ok(st, "ls", "--json"))["roots"]] == ["r4", "r3", "r2", "r1", "r0"]
+
+
+def test_summary_counts_by_status_and_outcome(st: Store) -> None:
+    """summary ROOT: counts by status and outcome; summary alone covers the whole store."""
+    doc = json.loads(ok(st, "summary", "r3AAAAAAAAAA", "--json"))
+    assert doc["subagents"] == 5 and doc["by_status"] == {"complete": 5}
+    assert doc["by_outcome"] == {"completed": 1, "error": 1, "timeout": 1, "aborted": 1, "not-started": 1}
+    assert doc["supervisors"] == []
+    text = ok(st, "summary")
+    assert text.startswith("5 subagents below 5 top-level sessions")
+    assert re.search(r"^outcome\s+1 aborted, 1 completed, 1 error, 1 not-started, 1 timeout$", text, re.M)
+    assert json.loads(ok(st, "summary", "--json")) == {**doc, "root": None, "roots": 5}
+
+
+def test_short_ids_are_unique_prefixes_taken_back(st: Store) -> None:
+    """Tables show the shortest unique prefix (at least 8 characters); verbs take it back; an ambiguous one is refused."""
+    lines = ok(st, "ls", "r3AAAAAAAAAA").splitlines()[1:]
+    shown = [line.split()[0] for line in lines]
+    assert shown == ["c0000000AAAA", "c0000000AAAB", "c0000000AAAC", "c0000000AAAD", "c0000000AAAE"]  # they share 11 characters
+    assert [line.split()[0] for line in ok(st, "ls").splitlines()[1:]] == ["r4AAAAAA", "r3AAAAAA", "r2AAAAAA", "r1AAAAAA", "r0AAAAAA"]
+    assert json.loads(ok(st, "show", "r3AAAA", "--json"))["header"]["id"] == "r3AAAAAAAAAA"
+    done = run_cli(st, "show", "c0000000")
+    assert done.returncode != 0 and "AMBIGUOUS_ID" in done.stderr
+    assert store.short_ids(st, ["r3AAAAAAAAAA"]) == {"r3AAAAAAAAAA": "r3AAAAAA"}
