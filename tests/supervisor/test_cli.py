@@ -386,7 +386,7 @@ def test_reindex_rebuilds_a_lost_index(demo_copy: DemoStore) -> None:
     report = json.loads(ok("--store", "st", "store", "fsck", "--json", cwd=demo_copy.cwd))
     assert sorted(f["id"] for f in report["findings"] if f["kind"] == "index-missing") == demo_copy.children
     doc = json.loads(ok("--store", "st", "store", "reindex", "--json", cwd=demo_copy.cwd))
-    assert doc == {"parents": {demo_copy.root: demo_copy.children}, "children": 4}
+    assert doc == {"parents": {demo_copy.root: demo_copy.children}, "children": 4, "roots": 1}
     assert [r["id"] for r in json.loads(ok("--store", "st", "ls", demo_copy.root, "--json", cwd=demo_copy.cwd))] == demo_copy.children
 
 
@@ -403,7 +403,7 @@ def test_run_prints_output_and_stop_reason(tmp_path: Path) -> None:
     doc = json.loads(failed.stdout)
     assert doc["stop_reason"] == "error" and "boom" in (doc["diagnostic"] or "")
     labels = [r["label"] for r in json.loads(ok("--store", "st", "tree", "--json", cwd=tmp_path)) for r in r["descendants"]]
-    assert labels == ["greet", None]
+    assert labels == [None, "greet"]  # tree with no ROOT: the newest top-level sessions first
 
 
 # -- config ------------------------------------------------------------------------------------------------
