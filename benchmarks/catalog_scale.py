@@ -58,6 +58,7 @@ from subagents.store import (  # noqa: E402
     acquire_lease,
     create_session,
     encode_record,
+    find_roots,
     list_children,
     list_descendants,
     read_children,
@@ -65,10 +66,12 @@ from subagents.store import (  # noqa: E402
     release_lease,
 )
 from subagents.store.header import parse_header  # noqa: E402
+from subagents.store.roots import roots_index_path  # noqa: E402
 
 NAME = "catalog_scale"
 FAMILY_CHILDREN = 1_000
 GOAL_RATIO = 1.2
+GOAL_ROOTS_MS = 50.0  # issue 15: a store of 100,000 sessions lists its 20 newest roots in <= 50 ms
 FILE_MODE = 0o600
 DIR_MODE = 0o700
 
@@ -138,6 +141,8 @@ class Builder:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.index: dict[str, list[bytes]] = {}
+        self.roots: list[bytes] = []
+        self.root_ids: list[str] = []  # in creation order (the clock is strictly increasing)
         self.count = 0
 
     def session(
@@ -181,6 +186,10 @@ class Builder:
             entries = self.index.setdefault(parent_session, [])
             # store/index.py add_child: {**{"id", "created_at", "origin"}, "seq": n}
             entries.append(encode_record({"id": session_id, "created_at": header.created_at, "origin": origin, "seq": len(entries)}))
+        else:
+            # store/roots.py add_root: {"id", "created_at"} + "seq"
+            self.roots.append(encode_record({"id": session_id, "created_at": header.created_at, "seq": len(self.roots)}))
+            self.root_ids.append(session_id)
         self.count += 1
 
     def finish(self) -> None:
@@ -189,6 +198,11 @@ class Builder:
             _write_new(path, b"".join(entries))
             _write_new(path + ".lock", b"")  # filelock's preserved lock file from add_child
         self.index.clear()
+        if self.roots:
+            path = roots_index_path(self.store)
+            _write_new(path, b"".join(self.roots))
+            _write_new(path + ".lock", b"")  # the lock file add_root leaves
+            self.roots.clear()
 
 
 class RealBuilder:
@@ -474,6 +488,12 @@ def main() -> None:
         if len(desc_rows) != tree_size:
             raise SystemExit(f"{NAME}: list_descendants found {len(desc_rows)} of {tree_size}")
         print(f"  large: list_descendants -> {len(desc_rows):,} rows, max depth {max(r.depth for r in desc_rows)}")
+        newest = find_roots(large, limit=20)
+        times = [r.created_at for r in newest.rows]
+        if [r.id for r in newest.rows] != lb.root_ids[::-1][:20] or times != sorted(times, reverse=True) or newest.next_cursor is None:
+            raise SystemExit(f"{NAME}: find_roots is wrong: {[r.id for r in newest.rows][:3]}..., newest roots {lb.root_ids[::-1][:3]}")
+        print(f"  large: find_roots(limit=20) -> the 20 newest of the store's roots (index/roots, "
+              f"{os.path.getsize(roots_index_path(large)):,} bytes)")
 
         # warm caches, then interleave
         for _ in range(2):
@@ -488,6 +508,7 @@ def main() -> None:
         small_ms, large_ms = statistics.median(small_times), statistics.median(large_times)
         descendants_ms, _ = median_ms(lambda: list_descendants(large, tree_root), max(3, runs // 2))
         index_ms, _ = median_ms(lambda: read_children(large, large_parent), runs)
+        roots_ms, _ = median_ms(lambda: find_roots(large, limit=20), runs)
     finally:
         t0 = time.perf_counter()
         shutil.rmtree(small_root, ignore_errors=True)
@@ -503,6 +524,8 @@ def main() -> None:
           f"runs {min(large_times):.1f}..{max(large_times):.1f})")
     print(f"  of which reading the index alone: {index_ms:.2f} ms")
     print(f"list_descendants of a root with {tree_size:,} descendants (large store): {descendants_ms:.1f} ms")
+    print(f"the 20 newest top-level sessions (find_roots, what `subagents ls` shows; large store): {roots_ms:.2f} ms "
+          f"(goal <= {GOAL_ROOTS_MS:g} ms: {'met' if roots_ms <= GOAL_ROOTS_MS else 'NOT met'})")
     print(f"create_session of a child (durability none): {create_first:.0f} us for a parent's first children, "
           f"{create_at:.0f} us with {FAMILY_CHILDREN:,} children already indexed")
     print()
@@ -520,6 +543,8 @@ def main() -> None:
         "descendants": tree_size,
         "descendants_ms": round(descendants_ms, 2),
         "index_read_ms": round(index_ms, 3),
+        "roots_newest_20_ms": round(roots_ms, 2),
+        "goal_roots_met": roots_ms <= GOAL_ROOTS_MS,
         "create_child_us_first": round(create_first, 1),
         "create_child_us_at_1000": round(create_at, 1),
         "goal_ratio_met": ratio <= GOAL_RATIO,

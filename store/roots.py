@@ -86,7 +86,8 @@ def _root_headers(store: Store) -> list[tuple[float, str]]:
 
 
 def _write_index(store: Store, roots: list[tuple[float, str]]) -> None:
-    blob = b"".join(encode_record({"seq": i, "id": sid, "created_at": ts}) for i, (ts, sid) in enumerate(roots))
+    # the key order of an appended record (appender.py adds ``seq`` last): a rebuilt file equals an appended one
+    blob = b"".join(encode_record({"id": sid, "created_at": ts, "seq": i}) for i, (ts, sid) in enumerate(roots))
     write_atomic(roots_index_path(store), blob, durable=store.durability.syncs_at_commit)
     store.index_tails.pop("index/roots", None)
 
