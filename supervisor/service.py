@@ -33,6 +33,7 @@ from subagents.store import (
     create_session,
     LogWriter,
     MailboxMessage,
+    Query,
     list_children,
     list_descendants,
     pending,
@@ -330,11 +331,13 @@ class Supervisor:
 
     # -- catalog (store) ------------------------------------------------------------------
 
-    async def list_children(self, parent_id: str) -> list[ChildEntry | DiagnosticEntry]:
-        return await anyio.to_thread.run_sync(list_children, self.store, parent_id)
+    async def list_children(self, parent_id: str, query: Query | None = None) -> list[ChildEntry | DiagnosticEntry]:
+        """Direct children in creation order; ``query`` filters by status, outcome, label glob and time."""
+        return await anyio.to_thread.run_sync(list_children, self.store, parent_id, query)
 
-    async def list_descendants(self, root_id: str) -> list[DescendantRow]:
-        return await anyio.to_thread.run_sync(list_descendants, self.store, root_id)
+    async def list_descendants(self, root_id: str, query: Query | None = None) -> list[DescendantRow]:
+        """Every descendant in pre-order; ``query`` keeps the matching rows."""
+        return await anyio.to_thread.run_sync(list_descendants, self.store, root_id, query)
 
     def statistics(self) -> SupervisorStatistics:
         return SupervisorStatistics(

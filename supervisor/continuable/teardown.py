@@ -119,7 +119,9 @@ class Teardown:
         act.lifecycle = Lifecycle.DISPOSING
         act.discard = discard
         if act.ticket is not None:
-            self._rt.pool.cancel(act.ticket, "parent")
+            # a drain (which discards) cancels with its own reason, so the log says the turn was
+            # drained; closing the supervisor or disposing a parent stops it as the parent's act
+            self._rt.pool.cancel(act.ticket, "drain" if discard else "parent")
         act.poke()
         for child_id in self._table.owned(act.child_id):
             child = self._table.get(child_id)

@@ -124,3 +124,21 @@ async def test_each_outcome_in_the_catalog_and_the_cli(tmp_path) -> None:
     assert "RuntimeError: boom" in text and "second line" not in text
     tree_text = cli(str(st.root), "tree", root2.id)
     assert "not-started" in tree_text and "aborted" in tree_text
+
+
+async def test_a_drained_running_child_with_nothing_queued_reads_drained(tmp_path) -> None:
+    """A drain that stops a running turn (no queued work) reads ``drained``, not ``aborted``: the
+    drain cancels with its own reason. The service's catalog calls take the store's ``Query``."""
+    from subagents.store import Query
+
+    async with open_supervisor(tmp_path, pool_size=1) as sup:
+        sup.register_provider(Provider(name="cscript", program="script", capabilities=Capabilities.all(), continuable=True))
+        root = await sup.open_root(label="drain")
+        child, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="cscript", prompt=S({"sleep": 20_000}), label="busy"))
+        await wait_until(lambda: turn_started(sup.store, child), what="the child's turn to start")
+        await sup.drain([root])
+        [entry] = await sup.list_children(root.id)
+        assert entry.outcome == "drained"
+        assert await sup.list_children(root.id, Query(outcome=frozenset({"aborted"}))) == []
+        [row] = await sup.list_descendants(root.id, Query(outcome=frozenset({"drained"})))
+        assert row.entry.id == child
