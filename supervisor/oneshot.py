@@ -31,7 +31,7 @@ from subagents.store.session import NewSession
 from subagents.worker.logcontext import bind
 from subagents.worker.protocol import Budget, TurnOutcome, TurnSpec
 
-from .backend import RpcHandler, TurnResult, TurnTicket
+from .backend import RpcHandler, TurnResult, TurnTicket, WorkerRef
 from .creator import SessionCreator
 from .errors import CancelledBeforeStartError, SupervisorClosedError
 from .models import Provider, SubagentRequest, SubagentResult
@@ -99,6 +99,7 @@ class _RunState:
     done: anyio.Event = field(default_factory=anyio.Event)
     result: SubagentResult | None = None
     ticket: TurnTicket | None = None
+    worker: WorkerRef | None = None  # where the turn ran (set with the result)
     cancelled: str | None = None
     children: TurnChildren | None = None
 
@@ -120,6 +121,11 @@ class SubagentRun:
     @property
     def done(self) -> bool:
         return self._state.done.is_set()
+
+    @property
+    def worker(self) -> WorkerRef | None:
+        """Where the turn ran once it is done: host (a Ray pool: the node) and pid; None if it never ran."""
+        return self._state.worker
 
     def cancel(self, reason: str = "user") -> None:
         """Stop the run; its result becomes ``aborted`` unless it already finished."""
@@ -275,6 +281,7 @@ class OneShotRuns:
                 except SupervisorClosedError as exc:  # the pool closed before this run's turn was queued
                     turn = TurnResult(TurnOutcome(stop_reason="aborted", diagnostic=str(exc)), worker=None)
                 released = turn.outcome.released and not turn.crashed
+                state.worker = turn.worker
                 if turn.crashed:
                     epoch = await anyio.to_thread.run_sync(self._repair, spec.session_id, spec.epoch)
                 result = result_from_outcome(turn.outcome)

@@ -218,6 +218,8 @@ class RayPool:
                 await self._start_actor(index)
                 return
             except RayActorError as exc:
+                if self._closing:
+                    return  # killed by aclose while it started
                 log.warning("replacement worker %d died while starting (%s); retrying", index, crash_cause(exc))
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 2.0)

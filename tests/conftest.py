@@ -37,6 +37,30 @@ DEADLINE_S = 20.0  # a generous per-wait deadline: a hang fails, a pass never co
 HELPERS = "tests.programs_for_tests"
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` (pyproject's addopts) that also holds under pytest 9.
+
+    xdist groups ``xdist_group`` tests by a suffix it writes into each node id,
+    which pytest 9 no longer lets it change; then the Ray tests spread over
+    every worker and each starts its own simulated cluster (~1 GiB, two cores'
+    worth of processes). Here every test under ``tests/ray/`` is one unit, run
+    by one worker, so one cluster exists at a time; other tests stay units of
+    one, as under ``--dist load``.
+    """
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class OneRayCluster(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith("tests/ray/"):
+                return "tests/ray"
+            return super()._split_scope(nodeid)
+
+    return OneRayCluster(config, log)
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"

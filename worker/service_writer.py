@@ -23,12 +23,12 @@ behind it is dropped, so the log stays a prefix of what the turn wrote.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import uuid
 from typing import Any, Callable, Sequence
 
-import anyio
 import msgpack
 
 from subagents.store.errors import SubagentError, UnsupportedFormatError, from_wire
@@ -81,6 +81,7 @@ class ServiceWriter:
         self._queued_seq = next_seq  # ... after everything appended
         self._error: SubagentError | None = None
         self._closing = False
+        self._idle_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self.batches_sent = 0
         self._sender = threading.Thread(target=self._send_loop, name=f"store-writer-{session_id}", daemon=True)
         self._sender.start()
@@ -109,20 +110,29 @@ class ServiceWriter:
         return records
 
     async def flush(self) -> None:
-        """Return once every queued append is acknowledged by the store's host (durable at a commit point)."""
+        """Return once every queued append is acknowledged by the store's host (durable at a commit point).
+
+        The sender thread wakes the waiting loop with ``call_soon_threadsafe``
+        (no thread-pool hop: the worker's loop is asyncio, as Ray's actors are).
+        """
+        loop = asyncio.get_running_loop()
         with self._cond:
             if self._error is not None:
                 raise self._error
             if not self._queue and not self._in_flight:
                 return
-        await anyio.to_thread.run_sync(self._wait_idle)
-
-    def _wait_idle(self) -> None:
+            idle: asyncio.Future[None] = loop.create_future()
+            self._idle_waiters.append((loop, idle))
+        await idle
         with self._cond:
-            while (self._queue or self._in_flight) and self._error is None:
-                self._cond.wait()
             if self._error is not None:
                 raise self._error
+
+    def _wake_idle_waiters(self) -> None:
+        """Called by the sender under the condition when nothing is queued or in flight, or on failure."""
+        waiters, self._idle_waiters = self._idle_waiters, []
+        for loop, idle in waiters:
+            loop.call_soon_threadsafe(_resolve, idle)
 
     def _send_loop(self) -> None:
         while True:
@@ -150,6 +160,8 @@ class ServiceWriter:
                 else:
                     self._error = error
                     self._queue.clear()  # never send past a failed batch: the log stays a prefix
+                if error is not None or not self._queue:
+                    self._wake_idle_waiters()
                 self._cond.notify_all()
                 if error is not None:
                     return
@@ -166,6 +178,11 @@ class ServiceWriter:
             _call(self._call, "close_writer", writer_id=self._writer_id)
         except SubagentError:
             log.warning("closing the remote writer of %s failed", self.session_id, exc_info=True)
+
+
+def _resolve(idle: "asyncio.Future[None]") -> None:
+    if not idle.done():
+        idle.set_result(None)
 
 
 class ServiceSessions:

@@ -18,8 +18,10 @@ Every call returns plain data: a failure is ``{"error": SubagentError.to_wire()}
 and the client rebuilds the same class (``FencedError``, ``SeqMismatchError``...).
 Calls on one writer run one at a time (the client keeps one in flight anyway;
 a second concurrent one, e.g. a zombie's retry, waits and then meets the
-seq or fence check). The blocking file work runs in threads, so one slow
-fsync does not hold the other sessions' appends.
+seq or fence check). Appends that fsync (``strict``, or a commit point) run
+in threads, so one slow fsync does not hold the other sessions' appends; a
+plain write runs on the loop (cheaper than the hop). A session's flock is
+only ever held for a write, so waiting for it on the loop is brief.
 
 Not guaranteed: a writer whose client vanished (its node died) stays open
 until the supervisor fences the session and someone calls ``close_writer``,
@@ -94,7 +96,12 @@ class StoreService:
         batch = unpack_events(events)
         async with entry.lock:
             try:
-                await anyio.to_thread.run_sync(lambda: entry.writer.append(batch, first_seq=first_seq, commit=commit))
+                if commit or self._store.durability.name == "strict":
+                    # an fsync may take milliseconds: off the loop, so other sessions' appends go on
+                    await anyio.to_thread.run_sync(lambda: entry.writer.append(batch, first_seq=first_seq, commit=commit))
+                else:
+                    # a plain write (lock, fence check, write: ~0.1 ms) costs less than a thread hop
+                    entry.writer.append(batch, first_seq=first_seq)
             except SubagentError as exc:
                 return _error(exc)
             return {"next_seq": entry.writer.next_seq}

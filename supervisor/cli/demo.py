@@ -42,6 +42,12 @@ def register(verbs: Verbs) -> None:
     demo.add_argument("--children", type=positive, default=None, help="how many children (default 8)")
     demo.add_argument("--cpu-ms", type=non_negative, default=None, help="CPU each child burns, in ms (default 400)")
     demo.add_argument("--quick", action="store_true", help=f"{QUICK_CHILDREN} children × {QUICK_CPU_MS} ms")
+    demo.add_argument("--pool", choices=("local", "ray"), default=None, help="where children run (default: the configured pool)")
+    demo.add_argument(
+        "--ray-address", default=None,
+        help="with --pool ray: join this cluster (host:port, ray://...); without it the demo starts a simulated "
+             "cluster of two one-CPU nodes on this host, in a private network (needs root)",
+    )
 
     run = verbs.add("run", cmd_run, "run one one-shot child of PROGRAM under a new root",
                     example='subagents run echo --prompt "hello"\nsubagents run myprog:hello   # myprog.py in the working folder')
@@ -79,7 +85,17 @@ def cmd_demo(inv: Invocation) -> int:
     children = args.children or (QUICK_CHILDREN if args.quick else 8)
     cpu_ms = args.cpu_ms if args.cpu_ms is not None else (QUICK_CPU_MS if args.quick else 400)
     store = inv.open_store(create=True, write=True)
-    doc = anyio.run(_demo, inv.config, children, cpu_ms, inv.out)
+    config = inv.config
+    pool = args.pool or config.supervisor.pool
+    if pool == "ray":
+        ray = config.supervisor.ray
+        if args.ray_address is not None:
+            ray = ray.model_copy(update={"address": args.ray_address})
+        config = config.model_copy(update={"supervisor": config.supervisor.model_copy(update={"pool": "ray", "ray": ray})})
+    if pool == "ray" and args.ray_address is None:
+        doc = _on_simulated_cluster(config, children, cpu_ms, inv.out)
+    else:
+        doc = anyio.run(_demo, config, children, cpu_ms, inv.out)
     for result in doc["results"]:
         header = read_header(store, result["id"])
         result["turn_ms"] = read_identity(store, result["id"], header.seed_length or 0).projection.timing.settled_ms
@@ -89,6 +105,27 @@ def cmd_demo(inv: Invocation) -> int:
     doc["tree"] = render.descendant_rows(list_descendants(store, doc["root"]))
     inv.emit(doc, render.render_demo)
     return 0 if all(r["stop_reason"] == "completed" for r in doc["results"]) else 1
+
+
+def _on_simulated_cluster(config: DeploymentConfig, children: int, cpu_ms: int, out: render.Output) -> dict[str, Any]:
+    """The demo on a Ray cluster of this host: a head (the store's host) and two one-CPU nodes, loopback only."""
+    from .. import netns
+    from ..errors import RayUnavailableError
+    from ..ray_cluster import SimulatedCluster
+
+    if not netns.available():
+        raise RayUnavailableError("a simulated cluster runs in a private network namespace, which needs root: run as root, or join a cluster with --ray-address")
+    if not out.json_mode:
+        out.line("starting a simulated Ray cluster: a head (the store's host) and 2 one-CPU nodes, in a private network ...")
+    cluster = SimulatedCluster(nodes=2, store_resource=config.supervisor.ray.store_resource)
+    cluster.start(namespace=config.supervisor.ray.namespace)
+    try:
+        assert cluster.network is not None
+        supervisor = config.supervisor.model_copy(update={"pool_size": 2})
+        with cluster.network.entered():
+            return anyio.run(_demo, config.model_copy(update={"supervisor": supervisor}), children, cpu_ms, out)
+    finally:
+        cluster.stop()
 
 
 async def _demo(config: DeploymentConfig, children: int, cpu_ms: int, out: render.Output) -> dict[str, Any]:
@@ -115,8 +152,10 @@ async def _demo(config: DeploymentConfig, children: int, cpu_ms: int, out: rende
                 finally:
                     await run.dispose()
                 elapsed = time.perf_counter() - started
+                worker = run.worker
                 results.append({"id": run.id, "label": label, "stop_reason": result.stop_reason, "output": result.output,
-                                "diagnostic": result.diagnostic, "elapsed_s": elapsed})
+                                "diagnostic": result.diagnostic, "elapsed_s": elapsed,
+                                "worker": None if worker is None else {"host": worker.host, "pid": worker.pid}})
                 progress.finished(run.id, label, result.stop_reason, elapsed)
 
             async with anyio.create_task_group() as tg:
@@ -131,7 +170,7 @@ async def _demo(config: DeploymentConfig, children: int, cpu_ms: int, out: rende
         cpu, source = children * cpu_ms / 1000.0, "requested by the children"
     results.sort(key=lambda r: r["id"])
     return {
-        "root": root.id, "children": children, "cpu_ms": cpu_ms, "pool_size": config.supervisor.pool_size,
+        "root": root.id, "children": children, "cpu_ms": cpu_ms, "pool_size": config.supervisor.pool_size, "pool": config.supervisor.pool,
         "wall_s": wall, "cpu_s": cpu, "cpu_source": source, "results": results, "conversation": conversation,
     }
 

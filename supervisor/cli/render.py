@@ -370,6 +370,12 @@ def render_demo(out: Output, doc: dict[str, Any]) -> None:
     out.line(f"children's time  {doc['busy_s']:.2f} s (the sum of their turns: what one worker would need)")
     out.line(f"CPU time         {cpu}")
     out.line(f"speedup          {doc['speedup']:.2f}× (children's time / wall time)")
+    if doc.get("pool") == "ray":
+        out.line("")
+        out.line("where each child ran (Ray node: address/id, worker pid):")
+        for result in doc["results"]:
+            worker = result.get("worker") or {}
+            out.line(f"  {result['label']:<10} {worker.get('host', '-')}  pid {worker.get('pid', '-')}")
     out.line("")
     out.line(f"$ subagents ls {doc['root']}")
     render_listing(out, doc["listing"])

@@ -1,8 +1,9 @@
 """The Ray tests' cluster: one simulated cluster per test session, in a private network.
 
-Every test under ``tests/ray/`` is marked ``ray`` and put in the xdist group
-``ray-cluster``; with ``--dist loadgroup`` (pyproject's addopts) they all run
-on one xdist worker, so one cluster (~1 GiB, ~10 s to start) exists at a time.
+Every test under ``tests/ray/`` is marked ``ray`` (``RAY_TESTS``), and under
+``--dist loadgroup`` (pyproject's addopts) they all run on one xdist worker
+(``tests/conftest.py``'s scheduler makes them one unit), so one cluster
+(~1 GiB, ~10 s to start) exists at a time.
 The session-scoped ``ray_cluster`` fixture makes a private network namespace
 with only ``lo`` (``supervisor/netns.py``), where Ray binds and advertises
 127.0.0.1 only, starts a head with no CPUs and the store resource plus two
@@ -28,11 +29,9 @@ GROUP = "ray-cluster"
 NAMESPACE = "subagents-tests"
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if "/tests/ray/" in str(item.path).replace("\\", "/"):
-            item.add_marker(pytest.mark.ray)
-            item.add_marker(pytest.mark.xdist_group(GROUP))
+# every test module here sets ``pytestmark = RAY_TESTS``; the xdist group is what xdist itself
+# reads (it cannot under pytest 9, hence the scheduler in tests/conftest.py)
+RAY_TESTS = [pytest.mark.ray, pytest.mark.xdist_group(GROUP)]
 
 
 @pytest.fixture(scope="session")

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import pytest
+
 import os
 import subprocess
 
 from subagents.supervisor import netns
 from subagents.supervisor.ray_cluster import SimulatedCluster
 
+from .conftest import RAY_TESTS
+
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
 ANY = {"0.0.0.0", "*", "::", "[::]"}
+
+pytestmark = RAY_TESTS
 
 
 def _host(address: str) -> str:

@@ -25,9 +25,9 @@ from subagents.supervisor.ray_cluster import SimulatedCluster
 
 from ..conftest import DEADLINE_S, REPO_ROOT, events_of, said, wait_until
 from ._pools import open_pool_supervisor
-from .conftest import NAMESPACE, alive
+from .conftest import NAMESPACE, RAY_TESTS, alive
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, *RAY_TESTS]
 
 
 def node_of(cluster: SimulatedCluster, node_id: str) -> Any:

@@ -18,7 +18,9 @@ from subagents.supervisor.ray_cluster import SimulatedCluster
 from ..conftest import DEADLINE_S, events_of, last_turn_end, said, wait_until
 from ._pools import open_pool_supervisor
 
-pytestmark = pytest.mark.anyio
+from .conftest import RAY_TESTS
+
+pytestmark = [pytest.mark.anyio, *RAY_TESTS]
 
 
 @pytest.fixture(params=["local", "ray"])

@@ -14,6 +14,10 @@ from subagents.supervisor.ray_cluster import SimulatedCluster
 from subagents.worker.service_writer import ServiceSessions, StoreServiceError
 from subagents.worker.store_service import StoreService, pack_events
 
+from .conftest import RAY_TESTS
+
+pytestmark = RAY_TESTS
+
 
 @pytest.fixture
 def service(ray_cluster: SimulatedCluster, tmp_path: Path) -> Any:
