@@ -83,6 +83,9 @@ async def test_queued_work_goes_to_the_replacement(tmp_path: Path, kind: str) ->
             second = await queued.result()
         assert second.stop_reason == "completed"
         assert second.output.split()[1] != pid  # it ran on the replacement
+        assert queued.worker is not None and queued.worker.pid == int(second.output.split()[1])  # where the run says it ran
+        if kind == "ray":
+            assert queued.worker.host.split("/")[1] == second.output.split()[0][:12]
         await running.dispose()
         await queued.dispose()
 
