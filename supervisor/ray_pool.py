@@ -30,6 +30,10 @@ across hosts "dead" is only the cluster's belief.
 
 One owner for the mutable state: every method and task runs on the
 supervisor's asyncio loop. Ray is imported only when this pool starts.
+
+About 460 lines: dispatch and parking mirror ``pool.py`` (one scheduler shared
+by both pools is the next step), and the death handling of a cluster
+(unavailable vs dead, replacements that wait for room) has no local twin.
 """
 
 from __future__ import annotations

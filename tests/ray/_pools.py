@@ -27,6 +27,9 @@ def ray_providers() -> list[Provider]:
 @asynccontextmanager
 async def open_pool_supervisor(tmp_path: Path, kind: str, *, pool_size: int = 1, durability: str = "none", **config: Any) -> AsyncIterator[Supervisor]:
     """A supervisor over ``tmp_path/store`` with the test providers, on the ``local`` or the ``ray`` pool."""
+    # a generous start deadline: a loaded 2-core machine runs the cluster's ~15 processes beside the suite,
+    # and the CPUs of the previous test's actors are returned to Ray only after they exit
+    config.setdefault("worker_ready_timeout_s", 120.0)
     cfg = SupervisorConfig(pool=kind, pool_size=pool_size, durability=durability, ray=RAY, **config)
     async with Supervisor.open(store=tmp_path / "store", config=cfg) as sup:
         for provider in [*all_providers(), *ray_providers()]:
