@@ -79,8 +79,8 @@ def _settlement_notices(store: Store, root_id: str, child_id: str, since: float)
 def cmd_send(inv: Invocation) -> int:
     args, out = inv.args, inv.out
     store = inv.open_store(write=True)  # a control command never creates a store
-    inv.session(store, args.child)  # SESSION_NOT_FOUND before any supervisor starts
-    inv.session(store, args.parent)
+    args.child = inv.session(store, args.child).id  # SESSION_NOT_FOUND before any supervisor starts
+    args.parent = inv.session(store, args.parent).id
     message = sys.stdin.read() if args.message == "-" else args.message
     doc = anyio.run(_send, inv.config, args.child, message, args.parent, args.wait_s, out)
     if out.json_mode:
@@ -140,8 +140,8 @@ async def _send(config: DeploymentConfig, child: str, message: str, parent: str,
 
 def cmd_interrupt(inv: Invocation) -> int:
     store = inv.open_store(write=True)
-    inv.session(store, inv.args.child)
-    inv.session(store, inv.args.parent)
+    inv.args.child = inv.session(store, inv.args.child).id
+    inv.args.parent = inv.session(store, inv.args.parent).id
     anyio.run(_interrupt, inv.config, inv.args.child, inv.args.parent)
     render.render_interrupt(inv.out, {"child": inv.args.child})
     return 0
@@ -154,7 +154,7 @@ async def _interrupt(config: DeploymentConfig, child: str, parent: str) -> None:
 
 def cmd_drain(inv: Invocation) -> int:
     args = inv.args
-    inv.session(inv.open_store(write=True), args.root)  # SESSION_NOT_FOUND before any supervisor starts
+    args.root = inv.session(inv.open_store(write=True), args.root).id  # SESSION_NOT_FOUND before any supervisor starts
     doc = anyio.run(_drain, inv.config, args.root, args.wait_s)
     inv.emit(doc, render.render_drain)
     if not doc["settled"]:

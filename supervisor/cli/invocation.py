@@ -12,7 +12,7 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from subagents.store import SessionHeader, Store, StoreNotFoundError, read_header, validate_session_id
+from subagents.store import SessionHeader, Store, StoreNotFoundError, read_header, resolve_id, validate_session_id
 
 from ..config_loader import DeploymentConfig
 from .render import Output
@@ -40,9 +40,11 @@ class Invocation:
             store.require_writable()
         return store
 
-    def session(self, store: Store, session_id: str) -> SessionHeader:
-        """The header of ``session_id``: ``INVALID_SESSION_ID`` or ``SESSION_NOT_FOUND`` before a verb acts on it."""
-        return read_header(store, validate_session_id(session_id))
+    def session(self, store: Store, text: str) -> SessionHeader:
+        """The header of the session ``text`` names (its id or a unique prefix, as tables print it):
+        ``INVALID_SESSION_ID``, ``AMBIGUOUS_ID`` or ``SESSION_NOT_FOUND`` before a verb acts on it.
+        Verbs act on the header's ``id``, never on the text typed."""
+        return read_header(store, validate_session_id(resolve_id(store, text)))
 
     def emit(self, doc: Any, text: Callable[[Output, Any], None]) -> None:
         """``doc`` as one JSON document under ``--json``, else its text rendering."""

@@ -27,7 +27,6 @@ from subagents.store import (
     DEFAULT_ROOT_LIMIT,
     find_roots,
     list_roots,
-    resolve_id,
     short_ids,
 )
 
@@ -125,8 +124,7 @@ def cmd_ls(inv: Invocation) -> int:
             render.render_roots(inv.out, roots, short_ids(store, _ids_in(roots)))
             _more(inv.out, page.next_cursor, "sessions")
         return 0
-    parent = resolve_id(store, args.parent)
-    inv.session(store, parent)  # an unknown parent is SESSION_NOT_FOUND, not an empty listing
+    parent = inv.session(store, args.parent).id  # an unknown parent is SESSION_NOT_FOUND, not an empty listing
     listed = paginate(list_children(store, parent, query), sort=args.sort, limit=args.limit, cursor=args.cursor)
     rows = render.entry_rows(listed.rows)
     if inv.out.json_mode:
@@ -141,8 +139,7 @@ def cmd_tree(inv: Invocation) -> int:
     store, args = inv.open_store(), inv.args
     query = query_of(args)
     if args.root is not None:
-        root = resolve_id(store, args.root)
-        inv.session(store, root)
+        root = inv.session(store, args.root).id
         found = list_descendants(store, root, query)
         if _paged(args):  # a page keeps pre-order: rows are cut, never reordered
             listed = paginate([r.entry for r in found], limit=args.limit, cursor=args.cursor, sort=args.sort)
@@ -170,8 +167,7 @@ def cmd_tree(inv: Invocation) -> int:
 
 def cmd_show(inv: Invocation) -> int:
     store = inv.open_store()
-    session_id = resolve_id(store, inv.args.id)
-    inv.session(store, session_id)
+    session_id = inv.session(store, inv.args.id).id
     found = describe_session(store, session_id)
     header, projection, log = found.inspection.header, found.projection, found.inspection
     ident = projection.identity
@@ -218,17 +214,14 @@ def _closing_message(events: list[dict[str, Any]]) -> Any:
 
 def cmd_summary(inv: Invocation) -> int:
     store = inv.open_store()
-    root = resolve_id(store, inv.args.root) if inv.args.root is not None else None
-    if root is not None:
-        inv.session(store, root)
+    root = inv.session(store, inv.args.root).id if inv.args.root is not None else None
     inv.emit(dataclasses.asdict(summarize(store, root)), render.render_summary)
     return 0
 
 
 def cmd_log(inv: Invocation) -> int:
     store, out = inv.open_store(), inv.out
-    session_id = resolve_id(store, inv.args.id)
-    inv.session(store, session_id)
+    session_id = inv.session(store, inv.args.id).id
     found = inspect(store, session_id)
     doc = {"session": session_id, "log_status": found.status,
            "damage": dataclasses.asdict(found.damage) if found.damage else None, "events": found.events}

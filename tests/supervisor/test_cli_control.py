@@ -140,6 +140,16 @@ def test_send_text_prints_the_message_id(host) -> None:
     assert [m.id for m in read_mailbox(Store(store_path, create=False), ids["child"])][-1] == out.strip()
 
 
+def test_control_verbs_take_unique_prefixes_back(host) -> None:
+    """send and drain accept the short ids the tables print, for the child and for the parent, as ls and show do."""
+    store_path, ids, _proc = host
+    root, child = ids["root"], ids["child"]
+    out = ok(store_path, "send", child[:12], script({"return": "x"}), "--parent", root[:12])
+    assert [m.id for m in read_mailbox(Store(store_path, create=False), child)][-1] == out.strip()
+    doc = json.loads(ok(store_path, "drain", root[:12], "--json"))
+    assert doc["root"] == root
+
+
 def test_send_cold_resumes_and_waits_for_the_settlement_notice(host) -> None:
     """With the host dead, send resumes the child in the CLI, waits for it to settle and prints the root's notice."""
     store_path, ids, proc = host
