@@ -44,7 +44,7 @@ from .query import Query
 from .reader import inspect, read_header
 from .root import Store
 
-__all__ = ["ChildStatus", "DiagnosticReason", "ChildEntry", "DiagnosticEntry", "DescendantRow", "Identity", "read_identity", "list_children", "list_descendants"]
+__all__ = ["ChildStatus", "DiagnosticReason", "ChildEntry", "DiagnosticEntry", "damage_reason", "DescendantRow", "Identity", "read_identity", "list_children", "list_descendants"]
 
 ChildStatus = Literal["running", "idle", "complete"]
 DiagnosticReason = Literal["corrupt", "unsupported", "unavailable"]
@@ -143,15 +143,22 @@ def _entry(
         return _row(store, parent_id, child_id, owners, children)
     except SessionNotFoundError:
         return None  # a rolled-back or never-published creation
-    except UnsupportedFormatError:
-        return DiagnosticEntry(child_id, "unsupported")
-    except OSError:  # UnavailableSessionError too: a file that cannot be read at all
-        return DiagnosticEntry(child_id, "unavailable")
-    except SubagentError:  # CorruptSessionError, a descriptor or a header that breaks the rules
-        return DiagnosticEntry(child_id, "corrupt")
-    except Exception:  # a bug, not damage: logged with its traceback, and still confined to this row
-        log.exception("listing row of %s failed", child_id, extra={"session": child_id})
-        return DiagnosticEntry(child_id, "unavailable")
+    except Exception as exc:
+        return DiagnosticEntry(child_id, damage_reason(exc, child_id))
+
+
+def damage_reason(exc: Exception, session_id: str) -> DiagnosticReason:
+    """What a listing row says when reading a session raised ``exc`` (``SessionNotFoundError`` is
+    the caller's: a session that is gone is no row at all)."""
+    if isinstance(exc, UnsupportedFormatError):
+        return "unsupported"
+    if isinstance(exc, OSError):  # UnavailableSessionError too: a file that cannot be read at all
+        return "unavailable"
+    if isinstance(exc, SubagentError):  # CorruptSessionError, a descriptor or a header that breaks the rules
+        return "corrupt"
+    # a bug, not damage: logged with its traceback, and still confined to this row
+    log.error("listing row of %s failed", session_id, exc_info=exc, extra={"session": session_id})
+    return "unavailable"
 
 
 def _row(

@@ -16,14 +16,15 @@ Called by the CLI (``ls``, ``tree``, ``summary``, ``gc``) and anyone listing a s
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
 
 from .appender import append_durably
 from .atomic import NOFOLLOW, write_atomic
-from .catalog import ChildStatus
-from .errors import SubagentError
+from .catalog import ChildStatus, DiagnosticReason, damage_reason
+from .errors import SessionNotFoundError, SubagentError
 from .framing import encode_record, scan_all, scan_suffix
 from .ids import is_valid_session_id
 from .index import read_children
@@ -48,6 +49,8 @@ _FIRST_WINDOW = 16 * 1024  # bytes read from the end of index/roots first (~300 
 
 _problem = problem_of(IndexFields)
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class RootEntry:
@@ -59,6 +62,9 @@ class RootEntry:
     outcome: Outcome | None = None  # store/outcome.py; None for a root that never ran a turn
     error_code: str | None = None
     error: str | None = None
+    # set when the root's header or files no longer read: the row keeps its place (id and the
+    # index's creation time) so damage never makes a session vanish; `store fsck` says why
+    diagnostic: DiagnosticReason | None = None
 
 
 def roots_index_path(store: Store) -> str:
@@ -138,7 +144,8 @@ def _live(records: list[dict[str, Any]]) -> list[tuple[float, str]]:
 def _read_suffix(store: Store, size: int) -> tuple[list[tuple[float, str]], bool] | None:
     """Live entries in the last ``size`` bytes of the index, newest first, and whether that was the whole file.
 
-    ``None`` when there is no index (or it cannot be read): the caller scans headers.
+    ``None`` when there is no index, it cannot be read, or it holds no readable record at all (logged:
+    that is damage, not a torn tail): the caller scans headers.
     """
     try:
         fd = os.open(roots_index_path(store), os.O_RDONLY | NOFOLLOW)
@@ -152,33 +159,57 @@ def _read_suffix(store: Store, size: int) -> tuple[list[tuple[float, str]], bool
         return None
     finally:
         os.close(fd)
-    records = scan_all(data, check=_problem).records if start == 0 else scan_suffix(data, check=_problem)
-    return _live(records), start == 0
+    if start > 0:
+        return _live(scan_suffix(data, check=_problem)), False
+    skim = scan_all(data, check=_problem)
+    for skipped in skim.skipped:
+        log.warning("index/roots: records %d..%d skipped (%s at byte %d); run `subagents store reindex`",
+                    skipped.seqs.start, skipped.seqs.stop - 1, skipped.damage.reason, skipped.damage.offset)
+    if data and not skim.records:
+        # not a torn tail (that leaves the records before it): the file is not an index at all
+        damage = skim.tail
+        log.warning("index/roots holds no readable record (%s at byte %d); listing from the session headers: "
+                    "run `subagents store reindex`", damage.reason if damage else "damage", damage.offset if damage else 0)
+        return None
+    return _live(skim.records), True
 
 
 # -- listing -----------------------------------------------------------------------------
 
 
-def _entry(store: Store, session_id: str, owners: OwnerCache) -> RootEntry | None:
-    """The row of one root; ``None`` when its header does not prove a root or its files do not read."""
+def _entry(store: Store, session_id: str, owners: OwnerCache, created_at: float) -> RootEntry | None:
+    """The row of one indexed root (``created_at`` per the index); ``None`` when it is gone (a
+    rolled-back or deleted root) or its header names a parent (a stale entry ``store check`` reports).
+    Never raises: a root whose files do not read is a diagnostic row, as a damaged child is."""
     try:
         header = read_header(store, session_id)
         if header.parent_session is not None:
             return None
         status = session_status(store, session_id, owners)
         verdict = outcome_of(read_projection(store, session_id), held=status != "complete", root=True)
-    except (SubagentError, OSError):
-        return None  # a rolled-back or deleted root, or damage `store fsck` reports
-    return RootEntry(session_id, header.label, header.created_at, status, subagent_count(store, session_id),
-                     verdict.outcome, verdict.error_code, verdict.error)
+        return RootEntry(session_id, header.label, header.created_at, status, subagent_count(store, session_id),
+                         verdict.outcome, verdict.error_code, verdict.error)
+    except SessionNotFoundError:
+        return None
+    except Exception as exc:
+        reason = damage_reason(exc, session_id)
+    try:  # the lease may still say whether a supervisor holds it
+        status = session_status(store, session_id, owners)
+    except Exception:
+        status = "complete"
+    return RootEntry(session_id, None, created_at, status, subagent_count(store, session_id), diagnostic=reason)
 
 
 def list_roots(store: Store, query: Query | None = None) -> list[RootEntry]:
     """Every top-level session ``query`` keeps, oldest first."""
+    return _rows(store, _read_suffix(store, 1 << 62), query)
+
+
+def _rows(store: Store, found: tuple[list[tuple[float, str]], bool] | None, query: Query | None) -> list[RootEntry]:
+    """The rows of ``found`` (``_read_suffix`` of the whole index; ``None``: every header), oldest first."""
     owners = OwnerCache(store)
-    found = _read_suffix(store, 1 << 62)
-    ids = [sid for _, sid in sorted(found[0])] if found is not None else [sid for _, sid in _root_headers(store)]
-    rows = [r for r in (_entry(store, sid, owners) for sid in ids) if r is not None]
+    roots = sorted(found[0]) if found is not None else _root_headers(store)
+    rows = [r for r in (_entry(store, sid, owners, ts) for ts, sid in roots) if r is not None]
     return [r for r in rows if query is None or query.matches(r)]
 
 
@@ -201,15 +232,15 @@ def find_roots(
     size = _FIRST_WINDOW
     while True:
         found = _read_suffix(store, size)
-        if found is None:  # no index yet: every header
-            return paginate(list_roots(store), query=query, sort=sort, reverse=True, limit=limit, cursor=cursor)
+        if found is None:  # no index yet, or a damaged one: every header
+            return paginate(_rows(store, None, None), query=query, sort=sort, reverse=True, limit=limit, cursor=cursor)
         entries, whole = found
         page: list[RootEntry] = []
         for ts, sid in entries:
             if after is not None and not [ts, sid] < list(after):
                 continue
             if sid not in built:
-                built[sid] = _entry(store, sid, owners)
+                built[sid] = _entry(store, sid, owners, ts)
             row = built[sid]
             if row is not None and (query is None or query.matches(row)):
                 page.append(row)

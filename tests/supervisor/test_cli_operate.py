@@ -147,6 +147,30 @@ def test_roots_index_is_rebuilt_by_reindex(st: Store) -> None:
     assert [r["id"][:2] for r in json.loads(ok(st, "ls", "--json"))["roots"]] == ["r4", "r3", "r2", "r1", "r0"]
 
 
+@pytest.mark.parametrize("damage", [b"garbage, not one record\n", b"\x00" * 64], ids=["text", "zeros"])
+def test_a_roots_index_damaged_from_its_start_does_not_empty_the_listing(st: Store, damage: bytes) -> None:
+    """An index/roots that holds no readable record is ignored with a warning naming `store reindex`;
+    the listing comes from the headers instead of saying the store is empty."""
+    with open(os.path.join(st.root, "index", "roots"), "wb") as handle:
+        handle.write(damage)
+    done = run_cli(st, "ls")
+    assert done.returncode == 0, done.stderr
+    assert [line.split()[0] for line in done.stdout.splitlines()[1:]] == ["r4AAAAAA", "r3AAAAAA", "r2AAAAAA", "r1AAAAAA", "r0AAAAAA"]
+    assert "subagents store reindex" in done.stderr and "index/roots" in done.stderr
+
+
+def test_a_root_whose_header_is_damaged_is_listed_as_a_diagnostic(st: Store) -> None:
+    """A listed root whose header no longer reads shows as a `corrupt` row; it never silently disappears."""
+    with open(st.path("r2AAAAAAAAAA", "header"), "wb") as handle:
+        handle.write(b"junk")
+    doc = json.loads(ok(st, "ls", "--json"))
+    rows = {r["id"][:2]: r for r in doc["roots"]}
+    assert list(rows) == ["r4", "r3", "r2", "r1", "r0"]
+    assert rows["r2"]["diagnostic"] == "corrupt" and rows["r3"]["diagnostic"] is None
+    line = [line for line in ok(st, "ls").splitlines() if line.startswith("r2AAAAAA")][0]
+    assert "corrupt" in line.split()
+
+
 def test_summary_counts_by_status_and_outcome(st: Store) -> None:
     """summary ROOT: counts by status and outcome; summary alone covers the whole store."""
     doc = json.loads(ok(st, "summary", "r3AAAAAAAAAA", "--json"))
