@@ -89,6 +89,9 @@ def read_index(store: Store, parent_id: str) -> IndexRead:
         + (f" ({s.damage.detail})" if s.damage.detail else "")
         for s in skim.skipped
     ]
+    if data and not skim.records and skim.tail is not None:
+        # a torn tail leaves the records before it; a file with none is not an index at all
+        problems.append(f"no readable record: {skim.tail.reason} at byte {skim.tail.offset}")
     entries: dict[str, IndexEntry] = {}
     for record in skim.records:
         child = record["id"]

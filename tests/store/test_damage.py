@@ -164,6 +164,20 @@ def test_a_bad_index_record_never_drops_the_children_after_it(st, how):
     assert [e.id for e in read.entries] == ["c1", "c2", "c3", "c4"] and not read.needs_reindex
 
 
+def test_an_index_file_with_no_readable_record_is_damage_not_an_empty_parent(st):
+    """A children index that is garbage from its first byte is not a torn tail: it is flagged for
+    reindex (listings warn, fsck reports it) rather than read as a parent with no children."""
+    store.create_session(st, "r", created_at=1.0)
+    make_child(st, "r", "c1", descriptor={**ONE_SHOT, "label": "c1"}, created_at=10.0)
+    write_file(st.children_index_path("r"), b"garbage, not one record\n")
+    read = read_index(st, "r")
+    assert read.entries == [] and read.needs_reindex
+    report = fsck(st, repair=False, lease_ttl_s=5.0)
+    assert any(f["kind"] == "index-damaged" and f["id"] == "r" for f in report["findings"])
+    store.reindex(st)
+    assert [e.id for e in read_index(st, "r").entries] == ["c1"]
+
+
 # -- fsck ---------------------------------------------------------------------------------
 
 
