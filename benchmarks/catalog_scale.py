@@ -12,11 +12,17 @@ differ only in what else they hold:
   holding a finished turn) up to 100,000 sessions (10,000 with ``--quick``),
   including a root with a tree of 1,010 descendants for ``list_descendants``.
 
+Every child whose turns a writer appended lived as a real one does: created
+leased to its creator (``create_session(lease_owner=...)``), its turns
+appended at epoch 1, its lease released — which writes its ``settled`` row
+into the parent's children index (``store/rows.py``). So a settled child is
+listed from the index alone, and the 100 live ones from their own files.
+
 The stores are built directly in the real format (``encode_record``,
-``SessionHeader``, ``Projection``, the index record layout), because
-``create_session`` costs a filelock and a full index scan per child. Before
-the timing, a self-check builds a small tree both ways — through
-``create_session`` + ``LogWriter`` and through the fast builder, with the
+``SessionHeader``, ``Projection``, ``Lease``, the index record layout),
+because the API costs several locks and fsyncs per child. Before the timing,
+a self-check builds a small tree both ways — through ``create_session`` +
+``LogWriter`` + ``release_lease`` and through the fast builder, with the
 same ids and a frozen clock — and requires the two stores to be identical
 byte for byte (paths, modes, contents); the benchmark stores are then checked
 through ``store.list_children``.
@@ -46,7 +52,11 @@ from _common import REPO, temp_base  # noqa: E402  (first: puts the repository o
 
 import msgpack  # noqa: E402
 
+import subagents.store.lease as store_lease  # noqa: E402
 import subagents.store.log as store_log  # noqa: E402
+from subagents.store.index import IndexEntry, Settled  # noqa: E402
+from subagents.store.lease_record import Lease  # noqa: E402
+from subagents.store.outcome import outcome_of  # noqa: E402
 from subagents.store.projection import encode_cache  # noqa: E402
 import subagents.store.session as store_session  # noqa: E402
 from subagents.store import (  # noqa: E402
@@ -65,6 +75,7 @@ from subagents.store import (  # noqa: E402
     register_owner,
     release_lease,
 )
+from subagents.store.check import check_store  # noqa: E402
 from subagents.store.header import parse_header  # noqa: E402
 from subagents.store.roots import roots_index_path  # noqa: E402
 
@@ -74,6 +85,7 @@ GOAL_RATIO = 1.2
 GOAL_ROOTS_MS = 50.0  # issue 15: a store of 100,000 sessions lists its 20 newest roots in <= 50 ms
 FILE_MODE = 0o600
 DIR_MODE = 0o700
+CREATOR = "bench-creator"  # the owner every settled child was created leased to (never registered: it is gone)
 
 Event = tuple[str, Any]
 
@@ -143,6 +155,7 @@ class Builder:
         self.index: dict[str, list[bytes]] = {}
         self.roots: list[bytes] = []
         self.root_ids: list[str] = []  # in creation order (the clock is strictly increasing)
+        self.unsettled: dict[str, tuple[str, Projection]] = {}  # created leased, lease not yet released
         self.count = 0
 
     def session(
@@ -156,6 +169,7 @@ class Builder:
         delegation_depth: int = 0,
         events: Sequence[Event] = (),
         later: Sequence[Event] = (),
+        settle: bool = True,
     ) -> None:
         # the header record, built exactly as create_session builds it
         record: dict[str, Any] = {"version": 1, "id": session_id, "created_at": created_at}
@@ -165,32 +179,55 @@ class Builder:
             record["origin"] = origin
         record["delegation_depth"] = delegation_depth
         header = parse_header(record)
-        # the log: creation events, then what the writer appended (same key order as both writers)
+        settles = _settles(origin, later)
+        # the log: creation events at epoch 0, then what the writer appended (epoch 1 when it held the lease)
         projection = Projection(seed_length=0)
+        created = None  # the identity create_session's own fold of the creation events names (the index entry's mode, label)
         chunks: list[bytes] = []
         offset = 0
         for seq, (kind, data) in enumerate(list(events) + list(later)):
-            row = {"seq": seq, "ts": ts, "type": kind, "data": data, "epoch": 0}
+            row = {"seq": seq, "ts": ts, "type": kind, "data": data, "epoch": 1 if settles and seq >= len(events) else 0}
             chunk = encode_record(row)
             projection.apply(row, offset, offset + len(chunk))
             chunks.append(chunk)
             offset += len(chunk)
+            if seq == len(events) - 1:
+                created = projection.identity
         folder = self.store.session_dir(session_id)
         os.mkdir(folder, DIR_MODE)
         _write_new(os.path.join(folder, "log"), b"".join(chunks))
         _write_new(os.path.join(folder, "identity"), encode_cache(projection))
         if later:
             _write_new(os.path.join(folder, ".lock"), b"")  # LogWriter.open creates the session lock file
+        if settles:  # created leased (epoch 1, running), released at the end (store/lease.py)
+            _write_new(os.path.join(folder, "lease"), msgpack.packb(Lease(CREATOR, 1, "released", ts).to_record()))
         _write_new(os.path.join(folder, "header"), msgpack.packb(header.to_record()))
         if parent_session is not None:
             entries = self.index.setdefault(parent_session, [])
-            # store/index.py add_child: {**{"id", "created_at", "origin"}, "seq": n}
-            entries.append(encode_record({"id": session_id, "created_at": header.created_at, "origin": origin, "seq": len(entries)}))
+            mode = label = None
+            if origin == "subagent" and created is not None and not isinstance(created, str):
+                mode, label = created.mode, created.label
+            # store/index.py add_child: IndexEntry.creation_record() + "seq"
+            entries.append(encode_record({**IndexEntry(session_id, header.created_at, origin, mode, label).creation_record(),
+                                          "seq": len(entries)}))
+            if settles:
+                self.unsettled[session_id] = (parent_session, projection)
+                if settle:
+                    self.settle(session_id)
         else:
             # store/roots.py add_root: {"id", "created_at"} + "seq"
             self.roots.append(encode_record({"id": session_id, "created_at": header.created_at, "seq": len(self.roots)}))
             self.root_ids.append(session_id)
         self.count += 1
+
+    def settle(self, session_id: str) -> None:
+        """``release_lease`` of a child created leased: its ``settled`` row (store/rows.py note_settled)."""
+        parent_session, projection = self.unsettled.pop(session_id)
+        verdict = outcome_of(projection, held=False)
+        has_children = bool(self.index.get(session_id))  # every child the builder writes is a subagent
+        settled = Settled(verdict.outcome, verdict.error_code, verdict.error, projection.last_ts, has_children)
+        entries = self.index[parent_session]
+        entries.append(encode_record({"id": session_id, "state": "settled", **settled.to_record(), "seq": len(entries)}))
 
     def finish(self) -> None:
         for parent_id, entries in self.index.items():
@@ -203,6 +240,11 @@ class Builder:
             _write_new(path, b"".join(self.roots))
             _write_new(path + ".lock", b"")  # the lock file add_root leaves
             self.roots.clear()
+
+
+def _settles(origin: str | None, later: Sequence[Event]) -> bool:
+    """A subagent child whose turns a writer appended: created leased, its lease released after them."""
+    return origin == "subagent" and bool(later)
 
 
 class RealBuilder:
@@ -223,21 +265,29 @@ class RealBuilder:
         delegation_depth: int = 0,
         events: Sequence[Event] = (),
         later: Sequence[Event] = (),
+        settle: bool = True,
     ) -> None:
         clock = types.SimpleNamespace(time=lambda: ts)
-        saved = store_session.time, store_log.time
-        store_session.time = store_log.time = clock  # type: ignore[assignment]
+        saved = store_session.time, store_log.time, store_lease.time
+        store_session.time = store_log.time = store_lease.time = clock  # type: ignore[assignment]
+        settles = _settles(origin, later)
         try:
             create_session(
                 self.store, session_id, parent_session=parent_session, origin=origin,
                 delegation_depth=delegation_depth, events=events, created_at=created_at,
+                lease_owner=CREATOR if settles else None,
             )
             if later:
-                with LogWriter.open(self.store, session_id, epoch=0) as writer:
+                with LogWriter.open(self.store, session_id, epoch=1 if settles else 0) as writer:
                     writer.append(later, commit=True)
+            if settles and settle:
+                release_lease(self.store, session_id, CREATOR, 1)
         finally:
-            store_session.time, store_log.time = saved
+            store_session.time, store_log.time, store_lease.time = saved
         self.count += 1
+
+    def settle(self, session_id: str) -> None:
+        release_lease(self.store, session_id, CREATOR, 1)
 
     def finish(self) -> None:
         pass
@@ -265,13 +315,16 @@ def build_family(b: Builder | RealBuilder, clock: Clock, children: int, *, grand
     kids = []
     for i in range(children):
         kid, at = clock.next()
+        grandchild = bool(grandchild_every) and i % grandchild_every == grandchild_every - 1
+        # a child settles after its own children were created (they are created during its turn)
         b.session(kid, created_at=at, ts=at, parent_session=parent, origin="subagent", delegation_depth=1,
-                  events=child_creation_events(i), later=turn_events(i, 1 + i % 2))
+                  events=child_creation_events(i), later=turn_events(i, 1 + i % 2), settle=not grandchild)
         kids.append(kid)
-        if grandchild_every and i % grandchild_every == grandchild_every - 1:
+        if grandchild:
             grand, at = clock.next()
             b.session(grand, created_at=at, ts=at, parent_session=kid, origin="subagent", delegation_depth=2,
                       events=child_creation_events(i + 1), later=turn_events(i))
+            b.settle(kid)
     return parent, kids
 
 
@@ -279,17 +332,21 @@ def build_tree(b: Builder | RealBuilder, clock: Clock, fanout: Sequence[int]) ->
     """A root with a tree of subagents; ``fanout[d]`` children per node at depth d. Returns (root, descendants)."""
     root, at = clock.next()
     b.session(root, created_at=at, ts=at, later=turn_events(0))
-    level, total = [root], 0
+    level, total, levels = [root], 0, []
     for depth, width in enumerate(fanout, start=1):
         nxt = []
         for node in level:
             for i in range(width):
                 kid, at = clock.next()
                 b.session(kid, created_at=at, ts=at, parent_session=node, origin="subagent", delegation_depth=depth,
-                          events=child_creation_events(i), later=turn_events(i))
+                          events=child_creation_events(i), later=turn_events(i), settle=False)
                 nxt.append(kid)
         total += len(nxt)
+        levels.append(nxt)
         level = nxt
+    for nodes in reversed(levels):  # each node settles after its children were created, as a real one does
+        for node in nodes:
+            b.settle(node)
     return root, total
 
 
@@ -316,7 +373,10 @@ def build_filler(b: Builder | RealBuilder, clock: Clock, sessions: int, progress
 
 
 def lease_family(store: Store, kids: list[str]) -> None:
-    """Through the real lease API: 50 running + 50 idle (live owner), 100 released."""
+    """Through the real lease API: 50 running + 50 idle (live owner), 100 released again.
+
+    Each acquisition appends the child's ``active`` row and each release its ``settled`` row
+    (``store/rows.py``): 100 children are then listed from their own files, 900 from the index."""
     owner = "bench-owner-" + IdGenerator().new()
     register_owner(store, owner, ttl=3600.0)
     for i, kid in enumerate(kids[:200]):
@@ -362,6 +422,9 @@ def self_check(base: str) -> str:
             b.finish()
             snaps.append(snapshot(root))
             listings.append((list_children(store, parent), list_descendants(store, tree)))
+            report = check_store(store)
+            if not report.clean:  # every row the builders wrote says what the children's files say
+                raise SystemExit(f"{NAME}: the self-check store is not clean:\n{report}")
         real, fast = snaps
         if real != fast:
             diff = sorted(k for k in set(real) | set(fast) if real.get(k) != fast.get(k))

@@ -85,10 +85,12 @@ def _frame(record: dict[str, Any], limit: int, key: str, too_large: str | None) 
 def append_durably(
     store: Store, path: str, record: dict[str, Any] | Sequence[dict[str, Any]], *, lock_path: str, key: str, owner: str, what: str,
     lock: SessionFlock | None = None, check: Check | None = None, skip_damage: bool = False, too_large: str | None = None,
+    durable: bool = True,
 ) -> int:
     """Under the lock (the caller's, or one taken on ``lock_path``): append ``record`` (or a
     sequence of records, in one write) and make it durable under the store's policy (strict
-    and batched both fsync before returning). Returns the (first) record's seq.
+    and batched both fsync before returning; ``durable=False``: never, for a record whose
+    loss only costs a re-derivation). Returns the (first) record's seq.
 
     ``too_large`` is the error code of a record above the store's limit (default ``RECORD_TOO_LARGE``)."""
     records = [record] if isinstance(record, dict) else list(record)
@@ -107,8 +109,9 @@ def append_durably(
                     raise UnavailableSessionError(owner, f"{key} is not a regular file")
                 seq = append_records(fd, records, tails=store.index_tails, key=key, owner=owner, limit=store.max_record_bytes,
                                      check=check, skip_damage=skip_damage, too_large=too_large)
-                store.durability.after_append(fd, what)  # strict syncs here, batched below
-                store.durability.at_commit(fd, what)
+                if durable:
+                    store.durability.after_append(fd, what)  # strict syncs here, batched below
+                    store.durability.at_commit(fd, what)
             finally:
                 os.close(fd)
     finally:

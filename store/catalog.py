@@ -1,21 +1,32 @@
 """Catalog queries: a parent's children and a root's descendants, with diagnostics.
 
-Cost is O(number of children): the derived index names the candidates, and
-each one costs its header, its identity cache and its lease (plus its
-owner's heartbeat, read once per owner per query). Only a child whose cache
-is missing or behind its gate has its log folded, in memory. A listing never
-writes a byte and never loads, resumes or repairs anything.
+Cost is O(number of children), and for a settled child no file of its own:
+the children index holds each child's row (``store/index.py``, FORMAT.md
+§9). A child whose creation record carries the row's static fields and whose
+latest state record is ``settled`` is listed from the index alone (a
+``settled`` record without ``has_children`` adds a read of its own index).
+Any other child — one that may be running, or one indexed by an older
+build — costs its header,
+its identity cache and its lease (plus its owner's heartbeat, read once per
+owner per query); only a child whose cache is missing or behind its gate has
+its log folded, in memory. A listing never writes a byte and never loads,
+resumes or repairs anything.
 
 Rules (the reference's, with this project's statuses; docs/behaviour.md, "Catalog"):
 * only a child whose header proves it (``parent_session`` == parent,
   ``origin == "subagent"``) is a candidate; plain forks are walked by
-  ``list_descendants`` but never listed;
+  ``list_descendants`` but never listed. A row from the index is the
+  creator's word for its header: the creator appends it only after the header
+  is durable, and a rollback tombstones it; a row that lies (a header or log
+  changed behind the store's back) is a finding of ``check``, not of every listing;
 * one bad child yields a ``DiagnosticEntry`` (``corrupt``, ``unsupported``,
   ``unavailable``) and never hides its siblings;
 * ``status`` is ``running`` / ``idle`` from a live owner's lease, else
-  ``complete``: true across processes; ``outcome`` beside it says how the
-  child's last turn ended (``store/outcome.py``), with the error's code and
-  first line for a failure.
+  ``complete``: true across processes (a ``settled`` row is written under
+  the session lock of the release, and a re-acquisition appends ``active``
+  under the same lock before it takes the lease: ``store/rows.py``);
+  ``outcome`` beside it says how the child's last turn ended
+  (``store/outcome.py``), with the error's code and first line for a failure.
 
 Each row is built inside one guard (``_entry``): whatever a child's files hold
 — wrong types, a folder or a link in place of a file, a damaged lease or
@@ -28,26 +39,23 @@ boundary between sessions.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from typing import Literal
 
 
-from .descriptor import ContinuableDescriptor, Descriptor, OneShotDescriptor
-from .errors import CorruptSessionError, SessionNotFoundError, SubagentError, UnsupportedFormatError
+from .errors import SessionNotFoundError, SubagentError, UnsupportedFormatError
+from .identity import DiagnosticReason, Identity, read_identity
 from .index import IndexEntry, read_index
 from .lease import OwnerCache, check_lease
-from .log import read_projection
-from .outcome import Outcome, outcome_of
-from .projection import Projection, read_cache
+from .outcome import OUTCOMES, Outcome, outcome_of
+from .projection import Projection
 from .query import Query
-from .reader import inspect, read_header
+from .reader import read_header
 from .root import Store
 
 __all__ = ["ChildStatus", "DiagnosticReason", "ChildEntry", "DiagnosticEntry", "damage_reason", "DescendantRow", "Identity", "read_identity", "list_children", "list_descendants"]
 
 ChildStatus = Literal["running", "idle", "complete"]
-DiagnosticReason = Literal["corrupt", "unsupported", "unavailable"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +71,7 @@ class ChildEntry:
     error_code: str | None = None  # for a failure: the diagnostic's leading code, when it has one
     error: str | None = None  # for a failure: the diagnostic's first line
     created_at: float = 0.0  # the header's creation time (seconds since the epoch)
+    node: str | None = None  # where its open turn runs (``host:pid``; on Ray ``ip/node:pid``), while a live owner holds it
     kind: Literal["child"] = "child"
 
 
@@ -80,45 +89,6 @@ class DescendantRow:
     depth: int
 
 
-@dataclass(frozen=True)
-class Identity:
-    """What the catalog knows of one session without replaying its log."""
-
-    descriptor: Descriptor | None
-    verdict: DiagnosticReason | None  # set when the session cannot be listed healthy
-    projection: Projection
-
-
-def read_identity(store: Store, session_id: str, seed_length: int) -> Identity:
-    """Identity from the cache when it passes its gate, else from an in-memory fold.
-
-    Raises ``OSError`` for an unreadable log, ``UnsupportedFormatError`` for
-    unknown event types.
-    """
-    try:
-        projection = read_cache(store.path(session_id, "identity"))
-    except OSError:  # an unreadable cache is ignored: the log is the authority
-        projection = None
-    if projection is not None and projection.identity is not None and projection.seq >= seed_length:
-        # the cache stops at the last commit point: a log that grew since (an open turn, a
-        # message dropped by a drain) is folded from the cached checkpoint on (log.py)
-        if os.stat(store.path(session_id, "log"), follow_symlinks=False).st_size != projection.end_offset:
-            projection = read_projection(store, session_id)
-    if projection is None or projection.identity is None or projection.seq < seed_length:
-        folded = Projection(seed_length=seed_length)
-        found = inspect(store, session_id)
-        folded.fold(found.events, found.offsets, found.end)
-        if found.status == "corrupt":
-            return Identity(None, "corrupt", folded)
-        projection = folded
-    ident = projection.identity
-    if isinstance(ident, (OneShotDescriptor, ContinuableDescriptor)):
-        return Identity(ident, None, projection)
-    if ident == "unsupported":
-        return Identity(None, "unsupported", projection)
-    return Identity(None, "corrupt", projection)  # none, "corrupt", or anything a cache should not hold
-
-
 def _has_subagent_children(children: list[IndexEntry]) -> bool:
     return any(e.origin == "subagent" for e in children)
 
@@ -132,14 +102,18 @@ def _read_children(store: Store, parent_id: str) -> list[IndexEntry]:
 
 
 def _entry(
-    store: Store, parent_id: str, child_id: str, owners: OwnerCache, children: list[IndexEntry] | None = None
+    store: Store, parent_id: str, indexed: IndexEntry, owners: OwnerCache, children: list[IndexEntry] | None = None
 ) -> ChildEntry | DiagnosticEntry | None:
     """The row for one indexed child, or ``None`` when its header does not prove it a subagent child.
 
     ``children`` is the child's own index when the caller has read it already (one read per node).
     Never raises: this is the guard that keeps one child's damage in its own row.
     """
+    child_id = indexed.id
     try:
+        settled = _settled_row(store, indexed, children)
+        if settled is not None:
+            return settled
         return _row(store, parent_id, child_id, owners, children)
     except SessionNotFoundError:
         return None  # a rolled-back or never-published creation
@@ -159,6 +133,27 @@ def damage_reason(exc: Exception, session_id: str) -> DiagnosticReason:
     # a bug, not damage: logged with its traceback, and still confined to this row
     log.error("listing row of %s failed", session_id, exc_info=exc, extra={"session": session_id})
     return "unavailable"
+
+
+def _settled_row(store: Store, indexed: IndexEntry, children: list[IndexEntry] | None) -> ChildEntry | None:
+    """The row from the index alone, when the child is settled and its entry carries the static fields."""
+    settled = indexed.settled
+    if settled is None or indexed.origin != "subagent" or indexed.mode not in ("one-shot", "continuable"):
+        return None
+    if settled.outcome is not None and settled.outcome not in OUTCOMES:
+        return None  # a value this build does not know: the child's files say
+    return ChildEntry(
+        id=indexed.id,
+        label=indexed.label,
+        mode=indexed.mode,  # type: ignore[arg-type]
+        status="complete",
+        has_children=settled.has_children if settled.has_children is not None and children is None
+        else _has_subagent_children(_read_children(store, indexed.id) if children is None else children),
+        outcome=settled.outcome,  # type: ignore[arg-type]
+        error_code=settled.error_code,
+        error=settled.error,
+        created_at=indexed.created_at,
+    )
 
 
 def _row(
@@ -185,7 +180,13 @@ def _row(
         error_code=verdict.error_code,
         error=verdict.error,
         created_at=header.created_at,
+        node=running_node(identity.projection, held=status != "complete"),
     )
+
+
+def running_node(projection: Projection, *, held: bool) -> str | None:
+    """Where the session's open turn runs, while a live owner holds it (a crashed turn runs nowhere)."""
+    return projection.open_node if held and projection.open_turn is not None else None
 
 
 def _status(store: Store, child_id: str, owners: OwnerCache) -> ChildStatus:
@@ -204,7 +205,7 @@ def list_children(store: Store, parent_id: str, query: Query | None = None) -> l
     for indexed in _read_children(store, parent_id):
         if indexed.origin != "subagent":
             continue
-        row = _entry(store, parent_id, indexed.id, owners)
+        row = _entry(store, parent_id, indexed, owners)
         if row is not None and (query is None or query.matches(row)):
             out.append(row)
     return out
@@ -218,19 +219,20 @@ def list_descendants(store: Store, root_id: str, query: Query | None = None) -> 
     owners = OwnerCache(store)
     rows: list[DescendantRow] = []
     visited = {root_id}
-    stack: list[tuple[str, str, int]] = [
-        (e.id, root_id, 1) for e in reversed(_read_children(store, root_id))
+    stack: list[tuple[IndexEntry, str, int]] = [
+        (e, root_id, 1) for e in reversed(_read_children(store, root_id))
     ]
     while stack:
-        node, parent, depth = stack.pop()
+        indexed, parent, depth = stack.pop()
+        node = indexed.id
         if node in visited:
             continue
         visited.add(node)
         below = _read_children(store, node)
-        row = _entry(store, parent, node, owners, below)
+        row = _entry(store, parent, indexed, owners, below)
         if row is not None and (query is None or query.matches(row)):
             rows.append(DescendantRow(row, parent, depth))
         for child in reversed(below):
             if child.id not in visited:
-                stack.append((child.id, node, depth + 1))
+                stack.append((child, node, depth + 1))
     return rows

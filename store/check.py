@@ -32,11 +32,12 @@ from .errors import SessionNotFoundError, SubagentError
 from .framing import find_later_record, scan
 from .header import SessionHeader
 from .ids import is_valid_session_id
-from .index import read_children
+from .index import IndexEntry, read_children
 from .lease import Lease, OwnerRecord, check_lease, host_identity, owner_alive, process_start_time, read_lease, read_owner
 from .projection import Projection
 from .reader import Inspection, inspect, read_header
 from .root import Store
+from .rows import row_problem
 
 __all__ = ["ViolationKind", "Violation", "CheckCounts", "CheckReport", "check_store"]
 
@@ -55,6 +56,7 @@ ViolationKind = Literal[
     "mailbox-corrupt",  # damage followed by accepted messages in a mailbox
     "index-missing",  # a header names a parent whose index lacks the child
     "index-stale",  # an index entry no header proves
+    "index-row",  # a catalog row (static fields, settled state) that the child's log or lease contradicts
     "lease-expired",  # a lease held by an owner that left without releasing it
     "lease-unreadable",  # a lease file that does not decode or cannot be read
 ]
@@ -382,6 +384,35 @@ def _check_index(state: _Pass, in_flight_s: float) -> None:
             _confirm_missing(state, parent, child, in_flight_s)
         for child in sorted(set(indexed) - proven.get(parent, set())):
             _confirm_stale(state, parent, child, indexed[child].created_at, in_flight_s)
+        for child in sorted(set(indexed) & proven.get(parent, set())):
+            _confirm_row(state, parent, indexed[child])
+
+
+def _confirm_row(state: _Pass, parent: str, entry: IndexEntry) -> None:
+    """A row the child's files contradict, read again (index, then files) before it is reported:
+    a lease change writes the row and the lease under one lock, and this check takes none."""
+    problem = _row_problem(state, entry)
+    if problem is None:
+        return
+    again = next((e for e in read_children(state.store, parent) if e.id == entry.id), None)
+    if again != entry:
+        state.add("in_flight")  # the row moved on (a release, a re-activation) while it was read
+        return
+    problem = _row_problem(state, entry)
+    if problem is not None:
+        state.flag(entry.id, "index-row", f"in the children index of {parent}: {problem}")
+
+
+def _row_problem(state: _Pass, entry: IndexEntry) -> str | None:
+    try:
+        header = read_header(state.store, entry.id)
+        lease = read_lease(state.store, entry.id)
+        live = lease is not None and owner_alive(state.owner(lease.owner), now=time.time(), host=state.host)
+        return row_problem(state.store, entry, header, lease, live)
+    except SubagentError:
+        return None  # damage of the child's own files is reported with its session
+    except OSError:
+        return None
 
 
 def _confirm_missing(state: _Pass, parent: str, child: str, in_flight_s: float) -> None:

@@ -1,10 +1,17 @@
-"""The derived parent → children index (``index/children/<parent-id>``).
+"""The derived parent → children index (``index/children/<parent-id>``): the catalog's rows.
 
-Framed records ``{seq, id, created_at, origin}`` appended at creation, and a
-tombstone ``{seq, id, removed: true}`` when a creation is rolled back. Headers
-are the authority: the catalog checks every entry against the child's header,
-and ``reindex`` rebuilds every file from headers alone. Readers never write;
-a torn tail (a crash mid-append) reads as the valid prefix.
+Framed records (FORMAT.md §9): an entry ``{seq, id, created_at, origin}``
+appended at creation, with the row's static fields (``mode``, ``label``, from
+the creation's descriptor) when the creator knew them; a tombstone
+``{seq, id, removed: true}`` when a creation is rolled back; and state records
+written with the child's lease: ``active`` under the session lock of every
+re-acquisition, ``settled`` (outcome, error, last activity) under the session
+lock of every release (``store/lease.py``). A child whose latest state record
+is ``settled`` is listed from this file alone; any other child from its own
+files (``store/catalog.py``). Headers and logs are the authority: ``check``
+compares every row with them, and ``reindex`` rebuilds every file from headers
+alone. Readers never write; a torn tail (a crash mid-append) reads as the
+valid prefix.
 
 A damaged record in the middle (bad bytes, or a CRC-valid record of the wrong
 shape, checked by ``store/records.py``) is skipped and reading goes on with
@@ -26,13 +33,37 @@ from .framing import encode_record, scan_all
 from .ids import is_valid_session_id
 from .locks import file_lock
 from .reader import read_header
-from .records import IndexFields, problem_of
+from .records import index_problem
 from .errors import SubagentError
 from .root import Store
 
-__all__ = ["IndexEntry", "IndexRead", "add_child", "add_children", "remove_child", "read_index", "read_children", "reindex"]
+__all__ = [
+    "Settled", "IndexEntry", "IndexRead", "add_child", "add_children", "remove_child", "mark_active", "mark_settled",
+    "read_index", "read_children", "reindex",
+]
 
-_problem = problem_of(IndexFields)
+
+@dataclass(frozen=True)
+class Settled:
+    """A ``settled`` state record: the child's row as it stood when its lease was released."""
+
+    outcome: str | None  # store/outcome.py, with ``held=False``
+    error_code: str | None
+    error: str | None
+    last_at: float  # ``ts`` of the last record of its log then (its last activity)
+    # whether its own index listed a subagent child then (a settled child gains none until it is
+    # active again); None: a record without the field, the listing reads the child's index
+    has_children: bool | None = None
+
+    def to_record(self) -> dict[str, Any]:
+        record: dict[str, Any] = {"outcome": self.outcome, "last_at": self.last_at}
+        if self.has_children is not None:
+            record["has_children"] = self.has_children
+        if self.error_code is not None:
+            record["error_code"] = self.error_code
+        if self.error is not None:
+            record["error"] = self.error
+        return record
 
 
 @dataclass(frozen=True)
@@ -40,6 +71,18 @@ class IndexEntry:
     id: str
     created_at: float
     origin: str | None
+    mode: str | None = None  # the row's static fields, when the creation record carries them
+    label: str | None = None
+    settled: Settled | None = None  # set when the child's latest state record is ``settled``
+
+    def creation_record(self) -> dict[str, Any]:
+        """The entry record (without ``seq``); ``mode``/``label`` only when known (``label`` only when set)."""
+        record: dict[str, Any] = {"id": self.id, "created_at": self.created_at, "origin": self.origin}
+        if self.mode is not None:
+            record["mode"] = self.mode
+            if self.label is not None:
+                record["label"] = self.label
+        return record
 
 
 @dataclass(frozen=True)
@@ -54,25 +97,39 @@ class IndexRead:
         return bool(self.problems)
 
 
-def _append(store: Store, parent_id: str, record: dict[str, Any] | list[dict[str, Any]]) -> None:
+def _append(store: Store, parent_id: str, record: dict[str, Any] | list[dict[str, Any]], *, durable: bool = True) -> None:
     # a blocking flock, not filelock: many creators of one parent's children queue
     # in the kernel instead of polling (filelock's poll stalled waiters under load)
     path = store.children_index_path(parent_id)
     append_durably(store, path, record, lock_path=path + ".lock", key=f"index/children/{parent_id}", owner=parent_id,
-                   what=f"children index of {parent_id}", skip_damage=True)
+                   what=f"children index of {parent_id}", skip_damage=True, durable=durable)
 
 
-def add_child(store: Store, parent_id: str, child_id: str, *, created_at: float, origin: str | None) -> None:
-    _append(store, parent_id, {"id": child_id, "created_at": created_at, "origin": origin})
+def add_child(store: Store, parent_id: str, child_id: str, *, created_at: float, origin: str | None,
+              mode: str | None = None, label: str | None = None) -> None:
+    _append(store, parent_id, IndexEntry(child_id, created_at, origin, mode, label).creation_record())
 
 
 def add_children(store: Store, parent_id: str, children: list[IndexEntry]) -> None:
     """``add_child`` for several children of one parent: one lock, one write, one fsync."""
-    _append(store, parent_id, [{"id": c.id, "created_at": c.created_at, "origin": c.origin} for c in children])
+    _append(store, parent_id, [c.creation_record() for c in children])
 
 
 def remove_child(store: Store, parent_id: str, child_id: str) -> None:
     _append(store, parent_id, {"id": child_id, "removed": True})
+
+
+def mark_active(store: Store, parent_id: str, child_id: str) -> None:
+    """An ``active`` state record: the child's lease is being taken again, so a ``settled`` row before
+    it no longer holds. Durable: after a machine crash a lost ``active`` would let an older
+    ``settled`` row stand for a log that went on (the lease taken beside it is durable)."""
+    _append(store, parent_id, {"id": child_id, "state": "active"})
+
+
+def mark_settled(store: Store, parent_id: str, child_id: str, settled: Settled) -> None:
+    """A ``settled`` state record. Not fsync'd: losing it in a crash only sends the next listing
+    back to the child's own files, which are the authority."""
+    _append(store, parent_id, {"id": child_id, "state": "settled", **settled.to_record()}, durable=False)
 
 
 def read_index(store: Store, parent_id: str) -> IndexRead:
@@ -83,7 +140,7 @@ def read_index(store: Store, parent_id: str) -> IndexRead:
         return IndexRead([], [])
     except OSError as exc:
         return IndexRead([], [f"the index file cannot be read ({exc.strerror or exc})"])
-    skim = scan_all(data, check=_problem)
+    skim = scan_all(data, check=index_problem)
     problems = [
         f"record(s) {s.seqs.start}..{s.seqs.stop - 1} skipped: {s.damage.reason} at byte {s.damage.offset}"
         + (f" ({s.damage.detail})" if s.damage.detail else "")
@@ -92,16 +149,31 @@ def read_index(store: Store, parent_id: str) -> IndexRead:
     if data and not skim.records and skim.tail is not None:
         # a torn tail leaves the records before it; a file with none is not an index at all
         problems.append(f"no readable record: {skim.tail.reason} at byte {skim.tail.offset}")
-    entries: dict[str, IndexEntry] = {}
+    entries: dict[str, dict[str, Any]] = {}  # child → its entry record
+    last_state: dict[str, dict[str, Any] | None] = {}  # child → its latest state record (None: active)
     for record in skim.records:
         child = record["id"]
-        if not is_valid_session_id(child):
-            continue
-        if record.get("removed"):
+        state = record.get("state")
+        if state is not None:
+            if child in entries:  # a state record of a child not (or no longer) listed is ignored
+                last_state[child] = record if state == "settled" else None
+        elif record.get("removed"):
             entries.pop(child, None)
-        elif child not in entries:
-            entries[child] = IndexEntry(child, float(record.get("created_at", 0.0)), record.get("origin"))
-    return IndexRead(sorted(entries.values(), key=lambda e: (e.created_at, e.id)), problems)
+            last_state.pop(child, None)
+        elif child not in entries and is_valid_session_id(child):
+            entries[child] = record
+    out = []
+    for child, r in entries.items():
+        settled = last_state.get(child)
+        out.append(IndexEntry(child, float(r.get("created_at", 0.0)), r.get("origin"), r.get("mode"), r.get("label"),
+                              None if settled is None else _settled(settled)))
+    out.sort(key=lambda e: (e.created_at, e.id))
+    return IndexRead(out, problems)
+
+
+def _settled(record: dict[str, Any]) -> Settled:
+    return Settled(record.get("outcome"), record.get("error_code"), record.get("error"), float(record.get("last_at", 0.0)),
+                   record.get("has_children"))
 
 
 def read_children(store: Store, parent_id: str) -> list[IndexEntry]:

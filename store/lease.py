@@ -41,8 +41,10 @@ import msgpack
 from .atomic import read_bytes, write_atomic
 from .errors import CorruptSessionError, FencedError, LeaseHeldError, SessionNotFoundError, UnavailableSessionError
 from .locks import SessionFlock, file_lock
-from .records import LeaseFields, OwnerFields, decode
+from .lease_record import Lease, LeaseState, decode_lease, read_lease_fd
+from .records import OwnerFields, decode
 from .root import Store
+from .rows import note_active, note_settled
 
 __all__ = [
     "LeaseState",
@@ -65,7 +67,6 @@ __all__ = [
     "OwnerCache",
 ]
 
-LeaseState = Literal["running", "idle", "released"]
 
 
 def _boot_id() -> str:
@@ -120,17 +121,6 @@ class OwnerRecord:
             "heartbeat_at": self.heartbeat_at,
             "ttl": self.ttl,
         }
-
-
-@dataclass(frozen=True)
-class Lease:
-    owner: str
-    epoch: int
-    state: LeaseState
-    acquired_at: float
-
-    def to_record(self) -> dict[str, Any]:
-        return {"owner": self.owner, "epoch": self.epoch, "state": self.state, "acquired_at": self.acquired_at}
 
 
 # -- owners -------------------------------------------------------------------
@@ -201,33 +191,6 @@ class OwnerCache:
 # -- leases -------------------------------------------------------------------
 
 
-def _decode_lease(raw: bytes) -> Lease | str:
-    """The lease, or the problem with its bytes as text."""
-    data = decode(LeaseFields, raw)
-    if isinstance(data, str):
-        return data
-    return Lease(data.owner, data.epoch, data.state, data.acquired_at)
-
-
-def read_lease_fd(fd: int) -> Lease | None:
-    """The lease in an open lease file (``None`` when undecodable).
-
-    Lease files are small and only ever replaced whole (``write_atomic``: tmp +
-    rename), never rewritten in place — which is what lets a log writer keep
-    one open and learn that it is stale from ``st_nlink == 0`` alone.
-    """
-    chunks = []
-    offset = 0
-    while True:
-        chunk = os.pread(fd, 4096, offset)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        offset += len(chunk)
-    lease = _decode_lease(b"".join(chunks))
-    return None if isinstance(lease, str) else lease
-
-
 def check_lease(store: Store, session_id: str) -> Lease | None:
     """The session's lease, ``None`` when there is none; ``CorruptSessionError`` when it does
     not decode, ``UnavailableSessionError`` when it cannot be read."""
@@ -237,7 +200,7 @@ def check_lease(store: Store, session_id: str) -> Lease | None:
         return None
     except OSError as exc:
         raise UnavailableSessionError(session_id, f"its lease cannot be read ({exc.strerror or exc})") from None
-    lease = _decode_lease(raw)
+    lease = decode_lease(raw)
     if isinstance(lease, str):
         raise CorruptSessionError(session_id, f"lease {lease}")
     return lease
@@ -264,6 +227,9 @@ def acquire_lease(store: Store, session_id: str, owner_id: str, *, state: LeaseS
         if current is not None and current.state != "released" and current.owner != owner_id:
             if owner_alive(read_owner(store, current.owner)):
                 raise LeaseHeldError(session_id, owner=current.owner, epoch=current.epoch)
+        if current is not None:
+            # the child may have a ``settled`` row (written at a release): from here it no longer holds
+            note_active(store, session_id)
         lease = Lease(owner_id, (current.epoch if current else 0) + 1, state, time.time())
         # durable: an epoch must never go backwards after a crash, or two writers could share one
         _write_lease(store, session_id, lease, durable=True)
@@ -294,6 +260,8 @@ def _update_locked(store: Store, session_id: str, owner_id: str, epoch: int, sta
     if current is None or current.epoch != epoch or current.owner != owner_id:
         raise FencedError(session_id, epoch=epoch, current_epoch=None if current is None else current.epoch)
     lease = Lease(owner_id, epoch, state, current.acquired_at)
+    if state == "released" and current.state != "released":
+        note_settled(store, session_id)  # the catalog row, before anyone may take the lease again
     if current.state != state:
         # not durable: a lost state change reads as the owner's (dead) lease, i.e. complete
         _write_lease(store, session_id, lease, durable=False)

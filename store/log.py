@@ -33,7 +33,7 @@ from .errors import CorruptSessionError, DurabilityError, FencedError, SubagentE
 from .events import EVENT_TYPES, closers
 from .framing import RecordEncoder
 from .header import SessionHeader
-from .lease import read_lease_fd
+from .lease_record import read_lease_fd
 from .locks import SessionFlock
 from .projection import Projection, read_cache, write_cache
 from .reader import read_header, scan_events, scan_log

@@ -79,6 +79,7 @@ class Projection:
     discarded: int = 0  # ``message/discarded`` records since the last ``turn/end`` (work dropped unrun)
     sandbox: str | None = None  # the last ``sandbox/mode`` (a later switch wins over the delegated one)
     mailbox_end: int | None = None  # mailbox offset after the last consumed message (store/mailbox.py)
+    open_node: str | None = None  # where the open turn runs (its ``turn/start``'s ``node``), when it says
 
     # -- folding -----------------------------------------------------------
 
@@ -92,12 +93,14 @@ class Projection:
             self._descriptor(seq, data, ts)
         elif kind == "turn/start":
             self.open_turn, self.open_step, self.open_calls = seq, None, {}
+            node = data.get("node") if isinstance(data, dict) else None
+            self.open_node = node if isinstance(node, str) else None
             if self.seen_descriptor:
                 self.timing.active_since = self.timing.active_through = ts
             else:
                 self.timing.pending_since = ts
         elif kind == "turn/end":
-            self.open_turn, self.open_step, self.open_calls = None, None, {}
+            self.open_turn, self.open_step, self.open_calls, self.open_node = None, None, {}, None
             self.turns += 1
             reason = data.get("stop_reason") if isinstance(data, dict) else None
             self.last_stop_reason = reason if isinstance(reason, str) else None
@@ -201,6 +204,7 @@ class Projection:
             "discarded": self.discarded,
             "sandbox": self.sandbox,
             "mailbox_end": self.mailbox_end,
+            "open_node": self.open_node,
         }
 
     @classmethod
@@ -245,6 +249,7 @@ class Projection:
             discarded=found.discarded,
             sandbox=found.sandbox,
             mailbox_end=found.mailbox_end,
+            open_node=found.open_node,
         )
 
 
@@ -284,6 +289,7 @@ class _CacheFields(Checked):
     discarded: int = Field(ge=0)
     sandbox: str | None
     mailbox_end: int | None  # required: a cache written before this field existed is refolded
+    open_node: str | None = None  # optional: only a cache written mid-turn has one to miss
 
 
 # -- the ``identity`` cache file ------------------------------------------------------

@@ -28,6 +28,7 @@ __all__ = [
     "MailboxFields",
     "ControlFields",
     "IndexFields",
+    "index_problem",
     "unpack",
     "validate",
     "decode",
@@ -37,6 +38,8 @@ __all__ = [
 ]
 
 M = TypeVar("M", bound=BaseModel)
+
+_INF = float("inf")
 
 
 class Checked(BaseModel):
@@ -85,6 +88,48 @@ class IndexFields(Checked):
     created_at: float = 0.0
     origin: str | None = None
     removed: bool = False
+    # the catalog row's fields (FORMAT.md §9): static ones on an entry, the rest on state records
+    mode: Literal["one-shot", "continuable"] | None = None
+    label: str | None = None
+    state: Literal["active", "settled"] | None = None
+    outcome: str | None = None
+    error_code: str | None = None
+    error: str | None = None
+    last_at: float = 0.0
+    has_children: bool | None = None
+
+
+_INDEX_TYPES: dict[str, tuple[type, ...]] = {
+    "id": (str,), "origin": (str, type(None)), "removed": (bool,), "mode": (str, type(None)), "label": (str, type(None)),
+    "state": (str, type(None)), "outcome": (str, type(None)), "error_code": (str, type(None)), "error": (str, type(None)),
+    "has_children": (bool, type(None)),
+}
+
+
+def index_problem(record: dict[str, Any]) -> str | None:
+    """A children-index record (``IndexFields``), checked by exact types first: a listing reads
+    every record of a parent's file, so a valid one must cost little more than its decoding.
+    Anything that does not pass the quick test gets ``IndexFields``'s verdict and text."""
+    for key, value in record.items():
+        allowed = _INDEX_TYPES.get(key)
+        if allowed is not None:
+            if type(value) not in allowed:
+                break
+        elif key in ("created_at", "last_at"):
+            if not ((type(value) is float and -_INF < value < _INF) or type(value) is int):
+                break
+        elif key == "seq":
+            if type(value) is not int:
+                break
+    else:
+        if "id" in record and record.get("mode") in _MODES and record.get("state") in _STATES:
+            return None
+    found = validate(IndexFields, record)
+    return found if isinstance(found, str) else None
+
+
+_MODES = (None, "one-shot", "continuable")
+_STATES = (None, "active", "settled")
 
 
 def unpack(raw: bytes) -> Any:
@@ -129,9 +174,6 @@ mailbox_problem = problem_of(MailboxFields)
 
 def _finite_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-_INF = float("inf")
 
 
 def event_problem(record: dict[str, Any]) -> str | None:

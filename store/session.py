@@ -32,6 +32,7 @@ from .errors import SessionExistsError
 from .framing import encode_record
 from .header import SessionHeader, parse_header
 from .ids import validate_session_id
+from .descriptor import ContinuableDescriptor, OneShotDescriptor
 from .index import IndexEntry, add_child, add_children, remove_child
 from .lease import Lease
 from .projection import Projection, write_cache
@@ -96,10 +97,11 @@ def create_sessions(store: Store, requests: Sequence[NewSession]) -> list[Sessio
     """
     outcomes: list[SessionHeader | BaseException] = []
     published: list[int] = []
+    rows: dict[int, tuple[str | None, str | None]] = {}  # request → the row's static (mode, label)
     for i, request in enumerate(requests):
         try:
             header = _header(request)
-            _write_unpublished_and_publish(store, request, header)
+            rows[i] = _write_unpublished_and_publish(store, request, header)
         except Exception as exc:  # reported per request; the batch goes on
             outcomes.append(exc)
             continue
@@ -144,10 +146,11 @@ def create_sessions(store: Store, requests: Sequence[NewSession]) -> list[Sessio
             for i in members:
                 header = outcomes[i]
                 assert isinstance(header, SessionHeader)
-                entries.append(IndexEntry(header.id, header.created_at, header.origin))
+                entries.append(IndexEntry(header.id, header.created_at, header.origin, *rows[i]))
             try:
                 if len(entries) == 1:
-                    add_child(store, parent, entries[0].id, created_at=entries[0].created_at, origin=entries[0].origin)
+                    one = entries[0]
+                    add_child(store, parent, one.id, created_at=one.created_at, origin=one.origin, mode=one.mode, label=one.label)
                 else:
                     add_children(store, parent, entries)
             except Exception as exc:
@@ -184,7 +187,10 @@ def _header(request: NewSession) -> SessionHeader:
     return parse_header(record)
 
 
-def _write_unpublished_and_publish(store: Store, request: NewSession, header: SessionHeader) -> None:
+def _write_unpublished_and_publish(store: Store, request: NewSession, header: SessionHeader) -> tuple[str | None, str | None]:
+    """Write the session's files and publish its header; returns the catalog row's static
+    ``(mode, label)`` for its index entry: from the identity its creation events give it,
+    for a subagent child whose descriptor is valid, else ``(None, None)`` (listed from its files)."""
     now = time.time()
     seed = request.seed
     projection = Projection(seed_length=len(seed))
@@ -217,6 +223,10 @@ def _write_unpublished_and_publish(store: Store, request: NewSession, header: Se
     except BaseException:
         _rollback(store, request, indexed=False)
         raise
+    ident = projection.identity
+    if header.origin == "subagent" and isinstance(ident, (OneShotDescriptor, ContinuableDescriptor)):
+        return ident.mode, ident.label
+    return None, None
 
 
 def _rollback(store: Store, request: NewSession, *, indexed: bool) -> None:

@@ -71,7 +71,8 @@ def test_concurrent_creators_keep_the_index_complete_unique_ordered_and_rebuilda
     for parent, expected in parents.items():
         ids = listed[parent]
         assert sorted(ids) == expected, parent  # complete, and nothing else
-        records = [r for r in raw_records(st, parent) if not r.get("removed")]
+        # creation entries only: a release appends its child's settled row (FORMAT.md §9), not a creation
+        records = [r for r in raw_records(st, parent) if not r.get("removed") and "state" not in r]
         assert sorted(r["id"] for r in records) == expected  # each creation appended exactly once
         entries = read_children(st, parent)
         assert [(e.created_at, e.id) for e in entries] == sorted((e.created_at, e.id) for e in entries)

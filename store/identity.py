@@ -1,0 +1,63 @@
+"""What a listing knows of one session without replaying its log: its descriptor and projection.
+
+``read_identity`` takes the identity cache when it passes its gate (FORMAT.md
+§10) and folds the log in memory otherwise; it never writes. Apart from the
+catalog so that the lease module can compute a settled child's row under the
+session lock (``store/rows.py``) without importing the catalog, which reads
+leases. Who calls it: ``store/catalog.py``, ``store/rows.py``, the CLI.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+from .descriptor import ContinuableDescriptor, Descriptor, OneShotDescriptor
+from .log import read_projection
+from .projection import Projection, read_cache
+from .reader import inspect
+from .root import Store
+
+__all__ = ["DiagnosticReason", "Identity", "read_identity"]
+
+DiagnosticReason = Literal["corrupt", "unsupported", "unavailable"]
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What the catalog knows of one session without replaying its log."""
+
+    descriptor: Descriptor | None
+    verdict: DiagnosticReason | None  # set when the session cannot be listed healthy
+    projection: Projection
+
+
+def read_identity(store: Store, session_id: str, seed_length: int) -> Identity:
+    """Identity from the cache when it passes its gate, else from an in-memory fold.
+
+    Raises ``OSError`` for an unreadable log, ``UnsupportedFormatError`` for
+    unknown event types.
+    """
+    try:
+        projection = read_cache(store.path(session_id, "identity"))
+    except OSError:  # an unreadable cache is ignored: the log is the authority
+        projection = None
+    if projection is not None and projection.identity is not None and projection.seq >= seed_length:
+        # the cache stops at the last commit point: a log that grew since (an open turn, a
+        # message dropped by a drain) is folded from the cached checkpoint on (log.py)
+        if os.stat(store.path(session_id, "log"), follow_symlinks=False).st_size != projection.end_offset:
+            projection = read_projection(store, session_id)
+    if projection is None or projection.identity is None or projection.seq < seed_length:
+        folded = Projection(seed_length=seed_length)
+        found = inspect(store, session_id)
+        folded.fold(found.events, found.offsets, found.end)
+        if found.status == "corrupt":
+            return Identity(None, "corrupt", folded)
+        projection = folded
+    ident = projection.identity
+    if isinstance(ident, (OneShotDescriptor, ContinuableDescriptor)):
+        return Identity(ident, None, projection)
+    if ident == "unsupported":
+        return Identity(None, "unsupported", projection)
+    return Identity(None, "corrupt", projection)  # none, "corrupt", or anything a cache should not hold

@@ -1,0 +1,98 @@
+"""The catalog's state records, written beside the lease change they describe.
+
+A child's row in its parent's children index (``store/index.py``) ends with
+its latest state record: ``settled`` once its lease is released (the outcome,
+the error and the last activity of its log at that moment), ``active`` when
+its lease is taken again. Both are written by ``store/lease.py`` inside the
+critical section of that lease change, under the child's session lock, so a
+row and the lease it describes change together: a re-activation's ``active``
+always lands after the ``settled`` it invalidates, and a listing that finds
+``settled`` last may take the row as it stands, without the child's files.
+
+Lock order: a session lock, then the parent's index lock (never the other
+way round). What is not guaranteed: a ``settled`` row is not fsync'd, and one
+that cannot be written (an unreadable header, identity or index) is skipped
+with a log line; either way the listing falls back to the child's own files,
+the authority. A row that lies (its files changed behind the store's back)
+is caught by ``check`` (``index-row``), not by every listing.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .errors import SubagentError
+from .header import SessionHeader
+from .identity import read_identity
+from .index import IndexEntry, Settled, mark_active, mark_settled, read_index
+from .lease_record import Lease
+from .outcome import outcome_of
+from .reader import read_header
+from .root import Store
+
+__all__ = ["settled_row", "note_active", "note_settled", "row_problem"]
+
+log = logging.getLogger(__name__)
+
+
+def settled_row(store: Store, header: SessionHeader) -> Settled | None:
+    """The row of a child no live owner holds, from its identity; ``None`` when it would list as a diagnostic."""
+    identity = read_identity(store, header.id, header.seed_length or 0)
+    if identity.verdict is not None or identity.descriptor is None:
+        return None
+    verdict = outcome_of(identity.projection, held=False)
+    has_children = any(e.origin == "subagent" for e in read_index(store, header.id).entries)
+    return Settled(verdict.outcome, verdict.error_code, verdict.error, identity.projection.last_ts, has_children)
+
+
+def _child_header(store: Store, session_id: str) -> SessionHeader | None:
+    header = read_header(store, session_id)
+    if header.parent_session is None or header.origin != "subagent":
+        return None  # only subagent children have rows
+    return header
+
+
+def note_active(store: Store, session_id: str) -> None:
+    """Under the session lock, before a lease is taken again: its row stops being ``settled``."""
+    try:
+        header = _child_header(store, session_id)
+        if header is not None:
+            mark_active(store, header.parent_session, session_id)  # type: ignore[arg-type]
+    except (SubagentError, OSError) as exc:
+        # an index that cannot be written cannot be read either (a listing then reads the
+        # child's files); a header that does not decode lists the child as a diagnostic
+        log.warning("no 'active' row for %s: %s", session_id, exc, extra={"session": session_id})
+
+
+def note_settled(store: Store, session_id: str) -> None:
+    """Under the session lock, before a lease is released: the row as it stands from now on."""
+    try:
+        header = _child_header(store, session_id)
+        row = None if header is None else settled_row(store, header)
+        if header is not None and row is not None:
+            mark_settled(store, header.parent_session, session_id, row)  # type: ignore[arg-type]
+    except (SubagentError, OSError) as exc:
+        log.warning("no 'settled' row for %s: %s", session_id, exc, extra={"session": session_id})
+
+
+def row_problem(store: Store, entry: IndexEntry, header: SessionHeader, lease: Lease | None, lease_live: bool) -> str | None:
+    """What in ``entry``'s row its child's files contradict, or ``None`` (``check``; the caller reads the lease).
+
+    The static fields must be the identity's (mode, label); a ``settled`` row must not stand beside a
+    lease a live owner holds, and must say what ``settled_row`` says from the log now."""
+    if entry.origin != "subagent" or header.origin != "subagent":
+        return None
+    if entry.mode is not None:
+        identity = read_identity(store, header.id, header.seed_length or 0)
+        named = None if identity.descriptor is None else (identity.descriptor.mode, identity.descriptor.label)
+        if named != (entry.mode, entry.label):
+            return f"its index entry says mode {entry.mode!r}, label {entry.label!r}; its log says " + (
+                f"mode {named[0]!r}, label {named[1]!r}" if named else "it has no valid descriptor")
+    if entry.settled is None:
+        return None
+    if lease is not None and lease.state != "released" and lease_live:
+        return f"its row says settled, but a live owner holds its lease (epoch {lease.epoch}, {lease.state})"
+    now = settled_row(store, header)
+    if now != entry.settled:
+        return f"its settled row says {entry.settled}; its log says {now}"
+    return None

@@ -1,0 +1,219 @@
+"""Catalog rows in the children index (issue 12 item 5): a settled child is listed from the index alone.
+
+The creation record carries the row's static fields, a release appends the
+``settled`` row and a re-acquisition an ``active`` one, both under the session
+lock (``store/rows.py``). Old records without them, and damaged new ones,
+send the listing back to the child's own files; ``check`` finds a row that lies.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import msgpack
+import pytest
+
+from subagents import store
+import subagents.store.catalog as catalog
+from subagents.store.check import check_store
+from subagents.store.framing import encode_record, scan
+
+from ._support import CONTINUABLE, ONE_SHOT, make_child, read_file, write_file
+
+OLD = time.time() - 600
+TURN = [("turn/start", {}), ("assistant/message", {"text": "done"}), ("turn/end", {"stop_reason": "completed"})]
+FAILED = [("turn/start", {}), ("turn/end", {"stop_reason": "error", "diagnostic": "BOOM: it broke\nsecond line"})]
+
+
+@pytest.fixture
+def owner(st) -> str:
+    owner = store.new_id()
+    store.register_owner(st, owner, ttl=60.0)
+    return owner
+
+
+def settled_child(st: store.Store, parent: str, child: str, owner: str, *, descriptor: dict[str, Any] = ONE_SHOT,
+                  turn: list = TURN, created_at: float = OLD) -> None:
+    """A child as a supervisor leaves it: created leased to ``owner``, one turn at epoch 1, lease released."""
+    make_child(st, parent, child, descriptor=descriptor, created_at=created_at, lease_owner=owner)
+    with store.LogWriter.open(st, child, epoch=1) as writer:
+        writer.append(turn, commit=True)
+    store.release_lease(st, child, owner, 1)
+
+
+def index_records(st: store.Store, parent: str) -> list[dict[str, Any]]:
+    return scan(read_file(st.children_index_path(parent))).records
+
+
+def count_child_reads(monkeypatch) -> dict[str, int]:
+    """Counts of the per-child reads of the fallback path (header, identity, lease)."""
+    calls = {"header": 0, "identity": 0, "lease": 0}
+
+    def counting(name, real):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(catalog, "read_header", counting("header", catalog.read_header))
+    monkeypatch.setattr(catalog, "read_identity", counting("identity", catalog.read_identity))
+    monkeypatch.setattr(catalog, "check_lease", counting("lease", catalog.check_lease))
+    return calls
+
+
+def test_creation_and_release_write_the_row(st, owner):
+    """The entry carries mode and label; the release appends the settled row (outcome, error, last activity)."""
+    store.create_session(st, "r", created_at=OLD)
+    settled_child(st, "r", "c1", owner, descriptor={**ONE_SHOT, "label": "one"})
+    settled_child(st, "r", "c2", owner, descriptor={**CONTINUABLE, "label": "two"}, turn=FAILED)
+    records = index_records(st, "r")
+    assert [(r["id"], r.get("mode"), r.get("label"), r.get("state")) for r in records] == [
+        ("c1", "one-shot", "one", None), ("c1", None, None, "settled"), ("c2", "continuable", "two", None), ("c2", None, None, "settled")]
+    assert (records[1]["outcome"], "error" in records[1]) == ("completed", False)
+    assert (records[3]["outcome"], records[3]["error_code"], records[3]["error"]) == ("error", "BOOM", "BOOM: it broke")
+    assert records[3]["last_at"] == store.inspect(st, "c2").events[-1]["ts"]
+    entries = store.read_children(st, "r")
+    assert [(e.mode, e.label, e.settled.outcome) for e in entries] == [("one-shot", "one", "completed"), ("continuable", "two", "error")]
+
+
+def test_a_settled_child_is_listed_from_the_index_alone(st, owner, monkeypatch):
+    """No header, identity or lease of a settled child is read; the row equals the one its files give."""
+    store.create_session(st, "r", created_at=OLD)
+    for i in range(5):
+        settled_child(st, "r", f"c{i}", owner, turn=FAILED if i == 3 else TURN)
+    make_child(st, "c2", "g", created_at=OLD)
+    from_files = [catalog._row(st, "r", f"c{i}", store.OwnerCache(st), None) for i in range(5)]
+    calls = count_child_reads(monkeypatch)
+    rows = store.list_children(st, "r")
+    assert calls == {"header": 0, "identity": 0, "lease": 0}
+    assert rows == from_files
+    assert [r.has_children for r in rows] == [False, False, True, False, False]
+    assert rows[3].outcome == "error" and rows[3].error_code == "BOOM"
+
+
+def test_a_running_child_still_costs_its_files(st, owner, monkeypatch):
+    """A child whose row is not settled (just created, leased) is read from its files: status running."""
+    store.create_session(st, "r", created_at=OLD)
+    make_child(st, "r", "c", created_at=OLD, lease_owner=owner)
+    calls = count_child_reads(monkeypatch)
+    [row] = store.list_children(st, "r")
+    assert (row.status, calls["lease"]) == ("running", 1)
+
+
+def test_reactivation_invalidates_the_settled_row(st, owner):
+    """acquire_lease appends ``active`` before it takes the lease: the listing sees running, then settled again."""
+    store.create_session(st, "r", created_at=OLD)
+    settled_child(st, "r", "c", owner, descriptor=CONTINUABLE)
+    assert store.list_children(st, "r")[0].status == "complete"
+    other = store.new_id()
+    store.register_owner(st, other, ttl=60.0)
+    lease = store.acquire_lease(st, "c", other)
+    assert [r.get("state") for r in index_records(st, "r")] == [None, "settled", "active"]
+    [row] = store.list_children(st, "r")
+    assert (row.status, row.outcome) == ("running", "completed")
+    with store.LogWriter.open(st, "c", epoch=lease.epoch) as writer:
+        writer.append(FAILED, commit=True)
+    store.release_lease(st, "c", other, lease.epoch)
+    [row] = store.list_children(st, "r")
+    assert (row.status, row.outcome, row.error_code) == ("complete", "error", "BOOM")
+    assert store.read_children(st, "r")[0].settled.outcome == "error"
+    assert check_store(st).clean
+
+
+def test_a_root_lease_writes_no_row(st, owner):
+    """Only subagent children have rows: a root's release appends nothing anywhere."""
+    store.create_session(st, "r", created_at=OLD)
+    lease = store.acquire_lease(st, "r", owner)
+    store.release_lease(st, "r", owner, lease.epoch)
+    assert os.listdir(st.children_index_dir) == []
+
+
+def test_old_records_without_row_fields_list_from_the_files(st, owner, monkeypatch):
+    """An index written by an older build (no mode, no state records) lists as before, from each child's files."""
+    store.create_session(st, "r", created_at=OLD)
+    settled_child(st, "r", "c", owner, descriptor={**ONE_SHOT, "label": "old"})
+    write_file(st.children_index_path("r"), encode_record({"id": "c", "created_at": OLD, "origin": "subagent", "seq": 0}))
+    calls = count_child_reads(monkeypatch)
+    [row] = store.list_children(st, "r")
+    assert (row.label, row.status, row.outcome, calls["header"]) == ("old", "complete", "completed", 1)
+    # a settled record after an old entry (no mode) is not enough either: the static fields come from the files
+    write_file(st.children_index_path("r"), encode_record({"id": "c", "created_at": OLD, "origin": "subagent", "seq": 0})
+               + encode_record({"id": "c", "state": "settled", "outcome": "completed", "last_at": OLD, "seq": 1}))
+    [row] = store.list_children(st, "r")
+    assert (row.label, calls["header"]) == ("old", 2)
+
+
+@pytest.mark.parametrize("bad", [
+    {"outcome": 7},  # a wrong type: the record is damage, skipped
+    {"last_at": "yesterday"},
+    {"outcome": "vanished"},  # a word this build does not know: the files say
+    {"state": "finished"},
+])
+def test_damaged_state_records_fall_back_to_the_files(st, owner, monkeypatch, bad):
+    """A settled record of the wrong shape never hides the child, nor changes its row: the files decide."""
+    store.create_session(st, "r", created_at=OLD)
+    settled_child(st, "r", "c", owner, turn=FAILED)
+    settled_child(st, "r", "d", owner)
+    blob = bytearray(read_file(st.children_index_path("r")))
+    records = index_records(st, "r")
+    rebuilt = b"".join(encode_record({**r, **bad} if (r["id"], r.get("state")) == ("c", "settled") else r) for r in records)
+    write_file(st.children_index_path("r"), rebuilt)
+    assert blob != rebuilt
+    calls = count_child_reads(monkeypatch)
+    rows = store.list_children(st, "r")
+    assert [(r.id, r.status, r.outcome, r.error_code) for r in rows] == [("c", "complete", "error", "BOOM"), ("d", "complete", "completed", None)]
+    assert calls["header"] == 1  # c alone, from its files; d from the index
+
+
+def test_a_torn_settled_record_falls_back(st, owner):
+    """A crash mid-append of the settled row leaves a torn tail: the child lists from its files."""
+    store.create_session(st, "r", created_at=OLD)
+    settled_child(st, "r", "c", owner)
+    data = read_file(st.children_index_path("r"))
+    write_file(st.children_index_path("r"), data[:-5])
+    [row] = store.list_children(st, "r")
+    assert (row.status, row.outcome) == ("complete", "completed")
+    assert store.read_children(st, "r")[0].settled is None
+
+
+def test_state_records_of_unknown_or_removed_children_are_ignored(st, owner):
+    """A state record before its entry, or after its tombstone, lists nothing."""
+    store.create_session(st, "r", created_at=OLD)
+    settled_child(st, "r", "c", owner)
+    records = [{"id": "ghost", "state": "settled", "outcome": "completed", "last_at": OLD}] + [
+        {k: v for k, v in r.items() if k != "seq"} for r in index_records(st, "r")] + [
+        {"id": "c", "removed": True}, {"id": "c", "state": "settled", "outcome": "completed", "last_at": OLD}]
+    write_file(st.children_index_path("r"), b"".join(encode_record({**r, "seq": i}) for i, r in enumerate(records)))
+    assert store.list_children(st, "r") == []
+
+
+def test_a_damaged_child_with_a_settled_row_is_listed_from_the_row(st, owner):
+    """The documented trade: a settled row is the creator's word; damage after it is check's finding, not the listing's."""
+    store.create_session(st, "r", created_at=OLD)
+    settled_child(st, "r", "c", owner)
+    settled_child(st, "r", "d", owner)
+    write_file(st.path("c", "header"), b"\xc1not msgpack")
+    rows = store.list_children(st, "r")
+    assert [(r.id, r.kind) for r in rows] == [("c", "child"), ("d", "child")]
+    report = check_store(st)
+    assert [v.kind for v in report.violations] == ["header-corrupt"]
+
+
+def test_check_finds_a_row_that_lies(st, owner):
+    """A settled row whose log says otherwise, static fields another descriptor contradicts,
+    and a settled row beside a live lease are ``index-row`` findings."""
+    store.create_session(st, "r", created_at=OLD)
+    for child in ("a", "b", "c", "d"):
+        settled_child(st, "r", child, owner)
+    records = index_records(st, "r")
+    edits = {("a", "settled"): {"outcome": "error", "error": "made up"}, ("b", None): {"label": "renamed"}}
+    write_file(st.children_index_path("r"), b"".join(
+        encode_record({**r, **edits.get((r["id"], r.get("state")), {})}) for r in records))
+    # c: its lease taken behind the store's back (no 'active' row), by a live owner
+    write_file(st.path("c", "lease"), msgpack.packb(store.Lease(owner, 2, "running", time.time()).to_record()))
+    report = check_store(st)
+    found = {v.session_id: v.evidence for v in report.of_kind("index-row")}
+    assert set(found) == {"a", "b", "c"}, str(report)
+    assert "label 'renamed'" in found["b"] and "live owner" in found["c"] and "made up" in found["a"]
