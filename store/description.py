@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .catalog import ChildStatus
+from .catalog import ChildStatus, running_node
 from .errors import CorruptSessionError, UnavailableSessionError
 from .lease import Lease, OwnerRecord, owner_alive, read_lease, read_owner, session_status
 from .mailbox import pending, read_mailbox
@@ -43,6 +43,7 @@ class SessionDescription:
     mailbox: MailboxCounts
     children: int  # direct subagent children, per the index
     outcome: OutcomeVerdict  # store/outcome.py
+    node: str | None = None  # where its open turn runs while a live owner holds it (``turn/start``'s ``node``)
 
 
 def mailbox_counts(store: Store, session_id: str, projection: Projection) -> MailboxCounts:
@@ -78,4 +79,5 @@ def describe_session(store: Store, session_id: str) -> SessionDescription:
         mailbox=mailbox_counts(store, session_id, projection),
         children=subagent_count(store, session_id),
         outcome=outcome_of(projection, held=status != "complete", root=found.header.parent_session is None),
+        node=running_node(projection, held=status != "complete"),
     )

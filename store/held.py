@@ -41,6 +41,7 @@ class HeldSession:
     outcome: Outcome | None = None  # its last finished turn's (store/outcome.py); None: none finished yet
     error_code: str | None = None
     error: str | None = None
+    node: str | None = None  # where its open turn runs (``host:pid``; on Ray ``ip/node:pid``), if one is open
 
 
 def held_sessions(store: Store) -> list[HeldSession]:
@@ -80,5 +81,6 @@ def held_sessions(store: Store) -> list[HeldSession]:
             outcome=verdict.outcome,
             error_code=verdict.error_code,
             error=verdict.error,
+            node=projection.open_node if projection.open_turn is not None else None,
         ))
     return rows

@@ -258,7 +258,7 @@ class WorkerPool:
             if worker is None or not worker.alive or worker.running >= self._turns_per_worker:
                 continue
             handle = self._queue.popleft()
-            if not self._send(worker, RunTurn(call_id=handle.call_id, spec=handle.spec)):
+            if not self._send(worker, RunTurn(call_id=handle.call_id, spec=handle.spec, node=f"{self._host}:{worker.pid}")):
                 # the worker died before the pool saw its sentinel: the turn never reached
                 # it, so it stays first in line for another worker or the replacement
                 self._queue.appendleft(handle)

@@ -342,7 +342,7 @@ class RayPool:
         from ray.exceptions import ActorUnavailableError, RayActorError
 
         try:
-            stream = actor.handle.run_turn.options(num_returns="streaming").remote(encode(RunTurn(call_id=handle.call_id, spec=handle.spec)))
+            stream = actor.handle.run_turn.options(num_returns="streaming").remote(encode(RunTurn(call_id=handle.call_id, spec=handle.spec, node=f"{actor.node}:{actor.pid}")))
             async for ref in stream:
                 msg = decode(await ref)
                 if isinstance(msg, Rpc):

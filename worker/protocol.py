@@ -81,6 +81,9 @@ class RunTurn(_Msg):
     op: Literal["run"] = "run"
     call_id: int
     spec: TurnSpec
+    # where the pool dispatched the turn (``host:pid``, on Ray ``ip/node:pid``): the worker
+    # records it in ``turn/start`` so any process can say where a running turn runs
+    node: str | None = None
 
 
 class Cancel(_Msg):

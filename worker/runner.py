@@ -100,7 +100,7 @@ class TurnRunner:
 
         bind(child=spec.session_id, parent=spec.parent_session, epoch=spec.epoch)
         try:
-            return await run_turn(spec, control, rpc, sessions=self._sessions_for(spec))
+            return await run_turn(spec, control, rpc, sessions=self._sessions_for(spec), node=msg.node)
         except Exception as exc:  # a store failure outside the program: report, never hang the caller
             log.exception("turn failed outside its program", extra={"session": spec.session_id})
             return TurnOutcome(stop_reason="error", diagnostic=f"{type(exc).__name__}: {exc}"[:4000], steps=control.steps)

@@ -72,8 +72,11 @@ async def _timer(control: TurnControl, timeout_ms: int) -> None:
     control.stop("budget-exhausted", f"the turn exceeded timeout_ms={timeout_ms}", why="timeout")
 
 
-async def run_turn(spec: TurnSpec, control: TurnControl, rpc: RpcCaller, *, sessions: SessionAccess | None = None) -> TurnOutcome:
-    """Run one turn; ``sessions`` reaches the store (default: the local store at ``spec.store_root``)."""
+async def run_turn(
+    spec: TurnSpec, control: TurnControl, rpc: RpcCaller, *, sessions: SessionAccess | None = None, node: str | None = None,
+) -> TurnOutcome:
+    """Run one turn; ``sessions`` reaches the store (default: the local store at ``spec.store_root``);
+    ``node`` (where the pool dispatched it) goes into ``turn/start``."""
     if sessions is None:
         sessions = LocalSessions(Store(spec.store_root, durability=spec.durability, create=False))
     try:
@@ -81,7 +84,7 @@ async def run_turn(spec: TurnSpec, control: TurnControl, rpc: RpcCaller, *, sess
     except FencedError as exc:  # taken over before the turn began: nothing was written
         return _fenced(spec, control, exc)
     try:
-        outcome = await _run(spec, control, rpc, writer, sessions)
+        outcome = await _run(spec, control, rpc, writer, sessions, node)
     except FencedError as exc:
         return _fenced(spec, control, exc)
     finally:
@@ -128,7 +131,9 @@ async def _call_program(program: Any, ctx: TurnContext, control: TurnControl) ->
         return await anyio.to_thread.run_sync(program, BlockingTurnContext(ctx, control))
 
 
-async def _run(spec: TurnSpec, control: TurnControl, rpc: RpcCaller, writer: SessionWriter, sessions: SessionAccess) -> TurnOutcome:
+async def _run(
+    spec: TurnSpec, control: TurnControl, rpc: RpcCaller, writer: SessionWriter, sessions: SessionAccess, node: str | None,
+) -> TurnOutcome:
     first: list[tuple[str, Any]] = []
     for notice in spec.notices:
         # quiet messages accepted before this turn's waking one: consumed here, in FIFO order
@@ -138,7 +143,8 @@ async def _run(spec: TurnSpec, control: TurnControl, rpc: RpcCaller, writer: Ses
         if spec.message_mailbox_end is not None:
             accepted["mailbox_end"] = spec.message_mailbox_end
         first.append(("message/accepted", accepted))
-    first.append(("turn/start", {"message_id": spec.message_id}))
+    # the place rides the turn's first append: no write of its own (FORMAT.md §5)
+    first.append(("turn/start", {"message_id": spec.message_id} if node is None else {"message_id": spec.message_id, "node": node}))
     writer.append(first)
 
     tf = spec.tool_filter or {}

@@ -53,18 +53,21 @@ def _error(row: Mapping[str, Any]) -> str:
 
 
 def children_table(rows: Sequence[Mapping[str, Any]], shorts: Mapping[str, str], now: float) -> list[str]:
-    """A parent's children: id, status, outcome, mode, created, label, error (its first line)."""
+    """A parent's children: id, status, outcome, mode, created, label, error (its first line); and NODE,
+    where a running child's turn runs, when one of them has a turn running."""
     if not rows:
         return ["(no subagents)"]
+    nodes = any(row.get("node") for row in rows)
     cells = []
     for row in rows:
         short = shorts.get(row["id"], row["id"])
         if row.get("kind") == "diagnostic":
-            cells.append([short, "diagnostic", row["reason"], "", "", "", ""])
+            cells.append([short, "diagnostic", row["reason"], "", "", "", ""] + ([""] if nodes else []))
         else:
-            cells.append([short, row["status"], state(row), row["mode"], relative(row.get("created_at"), now),
-                          row.get("label") or "", _error(row)])
-    return aligned(("ID", "STATUS", "OUTCOME", "MODE", "CREATED", "LABEL", "ERROR"), cells)
+            cells.append([short, row["status"], state(row), row["mode"], relative(row.get("created_at"), now)]
+                         + ([row.get("node") or ""] if nodes else []) + [row.get("label") or "", _error(row)])
+    header = ("ID", "STATUS", "OUTCOME", "MODE", "CREATED") + (("NODE",) if nodes else ()) + ("LABEL", "ERROR")
+    return aligned(header, cells)
 
 
 def roots_table(rows: Sequence[Mapping[str, Any]], shorts: Mapping[str, str], now: float) -> list[str]:

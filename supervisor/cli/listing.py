@@ -186,6 +186,7 @@ def cmd_show(inv: Invocation) -> int:
         "turns": projection.turns,
         "last_stop_reason": projection.last_stop_reason,
         "open_turn": projection.open_turn,
+        "node": found.node,
         "events": len(log.events),
         "log": {"status": log.status, "size": log.size, "valid_bytes": log.end,
                 "damage": dataclasses.asdict(log.damage) if log.damage else None},

@@ -223,6 +223,8 @@ def render_show(out: Output, doc: dict[str, Any]) -> None:
     fields.append(("children", str(doc["children"])))
     outcome = doc.get("outcome") or ("-" if doc["status"] == "complete" else "- (no turn finished yet)")
     fields.insert(next(i for i, (k, _) in enumerate(fields) if k == "status") + 1, ("outcome", outcome))
+    if doc.get("node"):  # where the open turn runs: worker host:pid, or Ray node ip/id:pid
+        fields.insert(next(i for i, (k, _) in enumerate(fields) if k == "outcome") + 1, ("node", doc["node"]))
     if doc.get("failure"):
         fields.append(("failure", doc["failure"]))
     if doc.get("result") is not None:

@@ -20,7 +20,7 @@ __all__ = ["render_top", "TopView", "COLUMNS_HELP"]
 
 # ids are short unique prefixes (accepted back by every verb), so the label keeps its room;
 # what gives way on a narrow terminal is the owner on the right
-_TOP_COLUMNS = ("id", "status", "last", "mode", "label", "busy", "turn", "epoch", "pid", "parent", "owner")
+_TOP_COLUMNS = ("id", "status", "last", "mode", "label", "busy", "turn", "node", "epoch", "pid", "parent", "owner")
 
 COLUMNS_HELP = """columns:
   id      the session id's shortest unique prefix (every verb takes it back)
@@ -29,6 +29,7 @@ COLUMNS_HELP = """columns:
   mode    one-shot, continuable, root (top-level) or - (a plain fork)
   busy    time spent in its finished turns
   turn    how long the open turn has been running (- : no turn open)
+  node    where the open turn runs: the worker's host:pid (local pool), the Ray node ip/id:pid
   epoch   the lease epoch (grows by one each time a supervisor takes the session)
   pid     the process of the supervisor holding it; owner: that supervisor's id"""
 
@@ -43,7 +44,7 @@ def _top_cells(row: dict[str, Any], now: float, shorts: Mapping[str, str]) -> tu
     pid = str(row["owner_pid"]) if row.get("owner_pid") is not None else "-"
     parent = row.get("parent")
     return (shorts.get(row["id"], row["id"]), row["status"], row.get("outcome") or "-", row["mode"], row.get("label") or "-",
-            busy, turn, str(row["epoch"]), pid, shorts.get(parent, parent) if parent else "-", row["owner"])
+            busy, turn, row.get("node") or "-", str(row["epoch"]), pid, shorts.get(parent, parent) if parent else "-", row["owner"])
 
 
 def _top_plain(rows: Sequence[dict[str, Any]], now: float, shorts: Mapping[str, str]) -> list[str]:

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import pytest
 
-from subagents.store import LogWriter, read_lease
+from subagents.store import LogWriter, list_children, read_lease
 from subagents.store.errors import FencedError
 from subagents.supervisor import ContinuableSpec, SubagentRequest
 from subagents.supervisor.ray_cluster import SimulatedCluster
@@ -50,6 +50,16 @@ async def test_children_run_on_both_worker_nodes_never_the_head(tmp_path: Path, 
     async with open_pool_supervisor(tmp_path, "ray", pool_size=2) as sup:
         root = await sup.open_root()
         runs = [await sup.start("node-then-sleep", SubagentRequest(parent=root, prompt="1000")) for _ in range(2)]
+        # issue 11 item 5: while they run, the listing says on which node (``ip/<node id head>:<actor pid>``)
+        def listed_running() -> list[Any]:
+            rows = [r for r in list_children(sup.store, root.id) if r.node and said(sup.store, r.id)]
+            return rows if len(rows) == 2 else []
+
+        running = await wait_until(listed_running, what="both children running and listed with their node")
+        for row in running:
+            ip_and_node, pid = row.node.rsplit(":", 1)
+            node_id, actor_pid = said(sup.store, row.id)[0].split()
+            assert (ip_and_node, pid) == (f"127.0.0.1/{node_id[:12]}", actor_pid)
         with anyio.fail_after(DEADLINE_S):
             for run in runs:
                 assert (await run.result()).stop_reason == "completed"

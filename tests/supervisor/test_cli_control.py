@@ -13,6 +13,7 @@ import io
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -250,14 +251,46 @@ def test_top_once_text_and_a_dead_owner(host) -> None:
     """Plain text is one aligned row per held session, ids as unique prefixes; once the host dies, nothing is listed."""
     store_path, ids, proc = host
     lines = ok(store_path, "top", "--once").splitlines()
-    assert lines[0].split() == ["id", "status", "last", "mode", "label", "busy", "turn", "epoch", "pid", "parent", "owner"]
+    assert lines[0].split() == ["id", "status", "last", "mode", "label", "busy", "turn", "node", "epoch", "pid", "parent", "owner"]
     child = next(line.split() for line in lines[1:] if ids["child"].startswith(line.split()[0]))
     assert len(child[0]) < len(ids["child"])
     assert child[1:6] == ["running", "-", "continuable", "sleeper", "0.0s"]
+    assert child[7] == _turn_node(store_path, ids["child"])
     assert child[-4:-2] == ["1", str(proc.pid)] and ids["root"].startswith(child[-2]) and child[-1] == ids["owner"]
     assert "busy " in ok(store_path, "top", "--help")  # the columns are explained
     _kill(proc)
     assert ok(store_path, "top", "--once") == "(no running or idle sessions)\n"
+
+
+def _turn_node(store_path: str, session_id: str) -> str:
+    """The ``node`` the running turn's ``turn/start`` recorded: ``<host>:<worker pid>`` of a live worker of the local pool."""
+    [start] = [e for e in events(store_path, session_id) if e["type"] == "turn/start"]
+    node = start["data"]["node"]
+    host, pid = node.rsplit(":", 1)
+    assert host == socket.gethostname() and os.path.exists(f"/proc/{pid}")
+    return node
+
+
+def test_ls_show_and_top_show_the_node_of_a_running_child(host) -> None:
+    """Issue 11 item 5: where a running child's turn runs, in ls, show and top (text and JSON); nothing once it stops."""
+    store_path, ids, proc = host
+    node = _turn_node(store_path, ids["child"])
+    assert int(node.rsplit(":", 1)[1]) != proc.pid  # the turn runs in a worker of the pool, not in the host
+    [row] = json.loads(ok(store_path, "ls", ids["root"], "--json"))
+    assert (row["status"], row["node"]) == ("running", node)
+    lines = ok(store_path, "ls", ids["root"]).splitlines()
+    assert lines[0].split() == ["ID", "STATUS", "OUTCOME", "MODE", "CREATED", "NODE", "LABEL", "ERROR"]
+    assert node in lines[1].split()
+    shown = json.loads(ok(store_path, "show", ids["child"], "--json"))
+    assert shown["node"] == node
+    assert f"node      {node}" in ok(store_path, "show", ids["child"])
+    tops = {r["id"]: r for r in json.loads(ok(store_path, "top", "--once", "--json"))}
+    assert (tops[ids["child"]]["node"], tops[ids["root"]]["node"]) == (node, None)  # the root runs no turn
+    _kill(proc)
+    [row] = json.loads(ok(store_path, "ls", ids["root"], "--json"))
+    assert (row["status"], row["outcome"], row["node"]) == ("complete", "crashed", None)
+    assert "NODE" not in ok(store_path, "ls", ids["root"]).splitlines()[0].split()
+    assert json.loads(ok(store_path, "show", ids["child"], "--json"))["node"] is None
 
 
 class _Terminal(io.StringIO):
