@@ -35,9 +35,12 @@ def owner(st) -> str:
 
 
 def settled_child(st: store.Store, parent: str, child: str, owner: str, *, descriptor: dict[str, Any] = ONE_SHOT,
-                  turn: list = TURN, created_at: float = OLD) -> None:
-    """A child as a supervisor leaves it: created leased to ``owner``, one turn at epoch 1, lease released."""
+                  turn: list = TURN, created_at: float = OLD, grandchild: str | None = None) -> None:
+    """A child as a supervisor leaves it: created leased to ``owner``, one turn at epoch 1 (in which it
+    creates ``grandchild``), lease released."""
     make_child(st, parent, child, descriptor=descriptor, created_at=created_at, lease_owner=owner)
+    if grandchild is not None:
+        make_child(st, child, grandchild, created_at=OLD)
     with store.LogWriter.open(st, child, epoch=1) as writer:
         writer.append(turn, commit=True)
     store.release_lease(st, child, owner, 1)
@@ -82,8 +85,7 @@ def test_a_settled_child_is_listed_from_the_index_alone(st, owner, monkeypatch):
     """No header, identity or lease of a settled child is read; the row equals the one its files give."""
     store.create_session(st, "r", created_at=OLD)
     for i in range(5):
-        settled_child(st, "r", f"c{i}", owner, turn=FAILED if i == 3 else TURN)
-    make_child(st, "c2", "g", created_at=OLD)
+        settled_child(st, "r", f"c{i}", owner, turn=FAILED if i == 3 else TURN, grandchild="g" if i == 2 else None)
     from_files = [catalog._row(st, "r", f"c{i}", store.OwnerCache(st), None) for i in range(5)]
     calls = count_child_reads(monkeypatch)
     rows = store.list_children(st, "r")
@@ -91,6 +93,19 @@ def test_a_settled_child_is_listed_from_the_index_alone(st, owner, monkeypatch):
     assert rows == from_files
     assert [r.has_children for r in rows] == [False, False, True, False, False]
     assert rows[3].outcome == "error" and rows[3].error_code == "BOOM"
+
+
+def test_has_children_is_recorded_at_settlement(st, owner):
+    """``has_children`` is the child's own index when it settled (a settled child runs no turn, so it makes
+    no children); a child created under it behind the store's back is a finding of ``check``."""
+    store.create_session(st, "r", created_at=OLD)
+    settled_child(st, "r", "c", owner, grandchild="g")
+    settled_child(st, "r", "d", owner)
+    assert [r.has_children for r in store.list_children(st, "r")] == [True, False]
+    assert [e.settled.has_children for e in store.read_children(st, "r")] == [True, False]
+    assert check_store(st).clean
+    make_child(st, "d", "late", created_at=OLD)
+    assert [v.session_id for v in check_store(st).of_kind("index-row")] == ["d"]
 
 
 def test_a_running_child_still_costs_its_files(st, owner, monkeypatch):
