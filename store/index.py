@@ -32,6 +32,8 @@ from .appender import append_durably
 from .framing import encode_record, scan_all
 from .ids import is_valid_session_id
 from .locks import file_lock
+from .header import SessionHeader
+from .identity import read_identity
 from .reader import read_header
 from .records import index_problem
 from .errors import SubagentError
@@ -171,6 +173,17 @@ def read_index(store: Store, parent_id: str) -> IndexRead:
     return IndexRead(out, problems)
 
 
+def _static_fields(store: Store, header: SessionHeader) -> tuple[str | None, str | None]:
+    """``(mode, label)`` of a subagent child from its identity; ``(None, None)`` when it does not read as one."""
+    if header.origin != "subagent":
+        return None, None
+    try:
+        descriptor = read_identity(store, header.id, header.seed_length or 0).descriptor
+    except (SubagentError, OSError):
+        return None, None  # listed from its files, which say what is wrong
+    return (None, None) if descriptor is None else (descriptor.mode, descriptor.label)
+
+
 def _settled(record: dict[str, Any]) -> Settled:
     return Settled(record.get("outcome"), record.get("error_code"), record.get("error"), float(record.get("last_at", 0.0)),
                    record.get("has_children"))
@@ -182,7 +195,11 @@ def read_children(store: Store, parent_id: str) -> list[IndexEntry]:
 
 
 def reindex(store: Store) -> dict[str, list[str]]:
-    """Rebuild every index file from headers; returns parent → child ids in order."""
+    """Rebuild every index file from headers; returns parent → child ids in order.
+
+    A subagent child's entry gets its row's static fields (mode, label) from its identity, when
+    that reads as a valid descriptor; state records are not rebuilt (each child's next release
+    writes its ``settled`` row again; until then it is listed from its files)."""
     groups: dict[str, list[IndexEntry]] = defaultdict(list)
     for session_id in store.session_ids():
         try:
@@ -190,13 +207,12 @@ def reindex(store: Store) -> dict[str, list[str]]:
         except SubagentError:
             continue  # an unreadable header proves nothing
         if header.parent_session is not None:
-            groups[header.parent_session].append(IndexEntry(header.id, header.created_at, header.origin))
+            mode, label = _static_fields(store, header)
+            groups[header.parent_session].append(IndexEntry(header.id, header.created_at, header.origin, mode, label))
     result: dict[str, list[str]] = {}
     for parent_id, entries in groups.items():
         entries.sort(key=lambda e: (e.created_at, e.id))
-        blob = b"".join(
-            encode_record({"seq": i, "id": e.id, "created_at": e.created_at, "origin": e.origin}) for i, e in enumerate(entries)
-        )
+        blob = b"".join(encode_record({"seq": i, **e.creation_record()}) for i, e in enumerate(entries))
         with file_lock(store.children_index_path(parent_id) + ".lock"):
             write_atomic(store.children_index_path(parent_id), blob, durable=store.durability.syncs_at_commit)
             store.index_tails.pop(f"index/children/{parent_id}", None)

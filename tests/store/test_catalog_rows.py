@@ -232,3 +232,19 @@ def test_check_finds_a_row_that_lies(st, owner):
     found = {v.session_id: v.evidence for v in report.of_kind("index-row")}
     assert set(found) == {"a", "b", "c"}, str(report)
     assert "label 'renamed'" in found["b"] and "live owner" in found["c"] and "made up" in found["a"]
+
+
+def test_reindex_keeps_the_static_fields_and_the_next_release_the_settled_row(st, owner, monkeypatch):
+    """A rebuilt index has each child's mode and label (from its identity), no state records: the child
+    is listed from its files, as it was, until its next release writes its settled row again."""
+    store.create_session(st, "r", created_at=OLD)
+    settled_child(st, "r", "c", owner, descriptor={**CONTINUABLE, "label": "kept"}, turn=FAILED)
+    before = store.list_children(st, "r")
+    store.reindex(st)
+    [entry] = store.read_children(st, "r")
+    assert (entry.mode, entry.label, entry.settled) == ("continuable", "kept", None)
+    assert store.list_children(st, "r") == before
+    lease = store.acquire_lease(st, "c", owner)
+    store.release_lease(st, "c", owner, lease.epoch)
+    calls = count_child_reads(monkeypatch)
+    assert store.list_children(st, "r") == before and calls["header"] == 0
