@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import logging
 
+from .descriptor import ContinuableDescriptor, OneShotDescriptor
 from .errors import SubagentError
 from .header import SessionHeader
-from .identity import read_identity
 from .index import IndexEntry, Settled, mark_active, mark_settled, read_index
 from .lease_record import Lease
 from .outcome import outcome_of
+from .projection import Projection
 from .reader import read_header
 from .root import Store
 
@@ -35,14 +36,23 @@ __all__ = ["settled_row", "note_active", "note_settled", "row_problem"]
 log = logging.getLogger(__name__)
 
 
-def settled_row(store: Store, header: SessionHeader) -> Settled | None:
-    """The row of a child no live owner holds, from its identity; ``None`` when it would list as a diagnostic."""
-    identity = read_identity(store, header.id, header.seed_length or 0)
-    if identity.verdict is not None or identity.descriptor is None:
+def settled_row(store: Store, header: SessionHeader, projection: Projection | None = None) -> Settled | None:
+    """The row of a child no live owner holds, from its identity (or the fold of its whole log a
+    writer holds, ``projection``); ``None`` when it would list as a diagnostic."""
+    if projection is None:
+        # imported here: identity reads logs (store/log.py), and the log writer may call into the
+        # lease module, which imports this one
+        from .identity import read_identity
+
+        identity = read_identity(store, header.id, header.seed_length or 0)
+        if identity.verdict is not None or identity.descriptor is None:
+            return None
+        projection = identity.projection
+    elif not isinstance(projection.identity, (OneShotDescriptor, ContinuableDescriptor)):
         return None
-    verdict = outcome_of(identity.projection, held=False)
+    verdict = outcome_of(projection, held=False)
     has_children = any(e.origin == "subagent" for e in read_index(store, header.id).entries)
-    return Settled(verdict.outcome, verdict.error_code, verdict.error, identity.projection.last_ts, has_children)
+    return Settled(verdict.outcome, verdict.error_code, verdict.error, projection.last_ts, has_children)
 
 
 def _child_header(store: Store, session_id: str) -> SessionHeader | None:
@@ -64,11 +74,17 @@ def note_active(store: Store, session_id: str) -> None:
         log.warning("no 'active' row for %s: %s", session_id, exc, extra={"session": session_id})
 
 
-def note_settled(store: Store, session_id: str) -> None:
-    """Under the session lock, before a lease is released: the row as it stands from now on."""
+def note_settled(store: Store, session_id: str, *, header: SessionHeader | None = None, projection: Projection | None = None) -> None:
+    """Under the session lock, before a lease is released: the row as it stands from now on.
+
+    A caller that holds the session's log writer passes its ``header`` and ``projection`` (the fold
+    of the whole log): the row then costs no read of the child's files but its own index."""
     try:
-        header = _child_header(store, session_id)
-        row = None if header is None else settled_row(store, header)
+        if header is None:
+            header = _child_header(store, session_id)
+        elif header.parent_session is None or header.origin != "subagent":
+            header = None
+        row = None if header is None else settled_row(store, header, projection)
         if header is not None and row is not None:
             mark_settled(store, header.parent_session, session_id, row)  # type: ignore[arg-type]
     except (SubagentError, OSError) as exc:
@@ -83,6 +99,8 @@ def row_problem(store: Store, entry: IndexEntry, header: SessionHeader, lease: L
     if entry.origin != "subagent" or header.origin != "subagent":
         return None
     if entry.mode is not None:
+        from .identity import read_identity  # see settled_row
+
         identity = read_identity(store, header.id, header.seed_length or 0)
         named = None if identity.descriptor is None else (identity.descriptor.mode, identity.descriptor.label)
         if named != (entry.mode, entry.label):

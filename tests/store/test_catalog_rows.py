@@ -248,3 +248,16 @@ def test_reindex_keeps_the_static_fields_and_the_next_release_the_settled_row(st
     store.release_lease(st, "c", owner, lease.epoch)
     calls = count_child_reads(monkeypatch)
     assert store.list_children(st, "r") == before and calls["header"] == 0
+
+
+def test_a_writer_projection_gives_the_same_row_as_the_files(st, owner):
+    """``settled_row`` from the projection a log writer holds equals the one read from the child's files
+    (a writer that releases the lease itself writes the row without reading them)."""
+    from subagents.store.rows import settled_row
+
+    store.create_session(st, "r", created_at=OLD)
+    make_child(st, "r", "c", created_at=OLD, lease_owner=owner)
+    with store.LogWriter.open(st, "c", epoch=1) as writer:
+        writer.append(FAILED, commit=True)
+        from_writer = settled_row(st, writer.header, writer.projection)
+    assert from_writer == settled_row(st, store.read_header(st, "c")) and from_writer.error_code == "BOOM"
