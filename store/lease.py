@@ -260,11 +260,14 @@ def _update_locked(store: Store, session_id: str, owner_id: str, epoch: int, sta
     if current is None or current.epoch != epoch or current.owner != owner_id:
         raise FencedError(session_id, epoch=epoch, current_epoch=None if current is None else current.epoch)
     lease = Lease(owner_id, epoch, state, current.acquired_at)
-    if state == "released" and current.state != "released":
-        note_settled(store, session_id)  # the catalog row, before anyone may take the lease again
     if current.state != state:
         # not durable: a lost state change reads as the owner's (dead) lease, i.e. complete
         _write_lease(store, session_id, lease, durable=False)
+        if state == "released":
+            # the catalog row, still under the lock: after the release (a row that could not be
+            # written then leaves the child listed from its files, never a settled row beside a held
+            # lease), before anyone may take the lease again (their ``active`` row comes after it)
+            note_settled(store, session_id)
     return lease
 
 

@@ -5,9 +5,11 @@ its latest state record: ``settled`` once its lease is released (the outcome,
 the error and the last activity of its log at that moment), ``active`` when
 its lease is taken again. Both are written by ``store/lease.py`` inside the
 critical section of that lease change, under the child's session lock, so a
-row and the lease it describes change together: a re-activation's ``active``
-always lands after the ``settled`` it invalidates, and a listing that finds
-``settled`` last may take the row as it stands, without the child's files.
+row and the lease it describes change together: ``settled`` is appended
+right after the lease is written ``released``, ``active`` right before it is
+taken again, so a re-activation's ``active`` always lands after the
+``settled`` it invalidates, and a listing that finds ``settled`` last may
+take the row as it stands, without the child's files.
 
 Lock order: a session lock, then the parent's index lock (never the other
 way round). What is not guaranteed: a ``settled`` row is not fsync'd, and one
@@ -75,7 +77,7 @@ def note_active(store: Store, session_id: str) -> None:
 
 
 def note_settled(store: Store, session_id: str, *, header: SessionHeader | None = None, projection: Projection | None = None) -> None:
-    """Under the session lock, before a lease is released: the row as it stands from now on.
+    """Under the session lock, right after a lease was written released: the row as it stands from now on.
 
     A caller that holds the session's log writer passes its ``header`` and ``projection`` (the fold
     of the whole log): the row then costs no read of the child's files but its own index."""
