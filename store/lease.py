@@ -63,6 +63,7 @@ __all__ = [
     "acquire_lease",
     "set_lease_state",
     "release_lease",
+    "write_released",
     "session_status",
     "OwnerCache",
 ]
@@ -279,6 +280,19 @@ def set_lease_state(store: Store, session_id: str, owner_id: str, epoch: int, st
 def release_lease(store: Store, session_id: str, owner_id: str, epoch: int) -> None:
     """Mark the lease released (the epoch stays, so the next acquisition is higher)."""
     _fenced_update(store, session_id, owner_id, epoch, "released")
+
+
+def write_released(store: Store, session_id: str, current: Lease) -> None:
+    """Replace ``current`` (the lease, read under the session lock the caller holds) with its release.
+
+    For a log writer that has just checked ``current`` against its epoch under
+    that lock (``LogWriter.release_lease``). The catalog's ``settled`` row is
+    written first, as ``release_lease`` does (``store/rows.py``). Not durable,
+    as every state change: a release lost in a crash reads as the dead owner's lease.
+    """
+    if current.state != "released":
+        note_settled(store, session_id)  # the catalog row, before anyone may take the lease again
+    _write_lease(store, session_id, Lease(current.owner, current.epoch, "released", current.acquired_at), durable=False)
 
 
 def session_status(store: Store, session_id: str, owners: OwnerCache | None = None) -> Literal["running", "idle", "complete"]:

@@ -5,7 +5,10 @@ under the session lock it checks the writer's epoch against the lease,
 restores the projection (from the ``identity`` cache when it is verifiably
 current, by a full fold otherwise), refuses a corrupt log, truncates a torn
 tail and appends the crash closers of an open turn — exactly once, since the
-closers balance the turn.
+closers balance the turn. ``LogWriter.attach`` skips all of that for a log
+whose projection the caller already has (its creator's, handed to the worker
+with the turn): it reads nothing, and its first append proves the epoch and
+the log's length like any append does.
 
 Each ``append`` takes the session ``flock`` (held only for the write), reads
 the lease epoch (an ``fstat`` of the pinned lease file when it has not been
@@ -33,7 +36,8 @@ from .errors import CorruptSessionError, DurabilityError, FencedError, SubagentE
 from .events import EVENT_TYPES, closers
 from .framing import RecordEncoder
 from .header import SessionHeader
-from .lease_record import read_lease_fd
+from .lease import write_released
+from .lease_record import Lease, read_lease_fd
 from .locks import SessionFlock
 from .projection import Projection, read_cache, write_cache
 from .reader import read_header, scan_events, scan_log
@@ -122,22 +126,48 @@ def read_projection(store: Store, session_id: str) -> Projection:
         os.close(fd)
 
 
+def _open_files(store: Store, session_id: str, *, create: bool) -> tuple[SessionFlock, int]:
+    """The session's lock and its log opened for appends; ``UnavailableSessionError`` when either cannot be."""
+    try:
+        lock = SessionFlock(store.path(session_id, ".lock"))
+    except OSError as exc:  # a link, a loop or a folder in its place
+        raise UnavailableSessionError(session_id, f"its lock file cannot be opened ({exc.strerror or exc})") from None
+    flags = os.O_RDWR | os.O_APPEND | NOFOLLOW | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(store.path(session_id, "log"), flags, FILE_MODE)
+    except OSError as exc:
+        lock.close()
+        raise UnavailableSessionError(session_id, f"its log cannot be opened ({exc.strerror or exc})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or a device in place of the log
+            raise UnavailableSessionError(session_id, "its log is not a regular file")
+    except BaseException:
+        os.close(fd)
+        lock.close()
+        raise
+    return lock, fd
+
+
 class LogWriter:
     """An open, fenced writer of one session log. Not thread-safe; one per activation."""
 
-    def __init__(self, store: Store, header: SessionHeader, *, epoch: int, projection: Projection, fd: int, lock: SessionFlock) -> None:
+    def __init__(
+        self, store: Store, session_id: str, *, epoch: int, projection: Projection, fd: int, lock: SessionFlock,
+        header: SessionHeader | None = None,
+    ) -> None:
         self.store = store
-        self.header = header
-        self.session_id = header.id
+        self.header = header  # None for a writer attached without reading the session (``attach``)
+        self.session_id = session_id
         self.epoch = epoch
         self.projection = projection
         self._fd = fd
         self._lock = lock
-        self._lease_path = store.path(header.id, "lease")
+        self._lease_path = store.path(session_id, "lease")
         self._lease_epoch: int | None = 0
+        self._lease: Lease | None = None  # the lease in the pinned file (None: none, or undecodable)
         self._lease_pin: int | None = None  # the lease file last read, kept open (_current_epoch)
         self._encode = RecordEncoder(store.max_record_bytes)
-        self._what = f"log of {header.id}"
+        self._what = f"log of {session_id}"
         self._broken: BaseException | None = None
         self._cache_mark: tuple[int | None, int, int] | None = None  # what the identity cache last got
         self.repaired: list[dict[str, Any]] = []
@@ -147,21 +177,11 @@ class LogWriter:
     @classmethod
     def open(cls, store: Store, session_id: str, *, epoch: int, repair: bool = True) -> "LogWriter":
         header = read_header(store, session_id)
-        try:
-            lock = SessionFlock(store.path(session_id, ".lock"))
-        except OSError as exc:  # a link, a loop or a folder in its place
-            raise UnavailableSessionError(session_id, f"its lock file cannot be opened ({exc.strerror or exc})") from None
-        try:
-            fd = os.open(store.path(session_id, "log"), os.O_RDWR | os.O_APPEND | os.O_CREAT | NOFOLLOW, FILE_MODE)
-        except OSError as exc:
-            lock.close()
-            raise UnavailableSessionError(session_id, f"its log cannot be opened ({exc.strerror or exc})") from None
+        lock, fd = _open_files(store, session_id, create=True)
         writer: LogWriter | None = None
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or a device in place of the log
-                raise UnavailableSessionError(session_id, "its log is not a regular file")
             with lock:
-                writer = cls(store, header, epoch=epoch, projection=Projection(), fd=fd, lock=lock)
+                writer = cls(store, session_id, epoch=epoch, projection=Projection(), fd=fd, lock=lock, header=header)
                 writer._check_fence()
                 projection, end, status = load_projection(store, session_id, header, fd)
                 writer.projection = projection
@@ -180,6 +200,26 @@ class LogWriter:
             os.close(fd)
             lock.close()
             raise
+
+    @classmethod
+    def attach(cls, store: Store, session_id: str, *, epoch: int, projection: Projection) -> "LogWriter":
+        """A writer of a log whose valid prefix ``projection`` describes, opened without reading it.
+
+        For a session's first turn, run right after its creation by the same
+        supervisor: the creator folded the records it wrote, so the worker
+        needs neither the header, nor the identity cache, nor the log's bytes,
+        nor the lock at open. Nothing is repaired: a log its creator just wrote
+        whole and fsynced has no torn tail and no open turn. Nothing is trusted
+        either: the first append takes the lock, checks the epoch against the
+        lease (``FencedError`` after a takeover, as for any writer) and compares
+        the log's length with ``projection.end_offset`` (a same-epoch record
+        after it is folded in; a shorter log is ``CorruptSessionError``).
+        """
+        lock, fd = _open_files(store, session_id, create=False)
+        writer = cls(store, session_id, epoch=epoch, projection=projection, fd=fd, lock=lock)
+        # the creator wrote the identity cache from this same projection
+        writer._cache_mark = (projection.identity_seq, projection.turns, projection.end_offset)
+        return writer
 
     # -- fencing ---------------------------------------------------------------
 
@@ -212,11 +252,12 @@ class LogWriter:
             return None
         self._unpin()
         self._lease_pin = pin
-        lease = read_lease_fd(pin)
+        lease = self._lease = read_lease_fd(pin)
         self._lease_epoch = None if lease is None or lease.state == "released" else lease.epoch
         return self._lease_epoch
 
     def _unpin(self) -> None:
+        self._lease = None
         if self._lease_pin is not None:
             os.close(self._lease_pin)
             self._lease_pin = None
@@ -418,6 +459,27 @@ class LogWriter:
         projection = self.projection
         write_cache(self.store.path(self.session_id, "identity"), projection)
         self._cache_mark = (projection.identity_seq, projection.turns, projection.end_offset)
+
+    def release_lease(self, owner_id: str) -> None:
+        """Release ``owner_id``'s lease at this writer's epoch, after its last commit point.
+
+        What ``store.lease.release_lease`` does, on what the writer already
+        holds: its lock descriptor and the pinned lease file, whose one
+        ``fstat`` proves the epoch current (no lookup of the header, no new
+        descriptor of the lock, no read of the lease). Not durable, as any
+        release: a release lost in a crash reads as the dead owner's lease,
+        i.e. complete. ``FencedError`` when the lease moved on (nothing written).
+        """
+        self._lock.acquire()
+        try:
+            self._check_fence()
+            lease = self._lease
+            if lease is None or lease.owner != owner_id:
+                raise FencedError(self.session_id, epoch=self.epoch, current_epoch=None if lease is None else lease.epoch)
+            write_released(self.store, self.session_id, lease)
+            self._unpin()  # the pinned inode is no longer the lease; a later append re-reads it (and is fenced)
+        finally:
+            self._lock.release()
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -14,7 +14,9 @@ order for each, and shares what a batch can share: one fsync of the
 ``sessions`` folder after every header is published, and one locked, fsynced
 index append per parent for all of its new children. Each request succeeds or
 fails on its own; a failure of a shared step fails (and rolls back) exactly
-the sessions it covered.
+the sessions it covered. Its two halves are public (``publish_sessions``,
+then ``commit_sessions``) so that a caller can publish in several threads and
+commit what they published together (``supervisor/creator.py``).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from .projection import Projection, write_cache
 from .root import Store
 from .roots import add_root, remove_root
 
-__all__ = ["NewSession", "create_session", "create_sessions", "delete_session"]
+__all__ = ["NewSession", "CreatedSession", "create_session", "create_sessions", "publish_sessions", "commit_sessions", "delete_session"]
 
 
 @dataclass
@@ -89,19 +91,47 @@ def create_session(
     return outcome
 
 
+@dataclass(frozen=True)
+class CreatedSession:
+    """A published session: its header and the projection of the log it was created with.
+
+    The projection is what ``LogWriter.attach`` resumes from: the supervisor
+    hands it to the worker that runs the session's first turn, which then
+    reads nothing of the session to append to it.
+    """
+
+    header: SessionHeader
+    projection: Projection
+
+    @property
+    def id(self) -> str:
+        return self.header.id
+
+
 def create_sessions(store: Store, requests: Sequence[NewSession]) -> list[SessionHeader | BaseException]:
     """Create every requested session; per request, its header or the error that stopped it.
 
     A request that fails leaves no trace (no folder, no live index entry);
     the others are unaffected unless they shared the failed step.
     """
-    outcomes: list[SessionHeader | BaseException] = []
+    outcomes = commit_sessions(store, requests, publish_sessions(store, requests))
+    return [o if isinstance(o, BaseException) else o.header for o in outcomes]
+
+
+def publish_sessions(store: Store, requests: Sequence[NewSession]) -> list[CreatedSession | BaseException]:
+    """The first half of ``create_sessions``: each session's files and header, published one by one.
+
+    Not yet durable as a whole: the names in ``sessions/`` are not fsynced and
+    no index lists the new sessions until ``commit_sessions`` ran over these
+    outcomes; nothing may hand a session out before. Several publications can
+    run at once (in different threads) and meet in one commit.
+    """
+    outcomes: list[CreatedSession | BaseException] = []
     published: list[int] = []
-    rows: dict[int, tuple[str | None, str | None]] = {}  # request → the row's static (mode, label)
     for i, request in enumerate(requests):
         try:
             header = _header(request)
-            rows[i] = _write_unpublished_and_publish(store, request, header)
+            projection = _write_unpublished_and_publish(store, request, header)
         except Exception as exc:  # reported per request; the batch goes on
             outcomes.append(exc)
             continue
@@ -111,8 +141,24 @@ def create_sessions(store: Store, requests: Sequence[NewSession]) -> list[Sessio
             for j in published:
                 _rollback(store, requests[j], indexed=False)
             raise
-        outcomes.append(header)
+        outcomes.append(CreatedSession(header, projection))
         published.append(i)
+    return outcomes
+
+
+def commit_sessions(
+    store: Store, requests: Sequence[NewSession], outcomes: Sequence[CreatedSession | BaseException],
+) -> list[CreatedSession | BaseException]:
+    """The second half of ``create_sessions``, shared by every session published in ``outcomes``.
+
+    One fsync of ``sessions/`` persists every new folder name; then one
+    locked, fsynced index append per parent lists all of its new children
+    (a root is added to the roots index). A session is created — and may be
+    handed out — once this returns it; a shared step that fails rolls back
+    exactly the sessions it covered and reports its error for each.
+    """
+    outcomes = list(outcomes)
+    published = [i for i, o in enumerate(outcomes) if not isinstance(o, BaseException)]
     if not published:
         return outcomes
     indexed: set[int] = set()
@@ -132,10 +178,10 @@ def create_sessions(store: Store, requests: Sequence[NewSession]) -> list[Sessio
             if parent is not None:
                 by_parent.setdefault(parent, []).append(i)
             else:
-                header = outcomes[i]
-                assert isinstance(header, SessionHeader)
+                created = outcomes[i]
+                assert isinstance(created, CreatedSession)
                 try:
-                    add_root(store, header.id, header.created_at)
+                    add_root(store, created.header.id, created.header.created_at)
                 except Exception as exc:
                     _rollback(store, requests[i], indexed=False)
                     outcomes[i] = exc
@@ -144,9 +190,10 @@ def create_sessions(store: Store, requests: Sequence[NewSession]) -> list[Sessio
         for parent, members in by_parent.items():
             entries = []
             for i in members:
-                header = outcomes[i]
-                assert isinstance(header, SessionHeader)
-                entries.append(IndexEntry(header.id, header.created_at, header.origin, *rows[i]))
+                created = outcomes[i]
+                assert isinstance(created, CreatedSession)
+                header = created.header
+                entries.append(IndexEntry(header.id, header.created_at, header.origin, *_row_fields(created)))
             try:
                 if len(entries) == 1:
                     one = entries[0]
@@ -187,10 +234,7 @@ def _header(request: NewSession) -> SessionHeader:
     return parse_header(record)
 
 
-def _write_unpublished_and_publish(store: Store, request: NewSession, header: SessionHeader) -> tuple[str | None, str | None]:
-    """Write the session's files and publish its header; returns the catalog row's static
-    ``(mode, label)`` for its index entry: from the identity its creation events give it,
-    for a subagent child whose descriptor is valid, else ``(None, None)`` (listed from its files)."""
+def _write_unpublished_and_publish(store: Store, request: NewSession, header: SessionHeader) -> Projection:
     now = time.time()
     seed = request.seed
     projection = Projection(seed_length=len(seed))
@@ -223,8 +267,15 @@ def _write_unpublished_and_publish(store: Store, request: NewSession, header: Se
     except BaseException:
         _rollback(store, request, indexed=False)
         raise
-    ident = projection.identity
-    if header.origin == "subagent" and isinstance(ident, (OneShotDescriptor, ContinuableDescriptor)):
+    return projection
+
+
+def _row_fields(created: CreatedSession) -> tuple[str | None, str | None]:
+    """The catalog row's static ``(mode, label)`` for a new session's index entry: from the
+    identity its creation events give it, for a subagent child whose descriptor is valid, else
+    ``(None, None)`` (listed from its files)."""
+    ident = created.projection.identity
+    if created.header.origin == "subagent" and isinstance(ident, (OneShotDescriptor, ContinuableDescriptor)):
         return ident.mode, ident.label
     return None, None
 

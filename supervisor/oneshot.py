@@ -27,12 +27,12 @@ import anyio
 
 from subagents.store import LogWriter, OneShotDescriptor, acquire_lease, delete_session, release_lease
 from subagents.store.errors import FencedError, SubagentError
-from subagents.store.session import NewSession
+from subagents.store.session import CreatedSession, NewSession
 from subagents.worker.logcontext import bind
 from subagents.worker.protocol import Budget, TurnOutcome, TurnSpec
 
 from .backend import RpcHandler, TurnResult, TurnTicket, WorkerRef
-from .creator import SessionCreator
+from .creator import CreatorStatistics, SessionCreator
 from .errors import CancelledBeforeStartError, SupervisorClosedError
 from .models import Provider, SubagentRequest, SubagentResult
 from .registry import program_fields
@@ -78,16 +78,20 @@ def result_from_outcome(outcome: TurnOutcome) -> SubagentResult:
 
 def one_shot_turn_spec(
     rt: Runtime, *, child_id: str, placement: Placement, provider: Provider, request: SubagentRequest, budget: Budget,
-    message_id: str, prompt: str,
+    message_id: str, prompt: str, log_state: dict[str, Any] | None = None,
 ) -> TurnSpec:
-    """The one turn of a one-shot child: its creation already logged the message; the worker releases the lease."""
+    """The one turn of a one-shot child: its creation already logged the message; the worker releases the lease.
+
+    ``log_state`` is the log as its creation left it (``Projection.to_record``):
+    the worker attaches to the log with it instead of reopening the session.
+    """
     program, blob = program_fields(provider)
     return TurnSpec(
         session_id=child_id, epoch=1, store_root=rt.store.root, durability=rt.store.durability.name,
         program=program, program_blob=blob, message_id=message_id, message_source={"kind": "user"}, message=prompt,
         log_message=False, budget=budget, depth=placement.depth, mode="one-shot", label=request.label, provider=provider.name,
         parent_session=placement.parent_id, persona=request.persona, tool_filter=request.tool_filter, sandbox=placement.sandbox,
-        output_schema=request.output_schema, agent_model=request.model, release_owner=rt.owner_id,
+        output_schema=request.output_schema, agent_model=request.model, release_owner=rt.owner_id, log_state=log_state,
     )
 
 
@@ -164,6 +168,9 @@ class OneShotRuns:
     def live(self) -> int:
         return sum(1 for run in self._runs.values() if not run.done)
 
+    def creation_statistics(self) -> CreatorStatistics:
+        return self._creator.statistics()
+
     async def start(self, provider_name: str, request: SubagentRequest, *, cancel: CancelToken | None = None) -> SubagentRun:
         rt = self._rt
         provider = rt.registry.require(provider_name)
@@ -189,7 +196,7 @@ class OneShotRuns:
         message_id = rt.ids.new()
         events = delegation_events(placement.sandbox, OneShotDescriptor(provider=provider.name, label=request.label))
         events.append(("message/accepted", {"message_id": message_id, "source": {"kind": "user"}, "content": prompt}))
-        await self._create(
+        created = await self._create(
             NewSession(
                 child_id, parent_session=placement.parent_id, origin="subagent", delegation_depth=placement.depth, events=events,
                 lease_owner=rt.owner_id,
@@ -199,7 +206,7 @@ class OneShotRuns:
         # published: from here the caller owns the run
         spec = one_shot_turn_spec(
             rt, child_id=child_id, placement=placement, provider=provider, request=request, budget=fields.budget,
-            message_id=message_id, prompt=prompt,
+            message_id=message_id, prompt=prompt, log_state=created.projection.to_record(),
         )
         state = _RunState(children=None)
         run = SubagentRun(self, child_id, rt.ids.new(), state)
@@ -214,12 +221,12 @@ class OneShotRuns:
             rt.tg.start_soon(self._watch_cancel, run, cancel)
         return run
 
-    async def _create(self, request: NewSession, cancel: CancelToken | None) -> None:
+    async def _create(self, request: NewSession, cancel: CancelToken | None) -> CreatedSession:
         """Create the child leased to us (epoch 1); roll it back if the start is cancelled before it is published."""
         store, child_id, parent_id = self._rt.store, request.session_id, request.parent_session
         try:
             with anyio.CancelScope(shield=True):
-                await self._creator.create(request)
+                created = await self._creator.create(request)
                 if cancel is not None and cancel.is_set():
                     await anyio.to_thread.run_sync(lambda: delete_session(store, child_id, parent_session=parent_id))
                     raise CancelledBeforeStartError.before_publication()
@@ -228,6 +235,7 @@ class OneShotRuns:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(lambda: delete_session(store, child_id, parent_session=parent_id))
             raise
+        return created
 
     def cancel_run(self, state: _RunState, reason: str) -> None:
         """Stop a run's turn and the children it started; the first reason wins, a finished run is left alone."""

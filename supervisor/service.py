@@ -53,6 +53,7 @@ from .errors import SupervisorClosedError, UnauthorizedError, WaitTimeoutError
 from .events import EventBus
 from .lease_keeper import LeaseKeeper
 from .models import AgentRef, AncestorAuthority, ContinuableSpec, Provider, SubagentRequest, UserAuthority
+from .creator import CreatorStatistics
 from .oneshot import CancelToken, OneShotRuns, SubagentRun
 from .pool import WorkerPool
 from .ray_cluster import require_ray
@@ -72,6 +73,7 @@ class SupervisorStatistics:
     pool: PoolStatistics
     runs_live: int
     roots: int
+    creation: CreatorStatistics  # one-shot children created: thread hops and group commits
 
 
 def _make_pool(config: SupervisorConfig, store: Store) -> Pool:
@@ -345,4 +347,5 @@ class Supervisor:
             pool=self.pool.statistics(),
             runs_live=self.runs.live(),
             roots=len(self._root_epochs),
+            creation=self.runs.creation_statistics(),
         )

@@ -72,9 +72,13 @@ class TurnSpec(_Msg):
     output_schema: dict[str, Any] | None = None
     agent_model: str | None = None
     notices: list[dict[str, Any]] = []
-    # one-shot turns: the worker releases the lease (this owner, ``epoch``) right after
-    # the turn's commit, sparing the supervisor a store round trip per child
+    # one-shot turns: the worker releases the lease (this owner, ``epoch``) with the
+    # turn's closing commit, sparing the supervisor a store round trip per child
     release_owner: str | None = None
+    # the log as its creator left it (``Projection.to_record``), for a turn that runs right
+    # after creation: the worker attaches to the log (``LogWriter.attach``) instead of
+    # reading the header, the identity cache and the log again
+    log_state: dict[str, Any] | None = None
 
 
 class RunTurn(_Msg):

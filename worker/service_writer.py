@@ -166,6 +166,10 @@ class ServiceWriter:
                 if error is not None:
                     return
 
+    def release_lease(self, owner: str) -> None:
+        """Release the lease through the service (after ``flush``: the closing commit is acknowledged)."""
+        _call(self._call, "release_lease", session_id=self.session_id, owner=owner, epoch=self.epoch)
+
     def close(self) -> None:
         """Send what is still queued, stop the sender, close the service's writer (best effort)."""
         with self._cond:
@@ -191,7 +195,8 @@ class ServiceSessions:
     def __init__(self, call: ServiceCall) -> None:
         self._call = call
 
-    def open_writer(self, session_id: str, *, epoch: int) -> ServiceWriter:
+    def open_writer(self, session_id: str, *, epoch: int, log_state: dict[str, Any] | None = None) -> ServiceWriter:
+        """``log_state`` is not used: the service opens (and checks) the log on the store's host in the same round trip."""
         writer_id = uuid.uuid4().hex
         reply = _call(self._call, "open_writer", writer_id=writer_id, session_id=session_id, epoch=epoch)
         return ServiceWriter(self._call, session_id, epoch, writer_id, int(reply["next_seq"]))
@@ -200,5 +205,3 @@ class ServiceSessions:
         reply = _call(self._call, "history", session_id=session_id)
         return list(msgpack.unpackb(reply["events"], raw=False))
 
-    def release_lease(self, session_id: str, owner: str, epoch: int) -> None:
-        _call(self._call, "release_lease", session_id=session_id, owner=owner, epoch=epoch)

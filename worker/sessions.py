@@ -3,10 +3,12 @@
 A turn appends to its session's log under the lease epoch the supervisor gave
 it (every append is fenced: a writer whose lease was taken over raises
 ``FencedError`` and never writes again), reads the log back for
-``ctx.history()``, and a one-shot turn releases its lease after its commit.
-``SessionWriter`` is the open writer, ``SessionAccess`` opens writers and does
-the other two calls. ``LocalSessions`` does all of it on this host's file
-system; the writer it opens is the store's ``LogWriter``. A host whose store
+``ctx.history()``, and a one-shot turn releases its lease through its writer
+after its closing commit. ``SessionWriter`` is the open writer,
+``SessionAccess`` opens writers and reads history. ``LocalSessions`` does all
+of it on this host's file system; the writer it opens is the store's
+``LogWriter`` — attached without reading the session when the turn carries
+the log's state from its creation (``TurnSpec.log_state``). A host whose store
 is elsewhere (a store service) supplies another ``SessionAccess``; nothing in
 the turn changes. Called by ``worker/turn.py`` and ``worker/context.py`` only.
 """
@@ -15,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol, Sequence
 
-from subagents.store.lease import release_lease
 from subagents.store.log import LogWriter
+from subagents.store.projection import Projection
 from subagents.store.reader import inspect
 from subagents.store.root import Store
 
@@ -44,22 +46,28 @@ class SessionWriter(Protocol):
         """
         ...
 
+    def release_lease(self, owner: str) -> None:
+        """Release ``owner``'s lease at this writer's epoch, once the closing commit is flushed
+        (``FencedError`` if the lease moved on)."""
+        ...
+
     def close(self) -> None: ...
 
 
 class SessionAccess(Protocol):
     """What a turn needs of the store besides its writer."""
 
-    def open_writer(self, session_id: str, *, epoch: int) -> SessionWriter:
-        """Open the session's log for appends at ``epoch`` (repairs a torn tail; ``FencedError`` if taken over)."""
+    def open_writer(self, session_id: str, *, epoch: int, log_state: dict[str, Any] | None = None) -> SessionWriter:
+        """Open the session's log for appends at ``epoch`` (repairs a torn tail; ``FencedError`` if taken over).
+
+        ``log_state`` is the log's projection as its creator left it: an
+        implementation may attach to the log with it instead of reading the
+        session (the first append is fenced either way), or ignore it.
+        """
         ...
 
     def history(self, session_id: str) -> list[dict[str, Any]]:
         """The valid prefix of the session's log (read-only)."""
-        ...
-
-    def release_lease(self, session_id: str, owner: str, epoch: int) -> None:
-        """Release ``owner``'s lease at ``epoch`` (``FencedError`` if it moved on)."""
         ...
 
 
@@ -76,11 +84,11 @@ class LocalSessions:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def open_writer(self, session_id: str, *, epoch: int) -> SessionWriter:
-        return LocalWriter.open(self.store, session_id, epoch=epoch)
+    def open_writer(self, session_id: str, *, epoch: int, log_state: dict[str, Any] | None = None) -> SessionWriter:
+        projection = None if log_state is None else Projection.from_record(log_state)
+        if projection is None:
+            return LocalWriter.open(self.store, session_id, epoch=epoch)
+        return LocalWriter.attach(self.store, session_id, epoch=epoch, projection=projection)
 
     def history(self, session_id: str) -> list[dict[str, Any]]:
         return inspect(self.store, session_id).events
-
-    def release_lease(self, session_id: str, owner: str, epoch: int) -> None:
-        release_lease(self.store, session_id, owner, epoch)

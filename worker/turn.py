@@ -80,29 +80,30 @@ async def run_turn(
     if sessions is None:
         sessions = LocalSessions(Store(spec.store_root, durability=spec.durability, create=False))
     try:
-        writer = sessions.open_writer(spec.session_id, epoch=spec.epoch)
+        writer = sessions.open_writer(spec.session_id, epoch=spec.epoch, log_state=spec.log_state)
     except FencedError as exc:  # taken over before the turn began: nothing was written
         return _fenced(spec, control, exc)
     try:
         outcome = await _run(spec, control, rpc, writer, sessions, node)
+        if spec.release_owner is not None:
+            outcome.released = _release(writer, spec)
     except FencedError as exc:
         return _fenced(spec, control, exc)
     finally:
         writer.close()
-    if spec.release_owner is not None:
-        outcome.released = _release(sessions, spec)
     return outcome
 
 
-def _release(sessions: SessionAccess, spec: TurnSpec) -> bool:
-    """Release a one-shot child's lease after its commit; False leaves it to the supervisor.
+def _release(writer: SessionWriter, spec: TurnSpec) -> bool:
+    """Release a one-shot child's lease after its closing commit, on the turn's own writer;
+    False leaves it to the supervisor.
 
     Any failure here is reported, never raised: the turn itself is committed, and
     the supervisor releases (or finds the lease taken over) when ``released`` is False.
     """
     assert spec.release_owner is not None
     try:
-        sessions.release_lease(spec.session_id, spec.release_owner, spec.epoch)
+        writer.release_lease(spec.release_owner)
     except FencedError:
         log.info("lease of %s moved on before release at epoch %d", spec.session_id, spec.epoch)
         return False

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import anyio
 import pytest
 
@@ -19,15 +22,15 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_concurrent_starts_are_created_in_few_hops(tmp_path, monkeypatch):
-    """40 starts at once: every child is created, published, run and listed, in far fewer thread hops."""
+    """40 starts at once: every child is created, published, run and listed, in far fewer thread hops and commits."""
     batches: list[int] = []
-    real = supervisor.creator.create_sessions
+    real = supervisor.creator.publish_sessions
 
     def counting(store, requests):
         batches.append(len(requests))
         return real(store, requests)
 
-    monkeypatch.setattr(supervisor.creator, "create_sessions", counting)
+    monkeypatch.setattr(supervisor.creator, "publish_sessions", counting)
     async with open_supervisor(tmp_path, pool_size=2, durability="batched") as sup:
         root = await sup.open_root()
         outputs: dict[int, str | None] = {}
@@ -43,9 +46,54 @@ async def test_concurrent_starts_are_created_in_few_hops(tmp_path, monkeypatch):
                     tg.start_soon(one, i)
         assert outputs == {i: f"hello {i}" for i in range(40)}
         assert sum(batches) == 40 and len(batches) < 40 and max(batches) > 1
+        created = sup.statistics().creation
+        assert created.sessions == 40 and created.hops == len(batches) and created.commits <= created.hops
         listed = await sup.list_children(root.id)
         assert len(listed) == 40 and {c.status for c in listed} == {"complete"}
         assert len(read_children(sup.store, root.id)) == 40
+
+
+def test_drains_that_publish_during_a_commit_share_the_next_one(tmp_path, monkeypatch):
+    """Issue #12, item 2: sessions published while a commit runs are committed together, in one
+    fsync of ``sessions/`` and one index append, however many drain threads published them."""
+    st = Store(tmp_path / "store", durability="batched")
+    create_session(st, "root")
+    group = supervisor.creator._GroupCommit(st)
+    first_commit_entered, release_first = threading.Event(), threading.Event()
+    commits: list[list[str]] = []
+    real = supervisor.creator.commit_sessions
+
+    def commit(store, requests, outcomes):
+        commits.append([r.session_id for r in requests])
+        if len(commits) == 1:
+            first_commit_entered.set()
+            assert release_first.wait(30)
+        return real(store, requests, outcomes)
+
+    monkeypatch.setattr(supervisor.creator, "commit_sessions", commit)
+    results: dict[str, str] = {}
+
+    def create(sid: str) -> None:
+        [outcome] = group.create([NewSession(sid, parent_session="root")])
+        results[sid] = outcome.id
+
+    first = threading.Thread(target=create, args=("a",))
+    first.start()
+    assert first_commit_entered.wait(30)
+    followers = [threading.Thread(target=create, args=(sid,)) for sid in ("b", "c", "d")]
+    for thread in followers:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while group.waiting() < 3:  # each follower has published and waits for the next commit
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    release_first.set()
+    for thread in [first, *followers]:
+        thread.join(30)
+    assert results == {"a": "a", "b": "b", "c": "c", "d": "d"}
+    assert commits[0] == ["a"] and sorted(commits[1]) == ["b", "c", "d"] and len(commits) == 2
+    assert sorted(e.id for e in read_children(st, "root")) == ["a", "b", "c", "d"]
+    assert group.commits == 2 and group.sessions == 4
 
 
 async def test_a_failing_request_fails_alone_in_its_batch(tmp_path):

@@ -44,8 +44,8 @@ class CountingSessions(LocalSessions):
         super().__init__(store)
         self.appended: list[str] = []
 
-    def open_writer(self, session_id: str, *, epoch: int) -> SessionWriter:
-        writer = super().open_writer(session_id, epoch=epoch)
+    def open_writer(self, session_id: str, *, epoch: int, log_state=None) -> SessionWriter:
+        writer = super().open_writer(session_id, epoch=epoch, log_state=log_state)
         appended = self.appended
 
         class Counting:
@@ -58,6 +58,9 @@ class CountingSessions(LocalSessions):
 
             async def flush(self) -> None:
                 await writer.flush()
+
+            def release_lease(self, owner: str) -> None:
+                writer.release_lease(owner)
 
             def close(self) -> None:
                 writer.close()
