@@ -1,28 +1,34 @@
-"""Session creation in batches: many children's creations per thread hop, and per commit.
+"""Session creation in batches, on long-lived store threads: many children per wake-up and per commit.
 
 Creating a child is blocking store work (folders, files, fsyncs), so it runs
-in a thread. The starts queue their requests; at most ``threads`` drain
-tasks each take everything queued so far into one thread hop, where
-``publish_sessions`` writes and publishes each session. The commit that
-makes them durable as a set (one fsync of ``sessions/``, one index append
-per parent: ``commit_sessions``) is a group commit across the drains: the
-first drain thread to finish publishing commits everything published by
-then, and a drain that finishes while a commit runs hands its sessions to
-the next one and waits for it. Starts arrive one by one (each as an earlier
-child finishes), so a drain's own batch is often a single session; the
-commit is where they meet — measured with 32 starts in flight on 2 cores:
-1.4 sessions per commit when each drain committed alone, several now
-(``statistics()``; ``benchmarks/one_shot.py`` prints it).
+in a thread. The starts queue their requests; a store thread takes
+everything queued (up to ``MAX_BATCH``) and ``publish_sessions`` writes and
+publishes each session. The commit that makes them durable as a set (one
+fsync of ``sessions/``, one index append per parent: ``commit_sessions``)
+is a group commit across the threads: the first to finish publishing
+commits everything published by then, and one that finishes while a commit
+runs hands its sessions to the next commit and waits for it.
+
+Why threads of our own rather than ``anyio.to_thread`` per batch: starts
+arrive one by one (each as an earlier child finishes), so a drain task that
+took "everything queued" into a thread hop usually took one session — 1.4
+per commit measured with 32 starts in flight — and paid a hop (a thread
+wake-up and a GIL hand-off, 50–118 µs of CPU) for each. A store thread that
+is busy takes what queued up meanwhile without being woken
+(``statistics()`` counts batches and commits; ``benchmarks/one_shot.py``
+prints them).
 
 Each request still succeeds or fails on its own and is as durable as with
 ``create_session`` when its ``create`` returns: its header, its folder's
-name in ``sessions/`` and its index entry are on disk. A drain is shielded
-from cancellation: a creation that started always finishes, and its caller
-decides whether to keep or roll back the session (``supervisor/oneshot.py``).
+name in ``sessions/`` and its index entry are on disk. A creation that
+started always finishes (the waiting start is shielded from cancellation),
+and its caller decides whether to keep or roll back the session
+(``supervisor/oneshot.py``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from dataclasses import dataclass, field
 
@@ -31,11 +37,15 @@ import anyio
 from subagents.store import Store
 from subagents.store.session import CreatedSession, NewSession, commit_sessions, publish_sessions
 
+from .errors import SupervisorClosedError
+
 __all__ = ["SessionCreator", "CreatorStatistics"]
 
-# Enough drains to keep several fsyncs in flight (the disk serves them in parallel),
-# few enough that the event loop is not out-voted for the GIL by store threads.
-DEFAULT_THREADS = 4
+# Two store threads: a second one publishes while the first waits for its fsyncs (the
+# disk serves them in parallel), and few enough that the event loop is not out-voted
+# for the GIL; a thread is only started or woken when more is queued than the awake
+# threads will take when their batches end.
+DEFAULT_THREADS = 2
 # A bound on one hop's work, so one drain does not hold many starts behind a long batch.
 MAX_BATCH = 32
 
@@ -45,7 +55,7 @@ Outcome = CreatedSession | BaseException
 @dataclass(frozen=True)
 class CreatorStatistics:
     sessions: int  # created (published and committed)
-    hops: int  # thread hops (drain batches)
+    hops: int  # batches the store threads took from the queue
     commits: int  # group commits: fsyncs of ``sessions/`` (under a syncing policy)
 
     @property
@@ -130,24 +140,47 @@ class _GroupCommit:
 
 
 class SessionCreator:
-    """Creates sessions for the event loop, batching concurrent requests into few thread hops and commits."""
+    """Creates sessions for the event loop on long-lived store threads, in batches.
 
-    def __init__(self, store: Store, tg: anyio.abc.TaskGroup, *, threads: int = DEFAULT_THREADS) -> None:
-        self._store = store
-        self._tg = tg
-        self._threads = threads
-        self._pending: list[_Slot] = []
-        self._draining = 0
+    The event loop only queues a request and, when a store thread is asleep
+    and none is already being woken, wakes one; a thread that is busy takes
+    everything queued when it finishes its batch, so under load no wake-up
+    (and no thread hop) is paid per start. A finished batch comes back to the
+    loop in one ``call_soon_threadsafe``. Runs on asyncio (as the supervisor's
+    pools do); the threads stop at ``aclose`` after finishing what is queued.
+    """
+
+    def __init__(self, store: Store, *, threads: int = DEFAULT_THREADS) -> None:
         self._group = _GroupCommit(store)
+        self._max_threads = threads
+        self._cond = threading.Condition()
+        # under ``_cond``: the queue, the threads, and how many sleep / are being woken
+        self._pending: list[_Slot] = []
+        self._threads: list[threading.Thread] = []
+        self._sleeping = 0
+        self._waking = 0
+        self._closing = False
         self._hops = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def create(self, request: NewSession) -> CreatedSession:
         """Create one session (durably, under the store's policy); raises what stopped it."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
         slot = _Slot(request)
-        self._pending.append(slot)
-        if self._draining < self._threads:
-            self._draining += 1
-            self._tg.start_soon(self._drain)
+        with self._cond:
+            if self._closing:
+                raise SupervisorClosedError()
+            self._pending.append(slot)
+            if len(self._pending) <= self._busy():
+                pass  # a thread at work takes it when its batch ends: no wake-up, a bigger batch
+            elif self._sleeping > self._waking:
+                self._waking += 1
+                self._cond.notify()
+            elif len(self._threads) < self._max_threads:
+                thread = threading.Thread(target=self._serve, name=f"subagents-creator-{len(self._threads)}", daemon=True)
+                self._threads.append(thread)
+                thread.start()
         with anyio.CancelScope(shield=True):
             await slot.done.wait()
         assert slot.outcome is not None
@@ -158,18 +191,43 @@ class SessionCreator:
     def statistics(self) -> CreatorStatistics:
         return CreatorStatistics(sessions=self._group.sessions, hops=self._hops, commits=self._group.commits)
 
-    async def _drain(self) -> None:
-        try:
-            with anyio.CancelScope(shield=True):
-                while self._pending:
-                    batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
-                    self._hops += 1
-                    try:
-                        outcomes = await anyio.to_thread.run_sync(self._group.create, [s.request for s in batch])
-                    except Exception as exc:  # the hop itself failed: every request it carried fails with it
-                        outcomes = [exc] * len(batch)
-                    for slot, outcome in zip(batch, outcomes):
-                        slot.outcome = outcome
-                        slot.done.set()
-        finally:
-            self._draining -= 1
+    async def aclose(self) -> None:
+        """Stop the store threads once they have created everything queued; later ``create`` calls raise."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+            threads = list(self._threads)
+        for thread in threads:
+            await anyio.to_thread.run_sync(thread.join)
+
+    def _busy(self) -> int:
+        # threads awake (working, or woken and about to take the queue); called under ``_cond``
+        return len(self._threads) - self._sleeping + self._waking
+
+    def _serve(self) -> None:
+        """A store thread: take everything queued (up to ``MAX_BATCH``), create it, hand it back; sleep when idle."""
+        while True:
+            with self._cond:
+                while not self._pending and not self._closing:
+                    self._sleeping += 1
+                    self._cond.wait()
+                    self._sleeping -= 1
+                    if self._waking:
+                        self._waking -= 1
+                if not self._pending:
+                    return  # closing, nothing left
+                batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+                self._hops += 1
+            try:
+                outcomes: list[Outcome] = self._group.create([s.request for s in batch])
+            except BaseException as exc:  # every request the batch carried fails with it, never lost with the thread
+                outcomes = [exc] * len(batch)
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(_deliver, batch, outcomes)
+
+
+def _deliver(batch: list[_Slot], outcomes: list[Outcome]) -> None:
+    """On the event loop: each waiting ``create`` gets its outcome."""
+    for slot, outcome in zip(batch, outcomes):
+        slot.outcome = outcome
+        slot.done.set()

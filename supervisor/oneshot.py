@@ -5,8 +5,8 @@ everything unpublished on failure or cancellation (no session folder, no
 index entry, no lease, no lifecycle events). After, the caller owns the
 ``SubagentRun`` and must ``dispose()`` it.
 
-Creation goes through ``SessionCreator`` (batched store work, few thread
-hops). The worker releases the child's lease right after the turn's commit
+Creation goes through ``SessionCreator`` (batched store work on long-lived
+store threads). The worker releases the child's lease right after the turn's commit
 (``TurnSpec.release_owner``); the supervisor releases it only when the worker
 did not (a crash, a takeover, a store failure).
 
@@ -158,7 +158,7 @@ class OneShotRuns:
         self._rt = rt
         self._rpc_for = rpc_for
         self._runs: dict[str, SubagentRun] = {}
-        self._creator = SessionCreator(rt.store, rt.tg)
+        self._creator = SessionCreator(rt.store)
 
     @property
     def runs(self) -> Mapping[str, SubagentRun]:
@@ -170,6 +170,10 @@ class OneShotRuns:
 
     def creation_statistics(self) -> CreatorStatistics:
         return self._creator.statistics()
+
+    async def aclose(self) -> None:
+        """Stop creating (``SupervisorClosedError`` for later starts) once what is queued is created."""
+        await self._creator.aclose()
 
     async def start(self, provider_name: str, request: SubagentRequest, *, cancel: CancelToken | None = None) -> SubagentRun:
         rt = self._rt

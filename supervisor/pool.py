@@ -33,6 +33,7 @@ worker killed (and so do the other turns resident on that worker: they end
 
 from __future__ import annotations
 
+import dataclasses
 import contextlib
 import itertools
 import logging
@@ -51,7 +52,7 @@ import multiprocess
 from subagents.store.errors import SubagentError
 from subagents.worker.errors import WorkerCrashedError, describe_exit
 from subagents.worker.main import worker_entry
-from subagents.worker.pipe import FrameReader
+from subagents.worker.pipe import serve_pipe
 from subagents.worker.protocol import BLOCKING_RPCS, Cancel, Ready, Reply, Rpc, RunTurn, Shutdown, TurnDone, TurnOutcome, TurnSpec, decode, encode
 
 from .backend import PoolStatistics, RpcHandler, StartedCallback, TurnResult, TurnTicket, WorkerRef
@@ -278,17 +279,14 @@ class WorkerPool:
     # -- per-worker tasks -------------------------------------------------------
 
     async def _reader(self, worker: _Worker) -> None:
-        frames = FrameReader(worker.conn.fileno())
-        while worker.alive:
-            await anyio.wait_readable(worker.conn.fileno())
-            try:
-                batch = frames.read_available()
-            except OSError:
-                return  # the sentinel task handles the death
-            if batch is None:
-                return  # end of file: the sentinel task handles the death
+        """Serve the worker's pipe, registered once (``serve_pipe``); end of file or a read error: the sentinel task handles the death."""
+
+        def received(batch: list[bytes]) -> bool:
             for raw in batch:
                 self._received(worker, decode(raw))
+            return worker.alive
+
+        await serve_pipe(worker.conn.fileno(), received)
 
     def _received(self, worker: _Worker, msg: Any) -> None:
         if isinstance(msg, TurnDone):
@@ -296,7 +294,7 @@ class WorkerPool:
             if handle is not None:
                 outcome = msg.outcome
                 if handle.cancel_reason is not None and outcome.stop_reason == "completed":
-                    outcome = outcome.model_copy(update={"stop_reason": "aborted"})
+                    outcome = dataclasses.replace(outcome, stop_reason="aborted")
                 self._finish(handle, outcome)
                 self._schedule()
         elif isinstance(msg, Rpc):

@@ -38,6 +38,7 @@ by both pools is the next step), and the death handling of a cluster
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -351,7 +352,7 @@ class RayPool:
                 elif isinstance(msg, TurnDone):
                     outcome = msg.outcome
                     if handle.cancel_reason is not None and outcome.stop_reason == "completed":
-                        outcome = outcome.model_copy(update={"stop_reason": "aborted"})
+                        outcome = dataclasses.replace(outcome, stop_reason="aborted")
                     self._finish(handle, outcome)
                     self._schedule()
                     return

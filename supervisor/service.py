@@ -189,6 +189,7 @@ class Supervisor:
         with anyio.move_on_after(self.config.cancel_grace_s + 5):
             for run in runs:
                 await run.dispose()
+        await self.runs.aclose()
         await self.pool.aclose()
         for root_id, epoch in list(self._root_epochs.items()):
             try:

@@ -4,6 +4,7 @@
     ├── BudgetExhaustedError    a turn ran past max_steps or timeout_ms
     ├── ToolDeniedError         a filtered or sandbox-forbidden tool was called
     ├── ProgramLoadError        a program reference cannot be imported
+    ├── ProtocolError           bytes on a worker pipe that are not a message of its protocol (also ValueError)
     └── WorkerCrashedError      a worker process died under a call (pid, exit code, signal; node and cause on a cluster)
 """
 
@@ -13,7 +14,7 @@ import signal
 
 from subagents.store.errors import SubagentError
 
-__all__ = ["BudgetExhaustedError", "ToolDeniedError", "ProgramLoadError", "WorkerCrashedError", "describe_exit"]
+__all__ = ["BudgetExhaustedError", "ToolDeniedError", "ProgramLoadError", "ProtocolError", "WorkerCrashedError", "describe_exit"]
 
 
 class BudgetExhaustedError(SubagentError):
@@ -32,6 +33,13 @@ class ProgramLoadError(SubagentError, ImportError):
     """Raised when a ``module:function`` program reference cannot be loaded."""
 
     code = "PROGRAM_LOAD_FAILED"
+
+
+class ProtocolError(SubagentError, ValueError):
+    """Raised when bytes read from a worker pipe are not a message of ``worker/protocol.py``
+    (an unknown ``op``, an unknown or missing field): a bug or a foreign peer, never user input."""
+
+    code = "PROTOCOL"
 
 
 def describe_exit(exitcode: int | None) -> str:

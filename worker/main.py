@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 
 from .logcontext import FieldsFilter
-from .pipe import FrameReader
+from .pipe import serve_pipe
 from .protocol import Cancel, Reply, RunTurn, Ready, Shutdown, TurnDone, decode, encode
 from .runner import TurnRunner
 
@@ -49,20 +49,21 @@ class WorkerLoop:
 
     async def serve(self) -> None:
         self.send(Ready(pid=os.getpid()))
-        frames = FrameReader(self.conn.fileno())
+        shutdown = False
         async with anyio.create_task_group() as tg:
-            while True:
-                await anyio.wait_readable(self.conn.fileno())
-                try:
-                    batch = frames.read_available()
-                except OSError:
-                    batch = None
-                if batch is None:
-                    os._exit(0)  # the supervisor is gone: never outlive it
+
+            def received(batch: list[bytes]) -> bool:
+                nonlocal shutdown
                 for raw in batch:
                     if not self._received(decode(raw), tg):
-                        tg.cancel_scope.cancel()
-                        return
+                        shutdown = True
+                        return False
+                return True
+
+            await serve_pipe(self.conn.fileno(), received)
+            if not shutdown:
+                os._exit(0)  # end of file: the supervisor is gone, never outlive it
+            tg.cancel_scope.cancel()
 
     def _received(self, msg: Any, tg: anyio.abc.TaskGroup) -> bool:
         """Act on one message from the supervisor; False for ``Shutdown``."""

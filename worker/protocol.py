@@ -2,8 +2,8 @@
 
 One definition, imported by both sides. Every message is a msgpack map sent
 with ``send_bytes`` (the control plane never pickles); the ``op`` field names
-the model below. Only a program given as a callable object (no import path)
-travels pickled, by dill, inside ``RunTurn.program_blob``.
+the message class below. Only a program given as a callable object (no import
+path) travels pickled, by dill, inside ``RunTurn.program_blob``.
 
     supervisor → worker   RunTurn, Cancel, Reply, Shutdown
     worker → supervisor   Ready, TurnDone, Rpc
@@ -11,14 +11,24 @@ travels pickled, by dill, inside ``RunTurn.program_blob``.
 A turn is identified by ``call_id``. ``Rpc`` is a worker's request to the
 supervisor on behalf of a turn (spawn a child, wait for it, list, report...);
 the supervisor answers with ``Reply`` carrying a value or an error as data.
+
+The messages are plain dataclasses, not pydantic models: both ends are this
+package, every message crosses on the per-child path (a one-shot child costs
+a ``RunTurn`` and a ``TurnDone``), and validating each one cost more CPU than
+the rest of the pipe work. ``decode`` still refuses what is not a message of
+this protocol — an unknown ``op``, an unknown or missing field — with
+``ProtocolError``; the values' types are the sender's (the supervisor
+validates what users give it before it builds a message).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Literal
 
 import msgpack
-from pydantic import BaseModel, ConfigDict
+
+from .errors import ProtocolError
 
 __all__ = [
     "Budget",
@@ -37,32 +47,30 @@ __all__ = [
 ]
 
 
-class _Msg(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Budget(_Msg):
+@dataclass
+class Budget:
     max_steps: int | None = None
     timeout_ms: int | None = None
 
 
-class TurnSpec(_Msg):
+@dataclass
+class TurnSpec:
     """Everything a worker needs to run one turn of one session."""
 
     session_id: str
     epoch: int
     store_root: str
     durability: str
-    program: str | None = None
-    program_blob: bytes | None = None
     message_id: str
     message_source: dict[str, Any]
     message: Any
     log_message: bool  # append message/accepted (False when creation already wrote it)
-    message_mailbox_end: int | None = None  # recorded with message/accepted: where the mailbox's unconsumed part starts
-    budget: Budget = Budget()
     depth: int
     mode: Literal["one-shot", "continuable", "root"]
+    program: str | None = None
+    program_blob: bytes | None = None
+    message_mailbox_end: int | None = None  # recorded with message/accepted: where the mailbox's unconsumed part starts
+    budget: Budget = field(default_factory=Budget)
     label: str | None = None
     provider: str | None = None
     parent_session: str | None = None
@@ -71,7 +79,7 @@ class TurnSpec(_Msg):
     sandbox: str | None = None
     output_schema: dict[str, Any] | None = None
     agent_model: str | None = None
-    notices: list[dict[str, Any]] = []
+    notices: list[dict[str, Any]] = field(default_factory=list)
     # one-shot turns: the worker releases the lease (this owner, ``epoch``) with the
     # turn's closing commit, sparing the supervisor a store round trip per child
     release_owner: str | None = None
@@ -81,8 +89,20 @@ class TurnSpec(_Msg):
     log_state: dict[str, Any] | None = None
 
 
-class RunTurn(_Msg):
-    op: Literal["run"] = "run"
+@dataclass
+class TurnOutcome:
+    stop_reason: str
+    output: str = ""
+    structured: Any = None
+    diagnostic: str | None = None
+    steps: int = 0
+    fenced: bool = False  # another supervisor took the session over: the turn wrote nothing more
+    released: bool = False  # the worker released the lease after the commit (``TurnSpec.release_owner``)
+
+
+@dataclass
+class RunTurn:
+    op: ClassVar[str] = "run"
     call_id: int
     spec: TurnSpec
     # where the pool dispatched the turn (``host:pid``, on Ray ``ip/node:pid``): the worker
@@ -90,72 +110,101 @@ class RunTurn(_Msg):
     node: str | None = None
 
 
-class Cancel(_Msg):
-    op: Literal["cancel"] = "cancel"
+@dataclass
+class Cancel:
+    op: ClassVar[str] = "cancel"
     call_id: int
     reason: str = "user"
 
 
-class Reply(_Msg):
-    op: Literal["reply"] = "reply"
+@dataclass
+class Reply:
+    op: ClassVar[str] = "reply"
     rpc_id: int
     ok: bool
     value: Any = None
     error: dict[str, Any] | None = None
 
 
-class Shutdown(_Msg):
-    op: Literal["shutdown"] = "shutdown"
+@dataclass
+class Shutdown:
+    op: ClassVar[str] = "shutdown"
 
 
-class Ready(_Msg):
-    op: Literal["ready"] = "ready"
+@dataclass
+class Ready:
+    op: ClassVar[str] = "ready"
     pid: int
 
 
-class TurnOutcome(_Msg):
-    output: str = ""
-    structured: Any = None
-    stop_reason: str
-    diagnostic: str | None = None
-    steps: int = 0
-    fenced: bool = False  # another supervisor took the session over: the turn wrote nothing more
-    released: bool = False  # the worker released the lease after the commit (``TurnSpec.release_owner``)
-
-
-class TurnDone(_Msg):
-    op: Literal["done"] = "done"
+@dataclass
+class TurnDone:
+    op: ClassVar[str] = "done"
     call_id: int
     outcome: TurnOutcome
 
 
-class Rpc(_Msg):
-    op: Literal["rpc"] = "rpc"
+@dataclass
+class Rpc:
+    op: ClassVar[str] = "rpc"
     rpc_id: int
     call_id: int
     method: str
-    args: dict[str, Any] = {}
+    args: dict[str, Any] = field(default_factory=dict)
 
+
+Message = RunTurn | Cancel | Reply | Shutdown | Ready | TurnDone | Rpc
 
 # RPCs during which the calling turn waits on other turns: its worker slot is
 # free for them, which is what keeps nested delegation from deadlocking the pool.
 BLOCKING_RPCS = frozenset({"spawn_wait", "wait_run"})
 
-_MODELS: dict[str, type[_Msg]] = {
-    "run": RunTurn,
-    "cancel": Cancel,
-    "reply": Reply,
-    "shutdown": Shutdown,
-    "ready": Ready,
-    "done": TurnDone,
-    "rpc": Rpc,
+_MESSAGES: dict[str, type] = {cls.op: cls for cls in (RunTurn, Cancel, Reply, Shutdown, Ready, TurnDone, Rpc)}
+# the field names of each class, in order: what ``encode`` writes and ``decode`` accepts
+_FIELDS: dict[type, tuple[str, ...]] = {
+    cls: tuple(f.name for f in fields(cls)) for cls in (Budget, TurnSpec, TurnOutcome, *_MESSAGES.values())
 }
 
 
-def encode(message: _Msg) -> bytes:
-    return msgpack.packb(message.model_dump(), use_bin_type=True)
+def _map(obj: Any) -> dict[str, Any]:
+    return {name: getattr(obj, name) for name in _FIELDS[type(obj)]}
 
 
-def decode(raw: bytes) -> _Msg:
+def encode(message: Message) -> bytes:
+    data = _map(message)
+    if isinstance(message, RunTurn):
+        spec = _map(message.spec)
+        spec["budget"] = _map(message.spec.budget)
+        data["spec"] = spec
+    elif isinstance(message, TurnDone):
+        data["outcome"] = _map(message.outcome)
+    data["op"] = message.op
+    return msgpack.packb(data, use_bin_type=True)
+
+
+def _build(cls: type, data: Any) -> Any:
+    if not isinstance(data, dict):
+        raise ProtocolError(f"a {cls.__name__} must be a map, not {type(data).__name__}")
+    try:
+        return cls(**data)
+    except TypeError as exc:  # an unknown or a missing field
+        raise ProtocolError(f"not a {cls.__name__}: {exc}") from None
+
+
+def decode(raw: bytes) -> Message:
+    """The message in ``raw``; ``ProtocolError`` when it is not one of this protocol."""
     data = msgpack.unpackb(raw, raw=False)
-    return _MODELS[data["op"]].model_validate(data)
+    if not isinstance(data, dict):
+        raise ProtocolError("a message must be a map")
+    cls = _MESSAGES.get(data.pop("op", None))
+    if cls is None:
+        raise ProtocolError("unknown message op")
+    if cls is RunTurn:
+        spec = data.get("spec")
+        if not isinstance(spec, dict):
+            raise ProtocolError("a RunTurn's spec must be a map")
+        spec["budget"] = _build(Budget, spec.get("budget", {}))
+        data["spec"] = _build(TurnSpec, spec)
+    elif cls is TurnDone:
+        data["outcome"] = _build(TurnOutcome, data.get("outcome"))
+    return _build(cls, data)

@@ -20,6 +20,7 @@ The turn's appends go to the store's host through the store service
 
 from __future__ import annotations
 
+import dataclasses
 import asyncio
 import logging
 import os
@@ -125,5 +126,5 @@ class SubagentWorker:
         diagnostic = outcome.diagnostic
         if diagnostic and diagnostic.startswith("PROGRAM_LOAD_FAILED"):
             where = f" (on Ray node {self._where['node_id']} at {self._where['ip']}: install the program on every node, or ship it with runtime_env)"
-            return outcome.model_copy(update={"diagnostic": diagnostic + where})
+            return dataclasses.replace(outcome, diagnostic=diagnostic + where)
         return outcome

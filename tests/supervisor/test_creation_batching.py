@@ -102,8 +102,8 @@ async def test_a_failing_request_fails_alone_in_its_batch(tmp_path):
     create_session(st, "root")
     create_session(st, "taken", parent_session="root")
     results: dict[str, object] = {}
+    creator = SessionCreator(st, threads=1)
     async with anyio.create_task_group() as tg:
-        creator = SessionCreator(st, tg, threads=1)
 
         async def one(sid: str) -> None:
             try:
@@ -113,6 +113,7 @@ async def test_a_failing_request_fails_alone_in_its_batch(tmp_path):
 
         for sid in ("c1", "taken", "c2", "c3"):
             tg.start_soon(one, sid)
+    await creator.aclose()
     assert results == {"c1": "c1", "taken": "SESSION_EXISTS", "c2": "c2", "c3": "c3"}
     assert sorted(e.id for e in read_children(st, "root")) == ["c1", "c2", "c3", "taken"]
 

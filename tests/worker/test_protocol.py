@@ -9,7 +9,7 @@ import pytest
 from subagents.store.errors import SubagentError, from_wire
 from subagents.supervisor import InvalidRequestError, SubagentDepthError
 from subagents.worker import WorkerCrashedError
-from subagents.worker.errors import describe_exit
+from subagents.worker.errors import ProtocolError, describe_exit
 from subagents.worker.protocol import Budget, Cancel, Ready, Reply, Rpc, RunTurn, Shutdown, TurnDone, TurnOutcome, TurnSpec, decode, encode
 
 SPEC = TurnSpec(
@@ -36,16 +36,30 @@ def test_round_trip(message):
 def test_unknown_op_is_refused():
     import msgpack
 
-    with pytest.raises(KeyError):
+    with pytest.raises(ProtocolError):
         decode(msgpack.packb({"op": "pickle-me"}))
 
 
 def test_extra_fields_are_refused():
     import msgpack
-    from pydantic import ValidationError
 
-    with pytest.raises(ValidationError):
+    with pytest.raises(ProtocolError):
         decode(msgpack.packb({"op": "ready", "pid": 1, "evil": True}))
+
+
+@pytest.mark.parametrize("data", [
+    {"op": "ready"},  # a missing field
+    {"op": "run", "call_id": 1, "spec": "not a map"},
+    {"op": "run", "call_id": 1, "spec": {"session_id": "01S", "surprise": 1}},
+    {"op": "done", "call_id": 1, "outcome": {"stop_reason": "completed", "evil": True}},
+    ["op", "ready"],
+])
+def test_malformed_messages_are_refused_with_a_protocol_error(data):
+    import msgpack
+
+    with pytest.raises(ProtocolError) as caught:
+        decode(msgpack.packb(data))
+    assert caught.value.code == "PROTOCOL"
 
 
 @pytest.mark.parametrize("error", [
