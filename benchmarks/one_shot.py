@@ -36,6 +36,9 @@ What is measured:
   namespace (``unshare -n``, loopback only) with usage stats off; the key is
   absent when Ray or the namespace is not available.
 
+``sessions_per_commit``: children created per group commit (one fsync of
+``sessions/`` and one index append), from ``Supervisor.statistics()``.
+
 A breakdown of where one child's time goes (from the host's clock and the
 ``ts`` of its own log events) is printed for a sample of children.
 
@@ -401,6 +404,9 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
     print(f"respawn (kill -9 -> a child completed on the replacement): {', '.join(f'{x:.1f}' for x in respawn)} ms; "
           f"kill -> pool whole again: {', '.join(f'{x:.1f}' for x in ready)} ms")
     print(f"pool: started {stats.pool.started} workers, {stats.pool.crashed} crashed (the killed ones)")
+    creation = stats.creation
+    print(f"creation: {creation.sessions} children in {creation.hops} store-thread batches and {creation.commits} commits "
+          f"({creation.sessions_per_commit:.1f} per commit: one fsync of sessions/ and one index append each)")
     print()
     print("goals:")
     for key, goal in GOALS.items():
@@ -423,6 +429,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
         "respawn_ms": round(figures["respawn_ms"], 1),
         "replacement_ready_ms": round(statistics.median(ready), 1),
         "children_per_s_4_turns_per_worker": round(got4["per_s"], 1),
+        "sessions_per_commit": round(stats.creation.sessions_per_commit, 2),
         "first_half_children_per_s": round(got["first_half_per_s"], 1),
         "second_half_children_per_s": round(got["second_half_per_s"], 1),
         "store_dir": args.dir or "repository file system",

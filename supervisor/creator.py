@@ -56,6 +56,7 @@ Outcome = CreatedSession | BaseException
 class CreatorStatistics:
     sessions: int  # created (published and committed)
     hops: int  # batches the store threads took from the queue
+    queued: int  # requests waiting for a store thread now
     commits: int  # group commits: fsyncs of ``sessions/`` (under a syncing policy)
 
     @property
@@ -189,7 +190,8 @@ class SessionCreator:
         return slot.outcome
 
     def statistics(self) -> CreatorStatistics:
-        return CreatorStatistics(sessions=self._group.sessions, hops=self._hops, commits=self._group.commits)
+        with self._cond:
+            return CreatorStatistics(sessions=self._group.sessions, hops=self._hops, queued=len(self._pending), commits=self._group.commits)
 
     async def aclose(self) -> None:
         """Stop the store threads once they have created everything queued; later ``create`` calls raise."""

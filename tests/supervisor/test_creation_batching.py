@@ -15,6 +15,7 @@ from subagents.store import SessionExistsError, Store, create_session, read_chil
 from subagents.store.session import NewSession
 from subagents.supervisor import SubagentRequest
 from subagents.supervisor.creator import SessionCreator
+from subagents.supervisor.errors import SupervisorClosedError
 
 from ..conftest import open_supervisor
 
@@ -94,6 +95,48 @@ def test_drains_that_publish_during_a_commit_share_the_next_one(tmp_path, monkey
     assert commits[0] == ["a"] and sorted(commits[1]) == ["b", "c", "d"] and len(commits) == 2
     assert sorted(e.id for e in read_children(st, "root")) == ["a", "b", "c", "d"]
     assert group.commits == 2 and group.sessions == 4
+
+
+async def test_a_busy_store_thread_takes_what_queued_meanwhile_in_one_batch(tmp_path, monkeypatch):
+    """Issue #12, items 2 and 4: starts that arrive while the store thread works are not each handed
+    to a thread of their own; the thread takes them all as its next batch."""
+    st = Store(tmp_path / "store", durability="batched")
+    create_session(st, "root")
+    entered, release = threading.Event(), threading.Event()
+    batches: list[list[str]] = []
+    real = supervisor.creator.publish_sessions
+
+    def publish(store, requests):
+        batches.append([r.session_id for r in requests])
+        if len(batches) == 1:
+            entered.set()
+            assert release.wait(30)
+        return real(store, requests)
+
+    monkeypatch.setattr(supervisor.creator, "publish_sessions", publish)
+    creator = SessionCreator(st, threads=1)
+    created: list[str] = []
+
+    async def one(sid: str) -> None:
+        created.append((await creator.create(NewSession(sid, parent_session="root"))).id)
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one, "a")
+            while not entered.is_set():
+                await anyio.sleep(0.001)
+            for sid in ("b", "c", "d", "e", "f"):
+                tg.start_soon(one, sid)
+            while creator.statistics().queued < 5:
+                await anyio.sleep(0.001)
+            release.set()
+    await creator.aclose()
+    assert batches == [["a"], ["b", "c", "d", "e", "f"]]
+    assert sorted(created) == ["a", "b", "c", "d", "e", "f"]
+    stats = creator.statistics()
+    assert (stats.sessions, stats.hops, stats.commits, stats.queued) == (6, 2, 2, 0)
+    with pytest.raises(SupervisorClosedError):
+        await creator.create(NewSession("late", parent_session="root"))
 
 
 async def test_a_failing_request_fails_alone_in_its_batch(tmp_path):
