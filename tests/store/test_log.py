@@ -607,3 +607,73 @@ def test_unknown_event_type_is_refused_before_writing(tmp_path) -> None:
             writer.append([("turn/start", {}), ("made/up", {})])
     assert os.path.getsize(st.path("s1", "log")) == size
     assert _store.inspect(st, "s1").status == "clean"
+
+
+# -- attaching to a log its creator just wrote (issue #12, item 3) ------------------------------
+
+
+def _created(st, sid="s1", owner="o1"):
+    request = store.session.NewSession(sid, events=[DESC], lease_owner=owner)
+    [created] = store.session.commit_sessions(st, [request], store.session.publish_sessions(st, [request]))
+    return created
+
+
+def test_an_attached_writer_continues_the_log_as_an_opened_one_would(any_st):
+    """``attach`` with the creator's projection appends at the right seq and offset, writes the same
+    identity cache at commit, and releases the lease on its pinned file."""
+    created = _created(any_st)
+    writer = store.LogWriter.attach(any_st, "s1", epoch=1, projection=created.projection)
+    try:
+        records = writer.append([("turn/start", {"message_id": "m"})])
+        writer.append([("turn/end", {"stop_reason": "completed", "diagnostic": None})], commit=True)
+        writer.release_lease("o1")
+    finally:
+        writer.close()
+    assert records[0]["seq"] == 1 and kinds(any_st) == ["subagent/descriptor", "turn/start", "turn/end"]
+    assert store.read_lease(any_st, "s1").state == "released"
+    assert store.read_projection(any_st, "s1").to_record() == writer.projection.to_record()
+
+
+def test_an_attached_writer_taken_over_is_fenced(st):
+    """A zombie attached at epoch 1 gets ``FencedError`` on its first append after a takeover, and
+    cannot release the new owner's lease; nothing of it reaches the log."""
+    created = _created(st)
+    zombie = store.LogWriter.attach(st, "s1", epoch=1, projection=created.projection)
+    try:
+        assert store.acquire_lease(st, "s1", "o1").epoch == 2  # the owner fences before repair
+        size = log_size(st)
+        with pytest.raises(store.FencedError):
+            zombie.append([("turn/start", {"message_id": "m"})])
+        with pytest.raises(store.FencedError):
+            zombie.release_lease("o1")
+        assert log_size(st) == size
+        assert store.read_lease(st, "s1").epoch == 2 and store.read_lease(st, "s1").state == "running"
+    finally:
+        zombie.close()
+
+
+def test_an_attached_writer_refuses_a_log_shorter_than_its_projection(st):
+    """The projection is checked, not trusted: a log shorter than it is corrupt, and nothing is written."""
+    created = _created(st)
+    with open(st.path("s1", "log"), "r+b") as handle:
+        handle.truncate(created.projection.end_offset - 1)
+    writer = store.LogWriter.attach(st, "s1", epoch=1, projection=created.projection)
+    try:
+        with pytest.raises(store.CorruptSessionError):
+            writer.append([("turn/start", {"message_id": "m"})])
+    finally:
+        writer.close()
+    assert log_size(st) == created.projection.end_offset - 1
+
+
+def test_releasing_the_lease_of_another_owner_is_fenced(st):
+    """``release_lease`` on the writer checks the owner too, as ``store.release_lease`` does."""
+    created = _created(st)
+    writer = store.LogWriter.attach(st, "s1", epoch=1, projection=created.projection)
+    try:
+        writer.append([("turn/start", {"message_id": "m"})])
+        with pytest.raises(store.FencedError):
+            writer.release_lease("someone-else")
+    finally:
+        writer.close()
+    assert store.read_lease(st, "s1").state == "running"
