@@ -36,7 +36,6 @@ from .errors import CorruptSessionError, DurabilityError, FencedError, SubagentE
 from .events import EVENT_TYPES, closers
 from .framing import RecordEncoder
 from .header import SessionHeader
-from .lease import write_released
 from .lease_record import Lease, read_lease_fd
 from .locks import SessionFlock
 from .projection import Projection, read_cache, write_cache
@@ -470,6 +469,9 @@ class LogWriter:
         release: a release lost in a crash reads as the dead owner's lease,
         i.e. complete. ``FencedError`` when the lease moved on (nothing written).
         """
+        # imported here: lease.py writes the catalog row (rows.py), which reads identities through this module
+        from .lease import write_released
+
         self._lock.acquire()
         try:
             self._check_fence()
