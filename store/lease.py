@@ -41,7 +41,9 @@ import msgpack
 from .atomic import read_bytes, write_atomic
 from .errors import CorruptSessionError, FencedError, LeaseHeldError, SessionNotFoundError, UnavailableSessionError
 from .locks import SessionFlock, file_lock
+from .header import SessionHeader
 from .lease_record import Lease, LeaseState, decode_lease, read_lease_fd
+from .projection import Projection
 from .records import OwnerFields, decode
 from .root import Store
 from .rows import note_active, note_settled
@@ -282,17 +284,22 @@ def release_lease(store: Store, session_id: str, owner_id: str, epoch: int) -> N
     _fenced_update(store, session_id, owner_id, epoch, "released")
 
 
-def write_released(store: Store, session_id: str, current: Lease) -> None:
+def write_released(
+    store: Store, session_id: str, current: Lease, *, header: SessionHeader | None = None, projection: Projection | None = None,
+) -> None:
     """Replace ``current`` (the lease, read under the session lock the caller holds) with its release.
 
     For a log writer that has just checked ``current`` against its epoch under
-    that lock (``LogWriter.release_lease``). The catalog's ``settled`` row is
-    written first, as ``release_lease`` does (``store/rows.py``). Not durable,
-    as every state change: a release lost in a crash reads as the dead owner's lease.
+    that lock (``LogWriter.release_lease``). The catalog's ``settled`` row
+    follows under the same lock, as in ``release_lease`` (``store/rows.py``),
+    from the writer's ``header`` and ``projection`` when it gives them. Not
+    durable, as every state change: a release lost in a crash reads as the
+    dead owner's lease.
     """
-    if current.state != "released":
-        note_settled(store, session_id)  # the catalog row, before anyone may take the lease again
+    if current.state == "released":
+        return
     _write_lease(store, session_id, Lease(current.owner, current.epoch, "released", current.acquired_at), durable=False)
+    note_settled(store, session_id, header=header, projection=projection)
 
 
 def session_status(store: Store, session_id: str, owners: OwnerCache | None = None) -> Literal["running", "idle", "complete"]:

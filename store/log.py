@@ -201,7 +201,9 @@ class LogWriter:
             raise
 
     @classmethod
-    def attach(cls, store: Store, session_id: str, *, epoch: int, projection: Projection) -> "LogWriter":
+    def attach(
+        cls, store: Store, session_id: str, *, epoch: int, projection: Projection, header: SessionHeader | None = None,
+    ) -> "LogWriter":
         """A writer of a log whose valid prefix ``projection`` describes, opened without reading it.
 
         For a session's first turn, run right after its creation by the same
@@ -215,7 +217,7 @@ class LogWriter:
         after it is folded in; a shorter log is ``CorruptSessionError``).
         """
         lock, fd = _open_files(store, session_id, create=False)
-        writer = cls(store, session_id, epoch=epoch, projection=projection, fd=fd, lock=lock)
+        writer = cls(store, session_id, epoch=epoch, projection=projection, fd=fd, lock=lock, header=header)
         # the creator wrote the identity cache from this same projection
         writer._cache_mark = (projection.identity_seq, projection.turns, projection.end_offset)
         return writer
@@ -478,7 +480,9 @@ class LogWriter:
             lease = self._lease
             if lease is None or lease.owner != owner_id:
                 raise FencedError(self.session_id, epoch=self.epoch, current_epoch=None if lease is None else lease.epoch)
-            write_released(self.store, self.session_id, lease)
+            # the catalog row is computed from what the writer holds when its projection is the whole log
+            whole = os.lseek(self._fd, 0, os.SEEK_END) == self.projection.end_offset
+            write_released(self.store, self.session_id, lease, header=self.header, projection=self.projection if whole else None)
             self._unpin()  # the pinned inode is no longer the lease; a later append re-reads it (and is fenced)
         finally:
             self._lock.release()

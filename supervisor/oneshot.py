@@ -82,8 +82,8 @@ def one_shot_turn_spec(
 ) -> TurnSpec:
     """The one turn of a one-shot child: its creation already logged the message; the worker releases the lease.
 
-    ``log_state`` is the log as its creation left it (``Projection.to_record``):
-    the worker attaches to the log with it instead of reopening the session.
+    ``log_state`` is the session as its creation left it (``{"header", "projection"}``
+    records): the worker attaches to the log with it instead of reopening the session.
     """
     program, blob = program_fields(provider)
     return TurnSpec(
@@ -210,7 +210,8 @@ class OneShotRuns:
         # published: from here the caller owns the run
         spec = one_shot_turn_spec(
             rt, child_id=child_id, placement=placement, provider=provider, request=request, budget=fields.budget,
-            message_id=message_id, prompt=prompt, log_state=created.projection.to_record(),
+            message_id=message_id, prompt=prompt,
+            log_state={"header": created.header.to_record(), "projection": created.projection.to_record()},
         )
         state = _RunState(children=None)
         run = SubagentRun(self, child_id, rt.ids.new(), state)

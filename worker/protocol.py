@@ -83,9 +83,9 @@ class TurnSpec:
     # one-shot turns: the worker releases the lease (this owner, ``epoch``) with the
     # turn's closing commit, sparing the supervisor a store round trip per child
     release_owner: str | None = None
-    # the log as its creator left it (``Projection.to_record``), for a turn that runs right
-    # after creation: the worker attaches to the log (``LogWriter.attach``) instead of
-    # reading the header, the identity cache and the log again
+    # the session as its creator left it (``{"header": SessionHeader.to_record(), "projection":
+    # Projection.to_record()}``), for a turn that runs right after creation: the worker attaches
+    # to the log (``LogWriter.attach``) instead of reading the header, the identity cache and the log
     log_state: dict[str, Any] | None = None
 
 

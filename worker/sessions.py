@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol, Sequence
 
+from subagents.store.errors import SubagentError
+from subagents.store.header import SessionHeader, parse_header
 from subagents.store.log import LogWriter
 from subagents.store.projection import Projection
 from subagents.store.reader import inspect
@@ -60,9 +62,10 @@ class SessionAccess(Protocol):
     def open_writer(self, session_id: str, *, epoch: int, log_state: dict[str, Any] | None = None) -> SessionWriter:
         """Open the session's log for appends at ``epoch`` (repairs a torn tail; ``FencedError`` if taken over).
 
-        ``log_state`` is the log's projection as its creator left it: an
-        implementation may attach to the log with it instead of reading the
-        session (the first append is fenced either way), or ignore it.
+        ``log_state`` is the session's header and projection as its creator
+        left them (``TurnSpec.log_state``): an implementation may attach to the
+        log with them instead of reading the session (the first append is
+        fenced either way), or ignore them.
         """
         ...
 
@@ -85,10 +88,23 @@ class LocalSessions:
         self.store = store
 
     def open_writer(self, session_id: str, *, epoch: int, log_state: dict[str, Any] | None = None) -> SessionWriter:
-        projection = None if log_state is None else Projection.from_record(log_state)
-        if projection is None:
+        state = _attachable(log_state)
+        if state is None:
             return LocalWriter.open(self.store, session_id, epoch=epoch)
-        return LocalWriter.attach(self.store, session_id, epoch=epoch, projection=projection)
+        header, projection = state
+        return LocalWriter.attach(self.store, session_id, epoch=epoch, projection=projection, header=header)
 
     def history(self, session_id: str) -> list[dict[str, Any]]:
         return inspect(self.store, session_id).events
+
+
+def _attachable(log_state: dict[str, Any] | None) -> tuple[SessionHeader, Projection] | None:
+    """The header and projection in a turn's ``log_state``; ``None`` (open the session instead) when absent or not valid."""
+    if not isinstance(log_state, dict):
+        return None
+    projection = Projection.from_record(log_state.get("projection"))
+    try:
+        header = parse_header(log_state.get("header"))
+    except SubagentError:
+        return None
+    return None if projection is None else (header, projection)

@@ -677,3 +677,21 @@ def test_releasing_the_lease_of_another_owner_is_fenced(st):
     finally:
         writer.close()
     assert store.read_lease(st, "s1").state == "running"
+
+
+def test_an_attached_writer_releases_with_the_catalog_row_its_files_give(st):
+    """The settled row written at the writer's release, from the header and projection it was
+    attached with, is the row ``store/rows.py`` computes from the child's files."""
+    store.create_session(st, "p")
+    request = store.session.NewSession("c1", parent_session="p", origin="subagent", events=[DESC], lease_owner="o1")
+    [created] = store.session.commit_sessions(st, [request], store.session.publish_sessions(st, [request]))
+    writer = store.LogWriter.attach(st, "c1", epoch=1, projection=created.projection, header=created.header)
+    try:
+        writer.append([("turn/start", {"message_id": "m"})])
+        writer.append([("turn/end", {"stop_reason": "error", "diagnostic": "RuntimeError: boom"})], commit=True)
+        writer.release_lease("o1")
+    finally:
+        writer.close()
+    [entry] = store.read_index(st, "p").entries
+    assert entry.settled is not None and entry.settled.outcome == "error"
+    assert entry.settled == store.rows.settled_row(st, store.read_header(st, "c1"))
