@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import stat
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 
 from .atomic import FILE_MODE, NOFOLLOW
@@ -42,12 +42,15 @@ from .projection import Projection, read_cache, write_cache
 from .reader import read_header, scan_events, scan_log
 from .root import Store
 
-__all__ = ["SeqMismatchError", "LogWriter", "load_projection", "read_projection"]
+__all__ = ["SeqMismatchError", "LogWriter", "ReleaseWriter", "load_projection", "read_projection"]
 
 
 # A commit point leaves the identity cache alone until the log has grown this far past it
 # (unless identity or turn count changed): the most a reader folds after the cache.
 CACHE_LAG_BYTES = 64 * 1024
+
+
+ReleaseWriter = Callable[..., None]  # ``store.lease.write_released``: the released lease and its catalog row
 
 
 class SeqMismatchError(SubagentError, ValueError):
@@ -206,15 +209,14 @@ class LogWriter:
     ) -> "LogWriter":
         """A writer of a log whose valid prefix ``projection`` describes, opened without reading it.
 
-        For a session's first turn, run right after its creation by the same
-        supervisor: the creator folded the records it wrote, so the worker
-        needs neither the header, nor the identity cache, nor the log's bytes,
-        nor the lock at open. Nothing is repaired: a log its creator just wrote
-        whole and fsynced has no torn tail and no open turn. Nothing is trusted
-        either: the first append takes the lock, checks the epoch against the
-        lease (``FencedError`` after a takeover, as for any writer) and compares
-        the log's length with ``projection.end_offset`` (a same-epoch record
-        after it is folded in; a shorter log is ``CorruptSessionError``).
+        For a session's first turn, right after its creation by the same
+        supervisor, which folded the records it wrote: no header, identity
+        cache, log bytes or lock are read at open, and nothing is repaired (a
+        log its creator just wrote whole and fsynced has no torn tail and no
+        open turn). Nothing is trusted either: the first append takes the lock,
+        checks the epoch against the lease (``FencedError`` after a takeover)
+        and the log's length against ``projection.end_offset`` (a same-epoch
+        record after it is folded in; a shorter log is ``CorruptSessionError``).
         """
         lock, fd = _open_files(store, session_id, create=False)
         writer = cls(store, session_id, epoch=epoch, projection=projection, fd=fd, lock=lock, header=header)
@@ -461,26 +463,23 @@ class LogWriter:
         write_cache(self.store.path(self.session_id, "identity"), projection)
         self._cache_mark = (projection.identity_seq, projection.turns, projection.end_offset)
 
-    def release_lease(self, owner_id: str) -> None:
-        """Release ``owner_id``'s lease at this writer's epoch, after its last commit point.
+    def release_lease(self, owner_id: str, write_released: ReleaseWriter) -> None:
+        """``store.lease.release_lease`` on what the writer holds, after its last commit point.
 
-        What ``store.lease.release_lease`` does, on what the writer already
-        holds: its lock descriptor and the pinned lease file, whose one
-        ``fstat`` proves the epoch current (no lookup of the header, no new
-        descriptor of the lock, no read of the lease). Not durable, as any
-        release: a release lost in a crash reads as the dead owner's lease,
-        i.e. complete. ``FencedError`` when the lease moved on (nothing written).
+        Its lock and its pinned lease, whose ``fstat`` proves the epoch current:
+        no lookup of the header, no new lock descriptor, no read of the lease.
+        ``write_released`` is ``store.lease.write_released`` (passed in: the
+        lease module's catalog rows read logs through this one). Not durable,
+        as any release (lost in a crash, it reads as the dead owner's lease).
+        ``FencedError`` when the lease moved on (nothing written).
         """
-        # imported here: lease.py writes the catalog row (rows.py), which reads identities through this module
-        from .lease import write_released
-
         self._lock.acquire()
         try:
             self._check_fence()
             lease = self._lease
             if lease is None or lease.owner != owner_id:
                 raise FencedError(self.session_id, epoch=self.epoch, current_epoch=None if lease is None else lease.epoch)
-            # the catalog row is computed from what the writer holds when its projection is the whole log
+            # the catalog row comes from the writer's projection when that is the whole log
             whole = os.lseek(self._fd, 0, os.SEEK_END) == self.projection.end_offset
             write_released(self.store, self.session_id, lease, header=self.header, projection=self.projection if whole else None)
             self._unpin()  # the pinned inode is no longer the lease; a later append re-reads it (and is fenced)

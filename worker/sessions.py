@@ -19,6 +19,7 @@ from typing import Any, Protocol, Sequence
 
 from subagents.store.errors import SubagentError
 from subagents.store.header import SessionHeader, parse_header
+from subagents.store.lease import write_released
 from subagents.store.log import LogWriter
 from subagents.store.projection import Projection
 from subagents.store.reader import inspect
@@ -79,6 +80,10 @@ class LocalWriter(LogWriter):
 
     async def flush(self) -> None:
         """Nothing waits: ``append`` wrote (and, at a commit point, synced) before returning."""
+
+    def release_lease(self, owner: str) -> None:  # type: ignore[override]
+        """Release the lease on the writer's lock and pinned lease file (``LogWriter.release_lease``)."""
+        super().release_lease(owner, write_released)
 
 
 class LocalSessions:

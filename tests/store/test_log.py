@@ -13,6 +13,7 @@ from subagents import store
 import subagents.store.durability
 import subagents.store.log
 from subagents.store.framing import encode_record
+from subagents.store.lease import write_released
 from subagents.store.projection import Projection, decode_cache
 
 from ._support import CONTINUABLE, ONE_SHOT, Child, read_file, write_file
@@ -626,7 +627,7 @@ def test_an_attached_writer_continues_the_log_as_an_opened_one_would(any_st):
     try:
         records = writer.append([("turn/start", {"message_id": "m"})])
         writer.append([("turn/end", {"stop_reason": "completed", "diagnostic": None})], commit=True)
-        writer.release_lease("o1")
+        writer.release_lease("o1", write_released)
     finally:
         writer.close()
     assert records[0]["seq"] == 1 and kinds(any_st) == ["subagent/descriptor", "turn/start", "turn/end"]
@@ -645,7 +646,7 @@ def test_an_attached_writer_taken_over_is_fenced(st):
         with pytest.raises(store.FencedError):
             zombie.append([("turn/start", {"message_id": "m"})])
         with pytest.raises(store.FencedError):
-            zombie.release_lease("o1")
+            zombie.release_lease("o1", write_released)
         assert log_size(st) == size
         assert store.read_lease(st, "s1").epoch == 2 and store.read_lease(st, "s1").state == "running"
     finally:
@@ -673,7 +674,7 @@ def test_releasing_the_lease_of_another_owner_is_fenced(st):
     try:
         writer.append([("turn/start", {"message_id": "m"})])
         with pytest.raises(store.FencedError):
-            writer.release_lease("someone-else")
+            writer.release_lease("someone-else", write_released)
     finally:
         writer.close()
     assert store.read_lease(st, "s1").state == "running"
@@ -689,7 +690,7 @@ def test_an_attached_writer_releases_with_the_catalog_row_its_files_give(st):
     try:
         writer.append([("turn/start", {"message_id": "m"})])
         writer.append([("turn/end", {"stop_reason": "error", "diagnostic": "RuntimeError: boom"})], commit=True)
-        writer.release_lease("o1")
+        writer.release_lease("o1", write_released)
     finally:
         writer.close()
     [entry] = store.read_index(st, "p").entries
