@@ -15,7 +15,8 @@ General layout (read ``FORMAT.md`` for the bytes):
 * ``index`` / ``catalog`` — the derived children index and the listings;
 * ``roots`` / ``held`` / ``description`` / ``tail`` — the read-only views the
   CLI prints: top-level sessions, held sessions, one session, a growing log;
-* ``check``       — every invariant of a store, checked while others write.
+* ``check``       — every invariant of a store, checked while others write;
+* ``retention``   — ``collect``: old, settled top-level subtrees deleted (``gc``).
 
 This package imports neither ``worker`` nor ``supervisor``.
 """
@@ -85,6 +86,7 @@ from .projection import Projection, Timing
 from .reader import Inspection, inspect, read_from, read_header
 from .root import STORE_FORMAT, STORE_VERSION, Store
 from .query import Page, Query
+from .retention import CollectedRoot, GcReport, SkippedRoot, collect, parse_age
 from .roots import DEFAULT_ROOT_LIMIT, RootEntry, find_roots, list_roots, rebuild_roots, subagent_count
 from .session import create_session, delete_session
 from .summary import Summary, SupervisorCount, summarize
@@ -120,5 +122,6 @@ __all__ = [
     "RootEntry", "list_roots", "subagent_count", "DEFAULT_ROOT_LIMIT", "find_roots", "rebuild_roots",
     "Page", "Query", "InvalidQueryError",
     "Summary", "SupervisorCount", "summarize",
+    "CollectedRoot", "GcReport", "SkippedRoot", "collect", "parse_age",
     "LogTail",
 ]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .atomic import FILE_MODE, NOFOLLOW
 from .errors import CorruptSessionError, SubagentError, UnavailableSessionError
@@ -85,14 +85,17 @@ def _frame(record: dict[str, Any], limit: int, key: str, too_large: str | None) 
 def append_durably(
     store: Store, path: str, record: dict[str, Any] | Sequence[dict[str, Any]], *, lock_path: str, key: str, owner: str, what: str,
     lock: SessionFlock | None = None, check: Check | None = None, skip_damage: bool = False, too_large: str | None = None,
-    durable: bool = True,
-) -> int:
+    durable: bool = True, keep: Callable[[dict[str, Any]], bool] | None = None,
+) -> int | None:
     """Under the lock (the caller's, or one taken on ``lock_path``): append ``record`` (or a
     sequence of records, in one write) and make it durable under the store's policy (strict
     and batched both fsync before returning; ``durable=False``: never, for a record whose
     loss only costs a re-derivation). Returns the (first) record's seq.
 
-    ``too_large`` is the error code of a record above the store's limit (default ``RECORD_TOO_LARGE``)."""
+    ``too_large`` is the error code of a record above the store's limit (default ``RECORD_TOO_LARGE``).
+    ``keep`` is asked about each record under the lock, before anything is written; the records it
+    refuses are not appended (``None`` when it refused them all): a check and its append in one
+    critical section (``gc``'s tombstones are written only for a session that is still gone)."""
     records = [record] if isinstance(record, dict) else list(record)
     for one in records:  # refused before the lock, the file or its tail are touched; the widest seq bounds the size
         _frame({**one, "seq": _WIDEST_SEQ}, store.max_record_bytes, key, too_large)
@@ -100,6 +103,10 @@ def append_durably(
     held = lock if lock is not None else SessionFlock(lock_path)
     try:
         with held:
+            if keep is not None:
+                records = [one for one in records if keep(one)]
+                if not records:
+                    return None
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | NOFOLLOW, FILE_MODE)
             except OSError as exc:  # a link, a loop or a folder in its place

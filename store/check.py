@@ -15,7 +15,8 @@ in the mailbox) and before its lease (the lease epoch only grows), and each
 suspected index or lease finding is read again at the end of the pass; a
 discrepancy a creation still in flight explains is counted, not reported, and
 so is a child its creator died before indexing, if nothing ever used it (a
-creation nobody was told of, like a torn tail).
+creation nobody was told of, like a torn tail), and an entry of a session a gc
+moved to ``trash/`` (a collection under way or interrupted; the next gc ends it).
 Called by ``subagents.testing.check_store`` and ``subagents store check``.
 """
 
@@ -94,6 +95,7 @@ class CheckCounts:
     in_flight: int = 0  # index discrepancies of a creation or rollback still under way
     creations_interrupted: int = 0  # headers whose creator died before indexing them, before anyone used them
     vanished: int = 0  # sessions removed between the listing and their reading
+    collecting: int = 0  # index entries of sessions a gc moved to trash/ and has not forgotten yet (store/retention.py)
 
 
 @dataclass(frozen=True)
@@ -444,6 +446,9 @@ def _confirm_stale(state: _Pass, parent: str, child: str, indexed_at: float, in_
         return  # an unreadable header is reported with its session
     if header is not None and header.parent_session == parent:
         return  # created after the listing of sessions: its header proves the entry
+    if header is None and state.store.in_trash(child):
+        state.add("collecting")  # a gc under way, or interrupted: the next gc drops the entry
+        return
     if header is None and (time.time() - indexed_at < in_flight_s or os.path.isdir(state.store.session_dir(child))):
         state.add("in_flight")  # a creation rolling back: header removed, tombstone not yet appended
         return

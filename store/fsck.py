@@ -7,8 +7,9 @@ for the moment (a session whose lease a live owner holds is skipped: that
 owner repairs on its own resume). Also reports index entries no header
 backs and headers the index misses (``reindex`` fixes both), index files
 with damaged records or that cannot be read (``reindex`` rewrites them),
-unreadable or undecodable leases and control files, and session folders that
-are symbolic links (never followed). Every read goes through the store's
+unreadable or undecodable leases and control files, session folders that
+are symbolic links (never followed), and index entries of sessions an
+interrupted ``gc`` left in ``trash/`` (``collecting``: harmless, the next gc ends it). Every read goes through the store's
 defensive readers, so a damaged file is a finding about its own session.
 """
 
@@ -173,5 +174,8 @@ def _index_findings(store: Store) -> list[dict[str, Any]]:
         for child in sorted(proven.get(parent, set()) - indexed):
             findings.append({"id": child, "kind": "index-missing", "detail": f"child of {parent} by its header, absent from the index (run `subagents store reindex`)"})
         for child in sorted(indexed - proven.get(parent, set())):
+            if store.in_trash(child):
+                findings.append({"id": child, "kind": "collecting", "detail": f"indexed under {parent}, removed by a gc that was interrupted (harmless; the next `subagents gc` drops the entry)"})
+                continue
             findings.append({"id": child, "kind": "index-stale", "detail": f"indexed under {parent} but no header proves it (harmless; `subagents store reindex` drops it)"})
     return findings

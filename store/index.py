@@ -31,7 +31,7 @@ from .atomic import read_bytes, write_atomic
 from .appender import append_durably
 from .framing import encode_record, scan_all
 from .ids import is_valid_session_id
-from .locks import file_lock
+from .locks import SessionFlock, file_lock
 from .header import SessionHeader
 from .identity import read_identity
 from .reader import read_header
@@ -40,7 +40,7 @@ from .errors import SubagentError
 from .root import Store
 
 __all__ = [
-    "Settled", "IndexEntry", "IndexRead", "add_child", "add_children", "remove_child", "mark_active", "mark_settled",
+    "Settled", "IndexEntry", "IndexRead", "add_child", "add_children", "remove_child", "drop_index", "mark_active", "mark_settled",
     "read_index", "read_children", "reindex",
 ]
 
@@ -117,8 +117,42 @@ def add_children(store: Store, parent_id: str, children: list[IndexEntry]) -> No
     _append(store, parent_id, [c.creation_record() for c in children])
 
 
-def remove_child(store: Store, parent_id: str, child_id: str) -> None:
-    _append(store, parent_id, {"id": child_id, "removed": True})
+def remove_child(store: Store, parent_id: str, child_id: str, *, if_gone: bool = False) -> None:
+    """Tombstone ``child_id``; ``if_gone``: only when its header does not exist (checked under the lock)."""
+    keep = (lambda record: not store.exists(record["id"])) if if_gone else None
+    path = store.children_index_path(parent_id)
+    append_durably(store, path, {"id": child_id, "removed": True}, lock_path=path + ".lock", key=f"index/children/{parent_id}",
+                   owner=parent_id, what=f"children index of {parent_id}", skip_damage=True, keep=keep)
+
+
+def drop_index(store: Store, parent_id: str) -> bool:
+    """Remove the index file (and its lock file) of a parent that no longer exists; whether it did.
+
+    For ``gc``, once ``parent_id`` and all of its children are in the trash. Checked under the
+    index's lock: a parent re-created with the same id keeps its index. Not guaranteed: an
+    appender that opened the lock file before it was removed, racing a second appender, for a
+    parent re-created with this id in that instant (ids are fresh; only an explicit re-use can).
+    """
+    path = store.children_index_path(parent_id)
+    if not os.path.lexists(path):
+        return False
+    lock = SessionFlock(path + ".lock")
+    try:
+        with lock:
+            if store.exists(parent_id):
+                return False
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                return False
+            store.index_tails.pop(f"index/children/{parent_id}", None)
+            try:
+                os.unlink(path + ".lock")
+            except FileNotFoundError:
+                pass
+            return True
+    finally:
+        lock.close()
 
 
 def mark_active(store: Store, parent_id: str, child_id: str) -> None:

@@ -40,7 +40,7 @@ import msgpack
 
 from .atomic import read_bytes, write_atomic
 from .errors import CorruptSessionError, FencedError, LeaseHeldError, SessionNotFoundError, UnavailableSessionError
-from .locks import SessionFlock, file_lock
+from .locks import PinnedLock, SessionFlock
 from .header import SessionHeader
 from .lease_record import Lease, LeaseState, decode_lease, read_lease_fd
 from .projection import Projection
@@ -225,7 +225,15 @@ def _write_lease(store: Store, session_id: str, lease: Lease, *, durable: bool) 
 def acquire_lease(store: Store, session_id: str, owner_id: str, *, state: LeaseState = "running") -> Lease:
     """Take the session's lease at ``epoch + 1``; ``LeaseHeldError`` if a live other owner holds it."""
     _require_session(store, session_id)
-    with file_lock(store.path(session_id, ".lock")):
+    # the lock gc takes too (store/retention.py): whoever holds it first wins. A session gc
+    # moved to the trash while we waited is gone (SessionNotFoundError), never re-created.
+    lock = PinnedLock(store.path(session_id, ".lock"))
+    try:
+        lock.acquire()
+    except FileNotFoundError:
+        raise SessionNotFoundError(session_id) from None
+    try:
+        _require_session(store, session_id)
         current = check_lease(store, session_id)  # damage: refuse, never restart the epoch
         if current is not None and current.state != "released" and current.owner != owner_id:
             if owner_alive(read_owner(store, current.owner)):
@@ -237,6 +245,8 @@ def acquire_lease(store: Store, session_id: str, owner_id: str, *, state: LeaseS
         # durable: an epoch must never go backwards after a crash, or two writers could share one
         _write_lease(store, session_id, lease, durable=True)
         return lease
+    finally:
+        lock.release()
 
 
 def _require_session(store: Store, session_id: str) -> None:

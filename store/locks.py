@@ -3,10 +3,16 @@
 * ``SessionFlock`` keeps a descriptor of ``sessions/<id>/.lock`` open for the
   life of a writer and takes ``fcntl.flock`` on it for each critical section:
   about 1 µs, blocking in the kernel (no polling). It is the append path's lock.
-* ``session_filelock`` is a ``filelock.FileLock`` on the same file, for rare
-  operations (creation, lease acquisition and takeover, index updates) where a
-  timeout matters more than speed. Its poll interval is 1 ms, not filelock's
-  50 ms default, which stalled waiters for 50–350 ms under contention.
+* ``file_lock`` is a ``filelock.FileLock`` on the same file, for rare
+  operations (index rebuilds) where a timeout matters more than speed. Its
+  poll interval is 1 ms, not filelock's 50 ms default, which stalled waiters
+  for 50–350 ms under contention.
+* ``PinnedLock`` polls ``flock`` with a timeout like ``file_lock``, but never
+  creates the lock file's folder and holds the lock only while the path still
+  names the file it locked. Lease acquisition and ``gc`` use it on a session's
+  ``.lock``: a session folder that ``gc`` moved to the trash while a taker
+  waited is never re-created as a header-less folder (``FileNotFoundError``
+  instead; filelock makes missing folders).
 
 Both are ``flock`` locks on the same file, so they exclude each other across
 processes. They must never be nested in one thread (two open file
@@ -22,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 from types import TracebackType
 from typing import Iterator
 
@@ -30,7 +37,7 @@ import filelock
 from .atomic import FILE_MODE, NOFOLLOW
 from .errors import LockTimeoutError
 
-__all__ = ["SessionFlock", "file_lock", "make_filelock", "LOCK_TIMEOUT_S"]
+__all__ = ["SessionFlock", "PinnedLock", "file_lock", "make_filelock", "LOCK_TIMEOUT_S"]
 
 # Long enough for any critical section of the store (a few fsyncs); a lock
 # held longer than this means a stuck process, reported as a Timeout.
@@ -107,3 +114,57 @@ def file_lock(path: str) -> Iterator[None]:
         yield
     finally:
         lock.release()
+
+
+class PinnedLock:
+    """``flock`` on ``path`` under a timeout, held only while ``path`` still names the locked file.
+
+    ``acquire`` opens the file (creating the file, never its folder), polls
+    ``LOCK_EX | LOCK_NB`` (1 ms, backing off to 20 ms) until ``timeout``
+    (default ``LOCK_TIMEOUT_S``, then ``LockTimeoutError``), and then checks
+    that ``path`` still names the inode it locked: a folder renamed away while
+    we waited (``gc`` moving a session to the trash) raises
+    ``FileNotFoundError``, as does a folder that is already gone.
+    """
+
+    def __init__(self, path: str, *, timeout: float | None = None) -> None:
+        self.path = path
+        self._timeout = timeout
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | NOFOLLOW, FILE_MODE)  # FileNotFoundError: no folder
+        try:
+            deadline = time.monotonic() + (LOCK_TIMEOUT_S if self._timeout is None else self._timeout)
+            delay = 0.001
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise LockTimeoutError(self.path) from None
+                    time.sleep(delay)  # a poll interval under a deadline
+                    delay = min(delay * 2, 0.02)
+            try:
+                here = os.stat(self.path, follow_symlinks=False).st_ino
+            except FileNotFoundError:
+                here = None
+            if here != os.fstat(fd).st_ino:
+                raise FileNotFoundError(f"{self.path} was moved or removed while its lock was awaited")
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the only descriptor releases the flock
+            self._fd = None
+
+    def __enter__(self) -> "PinnedLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.release()

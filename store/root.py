@@ -146,6 +146,19 @@ class Store:
     def children_index_dir(self) -> str:
         return os.path.join(self.root, "index", "children")
 
+    @property
+    def trash_dir(self) -> str:
+        """``trash/``: session folders ``gc`` removed (renamed here, then deleted); readers never look in it."""
+        return os.path.join(self.root, "trash")
+
+    def in_trash(self, session_id: str) -> bool:
+        """Whether a folder of ``session_id`` waits in ``trash/`` (``<id>.<hex>``): an interrupted ``gc``."""
+        try:
+            names = os.listdir(self.trash_dir)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        return any(name.partition(".")[0] == session_id for name in names if not name.startswith("."))
+
     def session_dir(self, session_id: str) -> str:
         """``sessions/<id>``; ``UnavailableSessionError`` when that name is a link (one ``lstat``)."""
         folder = os.path.join(self.root, "sessions", validate_session_id(session_id))

@@ -39,7 +39,7 @@ from .root import Store
 
 __all__ = [
     "RootEntry", "DEFAULT_ROOT_LIMIT", "list_roots", "find_roots", "subagent_count",
-    "add_root", "remove_root", "rebuild_roots", "roots_index_path",
+    "add_root", "remove_root", "remove_roots", "rebuild_roots", "roots_index_path",
 ]
 
 # what `ls` shows with no --limit: a screenful, and the cost of a listing stays flat
@@ -120,10 +120,18 @@ def add_root(store: Store, root_id: str, created_at: float) -> None:
 
 
 def remove_root(store: Store, root_id: str) -> None:
+    remove_roots(store, [root_id])
+
+
+def remove_roots(store: Store, root_ids: list[str], *, if_gone: bool = False) -> None:
+    """Tombstone ``root_ids`` in one write. ``if_gone``: only those whose header does not exist
+    (checked under the index's lock, which ``add_root`` appends under after publishing: a root
+    re-created with the same id is never hidden by the tombstone of its predecessor)."""
     path = roots_index_path(store)
-    if os.path.lexists(path):
-        append_durably(store, path, {"id": root_id, "removed": True}, lock_path=path + ".lock", key="index/roots",
-                       owner="roots", what="roots index", skip_damage=True)
+    if root_ids and os.path.lexists(path):
+        keep = (lambda record: not store.exists(record["id"])) if if_gone else None
+        append_durably(store, path, [{"id": sid, "removed": True} for sid in root_ids], lock_path=path + ".lock",
+                       key="index/roots", owner="roots", what="roots index", skip_damage=True, keep=keep)
 
 
 def _live(records: list[dict[str, Any]]) -> list[tuple[float, str]]:

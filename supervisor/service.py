@@ -27,9 +27,11 @@ from subagents.store import (
     ChildEntry,
     DescendantRow,
     DiagnosticEntry,
+    GcReport,
     IdGenerator,
     Store,
     acquire_lease,
+    collect,
     create_session,
     LogWriter,
     MailboxMessage,
@@ -341,6 +343,14 @@ class Supervisor:
     async def list_descendants(self, root_id: str, query: Query | None = None) -> list[DescendantRow]:
         """Every descendant in pre-order; ``query`` keeps the matching rows."""
         return await anyio.to_thread.run_sync(list_descendants, self.store, root_id, query)
+
+    async def gc(self, older_than_s: float, *, outcomes: tuple[str, ...] = (), dry_run: bool = False) -> GcReport:
+        """Delete the top-level subtrees settled longer than ``older_than_s`` (``store.collect``, ``subagents gc``).
+
+        Runs in a thread; this supervisor's own roots and children are held (live leases), so they stay.
+        """
+        self._check_open()
+        return await anyio.to_thread.run_sync(lambda: collect(self.store, older_than_s, outcomes=outcomes, dry_run=dry_run))
 
     def statistics(self) -> SupervisorStatistics:
         return SupervisorStatistics(

@@ -1,4 +1,8 @@
-"""Store maintenance and setup: ``store fsck``, ``store check``, ``store reindex``, ``config show``, ``completion``.
+"""Store maintenance and setup: ``gc``, ``store fsck``, ``store check``, ``store reindex``, ``config show``, ``completion``.
+
+``gc`` is ``store/retention.py``: it deletes old, settled top-level subtrees
+(``--dry-run`` only lists them); a bad age or outcome is ``INVALID_QUERY``
+before anything is read.
 
 ``fsck`` is ``store/fsck.py`` (read-only unless ``--repair``, which only cuts
 torn tails); ``check`` is ``store/check.py`` (read-only, every invariant, safe
@@ -11,12 +15,13 @@ from __future__ import annotations
 
 import argcomplete
 
-from subagents.store import check_store, rebuild_roots, reindex
+from subagents.store import OUTCOMES, InvalidQueryError, check_store, collect, parse_age, rebuild_roots, reindex
 from subagents.store.fsck import fsck
 
 from ..config_loader import dump_toml
 from . import render
 from .config_view import render_config
+from .gc_view import gc_doc, render_gc
 from .invocation import Invocation
 from .parser import Verbs
 
@@ -26,6 +31,14 @@ SHELLS = ("bash", "zsh", "fish", "tcsh")
 
 
 def register(verbs: Verbs) -> None:
+    gc = verbs.add("gc", cmd_gc, "delete top-level sessions and their subtrees that have been settled longer than an age",
+                   example="subagents gc --older-than 7d --dry-run\nsubagents gc --older-than 12h --outcome completed,drained --json")
+    gc.add_argument("--older-than", required=True, metavar="AGE",
+                    help="keep everything active within AGE: 30s, 15m, 12h, 7d, 2w (last activity, not creation)")
+    gc.add_argument("--outcome", action="append", metavar="O[,O]",
+                    help="only roots with these outcomes (repeatable; the values of `ls --outcome`, none included)")
+    gc.add_argument("--dry-run", action="store_true", help="list what would be deleted; change nothing")
+
     store = verbs.group("store", "store maintenance (fsck, check, reindex)")
     fsck_cmd = store.add("fsck", cmd_fsck, "check every session; report torn and corrupt logs",
                          example="subagents store fsck\nsubagents store fsck --repair")
@@ -42,6 +55,22 @@ def register(verbs: Verbs) -> None:
     config = verbs.group("config", "configuration")
     config.add("show", cmd_config_show, "the effective configuration (default, file, environment, --store)",
                example="subagents config show\nSUBAGENTS_POOL_SIZE=4 subagents --config deploy.toml config show --json")
+
+
+def cmd_gc(inv: Invocation) -> int:
+    """Exit 0 whenever it ran: a subtree kept for a reason (held, mail, ...) is policy, not a failure."""
+    try:
+        age = parse_age(inv.args.older_than)
+    except InvalidQueryError as exc:
+        raise InvalidQueryError(f"--older-than: {exc.message}") from None
+    outcomes = [w.strip() for text in inv.args.outcome or () for w in text.split(",") if w.strip()]
+    allowed = (*OUTCOMES, "none")
+    if inv.args.outcome and (not outcomes or set(outcomes) - set(allowed)):
+        raise InvalidQueryError(f"--outcome is one of {', '.join(allowed)} (comma-separated), not {', '.join(inv.args.outcome)!r}")
+    store = inv.open_store(write=not inv.args.dry_run)
+    report = collect(store, age, outcomes=outcomes, dry_run=inv.args.dry_run)
+    inv.emit(gc_doc(report), render_gc)
+    return 0
 
 
 def cmd_completion(inv: Invocation) -> int:

@@ -49,6 +49,8 @@ EXPECTED = {
     "RootEntry", "list_roots", "subagent_count", "DEFAULT_ROOT_LIMIT", "find_roots", "rebuild_roots",
     "Page", "Query", "InvalidQueryError",
     "Summary", "SupervisorCount", "summarize",
+    # retention (gc)
+    "CollectedRoot", "GcReport", "SkippedRoot", "collect", "parse_age",
     "LogTail",
 }
 

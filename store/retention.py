@@ -1,0 +1,425 @@
+"""Retention: ``collect`` deletes old, settled top-level subtrees, child-first (``subagents gc``).
+
+A subtree is a top-level session and every session whose header descends from
+it (subagents and forks). It is collected whole or not at all: when every
+session of it is settled (no live lease, no undelivered mail, readable) and
+its **last activity** is older than the cutoff. Last activity is the newest
+modification time of any file of any session of the subtree: every append,
+acceptance, control request, lease change and settlement (a release rewrites
+the lease) moves it; reads never do. Creation time plays no part.
+
+Deleting a session is one ``rename`` of its folder into ``trash/<id>.<hex>``
+(same file system): from that instant it does not exist (no header under
+``sessions/``). Then the index entries go, then the trash folder. A crash
+leaves every session whole or gone, plus at worst trash folders and index
+entries of trashed sessions, which readers skip and ``check``/``fsck`` name as
+an interrupted gc; the next ``collect`` finishes that first (``_finish``).
+
+Races: ``collect`` takes every session lock of a subtree (``PinnedLock``, the
+lock ``acquire_lease`` takes), parents first, re-checks each session under
+it, and renames them all before letting go. A re-activation (a ``send`` that
+resumes an old child, ``open_root`` of an old root) that takes a lock first
+holds a live lease when ``collect`` looks: the subtree stays. One that comes
+after finds the session gone (``SESSION_NOT_FOUND``). Two ``collect`` calls
+on one store run one after the other (``trash/.lock``). Called by
+``subagents gc`` and ``Supervisor.gc``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import resource
+import secrets
+import shutil
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Iterable, Literal
+
+import msgpack
+
+from .atomic import fsync_dir, make_dirs, read_bytes
+from .description import mailbox_counts
+from .errors import InvalidQueryError, LockTimeoutError, SubagentError
+from .header import SessionHeader, parse_header
+from .index import drop_index, read_children, remove_child
+from .lease import check_lease, host_identity, owner_alive, process_start_time, read_owner
+from .locks import PinnedLock
+from .log import read_projection
+from .outcome import OUTCOMES, outcome_of
+from .projection import Projection
+from .reader import read_header
+from .root import Store
+from .roots import remove_roots
+
+__all__ = ["SkipReason", "CollectedRoot", "SkippedRoot", "GcReport", "collect", "parse_age"]
+
+log = logging.getLogger(__name__)
+
+SkipReason = Literal["held", "mail", "unreadable", "busy", "changed", "too-large"]
+
+# sessions renamed to the trash before one fsync of the two folders, the index updates and the
+# removal of their trash folders: bounds the trash a crash leaves, and shares the fsyncs
+_BATCH_SESSIONS = 512
+# descriptors kept free while a subtree's locks are held (each lock is one open file)
+_FD_MARGIN = 64
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+
+
+@dataclass(frozen=True)
+class CollectedRoot:
+    """A subtree deleted (or, in a dry run, that would be)."""
+
+    id: str
+    label: str | None
+    outcome: str | None  # the root's outcome (store/outcome.py); None: it never finished a turn
+    sessions: int  # the root and every session below it
+    bytes: int  # their files' sizes
+    last_active: float  # the newest modification time in the subtree
+
+
+@dataclass(frozen=True)
+class SkippedRoot:
+    """An old subtree kept, and the session of it that kept it."""
+
+    id: str
+    label: str | None
+    session: str
+    reason: SkipReason
+    detail: str
+
+
+@dataclass(frozen=True)
+class GcReport:
+    store: str
+    older_than_s: float
+    cutoff: float  # subtrees last active before this moment are old
+    dry_run: bool
+    outcomes: tuple[str, ...]  # the root outcomes asked for; empty: any
+    collected: tuple[CollectedRoot, ...] = ()
+    skipped: tuple[SkippedRoot, ...] = ()
+    young: int = 0  # roots kept: their subtree was active after the cutoff
+    other_outcome: int = 0  # old roots kept: their outcome was not asked for
+    finished: int = 0  # trash folders an interrupted gc left, emptied first
+    elapsed_s: float = 0.0
+
+    @property
+    def sessions(self) -> int:
+        return sum(c.sessions for c in self.collected)
+
+    @property
+    def bytes(self) -> int:
+        return sum(c.bytes for c in self.collected)
+
+
+def parse_age(text: str) -> float:
+    """``30s``, ``15m``, ``12h``, ``7d``, ``2w`` in seconds; ``InvalidQueryError`` otherwise."""
+    raw = text.strip()
+    number, unit = raw[:-1], raw[-1:]
+    try:
+        value = float(number) if unit in _UNITS and number and number[0].isdigit() else math.nan
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise InvalidQueryError(f"{text!r} is not an age such as 30s, 15m, 12h, 7d or 2w")
+    return value * _UNITS[unit]
+
+
+@dataclass
+class _Plan:
+    """One old subtree that passed every check without locks: what is about to go."""
+
+    root: SessionHeader
+    order: list[str]  # pre-order: every parent before its children
+    outcome: str | None
+    last_active: float
+    bytes: int
+
+
+@dataclass
+class _Pass:
+    store: Store
+    cutoff: float
+    host: str = field(default_factory=host_identity)
+    owners: dict[str, bool] = field(default_factory=dict)
+
+    def holder(self, session_id: str) -> str | None:
+        """Why a live supervisor may hold the session, or ``None``. ``CorruptSessionError`` for a damaged lease.
+
+        Stricter than ``session_status``: an owner whose heartbeat is late but whose process
+        still runs on this host (stopped, or hung) still holds it.
+        """
+        lease = check_lease(self.store, session_id)
+        if lease is None or lease.state == "released":
+            return None
+        if lease.owner not in self.owners:
+            record = read_owner(self.store, lease.owner)
+            running = (record is not None and record.host == self.host and record.pid_start is not None
+                       and process_start_time(record.pid) == record.pid_start)
+            self.owners[lease.owner] = owner_alive(record, host=self.host) or running
+        if not self.owners[lease.owner]:
+            return None
+        return f"{session_id} is {lease.state} under supervisor {lease.owner} (lease epoch {lease.epoch})"
+
+    def examine(self, session_id: str) -> tuple[SkipReason | None, str, Projection | None]:
+        """What keeps the session, if anything (reason and text), and its projection when it reads."""
+        try:
+            projection = read_projection(self.store, session_id)
+            held = self.holder(session_id)
+        except (SubagentError, OSError) as exc:
+            code = getattr(exc, "code", type(exc).__name__)
+            return "unreadable", f"{session_id} does not read ({code}: {getattr(exc, 'message', exc)}); see `subagents store fsck`", None
+        if held is not None:
+            return "held", held, projection
+        mail = mailbox_counts(self.store, session_id, projection)
+        if mail.pending is None:
+            return "unreadable", f"{session_id}: {mail.problem}", projection
+        if mail.pending:
+            return "mail", f"{session_id} has {mail.pending} undelivered message(s)", projection
+        return None, "", projection
+
+
+def _activity(store: Store, session_id: str) -> tuple[float, int]:
+    """The newest modification time among the session's files (lock files aside), and their total size."""
+    newest, size = 0.0, 0
+    folder = store.session_dir(session_id)
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            info = entry.stat(follow_symlinks=False)
+            newest = max(newest, info.st_mtime)
+            size += info.st_size
+    return newest, size
+
+
+def _lineage(store: Store) -> tuple[dict[str, SessionHeader], dict[str, list[str]]]:
+    """Every readable header, and parent → children by headers (the authority; the index is derived)."""
+    headers: dict[str, SessionHeader] = {}
+    children: dict[str, list[str]] = defaultdict(list)
+    for session_id in store.session_ids():
+        try:
+            header = read_header(store, session_id)
+        except (SubagentError, OSError):
+            continue  # unreadable: fsck reports it; its index entry keeps its parent's subtree (below)
+        headers[session_id] = header
+        if header.parent_session is not None:
+            children[header.parent_session].append(session_id)
+    return headers, children
+
+
+def _subtree(store: Store, root: str, children: dict[str, list[str]]) -> list[str]:
+    """``root`` and its descendants in pre-order, by headers plus every index entry that exists."""
+    order: list[str] = []
+    seen: set[str] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        order.append(node)
+        below = list(children.get(node, ()))
+        below += [e.id for e in read_children(store, node) if e.id not in below and store.exists(e.id)]
+        stack.extend(reversed(below))
+    return order
+
+
+def _plan(state: _Pass, root: SessionHeader, children: dict[str, list[str]], headers: dict[str, SessionHeader],
+          outcomes: frozenset[str]) -> _Plan | SkippedRoot | Literal["young", "other"]:
+    store = state.store
+    order = _subtree(store, root.id, children)
+    newest, size = 0.0, 0
+    for session_id in order:
+        try:
+            mtime, nbytes = _activity(store, session_id)
+        except (SubagentError, OSError) as exc:
+            return SkippedRoot(root.id, root.label, session_id, "unreadable", f"{session_id}: its folder cannot be read ({exc})")
+        newest, size = max(newest, mtime), size + nbytes
+    if newest >= state.cutoff:
+        return "young"
+    reason, detail, projection = state.examine(root.id)
+    outcome = None if projection is None else outcome_of(projection, held=reason == "held", root=True).outcome
+    if outcomes and projection is not None and (outcome or "none") not in outcomes:
+        return "other"
+    for session_id in order:
+        if session_id != root.id:
+            if session_id not in headers:
+                return SkippedRoot(root.id, root.label, session_id, "unreadable",
+                                   f"{session_id} is indexed below {root.id} but its header does not read; see `subagents store fsck`")
+            reason, detail, _ = state.examine(session_id)
+        if reason is not None:
+            return SkippedRoot(root.id, root.label, session_id, reason, detail)
+    return _Plan(root, order, outcome, newest, size)
+
+
+def _trash_name(session_id: str) -> str:
+    return f"{session_id}.{secrets.token_hex(4)}"
+
+
+def _remove(store: Store, plan: _Plan, state: _Pass, limit: int, moved: list[tuple[str, str]]) -> SkippedRoot | None:
+    """Lock, re-check and rename one planned subtree into the trash, child-first, adding each
+    (id, trash folder) to ``moved`` as it goes; the reason when the subtree stays."""
+    root = plan.root
+    if len(plan.order) > limit:
+        return SkippedRoot(root.id, root.label, root.id, "too-large",
+                           f"{len(plan.order)} sessions: more locks than this process may hold at once (raise `ulimit -n`)")
+    planned = set(plan.order)
+    with contextlib.ExitStack() as locks:
+        for session_id in plan.order:
+            try:
+                locks.enter_context(PinnedLock(store.path(session_id, ".lock")))
+            except FileNotFoundError:
+                return SkippedRoot(root.id, root.label, session_id, "changed", f"{session_id} was removed meanwhile")
+            except LockTimeoutError as exc:
+                return SkippedRoot(root.id, root.label, session_id, "busy", exc.message)
+            if not store.exists(session_id):
+                return SkippedRoot(root.id, root.label, session_id, "changed", f"{session_id} was removed meanwhile")
+            reason, detail, _ = state.examine(session_id)
+            if reason is not None:
+                return SkippedRoot(root.id, root.label, session_id, reason, detail)
+            if _activity(store, session_id)[0] >= state.cutoff:
+                return SkippedRoot(root.id, root.label, session_id, "changed", f"{session_id} was active meanwhile")
+            added = [e.id for e in read_children(store, session_id) if e.id not in planned and store.exists(e.id)]
+            if added:
+                return SkippedRoot(root.id, root.label, added[0], "changed", f"{added[0]} was created below {session_id} meanwhile")
+        # every lock is held and every session checked under it: nothing can re-activate them now
+        for session_id in reversed(plan.order):
+            target = os.path.join(store.trash_dir, _trash_name(session_id))
+            os.rename(store.session_dir(session_id), target)
+            moved.append((session_id, target))
+    return None
+
+
+def _trash_header(folder: str) -> SessionHeader | None:
+    try:
+        return parse_header(msgpack.unpackb(read_bytes(os.path.join(folder, "header")), raw=False))
+    except Exception:  # a folder a crash left half removed: its index updates were done before removal began
+        return None
+
+
+def _forget(store: Store, moved: Iterable[tuple[str, str]]) -> None:
+    """The index updates of sessions now in the trash, then their trash folders; each step idempotent."""
+    moved = list(moved)
+    roots: list[str] = []
+    for session_id, folder in moved:
+        header = _trash_header(folder)
+        drop_index(store, session_id)
+        if header is None:
+            continue
+        if header.parent_session is None:
+            roots.append(session_id)
+        elif store.exists(header.parent_session):
+            # only after a crash mid-subtree: its parent is still there (and is collected next)
+            remove_child(store, header.parent_session, session_id, if_gone=True)
+    remove_roots(store, roots, if_gone=True)
+    for _, folder in moved:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _finish(store: Store) -> int:
+    """Complete what an interrupted gc left in the trash; the number of folders emptied."""
+    entries = []
+    for name in sorted(os.listdir(store.trash_dir)):
+        session_id, dot, _ = name.partition(".")
+        if name.startswith(".") or not dot:
+            continue
+        entries.append((session_id, os.path.join(store.trash_dir, name)))
+    if entries:
+        log.info("finishing an interrupted gc: %d folder(s) in %s", len(entries), store.trash_dir)
+        _forget(store, entries)
+    return len(entries)
+
+
+def _lock_budget() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(1, (soft if soft != resource.RLIM_INFINITY else 1 << 20) - _FD_MARGIN)
+
+
+def collect(
+    store: Store, older_than_s: float, *, outcomes: Iterable[str] = (), dry_run: bool = False, now: float | None = None,
+) -> GcReport:
+    """Delete every top-level subtree last active more than ``older_than_s`` ago whose sessions are all settled.
+
+    ``outcomes`` keeps only roots with these outcomes (``OUTCOMES`` and ``"none"``, as ``ls --outcome``);
+    ``dry_run`` changes nothing and reports what would go; ``now`` is the moment ages are taken from.
+    Invalid arguments raise ``InvalidQueryError`` before anything is read.
+    """
+    started = time.monotonic()
+    wanted = frozenset(outcomes)
+    bad = sorted(wanted - {*OUTCOMES, "none"})
+    if bad:
+        raise InvalidQueryError(f"outcome {', '.join(bad)} is not one of {', '.join((*OUTCOMES, 'none'))}")
+    if isinstance(older_than_s, bool) or not isinstance(older_than_s, (int, float)) or not math.isfinite(older_than_s) or older_than_s < 0:
+        raise InvalidQueryError(f"older_than_s must be a non-negative number of seconds, not {older_than_s!r}")
+    cutoff = (time.time() if now is None else now) - older_than_s
+    state = _Pass(store, cutoff)
+    finished = 0
+    with contextlib.ExitStack() as stack:
+        if not dry_run:
+            store.require_writable()
+            make_dirs(store.trash_dir)
+            stack.enter_context(PinnedLock(os.path.join(store.trash_dir, ".lock")))
+            finished = _finish(store)
+        headers, children = _lineage(store)
+        plans: list[_Plan] = []
+        skipped: list[SkippedRoot] = []
+        young = other = 0
+        for header in headers.values():
+            if header.parent_session is not None:
+                continue
+            found = _plan(state, header, children, headers, wanted)
+            if found == "young":
+                young += 1
+            elif found == "other":
+                other += 1
+            elif isinstance(found, SkippedRoot):
+                skipped.append(found)
+            else:
+                plans.append(found)
+        collected: list[CollectedRoot] = []
+        if dry_run:
+            collected = [_collected(p) for p in plans]
+        else:
+            collected, late = _delete(store, plans, state)
+            skipped += late
+    return GcReport(store.root, float(older_than_s), cutoff, dry_run, tuple(sorted(wanted)), tuple(collected), tuple(skipped),
+                    young, other, finished, time.monotonic() - started)
+
+
+def _collected(plan: _Plan) -> CollectedRoot:
+    return CollectedRoot(plan.root.id, plan.root.label, plan.outcome, len(plan.order), plan.bytes, plan.last_active)
+
+
+def _delete(store: Store, plans: list[_Plan], state: _Pass) -> tuple[list[CollectedRoot], list[SkippedRoot]]:
+    """Rename batches of subtrees into the trash, make the renames durable, then forget them."""
+    collected: list[CollectedRoot] = []
+    skipped: list[SkippedRoot] = []
+    limit = _lock_budget()
+    batch: list[tuple[str, str]] = []
+    try:
+        for plan in plans:
+            kept = _remove(store, plan, state, limit, batch)
+            if kept is not None:
+                skipped.append(kept)
+                continue
+            collected.append(_collected(plan))
+            if len(batch) >= _BATCH_SESSIONS:
+                _settle(store, batch)
+                batch = []
+    finally:
+        if batch:  # also after a failure: what is in the trash is gone, its index entries go too
+            _settle(store, batch)
+    return collected, skipped
+
+
+def _settle(store: Store, batch: list[tuple[str, str]]) -> None:
+    if store.durability.syncs_at_commit:
+        # the renames reach the disk before any index forgets them: a power loss never leaves
+        # a session whose index entry is gone
+        fsync_dir(store.sessions_dir)
+        fsync_dir(store.trash_dir)
+    _forget(store, batch)
