@@ -1,0 +1,310 @@
+"""``store.collect`` (issue 15, retention): old settled root subtrees go whole and child-first; nothing else moves.
+
+Stores are built with the store's own API (real files); a session is made old
+by setting its files' modification times back (``age``), which is what
+``collect`` measures. Live leases are held by owners registered in this
+process (alive: its pid runs), as a supervisor's are.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+import time
+
+import msgpack
+import pytest
+
+from subagents import store
+from subagents.store import Store, check_store, collect
+from subagents.store.atomic import write_atomic
+from subagents.store.fsck import fsck
+from subagents.store.index import read_children
+from subagents.store.roots import find_roots, list_roots
+
+from ._support import CONTINUABLE, ONE_SHOT, tree_state, wait_until
+
+DAY = 86400.0
+ENDED = [("turn/start", {}), ("turn/end", {"stop_reason": "completed"})]
+FAILED = [("turn/start", {}), ("turn/end", {"stop_reason": "error", "diagnostic": "RuntimeError: boom"})]
+
+
+def age(st: Store, session_id: str, seconds: float) -> None:
+    """Set every file of the session (and its folder) back ``seconds``: its last activity was then."""
+    when = time.time() - seconds
+    folder = st.session_dir(session_id)
+    for name in os.listdir(folder):
+        os.utime(os.path.join(folder, name), (when, when), follow_symlinks=False)
+    os.utime(folder, (when, when))
+
+
+def subtree(st: Store, root: str, children: int = 2, *, root_events=(), child_events=ENDED, label: str | None = None,
+            old: float | None = 8 * DAY) -> list[str]:
+    """A root with ``children`` one-shot children (the first with one grandchild), aged ``old`` seconds."""
+    store.create_session(st, root, label=label or root, events=list(root_events))
+    ids = [root]
+    for i in range(children):
+        cid = f"{root}c{i}"
+        store.create_session(st, cid, parent_session=root, origin="subagent", delegation_depth=1,
+                             events=[("subagent/descriptor", dict(ONE_SHOT)), *child_events])
+        ids.append(cid)
+        if i == 0:
+            gid = f"{cid}g"
+            store.create_session(st, gid, parent_session=cid, origin="subagent", delegation_depth=2,
+                                 events=[("subagent/descriptor", dict(ONE_SHOT)), *child_events])
+            ids.append(gid)
+    if old is not None:
+        for sid in ids:
+            age(st, sid, old)
+    return ids
+
+
+def opened_elsewhere(path: str, mine: int) -> bool:
+    """Whether another descriptor of this process (a thread's lock) has ``path`` open."""
+    real = os.path.realpath(path)
+    for name in os.listdir("/proc/self/fd"):
+        if int(name) == mine:
+            continue
+        try:
+            if os.readlink(f"/proc/self/fd/{name}") == real:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def gone(st: Store, ids: list[str]) -> bool:
+    return not any(os.path.lexists(os.path.join(st.sessions_dir, sid)) for sid in ids)
+
+
+def assert_clean(st: Store) -> None:
+    report = check_store(st)
+    assert report.clean, str(report)
+    found = fsck(st, repair=False, lease_ttl_s=5.0)
+    assert found["corrupt"] == [] and not [f for f in found["findings"] if f["kind"] != "clean"], found["findings"]
+
+
+@pytest.fixture
+def st(tmp_path) -> Store:
+    return Store(tmp_path / "store", durability="batched")
+
+
+def test_dry_run_changes_nothing(st: Store) -> None:
+    """A dry run reports the subtrees that would go and leaves every byte (and mtime) as it was."""
+    subtree(st, "rA")
+    subtree(st, "rB")
+    before = tree_state(st.root)
+    report = collect(st, 7 * DAY, dry_run=True)
+    assert [c.id for c in report.collected] == ["rA", "rB"] and report.sessions == 8 and report.dry_run
+    assert tree_state(st.root) == before
+
+
+def test_old_settled_subtrees_go_and_young_ones_stay(st: Store) -> None:
+    """Age is the subtree's last activity: an old root with one recently active grandchild stays whole."""
+    old = subtree(st, "rOld")
+    young = subtree(st, "rYoung", old=None)
+    mixed = subtree(st, "rMixed")
+    age(st, "rMixedc0g", 60.0)  # active a minute ago, below an 8-day-old root
+    report = collect(st, 7 * DAY)
+    assert [c.id for c in report.collected] == ["rOld"] and report.young == 2
+    (done,) = report.collected
+    assert done.sessions == 4 and done.bytes > 0 and done.last_active < time.time() - 7 * DAY
+    assert gone(st, old)
+    assert all(st.exists(sid) for sid in young + mixed)
+    assert os.listdir(st.trash_dir) == [".lock"]
+    assert_clean(st)
+
+
+def test_indexes_and_listings_forget_the_deleted(st: Store) -> None:
+    """The roots index and every children index of the subtree drop it; listings and check stay clean."""
+    old = subtree(st, "rOld")
+    subtree(st, "rKeep", old=None)
+    collect(st, 7 * DAY)
+    assert [r.id for r in list_roots(st)] == ["rKeep"]
+    assert [r.id for r in find_roots(st).rows] == ["rKeep"]
+    assert store.rebuild_roots(st) == ["rKeep"]  # the index equals one rebuilt from headers
+    for sid in old:
+        assert not os.path.lexists(st.children_index_path(sid))
+        assert not os.path.lexists(st.children_index_path(sid) + ".lock")
+    assert [e.id for e in read_children(st, "rKeep")] == ["rKeepc0", "rKeepc1"]
+    assert store.list_descendants(st, "rKeep")
+    assert_clean(st)
+
+
+def test_a_live_lease_anywhere_in_the_subtree_keeps_it_whole(st: Store) -> None:
+    """A grandchild held by a live supervisor (an owner whose process runs) keeps its whole root subtree."""
+    ids = subtree(st, "rHeld", child_events=[])
+    store.register_owner(st, "ownerLive", ttl=60.0)
+    store.acquire_lease(st, "rHeldc0g", "ownerLive", state="idle")
+    age(st, "rHeldc0g", 8 * DAY)
+    report = collect(st, 7 * DAY)
+    (kept,) = report.skipped
+    assert (kept.id, kept.session, kept.reason) == ("rHeld", "rHeldc0g", "held") and "ownerLive" in kept.detail
+    assert all(st.exists(sid) for sid in ids) and not report.collected
+
+
+def test_an_owner_with_a_late_heartbeat_whose_process_runs_still_holds(st: Store) -> None:
+    """Stricter than `status`: a stopped supervisor (heartbeat past its TTL, process alive) is not dead to gc."""
+    ids = subtree(st, "rStopped", child_events=[])
+    store.register_owner(st, "ownerLate", ttl=0.001)
+    store.acquire_lease(st, "rStoppedc1", "ownerLate", state="running")
+    age(st, "rStoppedc1", 8 * DAY)
+    wait_until(lambda: store.session_status(st, "rStoppedc1") == "complete", what="the heartbeat to expire")
+    report = collect(st, 7 * DAY)
+    assert [(s.session, s.reason) for s in report.skipped] == [("rStoppedc1", "held")]
+    assert all(st.exists(sid) for sid in ids)
+
+
+def test_a_dead_owners_lease_does_not_hold(st: Store) -> None:
+    """A lease whose owner record is gone proves no holder (status complete): the subtree goes."""
+    ids = subtree(st, "rDead", child_events=[])
+    store.register_owner(st, "ownerGone", ttl=60.0)
+    store.acquire_lease(st, "rDeadc1", "ownerGone")
+    store.remove_owner(st, "ownerGone")
+    age(st, "rDeadc1", 8 * DAY)
+    assert [c.id for c in collect(st, 7 * DAY).collected] == ["rDead"] and gone(st, ids)
+
+
+def test_undelivered_mail_keeps_the_subtree(st: Store) -> None:
+    """A message accepted and not taken into a turn keeps its session, and so the whole subtree."""
+    ids = subtree(st, "rMail")
+    store.accept(st, "rMailc1", source={"kind": "user"}, content="later", ids=store.IdGenerator())
+    age(st, "rMailc1", 8 * DAY)
+    report = collect(st, 7 * DAY)
+    assert [(s.id, s.session, s.reason) for s in report.skipped] == [("rMail", "rMailc1", "mail")]
+    assert "1 undelivered" in report.skipped[0].detail
+    assert all(st.exists(sid) for sid in ids)
+
+
+def test_outcome_filters_by_the_roots_outcome(st: Store) -> None:
+    """`outcomes` keeps roots of other outcomes ("none": a root that never finished a turn)."""
+    subtree(st, "rNone")
+    subtree(st, "rDone", root_events=ENDED)
+    subtree(st, "rFail", root_events=FAILED)
+    report = collect(st, 7 * DAY, outcomes=["error", "none"])
+    assert sorted(c.id for c in report.collected) == ["rFail", "rNone"] and report.other_outcome == 1
+    assert {c.id: c.outcome for c in report.collected} == {"rFail": "error", "rNone": None}
+    assert st.exists("rDone")
+    with pytest.raises(store.InvalidQueryError):
+        collect(st, 7 * DAY, outcomes=["bogus"])
+    with pytest.raises(store.InvalidQueryError):
+        collect(st, -1.0)
+    assert_clean(st)
+
+
+def test_a_child_whose_header_does_not_read_keeps_the_subtree(st: Store) -> None:
+    """Damage is never deleted around: a corrupt child keeps its root (fsck reports it)."""
+    ids = subtree(st, "rBad")
+    with open(st.path("rBadc1", "header"), "wb") as handle:
+        handle.write(b"\xc1 not msgpack")
+    age(st, "rBadc1", 8 * DAY)
+    report = collect(st, 7 * DAY)
+    assert [(s.session, s.reason) for s in report.skipped] == [("rBadc1", "unreadable")]
+    assert all(os.path.isdir(st.session_dir(sid)) for sid in ids)
+
+
+def test_forks_belong_to_their_sources_subtree(st: Store) -> None:
+    """A fork (parent_session, no origin) goes with its source's root: no session is left naming a deleted parent."""
+    ids = subtree(st, "rFork")
+    store.create_session(st, "rForkF", parent_session="rForkc1")
+    age(st, "rForkF", 8 * DAY)
+    (done,) = collect(st, 7 * DAY).collected
+    assert done.sessions == 5 and gone(st, ids + ["rForkF"])
+    assert_clean(st)
+
+
+def test_an_interrupted_gc_reads_clean_and_the_next_one_finishes(st: Store) -> None:
+    """The state a kill leaves mid-subtree (a child in the trash, the index not yet told) is no
+    violation; the next collect drops the stale entries, empties the trash, then takes the rest."""
+    ids = subtree(st, "rHalf")
+    os.makedirs(st.trash_dir)
+    os.rename(st.session_dir("rHalfc0g"), os.path.join(st.trash_dir, "rHalfc0g.0badcafe"))
+    os.rename(st.session_dir("rHalfc0"), os.path.join(st.trash_dir, "rHalfc0.0badcafe"))
+    report = check_store(st)
+    assert report.clean and report.counts.collecting == 2, str(report)  # rHalfc0 under rHalf, rHalfc0g under rHalfc0
+    found = fsck(st, repair=False, lease_ttl_s=5.0)
+    assert found["corrupt"] == [] and {f["kind"] for f in found["findings"]} == {"collecting"}
+    assert [e.id for e in store.list_children(st, "rHalf")] == ["rHalfc1"]
+    second = collect(st, 7 * DAY)
+    assert second.finished == 2 and [c.id for c in second.collected] == ["rHalf"]
+    assert gone(st, ids) and os.listdir(st.trash_dir) == [".lock"]
+    assert_clean(st)
+
+
+def test_an_interrupted_gc_never_hides_a_root_recreated_with_its_id(st: Store) -> None:
+    """Finishing a trashed root tombstones its index entry only if no session of that id exists again."""
+    subtree(st, "rAgain", children=0)
+    os.makedirs(st.trash_dir)
+    os.rename(st.session_dir("rAgain"), os.path.join(st.trash_dir, "rAgain.0badcafe"))
+    store.create_session(st, "rAgain", label="second life")
+    collect(st, 7 * DAY)
+    assert [(r.id, r.label) for r in list_roots(st)] == [("rAgain", "second life")]
+    assert [r.id for r in find_roots(st).rows] == ["rAgain"]
+
+
+def test_a_lease_taken_first_wins_over_gc(st: Store) -> None:
+    """The rule: whoever takes the session lock first wins. A takeover holding the lock while gc
+    plans leaves a live lease that gc sees under the same lock, and the subtree stays."""
+    ids = subtree(st, "rRace", child_events=[])
+    store.register_owner(st, "ownerRace", ttl=60.0)
+    holder = os.open(st.path("rRacec1", ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    result: list[store.GcReport] = []
+    worker = threading.Thread(target=lambda: result.append(collect(st, 7 * DAY)))
+    worker.start()
+    try:
+        # gc planned (no lease then) and now waits for this lock; meanwhile the taker holding it
+        # does what acquire_lease does under it: write the lease
+        wait_until(lambda: opened_elsewhere(st.path("rRacec1", ".lock"), holder), what="gc to wait on the lock")
+        lease = store.Lease("ownerRace", 1, "idle", time.time())
+        write_atomic(st.path("rRacec1", "lease"), msgpack.packb(lease.to_record()), durable=True)
+        age(st, "rRacec1", 8 * DAY)
+    finally:
+        os.close(holder)
+    worker.join(30)
+    (report,) = result
+    assert [(s.session, s.reason) for s in report.skipped] == [("rRacec1", "held")]
+    assert all(st.exists(sid) for sid in ids) and os.listdir(st.trash_dir) == [".lock"]
+
+
+def test_a_lease_taken_after_gc_finds_the_session_gone(st: Store) -> None:
+    """A taker that waited on the lock while the folder moved to the trash gets SESSION_NOT_FOUND
+    and never re-creates a header-less folder (the PinnedLock rule)."""
+    subtree(st, "rLate", children=0)
+    holder = os.open(st.path("rLate", ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    errors: list[BaseException] = []
+
+    def take() -> None:
+        try:
+            store.acquire_lease(st, "rLate", "ownerLate")
+        except BaseException as exc:  # recorded for the assertion below
+            errors.append(exc)
+
+    taker = threading.Thread(target=take)
+    taker.start()
+    try:
+        wait_until(lambda: opened_elsewhere(st.path("rLate", ".lock"), holder), what="the taker to wait on the lock")
+        os.makedirs(st.trash_dir)
+        os.rename(st.session_dir("rLate"), os.path.join(st.trash_dir, "rLate.0badcafe"))  # what gc does under the lock
+    finally:
+        os.close(holder)
+    taker.join(30)
+    assert len(errors) == 1 and isinstance(errors[0], store.SessionNotFoundError), errors
+    assert not os.path.lexists(st.session_dir("rLate"))
+
+
+def test_many_roots_are_collected_in_batches(st: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """More sessions than one batch (renames, one fsync, index updates, trash removal per batch)."""
+    from subagents.store import retention
+
+    monkeypatch.setattr(retention, "_BATCH_SESSIONS", 8)
+    quick = Store(st.root, durability="none")
+    for i in range(12):
+        subtree(quick, f"r{i:03d}", children=2)
+    report = collect(st, 7 * DAY)
+    assert len(report.collected) == 12 and report.sessions == 12 * 4
+    assert st.session_ids() == [] and os.listdir(st.trash_dir) == [".lock"]
+    assert list_roots(st) == []
+    assert_clean(st)

@@ -1,0 +1,207 @@
+"""``subagents gc`` through the real CLI in a subprocess (issue 15, retention).
+
+Stores are built with the store's own API (real files, no workers) and aged
+by setting their files' modification times back, which is what gc measures
+(last activity, not creation). One test has a real Supervisor in another
+process hold a subtree while gc runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from subagents import store
+from subagents.store import Store, create_session
+
+from ..conftest import REPO_ROOT
+from ..store._support import tree_state, wait_until
+
+DAY = 86400.0
+ONE_SHOT = {"version": 1, "mode": "one-shot", "provider": "script"}
+ENDED = [("turn/start", {}), ("turn/end", {"stop_reason": "completed"})]
+FAILED = [("turn/start", {}), ("turn/end", {"stop_reason": "error", "diagnostic": "RuntimeError: boom"})]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SUBAGENTS_")}
+    env.update(PYTHONPATH=REPO_ROOT, SUBAGENTS_DURABILITY="none", SUBAGENTS_POOL_SIZE="1", SUBAGENTS_CONTROL_POLL_S="0.02")
+    return env
+
+
+def run_cli(st: Store | str, *args: str) -> subprocess.CompletedProcess[str]:
+    where = st.root if isinstance(st, Store) else st
+    return subprocess.run([sys.executable, "-m", "subagents.supervisor.cli", "--store", where, *args],
+                          cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=60)
+
+
+def ok(st: Store | str, *args: str) -> str:
+    done = run_cli(st, *args)
+    assert done.returncode == 0, f"subagents {' '.join(args)} exited {done.returncode}: {done.stderr}"
+    return done.stdout
+
+
+def age(st: Store, session_id: str, seconds: float) -> None:
+    when = time.time() - seconds
+    folder = st.session_dir(session_id)
+    for name in os.listdir(folder):
+        os.utime(os.path.join(folder, name), (when, when), follow_symlinks=False)
+
+
+def subtree(st: Store, root: str, *, root_events=(), old: float | None = 8 * DAY) -> list[str]:
+    """A root with two one-shot children, aged ``old`` seconds."""
+    create_session(st, root, label=f"job-{root}", events=list(root_events))
+    ids = [root]
+    for i in range(2):
+        cid = f"{root}c{i}"
+        create_session(st, cid, parent_session=root, origin="subagent", delegation_depth=1,
+                       events=[("subagent/descriptor", {**ONE_SHOT, "label": f"part-{i}"}), *ENDED])
+        ids.append(cid)
+    for sid in ids if old is not None else ():
+        age(st, sid, old)
+    return ids
+
+
+def contents(folder: str) -> dict[str, bytes]:
+    """Every file's bytes but the lock file's (taking a lock writes nothing)."""
+    return {path: state[3] for path, state in tree_state(folder).items() if state[0] == "file" and not path.endswith("/.lock")}
+
+
+def exists(st: Store, ids: list[str]) -> list[bool]:
+    return [os.path.lexists(os.path.join(st.sessions_dir, sid)) for sid in ids]
+
+
+@pytest.fixture
+def st(tmp_path: Path) -> Store:
+    return Store(tmp_path / "store", durability="none")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--older-than", "7x"], "error: INVALID_QUERY: --older-than: '7x' is not an age such as 30s, 15m, 12h, 7d or 2w"),
+    (["--older-than=-3d"], "error: INVALID_QUERY: --older-than: '-3d' is not an age such as 30s, 15m, 12h, 7d or 2w"),
+    (["--older-than", "7d", "--outcome", "completed,bogus"], "error: INVALID_QUERY: --outcome is one of"),
+])
+def test_bad_ages_and_outcomes_are_clean_errors(st: Store, args: list[str], message: str) -> None:
+    """A bad age or outcome is one `error: CODE: message` line, exit 2, no traceback, nothing touched."""
+    subtree(st, "rA")
+    before = tree_state(st.root)
+    done = run_cli(st, "gc", *args)
+    assert done.returncode == 2 and done.stderr.startswith(message) and "Traceback" not in done.stderr, done.stderr
+    assert done.stdout == "" and tree_state(st.root) == before
+
+
+def test_help_documents_the_options_with_an_example(st: Store) -> None:
+    text = ok(st, "gc", "--help")
+    for needle in ("--older-than AGE", "--outcome O[,O]", "--dry-run", "--json", "example:", "subagents gc --older-than 7d --dry-run"):
+        assert needle in text
+
+
+def test_dry_run_lists_what_would_go_and_deletes_nothing(st: Store) -> None:
+    old = subtree(st, "rOld")
+    subtree(st, "rNew", old=None)
+    before = tree_state(st.root)
+    text = ok(st, "gc", "--older-than", "7d", "--dry-run")
+    lines = text.splitlines()
+    assert any(line.startswith("would delete") and "rOld" in line and "3 sessions" in line for line in lines), text
+    assert "rNew" not in text
+    assert lines[-1].startswith("would delete 1 subtree, 3 sessions") and "kept 1 active within 7d" in lines[-1]
+    assert lines[-1].endswith("nothing was changed (--dry-run)")
+    doc = json.loads(ok(st, "gc", "--older-than", "7d", "--dry-run", "--json"))
+    assert doc["dry_run"] and [c["id"] for c in doc["collected"]] == ["rOld"] and doc["sessions"] == 3 and doc["young"] == 1
+    assert doc["collected"][0]["last_active"].endswith("Z") and doc["cutoff"].endswith("Z")
+    assert tree_state(st.root) == before and all(exists(st, old))
+
+
+def test_old_roots_go_young_stay_outcome_filters_and_listings_stay_clean(st: Store) -> None:
+    """--outcome picks by the root's outcome; afterwards ls, tree, summary, top, fsck and check are clean."""
+    done = subtree(st, "rDone", root_events=ENDED)
+    fail = subtree(st, "rFail", root_events=FAILED)
+    plain = subtree(st, "rPlain")
+    young = subtree(st, "rYoung", old=None)
+    doc = json.loads(ok(st, "gc", "--older-than", "7d", "--outcome", "error", "--outcome", "none", "--json"))
+    assert sorted(c["id"] for c in doc["collected"]) == ["rFail", "rPlain"] and doc["other_outcome"] == 1
+    assert not any(exists(st, fail + plain)) and all(exists(st, done + young))
+    text = ok(st, "gc", "--older-than", "7d")
+    assert text.splitlines()[0].split() == ["ROOT", "SESSIONS", "SIZE", "ACTIVE", "OUTCOME", "LABEL", "/", "WHY", "KEPT"]
+    assert text.splitlines()[1].split()[:4] == ["deleted", "rDone", "3", "sessions"]
+    assert text.splitlines()[-1].startswith("deleted 1 subtree, 3 sessions")
+    assert not any(exists(st, done)) and all(exists(st, young))
+    assert [r["id"] for r in json.loads(ok(st, "ls", "--json"))["roots"]] == ["rYoung"]
+    assert "rYoungc0" in ok(st, "tree", "rYoung")
+    assert "2 subagents below 1 top-level session" in ok(st, "summary")
+    ok(st, "top", "--once")
+    fsck = json.loads(ok(st, "store", "fsck", "--json"))
+    assert fsck["corrupt"] == [] and fsck["findings"] == []
+    check = json.loads(ok(st, "store", "check", "--json"))
+    assert check["clean"], check
+    assert os.listdir(st.trash_dir) == [".lock"]
+    again = ok(st, "gc", "--older-than", "7d")
+    assert again.splitlines() == [again.splitlines()[-1]] and again.startswith("deleted 0 subtrees")
+
+
+def test_undelivered_mail_keeps_the_subtree_and_says_why(st: Store) -> None:
+    ids = subtree(st, "rMail")
+    store.accept(st, "rMailc1", source={"kind": "user"}, content="later", ids=store.IdGenerator())
+    age(st, "rMailc1", 8 * DAY)
+    text = ok(st, "gc", "--older-than", "7d")
+    kept = [line for line in text.splitlines() if line.startswith("kept")]
+    assert len(kept) == 1 and "rMail" in kept[0] and "mail" in kept[0] and "rMailc1 has 1 undelivered message(s)" in kept[0]
+    assert all(exists(st, ids))
+
+
+HOST = textwrap.dedent(
+    """
+    import json, sys, anyio
+    from subagents.supervisor import *
+
+    async def main(store):
+        cfg = SupervisorConfig(pool_size=1, durability="none")
+        async with Supervisor.open(store=store, config=cfg) as sup:
+            sup.register_provider(Provider(name="script", program="script", capabilities=Capabilities.all(), continuable=True))
+            root = await sup.open_root(label="host")
+            first = json.dumps({"script": [{"say": "done"}]})
+            child, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="script", prompt=first, label="reviewer"))
+            print(json.dumps({"root": root.id, "child": child}), flush=True)
+            await anyio.sleep(3600)
+
+    anyio.run(main, sys.argv[1])
+    """
+)
+
+
+def test_a_subtree_a_supervisor_in_another_process_holds_is_kept(st: Store) -> None:
+    """A root a supervisor in another process holds (its lease live, idle) keeps its subtree even when
+    old by its files' times (reason `held`), byte for byte; the settled subtree beside it goes."""
+    old = subtree(st, "rOld")
+    proc = subprocess.Popen([sys.executable, "-c", HOST, st.root], stdout=subprocess.PIPE, text=True, env=_env(), cwd=REPO_ROOT)
+    try:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        assert line, "the host supervisor did not start"
+        ids = json.loads(line)
+        held = [ids["root"], ids["child"]]
+        # the child's turn ends, it settles (lease released) and its notice reaches the root's mailbox;
+        # the host keeps holding the root (idle: nothing more is written)
+        wait_until(lambda: store.session_status(st, ids["child"]) == "complete" and len(store.read_mailbox(st, ids["root"])) == 1
+                   and store.session_status(st, ids["root"]) == "idle", what="the child to settle")
+        for sid in held:
+            age(st, sid, 8 * DAY)
+        before = {sid: contents(st.session_dir(sid)) for sid in held}
+        doc = json.loads(ok(st, "gc", "--older-than", "7d", "--json"))
+        assert [c["id"] for c in doc["collected"]] == ["rOld"] and not any(exists(st, old))
+        (kept,) = doc["skipped"]
+        assert (kept["id"], kept["session"], kept["reason"]) == (ids["root"], ids["root"], "held")
+        text = ok(st, "gc", "--older-than", "7d")
+        assert any(line.split()[:3] == ["kept", ids["root"], "held"] for line in text.splitlines()), text
+        assert {sid: contents(st.session_dir(sid)) for sid in held} == before
+        assert json.loads(ok(st, "store", "check", "--json"))["clean"]
+    finally:
+        proc.kill()
+        proc.wait(10)
+        proc.stdout.close()  # type: ignore[union-attr]
