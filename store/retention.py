@@ -22,7 +22,9 @@ resumes an old child, ``open_root`` of an old root) that takes a lock first
 holds a live lease when ``collect`` looks: the subtree stays. One that comes
 after finds the session gone (``SESSION_NOT_FOUND``). Two ``collect`` calls
 on one store run one after the other (``trash/.lock``). Called by
-``subagents gc`` and ``Supervisor.gc``.
+``subagents gc`` and ``Supervisor.gc``. (Over 400 lines: the plan, the locked
+re-check, the renames and the crash recovery share their invariants and read
+best in one place.)
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ class GcReport:
     skipped: tuple[SkippedRoot, ...] = ()
     young: int = 0  # roots kept: their subtree was active after the cutoff
     other_outcome: int = 0  # old roots kept: their outcome was not asked for
-    finished: int = 0  # trash folders an interrupted gc left, emptied first
+    finished: int = 0  # trash folders an interrupted gc left, emptied first (a dry run: that are there)
     elapsed_s: float = 0.0
 
     @property
@@ -211,8 +213,19 @@ def _lineage(store: Store) -> tuple[dict[str, SessionHeader], dict[str, list[str
     return headers, children
 
 
-def _subtree(store: Store, root: str, children: dict[str, list[str]]) -> list[str]:
-    """``root`` and its descendants in pre-order, by headers plus every index entry that exists."""
+def _indexed_below(store: Store, node: str, headers: dict[str, SessionHeader]) -> list[str]:
+    """Children the index lists under ``node`` that exist and whose header does not name another
+    parent (one that does not read is kept: it holds its subtree back as unreadable)."""
+    found = []
+    for entry in read_children(store, node):
+        header = headers.get(entry.id)
+        if store.exists(entry.id) and (header is None or header.parent_session == node):
+            found.append(entry.id)
+    return found
+
+
+def _subtree(store: Store, root: str, children: dict[str, list[str]], headers: dict[str, SessionHeader]) -> list[str]:
+    """``root`` and its descendants in pre-order, by headers plus the index entries that may be children."""
     order: list[str] = []
     seen: set[str] = set()
     stack = [root]
@@ -223,7 +236,7 @@ def _subtree(store: Store, root: str, children: dict[str, list[str]]) -> list[st
         seen.add(node)
         order.append(node)
         below = list(children.get(node, ()))
-        below += [e.id for e in read_children(store, node) if e.id not in below and store.exists(e.id)]
+        below += [sid for sid in _indexed_below(store, node, headers) if sid not in below]
         stack.extend(reversed(below))
     return order
 
@@ -231,7 +244,7 @@ def _subtree(store: Store, root: str, children: dict[str, list[str]]) -> list[st
 def _plan(state: _Pass, root: SessionHeader, children: dict[str, list[str]], headers: dict[str, SessionHeader],
           outcomes: frozenset[str]) -> _Plan | SkippedRoot | Literal["young", "other"]:
     store = state.store
-    order = _subtree(store, root.id, children)
+    order = _subtree(store, root.id, children, headers)
     newest, size = 0.0, 0
     for session_id in order:
         try:
@@ -260,7 +273,8 @@ def _trash_name(session_id: str) -> str:
     return f"{session_id}.{secrets.token_hex(4)}"
 
 
-def _remove(store: Store, plan: _Plan, state: _Pass, limit: int, moved: list[tuple[str, str]]) -> SkippedRoot | None:
+def _remove(store: Store, plan: _Plan, state: _Pass, limit: int, moved: list[tuple[str, str]],
+            headers: dict[str, SessionHeader]) -> SkippedRoot | None:
     """Lock, re-check and rename one planned subtree into the trash, child-first, adding each
     (id, trash folder) to ``moved`` as it goes; the reason when the subtree stays."""
     root = plan.root
@@ -283,7 +297,7 @@ def _remove(store: Store, plan: _Plan, state: _Pass, limit: int, moved: list[tup
                 return SkippedRoot(root.id, root.label, session_id, reason, detail)
             if _activity(store, session_id)[0] >= state.cutoff:
                 return SkippedRoot(root.id, root.label, session_id, "changed", f"{session_id} was active meanwhile")
-            added = [e.id for e in read_children(store, session_id) if e.id not in planned and store.exists(e.id)]
+            added = [sid for sid in _indexed_below(store, session_id, headers) if sid not in planned]
             if added:
                 return SkippedRoot(root.id, root.label, added[0], "changed", f"{added[0]} was created below {session_id} meanwhile")
         # every lock is held and every session checked under it: nothing can re-activate them now
@@ -320,14 +334,23 @@ def _forget(store: Store, moved: Iterable[tuple[str, str]]) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def _trashed(store: Store) -> list[tuple[str, str]]:
+    """(session id, folder) of everything in ``trash/``."""
+    try:
+        names = sorted(os.listdir(store.trash_dir))
+    except FileNotFoundError:
+        return []
+    entries = []
+    for name in names:
+        session_id, dot, _ = name.partition(".")
+        if not name.startswith(".") and dot:
+            entries.append((session_id, os.path.join(store.trash_dir, name)))
+    return entries
+
+
 def _finish(store: Store) -> int:
     """Complete what an interrupted gc left in the trash; the number of folders emptied."""
-    entries = []
-    for name in sorted(os.listdir(store.trash_dir)):
-        session_id, dot, _ = name.partition(".")
-        if name.startswith(".") or not dot:
-            continue
-        entries.append((session_id, os.path.join(store.trash_dir, name)))
+    entries = _trashed(store)
     if entries:
         log.info("finishing an interrupted gc: %d folder(s) in %s", len(entries), store.trash_dir)
         _forget(store, entries)
@@ -357,7 +380,7 @@ def collect(
         raise InvalidQueryError(f"older_than_s must be a non-negative number of seconds, not {older_than_s!r}")
     cutoff = (time.time() if now is None else now) - older_than_s
     state = _Pass(store, cutoff)
-    finished = 0
+    finished = len(_trashed(store)) if dry_run else 0
     with contextlib.ExitStack() as stack:
         if not dry_run:
             store.require_writable()
@@ -384,7 +407,7 @@ def collect(
         if dry_run:
             collected = [_collected(p) for p in plans]
         else:
-            collected, late = _delete(store, plans, state)
+            collected, late = _delete(store, plans, state, headers)
             skipped += late
     return GcReport(store.root, float(older_than_s), cutoff, dry_run, tuple(sorted(wanted)), tuple(collected), tuple(skipped),
                     young, other, finished, time.monotonic() - started)
@@ -394,7 +417,7 @@ def _collected(plan: _Plan) -> CollectedRoot:
     return CollectedRoot(plan.root.id, plan.root.label, plan.outcome, len(plan.order), plan.bytes, plan.last_active)
 
 
-def _delete(store: Store, plans: list[_Plan], state: _Pass) -> tuple[list[CollectedRoot], list[SkippedRoot]]:
+def _delete(store: Store, plans: list[_Plan], state: _Pass, headers: dict[str, SessionHeader]) -> tuple[list[CollectedRoot], list[SkippedRoot]]:
     """Rename batches of subtrees into the trash, make the renames durable, then forget them."""
     collected: list[CollectedRoot] = []
     skipped: list[SkippedRoot] = []
@@ -402,7 +425,7 @@ def _delete(store: Store, plans: list[_Plan], state: _Pass) -> tuple[list[Collec
     batch: list[tuple[str, str]] = []
     try:
         for plan in plans:
-            kept = _remove(store, plan, state, limit, batch)
+            kept = _remove(store, plan, state, limit, batch, headers)
             if kept is not None:
                 skipped.append(kept)
                 continue

@@ -58,7 +58,9 @@ def render_gc(out: Output, doc: dict[str, Any]) -> None:
     if rows:
         for line in aligned(("", "ROOT", "SESSIONS", "SIZE", "ACTIVE", "OUTCOME", "LABEL / WHY KEPT"), rows):
             out.line(line)
-    if doc["finished"]:
+    if doc["finished"] and doc["dry_run"]:
+        out.line(f"an interrupted gc left {_plural(doc['finished'], 'folder')} in trash/: gc empties them first")
+    elif doc["finished"]:
         out.line(f"finished an interrupted gc: {_plural(doc['finished'], 'folder')} emptied from trash/")
     total = (f"{verb} {_plural(len(doc['collected']), 'subtree')}, {_plural(doc['sessions'], 'session')}, "
              f"{_size(doc['bytes'])} in {doc['elapsed_s']:.2f} s")

@@ -226,6 +226,8 @@ def test_an_interrupted_gc_reads_clean_and_the_next_one_finishes(st: Store) -> N
     found = fsck(st, repair=False, lease_ttl_s=5.0)
     assert found["corrupt"] == [] and {f["kind"] for f in found["findings"]} == {"collecting"}
     assert [e.id for e in store.list_children(st, "rHalf")] == ["rHalfc1"]
+    before = tree_state(st.root)
+    assert collect(st, 7 * DAY, dry_run=True).finished == 2 and tree_state(st.root) == before
     second = collect(st, 7 * DAY)
     assert second.finished == 2 and [c.id for c in second.collected] == ["rHalf"]
     assert gone(st, ids) and os.listdir(st.trash_dir) == [".lock"]
@@ -308,3 +310,14 @@ def test_many_roots_are_collected_in_batches(st: Store, monkeypatch: pytest.Monk
     assert st.session_ids() == [] and os.listdir(st.trash_dir) == [".lock"]
     assert list_roots(st) == []
     assert_clean(st)
+
+
+def test_a_stale_index_entry_never_drags_another_roots_session_in(st: Store) -> None:
+    """Headers are the authority: an index entry under an old root naming a session whose header
+    names another parent is not part of that subtree, and that session stays."""
+    old = subtree(st, "rOld")
+    young = subtree(st, "rYoung", old=None)
+    store.add_child(st, "rOld", "rYoungc0", created_at=1.0, origin="subagent")
+    (done,) = collect(st, 7 * DAY).collected
+    assert done.id == "rOld" and done.sessions == len(old) and gone(st, old)
+    assert all(st.exists(sid) for sid in young)
