@@ -205,3 +205,21 @@ def test_a_subtree_a_supervisor_in_another_process_holds_is_kept(st: Store) -> N
         proc.kill()
         proc.wait(10)
         proc.stdout.close()  # type: ignore[union-attr]
+
+
+@pytest.mark.anyio
+async def test_supervisor_gc_keeps_its_own_roots(tmp_path: Path) -> None:
+    """`Supervisor.gc` is `store.collect` in a thread: the supervisor's own (held) root stays, even
+    when old by its files' times; an old settled subtree beside it goes."""
+    from ..conftest import open_supervisor
+
+    async with open_supervisor(tmp_path) as sup:
+        st = Store(tmp_path / "store", durability="none")
+        old = subtree(st, "rOld")
+        mine = await sup.open_root(label="mine")
+        age(st, mine.id, 8 * DAY)
+        report = await sup.gc(7 * DAY)
+        assert [c.id for c in report.collected] == ["rOld"] and not any(exists(st, old))
+        assert [(s.id, s.reason) for s in report.skipped] == [(mine.id, "held")] and st.exists(mine.id)
+        dry = await sup.gc(0.0, dry_run=True)
+        assert dry.dry_run and not dry.collected and st.exists(mine.id)
