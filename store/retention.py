@@ -55,7 +55,7 @@ from .outcome import OUTCOMES, outcome_of
 from .projection import Projection
 from .reader import read_header
 from .root import Store
-from .roots import remove_roots
+from .roots import compact_roots, remove_roots
 
 __all__ = ["SkipReason", "CollectedRoot", "SkippedRoot", "GcReport", "collect", "parse_age"]
 
@@ -409,6 +409,8 @@ def collect(
         else:
             collected, late = _delete(store, plans, state, headers)
             skipped += late
+            if collected or finished:
+                compact_roots(store)
     return GcReport(store.root, float(older_than_s), cutoff, dry_run, tuple(sorted(wanted)), tuple(collected), tuple(skipped),
                     young, other, finished, time.monotonic() - started)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .appender import append_durably
-from .atomic import NOFOLLOW, write_atomic
+from .atomic import NOFOLLOW, read_bytes, write_atomic
 from .catalog import ChildStatus, DiagnosticReason, damage_reason
 from .errors import SessionNotFoundError, SubagentError
 from .framing import encode_record, scan_all, scan_suffix
@@ -39,7 +39,7 @@ from .root import Store
 
 __all__ = [
     "RootEntry", "DEFAULT_ROOT_LIMIT", "list_roots", "find_roots", "subagent_count",
-    "add_root", "remove_root", "remove_roots", "rebuild_roots", "roots_index_path",
+    "add_root", "remove_root", "remove_roots", "compact_roots", "rebuild_roots", "roots_index_path",
 ]
 
 # what `ls` shows with no --limit: a screenful, and the cost of a listing stays flat
@@ -117,6 +117,30 @@ def add_root(store: Store, root_id: str, created_at: float) -> None:
                 return
     append_durably(store, path, {"id": root_id, "created_at": created_at}, lock_path=path + ".lock", key="index/roots",
                    owner="roots", what="roots index", skip_damage=True)
+
+
+def compact_roots(store: Store) -> int | None:
+    """Rewrite ``index/roots`` without tombstones and the entries they hide; the entries kept.
+
+    Called after ``gc`` removed roots: its tombstones land at the end of the file, where the
+    newest-first listing reads, so without this a page would read past every one of them.
+    Under the index's lock (appends wait); one atomic replace. A file with damaged records is
+    left alone (``None``): ``store reindex`` rebuilds it from headers.
+    """
+    path = roots_index_path(store)
+    if not os.path.lexists(path):
+        return None
+    with file_lock(path + ".lock"):
+        try:
+            data = read_bytes(path)
+        except OSError:
+            return None
+        skim = scan_all(data, check=_problem)
+        if skim.skipped or (skim.tail is not None and not skim.records):
+            return None
+        live = sorted(_live(skim.records))
+        _write_index(store, live)
+        return len(live)
 
 
 def remove_root(store: Store, root_id: str) -> None:

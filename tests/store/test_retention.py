@@ -123,6 +123,8 @@ def test_indexes_and_listings_forget_the_deleted(st: Store) -> None:
     collect(st, 7 * DAY)
     assert [r.id for r in list_roots(st)] == ["rKeep"]
     assert [r.id for r in find_roots(st).rows] == ["rKeep"]
+    with open(store.roots.roots_index_path(st), "rb") as handle:  # compacted: no tombstone is left at its end
+        assert [r["id"] for r in store.scan(handle.read()).records] == ["rKeep"]
     assert store.rebuild_roots(st) == ["rKeep"]  # the index equals one rebuilt from headers
     for sid in old:
         assert not os.path.lexists(st.children_index_path(sid))
