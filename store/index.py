@@ -40,7 +40,7 @@ from .errors import SubagentError
 from .root import Store
 
 __all__ = [
-    "Settled", "IndexEntry", "IndexRead", "add_child", "add_children", "remove_child", "drop_index", "mark_active", "mark_settled",
+    "Settled", "IndexEntry", "IndexRead", "add_child", "add_children", "remove_child", "drop_index", "mark_active", "mark_all_active", "mark_settled",
     "read_index", "read_children", "reindex",
 ]
 
@@ -160,6 +160,13 @@ def mark_active(store: Store, parent_id: str, child_id: str) -> None:
     it no longer holds. Durable: after a machine crash a lost ``active`` would let an older
     ``settled`` row stand for a log that went on (the lease taken beside it is durable)."""
     _append(store, parent_id, {"id": child_id, "state": "active"})
+
+
+def mark_all_active(store: Store, parent_id: str, child_ids: list[str]) -> None:
+    """``mark_active`` for several children of one parent in one durable write: ``gc`` clears the
+    ``settled`` rows of children it is about to remove, so that a gc killed between removing a
+    child and dropping this index never leaves a row that lists a removed child as settled."""
+    _append(store, parent_id, [{"id": child, "state": "active"} for child in child_ids])
 
 
 def mark_settled(store: Store, parent_id: str, child_id: str, settled: Settled) -> None:

@@ -47,7 +47,7 @@ from .atomic import fsync_dir, make_dirs, read_bytes
 from .description import mailbox_counts
 from .errors import InvalidQueryError, LockTimeoutError, SubagentError
 from .header import SessionHeader, parse_header
-from .index import drop_index, read_children, remove_child
+from .index import drop_index, mark_all_active, read_children, remove_child
 from .lease import check_lease, host_identity, owner_alive, process_start_time, read_owner
 from .locks import PinnedLock
 from .log import read_projection
@@ -300,7 +300,13 @@ def _remove(store: Store, plan: _Plan, state: _Pass, limit: int, moved: list[tup
             added = [sid for sid in _indexed_below(store, session_id, headers) if sid not in planned]
             if added:
                 return SkippedRoot(root.id, root.label, added[0], "changed", f"{added[0]} was created below {session_id} meanwhile")
-        # every lock is held and every session checked under it: nothing can re-activate them now
+        # every lock is held and every session checked under it: nothing can re-activate them now.
+        # Rows that list a child as settled are cleared first (session lock, then index lock: the
+        # store's lock order), so a listing of a parent a crash leaves behind reads the files instead
+        for session_id in plan.order:
+            rows = [e.id for e in read_children(store, session_id) if e.settled is not None and e.id in planned]
+            if rows:
+                mark_all_active(store, session_id, rows)
         for session_id in reversed(plan.order):
             target = os.path.join(store.trash_dir, _trash_name(session_id))
             os.rename(store.session_dir(session_id), target)

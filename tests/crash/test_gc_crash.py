@@ -48,7 +48,17 @@ def age(st: Store, session_id: str, seconds: float) -> None:
         os.utime(os.path.join(folder, name), (when, when), follow_symlinks=False)
 
 
-def family(st: Store, root: str, *, events=ENDED) -> list[str]:
+def settle(st: Store, session_id: str) -> None:
+    """What a supervisor does with a child: take its lease, run a turn, release it (the release
+    writes the child's `settled` row into its parent's index, which listings read alone)."""
+    lease = store.acquire_lease(st, session_id, OWNER)
+    with store.LogWriter.open(st, session_id, epoch=lease.epoch) as writer:
+        writer.append(ENDED, commit=True)
+    store.release_lease(st, session_id, OWNER, lease.epoch)
+
+
+def family(st: Store, root: str, *, events=()) -> list[str]:
+    """A root, two children, a grandchild below the first; the children settled unless ``events`` says otherwise."""
     create_session(st, root, label=root)
     ids = [root]
     for i in range(2):
@@ -58,16 +68,18 @@ def family(st: Store, root: str, *, events=ENDED) -> list[str]:
         ids.append(cid)
     gid = f"{root}c0g"
     create_session(st, gid, parent_session=f"{root}c0", origin="subagent", delegation_depth=2,
-                   events=[("subagent/descriptor", dict(ONE_SHOT)), *ENDED])
+                   events=[("subagent/descriptor", dict(ONE_SHOT))])
+    for sid in ([ids[1], ids[2]] if not events else []) + [gid]:
+        settle(st, sid)
     return ids + [gid]
 
 
 def build(path: Path, subtrees: int) -> tuple[dict[str, list[str]], list[str]]:
     """The template store: old settled subtrees by root, and the sessions gc must keep."""
     st = Store(path, durability="none")
-    settled = {f"old{i:03d}": family(st, f"old{i:03d}") for i in range(subtrees)}
     store.register_owner(st, OWNER, ttl=3600.0)  # this process: alive for the whole test
-    held = family(st, "keepHeld", events=[])
+    settled = {f"old{i:03d}": family(st, f"old{i:03d}") for i in range(subtrees)}
+    held = family(st, "keepHeld", events=[("turn/start", {}), ("turn/end", {"stop_reason": "completed"})])
     store.acquire_lease(st, "keepHeldc1", OWNER, state="idle")
     running = family(st, "keepRun", events=[("turn/start", {})])
     store.acquire_lease(st, "keepRunc0", OWNER, state="running")
@@ -112,6 +124,9 @@ def assert_sound(st: Store, settled: dict[str, list[str]], kept: list[str], kept
             assert store.inspect(st, sid).status == "clean"
         if root not in present:
             assert alive == [], f"{root} is gone but {alive} below it remain"  # child-first: never an orphan
+        for parent in alive:  # a listing (settled rows included) names only children that exist
+            listed = [e.id for e in store.list_children(st, parent)]
+            assert set(listed) <= present, f"ls {parent} lists removed {set(listed) - present}"
         if finished:
             assert alive == []
     listed = {r.id for r in store.list_roots(st)}

@@ -236,6 +236,36 @@ def test_an_interrupted_gc_reads_clean_and_the_next_one_finishes(st: Store) -> N
     assert_clean(st)
 
 
+def test_a_crash_mid_subtree_never_lists_a_removed_child_from_its_settled_row(st: Store) -> None:
+    """Children released by a supervisor have `settled` rows a listing reads without their files. gc
+    clears them under the locks before it renames: a parent a kill leaves behind lists only what exists."""
+    ids = subtree(st, "rRows", child_events=[])
+    store.register_owner(st, "ownerRows", ttl=60.0)
+    for sid in ids[1:]:  # what a supervisor does: take the lease, run, release (the release writes the row)
+        lease = store.acquire_lease(st, sid, "ownerRows")
+        with store.LogWriter.open(st, sid, epoch=lease.epoch) as writer:
+            writer.append(ENDED, commit=True)
+        store.release_lease(st, sid, "ownerRows", lease.epoch)
+        age(st, sid, 8 * DAY)
+    assert all(e.settled is not None for e in read_children(st, "rRows"))
+    # gc's steps 1-2 for this subtree, then a kill before any rename of the root: what the index holds then
+    from subagents.store import retention
+
+    state = retention._Pass(st, time.time() - 7 * DAY)
+    headers, children = retention._lineage(st)
+    plan = retention._plan(state, headers["rRows"], children, headers, frozenset())
+    assert isinstance(plan, retention._Plan)
+    moved: list[tuple[str, str]] = []
+    os.makedirs(st.trash_dir)
+    assert retention._remove(st, plan, state, 100, moved, headers) is None
+    os.rename(moved[-1][1], st.session_dir("rRows"))  # undo the root's rename: as if killed just before it
+    assert [e.id for e in store.list_children(st, "rRows")] == []
+    assert check_store(st).clean
+    second = collect(st, 7 * DAY)
+    assert [c.id for c in second.collected] == ["rRows"] and gone(st, ids)
+    assert_clean(st)
+
+
 def test_an_interrupted_gc_never_hides_a_root_recreated_with_its_id(st: Store) -> None:
     """Finishing a trashed root tombstones its index entry only if no session of that id exists again."""
     subtree(st, "rAgain", children=0)
