@@ -7,9 +7,10 @@ request is acknowledged only once durable (``FORMAT.md`` §8.1). The kinds are
 down), written by a process that does not hold the child's activation —
 another supervisor, the CLI.
 
-The lease holder polls the file's size and applies records it has not seen;
-records older than its activation are ignored (an interrupt is about the
-turn running when it was asked, never a later one). Not guaranteed: a
+The lease holder polls the file's size and applies records it has not seen:
+a continuable activation ignores records older than itself (an interrupt is
+about the turn running when it was asked, never a later one); a one-shot
+run, which has one turn, applies every record. Not guaranteed: a
 request that lands while the holder is releasing the lease finds no turn to
 stop; that is the same outcome as interrupting an inactive child (a no-op).
 

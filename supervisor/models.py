@@ -18,6 +18,8 @@ __all__ = [
     "ContinuableSpec",
     "UserAuthority",
     "AncestorAuthority",
+    "InterruptOutcome",
+    "InterruptResult",
 ]
 
 StopReason = Literal["completed", "aborted", "error", "max-tokens", "refusal", "budget-exhausted"]
@@ -130,3 +132,31 @@ class AncestorAuthority:
     @property
     def agent_id(self) -> str:
         return self.agent.id if isinstance(self.agent, AgentRef) else self.agent
+
+
+InterruptOutcome = Literal["cancelled", "requested", "no_turn_running"]
+
+
+class InterruptResult(BaseModel):
+    """What ``Supervisor.interrupt`` did, so a caller never reads success into a no-op.
+
+    ``cancelled``: a running turn was told to stop — here (``host`` is None) or
+    by the supervisor ``host`` that holds the child, which confirmed it within
+    the wait (``stop_reason`` is how the turn ended). ``requested``: a durable
+    request went to the live supervisor ``host``, which had not confirmed it
+    when the wait ended. ``no_turn_running``: nothing to stop (settled, idle,
+    no live holder, no such session, or the turn ended on its own first);
+    ``detail`` says which. ``turn`` is the turn's number in the child's log (1:
+    its first) and ``message_id`` the message it runs, when the log shows it.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    outcome: InterruptOutcome
+    child_id: str
+    turn: int | None = None
+    message_id: str | None = None
+    host: str | None = None  # the owner id of the other supervisor that holds the child
+    host_pid: int | None = None
+    stop_reason: str | None = None
+    detail: str = ""

@@ -14,7 +14,9 @@ Every validation happens before the first byte is written, in this order:
 provider (``NO_PROVIDER``), capabilities (``UNSUPPORTED_CAPABILITY``), the
 request's fields (``validation.py``), parent and depth (``SubagentDepthError``).
 Built by the ``Supervisor`` from its ``Runtime``; each run's driver is a task
-of the runtime's task group.
+of the runtime's task group. A running turn is stopped by its holder
+(``SubagentRun.cancel``), by a user interrupt here (``interrupt``), or by one
+from another process through the child's control file (``ControlPoller``).
 """
 
 from __future__ import annotations
@@ -26,12 +28,14 @@ from typing import Any, Callable, Mapping, Protocol
 import anyio
 
 from subagents.store import LogWriter, OneShotDescriptor, acquire_lease, delete_session, release_lease
+from subagents.store.control import ControlRecord
 from subagents.store.errors import FencedError, SubagentError
 from subagents.store.session import CreatedSession, NewSession
 from subagents.worker.logcontext import bind
 from subagents.worker.protocol import Budget, TurnOutcome, TurnSpec
 
 from .backend import RpcHandler, TurnResult, TurnTicket, WorkerRef
+from .control_poller import ControlPoller
 from .creator import CreatorStatistics, SessionCreator
 from .errors import CancelledBeforeStartError, SupervisorClosedError
 from .models import Provider, SubagentRequest, SubagentResult
@@ -131,6 +135,11 @@ class SubagentRun:
         """Where the turn ran once it is done: host (a Ray pool: the node) and pid; None if it never ran."""
         return self._state.worker
 
+    @property
+    def cancelled(self) -> str | None:
+        """Why the run was asked to stop (the first reason), or None."""
+        return self._state.cancelled
+
     def cancel(self, reason: str = "user") -> None:
         """Stop the run; its result becomes ``aborted`` unless it already finished."""
         self._runs.cancel_run(self._state, reason)
@@ -159,6 +168,7 @@ class OneShotRuns:
         self._rpc_for = rpc_for
         self._runs: dict[str, SubagentRun] = {}
         self._creator = SessionCreator(rt.store)
+        self._control = ControlPoller(rt.store)
 
     @property
     def runs(self) -> Mapping[str, SubagentRun]:
@@ -174,6 +184,28 @@ class OneShotRuns:
     async def aclose(self) -> None:
         """Stop creating (``SupervisorClosedError`` for later starts) once what is queued is created."""
         await self._creator.aclose()
+
+    def interrupt(self, child_id: str) -> bool:
+        """A user interrupt of a run held here: whether it stopped a turn (False: none held, done, or already stopping)."""
+        run = self._runs.get(child_id)
+        if run is None or run.done or run.cancelled is not None:
+            return False
+        run.cancel("user")
+        return True
+
+    async def watch_control(self, poll_s: float) -> None:
+        """Carry out what other processes ask of the runs held here (their control files); runs until cancelled."""
+        await self._control.run(poll_s)
+
+    def _apply_control(self, run: SubagentRun, record: ControlRecord) -> None:
+        if record.kind == "interrupt":
+            if not run.done:
+                log.info("one-shot child %s interrupted from another process (control record %d)", run.id, record.seq,
+                         extra={"child": run.id})
+                run.cancel("user")
+        else:
+            log.warning("control record %d of one-shot child %s has kind %r, which a one-shot run does not take; ignored",
+                        record.seq, run.id, record.kind, extra={"child": run.id})
 
     async def start(self, provider_name: str, request: SubagentRequest, *, cancel: CancelToken | None = None) -> SubagentRun:
         rt = self._rt
@@ -216,6 +248,7 @@ class OneShotRuns:
         state = _RunState(children=None)
         run = SubagentRun(self, child_id, rt.ids.new(), state)
         self._runs[child_id] = run
+        self._control.watch(child_id, lambda record: self._apply_control(run, record))
         rt.agents.add_child(child_id, depth=placement.depth, sandbox=placement.sandbox, parent=placement.parent_id)
         info = {"run_id": run.run_id, "provider": provider.name, "id": child_id, "local": True}
         rt.events.emit("subagent/start", info)
@@ -308,6 +341,7 @@ class OneShotRuns:
                     except FencedError:
                         log.warning("lease of %s was taken over before release", spec.session_id, extra=fields)
                 rt.agents.remove(spec.session_id)
+                self._control.unwatch(spec.session_id)
         state.result = result
         state.done.set()
         rt.events.emit("subagent/end", {**info, "stop_reason": result.stop_reason, "last_assistant_message": result.output or None})

@@ -2,7 +2,8 @@
 
 Each method names the collaborator that does the work: the provider
 ``registry``, the worker ``pool``, one-shot ``runs``, the continuable
-children (``continuation``), the ``lease keeper``, and the store's catalog.
+children (``continuation``), ``interrupts`` (routed to whoever runs the
+turn), the ``lease keeper``, and the store's catalog.
 The collaborators are built from one frozen ``Runtime`` (``runtime.py``),
 never from the ``Supervisor``; each turn's RPC handler too (``_turn_rpc``).
 State lives on the instance (no module globals), so several supervisors may
@@ -53,8 +54,9 @@ from .backend import Pool, PoolStatistics
 from .continuable import ContinuationManager
 from .errors import SupervisorClosedError, UnauthorizedError, WaitTimeoutError
 from .events import EventBus
+from .interrupts import Interrupts
 from .lease_keeper import LeaseKeeper
-from .models import AgentRef, AncestorAuthority, ContinuableSpec, Provider, SubagentRequest, UserAuthority
+from .models import AgentRef, AncestorAuthority, ContinuableSpec, InterruptResult, Provider, SubagentRequest, UserAuthority
 from .creator import CreatorStatistics
 from .oneshot import CancelToken, OneShotRuns, SubagentRun
 from .pool import WorkerPool
@@ -121,6 +123,7 @@ class Supervisor:
         )
         self.runs = OneShotRuns(self.runtime, rpc_for=self._turn_rpc)
         self.continuation = ContinuationManager(self.runtime, rpc_for=self._turn_rpc)
+        self.interrupts = Interrupts(self.runtime, self.runs, self.continuation)
         self._root_epochs: dict[str, int] = {}
         self._closed = False
 
@@ -142,6 +145,7 @@ class Supervisor:
                 sup.lease_keeper.start()
                 tg.start_soon(sup.lease_keeper.run)
                 tg.start_soon(sup.continuation.watch_store, cfg.control_poll_s)
+                tg.start_soon(sup.runs.watch_control, cfg.control_poll_s)
                 try:
                     await sup.pool.start(tg)
                     try:
@@ -260,13 +264,21 @@ class Supervisor:
         self._check_open()
         return await self.continuation.followup(parent, child_id, content, source=source)
 
-    async def interrupt(self, child_id: str, *, authority: UserAuthority | AncestorAuthority) -> None:
-        """Cancel the child's current turn only (queued messages and its children are kept).
+    async def interrupt(
+        self, child_id: str, *, authority: UserAuthority | AncestorAuthority, wait_s: float = 0.0,
+    ) -> InterruptResult:
+        """Cancel the child's current turn only (queued messages and its children are kept); says what happened.
 
-        With a ``UserAuthority`` it works from any process: a child active in another
-        supervisor gets a durable control record that its supervisor carries out.
+        With a ``UserAuthority`` it reaches a running turn of any child on the
+        store, one-shot or continuable: one held here is stopped here; one that a
+        live other supervisor holds gets a durable control record that
+        supervisor carries out. ``wait_s`` bounds how long to wait for that
+        supervisor to confirm (the child's log shows the turn ended): the answer
+        is then ``cancelled``, else ``requested``. ``no_turn_running`` says why
+        nothing was stopped. An ``AncestorAuthority`` reaches continuable
+        activations held here only (as a turn's ``ctx.interrupt`` does).
         """
-        await self.continuation.interrupt_anywhere(child_id, authority)
+        return await self.interrupts.interrupt(child_id, authority, wait_s=wait_s)
 
     async def send(self, child_id: str, content: Any, *, parent: AgentRef | str, source: dict[str, Any] | None = None) -> str:
         """Host-user continuation from any process: the next FIFO turn for a child of root ``parent``.

@@ -5,7 +5,10 @@ process is reached through the store (its durable mailbox or its control
 file), never by signalling that process; a child nobody hosts is
 cold-resumed here by ``send`` and hosted until it settles (closing earlier
 would cancel its turn). ``send`` and ``drain`` wait under ``--wait-s`` and
-answer ``TIMEOUT`` past it.
+answer ``TIMEOUT`` past it. ``interrupt`` says what it did: the turn it
+cancelled (exit 0), the request it left for the supervisor holding the child
+when that did not confirm within ``--wait-s`` (exit 0), or that no turn was
+running (exit ``EXIT_NO_TURN``).
 """
 
 from __future__ import annotations
@@ -20,18 +23,20 @@ from subagents.store import MailboxMessage, Store, list_descendants, read_lease,
 from ..config import SupervisorConfig
 from ..config_loader import DeploymentConfig
 from ..errors import WaitTimeoutError
-from ..models import UserAuthority
+from ..models import InterruptResult, UserAuthority
 from ..service import Supervisor
 from . import render
 from .invocation import Invocation
 from .parser import Verbs, positive_float
 
-__all__ = ["register", "CONTROL_POLL_S", "WAIT_S"]
+__all__ = ["register", "CONTROL_POLL_S", "WAIT_S", "INTERRUPT_WAIT_S", "EXIT_NO_TURN"]
 
 # `send` and `drain` wait on other processes through the store (a lease read per child per poll);
 # `send` also wakes at once on its own child's end event, so this bounds only the cross-process case
 CONTROL_POLL_S = 0.05
 WAIT_S = 60.0  # how long `send` (a child it resumed) and `drain` wait for children to settle
+INTERRUPT_WAIT_S = 10.0  # how long `interrupt` waits for the supervisor holding the child to confirm the turn ended
+EXIT_NO_TURN = 3  # `interrupt` found no turn running (settled, idle, no live holder)
 
 
 def register(verbs: Verbs) -> None:
@@ -43,10 +48,14 @@ def register(verbs: Verbs) -> None:
     send.add_argument("--wait-s", type=positive_float, default=WAIT_S,
                       help=f"when CHILD was resumed here: how long to wait for it to settle (default {WAIT_S:.0f})")
 
-    interrupt = verbs.add("interrupt", cmd_interrupt, "cancel CHILD's current turn (its queued messages and children are kept)", json=False,
+    interrupt = verbs.add("interrupt", cmd_interrupt,
+                          "cancel CHILD's current turn, one-shot or continuable, whichever process runs it (its queued messages "
+                          f"and children are kept); exit {EXIT_NO_TURN} when no turn was running",
                           example="subagents interrupt 01M8MW1K3J5T0000000000000B --parent 01M8MVY0PZ9RKY15DPNHER70WX")
     interrupt.add_argument("child", metavar="CHILD", help="the child whose current turn to cancel")
-    interrupt.add_argument("--parent", required=True, metavar="ROOT", help="the root session CHILD belongs to")
+    interrupt.add_argument("--parent", required=True, metavar="ROOT", help="the session CHILD's header names as its parent")
+    interrupt.add_argument("--wait-s", type=positive_float, default=INTERRUPT_WAIT_S,
+                           help=f"when another process runs CHILD: how long to wait for it to confirm the turn ended (default {INTERRUPT_WAIT_S:.0f})")
 
     drain = verbs.add("drain", cmd_drain, "tear down every continuable descendant of ROOT, whichever process hosts it",
                       example="subagents drain 01M8MVY0PZ9RKY15DPNHER70WX --wait-s 30")
@@ -139,17 +148,18 @@ async def _send(config: DeploymentConfig, child: str, message: str, parent: str,
 
 
 def cmd_interrupt(inv: Invocation) -> int:
+    args = inv.args
     store = inv.open_store(write=True)
-    inv.args.child = inv.session(store, inv.args.child).id
-    inv.args.parent = inv.session(store, inv.args.parent).id
-    anyio.run(_interrupt, inv.config, inv.args.child, inv.args.parent)
-    render.render_interrupt(inv.out, {"child": inv.args.child})
-    return 0
+    child = inv.session(store, args.child).id  # INVALID_SESSION_ID / SESSION_NOT_FOUND before any supervisor starts
+    parent = inv.session(store, args.parent).id
+    result = anyio.run(_interrupt, inv.config, child, parent, args.wait_s)
+    inv.emit(result.model_dump(), render.render_interrupt)
+    return EXIT_NO_TURN if result.outcome == "no_turn_running" else 0
 
 
-async def _interrupt(config: DeploymentConfig, child: str, parent: str) -> None:
+async def _interrupt(config: DeploymentConfig, child: str, parent: str, wait_s: float) -> InterruptResult:
     async with Supervisor.open(store=config.store.path, config=_control_config(config)) as sup:
-        await sup.interrupt(child, authority=UserAuthority(parent_session=parent))
+        return await sup.interrupt(child, authority=UserAuthority(parent_session=parent), wait_s=wait_s)
 
 
 def cmd_drain(inv: Invocation) -> int:

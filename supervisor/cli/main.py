@@ -2,6 +2,7 @@
 
 Exit codes: 0 success; 1 the command ran but found a failure (a run, or a
 turn ``send`` hosted, that did not complete; a corrupt session in ``fsck``);
+3 ``interrupt`` found no turn running (``control.EXIT_NO_TURN``);
 2 an error: one line ``error: <CODE>: <message>`` on stderr (``TIMEOUT`` when
 ``send`` or ``drain`` waited past ``--wait-s``; ``OS_ERROR`` for a failure of
 the system outside the store; ``INTERNAL``, with a traceback, only for a bug);

@@ -402,7 +402,18 @@ def render_settled(out: Output, doc: dict[str, Any]) -> None:
 
 
 def render_interrupt(out: Output, doc: dict[str, Any]) -> None:
-    out.line(f"interrupt requested for agent {doc['child']}")
+    """One line saying what ``interrupt`` did (an ``InterruptResult``): never success for a no-op."""
+    child = doc["child_id"]
+    turn = f"turn {doc['turn']}" if doc.get("turn") is not None else "the turn"
+    message = f" (message {doc['message_id']})" if doc.get("message_id") else ""
+    host = f" in supervisor {doc['host']}" + (f" (pid {doc['host_pid']})" if doc.get("host_pid") is not None else "") if doc.get("host") else ""
+    if doc["outcome"] == "cancelled":
+        before = " before a worker took it" if doc.get("turn") is None else ""
+        out.line(f"cancelled {turn} of agent {child}{host}{message}{before}")
+    elif doc["outcome"] == "requested":
+        out.line(f"interrupt of {turn} of agent {child} delivered{host.replace(' in ', ' to ', 1)}{message}; {doc['detail']}")
+    else:
+        out.line(f"no turn running for agent {child}: {doc['detail']}")
 
 
 def render_drain(out: Output, doc: dict[str, Any]) -> None:

@@ -66,11 +66,13 @@ class ContinuationManager:
 
     # -- stopping (teardown) -------------------------------------------------------------------
 
-    def interrupt(self, target_id: str, authority: UserAuthority | AncestorAuthority) -> None:
-        self._teardown.interrupt(target_id, authority)
+    def interrupt(self, target_id: str, authority: UserAuthority | AncestorAuthority) -> bool:
+        """Stop the current turn of an activation resident here; whether there was one (``Teardown.interrupt``)."""
+        return self._teardown.interrupt(target_id, authority)
 
-    async def interrupt_anywhere(self, target_id: str, authority: UserAuthority | AncestorAuthority) -> None:
-        await self._teardown.interrupt_anywhere(target_id, authority)
+    def hosts(self, child_id: str) -> bool:
+        """Whether the child has an activation resident in this supervisor."""
+        return child_id in self._table
 
     async def drain(self, parents: Iterable[AgentRef | str]) -> None:
         await self._teardown.drain([_id(p) for p in parents])

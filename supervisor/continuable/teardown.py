@@ -28,7 +28,7 @@ from subagents.store.errors import FencedError, SubagentError
 from ..errors import UnauthorizedError
 from ..models import AncestorAuthority, UserAuthority
 from ..runtime import Runtime
-from .activation import Activation, ActivationTable, Lifecycle, log_fields
+from .activation import Activation, ActivationTable, LeaseState, Lifecycle, log_fields
 from .admission import Admission
 from .delivery import Delivery
 from .settlement import bounded_line, epoch_stop_reason, settlement_text
@@ -47,8 +47,13 @@ class Teardown:
 
     # -- interrupt ---------------------------------------------------------------------
 
-    def interrupt(self, target_id: str, authority: UserAuthority | AncestorAuthority) -> None:
-        """Cancel the target's current turn; an unknown or inactive target is a no-op."""
+    def interrupt(self, target_id: str, authority: UserAuthority | AncestorAuthority) -> bool:
+        """Cancel the target's current turn; an unknown or inactive target is a no-op.
+
+        Returns whether a turn is being stopped: one in flight, or one about to be
+        dispatched for a message accepted before now. An idle activation, or one
+        with nothing left to run, has no turn to stop.
+        """
         if isinstance(authority, AncestorAuthority):
             caller = authority.agent_id
             if not self._table.is_live(caller):
@@ -57,7 +62,7 @@ class Teardown:
                 raise UnauthorizedError.self_interrupt(target_id)
             act = self._table.get(target_id)
             if act is None or act.disposing:
-                return
+                return False
             if caller not in act.identity.ancestry:
                 raise UnauthorizedError.not_descendant(target_id, caller)
             reason = "parent"
@@ -65,41 +70,23 @@ class Teardown:
             try:
                 header = read_header(self._rt.store, target_id)
             except SubagentError:
-                return  # unknown target: no-op
+                return False  # unknown target: no-op
             if header.parent_session != authority.parent_session:
                 raise UnauthorizedError.other_parent(target_id)
             act = self._table.get(target_id)
             if act is None or act.disposing:
-                return
+                return False
             reason = "user"
-        self._stop_turn(act, reason, time.time())
+        return self._stop_turn(act, reason, time.time())
 
-    def _stop_turn(self, act: Activation, reason: str, asked_at: float) -> None:
+    def _stop_turn(self, act: Activation, reason: str, asked_at: float) -> bool:
         if act.ticket is not None:
             self._rt.pool.cancel(act.ticket, reason)
-        else:
-            # no turn in flight yet: the current turn is the next one, if its message was accepted
-            # before the request (mailbox ``ts``, same host clock; a later message is not stopped)
-            act.stop_before = (reason, asked_at)
-
-    async def interrupt_anywhere(self, target_id: str, authority: UserAuthority | AncestorAuthority) -> None:
-        """``interrupt``, and for a user authority over a child active in another supervisor,
-        a durable control record that supervisor carries out."""
-        if isinstance(authority, UserAuthority) and target_id not in self._table:
-            store = self._rt.store
-            try:
-                header = await anyio.to_thread.run_sync(read_header, store, target_id)
-            except SubagentError:
-                return  # unknown target: no-op
-            if header.parent_session != authority.parent_session:
-                raise UnauthorizedError.other_parent(target_id)
-            if await anyio.to_thread.run_sync(self._delivery.held_elsewhere, target_id):
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(
-                        lambda: control_request(store, target_id, "interrupt", {"reason": "user"}, ids=self._rt.ids)
-                    )
-            return
-        self.interrupt(target_id, authority)
+            return True
+        # no turn in flight yet: the current turn is the next one, if its message was accepted
+        # before the request (mailbox ``ts``, same host clock; a later message is not stopped)
+        act.stop_before = (reason, asked_at)
+        return act.lease_state is LeaseState.RUNNING and self._has_waking_pending(act)
 
     def apply_control(self, act: Activation, record: ControlRecord) -> None:
         """A control record another process wrote for a hosted child (the store watcher calls this)."""

@@ -80,7 +80,8 @@ async def test_send_and_interrupt_reach_the_supervisor_hosting_the_child(host) -
 
         message_id = await sup.send(child, json.dumps({"script": [{"return": "from afar"}]}), parent=root)
         assert message_id in [m.id for m in read_mailbox(sup.store, child)]  # durable before the ack
-        await sup.interrupt(child, authority=UserAuthority(parent_session=root))
+        asked = await sup.interrupt(child, authority=UserAuthority(parent_session=root))  # no wait: delivered, not confirmed
+        assert (asked.outcome, asked.host, asked.turn, asked.detail) == ("requested", host_owner, 1, "not waited for")
         assert [r.kind for r in read_controls(sup.store, child)] == ["interrupt"]
 
         def ran() -> bool:

@@ -51,26 +51,28 @@ async def test_user_authority_must_name_the_recorded_parent(tmp_path):
 async def test_interrupting_an_unknown_or_inactive_target_is_a_no_op(tmp_path):
     async with continuable_supervisor(tmp_path) as sup:
         root = await sup.open_root()
-        assert await sup.interrupt(UNKNOWN, authority=UserAuthority(root.id)) is None
-        assert await sup.interrupt(UNKNOWN, authority=AncestorAuthority(root)) is None
+        assert (await sup.interrupt(UNKNOWN, authority=UserAuthority(root.id))).outcome == "no_turn_running"
+        assert (await sup.interrupt(UNKNOWN, authority=AncestorAuthority(root))).outcome == "no_turn_running"
         child_id, _ = await start(sup, root, S({"return": "done"}))
         await settled(sup, root, child_id)
-        await sup.interrupt(child_id, authority=UserAuthority(root.id))  # settled: nothing to stop
-        await sup.interrupt(child_id, authority=AncestorAuthority(root))
+        for authority in (UserAuthority(root.id), AncestorAuthority(root)):  # settled: nothing to stop
+            assert (await sup.interrupt(child_id, authority=authority)).outcome == "no_turn_running"
         assert turn_ends(sup.store, child_id) == ["completed"]
         assert sup.continuation.activations == {}
 
 
-async def test_interrupt_does_not_reach_a_one_shot_child(tmp_path):
-    """A one-shot child has no activation: an interrupt is a no-op; its holder disposes it instead."""
+async def test_a_user_interrupt_reaches_a_one_shot_child_and_an_ancestor_interrupt_does_not(tmp_path):
+    """A one-shot child has no activation: an ancestor interrupt (the model's tool) is a no-op, as in the
+    reference; the host user's interrupt stops its turn (issue #13), which ends aborted by the user."""
     async with continuable_supervisor(tmp_path) as sup:
         root = await sup.open_root()
         run = await sup.start("script", SubagentRequest(parent=root, prompt=S({"say": "awake"}, {"sleep": 60_000})))
         await wait_until(lambda: said(sup.store, run.id) == ["awake"], what="the one-shot child to start")
-        await sup.interrupt(run.id, authority=UserAuthority(root.id))
-        assert not run.done
-        await run.dispose()
+        assert (await sup.interrupt(run.id, authority=AncestorAuthority(root))).outcome == "no_turn_running"
+        assert (await sup.interrupt(run.id, authority=UserAuthority(root.id))).outcome == "cancelled"
         assert (await run.result()).stop_reason == "aborted"
+        assert turn_ends(sup.store, run.id) == ["aborted"]
+        await run.dispose()
 
 
 async def test_ancestor_authority_rules(tmp_path):

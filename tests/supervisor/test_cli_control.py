@@ -127,7 +127,8 @@ def test_send_to_a_hosted_child_returns_once_durable_and_interrupt_lets_it_run(h
     assert doc["message_id"] in [m.id for m in read_mailbox(Store(store_path, create=False), child)]
     assert stop_reasons(store_path, child) == []  # still in its first turn: nothing waited for it
 
-    assert ok(store_path, "interrupt", child, "--parent", root) == f"interrupt requested for agent {child}\n"
+    said = ok(store_path, "interrupt", child, "--parent", root)
+    assert said.startswith(f"cancelled turn 1 of agent {child} in supervisor {ids['owner']} (pid {_proc.pid}) (message "), said
     until(lambda: stop_reasons(store_path, child) == ["aborted", "completed"])
     accepted = [e["data"]["message_id"] for e in events(store_path, child) if e["type"] == "message/accepted"]
     assert accepted[-1] == doc["message_id"]

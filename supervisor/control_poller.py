@@ -1,0 +1,86 @@
+"""The control files of the one-shot runs a supervisor hosts: polled, each new request applied.
+
+Another process (the CLI, another supervisor) cannot reach a one-shot turn
+this supervisor runs except through the store: it appends an ``interrupt``
+record to the child's control file (``store/control.py``). ``OneShotRuns``
+registers each run here when it is published and removes it when the run
+is done; every ``poll_s`` the poller compares each registered file's size
+with what it last saw (one ``stat`` per running child) and hands records it
+has not applied yet to that run's callback.
+
+A one-shot child has one turn, so every record its control file holds is
+about that turn: nothing is skipped as older. Each child is an isolation
+boundary: a file that cannot be read is logged and skipped until it changes.
+The continuable children have their own watcher (``continuable/watcher.py``),
+which also watches their mailboxes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import anyio
+
+from subagents.store import Store
+from subagents.store.control import ControlRecord, read_controls
+
+__all__ = ["ControlPoller", "ApplyRecord"]
+
+log = logging.getLogger(__name__)
+
+ApplyRecord = Callable[[ControlRecord], None]
+
+
+@dataclass
+class _Watched:
+    apply: ApplyRecord
+    size: int = 0  # the control file's size when last read (0: missing)
+    seq: int = -1  # the last record handed to ``apply``
+
+
+class ControlPoller:
+    """Owns which sessions are watched and how far each was read; written only by its methods."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._watched: dict[str, _Watched] = {}
+
+    def watch(self, session_id: str, apply: ApplyRecord) -> None:
+        """Apply every record of ``session_id``'s control file from now on (those already there too)."""
+        self._watched[session_id] = _Watched(apply)
+
+    def unwatch(self, session_id: str) -> None:
+        self._watched.pop(session_id, None)
+
+    def __contains__(self, session_id: str) -> bool:
+        return session_id in self._watched
+
+    async def run(self, poll_s: float) -> None:
+        """Poll until cancelled."""
+        while True:
+            await anyio.sleep(poll_s)
+            self.poll()
+
+    def poll(self) -> None:
+        for session_id, watched in list(self._watched.items()):
+            try:
+                self._poll_one(session_id, watched)
+            except Exception:  # isolation boundary: one child's damaged files never end the supervisor
+                log.warning("the control file of %s could not be read; skipped until it changes", session_id, exc_info=True,
+                            extra={"child": session_id})
+
+    def _poll_one(self, session_id: str, watched: _Watched) -> None:
+        try:
+            size = os.stat(self._store.path(session_id, "control")).st_size
+        except OSError:  # missing (nobody asked), or damage in its place: nothing to see until it changes
+            size = 0
+        if size == watched.size:
+            return
+        watched.size = size  # first: a file that fails to parse is not re-read until it changes
+        for record in read_controls(self._store, session_id, after_seq=watched.seq):
+            watched.seq = record.seq
+            if self._watched.get(session_id) is watched:  # a record may end the run (and its watch)
+                watched.apply(record)

@@ -1,0 +1,226 @@
+"""``Interrupts``: one interrupt routed to whoever runs the target's turn, and what came of it.
+
+A user interrupt (``UserAuthority``: the target's recorded parent) reaches
+every running turn on the store. A one-shot run or a continuable activation
+held by this supervisor is stopped here (``OneShotRuns.interrupt``,
+``ContinuationManager.interrupt``). A child whose lease a live other
+supervisor holds gets a durable ``interrupt`` control record, which that
+supervisor's pollers carry out; the caller may wait, bounded, until the
+child's log shows the turn ended. An ancestor interrupt (a turn's
+``ctx.interrupt``) keeps the reference rule: it reaches continuable
+activations resident here only, and a miss is a no-op.
+
+The answer is an ``InterruptResult``: ``cancelled``, ``requested`` or
+``no_turn_running`` with the reason. Not guaranteed: a turn may end on its
+own between the read and the cancel (then the log, not this answer, says
+how it ended); another host's confirmation is what its log shows within the
+wait, nothing more. Built by the ``Supervisor``; called by
+``Supervisor.interrupt``. Never writes anything but the control record.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from subagents.store import (
+    Projection,
+    SessionHeader,
+    SessionNotFoundError,
+    outcome_of,
+    read_from,
+    read_header,
+    read_lease,
+    read_owner,
+    read_projection,
+    owner_alive,
+    validate_session_id,
+)
+from subagents.store.control import request as control_request
+from subagents.store.errors import SubagentError
+
+from .continuable import ContinuationManager
+from .errors import UnauthorizedError
+from .models import AncestorAuthority, InterruptResult, UserAuthority
+from .oneshot import OneShotRuns
+from .runtime import Runtime
+
+__all__ = ["Interrupts", "CONFIRM_POLL_S"]
+
+CONFIRM_POLL_S = 0.02  # how often a wait for another host's confirmation reads the child's log and lease
+
+
+@dataclass(frozen=True)
+class _Turn:
+    """The turn open in a child's log: its number (1: the first) and the message it runs."""
+
+    number: int | None = None
+    message_id: str | None = None
+
+
+@dataclass(frozen=True)
+class _Holder:
+    """Who holds a child's lease, as read once."""
+
+    owner: str
+    epoch: int
+    state: str
+    pid: int | None
+
+
+class Interrupts:
+    def __init__(self, rt: Runtime, runs: OneShotRuns, continuation: ContinuationManager) -> None:
+        self._rt = rt
+        self._runs = runs
+        self._continuation = continuation
+
+    async def interrupt(self, target_id: str, authority: UserAuthority | AncestorAuthority, *, wait_s: float = 0.0) -> InterruptResult:
+        if isinstance(authority, AncestorAuthority):
+            if self._continuation.interrupt(target_id, authority):
+                return await self._cancelled_here(target_id)
+            return _nothing(target_id, "it has no turn running as a continuable child of this supervisor")
+        header = await anyio.to_thread.run_sync(self._header, target_id)
+        if header is None:
+            return _nothing(target_id, "there is no session with this id")
+        if header.parent_session != authority.parent_session:
+            raise UnauthorizedError.other_parent(target_id)
+        if target_id in self._runs.runs:
+            turn = await anyio.to_thread.run_sync(self._open_turn, target_id)
+            if self._runs.interrupt(target_id):
+                return _cancelled(target_id, turn)
+            return _nothing(target_id, "its one-shot turn has ended, or is already being stopped")
+        if self._continuation.hosts(target_id):
+            turn = await anyio.to_thread.run_sync(self._open_turn, target_id)
+            if self._continuation.interrupt(target_id, authority):
+                return _cancelled(target_id, turn)
+            return _nothing(target_id, "it is idle in this supervisor: no turn is running or queued")
+        return await self._elsewhere(target_id, wait_s)
+
+    # -- held here -------------------------------------------------------------------------
+
+    async def _cancelled_here(self, target_id: str) -> InterruptResult:
+        return _cancelled(target_id, await anyio.to_thread.run_sync(self._open_turn, target_id))
+
+    def _header(self, target_id: str) -> SessionHeader | None:
+        """The target's header; None for a well-formed id with no session (a malformed one raises ``INVALID_SESSION_ID``)."""
+        try:
+            return read_header(self._rt.store, validate_session_id(target_id))
+        except SessionNotFoundError:
+            return None
+
+    def _open_turn(self, target_id: str) -> _Turn:
+        try:
+            projection = read_projection(self._rt.store, target_id)
+            return _open_turn_of(self._rt.store, target_id, projection)
+        except SubagentError:
+            return _Turn()  # the answer names the turn when it can; the interrupt does not depend on it
+
+    # -- held by another supervisor ----------------------------------------------------------
+
+    def _holder(self, target_id: str) -> _Holder | None:
+        """The live other supervisor that holds the child's lease, if one does."""
+        lease = read_lease(self._rt.store, target_id)
+        if lease is None or lease.state == "released" or lease.owner == self._rt.owner_id:
+            return None
+        owner = read_owner(self._rt.store, lease.owner)
+        if not owner_alive(owner):
+            return None
+        return _Holder(lease.owner, lease.epoch, lease.state, owner.pid if owner is not None else None)
+
+    async def _elsewhere(self, target_id: str, wait_s: float) -> InterruptResult:
+        store = self._rt.store
+
+        def ask() -> tuple[_Holder | None, Projection]:
+            holder = self._holder(target_id)
+            projection = read_projection(store, target_id)
+            if holder is not None and holder.state != "idle":
+                control_request(store, target_id, "interrupt", {"reason": "user"}, ids=self._rt.ids)
+            return holder, projection
+
+        with anyio.CancelScope(shield=True):  # an acknowledged request is durable: never cut between write and answer
+            holder, before = await anyio.to_thread.run_sync(ask)
+        if holder is None:
+            return _nothing(target_id, _why_unheld(before))
+        if holder.state == "idle":
+            return _nothing(target_id, f"it is idle in supervisor {holder.owner}{_pid(holder)}: it waits on its own children",
+                            host=holder.owner, host_pid=holder.pid)
+        turn = await anyio.to_thread.run_sync(_open_turn_of, store, target_id, before)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            await anyio.sleep(CONFIRM_POLL_S)
+            seen = await anyio.to_thread.run_sync(self._after, target_id, before, holder)
+            if seen is not None:
+                return _confirmed(target_id, turn, holder, seen)
+        return InterruptResult(
+            outcome="requested", child_id=target_id, turn=turn.number, message_id=turn.message_id, host=holder.owner, host_pid=holder.pid,
+            detail=f"its log showed no end of the turn within {wait_s:g} s" if wait_s > 0 else "not waited for",
+        )
+
+    def _after(self, target_id: str, before: Projection, holder: _Holder) -> dict[str, Any] | None:
+        """What ended the turn since ``before``: its ``turn/end`` or ``message/discarded`` record,
+        ``{"released": ...}`` when the holder let the child go without either; None: nothing yet."""
+        store = self._rt.store
+        now = read_projection(store, target_id)
+        if (now.turns, now.discarded) != (before.turns, before.discarded):
+            for event in read_from(store, target_id, before.seq + 1):
+                if event["type"] in ("turn/end", "message/discarded"):
+                    return event
+        lease = read_lease(store, target_id)
+        if lease is None or lease.state == "released" or (lease.owner, lease.epoch) != (holder.owner, holder.epoch):
+            return {"type": "released", "data": {}, "one_shot": getattr(now.identity, "mode", None) == "one-shot"}
+        return None
+
+
+# -- answers -------------------------------------------------------------------------------------
+
+
+def _open_turn_of(store: Any, target_id: str, projection: Projection) -> _Turn:
+    if projection.open_turn is None:
+        return _Turn()
+    start = next((e for e in read_from(store, target_id, projection.open_turn) if e["type"] == "turn/start"), None)
+    message_id = (start or {}).get("data", {}).get("message_id")
+    return _Turn(projection.turns + 1, message_id if isinstance(message_id, str) else None)
+
+
+def _pid(holder: _Holder) -> str:
+    return f" (pid {holder.pid})" if holder.pid is not None else ""
+
+
+def _cancelled(target_id: str, turn: _Turn) -> InterruptResult:
+    detail = "stopped here" if turn.number is not None else "stopped here before a worker took it"
+    return InterruptResult(outcome="cancelled", child_id=target_id, turn=turn.number, message_id=turn.message_id, detail=detail)
+
+
+def _nothing(target_id: str, detail: str, **fields: Any) -> InterruptResult:
+    return InterruptResult(outcome="no_turn_running", child_id=target_id, detail=detail, **fields)
+
+
+def _why_unheld(projection: Projection) -> str:
+    verdict = outcome_of(projection, held=False)
+    if verdict.outcome is None:
+        return "no live supervisor holds it, and no turn of it has run"
+    if verdict.outcome == "crashed":
+        return "no live supervisor holds it: its host stopped mid-turn"
+    return f"no live supervisor holds it; its last turn ended {verdict.outcome}"
+
+
+def _confirmed(target_id: str, turn: _Turn, holder: _Holder, seen: dict[str, Any]) -> InterruptResult:
+    """The answer once the holder's log (or lease) moved after the request."""
+    host = {"host": holder.owner, "host_pid": holder.pid}
+    by = f"by supervisor {holder.owner}{_pid(holder)}"
+    if seen["type"] == "message/discarded":
+        return InterruptResult(outcome="cancelled", child_id=target_id, detail=f"stopped {by} before a worker took it", **host)
+    if seen["type"] == "released":
+        if seen["one_shot"]:  # a one-shot run stopped while queued for a worker logs no turn
+            return InterruptResult(outcome="cancelled", child_id=target_id, detail=f"stopped {by} before a worker took it", **host)
+        return _nothing(target_id, f"supervisor {holder.owner} let it go before any turn of it ended", **host)
+    data = seen.get("data") or {}
+    reason, cause = data.get("stop_reason"), data.get("cause")
+    if reason == "aborted" and cause == "user":
+        return InterruptResult(outcome="cancelled", child_id=target_id, turn=turn.number, message_id=turn.message_id,
+                               stop_reason=reason, detail=f"stopped {by}", **host)
+    return _nothing(target_id, f"its turn ended {reason} before the interrupt reached it", stop_reason=reason, turn=turn.number,
+                    message_id=turn.message_id, **host)

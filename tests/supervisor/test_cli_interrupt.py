@@ -1,0 +1,177 @@
+"""``subagents interrupt`` through the real CLI: it reaches a one-shot turn another process hosts, and says what happened (issue #13).
+
+The host is a ``subagents run`` in a subprocess, as in another terminal: its
+one-shot child sleeps 60 s. A second ``subagents`` process interrupts it;
+the host's supervisor polls the child's control file and cancels the turn.
+Every wait polls the store under a deadline; every subprocess has one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from subagents.store import Store, SubagentError, inspect, read_header
+
+REPO = str(Path(__file__).resolve().parents[2])
+DEADLINE_S = 60.0
+SLEEP_MS = 60_000
+EXIT_NO_TURN = 3
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SUBAGENTS_")}
+    env.update(PYTHONPATH=REPO, SUBAGENTS_DURABILITY="none", SUBAGENTS_POOL_SIZE="1", SUBAGENTS_CONTROL_POLL_S="0.02")
+    return env
+
+
+def cli(store_path: str, *args: str) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run([sys.executable, "-m", "subagents.supervisor.cli", "--store", store_path, *args], cwd=REPO, env=_env(),
+                              capture_output=True, text=True, timeout=DEADLINE_S)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"subagents {' '.join(args)} hung; stdout={exc.stdout!r} stderr={exc.stderr!r}")
+
+
+def until(predicate, timeout_s: float = DEADLINE_S):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout_s} s")
+        time.sleep(0.02)
+
+
+def events(store_path: str, session_id: str) -> list[dict]:
+    return inspect(Store(store_path, create=False), session_id).events
+
+
+def running_child(store_path: str) -> tuple[str, str] | None:
+    """(root, child) once the store holds a child whose turn has started."""
+    try:
+        st = Store(store_path, create=False)
+    except SubagentError:  # `run` is still making the store
+        return None
+    for session_id in st.session_ids():
+        try:
+            parent = read_header(st, session_id).parent_session
+        except Exception:  # a session being created: its header is not there yet
+            continue
+        if parent is not None and any(e["type"] == "turn/start" for e in events(store_path, session_id)):
+            return parent, session_id
+    return None
+
+
+@pytest.fixture
+def one_shot_host(tmp_path: Path):
+    """(store path, root, child, the `subagents run` process, when its turn was seen running)."""
+    store_path = str(tmp_path / "st")
+    prompt = '{"script": [{"say": "awake"}, {"sleep": %d}]}' % SLEEP_MS
+    proc = subprocess.Popen([sys.executable, "-m", "subagents.supervisor.cli", "--store", store_path, "run", "script", "--prompt", prompt],
+                            cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        root, child = until(lambda: running_child(store_path) if proc.poll() is None else pytest.fail(proc.communicate()))
+        yield store_path, root, child, proc, time.monotonic()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=DEADLINE_S)
+
+
+def test_interrupting_a_one_shot_child_another_process_hosts(one_shot_host) -> None:
+    """The child ends aborted by the user well before its 60 s sleep; the CLI names the turn and exits 0; the run reports it."""
+    store_path, root, child, proc, seen_at = one_shot_host
+    done = cli(store_path, "interrupt", child, "--parent", root)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert done.stdout.startswith(f"cancelled turn 1 of agent {child} in supervisor "), done.stdout
+    stdout, stderr = proc.communicate(timeout=DEADLINE_S)
+    assert time.monotonic() - seen_at < SLEEP_MS / 2000, "the turn ran on after the interrupt"
+    assert proc.returncode == 1, (stdout, stderr)  # `run` of a turn that did not complete
+    ends = [e["data"] for e in events(store_path, child) if e["type"] == "turn/end"]
+    assert [(e["stop_reason"], e.get("cause")) for e in ends] == [("aborted", "user")]
+
+    again = cli(store_path, "interrupt", child, "--parent", root)
+    assert again.returncode == EXIT_NO_TURN, (again.stdout, again.stderr)
+    assert again.stdout == f"no turn running for agent {child}: no live supervisor holds it; its last turn ended aborted\n"
+    assert again.stderr == ""
+
+
+BAD_TARGETS = [("01NOSUCHCHILD0000000000000", "SESSION_NOT_FOUND"), ("../../etc", "INVALID_SESSION_ID"), ("é", "INVALID_SESSION_ID"),
+               ("x" * 5000, "INVALID_SESSION_ID")]
+
+
+def test_refusals_leave_the_turn_running_and_json_says_what_happened(one_shot_host) -> None:
+    """Unknown and malformed ids are refused (exit 2, one short line) and touch nothing; then --json reports the cancel."""
+    store_path, root, child, proc, _ = one_shot_host
+    for target, code in BAD_TARGETS:
+        done = cli(store_path, "interrupt", target, "--parent", root)
+        assert done.returncode == 2 and done.stdout == "", (target[:20], done.returncode, done.stdout)
+        assert done.stderr.startswith(f"error: {code}: ") and len(done.stderr) < 300, done.stderr
+    assert not any(e["type"] == "turn/end" for e in events(store_path, child))
+
+    done = cli(store_path, "interrupt", child, "--parent", root, "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert (doc["outcome"], doc["child_id"], doc["turn"], doc["stop_reason"]) == ("cancelled", child, 1, "aborted")
+    assert doc["host"]
+    proc.communicate(timeout=DEADLINE_S)
+    done = cli(store_path, "interrupt", child, "--parent", root, "--json")
+    assert done.returncode == EXIT_NO_TURN and json.loads(done.stdout)["outcome"] == "no_turn_running"
+
+
+CONTINUABLE_HOST = textwrap.dedent(
+    """
+    import json, sys, anyio
+    from subagents.supervisor import *
+
+    async def main(store):
+        # a long lease: the test stops this process for a while and it must still count as live
+        cfg = SupervisorConfig(pool_size=1, durability="none", control_poll_s=0.02, lease_ttl_s=120)
+        async with Supervisor.open(store=store, config=cfg) as sup:
+            sup.register_provider(Provider(name="script", program="script", capabilities=Capabilities.all(), continuable=True))
+            root = await sup.open_root(label="host")
+            first = json.dumps({"script": [{"sleep": 60000}]})
+            child, message = await sup.start_continuable(ContinuableSpec(parent=root, provider="script", prompt=first, label="sleeper"))
+            print(json.dumps({"root": root.id, "child": child, "message": message, "owner": sup.statistics().owner_id}), flush=True)
+            await anyio.sleep(3600)
+
+    anyio.run(main, sys.argv[1])
+    """
+)
+
+
+def test_a_host_that_does_not_confirm_in_time_gets_a_request_it_carries_out_later(tmp_path: Path) -> None:
+    """With the host stopped (SIGSTOP), interrupt says the request was delivered and not confirmed (exit 0);
+    the host carries it out once it runs again."""
+    store_path = str(tmp_path / "st")
+    proc = subprocess.Popen([sys.executable, "-c", CONTINUABLE_HOST, store_path], stdout=subprocess.PIPE, text=True, env=_env(), cwd=REPO)
+    try:
+        ids = json.loads(proc.stdout.readline() or "null")  # type: ignore[union-attr]
+        assert ids, "the host supervisor did not start"
+        child = ids["child"]
+        until(lambda: any(e["type"] == "turn/start" for e in events(store_path, child)))
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            done = cli(store_path, "interrupt", child, "--parent", ids["root"], "--wait-s", "0.5")
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == (f"interrupt of turn 1 of agent {child} delivered to supervisor {ids['owner']} (pid {proc.pid}) "
+                               f"(message {ids['message']}); its log showed no end of the turn within 0.5 s\n")
+        until(lambda: [(e["data"]["stop_reason"], e["data"].get("cause")) for e in events(store_path, child) if e["type"] == "turn/end"])
+        ends = [(e["data"]["stop_reason"], e["data"].get("cause")) for e in events(store_path, child) if e["type"] == "turn/end"]
+        assert ends == [("aborted", "user")]
+    finally:
+        proc.kill()
+        proc.wait(10)
+        proc.stdout.close()  # type: ignore[union-attr]

@@ -1,0 +1,104 @@
+"""What ``Supervisor.interrupt`` did, as a value (issue #13): ``cancelled``, ``requested`` or ``no_turn_running``.
+
+A user interrupt reaches every running turn this supervisor hosts, one-shot
+or continuable, and says which turn it cancelled; an interrupt that finds
+nothing running says so instead of reporting success. Another process's
+children are reached through their control file: tests/multi/test_store_control.py
+and tests/supervisor/test_cli_interrupt.py.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from subagents import InterruptResult
+from subagents.supervisor import AncestorAuthority, SubagentRequest, UserAuthority
+
+from ..conftest import DEADLINE_S, events_of, said, wait_until
+from .test_continuable import S, continuable_supervisor, settled, start, turn_started
+
+pytestmark = pytest.mark.anyio
+
+UNKNOWN = "01UNKNOWNTARGET"
+
+
+def turn_end_of(st, session_id: str) -> dict:
+    ends = [e["data"] for e in events_of(st, session_id) if e["type"] == "turn/end"]
+    assert len(ends) == 1, ends
+    return ends[0]
+
+
+def first_message_id(st, session_id: str) -> str:
+    return next(e["data"]["message_id"] for e in events_of(st, session_id) if e["type"] == "turn/start")
+
+
+async def test_a_locally_hosted_one_shot_child_is_cancelled_by_a_user_interrupt(tmp_path):
+    """The one-shot turn ends aborted by the user long before its sleep would; the result names the turn."""
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        run = await sup.start("script", SubagentRequest(parent=root, prompt=S({"say": "awake"}, {"sleep": 60_000})))
+        await wait_until(lambda: said(sup.store, run.id) == ["awake"], what="the one-shot child to start")
+        began = time.monotonic()
+        result = await sup.interrupt(run.id, authority=UserAuthority(root.id))
+        assert isinstance(result, InterruptResult)
+        assert (result.outcome, result.child_id, result.turn) == ("cancelled", run.id, 1)
+        assert result.message_id == first_message_id(sup.store, run.id)
+        assert result.host is None  # here
+        assert (await run.result()).stop_reason == "aborted"
+        assert time.monotonic() - began < DEADLINE_S
+        end = turn_end_of(sup.store, run.id)
+        assert (end["stop_reason"], end.get("cause")) == ("aborted", "user")
+        await run.dispose()
+
+        again = await sup.interrupt(run.id, authority=UserAuthority(root.id))
+        assert again.outcome == "no_turn_running" and again.detail
+
+
+async def test_a_one_shot_child_keeps_the_reference_rule_for_ancestors(tmp_path):
+    """An ancestor interrupt reaches continuable activations only (the model-facing tool's rule): a no-op, said as such."""
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        run = await sup.start("script", SubagentRequest(parent=root, prompt=S({"say": "awake"}, {"sleep": 60_000})))
+        await wait_until(lambda: said(sup.store, run.id) == ["awake"], what="the one-shot child to start")
+        result = await sup.interrupt(run.id, authority=AncestorAuthority(root))
+        assert result.outcome == "no_turn_running"
+        assert not run.done
+        await run.dispose()
+
+
+async def test_a_wrong_parent_is_unauthorized_for_a_one_shot_child(tmp_path):
+    async with continuable_supervisor(tmp_path) as sup:
+        root, other = await sup.open_root(), await sup.open_root()
+        run = await sup.start("script", SubagentRequest(parent=root, prompt=S({"sleep": 60_000})))
+        with pytest.raises(Exception) as caught:
+            await sup.interrupt(run.id, authority=UserAuthority(other.id))
+        assert getattr(caught.value, "code", None) == "UNAUTHORIZED"
+        assert not run.done
+        await run.dispose()
+
+
+async def test_a_continuable_turn_cancelled_here_is_named(tmp_path):
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        child_id, message_id = await start(sup, root, S({"say": "awake"}, {"sleep": 60_000}))
+        await turn_started(sup, child_id)
+        result = await sup.interrupt(child_id, authority=UserAuthority(root.id))
+        assert (result.outcome, result.turn, result.message_id, result.host) == ("cancelled", 1, message_id, None)
+        await settled(sup, root, child_id)
+        end = turn_end_of(sup.store, child_id)
+        assert (end["stop_reason"], end.get("cause")) == ("aborted", "user")
+
+
+async def test_nothing_running_is_said(tmp_path):
+    """A settled child, an unknown id, and (for ancestors) an unknown target: ``no_turn_running`` with a reason."""
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        child_id, _ = await start(sup, root, S({"return": "done"}))
+        await settled(sup, root, child_id)
+        for target, authority in ((child_id, UserAuthority(root.id)), (child_id, AncestorAuthority(root)),
+                                  (UNKNOWN, UserAuthority(root.id)), (UNKNOWN, AncestorAuthority(root))):
+            result = await sup.interrupt(target, authority=authority)
+            assert (result.outcome, result.child_id, result.turn) == ("no_turn_running", target, None), result
+            assert result.detail
