@@ -26,6 +26,7 @@ SUPERVISOR_ALL = [
     "AncestorAuthority",
     "Capabilities",
     "ContinuableSpec",
+    "InterruptResult",
     "Provider",
     "RunBudget",
     "SubagentRequest",
