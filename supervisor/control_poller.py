@@ -5,8 +5,9 @@ this supervisor runs except through the store: it appends an ``interrupt``
 record to the child's control file (``store/control.py``). ``OneShotRuns``
 registers each run here when it is published and removes it when the run
 is done; every ``poll_s`` the poller compares each registered file's size
-with what it last saw (one ``stat`` per running child) and hands records it
-has not applied yet to that run's callback.
+with what it last saw (one ``stat`` per running child, off the event loop,
+none when no run is held) and hands records it has not applied yet to that
+run's callback, on the event loop.
 
 A one-shot child has one turn, so every record its control file holds is
 about that turn: nothing is skipped as older. Each child is an isolation
@@ -62,25 +63,41 @@ class ControlPoller:
         """Poll until cancelled."""
         while True:
             await anyio.sleep(poll_s)
-            self.poll()
+            if self._watched:
+                await self.poll()
 
-    def poll(self) -> None:
-        for session_id, watched in list(self._watched.items()):
+    async def poll(self) -> None:
+        """Read what changed in a thread; apply it here, on the event loop (callbacks touch the pool)."""
+        found = await anyio.to_thread.run_sync(self._read_changed, list(self._watched.items()))
+        for session_id, watched, records in found:
+            for record in records:
+                if self._watched.get(session_id) is not watched:
+                    break  # a record ended the run (and its watch)
+                watched.apply(record)
+
+    def _read_changed(self, watched: list[tuple[str, _Watched]]) -> list[tuple[str, _Watched, list[ControlRecord]]]:
+        found = []
+        for session_id, entry in watched:
             try:
-                self._poll_one(session_id, watched)
+                records = self._read_one(session_id, entry)
             except Exception:  # isolation boundary: one child's damaged files never end the supervisor
                 log.warning("the control file of %s could not be read; skipped until it changes", session_id, exc_info=True,
                             extra={"child": session_id})
+                continue
+            if records:
+                found.append((session_id, entry, records))
+        return found
 
-    def _poll_one(self, session_id: str, watched: _Watched) -> None:
+    def _read_one(self, session_id: str, watched: _Watched) -> list[ControlRecord]:
+        """The records past ``watched.seq`` when the file changed (``size`` and ``seq`` are written only here)."""
         try:
             size = os.stat(self._store.path(session_id, "control")).st_size
         except OSError:  # missing (nobody asked), or damage in its place: nothing to see until it changes
             size = 0
         if size == watched.size:
-            return
+            return []
         watched.size = size  # first: a file that fails to parse is not re-read until it changes
-        for record in read_controls(self._store, session_id, after_seq=watched.seq):
-            watched.seq = record.seq
-            if self._watched.get(session_id) is watched:  # a record may end the run (and its watch)
-                watched.apply(record)
+        records = read_controls(self._store, session_id, after_seq=watched.seq)
+        if records:
+            watched.seq = records[-1].seq
+        return records

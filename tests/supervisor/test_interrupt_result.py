@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import time
 
+import anyio
 import pytest
 
 from subagents import InterruptResult
+from subagents.store import IdGenerator
+from subagents.store.control import request as control_request
 from subagents.supervisor import AncestorAuthority, SubagentRequest, UserAuthority
 
 from ..conftest import DEADLINE_S, events_of, said, wait_until
@@ -102,3 +105,20 @@ async def test_nothing_running_is_said(tmp_path):
             result = await sup.interrupt(target, authority=authority)
             assert (result.outcome, result.child_id, result.turn) == ("no_turn_running", target, None), result
             assert result.detail
+
+
+async def test_a_one_shot_run_carries_out_a_control_record_past_damage(tmp_path):
+    """What another process does (an ``interrupt`` control record) reaches the run through its
+    control file, after bytes that are no record: they are stepped over, never end the supervisor."""
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        run = await sup.start("script", SubagentRequest(parent=root, prompt=S({"say": "awake"}, {"sleep": 60_000})))
+        await wait_until(lambda: said(sup.store, run.id) == ["awake"], what="the one-shot child to start")
+        with open(sup.store.path(run.id, "control"), "ab") as junk:
+            junk.write(b"\x00not a record\xff" * 4)
+        control_request(sup.store, run.id, "interrupt", {"reason": "user"}, ids=IdGenerator())
+        with anyio.fail_after(DEADLINE_S):
+            assert (await run.result()).stop_reason == "aborted"
+        end = turn_end_of(sup.store, run.id)
+        assert (end["stop_reason"], end.get("cause")) == ("aborted", "user")
+        await run.dispose()
