@@ -91,6 +91,7 @@ class Activation:
     cursor: MailboxCursor = field(default_factory=MailboxCursor)
     # -- the turn in flight (driver.py): its pool ticket, and what each turn of the epoch ended with
     ticket: TurnTicket | None = None
+    turn_message_ts: float | None = None  # when the main message of the turn in flight was accepted
     reasons: list[str] = field(default_factory=list)
     last_output: str = ""  # the last non-empty reply of the epoch: the closing message
     lease_state: LeaseState = LeaseState.RUNNING

@@ -114,10 +114,11 @@ class Driver:
             if reason is not None:
                 rt.pool.cancel(ticket, reason)
 
+        act.turn_message_ts = main.ts
         try:
             turn = await rt.pool.run_turn(spec, self._rpc_for(spec), started=started)
         finally:
-            act.ticket = None
+            act.ticket = act.turn_message_ts = None
         if not turn.dispatched:
             # stopped before a worker took it, so nothing was logged: an interrupt or a
             # drain consumes it unrun (durably); closing the supervisor leaves it pending

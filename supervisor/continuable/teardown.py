@@ -80,7 +80,12 @@ class Teardown:
         return self._stop_turn(act, reason, time.time())
 
     def _stop_turn(self, act: Activation, reason: str, asked_at: float) -> bool:
+        """Stop the turn in flight, or else the next one, unless its message came after the request
+        (mailbox ``ts`` against ``asked_at``, one host's clock): a request read late — a control
+        record read after the turn it aimed at ended — never stops a turn that started after it."""
         if act.ticket is not None:
+            if act.turn_message_ts is not None and act.turn_message_ts > asked_at:
+                return False
             self._rt.pool.cancel(act.ticket, reason)
             return True
         # no turn in flight yet: the current turn is the next one, if its message was accepted
@@ -91,7 +96,10 @@ class Teardown:
     def apply_control(self, act: Activation, record: ControlRecord) -> None:
         """A control record another process wrote for a hosted child (the store watcher calls this)."""
         if record.kind == "interrupt":
-            self._stop_turn(act, "user", record.ts)
+            stopped = self._stop_turn(act, "user", record.ts)
+            log.info("control record %d (%s) of %s: interrupt %s", record.seq, record.id, act.child_id,
+                     "applied" if stopped else "found no turn it was asked for (the turn ended or had not begun)",
+                     extra=log_fields(act))
         elif record.kind == "drain":
             self.open_disposal(act, discard=True)
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
@@ -37,3 +38,26 @@ async def test_a_malformed_control_record_of_one_child_never_ends_the_supervisor
         assert bad in sup.continuation.activations and turn_ends(sup.store, bad) == []
         await sup.interrupt(bad, authority=UserAuthority(parent_session=root.id))
         await wait_until(lambda: turn_ends(sup.store, bad) == ["aborted"], what="the damaged child's turn to be interrupted")
+
+
+async def test_an_interrupt_read_after_its_turn_ended_does_not_stop_the_next_turn(tmp_path, caplog):
+    """A control record written while turn 1 ran, but read only once turn 2 (whose message came
+    later) has started, aimed at a turn that is over: turn 2 runs on, and the watcher says why."""
+    caplog.set_level(logging.INFO, logger="subagents.supervisor")
+    async with continuable_supervisor(tmp_path, control_poll_s=0.01) as sup:
+        root = await sup.open_root(label="host")
+        child, _ = await start(sup, root, S({"return": "one"}), label="child")
+        await wait_until(lambda: turn_ends(sup.store, child) == ["completed"], what="turn 1 to end")
+        asked_at = time.time()  # the moment the request was made, before the next message
+        await sup.followup(root, child, S({"sleep": 60_000}))
+        await turn_started(sup, child, 2)
+        with open(sup.store.path(child, "control"), "ab") as control:  # as written then, read now
+            control.write(encode_record({"seq": 0, "id": "01STALECONTROL", "ts": asked_at, "kind": "interrupt", "data": {"reason": "user"}}))
+        await wait_until(
+            lambda: any("01STALECONTROL" in r.getMessage() for r in caplog.records),
+            what="the watcher to read the request",
+        )
+        assert turn_ends(sup.store, child) == ["completed"]  # turn 2 still runs
+        result = await sup.interrupt(child, authority=UserAuthority(parent_session=root.id))
+        assert result.outcome == "cancelled"
+        await wait_until(lambda: turn_ends(sup.store, child) == ["completed", "aborted"], what="turn 2 to be interrupted")
