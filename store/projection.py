@@ -15,7 +15,7 @@ its gate folds the log in memory instead, and never writes it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, Literal
 
 import os
@@ -251,6 +251,29 @@ class Projection:
             mailbox_end=found.mailbox_end,
             open_node=found.open_node,
         )
+
+
+    @classmethod
+    def from_trusted_record(cls, data: dict[str, Any]) -> "Projection":
+        """``from_record`` without the field-by-field type checks, for a record another process of
+        this build made with ``to_record`` and handed over directly (a turn's ``TurnSpec.log_state``,
+        from the supervisor that created the session), never for bytes read from a file.
+
+        The checks cost more than the rest of a one-shot worker's open (a pydantic
+        validation of every field); descriptors are still parsed (``DescriptorError``).
+        Every field ``to_record`` writes is taken, whatever fields are added later.
+        """
+        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        ident = values.get("identity")
+        if isinstance(ident, dict):
+            values["identity"] = parse_descriptor(ident)
+        resume = values.get("resume")
+        if isinstance(resume, dict):
+            values["resume"] = values["identity"] if resume == ident else parse_descriptor(resume)
+        t = values["timing"]
+        values["timing"] = Timing(t["settled_ms"], t["active_since"], t["active_through"], t["pending_since"])
+        values["open_calls"] = dict(values.get("open_calls") or {})
+        return cls(**values)
 
 
 class _TimingFields(Checked):

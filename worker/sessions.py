@@ -105,11 +105,13 @@ class LocalSessions:
 
 def _attachable(log_state: dict[str, Any] | None) -> tuple[SessionHeader, Projection] | None:
     """The header and projection in a turn's ``log_state``; ``None`` (open the session instead) when absent or not valid."""
-    if not isinstance(log_state, dict):
+    if not isinstance(log_state, dict) or not isinstance(log_state.get("projection"), dict):
         return None
-    projection = Projection.from_record(log_state.get("projection"))
     try:
+        # the supervisor made both from a session it just created: its own records, handed over
+        # directly, so the projection skips the cache's type checks (``from_trusted_record``)
+        projection = Projection.from_trusted_record(log_state["projection"])
         header = parse_header(log_state.get("header"))
-    except SubagentError:
+    except (SubagentError, KeyError, TypeError):
         return None
-    return None if projection is None else (header, projection)
+    return header, projection

@@ -94,6 +94,20 @@ def test_record_roundtrip_and_rejections():
         assert Projection.from_record(bad) is None
 
 
+def test_a_trusted_record_rebuilds_the_same_projection():
+    """Issue #12, item 3: ``from_trusted_record`` (a turn's ``log_state``) gives what ``from_record``
+    gives for every state, a continuable descriptor and an open turn on a node included."""
+    node = event(3, "turn/start", {"node": "h:1"}, ts=4.0)
+    continuable = fold(("subagent/descriptor", 1.0, CONTINUABLE), ("message/accepted", 2.0, {"message_id": "m", "mailbox_end": 9}),
+                       ("sandbox/mode", 3.0, {"mode": "read-only"}))
+    continuable.apply(node, 30, 40)
+    for p in (Projection(), fold(DESC, ("turn/start", 2.0), ("tool/call", 3.0, {"call_id": "x"})),
+              fold(DESC, ("turn/start", 2.0), ("turn/end", 3.0, {"stop_reason": "error", "diagnostic": "d", "cause": "c"})),
+              fold(("subagent/descriptor", 1.0, {"version": 7}), seed_length=3), continuable):
+        record = msgpack.unpackb(msgpack.packb(p.to_record()))
+        assert Projection.from_trusted_record(record) == Projection.from_record(record) == p
+
+
 def test_cache_record_of_a_real_session(st):
     """The identity file holds to_record of the writer's projection, with real timing."""
     store.create_session(st, "s1", events=[("subagent/descriptor", CONTINUABLE)])
