@@ -65,6 +65,10 @@ class TurnChildren(Protocol):
 
     async def dispose_children(self) -> None: ...
 
+    async def starts_done(self) -> None:
+        """Return once no child start of the turn is in progress."""
+        ...
+
 
 class TurnRpcHandler(RpcHandler, TurnChildren, Protocol):
     """A turn's RPC handler (``supervisor/rpc.py``): answers its requests, owns the children it starts."""
@@ -336,6 +340,9 @@ class OneShotRuns:
         finally:
             with anyio.CancelScope(shield=True):
                 if not released:
+                    # a child start the turn left in flight lands in this session's children
+                    # index before its release (and the settled row the release writes)
+                    await on_rpc.starts_done()
                     try:
                         await anyio.to_thread.run_sync(release_lease, rt.store, spec.session_id, rt.owner_id, epoch)
                     except FencedError:

@@ -9,9 +9,10 @@ it finishes, even if the program never waited for it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Iterator
 
 import anyio
 
@@ -50,10 +51,33 @@ class TurnRpc:
         self._continuation = continuation
         self._background: dict[str, SubagentRun] = {}
         self._children: list[SubagentRun] = []
+        self._starting = 0  # child starts in progress (``starts_done``)
+        self._started = anyio.Event()  # set whenever no start is in progress
+        self._started.set()
+        self._cancelled: str | None = None
 
     def cancel_children(self, reason: str) -> None:
+        """Cancel the children started so far, and any whose start is still in progress when it ends."""
+        self._cancelled = self._cancelled or reason
         for run in self._children:
             run.cancel(reason)
+
+    async def starts_done(self) -> None:
+        """Return once no child start of this turn is in progress: each has its index entry, or left none."""
+        while self._starting:
+            await self._started.wait()
+
+    @contextlib.contextmanager
+    def _child_start(self) -> Iterator[None]:
+        self._starting += 1
+        if self._starting == 1:
+            self._started = anyio.Event()
+        try:
+            yield
+        finally:
+            self._starting -= 1
+            if not self._starting:
+                self._started.set()
 
     async def dispose_children(self) -> None:
         for run in list(self._children):
@@ -72,8 +96,11 @@ class TurnRpc:
         if max_steps is not None or timeout_ms is not None:
             budget = RunBudget(max_steps=max_steps, timeout_ms=timeout_ms)
         request = SubagentRequest(parent=self._spec.session_id, budget=budget, **args)
-        run = await self._runs.start(provider, request)
+        with self._child_start():
+            run = await self._runs.start(provider, request)
         self._children.append(run)
+        if self._cancelled is not None:
+            run.cancel(self._cancelled)  # the turn was cancelled while this child was being created
         return run
 
     async def _rpc_spawn_wait(self, **args: Any) -> dict[str, Any]:
@@ -106,7 +133,8 @@ class TurnRpc:
 
     async def _rpc_start_continuable(self, prompt: Any, label: str, provider: str | None = None, options: dict[str, Any] | None = None) -> list[str]:
         spec = ContinuableSpec(parent=self._spec.session_id, provider=provider or self._spec.provider or "", prompt=prompt, label=label, **(options or {}))
-        child_id, message_id = await self._continuation.start_continuable(spec)
+        with self._child_start():
+            child_id, message_id = await self._continuation.start_continuable(spec)
         return [child_id, message_id]
 
     async def _rpc_send_message(self, child_id: str, message: Any) -> str:

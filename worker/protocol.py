@@ -44,6 +44,7 @@ __all__ = [
     "encode",
     "decode",
     "BLOCKING_RPCS",
+    "CHILD_STARTS",
 ]
 
 
@@ -158,6 +159,9 @@ Message = RunTurn | Cancel | Reply | Shutdown | Ready | TurnDone | Rpc
 # RPCs during which the calling turn waits on other turns: its worker slot is
 # free for them, which is what keeps nested delegation from deadlocking the pool.
 BLOCKING_RPCS = frozenset({"spawn_wait", "wait_run"})
+# RPCs that create a child of the calling session: while one is unanswered, a creation may
+# still add to the session's children index, so its worker leaves the release to the supervisor
+CHILD_STARTS = frozenset({"spawn", "spawn_wait", "start_continuable"})
 
 _MESSAGES: dict[str, type] = {cls.op: cls for cls in (RunTurn, Cancel, Reply, Shutdown, Ready, TurnDone, Rpc)}
 # the field names of each class, in order: what ``encode`` writes and ``decode`` accepts

@@ -27,7 +27,7 @@ from subagents.store.root import Store
 
 from .budget import TurnControl
 from .logcontext import bind
-from .protocol import Cancel, Reply, Rpc, RunTurn, TurnOutcome, TurnSpec
+from .protocol import CHILD_STARTS, Cancel, Reply, Rpc, RunTurn, TurnOutcome, TurnSpec
 from .sessions import LocalSessions, SessionAccess
 from .turn import run_turn
 
@@ -79,6 +79,8 @@ class TurnRunner:
         self._turns: dict[int, TurnControl] = {}
         self._rpc_ids = itertools.count(1)
         self._waiters: dict[int, _Waiter] = {}
+        # child-starting RPCs sent and not yet answered: rpc id → the turn's call id (``_release_allowed``)
+        self._starting: dict[int, int] = {}
 
     @property
     def resident(self) -> int:
@@ -98,14 +100,19 @@ class TurnRunner:
         async def rpc(method: str, args: dict[str, Any]) -> Any:
             return await self._call(msg.call_id, send, method, args)
 
+        def release_allowed() -> bool:
+            return msg.call_id not in self._starting.values()
+
         bind(child=spec.session_id, parent=spec.parent_session, epoch=spec.epoch)
         try:
-            return await run_turn(spec, control, rpc, sessions=self._sessions_for(spec), node=msg.node)
+            return await run_turn(spec, control, rpc, sessions=self._sessions_for(spec), node=msg.node, release_allowed=release_allowed)
         except Exception as exc:  # a store failure outside the program: report, never hang the caller
             log.exception("turn failed outside its program", extra={"session": spec.session_id})
             return TurnOutcome(stop_reason="error", diagnostic=f"{type(exc).__name__}: {exc}"[:4000], steps=control.steps)
         finally:
             self._turns.pop(msg.call_id, None)
+            for rpc_id in [r for r, c in self._starting.items() if c == msg.call_id]:
+                del self._starting[rpc_id]
 
     def cancel(self, msg: Cancel) -> None:
         """Stop a resident turn (first cause wins); an unknown or finished turn is a no-op."""
@@ -115,6 +122,7 @@ class TurnRunner:
 
     def reply(self, msg: Reply) -> None:
         """Hand an RPC's answer to the turn awaiting it (a late reply for a gone turn is dropped)."""
+        self._starting.pop(msg.rpc_id, None)
         waiter = self._waiters.get(msg.rpc_id)
         if waiter is not None:
             waiter.reply = msg
@@ -124,6 +132,8 @@ class TurnRunner:
         rpc_id = next(self._rpc_ids)
         waiter = _Waiter()
         self._waiters[rpc_id] = waiter
+        if method in CHILD_STARTS:
+            self._starting[rpc_id] = call_id
         try:
             send(Rpc(rpc_id=rpc_id, call_id=call_id, method=method, args=args))
             await waiter.event.wait()

@@ -16,7 +16,7 @@ import inspect as pyinspect
 import json
 import logging
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 import anyio
 
@@ -74,6 +74,7 @@ async def _timer(control: TurnControl, timeout_ms: int) -> None:
 
 async def run_turn(
     spec: TurnSpec, control: TurnControl, rpc: RpcCaller, *, sessions: SessionAccess | None = None, node: str | None = None,
+    release_allowed: Callable[[], bool] | None = None,
 ) -> TurnOutcome:
     """Run one turn; ``sessions`` reaches the store (default: the local store at ``spec.store_root``);
     ``node`` (where the pool dispatched it) goes into ``turn/start``."""
@@ -85,7 +86,10 @@ async def run_turn(
         return _fenced(spec, control, exc)
     try:
         outcome = await _run(spec, control, rpc, writer, sessions, node)
-        if spec.release_owner is not None:
+        # a child start still unanswered (the turn was stopped during it) may add to this session's
+        # children index after the release, under a settled row that says it has none: the
+        # supervisor releases once the start is over (``OneShotRuns._drive``)
+        if spec.release_owner is not None and (release_allowed is None or release_allowed()):
             outcome.released = _release(writer, spec)
     except FencedError as exc:
         return _fenced(spec, control, exc)

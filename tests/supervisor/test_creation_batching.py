@@ -11,7 +11,7 @@ import pytest
 import subagents.supervisor.creator
 import subagents.supervisor.oneshot
 from subagents import supervisor
-from subagents.store import SessionExistsError, Store, create_session, read_children, read_lease
+from subagents.store import SessionExistsError, Store, check_store, create_session, read_children, read_index, read_lease
 from subagents.store.session import NewSession
 from subagents.supervisor import SubagentRequest
 from subagents.supervisor.creator import SessionCreator
@@ -174,3 +174,42 @@ async def test_the_worker_releases_a_one_shot_lease(tmp_path, monkeypatch):
         assert lease is not None and lease.state == "released" and lease.epoch == 1
         await run.dispose()
     assert host_releases == []
+
+
+async def test_a_child_cancelled_while_its_own_child_is_created_is_released_after_that_creation(tmp_path, monkeypatch):
+    """A turn stopped during ``spawn`` must not release its lease (and write its catalog row) before the
+    grandchild's creation lands in its children index: the row would say it has no children while its
+    index lists one (``store check``: index-row). The worker leaves that release to the supervisor, which
+    waits for the start; the late grandchild is cancelled with its parent's turn."""
+    entered, unblock = threading.Event(), threading.Event()
+    real = supervisor.creator.publish_sessions
+    root_id: list[str] = []
+
+    def publish(store, requests):
+        if any(r.parent_session not in root_id for r in requests):  # a grandchild: hold its creation
+            entered.set()
+            assert unblock.wait(30)
+        return real(store, requests)
+
+    monkeypatch.setattr(supervisor.creator, "publish_sessions", publish)
+    async with open_supervisor(tmp_path, pool_size=2, durability="batched") as sup:
+        root = await sup.open_root()
+        root_id.append(root.id)
+        prompt = '{"script": [{"spawn": {"prompt": "{\\"script\\": [{\\"return\\": \\"g\\"}]}", "provider": "script"}}]}'
+        run = await sup.start("script", SubagentRequest(parent=root, prompt=prompt))
+        with anyio.fail_after(30):
+            while not entered.is_set():
+                await anyio.sleep(0.001)
+            run.cancel()
+            while sup.statistics().pool.resident:  # the worker has ended the turn (and, before, would have released)
+                await anyio.sleep(0.001)
+        unblock.set()
+        result = await run.result()
+        await run.dispose()
+        assert result.stop_reason == "aborted"
+        [entry] = read_children(sup.store, run.id)
+        [row] = [e for e in read_index(sup.store, root.id).entries if e.id == run.id]
+        assert row.settled is not None and row.settled.has_children, row
+        assert read_lease(sup.store, entry.id).state == "released"
+    report = check_store(tmp_path / "store")
+    assert report.clean, str(report)
