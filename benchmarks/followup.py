@@ -29,9 +29,9 @@ What is measured:
   epoch 0 under ``durability="none"``, and the identity cache is written as
   the writer does at a commit point. Median over R alternating rounds.
 
-Goals (set when the mailbox was made incremental): accept p50 <= 1 ms, p99 <= 5 ms; resume_ratio
-(large / small) <= 2. The last stdout line is one JSON object
-``{"benchmark": "followup", ...}``.
+Goals: accept p50 <= 0.25 ms and p99 <= 1 ms (the limit: one fsync is ~0.13-0.18 ms here; first
+set at <= 1 / <= 5 when the mailbox was made incremental); resume_ratio (large / small) <= 2. The
+last stdout line is one JSON object ``{"benchmark": "followup", ...}``.
 
 What dominates (profiled when this benchmark was written): ``store.mailbox``
 reads the *whole* mailbox on every ``accept`` (to find the next ``seq`` and a
@@ -73,7 +73,9 @@ from subagents.store import (  # noqa: E402
 from subagents.supervisor import Capabilities, ContinuableSpec, Provider, Supervisor, SupervisorConfig  # noqa: E402
 
 NAME = "followup"
-GOALS = {"accept_p50_ms": "<= 1", "accept_p99_ms": "<= 5", "resume_ratio": "<= 2"}
+# accept: the limit a durable acceptance allows here (one fsync is ~0.13-0.18 ms, which leaves ~0.1 ms
+# for admission, the append and the hop to the store thread); first set at <= 1 / <= 5
+GOALS = {"accept_p50_ms": "<= 0.25", "accept_p99_ms": "<= 1", "resume_ratio": "<= 2"}
 EVENTS_PER_TURN = 6
 
 
@@ -267,6 +269,11 @@ async def run(args: argparse.Namespace, folder: str) -> dict[str, Any]:
         "resume_ratio": round(resume_large / resume_small, 2),
         "resume_measures": "followup -> turn/start of the resumed turn",
         "goals": GOALS,
+        "goals_met": {
+            "accept_p50_ms": percentile(accept, 0.5) <= 0.25,
+            "accept_p99_ms": percentile(accept, 0.99) <= 1,
+            "resume_ratio": resume_large / resume_small <= 2,
+        },
     }
 
 
