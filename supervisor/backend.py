@@ -22,10 +22,26 @@ import anyio
 
 from subagents.worker.protocol import TurnOutcome, TurnSpec
 
-__all__ = ["Pool", "PoolStatistics", "RpcHandler", "TurnResult", "TurnTicket", "WorkerRef", "StartedCallback"]
+__all__ = ["Pool", "PoolStatistics", "RpcHandler", "TurnChildren", "TurnRpcHandler", "TurnResult", "TurnTicket", "WorkerRef", "StartedCallback"]
 
 # What a turn asks of its supervisor (``supervisor/rpc.py`` answers): method name, arguments.
 RpcHandler = Callable[[str, dict[str, Any]], Awaitable[Any]]
+
+
+class TurnChildren(Protocol):
+    """The one-shot children a turn started (its RPC handler keeps them): stopped and disposed with the run."""
+
+    def cancel_children(self, reason: str) -> None: ...
+
+    async def dispose_children(self) -> None: ...
+
+    async def starts_done(self) -> None:
+        """Return once no child start of the turn is in progress."""
+        ...
+
+
+class TurnRpcHandler(RpcHandler, TurnChildren, Protocol):
+    """A turn's RPC handler (``supervisor/rpc.py``): answers its requests, owns the children it starts."""
 
 
 class TurnTicket(Protocol):

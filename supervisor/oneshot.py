@@ -34,7 +34,7 @@ from subagents.store.session import CreatedSession, NewSession
 from subagents.worker.logcontext import bind
 from subagents.worker.protocol import Budget, TurnOutcome, TurnSpec
 
-from .backend import RpcHandler, TurnResult, TurnTicket, WorkerRef
+from .backend import TurnChildren, TurnResult, TurnRpcHandler, TurnTicket, WorkerRef
 from .control_poller import ControlPoller
 from .creator import CreatorStatistics, SessionCreator
 from .errors import CancelledBeforeStartError, SupervisorClosedError
@@ -56,22 +56,6 @@ class CancelToken(Protocol):
     def is_set(self) -> bool: ...
 
     async def wait(self) -> Any: ...
-
-
-class TurnChildren(Protocol):
-    """The one-shot children a turn started (its RPC handler keeps them): stopped and disposed with the run."""
-
-    def cancel_children(self, reason: str) -> None: ...
-
-    async def dispose_children(self) -> None: ...
-
-    async def starts_done(self) -> None:
-        """Return once no child start of the turn is in progress."""
-        ...
-
-
-class TurnRpcHandler(RpcHandler, TurnChildren, Protocol):
-    """A turn's RPC handler (``supervisor/rpc.py``): answers its requests, owns the children it starts."""
 
 
 # builds the RPC handler of one turn (the Supervisor passes ``rpc.TurnRpc``'s builder)

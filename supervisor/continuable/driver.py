@@ -29,7 +29,7 @@ from subagents.store.errors import FencedError, SubagentError
 from subagents.worker.logcontext import bind
 from subagents.worker.protocol import TurnSpec
 
-from ..backend import RpcHandler, TurnTicket
+from ..backend import TurnRpcHandler, TurnTicket
 from ..errors import SupervisorClosedError, program_missing
 from ..registry import ProgramRef
 from ..runtime import Runtime
@@ -40,7 +40,7 @@ __all__ = ["Driver", "continuable_turn_spec"]
 
 log = logging.getLogger(__name__)
 
-RpcFactory = Callable[[TurnSpec], RpcHandler]
+RpcFactory = Callable[[TurnSpec], TurnRpcHandler]
 
 
 def continuable_turn_spec(rt: Runtime, act: Activation, program: ProgramRef, quiet: list[MailboxMessage], main: MailboxMessage) -> TurnSpec:
@@ -115,10 +115,15 @@ class Driver:
                 rt.pool.cancel(ticket, reason)
 
         act.turn_message_ts = main.ts
+        on_rpc = self._rpc_for(spec)
         try:
-            turn = await rt.pool.run_turn(spec, self._rpc_for(spec), started=started)
+            turn = await rt.pool.run_turn(spec, on_rpc, started=started)
         finally:
             act.ticket = act.turn_message_ts = None
+            with anyio.CancelScope(shield=True):
+                # a child start the turn left in flight lands in this session's children index
+                # before anything follows the turn: a settlement's release writes the catalog row
+                await on_rpc.starts_done()
         if not turn.dispatched:
             # stopped before a worker took it, so nothing was logged: an interrupt or a
             # drain consumes it unrun (durably); closing the supervisor leaves it pending

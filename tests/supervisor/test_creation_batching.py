@@ -213,3 +213,46 @@ async def test_a_child_cancelled_while_its_own_child_is_created_is_released_afte
         assert read_lease(sup.store, entry.id).state == "released"
     report = check_store(tmp_path / "store")
     assert report.clean, str(report)
+
+
+async def test_a_continuable_child_interrupted_while_its_own_child_is_created_settles_after_that_creation(tmp_path, monkeypatch):
+    """The continuable twin of the test above: a turn interrupted during ``spawn`` ends, but the child
+    settles (releases its lease and writes its catalog row) only once the grandchild's creation has
+    landed in its children index, so the row's ``has_children`` is true and ``store check`` is clean."""
+    from subagents.supervisor import ContinuableSpec, UserAuthority
+
+    from .test_continuable import S, continuable_supervisor
+
+    entered, unblock = threading.Event(), threading.Event()
+    real = supervisor.creator.publish_sessions
+    root_id: list[str] = []
+
+    def publish(store, requests):
+        if any(r.parent_session not in root_id for r in requests):  # a grandchild: hold its creation
+            entered.set()
+            assert unblock.wait(30)
+        return real(store, requests)
+
+    monkeypatch.setattr(supervisor.creator, "publish_sessions", publish)
+    async with continuable_supervisor(tmp_path, durability="batched") as sup:
+        root = await sup.open_root()
+        root_id.append(root.id)
+        grandchild = S({"return": "g"})
+        child_id, _ = await sup.start_continuable(ContinuableSpec(
+            parent=root, provider="script", label="parent", prompt=S({"spawn": {"prompt": grandchild, "provider": "script"}})))
+        with anyio.fail_after(30):
+            while not entered.is_set():
+                await anyio.sleep(0.001)
+            result = await sup.interrupt(child_id, authority=UserAuthority(parent_session=root.id))
+            assert result.outcome == "cancelled"
+            while sup.statistics().pool.resident:  # the worker has ended the turn
+                await anyio.sleep(0.001)
+            await anyio.sleep(0.2)  # room for a settlement that does not wait (the bug this pins)
+        unblock.set()
+        with anyio.fail_after(30):
+            while (lease := read_lease(sup.store, child_id)) is None or lease.state != "released":
+                await anyio.sleep(0.01)
+        [row] = [e for e in read_index(sup.store, root.id).entries if e.id == child_id]
+        assert row.settled is not None and row.settled.has_children, row
+    report = check_store(tmp_path / "store")
+    assert report.clean, str(report)
