@@ -34,6 +34,7 @@ import msgpack
 from subagents.store.errors import SubagentError, UnsupportedFormatError, from_wire
 from subagents.store.events import EVENT_TYPES
 
+from .sessions import attachable
 from .store_service import pack_events
 
 __all__ = ["ServiceCall", "ServiceSessions", "ServiceWriter", "StoreServiceError"]
@@ -68,11 +69,15 @@ def _call(call: ServiceCall, method: str, **kwargs: Any) -> dict[str, Any]:
 class ServiceWriter:
     """An open, fenced writer of one session, appending through the store service."""
 
-    def __init__(self, call: ServiceCall, session_id: str, epoch: int, writer_id: str, next_seq: int) -> None:
+    def __init__(
+        self, call: ServiceCall, session_id: str, epoch: int, writer_id: str, next_seq: int, *, opening: dict[str, Any] | None = None,
+    ) -> None:
         self.session_id = session_id
         self.epoch = epoch
         self._call = call
         self._writer_id = writer_id
+        # not yet open on the service: the first batch carries this and opens it (one round trip, not two)
+        self._opening = opening
         self._cond = threading.Condition()
         self._queue: list[tuple[str, Any]] = []  # appended, not yet sent
         self._commit = False  # a commit point is among the queued appends
@@ -147,9 +152,12 @@ class ServiceWriter:
                 first_seq = self._sent_seq
             error: SubagentError | None = None
             next_seq = first_seq
+            opening = {"opening": self._opening} if self._opening is not None else {}
             try:
-                reply = _call(self._call, "append", writer_id=self._writer_id, first_seq=first_seq, events=pack_events(batch), commit=commit)
+                reply = _call(self._call, "append", writer_id=self._writer_id, first_seq=first_seq, events=pack_events(batch), commit=commit,
+                              **opening)
                 next_seq = int(reply["next_seq"])
+                self._opening = None  # only the sender thread reads or clears it
             except SubagentError as exc:
                 error = exc
             with self._cond:
@@ -178,6 +186,8 @@ class ServiceWriter:
             self._closing = True
             self._cond.notify_all()
         self._sender.join()
+        if self._opening is not None and not self.batches_sent:
+            return  # never sent a batch, so never opened on the service: nothing to close there
         try:
             _call(self._call, "close_writer", writer_id=self._writer_id)
         except SubagentError:
@@ -196,8 +206,14 @@ class ServiceSessions:
         self._call = call
 
     def open_writer(self, session_id: str, *, epoch: int, log_state: dict[str, Any] | None = None) -> ServiceWriter:
-        """``log_state`` is not used: the service opens (and checks) the log on the store's host in the same round trip."""
+        """With a usable ``log_state`` (a session its supervisor just created), no call: the first batch
+        opens the writer on the store's host, attached to that state, and is fenced there as any append.
+        Otherwise one round trip opens (and repairs) the log before the turn begins."""
         writer_id = uuid.uuid4().hex
+        state = attachable(log_state)
+        if state is not None:
+            opening = {"session_id": session_id, "epoch": epoch, "log_state": log_state}
+            return ServiceWriter(self._call, session_id, epoch, writer_id, state[1].next_seq, opening=opening)
         reply = _call(self._call, "open_writer", writer_id=writer_id, session_id=session_id, epoch=epoch)
         return ServiceWriter(self._call, session_id, epoch, writer_id, int(reply["next_seq"]))
 

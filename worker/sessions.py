@@ -25,7 +25,7 @@ from subagents.store.projection import Projection
 from subagents.store.reader import inspect
 from subagents.store.root import Store
 
-__all__ = ["SessionWriter", "SessionAccess", "LocalWriter", "LocalSessions"]
+__all__ = ["SessionWriter", "SessionAccess", "LocalWriter", "LocalSessions", "attachable"]
 
 
 class SessionWriter(Protocol):
@@ -93,7 +93,7 @@ class LocalSessions:
         self.store = store
 
     def open_writer(self, session_id: str, *, epoch: int, log_state: dict[str, Any] | None = None) -> SessionWriter:
-        state = _attachable(log_state)
+        state = attachable(log_state)
         if state is None:
             return LocalWriter.open(self.store, session_id, epoch=epoch)
         header, projection = state
@@ -103,7 +103,7 @@ class LocalSessions:
         return inspect(self.store, session_id).events
 
 
-def _attachable(log_state: dict[str, Any] | None) -> tuple[SessionHeader, Projection] | None:
+def attachable(log_state: dict[str, Any] | None) -> tuple[SessionHeader, Projection] | None:
     """The header and projection in a turn's ``log_state``; ``None`` (open the session instead) when absent or not valid."""
     if not isinstance(log_state, dict) or not isinstance(log_state.get("projection"), dict):
         return None

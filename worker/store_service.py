@@ -9,7 +9,7 @@ open turn is repaired exactly as on the local resume path.
 
 Placement: the service and its client (``worker/service_writer.py``) live in
 ``worker/`` because they are the two ends of the worker's append path and
-share its contract; the service imports only ``store`` (never Ray, never the
+share its contract; the service imports only ``store`` and ``worker/sessions.py`` (never Ray, never the
 supervisor), so it runs and is tested without a cluster, and the supervisor,
 which may import ``worker``, wraps it into an actor. ``store/`` stays free of
 any transport.
@@ -43,6 +43,8 @@ from subagents.store.lease import release_lease
 from subagents.store.log import LogWriter
 from subagents.store.reader import inspect
 from subagents.store.root import Store
+
+from .sessions import attachable
 
 __all__ = ["StoreService", "pack_events", "unpack_events"]
 
@@ -88,9 +90,33 @@ class StoreService:
         self._writers[writer_id] = _OpenWriter(writer)
         return {"next_seq": writer.next_seq}
 
-    async def append(self, writer_id: str, first_seq: int, events: bytes, commit: bool) -> Reply:
-        """Append one batch at ``first_seq`` (else ``SEQ_MISMATCH``, nothing written); fenced under the session lock."""
+    async def _attach(self, writer_id: str, opening: dict[str, Any]) -> _OpenWriter:
+        """The writer a first append opens: attached to the log its creator left (``TurnSpec.log_state``),
+        read nothing at open; its first append takes the lock and checks the fence as any other."""
+        state = attachable(opening.get("log_state"))
+        if state is None:
+            raise SubagentError(f"writer {writer_id} was asked to open without a usable log state", code="WRITER_CLOSED", writer_id=writer_id)
+        header, projection = state
+        writer = await anyio.to_thread.run_sync(
+            lambda: LogWriter.attach(self._store, str(opening["session_id"]), epoch=int(opening["epoch"]), projection=projection, header=header)
+        )
+        if writer_id in self._writers:  # a replayed first batch opened it meanwhile: one writer per id
+            writer.close()
+            return self._writers[writer_id]
+        entry = self._writers[writer_id] = _OpenWriter(writer)
+        return entry
+
+    async def append(self, writer_id: str, first_seq: int, events: bytes, commit: bool, opening: dict[str, Any] | None = None) -> Reply:
+        """Append one batch at ``first_seq`` (else ``SEQ_MISMATCH``, nothing written); fenced under the session lock.
+
+        ``opening`` (``{session_id, epoch, log_state}``) on a writer's first batch opens it here: one
+        round trip instead of two for a turn whose creator handed it the log's state."""
         entry = self._writers.get(writer_id)
+        if entry is None and opening is not None:
+            try:
+                entry = await self._attach(writer_id, opening)
+            except SubagentError as exc:
+                return _error(exc)
         if entry is None:
             return _error(SubagentError(f"writer {writer_id} is not open", code="WRITER_CLOSED", writer_id=writer_id))
         batch = unpack_events(events)

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from subagents.store import Store, acquire_lease, create_session, inspect
+from subagents.store import Store, acquire_lease, create_session, inspect, read_header, read_projection
 from subagents.store.errors import FencedError
 from subagents.store.log import SeqMismatchError
 from subagents.worker.service_writer import ServiceSessions, ServiceWriter, StoreServiceError
@@ -206,3 +206,46 @@ def test_a_dead_service_is_a_typed_error(st: Store) -> None:
     with pytest.raises(StoreServiceError):
         asyncio.run(writer.flush())
     writer.close()
+
+
+def _creator_state(st: Store, session_id: str) -> dict[str, Any]:
+    """The ``TurnSpec.log_state`` a supervisor hands the first turn of a session it just created."""
+    create_session(st, session_id, lease_owner="01CREATOR", events=[("approval/policy", {"policy": "never", "source": "delegation"})])
+    return {"header": read_header(st, session_id).to_record(), "projection": read_projection(st, session_id).to_record()}
+
+
+def test_a_writer_given_its_creators_log_state_opens_with_its_first_append(st: Store, host: ServiceHost) -> None:
+    """No round trip of its own to open: the first batch carries the open, and the service attaches to
+    the log on the store's host; the seqs continue the creator's records."""
+    state = _creator_state(st, "s1")
+    writer = ServiceSessions(host.call).open_writer("s1", epoch=1, log_state=state)
+    assert host.calls == []
+    writer.append([("turn/start", {"message_id": "m"}), ("assistant/message", {"text": "hi"})], commit=True)
+    asyncio.run(writer.flush())
+    writer.close()
+    assert [method for method, _ in host.calls] == ["append", "close_writer"]
+    events = inspect(st, "s1").events
+    assert [e["seq"] for e in events] == list(range(len(events))) and events[-1]["data"]["text"] == "hi"
+
+
+def test_a_lazily_opened_writer_is_fenced_by_a_takeover_before_its_first_append(st: Store, host: ServiceHost) -> None:
+    state = _creator_state(st, "s1")
+    writer = ServiceSessions(host.call).open_writer("s1", epoch=1, log_state=state)
+    assert acquire_lease(st, "s1", "01OWNER").epoch == 2
+    writer.append([("turn/start", {"message_id": "m"})])
+    with pytest.raises(FencedError):
+        asyncio.run(writer.flush())
+    writer.close()
+    assert [e["type"] for e in inspect(st, "s1").events] == ["approval/policy"]
+    assert host.run(lambda: _statistics(host.service))["open_writers"] == 0  # the failed open is closed too
+
+
+def test_a_log_state_that_does_not_parse_opens_in_a_round_trip(st: Store, host: ServiceHost) -> None:
+    _creator_state(st, "s1")
+    writer = ServiceSessions(host.call).open_writer("s1", epoch=1, log_state={"header": {"junk": 1}, "projection": {}})
+    assert [method for method, _ in host.calls] == ["open_writer"]
+    writer.close()
+
+
+async def _statistics(service: StoreService) -> dict[str, Any]:
+    return service.statistics()
