@@ -50,7 +50,7 @@ HOST = textwrap.dedent(
 )
 
 
-def _env() -> dict[str, str]:
+def cli_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SUBAGENTS_")}
     env.update(PYTHONPATH=REPO, SUBAGENTS_DURABILITY="none", SUBAGENTS_POOL_SIZE="1", SUBAGENTS_CONTROL_POLL_S="0.02")
     return env
@@ -58,7 +58,7 @@ def _env() -> dict[str, str]:
 
 def cli(store_path: str, *args: str) -> subprocess.CompletedProcess[str]:
     try:
-        return subprocess.run([sys.executable, "-m", "subagents.supervisor.cli", "--store", store_path, *args], cwd=REPO, env=_env(),
+        return subprocess.run([sys.executable, "-m", "subagents.supervisor.cli", "--store", store_path, *args], cwd=REPO, env=cli_env(),
                               capture_output=True, text=True, timeout=DEADLINE_S)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"subagents {' '.join(args)} hung; stdout={exc.stdout!r} stderr={exc.stderr!r}")
@@ -97,7 +97,7 @@ def script(*actions: dict[str, Any]) -> str:
 def host(tmp_path: Path):
     """(store path, {"root", "child", "owner"}, host process) once the child's sleeping turn has started."""
     store_path = str(tmp_path / "st")
-    proc = subprocess.Popen([sys.executable, "-c", HOST, store_path], stdout=subprocess.PIPE, text=True, env=_env(), cwd=REPO)
+    proc = subprocess.Popen([sys.executable, "-c", HOST, store_path], stdout=subprocess.PIPE, text=True, env=cli_env(), cwd=REPO)
     try:
         line = proc.stdout.readline()  # type: ignore[union-attr]
         assert line, "the host supervisor did not start"

@@ -9,7 +9,6 @@ Every wait polls the store under a deadline; every subprocess has one.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -19,41 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from subagents.store import Store, SubagentError, inspect, read_header
+from subagents.store import Store, SubagentError, read_header
 
-REPO = str(Path(__file__).resolve().parents[2])
-DEADLINE_S = 60.0
+from .test_cli_control import DEADLINE_S, REPO, cli, cli_env, events, until
+
 SLEEP_MS = 60_000
 EXIT_NO_TURN = 3
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SUBAGENTS_")}
-    env.update(PYTHONPATH=REPO, SUBAGENTS_DURABILITY="none", SUBAGENTS_POOL_SIZE="1", SUBAGENTS_CONTROL_POLL_S="0.02")
-    return env
-
-
-def cli(store_path: str, *args: str) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run([sys.executable, "-m", "subagents.supervisor.cli", "--store", store_path, *args], cwd=REPO, env=_env(),
-                              capture_output=True, text=True, timeout=DEADLINE_S)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"subagents {' '.join(args)} hung; stdout={exc.stdout!r} stderr={exc.stderr!r}")
-
-
-def until(predicate, timeout_s: float = DEADLINE_S):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout_s} s")
-        time.sleep(0.02)
-
-
-def events(store_path: str, session_id: str) -> list[dict]:
-    return inspect(Store(store_path, create=False), session_id).events
 
 
 def running_child(store_path: str) -> tuple[str, str] | None:
@@ -78,9 +48,9 @@ def one_shot_host(tmp_path: Path):
     store_path = str(tmp_path / "st")
     prompt = '{"script": [{"say": "awake"}, {"sleep": %d}]}' % SLEEP_MS
     proc = subprocess.Popen([sys.executable, "-m", "subagents.supervisor.cli", "--store", store_path, "run", "script", "--prompt", prompt],
-                            cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        root, child = until(lambda: running_child(store_path) if proc.poll() is None else pytest.fail(proc.communicate()))
+        root, child = until(lambda: running_child(store_path) if proc.poll() is None else pytest.fail(proc.communicate()), DEADLINE_S)
         yield store_path, root, child, proc, time.monotonic()
     finally:
         if proc.poll() is None:
@@ -154,12 +124,12 @@ def test_a_host_that_does_not_confirm_in_time_gets_a_request_it_carries_out_late
     """With the host stopped (SIGSTOP), interrupt says the request was delivered and not confirmed (exit 0);
     the host carries it out once it runs again."""
     store_path = str(tmp_path / "st")
-    proc = subprocess.Popen([sys.executable, "-c", CONTINUABLE_HOST, store_path], stdout=subprocess.PIPE, text=True, env=_env(), cwd=REPO)
+    proc = subprocess.Popen([sys.executable, "-c", CONTINUABLE_HOST, store_path], stdout=subprocess.PIPE, text=True, env=cli_env(), cwd=REPO)
     try:
         ids = json.loads(proc.stdout.readline() or "null")  # type: ignore[union-attr]
         assert ids, "the host supervisor did not start"
         child = ids["child"]
-        until(lambda: any(e["type"] == "turn/start" for e in events(store_path, child)))
+        until(lambda: any(e["type"] == "turn/start" for e in events(store_path, child)), DEADLINE_S)
         proc.send_signal(signal.SIGSTOP)
         try:
             done = cli(store_path, "interrupt", child, "--parent", ids["root"], "--wait-s", "0.5")
@@ -168,7 +138,7 @@ def test_a_host_that_does_not_confirm_in_time_gets_a_request_it_carries_out_late
         assert done.returncode == 0, done.stderr
         assert done.stdout == (f"interrupt of turn 1 of agent {child} delivered to supervisor {ids['owner']} (pid {proc.pid}) "
                                f"(message {ids['message']}); its log showed no end of the turn within 0.5 s\n")
-        until(lambda: [(e["data"]["stop_reason"], e["data"].get("cause")) for e in events(store_path, child) if e["type"] == "turn/end"])
+        until(lambda: [(e["data"]["stop_reason"], e["data"].get("cause")) for e in events(store_path, child) if e["type"] == "turn/end"], DEADLINE_S)
         ends = [(e["data"]["stop_reason"], e["data"].get("cause")) for e in events(store_path, child) if e["type"] == "turn/end"]
         assert ends == [("aborted", "user")]
     finally:
