@@ -176,34 +176,42 @@ async def test_the_worker_releases_a_one_shot_lease(tmp_path, monkeypatch):
     assert host_releases == []
 
 
+class HeldGrandchildCreation:
+    """Holds the creation of any session whose parent is not one of ``roots`` (a grandchild) until
+    ``unblock`` is set; ``entered`` says one is being held. The real creation runs after."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.entered, self.unblock = threading.Event(), threading.Event()
+        self.roots: list[str] = []
+        real = supervisor.creator.publish_sessions
+
+        def publish(store, requests):
+            if any(r.parent_session not in self.roots for r in requests):
+                self.entered.set()
+                assert self.unblock.wait(30)
+            return real(store, requests)
+
+        monkeypatch.setattr(supervisor.creator, "publish_sessions", publish)
+
+
 async def test_a_child_cancelled_while_its_own_child_is_created_is_released_after_that_creation(tmp_path, monkeypatch):
     """A turn stopped during ``spawn`` must not release its lease (and write its catalog row) before the
     grandchild's creation lands in its children index: the row would say it has no children while its
     index lists one (``store check``: index-row). The worker leaves that release to the supervisor, which
     waits for the start; the late grandchild is cancelled with its parent's turn."""
-    entered, unblock = threading.Event(), threading.Event()
-    real = supervisor.creator.publish_sessions
-    root_id: list[str] = []
-
-    def publish(store, requests):
-        if any(r.parent_session not in root_id for r in requests):  # a grandchild: hold its creation
-            entered.set()
-            assert unblock.wait(30)
-        return real(store, requests)
-
-    monkeypatch.setattr(supervisor.creator, "publish_sessions", publish)
+    held = HeldGrandchildCreation(monkeypatch)
     async with open_supervisor(tmp_path, pool_size=2, durability="batched") as sup:
         root = await sup.open_root()
-        root_id.append(root.id)
+        held.roots.append(root.id)
         prompt = '{"script": [{"spawn": {"prompt": "{\\"script\\": [{\\"return\\": \\"g\\"}]}", "provider": "script"}}]}'
         run = await sup.start("script", SubagentRequest(parent=root, prompt=prompt))
         with anyio.fail_after(30):
-            while not entered.is_set():
+            while not held.entered.is_set():
                 await anyio.sleep(0.001)
             run.cancel()
             while sup.statistics().pool.resident:  # the worker has ended the turn (and, before, would have released)
                 await anyio.sleep(0.001)
-        unblock.set()
+        held.unblock.set()
         result = await run.result()
         await run.dispose()
         assert result.stop_reason == "aborted"
@@ -223,32 +231,22 @@ async def test_a_continuable_child_interrupted_while_its_own_child_is_created_se
 
     from .test_continuable import S, continuable_supervisor
 
-    entered, unblock = threading.Event(), threading.Event()
-    real = supervisor.creator.publish_sessions
-    root_id: list[str] = []
-
-    def publish(store, requests):
-        if any(r.parent_session not in root_id for r in requests):  # a grandchild: hold its creation
-            entered.set()
-            assert unblock.wait(30)
-        return real(store, requests)
-
-    monkeypatch.setattr(supervisor.creator, "publish_sessions", publish)
+    held = HeldGrandchildCreation(monkeypatch)
     async with continuable_supervisor(tmp_path, durability="batched") as sup:
         root = await sup.open_root()
-        root_id.append(root.id)
+        held.roots.append(root.id)
         grandchild = S({"return": "g"})
         child_id, _ = await sup.start_continuable(ContinuableSpec(
             parent=root, provider="script", label="parent", prompt=S({"spawn": {"prompt": grandchild, "provider": "script"}})))
         with anyio.fail_after(30):
-            while not entered.is_set():
+            while not held.entered.is_set():
                 await anyio.sleep(0.001)
             result = await sup.interrupt(child_id, authority=UserAuthority(parent_session=root.id))
             assert result.outcome == "cancelled"
             while sup.statistics().pool.resident:  # the worker has ended the turn
                 await anyio.sleep(0.001)
             await anyio.sleep(0.2)  # room for a settlement that does not wait (the bug this pins)
-        unblock.set()
+        held.unblock.set()
         with anyio.fail_after(30):
             while (lease := read_lease(sup.store, child_id)) is None or lease.state != "released":
                 await anyio.sleep(0.01)
