@@ -10,10 +10,11 @@ none when no run is held) and hands records it has not applied yet to that
 run's callback, on the event loop.
 
 A one-shot child has one turn, so every record its control file holds is
-about that turn: nothing is skipped as older. Each child is an isolation
+about that turn: it is watched from the start of its file. Each child is an isolation
 boundary: a file that cannot be read is logged and skipped until it changes.
-The continuable children have their own watcher (``continuable/watcher.py``),
-which also watches their mailboxes.
+The continuable children are registered here too, by their store watcher
+(``continuable/watcher.py``), from the records that predate their activation
+on.
 """
 
 from __future__ import annotations
@@ -49,9 +50,10 @@ class ControlPoller:
         self._store = store
         self._watched: dict[str, _Watched] = {}
 
-    def watch(self, session_id: str, apply: ApplyRecord) -> None:
-        """Apply every record of ``session_id``'s control file from now on (those already there too)."""
-        self._watched[session_id] = _Watched(apply)
+    def watch(self, session_id: str, apply: ApplyRecord, *, size: int = 0, seq: int = -1) -> None:
+        """Apply every record of ``session_id``'s control file past ``seq`` (by default all, those
+        already there too), read again whenever its size is no longer ``size``."""
+        self._watched[session_id] = _Watched(apply, size, seq)
 
     def unwatch(self, session_id: str) -> None:
         self._watched.pop(session_id, None)

@@ -35,7 +35,6 @@ from subagents.worker.logcontext import bind
 from subagents.worker.protocol import Budget, TurnOutcome, TurnSpec
 
 from .backend import TurnChildren, TurnResult, TurnRpcHandler, TurnTicket, WorkerRef
-from .control_poller import ControlPoller
 from .creator import CreatorStatistics, SessionCreator
 from .errors import CancelledBeforeStartError, SupervisorClosedError
 from .models import Provider, SubagentRequest, SubagentResult
@@ -156,7 +155,6 @@ class OneShotRuns:
         self._rpc_for = rpc_for
         self._runs: dict[str, SubagentRun] = {}
         self._creator = SessionCreator(rt.store)
-        self._control = ControlPoller(rt.store)
 
     @property
     def runs(self) -> Mapping[str, SubagentRun]:
@@ -180,10 +178,6 @@ class OneShotRuns:
             return False
         run.cancel("user")
         return True
-
-    async def watch_control(self, poll_s: float) -> None:
-        """Carry out what other processes ask of the runs held here (their control files); runs until cancelled."""
-        await self._control.run(poll_s)
 
     def _apply_control(self, run: SubagentRun, record: ControlRecord) -> None:
         if record.kind == "interrupt":
@@ -236,7 +230,7 @@ class OneShotRuns:
         state = _RunState(children=None)
         run = SubagentRun(self, child_id, rt.ids.new(), state)
         self._runs[child_id] = run
-        self._control.watch(child_id, lambda record: self._apply_control(run, record))
+        rt.control.watch(child_id, lambda record: self._apply_control(run, record))
         rt.agents.add_child(child_id, depth=placement.depth, sandbox=placement.sandbox, parent=placement.parent_id)
         info = {"run_id": run.run_id, "provider": provider.name, "id": child_id, "local": True}
         rt.events.emit("subagent/start", info)
@@ -332,7 +326,7 @@ class OneShotRuns:
                     except FencedError:
                         log.warning("lease of %s was taken over before release", spec.session_id, extra=fields)
                 rt.agents.remove(spec.session_id)
-                self._control.unwatch(spec.session_id)
+                rt.control.unwatch(spec.session_id)
         state.result = result
         state.done.set()
         rt.events.emit("subagent/end", {**info, "stop_reason": result.stop_reason, "last_assistant_message": result.output or None})

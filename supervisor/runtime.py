@@ -20,6 +20,7 @@ from subagents.store import IdGenerator, Store
 from .agents import LiveAgents
 from .backend import Pool
 from .config import SupervisorConfig
+from .control_poller import ControlPoller
 from .events import EventBus
 from .registry import ProviderRegistry
 from .setup import SetupRegistry
@@ -39,3 +40,4 @@ class Runtime:
     events: EventBus
     agents: LiveAgents
     setups: SetupRegistry
+    control: ControlPoller  # the control files of every child held here, one-shot or continuable

@@ -52,6 +52,7 @@ from .config import SupervisorConfig
 from .config_loader import load_config
 from .backend import Pool, PoolStatistics
 from .continuable import ContinuationManager
+from .control_poller import ControlPoller
 from .errors import SupervisorClosedError, UnauthorizedError, WaitTimeoutError
 from .events import EventBus
 from .interrupts import Interrupts
@@ -119,7 +120,7 @@ class Supervisor:
         self.pool: Pool = _make_pool(config, store)
         self.runtime = Runtime(
             store=store, config=config, ids=self.ids, tg=tg, owner_id=self.lease_keeper.owner_id, pool=self.pool,
-            registry=self.registry, events=self.events, agents=self.agents, setups=SetupRegistry(),
+            registry=self.registry, events=self.events, agents=self.agents, setups=SetupRegistry(), control=ControlPoller(store),
         )
         self.runs = OneShotRuns(self.runtime, rpc_for=self._turn_rpc)
         self.continuation = ContinuationManager(self.runtime, rpc_for=self._turn_rpc)
@@ -145,7 +146,7 @@ class Supervisor:
                 sup.lease_keeper.start()
                 tg.start_soon(sup.lease_keeper.run)
                 tg.start_soon(sup.continuation.watch_store, cfg.control_poll_s)
-                tg.start_soon(sup.runs.watch_control, cfg.control_poll_s)
+                tg.start_soon(sup.runtime.control.run, cfg.control_poll_s)
                 try:
                     await sup.pool.start(tg)
                     try:

@@ -108,7 +108,6 @@ class Activation:
     disposed: anyio.Event = field(default_factory=anyio.Event)
     # -- what the store watcher (watcher.py) has seen of files other processes append to
     mailbox_size: int = 0
-    control_seq: int = -1
 
     @property
     def child_id(self) -> str:

@@ -39,7 +39,7 @@ class ContinuationManager:
         self._rt = rt
         self._table = ActivationTable(rt.agents)
         self._admission = Admission(self._table)
-        self._watcher = StoreWatcher(rt.store, self._table, apply=self._apply_control)
+        self._watcher = StoreWatcher(rt.store, self._table, rt.control, apply=self._apply_control)
         self._materializer = Materializer(rt, self._table, self._admission, self._watcher, launch=self._launch)
         self._delivery = Delivery(rt, self._table, self._admission, self._materializer)
         self._teardown = Teardown(rt, self._table, self._admission, self._delivery)
