@@ -86,6 +86,7 @@ class ServiceWriter:
         self._queued_seq = next_seq  # ... after everything appended
         self._error: SubagentError | None = None
         self._closing = False
+        self._closed_on_service = False
         self._idle_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self.batches_sent = 0
         self._sender = threading.Thread(target=self._send_loop, name=f"store-writer-{session_id}", daemon=True)
@@ -175,23 +176,42 @@ class ServiceWriter:
                     return
 
     def release_lease(self, owner: str) -> None:
-        """Release the lease through the service (after ``flush``: the closing commit is acknowledged)."""
-        _call(self._call, "release_lease", session_id=self.session_id, owner=owner, epoch=self.epoch)
+        """Release ``owner``'s lease and close this writer on the service, in one call.
+
+        A one-shot turn's last act on its log, after ``flush`` (its closing
+        commit is acknowledged): the writer takes no append after it, and
+        ``close`` has nothing left to send. ``FencedError`` when the lease moved
+        on (nothing written); the service's writer is closed either way. A
+        writer that never sent a batch (never opened there) releases alone.
+        """
+        self._stop_sender()
+        if not self._on_service():
+            _call(self._call, "release_lease", session_id=self.session_id, owner=owner, epoch=self.epoch)
+            return
+        self._closed_on_service = True
+        _call(self._call, "close_writer", writer_id=self._writer_id, release_owner=owner)
 
     def close(self) -> None:
         """Send what is still queued, stop the sender, close the service's writer (best effort)."""
-        with self._cond:
-            if self._closing:
-                return
-            self._closing = True
-            self._cond.notify_all()
-        self._sender.join()
-        if self._opening is not None and not self.batches_sent:
-            return  # never sent a batch, so never opened on the service: nothing to close there
+        self._stop_sender()
+        if self._closed_on_service or not self._on_service():
+            return  # closed by the release, or never opened on the service: nothing to close there
+        self._closed_on_service = True
         try:
             _call(self._call, "close_writer", writer_id=self._writer_id)
         except SubagentError:
             log.warning("closing the remote writer of %s failed", self.session_id, exc_info=True)
+
+    def _stop_sender(self) -> None:
+        """Let the sender send what is queued, then stop it; the writer takes no more appends."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._sender.join()
+
+    def _on_service(self) -> bool:
+        """Whether the service has this writer open (a batch went out: the first opens it, even if it failed)."""
+        return self._opening is None or self.batches_sent > 0
 
 
 def _resolve(idle: "asyncio.Future[None]") -> None:

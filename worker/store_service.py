@@ -38,13 +38,9 @@ from typing import Any
 import anyio
 import msgpack
 
-from subagents.store.errors import SubagentError
-from subagents.store.lease import release_lease
-from subagents.store.log import LogWriter
-from subagents.store.reader import inspect
-from subagents.store.root import Store
+from subagents.store import Store, SubagentError, release_lease
 
-from .sessions import attachable
+from .sessions import LocalSessions, LocalWriter, attachable
 
 __all__ = ["StoreService", "pack_events", "unpack_events"]
 
@@ -64,7 +60,7 @@ def unpack_events(raw: bytes) -> list[tuple[str, Any]]:
 
 @dataclass(eq=False)
 class _OpenWriter:
-    writer: LogWriter
+    writer: LocalWriter
     lock: anyio.Lock = field(default_factory=anyio.Lock)
 
 
@@ -73,6 +69,8 @@ class StoreService:
 
     def __init__(self, store_root: str, durability: str) -> None:
         self._store = Store(store_root, durability=durability, create=False)
+        # the local turn's own access to the store: a remote turn's writer is the writer a local turn would have
+        self._sessions = LocalSessions(self._store)
         self._writers: dict[str, _OpenWriter] = {}
 
     async def ping(self) -> Reply:
@@ -84,7 +82,7 @@ class StoreService:
         if writer_id in self._writers:
             return _error(SubagentError(f"writer {writer_id} is already open", code="WRITER_EXISTS", writer_id=writer_id))
         try:
-            writer = await anyio.to_thread.run_sync(lambda: LogWriter.open(self._store, session_id, epoch=epoch))
+            writer = await anyio.to_thread.run_sync(lambda: self._sessions.open_writer(session_id, epoch=epoch))
         except SubagentError as exc:
             return _error(exc)
         self._writers[writer_id] = _OpenWriter(writer)
@@ -93,12 +91,11 @@ class StoreService:
     async def _attach(self, writer_id: str, opening: dict[str, Any]) -> _OpenWriter:
         """The writer a first append opens: attached to the log its creator left (``TurnSpec.log_state``),
         read nothing at open; its first append takes the lock and checks the fence as any other."""
-        state = attachable(opening.get("log_state"))
-        if state is None:
+        log_state = opening.get("log_state")
+        if attachable(log_state) is None:
             raise SubagentError(f"writer {writer_id} was asked to open without a usable log state", code="WRITER_CLOSED", writer_id=writer_id)
-        header, projection = state
         writer = await anyio.to_thread.run_sync(
-            lambda: LogWriter.attach(self._store, str(opening["session_id"]), epoch=int(opening["epoch"]), projection=projection, header=header)
+            lambda: self._sessions.open_writer(str(opening["session_id"]), epoch=int(opening["epoch"]), log_state=log_state)
         )
         if writer_id in self._writers:  # a replayed first batch opened it meanwhile: one writer per id
             writer.close()
@@ -132,22 +129,41 @@ class StoreService:
                 return _error(exc)
             return {"next_seq": entry.writer.next_seq}
 
-    async def close_writer(self, writer_id: str) -> Reply:
+    async def close_writer(self, writer_id: str, release_owner: str | None = None) -> Reply:
+        """Close a remote turn's writer; with ``release_owner``, first release that owner's lease through it.
+
+        The release is a one-shot turn's last act on its log, after its closing
+        commit, and the close follows it at once: one call for both. It is the
+        local turn's release (``LocalWriter.release_lease``): fenced under the
+        session lock, ``FencedError`` (nothing written) when the lease moved on.
+        The writer is closed either way. Not durable, as any release.
+        """
         entry = self._writers.pop(writer_id, None)
-        if entry is not None:
-            async with entry.lock:
+        if entry is None:
+            if release_owner is not None:
+                return _error(SubagentError(f"writer {writer_id} is not open: nothing to release through", code="WRITER_CLOSED", writer_id=writer_id))
+            return {}
+        async with entry.lock:
+            try:
+                if release_owner is not None:
+                    # a lock, a fstat, a lease file renamed, no fsync: on the loop, as a plain append
+                    entry.writer.release_lease(release_owner)
+            except SubagentError as exc:
+                return _error(exc)
+            finally:
                 entry.writer.close()
         return {}
 
     async def history(self, session_id: str) -> Reply:
         """The valid prefix of a session's log, read-only (``ctx.history()``)."""
         try:
-            found = await anyio.to_thread.run_sync(inspect, self._store, session_id)
+            events = await anyio.to_thread.run_sync(self._sessions.history, session_id)
         except SubagentError as exc:
             return _error(exc)
-        return {"events": msgpack.packb(found.events, use_bin_type=True)}
+        return {"events": msgpack.packb(events, use_bin_type=True)}
 
     async def release_lease(self, session_id: str, owner: str, epoch: int) -> Reply:
+        """Release a lease without a writer (a turn whose writer never reached this service)."""
         try:
             await anyio.to_thread.run_sync(release_lease, self._store, session_id, owner, epoch)
         except SubagentError as exc:

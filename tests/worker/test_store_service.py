@@ -15,8 +15,8 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from subagents.store import Store, acquire_lease, create_session, inspect, read_header, read_projection
-from subagents.store.errors import FencedError
+from subagents.store import Store, acquire_lease, create_session, inspect, read_header, read_lease, read_projection
+from subagents.store.errors import FencedError, SubagentError
 from subagents.store.log import SeqMismatchError
 from subagents.worker.service_writer import ServiceSessions, ServiceWriter, StoreServiceError
 from subagents.worker.store_service import StoreService, pack_events
@@ -249,3 +249,50 @@ def test_a_log_state_that_does_not_parse_opens_in_a_round_trip(st: Store, host: 
 
 async def _statistics(service: StoreService) -> dict[str, Any]:
     return service.statistics()
+
+
+def test_the_release_and_the_close_at_turn_end_are_one_call(st: Store, host: ServiceHost) -> None:
+    """Issue 11: a one-shot turn's last act on its log (release its lease, close its writer) is one
+    round trip to the store service, not two; the lease is released and the service's writer closed."""
+    state = _creator_state(st, "s1")
+    writer = ServiceSessions(host.call).open_writer("s1", epoch=1, log_state=state)
+    writer.append([("turn/start", {"message_id": "m"}), ("turn/end", {"stop_reason": "completed", "diagnostic": None})], commit=True)
+    asyncio.run(writer.flush())
+    host.calls.clear()
+    writer.release_lease("01CREATOR")
+    writer.close()
+    assert [method for method, _ in host.calls] == ["close_writer"]
+    lease = read_lease(st, "s1")
+    assert lease is not None and (lease.state, lease.epoch) == ("released", 1)
+    assert host.run(lambda: _statistics(host.service))["open_writers"] == 0
+    with pytest.raises(SubagentError, match="closed"):
+        writer.append([("assistant/message", {"text": "after the release"})])
+
+
+def test_a_release_after_a_takeover_is_fenced_and_still_closes_the_writer_in_that_call(st: Store, host: ServiceHost) -> None:
+    """The lease moved on (epoch + 1) between the closing commit and the release: ``FencedError``, the
+    new holder's lease untouched, and the service's writer closed by that same call."""
+    state = _creator_state(st, "s1")
+    writer = ServiceSessions(host.call).open_writer("s1", epoch=1, log_state=state)
+    writer.append([("turn/start", {"message_id": "m"})], commit=True)
+    asyncio.run(writer.flush())
+    assert acquire_lease(st, "s1", "01OWNER").epoch == 2
+    host.calls.clear()
+    with pytest.raises(FencedError):
+        writer.release_lease("01CREATOR")
+    writer.close()
+    assert [method for method, _ in host.calls] == ["close_writer"]
+    lease = read_lease(st, "s1")
+    assert lease is not None and (lease.owner, lease.epoch) == ("01OWNER", 2) and lease.state != "released"
+    assert host.run(lambda: _statistics(host.service))["open_writers"] == 0
+
+
+def test_a_writer_that_never_sent_a_batch_still_releases(st: Store, host: ServiceHost) -> None:
+    """Not open on the service yet (its first batch opens it): the release goes alone, and nothing is closed there."""
+    state = _creator_state(st, "s1")
+    writer = ServiceSessions(host.call).open_writer("s1", epoch=1, log_state=state)
+    writer.release_lease("01CREATOR")
+    writer.close()
+    assert [method for method, _ in host.calls] == ["release_lease"]
+    lease = read_lease(st, "s1")
+    assert lease is not None and lease.state == "released"
