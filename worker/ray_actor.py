@@ -33,6 +33,7 @@ from .logcontext import FieldsFilter
 from .protocol import Cancel, Reply, Rpc, RunTurn, TurnDone, TurnOutcome, decode, encode
 from .runner import TurnRunner
 from .service_writer import ServiceCall, ServiceSessions
+from .store_service import decode_reply, encode_request
 
 __all__ = ["SubagentWorker", "service_transport", "SERVICE_CALL_TIMEOUT_S"]
 
@@ -50,7 +51,7 @@ def service_transport(handle: Any) -> ServiceCall:
     """A blocking ``ServiceCall`` over the store service's actor handle (for the writer's sender thread)."""
 
     def call(method: str, **kwargs: Any) -> dict[str, Any]:
-        return ray.get(getattr(handle, method).remote(**kwargs), timeout=SERVICE_CALL_TIMEOUT_S)
+        return decode_reply(ray.get(handle.call.remote(encode_request(method, kwargs)), timeout=SERVICE_CALL_TIMEOUT_S))
 
     return call
 

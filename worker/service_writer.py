@@ -29,13 +29,11 @@ import threading
 import uuid
 from typing import Any, Callable, Sequence
 
-import msgpack
-
 from subagents.store.errors import SubagentError, UnsupportedFormatError, from_wire
 from subagents.store.events import EVENT_TYPES
 
 from .sessions import attachable
-from .store_service import pack_events
+from .store_service import join_events, pack_event
 
 __all__ = ["ServiceCall", "ServiceSessions", "ServiceWriter", "StoreServiceError"]
 
@@ -79,7 +77,7 @@ class ServiceWriter:
         # not yet open on the service: the first batch carries this and opens it (one round trip, not two)
         self._opening = opening
         self._cond = threading.Condition()
-        self._queue: list[tuple[str, Any]] = []  # appended, not yet sent
+        self._queue: list[bytes] = []  # appended (each event packed), not yet sent
         self._commit = False  # a commit point is among the queued appends
         self._in_flight = False
         self._sent_seq = next_seq  # the log's next seq after every acknowledged batch
@@ -101,7 +99,7 @@ class ServiceWriter:
         for kind, _ in batch:
             if kind not in EVENT_TYPES:
                 raise UnsupportedFormatError(f'event type "{kind}" is not one this store writes', event_type=kind)
-        pack_events(list(batch))  # refuse what msgpack cannot carry now, not in the sender thread
+        packed = [pack_event(kind, data) for kind, data in batch]  # once; refuses what msgpack cannot carry now
         with self._cond:
             if self._error is not None:
                 raise self._error
@@ -109,7 +107,7 @@ class ServiceWriter:
                 raise SubagentError(f'writer of session "{self.session_id}" is closed', code="WRITER_CLOSED")
             seq = self._queued_seq
             records = [{"seq": seq + i, "ts": None, "type": kind, "data": data, "epoch": self.epoch} for i, (kind, data) in enumerate(batch)]
-            self._queue.extend(batch)
+            self._queue.extend(packed)
             self._queued_seq += len(batch)
             self._commit = self._commit or commit
             self._cond.notify_all()
@@ -155,7 +153,7 @@ class ServiceWriter:
             next_seq = first_seq
             opening = {"opening": self._opening} if self._opening is not None else {}
             try:
-                reply = _call(self._call, "append", writer_id=self._writer_id, first_seq=first_seq, events=pack_events(batch), commit=commit,
+                reply = _call(self._call, "append", writer_id=self._writer_id, first_seq=first_seq, events=join_events(batch), commit=commit,
                               **opening)
                 next_seq = int(reply["next_seq"])
                 self._opening = None  # only the sender thread reads or clears it
@@ -238,6 +236,5 @@ class ServiceSessions:
         return ServiceWriter(self._call, session_id, epoch, writer_id, int(reply["next_seq"]))
 
     def history(self, session_id: str) -> list[dict[str, Any]]:
-        reply = _call(self._call, "history", session_id=session_id)
-        return list(msgpack.unpackb(reply["events"], raw=False))
+        return list(_call(self._call, "history", session_id=session_id)["events"])
 

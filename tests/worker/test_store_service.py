@@ -8,6 +8,7 @@ threads really run concurrently on the service, as they do on an async actor.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import threading
 import time
 from pathlib import Path
@@ -19,13 +20,14 @@ from subagents.store import Store, acquire_lease, create_session, inspect, read_
 from subagents.store.errors import FencedError, SubagentError
 from subagents.store.log import SeqMismatchError
 from subagents.worker.service_writer import ServiceSessions, ServiceWriter, StoreServiceError
-from subagents.worker.store_service import StoreService, pack_events
+from subagents.worker.store_service import StoreService, decode_reply, encode_request, join_events, pack_event, pack_events, unpack_events
 
 DEADLINE_S = 20.0
 
 
 class ServiceHost:
-    """A ``StoreService`` on its own event loop thread; ``call`` is a blocking transport to it."""
+    """A ``StoreService`` on its own event loop thread; ``call`` is a blocking transport to it, in the
+    bytes a Ray transport carries (``encode_request`` / ``StoreService.call`` / ``decode_reply``)."""
 
     def __init__(self, store: Store) -> None:
         self.loop = asyncio.new_event_loop()
@@ -44,9 +46,10 @@ class ServiceHost:
         self.calls.append((method, kwargs))
         if method == "append" and self.gate is not None:
             assert self.gate.wait(DEADLINE_S)
-        return self.run(lambda: getattr(self.service, method)(**kwargs))
+        return decode_reply(self.run(lambda: self.service.call(encode_request(method, kwargs))))
 
     def close(self) -> None:
+        self.service.close()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(DEADLINE_S)
         self.loop.close()
@@ -97,7 +100,7 @@ def test_appends_reach_the_log_with_contiguous_seqs(st: Store, host: ServiceHost
     assert [(e["seq"], e["type"], e["epoch"]) for e in events] == [(0, "turn/start", epoch), (1, "assistant/message", epoch), (2, "turn/end", epoch)]
     assert all(isinstance(e["ts"], float) for e in events)  # stamped on the store's host
     assert ServiceSessions(host.call).history("s1") == events
-    assert host.service.statistics() == {"open_writers": 0}
+    assert host.service.statistics()["open_writers"] == 0
 
 
 def test_queued_appends_coalesce_behind_the_one_in_flight(st: Store, host: ServiceHost) -> None:
@@ -296,3 +299,38 @@ def test_a_writer_that_never_sent_a_batch_still_releases(st: Store, host: Servic
     assert [method for method, _ in host.calls] == ["release_lease"]
     lease = read_lease(st, "s1")
     assert lease is not None and lease.state == "released"
+
+
+def test_events_packed_one_by_one_join_into_the_batch_pack_events_makes() -> None:
+    """The writer packs each event once, when appended; the batch it sends is the same bytes as packing it whole."""
+    batch = [("turn/start", {"message_id": "m"}), ("assistant/message", {"text": "h\u00e9", "raw": b"\x00\x01"})]
+    joined = join_events([pack_event(kind, data) for kind, data in batch])
+    assert joined == pack_events(batch)
+    assert unpack_events(joined) == batch
+    assert unpack_events(join_events([])) == []
+
+
+def test_a_call_the_service_does_not_have_is_refused(st: Store, host: ServiceHost) -> None:
+    with pytest.raises(ValueError, match="no call"):
+        host.run(lambda: host.service.call(encode_request("delete_everything", {})))
+
+
+def test_a_cancelled_append_holds_its_writer_until_the_write_is_over(st: Store, host: ServiceHost) -> None:
+    """The append runs in the service's threads; its caller cancelled meanwhile (an actor call cancelled)
+    must not let the next call on that writer run beside it: the cancelled call ends only with the write."""
+    epoch = leased(st, "s1")
+    host.call("open_writer", writer_id="w", session_id="s1", epoch=epoch)
+    batch = pack_events([("assistant/message", {"text": "x"})])
+    with open(st.path("s1", ".lock"), "rb") as held:  # the session's lock (FORMAT.md): the append waits for it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        task: list[asyncio.Task[Any]] = []
+        host.loop.call_soon_threadsafe(lambda: task.append(host.loop.create_task(host.service.append("w", 0, batch, True))))
+        wait_for(lambda: host.service.statistics()["in_threads"] == 1, "the append to reach the service's threads")
+        host.loop.call_soon_threadsafe(task[0].cancel)
+        host.run(lambda: asyncio.sleep(0))  # the cancellation delivered
+        assert not task[0].done()  # still waiting for its write, so the writer's lock is still held
+        fcntl.flock(held, fcntl.LOCK_UN)
+    wait_for(lambda: task[0].done(), "the cancelled append to end")
+    assert task[0].cancelled()
+    assert [e["seq"] for e in inspect(st, "s1").events] == [0]  # the write itself went through, once
+    assert "next_seq" in host.call("append", writer_id="w", first_seq=1, events=batch, commit=False)
