@@ -15,11 +15,13 @@ spread over the cluster (``worker_num_cpus`` each, SPREAD). Worker actors have
 precise ``ActorDiedError`` (a restarting actor only says "unavailable") and
 keeps turns at-most-once (a turn calls tools and models; it must never rerun).
 
-Dispatch, parking and cancellation follow the local pool (``pool.py``): an
-actor takes a queued turn while fewer than ``turns_per_worker`` of its
-resident turns are running; a turn blocked in ``spawn_wait``/``wait_run`` is
-parked and frees its slot, so nested delegation never deadlocks; a cancelled
-turn that ignores it for ``cancel_grace_s`` has its actor killed (``ray.kill``).
+Dispatch, parking and cancellation are the local pool's own, shared
+(``Dispatcher``, ``dispatch.py``): an actor takes a queued turn while fewer
+than ``turns_per_worker`` of its resident turns are running; a turn blocked in
+``spawn_wait``/``wait_run`` is parked and frees its slot, so nested delegation
+never deadlocks; a cancelled turn that ignores it for ``cancel_grace_s`` has
+its actor killed (``ray.kill``). This module reaches the actors and turns a
+cluster's verdicts on them into outcomes.
 
 A dead actor (its process killed, its node lost, Ray's memory monitor) ends
 every turn resident on it ``error`` — ``aborted`` if it was being cancelled —
@@ -30,31 +32,24 @@ across hosts "dead" is only the cluster's belief.
 
 One owner for the mutable state: every method and task runs on the
 supervisor's asyncio loop. Ray is imported only when this pool starts.
-
-About 460 lines: dispatch and parking mirror ``pool.py`` (one scheduler shared
-by both pools is the next step), and the death handling of a cluster
-(unavailable vs dead, replacements that wait for room) has no local twin.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import logging
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
-from subagents.store.errors import SubagentError
 from subagents.worker.errors import WorkerCrashedError
-from subagents.worker.protocol import BLOCKING_RPCS, Reply, Rpc, RunTurn, TurnDone, TurnOutcome, TurnSpec, decode, encode
+from subagents.worker.protocol import Reply, Rpc, RunTurn, TurnDone, TurnOutcome, decode, encode
 
-from .backend import PoolStatistics, RpcHandler, StartedCallback, TurnResult, TurnTicket, WorkerRef
+from .backend import WorkerRef
 from .config import RayConfig
-from .errors import RayUnavailableError, RpcError, SupervisorClosedError
+from .dispatch import Dispatcher, Turn, WorkerSlot
+from .errors import RayUnavailableError
 from .ray_cluster import join, require_ray
 
 __all__ = ["RayPool", "crash_cause"]
@@ -71,34 +66,11 @@ _DEATH_VERDICT_S = 5.0
 
 
 @dataclass(eq=False)
-class _Turn:
-    """One queued or resident turn: the pool's ticket (``TurnTicket``), owned by the pool's tasks."""
-
-    call_id: int
-    spec: TurnSpec
-    on_rpc: RpcHandler
-    done: anyio.Event = field(default_factory=anyio.Event)
-    outcome: TurnOutcome | None = None
-    crashed: bool = False
-    worker: "_Actor | None" = None
-    parked: int = 0
-    cancel_reason: str | None = None
-
-
-@dataclass(eq=False)
-class _Actor:
-    index: int
+class _Actor(WorkerSlot):
     handle: Any
     node_id: str
     ip: str
-    pid: int
-    turns: dict[int, _Turn] = field(default_factory=dict)
-    alive: bool = True
     dead: anyio.Event = field(default_factory=anyio.Event)  # set once the pool has handled its death
-
-    @property
-    def running(self) -> int:
-        return sum(1 for t in self.turns.values() if t.parked == 0)
 
     @property
     def node(self) -> str:
@@ -107,6 +79,9 @@ class _Actor:
 
     def ref(self) -> WorkerRef:
         return WorkerRef(self.node, self.pid)
+
+    def describe(self) -> str:
+        return f"{self.pid} on node {self.node}"
 
 
 def crash_cause(exc: BaseException) -> str:
@@ -133,32 +108,23 @@ def _between(text: str, start: str, end: str) -> str | None:
     return text[begin:] if stop < 0 else text[begin:stop]
 
 
-class RayPool:
+class RayPool(Dispatcher[_Actor]):
     """``Pool`` over ``SubagentWorker`` actors of a Ray cluster, appending through a ``StoreService``."""
 
     def __init__(
         self, *, size: int, ray: RayConfig, store_root: str, durability: str, ready_timeout_s: float, cancel_grace_s: float,
         log_level: int = logging.WARNING, turns_per_worker: int = 1,
     ) -> None:
-        self.size = size
+        super().__init__(size=size, turns_per_worker=turns_per_worker, cancel_grace_s=cancel_grace_s)
         self._config = ray
         self._store_root = store_root
         self._durability = durability
         self._ready_timeout_s = ready_timeout_s
-        self._cancel_grace_s = cancel_grace_s
         self._log_level = log_level
-        self._turns_per_worker = turns_per_worker
-        self._actors: list[_Actor | None] = [None] * size
-        self._queue: deque[_Turn] = deque()
-        self._call_ids = itertools.count(1)
-        self._tg: anyio.abc.TaskGroup | None = None
-        self._closing = False
         self._joined = False
         self._service: Any = None
         self._worker_class: Any = None
         self._pending: dict[int, Any] = {}  # index → an actor handle not ready yet (killed on close)
-        self._started = 0
-        self._crash_count = 0
 
     # -- life cycle ------------------------------------------------------------
 
@@ -230,11 +196,11 @@ class RayPool:
                 delay = min(delay * 2, 2.0)
 
     def _admit(self, index: int, handle: Any, where: dict[str, Any]) -> None:
-        actor = _Actor(index, handle, where["node_id"], where["ip"], where["pid"])
+        actor = _Actor(index, where["pid"], handle, where["node_id"], where["ip"])
         if self._closing:
             self._kill(actor.handle)
             return
-        self._actors[index] = actor
+        self._slots[index] = actor
         self._started += 1
         assert self._tg is not None
         self._tg.start_soon(self._watch, actor)
@@ -242,15 +208,13 @@ class RayPool:
 
     async def aclose(self) -> None:
         self._closing = True
-        for handle in list(self._queue):
-            self._finish(handle, TurnOutcome(stop_reason="aborted", diagnostic="the supervisor closed before the turn ran"))
-        self._queue.clear()
-        for actor in self._actors:
+        self._abort_queued()
+        for actor in self._slots:
             if actor is not None and actor.alive:
                 actor.alive = False
                 self._kill(actor.handle)
-                for handle in list(actor.turns.values()):
-                    self._finish(handle, TurnOutcome(stop_reason="aborted", diagnostic="the supervisor closed during the turn"), crashed=True)
+                for turn in list(actor.turns.values()):
+                    self._finish(turn, TurnOutcome(stop_reason="aborted", diagnostic="the supervisor closed during the turn"), crashed=True)
         for handle in list(self._pending.values()):
             self._kill(handle)
         if self._service is not None:
@@ -271,90 +235,53 @@ class RayPool:
         except ValueError:
             pass  # not an actor handle any more (already gone)
 
-    # -- turns -------------------------------------------------------------------
+    # -- reaching an actor (the dispatcher's hooks) ----------------------------------
 
-    async def run_turn(self, spec: TurnSpec, on_rpc: RpcHandler, *, started: StartedCallback | None = None) -> TurnResult:
-        if self._closing:
-            raise SupervisorClosedError("the supervisor is closed")
-        handle = _Turn(next(self._call_ids), spec, on_rpc)
-        self._queue.append(handle)
-        if started is not None:
-            started(handle)
-        self._schedule()
-        await handle.done.wait()
-        assert handle.outcome is not None
-        return TurnResult(handle.outcome, None if handle.worker is None else handle.worker.ref(), handle.crashed)
-
-    def cancel(self, ticket: TurnTicket, reason: str = "user") -> None:
-        """Ask a turn to stop; kill its actor if it ignores that past the grace period."""
-        assert isinstance(ticket, _Turn), "a ticket of another pool"
-        handle = ticket
-        if handle.done.is_set() or handle.cancel_reason is not None:
-            return
-        handle.cancel_reason = reason
-        if handle.worker is None:
-            if handle in self._queue:
-                self._queue.remove(handle)
-            self._finish(handle, TurnOutcome(stop_reason="aborted", diagnostic=f"the turn was cancelled ({reason}) before it started"))
-            return
+    def _hand_over(self, actor: _Actor, turn: Turn) -> bool:
         assert self._tg is not None
-        self._tg.start_soon(self._send_cancel, handle.worker, handle, reason)
-        self._tg.start_soon(self._enforce_cancel, handle)
+        self._tg.start_soon(self._drive, actor, turn)
+        return True
 
-    async def _send_cancel(self, actor: _Actor, handle: _Turn, reason: str) -> None:
+    def _send_cancel(self, actor: _Actor, turn: Turn, reason: str) -> None:
+        assert self._tg is not None
+        self._tg.start_soon(self._cancel_call, actor, turn, reason)
+
+    async def _cancel_call(self, actor: _Actor, turn: Turn, reason: str) -> None:
         from ray.exceptions import RayActorError
 
         try:
-            await actor.handle.cancel.remote(handle.call_id, reason)
+            await actor.handle.cancel.remote(turn.call_id, reason)
         except RayActorError:
             pass  # the actor died: _watch reports it
 
-    async def _enforce_cancel(self, handle: _Turn) -> None:
-        with anyio.move_on_after(self._cancel_grace_s):
-            await handle.done.wait()
+    async def _send_reply(self, actor: _Actor, turn: Turn | None, reply: Reply) -> None:
+        from ray.exceptions import RayActorError
+
+        if turn is not None and turn.done.is_set():
             return
-        actor = handle.worker
-        if actor is not None and actor.alive and not handle.done.is_set():
-            log.warning("turn ignored cancellation for %.1fs; killing worker %s on node %s", self._cancel_grace_s, actor.pid, actor.node)
-            self._kill(actor.handle)
+        try:
+            await actor.handle.reply.remote(encode(reply))
+        except RayActorError:
+            pass  # the actor died: _watch reports it
 
-    def _finish(self, handle: _Turn, outcome: TurnOutcome, *, crashed: bool = False) -> None:
-        if handle.done.is_set():
-            return
-        handle.outcome, handle.crashed = outcome, crashed
-        if handle.worker is not None:
-            handle.worker.turns.pop(handle.call_id, None)
-        handle.done.set()
+    def _kill_worker(self, actor: _Actor) -> None:
+        self._kill(actor.handle)
 
-    def _schedule(self) -> None:
-        for actor in self._actors:
-            if not self._queue:
-                return
-            if actor is None or not actor.alive or actor.running >= self._turns_per_worker:
-                continue
-            handle = self._queue.popleft()
-            handle.worker = actor
-            actor.turns[handle.call_id] = handle
-            assert self._tg is not None
-            self._tg.start_soon(self._drive, actor, handle)
+    # -- per-actor tasks -------------------------------------------------------------
 
-    async def _drive(self, actor: _Actor, handle: _Turn) -> None:
+    async def _drive(self, actor: _Actor, turn: Turn) -> None:
         """Stream one turn's frames: serve its RPCs, finish it on ``TurnDone``; a dead actor is a crash."""
         from ray.exceptions import ActorUnavailableError, RayActorError
 
         try:
-            stream = actor.handle.run_turn.options(num_returns="streaming").remote(encode(RunTurn(call_id=handle.call_id, spec=handle.spec, node=f"{actor.node}:{actor.pid}")))
+            stream = actor.handle.run_turn.options(num_returns="streaming").remote(encode(RunTurn(call_id=turn.call_id, spec=turn.spec, node=f"{actor.node}:{actor.pid}")))
             async for ref in stream:
                 msg = decode(await ref)
                 if isinstance(msg, Rpc):
                     assert self._tg is not None
-                    self._tg.start_soon(self._serve_rpc, actor, handle, msg)
+                    self._tg.start_soon(self._serve_rpc, actor, turn, msg)
                 elif isinstance(msg, TurnDone):
-                    outcome = msg.outcome
-                    if handle.cancel_reason is not None and outcome.stop_reason == "completed":
-                        outcome = dataclasses.replace(outcome, stop_reason="aborted")
-                    self._finish(handle, outcome)
-                    self._schedule()
+                    self._turn_done(turn, msg.outcome)
                     return
         except ActorUnavailableError as exc:
             # _watch gets the verdict (dead, with its cause; or killed past a deadline)
@@ -368,37 +295,13 @@ class RayPool:
             await self._crashed(actor, exc)
             return
         except Exception as exc:  # the stream broke without the actor dying: this turn alone ends
-            log.exception("turn %s on worker %s failed in transit", handle.spec.session_id, actor.pid)
-            self._finish(handle, TurnOutcome(stop_reason="error", diagnostic=f"{type(exc).__name__}: {exc}"[:4000]), crashed=True)
+            log.exception("turn %s on worker %s failed in transit", turn.spec.session_id, actor.pid)
+            self._finish(turn, TurnOutcome(stop_reason="error", diagnostic=f"{type(exc).__name__}: {exc}"[:4000]), crashed=True)
             self._schedule()
             return
-        if not handle.done.is_set():
-            self._finish(handle, TurnOutcome(stop_reason="error", diagnostic="the worker's stream ended without an outcome"), crashed=True)
+        if not turn.done.is_set():
+            self._finish(turn, TurnOutcome(stop_reason="error", diagnostic="the worker's stream ended without an outcome"), crashed=True)
             self._schedule()
-
-    async def _serve_rpc(self, actor: _Actor, handle: _Turn, msg: Rpc) -> None:
-        from ray.exceptions import RayActorError
-
-        blocking = msg.method in BLOCKING_RPCS
-        if blocking:
-            handle.parked += 1
-            self._schedule()
-        try:
-            value = await handle.on_rpc(msg.method, msg.args)
-            reply = Reply(rpc_id=msg.rpc_id, ok=True, value=value)
-        except SubagentError as exc:
-            reply = Reply(rpc_id=msg.rpc_id, ok=False, error=exc.to_wire())
-        except Exception as exc:  # isolation boundary: a failure serving one request goes back to its turn as an error
-            log.exception("rpc %s failed", msg.method)
-            reply = Reply(rpc_id=msg.rpc_id, ok=False, error=RpcError.failed(exc).to_wire())
-        finally:
-            if blocking:
-                handle.parked -= 1
-        if actor.alive and not handle.done.is_set():
-            try:
-                await actor.handle.reply.remote(encode(reply))
-            except RayActorError:
-                pass  # the actor died: _watch reports it
 
     async def _watch(self, actor: _Actor) -> None:
         """Keep one ``watch()`` call pending on the actor; its failure is the death sentinel.
@@ -439,33 +342,8 @@ class RayPool:
         self._crash_count += 1
         crash = WorkerCrashedError(actor.pid, None, node=actor.node, cause=crash_cause(exc))
         log.error("%s", crash)
-        for handle in list(actor.turns.values()):
-            if handle.cancel_reason is not None:
-                outcome = TurnOutcome(stop_reason="aborted", diagnostic=f"the turn was cancelled ({handle.cancel_reason}); {crash.code}: {crash}")
-            else:
-                outcome = TurnOutcome(stop_reason="error", diagnostic=f"{crash.code}: {crash}")
-            self._finish(handle, outcome, crashed=True)
-        self._actors[actor.index] = None
+        self._end_resident(actor, f"{crash.code}: {crash}")
+        self._slots[actor.index] = None
         if not self._closing:
             # no deadline: after a node loss the replacement waits until the cluster has room
             await self._replace(actor.index)
-
-    # -- introspection --------------------------------------------------------------
-
-    def statistics(self) -> PoolStatistics:
-        alive = [a for a in self._actors if a is not None and a.alive]
-        return PoolStatistics(
-            size=self.size,
-            workers_alive=len(alive),
-            queued=len(self._queue),
-            resident=sum(len(a.turns) for a in alive),
-            parked=sum(1 for a in alive for t in a.turns.values() if t.parked),
-            started=self._started,
-            crashed=self._crash_count,
-        )
-
-    def workers(self) -> list[WorkerRef]:
-        return [a.ref() for a in self._actors if a is not None and a.alive]
-
-    def worker_pids(self) -> list[int]:
-        return [a.pid for a in self._actors if a is not None and a.alive]

@@ -10,7 +10,10 @@ import anyio
 import pytest
 
 from subagents.store import Store, acquire_lease, create_session, inspect
+from subagents.supervisor.config import RayConfig
+from subagents.supervisor.errors import SupervisorClosedError
 from subagents.supervisor.pool import WorkerPool
+from subagents.supervisor.ray_pool import RayPool
 from subagents.worker.protocol import TurnSpec
 
 pytestmark = pytest.mark.anyio
@@ -104,3 +107,21 @@ async def test_cancel_of_a_queued_turn_never_dispatches_it(st):
         assert inspect(st, "01POOLCANCEL").events == []
         await pool.aclose()
         tg.cancel_scope.cancel()
+
+
+def _closed_pool_of(kind: str, st: Store) -> "WorkerPool | RayPool":
+    if kind == "local":
+        return WorkerPool(size=1, start_method="forkserver", ready_timeout_s=DEADLINE_S, cancel_grace_s=1.0)
+    pytest.importorskip("ray")
+    return RayPool(size=1, ray=RayConfig(), store_root=st.root, durability="none", ready_timeout_s=DEADLINE_S, cancel_grace_s=1.0)
+
+
+@pytest.mark.parametrize("kind", ["local", "ray"])
+async def test_a_turn_queued_after_close_is_refused_by_either_pool(st, kind):
+    """Both pools share one dispatcher: a closed pool refuses a turn with ``SupervisorClosedError``
+    (the Ray pool's own copy raised a TypeError: it passed that error a message it does not take)."""
+    pool = _closed_pool_of(kind, st)
+    await pool.aclose()
+    with pytest.raises(SupervisorClosedError):
+        await pool.run_turn(echo_spec(st, "01CLOSED"), no_rpc)
+    assert pool.statistics().queued == 0

@@ -1,0 +1,254 @@
+"""``Dispatcher``: the turn queue, dispatch, parking and cancellation every pool shares.
+
+    run_turn() ──▶ queue ──_schedule()──▶ _hand_over(worker, turn)       (the pool's way: a pipe, an actor call)
+    a turn's Rpc ──_serve_rpc()──▶ on_rpc ──▶ _send_reply(worker, turn, reply)
+    a turn's TurnDone ──_turn_done()──▶ its outcome;  a worker's death ──_end_resident()──▶ error / aborted
+
+Dispatch rule: a worker takes a queued turn only while fewer than
+``turns_per_worker`` of its resident turns are *running*. A turn blocked in a
+waiting RPC (``spawn_wait``, ``wait_run``) is *parked*: it stays resident but
+no longer counts, so the children it waits for can run on that worker, and
+nested delegation never deadlocks, at any depth and pool size. When the wait
+ends the turn resumes where it is (brief oversubscription, never a deadlock).
+
+Cancellation: a queued turn ends ``aborted`` without a worker; a dispatched
+one is told (``_send_cancel``), and if it ignores that for ``cancel_grace_s``
+its worker is killed (``_kill_worker``), which ends the turns resident there.
+
+The local pool (``pool.py``: processes and pipes) and the Ray pool
+(``ray_pool.py``: actors) subclass it and supply those four ways of reaching a
+worker; how workers start and how their deaths are seen stays theirs. One
+owner for the mutable state: everything runs on the supervisor's event loop,
+so the queue and the turn tables need no lock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar, cast
+
+import anyio
+
+from subagents.store.errors import SubagentError
+from subagents.worker.protocol import BLOCKING_RPCS, Reply, Rpc, TurnOutcome, TurnSpec
+
+from .backend import PoolStatistics, RpcHandler, StartedCallback, TurnResult, TurnTicket, WorkerRef
+from .errors import RpcError, SupervisorClosedError
+
+__all__ = ["Dispatcher", "Turn", "WorkerSlot"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Turn:
+    """One queued or resident turn: the pool's ticket (``TurnTicket``), owned by the pool's tasks."""
+
+    call_id: int
+    spec: TurnSpec
+    on_rpc: RpcHandler
+    done: anyio.Event = field(default_factory=anyio.Event)
+    outcome: TurnOutcome | None = None
+    crashed: bool = False
+    worker: "WorkerSlot | None" = None
+    parked: int = 0  # waiting RPCs in progress: a parked turn does not hold its worker's slot
+    cancel_reason: str | None = None
+
+
+@dataclass(eq=False)
+class WorkerSlot:
+    """One worker as the dispatcher sees it: its place in the pool, its pid, its resident turns.
+    A pool's worker record subclasses it with what reaching that worker takes."""
+
+    index: int
+    pid: int
+    turns: dict[int, Turn] = field(default_factory=dict, kw_only=True)
+    alive: bool = field(default=True, kw_only=True)
+
+    @property
+    def running(self) -> int:
+        return sum(1 for t in self.turns.values() if t.parked == 0)
+
+    def ref(self) -> WorkerRef:
+        """Where this worker runs, as a turn's result names it."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """The worker in a log line."""
+        return str(self.pid)
+
+
+W = TypeVar("W", bound=WorkerSlot)
+
+
+class Dispatcher(Generic[W]):
+    """The ``Pool`` protocol's turn handling over ``size`` worker slots; a pool supplies its workers."""
+
+    def __init__(self, *, size: int, turns_per_worker: int, cancel_grace_s: float) -> None:
+        self.size = size
+        self._turns_per_worker = turns_per_worker
+        self._cancel_grace_s = cancel_grace_s
+        self._slots: list[W | None] = [None] * size  # None: not started yet, or dead and not replaced yet
+        self._queue: deque[Turn] = deque()
+        self._call_ids = itertools.count(1)
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._closing = False
+        self._started = 0
+        self._crash_count = 0
+
+    # -- what a pool supplies ------------------------------------------------------
+
+    def _hand_over(self, worker: W, turn: Turn) -> bool:
+        """Start ``turn`` on ``worker``; False if the worker is already gone (the turn stays first in line)."""
+        raise NotImplementedError
+
+    def _send_cancel(self, worker: W, turn: Turn, reason: str) -> None:
+        """Tell ``worker`` to stop ``turn`` (cooperative: the grace period follows)."""
+        raise NotImplementedError
+
+    async def _send_reply(self, worker: W, turn: Turn | None, reply: Reply) -> None:
+        """Give ``worker`` the answer to one of its turn's RPCs (the worker is alive when called)."""
+        raise NotImplementedError
+
+    def _kill_worker(self, worker: W) -> None:
+        """Kill a worker whose turn ignored its cancellation; its death is then seen as any other."""
+        raise NotImplementedError
+
+    # -- turns ---------------------------------------------------------------------
+
+    async def run_turn(self, spec: TurnSpec, on_rpc: RpcHandler, *, started: StartedCallback | None = None) -> TurnResult:
+        """Queue a turn and wait for how it ended."""
+        if self._closing:
+            raise SupervisorClosedError()
+        turn = Turn(next(self._call_ids), spec, on_rpc)
+        self._queue.append(turn)
+        if started is not None:
+            started(turn)
+        self._schedule()
+        await turn.done.wait()
+        assert turn.outcome is not None
+        return TurnResult(turn.outcome, None if turn.worker is None else turn.worker.ref(), turn.crashed)
+
+    def cancel(self, ticket: TurnTicket, reason: str = "user") -> None:
+        """Ask a turn to stop; kill its worker if it ignores that past the grace period."""
+        assert isinstance(ticket, Turn), "a ticket of another kind of pool"
+        turn = ticket
+        if turn.done.is_set() or turn.cancel_reason is not None:
+            return
+        turn.cancel_reason = reason
+        if turn.worker is None:
+            if turn in self._queue:
+                self._queue.remove(turn)
+            self._finish(turn, TurnOutcome(stop_reason="aborted", diagnostic=f"the turn was cancelled ({reason}) before it started"))
+            return
+        self._send_cancel(cast(W, turn.worker), turn, reason)
+        assert self._tg is not None
+        self._tg.start_soon(self._enforce_cancel, turn)
+
+    async def _enforce_cancel(self, turn: Turn) -> None:
+        with anyio.move_on_after(self._cancel_grace_s):
+            await turn.done.wait()
+            return
+        worker = turn.worker
+        if worker is not None and worker.alive and not turn.done.is_set():
+            log.warning("turn ignored cancellation for %.1fs; killing worker %s", self._cancel_grace_s, worker.describe())
+            self._kill_worker(cast(W, worker))
+
+    def _finish(self, turn: Turn, outcome: TurnOutcome, *, crashed: bool = False) -> None:
+        if turn.done.is_set():
+            return
+        turn.outcome, turn.crashed = outcome, crashed
+        if turn.worker is not None:
+            turn.worker.turns.pop(turn.call_id, None)
+        turn.done.set()
+
+    def _schedule(self) -> None:
+        """Hand queued turns, oldest first, to workers with a free slot."""
+        for worker in self._slots:
+            if not self._queue:
+                return
+            if worker is None or not worker.alive or worker.running >= self._turns_per_worker:
+                continue
+            turn = self._queue.popleft()
+            if not self._hand_over(worker, turn):
+                # the worker died before the pool saw it: the turn never reached it, so it
+                # stays first in line for another worker or the replacement
+                self._queue.appendleft(turn)
+                continue
+            turn.worker = worker
+            worker.turns[turn.call_id] = turn
+
+    def _turn_done(self, turn: Turn, outcome: TurnOutcome) -> None:
+        """The worker's ``TurnDone``: a turn cancelled meanwhile that completed anyway reads ``aborted``."""
+        if turn.cancel_reason is not None and outcome.stop_reason == "completed":
+            outcome = dataclasses.replace(outcome, stop_reason="aborted")
+        self._finish(turn, outcome)
+        self._schedule()
+
+    async def _serve_rpc(self, worker: W, turn: Turn | None, msg: Rpc) -> None:
+        """Answer one RPC of a resident turn (``None``: a turn already gone); a waiting one parks it meanwhile."""
+        blocking = msg.method in BLOCKING_RPCS and turn is not None
+        if blocking:
+            assert turn is not None
+            turn.parked += 1
+            self._schedule()
+        try:
+            if turn is None:
+                raise RpcError.turn_gone()
+            value = await turn.on_rpc(msg.method, msg.args)
+            reply = Reply(rpc_id=msg.rpc_id, ok=True, value=value)
+        except SubagentError as exc:
+            reply = Reply(rpc_id=msg.rpc_id, ok=False, error=exc.to_wire())
+        except Exception as exc:  # isolation boundary: a failure serving one request goes back to its turn as an error
+            log.exception("rpc %s failed", msg.method)
+            reply = Reply(rpc_id=msg.rpc_id, ok=False, error=RpcError.failed(exc).to_wire())
+        finally:
+            if blocking:
+                assert turn is not None
+                turn.parked -= 1
+        if worker.alive:
+            await self._send_reply(worker, turn, reply)
+
+    def _end_resident(self, worker: W, crash: str) -> None:
+        """End every turn resident on a dead worker (``crash`` says how it died): ``aborted`` if its
+        cancellation was asked for, else ``error``; each is marked crashed (its log needs repair)."""
+        for turn in list(worker.turns.values()):
+            if turn.cancel_reason is not None:
+                outcome = TurnOutcome(stop_reason="aborted", diagnostic=f"the turn was cancelled ({turn.cancel_reason}); {crash}")
+            else:
+                outcome = TurnOutcome(stop_reason="error", diagnostic=crash)
+            self._finish(turn, outcome, crashed=True)
+
+    def _abort_queued(self) -> None:
+        """At close: every turn still queued ends ``aborted``, never dispatched."""
+        for turn in list(self._queue):
+            self._finish(turn, TurnOutcome(stop_reason="aborted", diagnostic="the supervisor closed before the turn ran"))
+        self._queue.clear()
+
+    # -- introspection ---------------------------------------------------------------
+
+    def _alive(self) -> list[W]:
+        return [w for w in self._slots if w is not None and w.alive]
+
+    def statistics(self) -> PoolStatistics:
+        alive = self._alive()
+        return PoolStatistics(
+            size=self.size,
+            workers_alive=len(alive),
+            queued=len(self._queue),
+            resident=sum(len(w.turns) for w in alive),
+            parked=sum(1 for w in alive for t in w.turns.values() if t.parked),
+            started=self._started,
+            crashed=self._crash_count,
+        )
+
+    def workers(self) -> list[WorkerRef]:
+        """The live workers."""
+        return [w.ref() for w in self._alive()]
+
+    def worker_pids(self) -> list[int]:
+        return [w.pid for w in self._alive()]
