@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from subagents.store import Store, acquire_lease, create_session, inspect
+from subagents.store import Store, acquire_lease, create_session, inspect, read_lease
 from subagents.store.errors import FencedError
 from subagents.supervisor.ray_cluster import SimulatedCluster
 from subagents.worker.service_writer import ServiceSessions, StoreServiceError
@@ -83,3 +83,22 @@ def test_remote_writer_over_ray_and_a_fenced_zombie(service: Any) -> None:
     ray.kill(actor)
     with pytest.raises(StoreServiceError):
         sessions.open_writer("s1", epoch=epoch + 1)
+
+
+def test_a_remote_turns_release_and_close_over_ray(service: Any) -> None:
+    """The turn's last act over Ray: one call releases the lease through the service's writer and closes it."""
+    import ray
+
+    from subagents.worker.ray_actor import service_transport
+
+    st, actor = service
+    create_session(st, "s1")
+    epoch = acquire_lease(st, "s1", "01OWNER").epoch
+    writer = ServiceSessions(service_transport(actor)).open_writer("s1", epoch=epoch)
+    writer.append([("turn/start", {"message_id": "m"})], commit=True)
+    asyncio.run(writer.flush())
+    writer.release_lease("01OWNER")
+    writer.close()
+    lease = read_lease(st, "s1")
+    assert lease is not None and (lease.epoch, lease.state) == (epoch, "released")
+    assert ray.get(actor.statistics.remote())["open_writers"] == 0
