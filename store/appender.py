@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from .atomic import FILE_MODE, NOFOLLOW
 from .errors import CorruptSessionError, SubagentError, UnavailableSessionError
@@ -30,7 +30,17 @@ from .framing import Check, encode_record, find_committed, scan, scan_all
 from .locks import SessionFlock
 from .root import Store
 
-__all__ = ["append_record", "append_records", "append_durably"]
+__all__ = ["Lock", "append_record", "append_records", "append_durably"]
+
+
+class Lock(Protocol):
+    """What ``append_durably`` holds: a session's lock (``SessionLock``) or an index's (``SessionFlock``)."""
+
+    def acquire(self) -> None: ...
+
+    def release(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 def append_record(fd: int, record: dict[str, Any], *, tails: dict[str, tuple[int, int]], key: str, owner: str, **how: Any) -> int:
@@ -83,11 +93,11 @@ def _frame(record: dict[str, Any], limit: int, key: str, too_large: str | None) 
 
 
 def append_durably(
-    store: Store, path: str, record: dict[str, Any] | Sequence[dict[str, Any]], *, lock_path: str, key: str, owner: str, what: str,
-    lock: SessionFlock | None = None, check: Check | None = None, skip_damage: bool = False, too_large: str | None = None,
+    store: Store, path: str, record: dict[str, Any] | Sequence[dict[str, Any]], *, key: str, owner: str, what: str,
+    lock: Lock | None = None, lock_path: str | None = None, check: Check | None = None, skip_damage: bool = False, too_large: str | None = None,
     durable: bool = True, keep: Callable[[dict[str, Any]], bool] | None = None,
 ) -> int | None:
-    """Under the lock (the caller's, or one taken on ``lock_path``): append ``record`` (or a
+    """Under ``lock`` (the caller's, who closes it; or a ``SessionFlock`` on ``lock_path``): append ``record`` (or a
     sequence of records, in one write) and make it durable under the store's policy (strict
     and batched both fsync before returning; ``durable=False``: never, for a record whose
     loss only costs a re-derivation). Returns the (first) record's seq.
@@ -99,29 +109,29 @@ def append_durably(
     records = [record] if isinstance(record, dict) else list(record)
     for one in records:  # refused before the lock, the file or its tail are touched; the widest seq bounds the size
         _frame({**one, "seq": _WIDEST_SEQ}, store.max_record_bytes, key, too_large)
-    own = lock is None
-    held = lock if lock is not None else SessionFlock(lock_path)
+    held: Lock = lock if lock is not None else SessionFlock(lock_path or path + ".lock")
+    held.acquire()
     try:
-        with held:
-            if keep is not None:
-                records = [one for one in records if keep(one)]
-                if not records:
-                    return None
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | NOFOLLOW, FILE_MODE)
-            except OSError as exc:  # a link, a loop or a folder in its place
-                raise UnavailableSessionError(owner, f"{key} cannot be opened ({exc.strerror or exc})") from None
-            try:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    raise UnavailableSessionError(owner, f"{key} is not a regular file")
-                seq = append_records(fd, records, tails=store.index_tails, key=key, owner=owner, limit=store.max_record_bytes,
-                                     check=check, skip_damage=skip_damage, too_large=too_large)
-                if durable:
-                    store.durability.after_append(fd, what)  # strict syncs here, batched below
-                    store.durability.at_commit(fd, what)
-            finally:
-                os.close(fd)
+        if keep is not None:
+            records = [one for one in records if keep(one)]
+            if not records:
+                return None
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | NOFOLLOW, FILE_MODE)
+        except OSError as exc:  # a link, a loop or a folder in its place
+            raise UnavailableSessionError(owner, f"{key} cannot be opened ({exc.strerror or exc})") from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise UnavailableSessionError(owner, f"{key} is not a regular file")
+            seq = append_records(fd, records, tails=store.index_tails, key=key, owner=owner, limit=store.max_record_bytes,
+                                 check=check, skip_damage=skip_damage, too_large=too_large)
+            if durable:
+                store.durability.after_append(fd, what)  # strict syncs here, batched below
+                store.durability.at_commit(fd, what)
+        finally:
+            os.close(fd)
     finally:
-        if own:
+        held.release()
+        if lock is None:
             held.close()
     return seq

@@ -449,8 +449,8 @@ def _confirm_stale(state: _Pass, parent: str, child: str, indexed_at: float, in_
     if header is None and state.store.in_trash(child):
         state.add("collecting")  # a gc under way, or interrupted: the next gc drops the entry
         return
-    if header is None and (time.time() - indexed_at < in_flight_s or os.path.isdir(state.store.session_dir(child))):
-        state.add("in_flight")  # a creation rolling back: header removed, tombstone not yet appended
+    if header is None and time.time() - indexed_at < in_flight_s:
+        state.add("in_flight")  # a creation rolling back: its file removed, tombstone not yet appended
         return
     names = "no header" if header is None else f"a header naming parent {header.parent_session}"
     state.flag(child, "index-stale", f"listed in the children index of {parent}, but has {names}")

@@ -36,6 +36,7 @@ from .framing import scan_all
 from .ids import IdGenerator
 from .records import ControlFields, problem_of
 from .root import Store
+from .session_file import SessionLock
 
 __all__ = ["ControlRecord", "INVALID", "request", "read_controls", "control_size"]
 
@@ -65,8 +66,12 @@ def request(store: Store, session_id: str, kind: str, data: dict[str, Any], *, i
         raise ValueError(f'"{INVALID}" is not a control request kind')
     record_id = ids.new()
     record = {"id": record_id, "ts": time.time(), "kind": kind, "data": data}
-    append_durably(store, store.path(session_id, "control"), record, lock_path=store.path(session_id, ".lock"),
-                   key=f"control/{session_id}", owner=session_id, what=f"control of {session_id}", skip_damage=True)
+    lock = SessionLock(session_id, store.session_path(session_id))
+    try:
+        append_durably(store, store.path(session_id, "control"), record, lock=lock,
+                       key=f"control/{session_id}", owner=session_id, what=f"control of {session_id}", skip_damage=True)
+    finally:
+        lock.close()
     return record_id
 
 

@@ -27,7 +27,7 @@ from .index import read_index
 from .lease import acquire_lease, check_lease, owner_alive, read_lease, read_owner, register_owner, release_lease, remove_owner
 from .log import LogWriter
 from .reader import inspect, read_header
-from .root import Store
+from .root import COMPANIONS, Store
 
 __all__ = ["fsck"]
 
@@ -50,17 +50,15 @@ def fsck(store: Store, *, repair: bool, lease_ttl_s: float) -> dict[str, Any]:
         names = []
         findings.append({"id": "sessions", "kind": "unreadable", "detail": f"the sessions folder cannot be listed: {exc}"})
     checked = 0
+    present = set(names)
     for name in names:
-        folder = os.path.join(store.sessions_dir, name)
-        if os.path.islink(folder):
+        path = os.path.join(store.sessions_dir, name)
+        kind, detail = _classify_name(name, path, present)
+        if kind == "unreadable":
             counts["corrupt"] += 1
-            findings.append({"id": name, "kind": "unreadable", "detail": "the session folder is a symbolic link (never followed)"})
-            continue
-        if not os.path.isdir(folder) or not is_valid_session_id(name):
-            findings.append({"id": name, "kind": "stray", "detail": "not a session folder"})
-            continue
-        if not os.path.lexists(os.path.join(folder, "header")):
-            findings.append({"id": name, "kind": "no-header", "detail": "a creation that never published its header (nothing lists or resumes it)"})
+        if kind is not None:
+            findings.append({"id": name, "kind": kind, "detail": detail})
+        if kind is not None or detail:
             continue
         checked += 1
         try:
@@ -102,6 +100,27 @@ def fsck(store: Store, *, repair: bool, lease_ttl_s: float) -> dict[str, Any]:
     }
 
 
+def _classify_name(name: str, path: str, present: set[str]) -> tuple[str | None, str]:
+    """What a name in ``sessions/`` is: ``(None, "")`` for a session file to check, else a finding's
+    kind and detail (``None`` kind with a detail: a companion of a session, nothing to report)."""
+    stem, dot, suffix = name.partition(".")
+    if not dot:
+        if not is_valid_session_id(name):
+            return "stray", "not a session file"
+        if os.path.islink(path):
+            return "unreadable", "the session file is a symbolic link (never followed)"
+        if os.path.isdir(path):
+            return "stray", "a folder, not a session file (a store of format 1 is converted by `subagents store migrate`)"
+        return None, ""
+    if not stem and ".new." in name:
+        return "no-header", "a creation that never published its file (nothing lists or resumes it)"
+    if is_valid_session_id(stem) and suffix in COMPANIONS:
+        if stem in present:
+            return None, "companion"
+        return "stray", f"the {suffix} of a session that no longer exists (an interrupted gc; the next `subagents gc` removes it)"
+    return "stray", "not a session file"
+
+
 def _side_files(store: Store, session_id: str) -> list[dict[str, Any]]:
     """Findings about a readable session's lease and control file."""
     out: list[dict[str, Any]] = []
@@ -127,7 +146,11 @@ def _repair_torn(store: Store, session_id: str, lease_ttl_s: float) -> str:
     lease = read_lease(store, session_id)
     if lease is not None and lease.state != "released" and owner_alive(read_owner(store, lease.owner)):
         return f"not repaired: owner {lease.owner} is alive and holds the lease (epoch {lease.epoch})"
-    if lease is None and not os.path.exists(store.path(session_id, "lease")):
+    try:
+        never_leased = check_lease(store, session_id) is None
+    except SubagentError:
+        never_leased = False  # damaged: the acquisition below refuses it
+    if never_leased:
         with LogWriter.open(store, session_id, epoch=0) as writer:
             closed = len(writer.repaired)
         return "repaired at epoch 0" + (f", {closed} closing events appended" if closed else "")

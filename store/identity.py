@@ -9,7 +9,6 @@ leases. Who calls it: ``store/catalog.py``, ``store/rows.py``, the CLI.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -46,8 +45,7 @@ def read_identity(store: Store, session_id: str, seed_length: int) -> Identity:
     if projection is not None and projection.identity is not None and projection.seq >= seed_length:
         # the cache stops at the last commit point: a log that grew since (an open turn, a
         # message dropped by a drain) is folded from the cached checkpoint on (log.py)
-        if os.stat(store.path(session_id, "log"), follow_symlinks=False).st_size != projection.end_offset:
-            projection = read_projection(store, session_id)
+        projection = read_projection(store, session_id)
     if projection is None or projection.identity is None or projection.seq < seed_length:
         folded = Projection(seed_length=seed_length)
         found = inspect(store, session_id)

@@ -5,7 +5,7 @@ An **owner** is one supervisor instance. It writes ``owners/<owner-id>``
 that ONE file for all of its leases, so renewal cost does not grow with the
 number of children.
 
-A **lease** (``sessions/<id>/lease``) names the owner holding a session's
+A **lease** (two slots in the session's file, ``store/session_file.py``) names the owner holding a session's
 activation, its state (``running`` / ``idle`` / ``released``) and an
 **epoch**. Acquiring takes the session lock and succeeds when there is no
 lease, it is released, it is already ours, or its owner is dead; it writes
@@ -20,8 +20,8 @@ stopped (SIGSTOP) or hung owner. What is *not* guaranteed: clocks across
 hosts are trusted to within a fraction of the TTL (heartbeat ages are wall
 clock), and ``flock`` does not exclude across NFS: one host, local disk.
 
-A damaged lease (undecodable, wrong types, a folder or a link in its place)
-is never guessed at: readers see it as no proof of a live holder
+A damaged lease (neither slot decodes) is never guessed at: readers see it
+as no proof of a live holder
 (``read_lease`` → ``None``, status ``complete``; the catalog lists the
 session as a diagnostic through ``check_lease``), a writer's fence check
 fails, and ``acquire_lease`` refuses (``CorruptSessionError``) rather than
@@ -39,10 +39,12 @@ from typing import Any, Literal
 import msgpack
 
 from .atomic import read_bytes, write_atomic
-from .errors import CorruptSessionError, FencedError, LeaseHeldError, SessionNotFoundError, UnavailableSessionError
-from .locks import PinnedLock, SessionFlock
+from .errors import CorruptSessionError, DurabilityError, FencedError, LeaseHeldError, SessionNotFoundError, UnavailableSessionError
+from .locks import pin_flock
 from .header import SessionHeader
-from .lease_record import Lease, LeaseState, decode_lease, read_lease_fd
+from .lease_record import Lease, LeaseState
+from .reader import open_session
+from .session_file import LeaseSlots, SessionFile
 from .projection import Projection
 from .records import OwnerFields, decode
 from .root import Store
@@ -61,7 +63,6 @@ __all__ = [
     "owner_alive",
     "read_lease",
     "check_lease",
-    "read_lease_fd",
     "acquire_lease",
     "set_lease_state",
     "release_lease",
@@ -195,92 +196,98 @@ class OwnerCache:
 
 
 def check_lease(store: Store, session_id: str) -> Lease | None:
-    """The session's lease, ``None`` when there is none; ``CorruptSessionError`` when it does
-    not decode, ``UnavailableSessionError`` when it cannot be read."""
+    """The session's lease, ``None`` when it was never leased; ``CorruptSessionError`` when its
+    slots do not decode (or the session file does not), ``UnavailableSessionError`` when it
+    cannot be read, ``SessionNotFoundError`` without a session."""
+    with open_session(store, session_id) as file:
+        return _slots(file).lease
+
+
+def _slots(file: SessionFile) -> LeaseSlots:
     try:
-        raw = read_bytes(store.path(session_id, "lease"))
-    except FileNotFoundError:
-        return None
+        slots = file.read_slots()
     except OSError as exc:
-        raise UnavailableSessionError(session_id, f"its lease cannot be read ({exc.strerror or exc})") from None
-    lease = decode_lease(raw)
-    if isinstance(lease, str):
-        raise CorruptSessionError(session_id, f"lease {lease}")
-    return lease
+        raise UnavailableSessionError(file.session_id, f"its lease cannot be read ({exc.strerror or exc})") from None
+    if slots.problem is not None:
+        raise CorruptSessionError(file.session_id, slots.problem)
+    return slots
 
 
 def read_lease(store: Store, session_id: str) -> Lease | None:
-    """The lease, or ``None`` when there is none *or it is damaged* (it then proves no holder);
-    never raises for damage. ``check_lease`` tells the two apart."""
+    """The lease, or ``None`` when there is none, no session *or it is damaged* (it then proves
+    no holder); never raises for damage. ``check_lease`` tells these apart."""
     try:
         return check_lease(store, session_id)
-    except (CorruptSessionError, UnavailableSessionError):
+    except (CorruptSessionError, UnavailableSessionError, SessionNotFoundError):
         return None
 
 
-def _write_lease(store: Store, session_id: str, lease: Lease, *, durable: bool) -> None:
-    write_atomic(store.path(session_id, "lease"), msgpack.packb(lease.to_record()), durable=durable and store.durability.syncs_at_commit)
+def _write_lease(store: Store, file: SessionFile, slots: LeaseSlots, lease: Lease, *, durable: bool) -> None:
+    """Write ``lease`` in place (``slots`` read under the lock we hold); fsync'd for an acquisition."""
+    try:
+        file.write_lease(slots, lease, synced=durable)
+        if durable and store.durability.syncs_at_commit:
+            os.fsync(file.fd)
+    except OSError as exc:
+        raise DurabilityError(f'writing the lease of session "{file.session_id}" failed: {exc}', session_id=file.session_id) from exc
 
 
 def acquire_lease(store: Store, session_id: str, owner_id: str, *, state: LeaseState = "running") -> Lease:
     """Take the session's lease at ``epoch + 1``; ``LeaseHeldError`` if a live other owner holds it."""
-    _require_session(store, session_id)
-    # the lock gc takes too (store/retention.py): whoever holds it first wins. A session gc
-    # moved to the trash while we waited is gone (SessionNotFoundError), never re-created.
-    lock = PinnedLock(store.path(session_id, ".lock"))
-    try:
-        lock.acquire()
-    except FileNotFoundError:
-        raise SessionNotFoundError(session_id) from None
-    try:
-        _require_session(store, session_id)
-        current = check_lease(store, session_id)  # damage: refuse, never restart the epoch
-        if current is not None and current.state != "released" and current.owner != owner_id:
-            if owner_alive(read_owner(store, current.owner)):
-                raise LeaseHeldError(session_id, owner=current.owner, epoch=current.epoch)
-        if current is not None:
-            # the child may have a ``settled`` row (written at a release): from here it no longer holds
-            note_active(store, session_id)
-        lease = Lease(owner_id, (current.epoch if current else 0) + 1, state, time.time())
-        # durable: an epoch must never go backwards after a crash, or two writers could share one
-        _write_lease(store, session_id, lease, durable=True)
-        return lease
-    finally:
-        lock.release()
-
-
-def _require_session(store: Store, session_id: str) -> None:
-    # filelock creates missing folders: without this check a lease on an unknown
-    # id would leave a header-less folder that blocks creating that id later
-    if not store.exists(session_id):
-        raise SessionNotFoundError(session_id)
+    with open_session(store, session_id, write=True) as file:
+        # the lock gc takes too (store/retention.py): whoever holds it first wins. A session gc
+        # moved to the trash while we waited is gone (SessionNotFoundError), never written.
+        try:
+            pin_flock(file.fd, file.path)
+        except FileNotFoundError:
+            raise SessionNotFoundError(session_id) from None
+        try:
+            slots = _slots(file)  # damage: refuse, never restart the epoch
+            current = slots.lease
+            if current is not None and current.state != "released" and current.owner != owner_id:
+                if owner_alive(read_owner(store, current.owner)):
+                    raise LeaseHeldError(session_id, owner=current.owner, epoch=current.epoch)
+            if current is not None:
+                # the child may have a ``settled`` row (written at a release): from here it no longer holds
+                note_active(store, session_id)
+            lease = Lease(owner_id, (current.epoch if current else 0) + 1, state, time.time())
+            # durable: an epoch must never go backwards after a crash, or two writers could share one
+            _write_lease(store, file, slots, lease, durable=True)
+            return lease
+        finally:
+            file.unlock()
 
 
 def _fenced_update(store: Store, session_id: str, owner_id: str, epoch: int, state: LeaseState) -> Lease:
-    _require_session(store, session_id)
-    # a plain blocking flock (store/locks.py): the holder of the lease updates its own
-    # record, a short critical section where filelock's ~150 µs of bookkeeping buys nothing
-    lock = SessionFlock(store.path(session_id, ".lock"))
+    # a plain blocking flock: the holder of the lease updates its own record, a short critical
+    # section where polling buys nothing
+    with open_session(store, session_id, write=True) as file:
+        file.lock()
+        try:
+            if not file.still_linked():  # collected by gc while we waited: nothing to update
+                raise SessionNotFoundError(session_id)
+            return _update_locked(store, file, owner_id, epoch, state)
+        finally:
+            file.unlock()
+
+
+def _update_locked(store: Store, file: SessionFile, owner_id: str, epoch: int, state: LeaseState) -> Lease:
     try:
-        with lock:
-            return _update_locked(store, session_id, owner_id, epoch, state)
-    finally:
-        lock.close()
-
-
-def _update_locked(store: Store, session_id: str, owner_id: str, epoch: int, state: LeaseState) -> Lease:
-    current = read_lease(store, session_id)
-    if current is None or current.epoch != epoch or current.owner != owner_id:
-        raise FencedError(session_id, epoch=epoch, current_epoch=None if current is None else current.epoch)
+        slots = _slots(file)
+    except CorruptSessionError:
+        slots = None
+    current = None if slots is None else slots.lease
+    if slots is None or current is None or current.epoch != epoch or current.owner != owner_id:
+        raise FencedError(file.session_id, epoch=epoch, current_epoch=None if current is None else current.epoch)
     lease = Lease(owner_id, epoch, state, current.acquired_at)
     if current.state != state:
         # not durable: a lost state change reads as the owner's (dead) lease, i.e. complete
-        _write_lease(store, session_id, lease, durable=False)
+        _write_lease(store, file, slots, lease, durable=False)
         if state == "released":
             # the catalog row, still under the lock: after the release (a row that could not be
             # written then leaves the child listed from its files, never a settled row beside a held
             # lease), before anyone may take the lease again (their ``active`` row comes after it)
-            note_settled(store, session_id)
+            note_settled(store, file.session_id)
     return lease
 
 
@@ -295,21 +302,22 @@ def release_lease(store: Store, session_id: str, owner_id: str, epoch: int) -> N
 
 
 def write_released(
-    store: Store, session_id: str, current: Lease, *, header: SessionHeader | None = None, projection: Projection | None = None,
+    store: Store, file: SessionFile, slots: LeaseSlots, *, header: SessionHeader | None = None, projection: Projection | None = None,
 ) -> None:
-    """Replace ``current`` (the lease, read under the session lock the caller holds) with its release.
+    """Write the release of ``slots.lease`` (read under the session lock the caller holds).
 
-    For a log writer that has just checked ``current`` against its epoch under
+    For a log writer that has just checked that lease against its epoch under
     that lock (``LogWriter.release_lease``). The catalog's ``settled`` row
     follows under the same lock, as in ``release_lease`` (``store/rows.py``),
     from the writer's ``header`` and ``projection`` when it gives them. Not
     durable, as every state change: a release lost in a crash reads as the
     dead owner's lease.
     """
-    if current.state == "released":
+    current = slots.lease
+    if current is None or current.state == "released":
         return
-    _write_lease(store, session_id, Lease(current.owner, current.epoch, "released", current.acquired_at), durable=False)
-    note_settled(store, session_id, header=header, projection=projection)
+    _write_lease(store, file, slots, Lease(current.owner, current.epoch, "released", current.acquired_at), durable=False)
+    note_settled(store, file.session_id, header=header, projection=projection)
 
 
 def session_status(store: Store, session_id: str, owners: OwnerCache | None = None) -> Literal["running", "idle", "complete"]:

@@ -1,21 +1,20 @@
-"""The bytes of a lease file (``sessions/<id>/lease``, FORMAT.md §7): ``Lease`` and its decoding.
+"""A lease as a value (FORMAT.md §7): ``Lease`` and its decoding.
 
 Apart from ``store/lease.py`` (which acquires, updates and releases leases)
-so that the log writer can read the lease it fences against without
+so that the session file (``store/session_file.py``, which holds the lease
+slots) and the log writer can read the lease they fence against without
 importing the lease module, which writes the catalog's state records beside
-a lease change (``store/rows.py``, which reads logs). Who calls it:
-``store/lease.py`` and ``store/log.py``.
+a lease change (``store/rows.py``, which reads logs).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from .records import LeaseFields, decode
 
-__all__ = ["LeaseState", "Lease", "decode_lease", "read_lease_fd"]
+__all__ = ["LeaseState", "Lease", "decode_lease"]
 
 LeaseState = Literal["running", "idle", "released"]
 
@@ -37,22 +36,3 @@ def decode_lease(raw: bytes) -> Lease | str:
     if isinstance(data, str):
         return data
     return Lease(data.owner, data.epoch, data.state, data.acquired_at)
-
-
-def read_lease_fd(fd: int) -> Lease | None:
-    """The lease in an open lease file (``None`` when undecodable).
-
-    Lease files are small and only ever replaced whole (``write_atomic``: tmp +
-    rename), never rewritten in place — which is what lets a log writer keep
-    one open and learn that it is stale from ``st_nlink == 0`` alone.
-    """
-    chunks = []
-    offset = 0
-    while True:
-        chunk = os.pread(fd, 4096, offset)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        offset += len(chunk)
-    lease = decode_lease(b"".join(chunks))
-    return None if isinstance(lease, str) else lease

@@ -1,18 +1,21 @@
-"""Session locks: one lock file per session, two ways to take it.
+"""Locks on store files: ``flock`` on a long-lived descriptor, or polled under a timeout.
 
-* ``SessionFlock`` keeps a descriptor of ``sessions/<id>/.lock`` open for the
-  life of a writer and takes ``fcntl.flock`` on it for each critical section:
-  about 1 µs, blocking in the kernel (no polling). It is the append path's lock.
+A session's lock is an ``flock`` on its own file (``sessions/<id>``, taken
+through ``store/session_file.py``); the children and roots indexes have a
+``.lock`` file beside them, because ``reindex`` replaces the index file itself.
+
+* ``SessionFlock`` keeps a descriptor of a lock file open for the life of its
+  user and takes ``fcntl.flock`` on it for each critical section: about 1 µs,
+  blocking in the kernel (no polling).
 * ``file_lock`` is a ``filelock.FileLock`` on the same file, for rare
   operations (index rebuilds) where a timeout matters more than speed. Its
   poll interval is 1 ms, not filelock's 50 ms default, which stalled waiters
   for 50–350 ms under contention.
 * ``PinnedLock`` polls ``flock`` with a timeout like ``file_lock``, but never
   creates the lock file's folder and holds the lock only while the path still
-  names the file it locked. Lease acquisition and ``gc`` use it on a session's
-  ``.lock``: a session folder that ``gc`` moved to the trash while a taker
-  waited is never re-created as a header-less folder (``FileNotFoundError``
-  instead; filelock makes missing folders).
+  names the file it locked (``pin_flock``). Lease acquisition and ``gc`` lock a
+  session's file this way: a session that ``gc`` moved to the trash while a
+  taker waited is found gone (``FileNotFoundError``), never re-created.
 
 Both are ``flock`` locks on the same file, so they exclude each other across
 processes. They must never be nested in one thread (two open file
@@ -37,7 +40,7 @@ import filelock
 from .atomic import FILE_MODE, NOFOLLOW
 from .errors import LockTimeoutError
 
-__all__ = ["SessionFlock", "PinnedLock", "file_lock", "make_filelock", "LOCK_TIMEOUT_S"]
+__all__ = ["SessionFlock", "PinnedLock", "pin_flock", "file_lock", "make_filelock", "LOCK_TIMEOUT_S"]
 
 # Long enough for any critical section of the store (a few fsyncs); a lock
 # held longer than this means a stuck process, reported as a Timeout.
@@ -102,6 +105,30 @@ def make_filelock(path: str) -> filelock.FileLock:
     )
 
 
+def pin_flock(fd: int, path: str, timeout: float | None = None) -> None:
+    """``flock`` ``fd`` (polled under ``timeout``, default ``LOCK_TIMEOUT_S``, then
+    ``LockTimeoutError``) and check that ``path`` still names it: ``FileNotFoundError``
+    (the lock released) when it was moved or removed while we waited."""
+    deadline = time.monotonic() + (LOCK_TIMEOUT_S if timeout is None else timeout)
+    delay = 0.001
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise LockTimeoutError(path) from None
+            time.sleep(delay)  # a poll interval under a deadline
+            delay = min(delay * 2, 0.02)
+    try:
+        here = os.stat(path, follow_symlinks=False).st_ino
+    except FileNotFoundError:
+        here = None
+    if here != os.fstat(fd).st_ino:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        raise FileNotFoundError(f"{path} was moved or removed while its lock was awaited")
+
+
 @contextlib.contextmanager
 def file_lock(path: str) -> Iterator[None]:
     """Hold ``make_filelock(path)``; a timeout is ``LockTimeoutError``."""
@@ -127,31 +154,18 @@ class PinnedLock:
     ``FileNotFoundError``, as does a folder that is already gone.
     """
 
-    def __init__(self, path: str, *, timeout: float | None = None) -> None:
+    def __init__(self, path: str, *, timeout: float | None = None, create: bool = True) -> None:
+        """``create=False`` locks only a file that exists (a session's file: ``FileNotFoundError``
+        when it does not, never an empty file in its place)."""
         self.path = path
         self._timeout = timeout
+        self._create = create
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | NOFOLLOW, FILE_MODE)  # FileNotFoundError: no folder
+        fd = os.open(self.path, os.O_RDWR | NOFOLLOW | (os.O_CREAT if self._create else 0), FILE_MODE)  # FileNotFoundError: no folder
         try:
-            deadline = time.monotonic() + (LOCK_TIMEOUT_S if self._timeout is None else self._timeout)
-            delay = 0.001
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise LockTimeoutError(self.path) from None
-                    time.sleep(delay)  # a poll interval under a deadline
-                    delay = min(delay * 2, 0.02)
-            try:
-                here = os.stat(self.path, follow_symlinks=False).st_ino
-            except FileNotFoundError:
-                here = None
-            if here != os.fstat(fd).st_ino:
-                raise FileNotFoundError(f"{self.path} was moved or removed while its lock was awaited")
+            pin_flock(fd, self.path, self._timeout)
         except BaseException:
             os.close(fd)
             raise

@@ -1,5 +1,8 @@
 """The write side of a session log: fenced appends, commit points, crash repair.
 
+The log is the region of the session's file after its header
+(``store/session_file.py``); every offset here is relative to its start.
+
 ``LogWriter.open`` is the resume path and the only code that repairs a log:
 under the session lock it checks the writer's epoch against the lease,
 restores the projection (from the ``identity`` cache when it is verifiably
@@ -7,14 +10,14 @@ current, by a full fold otherwise), refuses a corrupt log, truncates a torn
 tail and appends the crash closers of an open turn — exactly once, since the
 closers balance the turn. ``LogWriter.attach`` skips all of that for a log
 whose projection the caller already has (its creator's, handed to the worker
-with the turn): it reads nothing, and its first append proves the epoch and
-the log's length like any append does.
+with the turn): it reads only the file's preamble, and its first append
+proves the epoch and the log's length like any append does.
 
 Each ``append`` takes the session ``flock`` (held only for the write), reads
-the lease epoch (an ``fstat`` of the pinned lease file when it has not been
-replaced), refuses with ``FencedError`` on mismatch, picks up records another
-same-epoch writer appended, writes the whole batch with one ``write`` and, if
-that fails, cuts the file back to its previous length. The ``strict`` fsync
+the lease slots (one ``pread``), refuses with ``FencedError`` on mismatch,
+picks up records another same-epoch writer appended, writes the whole batch
+with one ``pwrite`` at the log's end and, if that fails, cuts the file back
+to its previous length. The ``strict`` fsync
 runs after the lock is released (group commit, FORMAT.md §11). A failed write
 or fsync marks the writer broken: it never writes again.
 
@@ -26,27 +29,26 @@ there is found by ``inspect`` / ``subagents store fsck``, not by resume.
 from __future__ import annotations
 
 import os
-import stat
 import time
 from typing import Any, Callable, Sequence
 
 
-from .atomic import FILE_MODE, NOFOLLOW
 from .errors import CorruptSessionError, DurabilityError, FencedError, SubagentError, UnavailableSessionError, UnsupportedFormatError
 from .events import EVENT_TYPES, closers
 from .framing import RecordEncoder
 from .header import SessionHeader
-from .lease_record import Lease, read_lease_fd
-from .locks import SessionFlock
 from .projection import Projection, read_cache, write_cache
-from .reader import read_header, scan_events, scan_log
+from .reader import header_of, open_session, scan_events, scan_log
 from .root import Store
+from .session_file import SLOT_SIZE, SLOTS_AT, LeaseSlots, SessionFile, decode_slots
 
 __all__ = ["SeqMismatchError", "LogWriter", "ReleaseWriter", "load_projection", "read_projection"]
 
 
 # A commit point leaves the identity cache alone until the log has grown this far past it
-# (unless identity or turn count changed): the most a reader folds after the cache.
+# (unless identity or turn count changed): the most a reader folds after the cache. A log
+# shorter than this has no cache at all (readers fold it whole): most children never pay
+# the cache's inode.
 CACHE_LAG_BYTES = 64 * 1024
 
 
@@ -66,29 +68,31 @@ def _read_cache(store: Store, session_id: str) -> Projection | None:
         return None
 
 
-def _from_cache(store: Store, session_id: str, header: SessionHeader, fd: int, size: int) -> tuple[Projection, bytes, int] | None:
+def _from_cache(store: Store, session_id: str, header: SessionHeader, file: SessionFile, size: int) -> tuple[Projection, bytes, int] | None:
     """The cached projection if the record it ends on is still on disk, plus the log after it."""
+    if size < CACHE_LAG_BYTES:
+        return None  # no cache is written for a log this short: skip the lookup
     cached = _read_cache(store, session_id)
     if cached is None or cached.seq < 0 or cached.end_offset > size or cached.seed_length != (header.seed_length or 0):
         return None
-    anchor = os.pread(fd, cached.end_offset - cached.last_offset, cached.last_offset)
+    anchor = file.read_log(cached.last_offset, cached.end_offset - cached.last_offset)
     check = scan_events(anchor, start_seq=cached.seq)
     if check.damage is not None or len(check.records) != 1:
         return None
-    rest = os.pread(fd, size - cached.end_offset, cached.end_offset)
+    rest = file.read_log(cached.end_offset, size - cached.end_offset)
     return cached, rest, cached.end_offset
 
 
-def load_projection(store: Store, session_id: str, header: SessionHeader, fd: int, *, use_cache: bool = True) -> tuple[Projection, int, str]:
+def load_projection(store: Store, session_id: str, header: SessionHeader, file: SessionFile, *, use_cache: bool = True) -> tuple[Projection, int, str]:
     """Projection of the valid log, the byte end of the valid prefix, and its status.
 
     Raises ``CorruptSessionError`` for committed damage (see ``store/reader.py``).
     """
-    size = os.fstat(fd).st_size
-    found = _from_cache(store, session_id, header, fd, size) if use_cache else None
+    size = file.log_size()
+    found = _from_cache(store, session_id, header, file, size) if use_cache else None
     if found is None:
         projection = Projection(seed_length=header.seed_length or 0)
-        rest, base = os.pread(fd, size, 0), 0
+        rest, base = file.read_log(0, size), 0
     else:
         projection, rest, base = found
     events, offsets, end, damage, status = scan_log(session_id, rest, start_seq=projection.next_seq, base_offset=base)
@@ -112,62 +116,31 @@ def read_projection(store: Store, session_id: str) -> Projection:
     cached checkpoint, so counts that change mid-turn (consumed messages) are
     exact even when the last turn never committed.
     """
-    header = read_header(store, session_id)
-    try:
-        fd = os.open(store.path(session_id, "log"), os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
-    except FileNotFoundError:
-        return Projection(seed_length=header.seed_length or 0)
-    except OSError as exc:
-        raise UnavailableSessionError(session_id, f"its log cannot be read ({exc.strerror or exc})") from None
-    try:
-        projection, _end, _status = load_projection(store, session_id, header, fd)
+    with open_session(store, session_id) as file:
+        header = header_of(file)
+        try:
+            projection, _end, _status = load_projection(store, session_id, header, file)
+        except OSError as exc:
+            raise UnavailableSessionError(session_id, f"its log cannot be read ({exc.strerror or exc})") from None
         return projection
-    except OSError as exc:  # a folder in place of the log opens, then fails to read
-        raise UnavailableSessionError(session_id, f"its log cannot be read ({exc.strerror or exc})") from None
-    finally:
-        os.close(fd)
-
-
-def _open_files(store: Store, session_id: str, *, create: bool) -> tuple[SessionFlock, int]:
-    """The session's lock and its log opened for appends; ``UnavailableSessionError`` when either cannot be."""
-    try:
-        lock = SessionFlock(store.path(session_id, ".lock"))
-    except OSError as exc:  # a link, a loop or a folder in its place
-        raise UnavailableSessionError(session_id, f"its lock file cannot be opened ({exc.strerror or exc})") from None
-    flags = os.O_RDWR | os.O_APPEND | NOFOLLOW | (os.O_CREAT if create else 0)
-    try:
-        fd = os.open(store.path(session_id, "log"), flags, FILE_MODE)
-    except OSError as exc:
-        lock.close()
-        raise UnavailableSessionError(session_id, f"its log cannot be opened ({exc.strerror or exc})") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or a device in place of the log
-            raise UnavailableSessionError(session_id, "its log is not a regular file")
-    except BaseException:
-        os.close(fd)
-        lock.close()
-        raise
-    return lock, fd
 
 
 class LogWriter:
     """An open, fenced writer of one session log. Not thread-safe; one per activation."""
 
     def __init__(
-        self, store: Store, session_id: str, *, epoch: int, projection: Projection, fd: int, lock: SessionFlock,
+        self, store: Store, session_id: str, *, epoch: int, projection: Projection, file: SessionFile,
         header: SessionHeader | None = None,
     ) -> None:
         self.store = store
-        self.header = header  # None for a writer attached without reading the session (``attach``)
+        self.header = header  # None for a writer attached without validating the header (``attach``)
         self.session_id = session_id
         self.epoch = epoch
         self.projection = projection
-        self._fd = fd
-        self._lock = lock
-        self._lease_path = store.path(session_id, "lease")
-        self._lease_epoch: int | None = 0
-        self._lease: Lease | None = None  # the lease in the pinned file (None: none, or undecodable)
-        self._lease_pin: int | None = None  # the lease file last read, kept open (_current_epoch)
+        self._file = file
+        self._fd = file.fd
+        self._slots_raw = b""  # the lease slots last read, and what they said (_current_epoch)
+        self._slots: LeaseSlots | None = None
         self._encode = RecordEncoder(store.max_record_bytes)
         self._what = f"log of {session_id}"
         self._broken: BaseException | None = None
@@ -178,14 +151,14 @@ class LogWriter:
 
     @classmethod
     def open(cls, store: Store, session_id: str, *, epoch: int, repair: bool = True) -> "LogWriter":
-        header = read_header(store, session_id)
-        lock, fd = _open_files(store, session_id, create=True)
-        writer: LogWriter | None = None
+        file = open_session(store, session_id, write=True)
         try:
-            with lock:
-                writer = cls(store, session_id, epoch=epoch, projection=Projection(), fd=fd, lock=lock, header=header)
+            header = header_of(file)
+            file.lock()
+            try:
+                writer = cls(store, session_id, epoch=epoch, projection=Projection(), file=file, header=header)
                 writer._check_fence()
-                projection, end, status = load_projection(store, session_id, header, fd)
+                projection, end, status = load_projection(store, session_id, header, file)
                 writer.projection = projection
                 if repair:
                     if status == "torn":
@@ -195,12 +168,11 @@ class LogWriter:
                         writer.repaired = writer._append_locked(fix)
                     if status == "torn" or fix:
                         writer._commit_locked()
+            finally:
+                file.unlock()
             return writer
         except BaseException:
-            if writer is not None:
-                writer._unpin()
-            os.close(fd)
-            lock.close()
+            file.close()
             raise
 
     @classmethod
@@ -210,60 +182,35 @@ class LogWriter:
         """A writer of a log whose valid prefix ``projection`` describes, opened without reading it.
 
         For a session's first turn, right after its creation by the same
-        supervisor, which folded the records it wrote: no header, identity
-        cache, log bytes or lock are read at open, and nothing is repaired (a
+        supervisor, which folded the records it wrote: only the file's preamble
+        is read at open (no identity cache, log bytes or lock), and nothing is repaired (a
         log its creator just wrote whole and fsynced has no torn tail and no
         open turn). Nothing is trusted either: the first append takes the lock,
         checks the epoch against the lease (``FencedError`` after a takeover)
         and the log's length against ``projection.end_offset`` (a same-epoch
         record after it is folded in; a shorter log is ``CorruptSessionError``).
         """
-        lock, fd = _open_files(store, session_id, create=False)
-        writer = cls(store, session_id, epoch=epoch, projection=projection, fd=fd, lock=lock, header=header)
-        # the creator wrote the identity cache from this same projection
+        writer = cls(store, session_id, epoch=epoch, projection=projection, file=open_session(store, session_id, write=True), header=header)
+        # as if the cache were current: a log this new is shorter than CACHE_LAG_BYTES (no cache)
         writer._cache_mark = (projection.identity_seq, projection.turns, projection.end_offset)
         return writer
 
     # -- fencing ---------------------------------------------------------------
 
     def _current_epoch(self) -> int | None:
-        """The lease epoch writers must match (0 when there is no lease; None when released).
+        """The lease epoch writers must match (0 when never leased; None when released or damaged).
 
-        Called under the session lock. The lease file last read stays open (the
-        pin): lease files are only ever replaced by a rename or removed, never
-        rewritten in place (``store/lease.py``), so while the pinned inode still
-        has a link it is the lease, and one ``fstat`` proves the cached epoch
-        current — no path lookup, no dependence on timestamp granularity.
+        Called under the session lock: one ``pread`` of the two lease slots,
+        decoded again only when their bytes changed.
         """
-        pin = self._lease_pin
-        if pin is not None:
-            if os.fstat(pin).st_nlink:
-                return self._lease_epoch
-        elif not os.access(self._lease_path, os.F_OK):
-            return 0
-        return self._read_lease()
-
-    def _read_lease(self) -> int | None:
         try:
-            pin = os.open(self._lease_path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
-        except FileNotFoundError:
-            self._unpin()
-            return 0
-        except OSError:  # a link or something unopenable in place of the lease: it proves no epoch
-            self._unpin()
-            self._lease_epoch = None
+            raw = os.pread(self._fd, 2 * SLOT_SIZE, SLOTS_AT)
+        except OSError:
             return None
-        self._unpin()
-        self._lease_pin = pin
-        lease = self._lease = read_lease_fd(pin)
-        self._lease_epoch = None if lease is None or lease.state == "released" else lease.epoch
-        return self._lease_epoch
-
-    def _unpin(self) -> None:
-        self._lease = None
-        if self._lease_pin is not None:
-            os.close(self._lease_pin)
-            self._lease_pin = None
+        if raw != self._slots_raw or self._slots is None:
+            self._slots_raw, self._slots = raw, decode_slots(raw)
+        slots = self._slots
+        return None if slots.problem is not None else slots.epoch
 
     def _check_fence(self) -> None:
         current = self._current_epoch()
@@ -296,11 +243,11 @@ class LogWriter:
             if kind not in EVENT_TYPES:
                 # readers refuse unknown types: a writer must never make a log they cannot read
                 raise UnsupportedFormatError(f'event type "{kind}" is not one this store writes', event_type=kind)
-        lock = self._lock
-        lock.acquire()
+        file = self._file
+        file.lock()
         try:
             self._check_fence()
-            if os.lseek(self._fd, 0, os.SEEK_END) != self.projection.end_offset:
+            if file.log_size() != self.projection.end_offset:
                 self._sync_tail()
             if first_seq is not None and first_seq != self.next_seq:
                 raise SeqMismatchError(
@@ -309,7 +256,7 @@ class LogWriter:
                 )
             records, chunks = self._write_locked(batch)
         finally:
-            lock.release()
+            file.unlock()
         self._settle(records, chunks, locked=False)
         if commit:
             self.commit()
@@ -317,13 +264,13 @@ class LogWriter:
 
     def _sync_tail(self) -> None:
         """Fold records another writer of the same epoch appended since our last write."""
-        size = os.fstat(self._fd).st_size
+        size = self._file.log_size()
         end = self.projection.end_offset
         if size == end:
             return
         if size < end:
             raise CorruptSessionError(self.session_id, f"log shrank under its writer ({size} < {end} bytes)")
-        data = os.pread(self._fd, size - end, end)
+        data = self._file.read_log(end, size - end)
         result = scan_events(data, start_seq=self.next_seq, base_offset=end)
         if result.damage is not None:
             raise CorruptSessionError(self.session_id, f"another writer left {result.damage.reason} at byte {result.damage.offset}")
@@ -349,7 +296,7 @@ class LogWriter:
             seq += 1
         blob = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         try:
-            written = os.write(self._fd, blob)
+            written = self._file.write_log(blob, self.projection.end_offset)
             if written != len(blob):
                 raise OSError(f"short write: {written} of {len(blob)} bytes")
         except OSError as exc:
@@ -375,12 +322,12 @@ class LogWriter:
             if locked:
                 self._cut_back(start)
             else:
-                self._lock.acquire()
+                self._file.lock()
                 try:
-                    if os.lseek(self._fd, 0, os.SEEK_END) == start + sum(map(len, chunks)):
+                    if self._file.log_size() == start + sum(map(len, chunks)):
                         self._cut_back(start)
                 finally:
-                    self._lock.release()
+                    self._file.unlock()
             raise
         apply = self.projection.apply
         offset = start
@@ -391,13 +338,13 @@ class LogWriter:
 
     def _cut_back(self, length: int) -> None:
         try:
-            os.ftruncate(self._fd, length)
+            self._file.truncate_log(length)
         except OSError:
             pass  # the writer is broken either way; the torn tail is repaired on the next open
 
     def _truncate(self, end: int) -> None:
         try:
-            os.ftruncate(self._fd, end)
+            self._file.truncate_log(end)
         except OSError as exc:
             raise DurabilityError(f'truncating the torn tail of "{self.session_id}" failed: {exc}') from exc
         self.projection.end_offset = end
@@ -415,12 +362,12 @@ class LogWriter:
         """
         self._sync_at_commit()
         if self._cache_due():
-            self._lock.acquire()
+            self._file.lock()
             try:
                 self._check_fence()
                 self._refresh_cache()
             finally:
-                self._lock.release()
+                self._file.unlock()
 
     def _commit_locked(self) -> None:
         self._sync_at_commit()
@@ -451,6 +398,8 @@ class LogWriter:
         """
         projection = self.projection
         mark = self._cache_mark
+        if projection.end_offset < CACHE_LAG_BYTES:
+            return False  # a short log is folded whole by its readers: no cache file at all
         return (
             mark is None
             or mark[0] != projection.identity_seq
@@ -466,32 +415,29 @@ class LogWriter:
     def release_lease(self, owner_id: str, write_released: ReleaseWriter) -> None:
         """``store.lease.release_lease`` on what the writer holds, after its last commit point.
 
-        Its lock and its pinned lease, whose ``fstat`` proves the epoch current:
-        no lookup of the header, no new lock descriptor, no read of the lease.
+        Its lock and its open file: no lookup of the header, no new descriptor.
         ``write_released`` is ``store.lease.write_released`` (passed in: the
         lease module's catalog rows read logs through this one). Not durable,
         as any release (lost in a crash, it reads as the dead owner's lease).
         ``FencedError`` when the lease moved on (nothing written).
         """
-        self._lock.acquire()
+        self._file.lock()
         try:
             self._check_fence()
-            lease = self._lease
-            if lease is None or lease.owner != owner_id:
+            slots = self._slots
+            lease = None if slots is None else slots.lease
+            if slots is None or lease is None or lease.owner != owner_id:
                 raise FencedError(self.session_id, epoch=self.epoch, current_epoch=None if lease is None else lease.epoch)
             # the catalog row comes from the writer's projection when that is the whole log
-            whole = os.lseek(self._fd, 0, os.SEEK_END) == self.projection.end_offset
-            write_released(self.store, self.session_id, lease, header=self.header, projection=self.projection if whole else None)
-            self._unpin()  # the pinned inode is no longer the lease; a later append re-reads it (and is fenced)
+            whole = self._file.log_size() == self.projection.end_offset
+            write_released(self.store, self._file, slots, header=self.header, projection=self.projection if whole else None)
         finally:
-            self._lock.release()
+            self._file.unlock()
 
     def close(self) -> None:
         if self._fd >= 0:
-            os.close(self._fd)
+            self._file.close()
             self._fd = -1
-            self._lock.close()
-            self._unpin()
 
     def __enter__(self) -> "LogWriter":
         return self

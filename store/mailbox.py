@@ -1,7 +1,7 @@
 """Durable mailboxes: messages accepted for a session and not yet taken into a turn.
 
 ``accept`` appends a framed record ``{seq, id, ts, source, content}`` to
-``sessions/<id>/mailbox`` under the session lock and fsyncs it (unless the
+``sessions/<id>.mailbox`` under the session lock and fsyncs it (unless the
 policy is ``none``) before it returns the message id: an accepted message
 survives a crash of every process.
 
@@ -25,14 +25,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import CorruptSessionError, SessionNotFoundError
+from .errors import CorruptSessionError
 from .appender import append_durably
 from .framing import scan
 from .ids import IdGenerator
-from .locks import SessionFlock
 from .reader import read_session_file
 from .records import mailbox_problem
 from .root import Store
+from .session_file import SessionLock
 
 __all__ = ["MailboxMessage", "accept", "read_mailbox", "pending"]
 
@@ -51,15 +51,18 @@ class MailboxMessage:
         return {"message_id": self.id, "source": self.source, "content": self.content, "mailbox_end": self.end}
 
 
-def accept(store: Store, session_id: str, *, source: dict[str, Any], content: Any, ids: IdGenerator, wake: bool = True, lock: SessionFlock | None = None) -> str:
+def accept(store: Store, session_id: str, *, source: dict[str, Any], content: Any, ids: IdGenerator, wake: bool = True, lock: SessionLock | None = None) -> str:
     """Durably append a message; returns its id once it is on stable storage."""
-    if not store.exists(session_id):
-        raise SessionNotFoundError(session_id)
+    held = lock if lock is not None else SessionLock(session_id, store.session_path(session_id))  # SessionNotFoundError
     message_id = ids.new()
     record = {"id": message_id, "ts": time.time(), "source": source, "content": content, "wake": wake}
-    append_durably(store, store.path(session_id, "mailbox"), record, lock_path=store.path(session_id, ".lock"),
-                   key=f"mailbox/{session_id}", owner=session_id, what=f"mailbox of {session_id}", lock=lock,
-                   check=mailbox_problem, too_large="MESSAGE_TOO_LARGE")
+    try:
+        append_durably(store, store.path(session_id, "mailbox"), record, lock=held,
+                       key=f"mailbox/{session_id}", owner=session_id, what=f"mailbox of {session_id}",
+                       check=mailbox_problem, too_large="MESSAGE_TOO_LARGE")
+    finally:
+        if lock is None:
+            held.close()
     return message_id
 
 

@@ -26,17 +26,20 @@ from .atomic import read_bytes
 from .errors import (
     CorruptSessionError,
     InvalidHeaderError,
-    SessionNotFoundError,
     UnavailableSessionError,
     UnsupportedFormatError,
 )
 from .events import unknown_type
 from .framing import Damage, ScanResult, find_committed, scan
 from .header import SessionHeader, parse_header
-from .records import event_problem, unpack
+from .records import event_problem
 from .root import Store
+from .session_file import SessionFile
 
-__all__ = ["LogStatus", "Inspection", "read_session_file", "read_header", "scan_events", "scan_log", "classify", "inspect", "read_from"]
+__all__ = [
+    "LogStatus", "Inspection", "read_session_file", "open_session", "header_of", "read_header", "read_log", "scan_events", "scan_log",
+    "classify", "inspect", "read_from",
+]
 
 LogStatus = Literal["clean", "torn", "corrupt"]
 
@@ -57,7 +60,8 @@ class Inspection:
 
 
 def read_session_file(store: Store, session_id: str, name: str, *, offset: int = 0) -> bytes | None:
-    """The bytes of ``sessions/<id>/<name>`` (``None`` when absent); ``UnavailableSessionError`` when unreadable."""
+    """The bytes of the companion file ``sessions/<id>.<name>`` (``None`` when absent);
+    ``UnavailableSessionError`` when unreadable."""
     try:
         return read_bytes(store.path(session_id, name), offset=offset)
     except FileNotFoundError:
@@ -66,20 +70,33 @@ def read_session_file(store: Store, session_id: str, name: str, *, offset: int =
         raise UnavailableSessionError(session_id, f"its {name} cannot be read ({exc.strerror or exc})") from None
 
 
+def open_session(store: Store, session_id: str, *, write: bool = False) -> SessionFile:
+    """The session's file, its preamble read (``store/session_file.py`` says what it raises)."""
+    return SessionFile.open(session_id, store.session_path(session_id), write=write)
+
+
+def header_of(file: SessionFile) -> SessionHeader:
+    """The validated header of an open session file; ``CorruptSessionError`` or ``UnsupportedFormatError``."""
+    data = file.header_map
+    try:
+        return parse_header(data, expected_id=file.session_id)
+    except InvalidHeaderError as exc:
+        raise CorruptSessionError(file.session_id, exc.message) from None
+
+
 def read_header(store: Store, session_id: str) -> SessionHeader:
     """The validated header; ``SessionNotFoundError``, ``CorruptSessionError``,
     ``UnavailableSessionError`` or ``UnsupportedFormatError``, nothing else."""
-    raw = read_session_file(store, session_id, "header")
-    if raw is None:
-        raise SessionNotFoundError(session_id)
+    with open_session(store, session_id) as file:
+        return header_of(file)
+
+
+def read_log(file: SessionFile, offset: int = 0) -> bytes:
+    """The log region of an open session file from ``offset``; ``UnavailableSessionError`` when unreadable."""
     try:
-        data = unpack(raw)
-    except ValueError as exc:
-        raise CorruptSessionError(session_id, f"header is {exc}") from None
-    try:
-        return parse_header(data, expected_id=session_id)
-    except InvalidHeaderError as exc:
-        raise CorruptSessionError(session_id, exc.message) from None
+        return file.read_log(offset)
+    except OSError as exc:
+        raise UnavailableSessionError(file.session_id, f"its log cannot be read ({exc.strerror or exc})") from None
 
 
 def _is_turn_end(payload: dict[str, Any]) -> bool:
@@ -118,8 +135,9 @@ def scan_log(session_id: str, data: bytes, *, start_seq: int = 0, base_offset: i
 
 def inspect(store: Store, session_id: str) -> Inspection:
     """Header and valid prefix of a session, classified; read-only."""
-    header = read_header(store, session_id)
-    data = read_session_file(store, session_id, "log") or b""
+    with open_session(store, session_id) as file:
+        header = header_of(file)
+        data = read_log(file)
     events, offsets, end, damage, status = scan_log(session_id, data)
     return Inspection(header, events, offsets, end, len(data), status, damage)
 

@@ -8,12 +8,15 @@ modification time of any file of any session of the subtree: every append,
 acceptance, control request, lease change and settlement (a release rewrites
 the lease) moves it; reads never do. Creation time plays no part.
 
-Deleting a session is one ``rename`` of its folder into ``trash/<id>.<hex>``
-(same file system): from that instant it does not exist (no header under
-``sessions/``). Then the index entries go, then the trash folder. A crash
-leaves every session whole or gone, plus at worst trash folders and index
+Deleting a session is one ``rename`` of its file into a folder
+``trash/<id>.<hex>/`` (same file system): from that instant it does not exist
+under ``sessions/``. Its companion files (mailbox, control, identity cache)
+follow it there. Then the index entries go, then the trash folder. A crash
+leaves every session whole or gone, plus at worst trash folders, index
 entries of trashed sessions, which readers skip and ``check``/``fsck`` name as
-an interrupted gc; the next ``collect`` finishes that first (``_finish``).
+an interrupted gc (the next ``collect`` finishes that first: ``_finish``), and
+companions that did not follow, which nothing reads (``fsck`` reports them; a
+new session of that id removes them when it is created).
 
 Races: ``collect`` takes every session lock of a subtree (``PinnedLock``, the
 lock ``acquire_lease`` takes), parents first, re-checks each session under
@@ -41,9 +44,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Literal
 
-import msgpack
-
-from .atomic import fsync_dir, make_dirs, read_bytes
+from .atomic import DIR_MODE, fsync_dir, make_dirs
 from .description import mailbox_counts
 from .errors import InvalidQueryError, LockTimeoutError, SubagentError
 from .header import SessionHeader, parse_header
@@ -54,7 +55,8 @@ from .log import read_projection
 from .outcome import OUTCOMES, outcome_of
 from .projection import Projection
 from .reader import read_header
-from .root import Store
+from .root import COMPANIONS, Store
+from .session_file import SessionFile
 from .roots import compact_roots, remove_roots
 
 __all__ = ["SkipReason", "CollectedRoot", "SkippedRoot", "GcReport", "collect", "parse_age"]
@@ -185,16 +187,15 @@ class _Pass:
 
 
 def _activity(store: Store, session_id: str) -> tuple[float, int]:
-    """The newest modification time among the session's files (lock files aside), and their total size."""
-    newest, size = 0.0, 0
-    folder = store.session_dir(session_id)
-    with os.scandir(folder) as entries:
-        for entry in entries:
-            if entry.name.startswith("."):
-                continue
-            info = entry.stat(follow_symlinks=False)
-            newest = max(newest, info.st_mtime)
-            size += info.st_size
+    """The newest modification time among the session's file and its companions, and their total size."""
+    info = os.lstat(store.session_path(session_id))
+    newest, size = info.st_mtime, info.st_size
+    for name in COMPANIONS:
+        try:
+            info = os.lstat(store.path(session_id, name))
+        except FileNotFoundError:
+            continue
+        newest, size = max(newest, info.st_mtime), size + info.st_size
     return newest, size
 
 
@@ -250,7 +251,7 @@ def _plan(state: _Pass, root: SessionHeader, children: dict[str, list[str]], hea
         try:
             mtime, nbytes = _activity(store, session_id)
         except (SubagentError, OSError) as exc:
-            return SkippedRoot(root.id, root.label, session_id, "unreadable", f"{session_id}: its folder cannot be read ({exc})")
+            return SkippedRoot(root.id, root.label, session_id, "unreadable", f"{session_id}: its files cannot be read ({exc})")
         newest, size = max(newest, mtime), size + nbytes
     if newest >= state.cutoff:
         return "young"
@@ -285,7 +286,7 @@ def _remove(store: Store, plan: _Plan, state: _Pass, limit: int, moved: list[tup
     with contextlib.ExitStack() as locks:
         for session_id in plan.order:
             try:
-                locks.enter_context(PinnedLock(store.path(session_id, ".lock")))
+                locks.enter_context(PinnedLock(store.session_path(session_id), create=False))
             except FileNotFoundError:
                 return SkippedRoot(root.id, root.label, session_id, "changed", f"{session_id} was removed meanwhile")
             except LockTimeoutError as exc:
@@ -309,15 +310,29 @@ def _remove(store: Store, plan: _Plan, state: _Pass, limit: int, moved: list[tup
                 mark_all_active(store, session_id, rows)
         for session_id in reversed(plan.order):
             target = os.path.join(store.trash_dir, _trash_name(session_id))
-            os.rename(store.session_dir(session_id), target)
+            os.mkdir(target, DIR_MODE)
+            # the session's file first: from that rename on it is gone (its companions are only
+            # read beside it; a crash before they follow leaves them unread, and a new session
+            # of this id clears them at its creation)
+            os.rename(store.session_path(session_id), os.path.join(target, _TRASHED_FILE))
+            for name in COMPANIONS:
+                try:
+                    os.rename(store.path(session_id, name), os.path.join(target, name))
+                except FileNotFoundError:
+                    pass
             moved.append((session_id, target))
     return None
 
 
-def _trash_header(folder: str) -> SessionHeader | None:
+# the name a session's file takes in its trash folder (its companions keep theirs)
+_TRASHED_FILE = "session"
+
+
+def _trash_header(session_id: str, folder: str) -> SessionHeader | None:
     try:
-        return parse_header(msgpack.unpackb(read_bytes(os.path.join(folder, "header")), raw=False))
-    except Exception:  # a folder a crash left half removed: its index updates were done before removal began
+        with SessionFile.open(session_id, os.path.join(folder, _TRASHED_FILE)) as file:
+            return parse_header(file.header_map)
+    except Exception:  # a folder a crash left half made or half removed: nothing to forget from it
         return None
 
 
@@ -326,7 +341,7 @@ def _forget(store: Store, moved: Iterable[tuple[str, str]]) -> None:
     moved = list(moved)
     roots: list[str] = []
     for session_id, folder in moved:
-        header = _trash_header(folder)
+        header = _trash_header(session_id, folder)
         drop_index(store, session_id)
         if header is None:
             continue

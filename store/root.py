@@ -14,21 +14,24 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 from typing import Any
 
 import msgpack
 
 from .atomic import make_dirs, read_bytes, write_atomic
 from .durability import Durability, durability_policy
-from .errors import ReadOnlyStoreError, StoreFormatError, StoreNotFoundError, UnavailableSessionError
+from .errors import ReadOnlyStoreError, StoreFormatError, StoreNotFoundError
 from .framing import DEFAULT_RECORD_LIMIT, MAX_RECORD_BYTES
 from .ids import validate_session_id
 
-__all__ = ["STORE_FORMAT", "STORE_VERSION", "Store"]
+__all__ = ["STORE_FORMAT", "STORE_VERSION", "MIGRATE_HINT", "COMPANIONS", "Store"]
 
 STORE_FORMAT = "subagents-store"
-STORE_VERSION = 1
+STORE_VERSION = 2
+# what a store of an older version (or one whose conversion was interrupted) is told to run
+MIGRATE_HINT = "run `subagents store migrate` to convert it"
+# the names a session's lazily made companion files take beside its file (``sessions/<id>.<name>``)
+COMPANIONS = ("mailbox", "control", "identity")
 
 # What a store folder holds while a creator is between its first sub-folder and its marker
 # (or after it died there). Another process opening the store at that moment completes the
@@ -108,9 +111,16 @@ class Store:
             raise StoreFormatError(f"{marker} is unreadable: {exc}", path=self.root) from exc
         if not isinstance(info, dict) or info.get("format") != STORE_FORMAT:
             raise StoreFormatError(f"{self.root} holds format {info!r}, not a {STORE_FORMAT}", path=self.root)
-        if info.get("version") != STORE_VERSION:
+        if info.get("migrating") is not None:
             raise StoreFormatError(
-                f"{self.root} is a {STORE_FORMAT} of version {info.get('version')!r}; this build reads version {STORE_VERSION}",
+                f"{self.root} was being converted to version {info.get('migrating')!r} when the conversion stopped: "
+                f"run `subagents store migrate` to finish it", path=self.root,
+            )
+        version = info.get("version")
+        if version != STORE_VERSION:
+            hint = f": {MIGRATE_HINT}" if isinstance(version, int) and not isinstance(version, bool) and version < STORE_VERSION else ""
+            raise StoreFormatError(
+                f"{self.root} is a {STORE_FORMAT} of version {version!r}; this build reads version {STORE_VERSION}{hint}",
                 path=self.root,
             )
         limit = info.get("max_record_bytes", DEFAULT_RECORD_LIMIT)  # absent in markers written before the limit
@@ -159,22 +169,20 @@ class Store:
             return False
         return any(name.partition(".")[0] == session_id for name in names if not name.startswith("."))
 
-    def session_dir(self, session_id: str) -> str:
-        """``sessions/<id>``; ``UnavailableSessionError`` when that name is a link (one ``lstat``)."""
-        folder = os.path.join(self.root, "sessions", validate_session_id(session_id))
-        try:
-            mode = os.lstat(folder).st_mode
-        except FileNotFoundError:
-            return folder
-        except OSError as exc:
-            raise UnavailableSessionError(session_id, f"its folder cannot be examined ({exc.strerror})") from None
-        if stat.S_ISLNK(mode):
-            raise UnavailableSessionError(session_id, "its folder is a symbolic link (refused: nothing is read or written through it)")
-        return folder
+    def session_path(self, session_id: str) -> str:
+        """``sessions/<id>``: the session's one file (``store/session_file.py``).
+
+        Opened with ``O_NOFOLLOW`` by every reader and writer: a link planted in
+        its place is refused (``UnavailableSessionError``), never followed.
+        """
+        return os.path.join(self.root, "sessions", validate_session_id(session_id))
 
     def path(self, session_id: str, name: str) -> str:
-        """``sessions/<id>/<name>`` for name in header, log, mailbox, lease, .lock, identity."""
-        return os.path.join(self.session_dir(session_id), name)
+        """``sessions/<id>.<name>``: a companion file of the session (mailbox, control, identity),
+        made when first needed; absent for most sessions."""
+        if name not in COMPANIONS:
+            raise ValueError(f"{name!r} is not a companion file of a session (one of {', '.join(COMPANIONS)})")
+        return os.path.join(self.root, "sessions", f"{validate_session_id(session_id)}.{name}")
 
     def owner_path(self, owner_id: str) -> str:
         return os.path.join(self.root, "owners", validate_session_id(owner_id))
@@ -183,14 +191,16 @@ class Store:
         return os.path.join(self.root, "index", "children", validate_session_id(parent_id))
 
     def exists(self, session_id: str) -> bool:
-        return os.path.lexists(self.path(session_id, "header"))
+        """Whether ``sessions/<id>`` exists (a session is published exactly when its file is)."""
+        return os.path.lexists(self.session_path(session_id))
 
     def session_ids(self) -> list[str]:
-        """Every id with a header, sorted (ids are time-ordered); session folders that are links are left out."""
+        """Every published session, sorted (ids are time-ordered). Names with a dot are companion
+        files or a creation's temporary file, never a session; a link in a session's place is left out."""
         found = []
         with os.scandir(self.sessions_dir) as entries:
             for entry in entries:
-                if entry.is_dir(follow_symlinks=False) and os.path.lexists(os.path.join(entry.path, "header")):
+                if "." not in entry.name and entry.is_file(follow_symlinks=False):
                     found.append(entry.name)
         return sorted(found)
 

@@ -1,13 +1,14 @@
 """Creating and removing sessions.
 
-Creation is all-or-nothing and ordered so that a session exists exactly when
-its header does: the folder, the initial log (descriptor and policy events at
-epoch 0), the identity cache, the lease and any initial mailbox messages are
-written first; the header is published last (tmp + fsync + exclusive link +
-fsync of the folder); the index entry follows. A crash before the header
-leaves a folder that nothing lists or resumes (``subagents store fsck``
-reports it); a failure after it removes the folder and tombstones the index
-entry.
+Creation is all-or-nothing: a session exists exactly when its file
+``sessions/<id>`` does (``store/session_file.py``). The whole file — header,
+lease (when created held), initial log (descriptor and policy events at epoch
+0) — is written under a temporary name in ``sessions/``, fsync'd, and
+published by an exclusive ``link`` to its name (two creators of one id cannot
+both win), then the temporary name is removed: one inode per session, none
+freed. The index entry follows. A crash before the link leaves a temporary
+file that nothing lists (``subagents store fsck`` removes it); a failure
+after it unlinks the session and tombstones the index entry.
 
 ``create_sessions`` creates several sessions as one batch, with the same
 order for each, and shares what a batch can share: one fsync of the
@@ -22,14 +23,12 @@ commit what they published together (``supervisor/creator.py``).
 from __future__ import annotations
 
 import os
-import shutil
+import secrets
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import msgpack
-
-from .atomic import DIR_MODE, fsync_dir, write_atomic, write_new
+from .atomic import fsync_dir, write_new
 from .errors import SessionExistsError
 from .framing import encode_record
 from .header import SessionHeader, parse_header
@@ -37,9 +36,10 @@ from .ids import validate_session_id
 from .descriptor import ContinuableDescriptor, OneShotDescriptor
 from .index import IndexEntry, add_child, add_children, remove_child
 from .lease import Lease
-from .projection import Projection, write_cache
-from .root import Store
+from .projection import Projection
+from .root import COMPANIONS, Store
 from .roots import add_root, remove_root
+from .session_file import encode_session
 
 __all__ = ["NewSession", "CreatedSession", "create_session", "create_sessions", "publish_sessions", "commit_sessions", "delete_session"]
 
@@ -250,24 +250,37 @@ def _write_unpublished_and_publish(store: Store, request: NewSession, header: Se
         projection.apply(row, offset, offset + len(chunk))
         chunks.append(chunk)
         offset += len(chunk)
-    folder = store.session_dir(request.session_id)
+    path = store.session_path(request.session_id)
+    if os.path.lexists(path):
+        raise SessionExistsError(request.session_id)
+    lease = Lease(request.lease_owner, 1, "running", now) if request.lease_owner is not None else None
+    blob = encode_session(header.to_record(), lease, b"".join(chunks))
+    tmp = os.path.join(store.sessions_dir, f".{request.session_id}.new.{os.getpid()}.{secrets.token_hex(4)}")
+    # the folder fsync of commit_sessions persists the new name
+    write_new(tmp, blob, durable=store.durability.syncs_at_commit)
     try:
-        os.mkdir(folder, DIR_MODE)
+        os.link(tmp, path)
     except FileExistsError:
         raise SessionExistsError(request.session_id) from None
+    finally:
+        os.unlink(tmp)
     try:
-        durable = store.durability.syncs_at_commit
-        # the header's folder fsync below persists the names of every file written before it
-        write_new(os.path.join(folder, "log"), b"".join(chunks), durable=durable)
-        write_cache(os.path.join(folder, "identity"), projection)
-        if request.lease_owner is not None:
-            lease = Lease(request.lease_owner, 1, "running", now)
-            write_new(os.path.join(folder, "lease"), msgpack.packb(lease.to_record()), durable=durable)
-        write_atomic(os.path.join(folder, "header"), msgpack.packb(header.to_record()), durable=durable, exclusive=True)
+        _clear_companions(store, request.session_id)
     except BaseException:
         _rollback(store, request, indexed=False)
         raise
     return projection
+
+
+def _clear_companions(store: Store, session_id: str) -> None:
+    """Remove companion files an earlier session of this id left (a ``gc`` that crashed between
+    moving a session and its companions): a new session starts with none. Nothing else can
+    have made them yet: the id is not handed out before creation returns."""
+    for name in COMPANIONS:
+        try:
+            os.unlink(store.path(session_id, name))
+        except FileNotFoundError:
+            pass
 
 
 def _row_fields(created: CreatedSession) -> tuple[str | None, str | None]:
@@ -300,13 +313,12 @@ def _rollback(store: Store, request: NewSession, *, indexed: bool) -> None:
 def delete_session(store: Store, session_id: str, *, parent_session: str | None = None, root: bool = False) -> None:
     """Remove a session that was never handed out (rollback); tombstones its index entry
     (the parent's, or with ``root`` the roots index)."""
-    folder = store.session_dir(session_id)
     try:
-        os.unlink(os.path.join(folder, "header"))  # unpublish first: from here nothing lists it
+        os.unlink(store.session_path(session_id))  # unpublish first: from here nothing lists it
     except FileNotFoundError:
         pass
     if parent_session is not None:
         remove_child(store, parent_session, session_id)
     elif root:
         remove_root(store, session_id)
-    shutil.rmtree(folder, ignore_errors=True)
+    _clear_companions(store, session_id)

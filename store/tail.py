@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .reader import Inspection, inspect, read_session_file, scan_events
+from .reader import Inspection, inspect, open_session, read_log, scan_events
 from .root import Store
 
 __all__ = ["LogTail"]
@@ -26,14 +26,18 @@ class LogTail:
     def __init__(self, store: Store, session_id: str, start: Inspection) -> None:
         self._store = store
         self._session_id = session_id
-        self._path = store.path(session_id, "log")
+        self._path = store.session_path(session_id)
+        self._data_start: int | None = None  # the log's start in the session file, read at the first poll
         self._end = start.end  # byte length of the valid prefix already returned
         self._next_seq = len(start.events)
 
     def poll(self) -> list[dict[str, Any]]:
         """The events committed since the last poll (possibly none)."""
+        if self._data_start is None:
+            with open_session(self._store, self._session_id) as file:
+                self._data_start = file.data_start
         try:
-            size = os.lstat(self._path).st_size
+            size = os.lstat(self._path).st_size - self._data_start
         except FileNotFoundError:
             size = 0
         if size < self._end:  # cut back under us (a repair): start over from what is valid now
@@ -43,7 +47,8 @@ class LogTail:
             return events
         if size == self._end:
             return []
-        added = (read_session_file(self._store, self._session_id, "log", offset=self._end) or b"")[: size - self._end]
+        with open_session(self._store, self._session_id) as file:
+            added = read_log(file, self._end)[: size - self._end]
         result = scan_events(added, start_seq=self._next_seq, base_offset=self._end)
         self._end, self._next_seq = result.end, self._next_seq + len(result.records)
         return list(result.records)

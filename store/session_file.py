@@ -1,0 +1,345 @@
+"""One session, one file (format version 2): its lock, its lease, its header and its log.
+
+``sessions/<id>`` is a single file (FORMAT.md §1, §4, §7)::
+
+    0    magic  b"SAS2"
+    4    data_start  u32le: where the log begins
+    8    lease slot 0  (256 bytes: a framed lease record, or zeros)
+    264  lease slot 1  (256 bytes)
+    520  header: one framed msgpack map
+    data_start  log records (FORMAT.md §3), seq 0 first
+
+A child costs one inode: the lock is an ``flock`` on this file, the lease is
+rewritten in place (``pwrite`` into one of two CRC'd slots, so a torn write
+leaves the other), the header is written once with the file, and the log is
+appended after it. Log offsets everywhere else in the store (projections,
+the identity cache, tails) are offsets into the log region, i.e. relative to
+``data_start``; only this module adds it.
+
+**Lease slots.** Each holds ``{gen, owner, epoch, state, acquired_at,
+synced?}``; readers take the valid slot with the highest ``gen``. A writer
+always writes the slot that does *not* hold the newest ``synced`` record (an
+acquisition, fsync'd), so the newest durable epoch is never overwritten by a
+write that may tear or be lost: after a crash the epoch never goes back
+below an acquisition that returned. A slot of zeros is empty; a slot that
+does not decode is ignored like an empty one (the other slot holds the newer
+durable state, or the write that tore never returned).
+
+Who calls it: ``store/log.py`` (the writer), ``store/lease.py``,
+``store/reader.py``, ``store/session.py`` (creation), ``store/migrate.py``.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from .atomic import NOFOLLOW
+from .errors import CorruptSessionError, SessionNotFoundError, UnavailableSessionError
+from .framing import FRAME, MAX_RECORD_BYTES, encode_record
+from .lease_record import Lease
+from .records import LeaseFields, unpack, validate
+
+__all__ = [
+    "MAGIC", "SLOT_SIZE", "SLOTS_AT", "HEADER_AT", "LeaseSlots", "SessionFile", "encode_session", "decode_slots", "parse_preamble",
+    "Preamble", "SessionLock",
+]
+
+MAGIC = b"SAS2"
+_START = struct.Struct("<I")
+SLOT_SIZE = 256
+SLOTS_AT = 8
+HEADER_AT = SLOTS_AT + 2 * SLOT_SIZE  # 520
+# what a reader takes in its first read: the preamble, the lease slots and any usual header
+FIRST_READ = 4096
+_EMPTY_SLOT = bytes(SLOT_SIZE)
+
+
+def _slot_bytes(payload: dict[str, Any]) -> bytes:
+    frame = encode_record(payload, what="a lease")
+    if len(frame) > SLOT_SIZE:  # owner ids are at most 64 characters: never on a valid owner
+        raise ValueError(f"a lease record of {len(frame)} bytes does not fit a {SLOT_SIZE}-byte slot")
+    return frame + bytes(SLOT_SIZE - len(frame))
+
+
+def _lease_payload(lease: Lease, gen: int, synced: bool) -> dict[str, Any]:
+    payload: dict[str, Any] = {"gen": gen, **lease.to_record()}
+    if synced:
+        payload["synced"] = True
+    return payload
+
+
+@dataclass(frozen=True)
+class _Slot:
+    lease: Lease
+    gen: int
+    synced: bool
+
+
+def _decode_slot(raw: bytes) -> _Slot | str | None:
+    """The slot's record; ``None`` for an empty slot; the problem as text for one that does not decode."""
+    if raw == _EMPTY_SLOT or not raw.strip(b"\0"):
+        return None
+    if len(raw) < FRAME.size:
+        return "short slot"
+    length, crc = FRAME.unpack_from(raw)
+    body = raw[FRAME.size : FRAME.size + length]
+    if length > SLOT_SIZE - FRAME.size or len(body) != length:
+        return "bad length"
+    if zlib.crc32(body) != crc:
+        return "crc mismatch"
+    try:
+        data = unpack(body)
+    except ValueError as exc:
+        return str(exc)
+    if not isinstance(data, dict):
+        return "not a map"
+    gen = data.get("gen")
+    if isinstance(gen, bool) or not isinstance(gen, int) or gen < 0:
+        return "gen is not a non-negative integer"
+    fields = validate(LeaseFields, data)
+    if isinstance(fields, str):
+        return fields
+    return _Slot(Lease(fields.owner, fields.epoch, fields.state, fields.acquired_at), gen, data.get("synced") is True)
+
+
+@dataclass(frozen=True)
+class LeaseSlots:
+    """What the two lease slots say: the lease (``None``: never leased), and where the next write goes."""
+
+    lease: Lease | None
+    gen: int  # the newest valid slot's gen (-1: none)
+    target: int  # the slot the next write goes to: never the one holding the newest synced record
+    problem: str | None  # both slots hold bytes and neither decodes: damage, not a crash
+
+    @property
+    def epoch(self) -> int | None:
+        """The epoch a writer must match: 0 without a lease, ``None`` when released (nobody may write)."""
+        if self.lease is None:
+            return 0
+        return None if self.lease.state == "released" else self.lease.epoch
+
+
+def decode_slots(raw: bytes) -> LeaseSlots:
+    """The lease of the ``2 * SLOT_SIZE`` bytes at ``SLOTS_AT``."""
+    slots = [_decode_slot(raw[i * SLOT_SIZE : (i + 1) * SLOT_SIZE]) for i in (0, 1)]
+    valid = [(i, s) for i, s in enumerate(slots) if isinstance(s, _Slot)]
+    if not valid:
+        problems = [s for s in slots if isinstance(s, str)]
+        return LeaseSlots(None, -1, 0, f"lease slots do not decode ({problems[0]})" if len(problems) == 2 else None)
+    newest_i, newest = max(valid, key=lambda pair: pair[1].gen)
+    synced = [(i, s) for i, s in valid if s.synced]
+    keep = max(synced, key=lambda pair: pair[1].gen)[0] if synced else newest_i
+    return LeaseSlots(newest.lease, newest.gen, 1 - keep, None)
+
+
+@dataclass(frozen=True)
+class Preamble:
+    """The start of a session file: where its log begins, and its header map (unvalidated)."""
+
+    data_start: int
+    header: Any
+
+
+def parse_preamble(blob: bytes) -> Preamble | str:
+    """The preamble of a file's first bytes, or what is wrong with it (``"short"`` when more bytes are needed)."""
+    if len(blob) < HEADER_AT + FRAME.size:
+        return "short" if blob[: len(MAGIC)] == MAGIC[: len(blob)] else "not a session file of format 2"
+    if blob[:4] != MAGIC:
+        return "not a session file of format 2 (bad magic)"
+    (data_start,) = _START.unpack_from(blob, 4)
+    length, crc = FRAME.unpack_from(blob, HEADER_AT)
+    if length > MAX_RECORD_BYTES or data_start != HEADER_AT + FRAME.size + length:
+        return f"header length {length} does not match the log's start {data_start}"
+    if len(blob) < data_start:
+        return "short"
+    body = blob[HEADER_AT + FRAME.size : data_start]
+    if zlib.crc32(body) != crc:
+        return "header crc mismatch"
+    try:
+        return Preamble(data_start, unpack(body))
+    except ValueError as exc:
+        return f"header is {exc}"
+
+
+def encode_session(header: dict[str, Any], lease: Lease | None, log: bytes) -> bytes:
+    """The whole file of a new session (``lease``: created already held, marked synced: it is
+    written and fsync'd with the file)."""
+    head = encode_record(header, what="a session header")
+    data_start = HEADER_AT + len(head)
+    slot0 = _slot_bytes(_lease_payload(lease, 0, True)) if lease is not None else _EMPTY_SLOT
+    return b"".join((MAGIC, _START.pack(data_start), slot0, _EMPTY_SLOT, head, log))
+
+
+class SessionFile:
+    """An open session file. Not thread-safe; the owner closes it.
+
+    ``open`` reads the preamble once; afterwards every log offset is relative
+    to its ``data_start``. ``lock``/``unlock`` are ``flock`` on this
+    descriptor: the session's one lock (FORMAT.md §7).
+    """
+
+    def __init__(self, session_id: str, path: str, fd: int, preamble: Preamble) -> None:
+        self.session_id = session_id
+        self.path = path
+        self.fd = fd
+        self.data_start = preamble.data_start
+        self.header_map = preamble.header
+
+    @classmethod
+    def open(cls, session_id: str, path: str, *, write: bool = False) -> "SessionFile":
+        """``SessionNotFoundError`` without the file, ``UnavailableSessionError`` when it cannot be
+        read (a link, a folder, a FIFO in its place), ``CorruptSessionError`` for a bad preamble."""
+        flags = (os.O_RDWR if write else os.O_RDONLY) | os.O_NONBLOCK | NOFOLLOW
+        try:
+            fd = os.open(path, flags)
+        except FileNotFoundError:
+            raise SessionNotFoundError(session_id) from None
+        except OSError as exc:
+            why = "it is a symbolic link (refused: nothing is read or written through it)" if exc.errno == errno.ELOOP else (
+                f"its file cannot be opened ({exc.strerror or exc})")
+            raise UnavailableSessionError(session_id, why) from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise UnavailableSessionError(session_id, "its file is not a regular file")
+            try:
+                blob = os.pread(fd, FIRST_READ, 0)
+                found = parse_preamble(blob)
+                if found == "short" and len(blob) == FIRST_READ:
+                    blob = _read_all(fd)
+                    found = parse_preamble(blob)
+            except OSError as exc:
+                raise UnavailableSessionError(session_id, f"its file cannot be read ({exc.strerror or exc})") from None
+            if isinstance(found, str):
+                raise CorruptSessionError(session_id, "its file is truncated" if found == "short" else found)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(session_id, path, fd, found)
+
+    # -- the lock --------------------------------------------------------------
+
+    def lock(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def unlock(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def still_linked(self) -> bool:
+        """Whether ``sessions/<id>`` still names this file (``gc`` renames it away under the lock)."""
+        try:
+            return os.stat(self.path, follow_symlinks=False).st_ino == os.fstat(self.fd).st_ino
+        except FileNotFoundError:
+            return False
+
+    # -- the lease -------------------------------------------------------------
+
+    def read_slots(self) -> LeaseSlots:
+        return decode_slots(os.pread(self.fd, 2 * SLOT_SIZE, SLOTS_AT))
+
+    def write_lease(self, slots: LeaseSlots, lease: Lease, *, synced: bool) -> None:
+        """Write ``lease`` into the slot ``slots`` (read under the caller's lock) names; fsync only
+        when ``synced`` and the caller's policy says so (the caller's ``sync``)."""
+        blob = _slot_bytes(_lease_payload(lease, slots.gen + 1, synced))
+        written = os.pwrite(self.fd, blob, SLOTS_AT + slots.target * SLOT_SIZE)
+        if written != len(blob):
+            raise OSError(errno.EIO, f"short write of a lease slot ({written} of {len(blob)} bytes)")
+
+    # -- the log region ----------------------------------------------------------
+
+    def log_size(self) -> int:
+        return max(0, os.fstat(self.fd).st_size - self.data_start)
+
+    def read_log(self, offset: int = 0, length: int | None = None) -> bytes:
+        if length is None:
+            length = self.log_size() - offset
+            if length <= 0:
+                return b""
+            chunks = []
+            at = self.data_start + offset
+            while True:
+                chunk = os.pread(self.fd, max(length, 1 << 16), at)
+                length = 0
+                if not chunk:
+                    return b"".join(chunks)
+                chunks.append(chunk)
+                at += len(chunk)
+        return os.pread(self.fd, length, self.data_start + offset)
+
+    def write_log(self, blob: bytes, offset: int) -> int:
+        return os.pwrite(self.fd, blob, self.data_start + offset)
+
+    def truncate_log(self, end: int) -> None:
+        os.ftruncate(self.fd, self.data_start + end)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> "SessionFile":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _read_all(fd: int) -> bytes:
+    chunks, offset = [], 0
+    while True:
+        chunk = os.pread(fd, 1 << 16, offset)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        offset += len(chunk)
+
+
+
+class SessionLock:
+    """A session's lock alone: an ``flock`` on its file, for appends to its companion files.
+
+    ``acquire`` checks, once the lock is held, that ``sessions/<id>`` still names
+    the locked file: a session ``gc`` collected while we waited is
+    ``SessionNotFoundError``, and nothing is appended beside a session that is gone.
+    """
+
+    def __init__(self, session_id: str, path: str) -> None:
+        self.session_id = session_id
+        self.path = path
+        try:
+            self._fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
+        except FileNotFoundError:
+            raise SessionNotFoundError(session_id) from None
+        except OSError as exc:
+            raise UnavailableSessionError(session_id, f"its file cannot be opened ({exc.strerror or exc})") from None
+
+    def acquire(self) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            here = os.stat(self.path, follow_symlinks=False).st_ino
+        except FileNotFoundError:
+            here = None
+        if here != os.fstat(self._fd).st_ino:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            raise SessionNotFoundError(self.session_id)
+
+    def release(self) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> "SessionLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
