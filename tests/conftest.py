@@ -31,6 +31,7 @@ if REPO_ROOT not in _pythonpath.split(os.pathsep):
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, _pythonpath) if p)
 
 from subagents.store import Store, inspect  # noqa: E402
+from subagents.store.root import COMPANIONS  # noqa: E402
 from subagents.supervisor import Capabilities, Provider, Supervisor, SupervisorConfig  # noqa: E402
 
 DEADLINE_S = 20.0  # a generous per-wait deadline: a hang fails, a pass never comes near it
@@ -135,5 +136,9 @@ def said(st: Store, session_id: str) -> list[str]:
 
 
 def disk_snapshot(st: Store) -> tuple[list[str], list[str]]:
-    """What exists under ``sessions/`` and ``index/children/`` (sorted names)."""
-    return sorted(os.listdir(st.sessions_dir)), sorted(os.listdir(st.children_index_dir))
+    """What exists under ``sessions/`` and ``index/children/`` (sorted names). Companion files
+    (``<id>.mailbox`` ...) are left out: messages reach existing sessions while a test runs;
+    a creation's leftover temporary file (``.<id>.new.*``) is not."""
+    companions = tuple(f".{name}" for name in COMPANIONS)
+    names = [name for name in os.listdir(st.sessions_dir) if name.startswith(".") or not name.endswith(companions)]
+    return sorted(names), sorted(os.listdir(st.children_index_dir))

@@ -30,15 +30,13 @@ TTL = 0.5
 
 
 def snapshot(st: Store, *session_ids: str) -> dict[str, bytes]:
-    """Every file of these sessions except locks, byte for byte."""
+    """Every file of these sessions (each one's file and its companions), byte for byte."""
     files = {}
     for sid in session_ids:
-        folder = st.session_dir(sid)
-        for name in sorted(os.listdir(folder)):
-            if name.endswith(".lock") or name.startswith("."):
-                continue
-            with open(os.path.join(folder, name), "rb") as handle:
-                files[f"{sid}/{name}"] = handle.read()
+        for name in sorted(os.listdir(st.sessions_dir)):
+            if name == sid or name.startswith(sid + "."):
+                with open(os.path.join(st.sessions_dir, name), "rb") as handle:
+                    files[name] = handle.read()
     return files
 
 

@@ -19,6 +19,7 @@ import pytest
 from subagents.store import LeaseHeldError, Store, acquire_lease, owner_alive, read_lease, read_owner, session_status
 from subagents.supervisor import SupervisorConfig
 
+from ..session_bytes import SLOT_SIZE, SLOTS_AT, file_bytes
 from ._driver import S
 
 
@@ -59,7 +60,7 @@ def test_one_heartbeat_renewed_every_third_of_the_ttl_covers_every_lease(tmp_pat
     sessions = [root, *children]
     leases = {sid: read_lease(st, sid) for sid in sessions}
     assert all(lease is not None and lease.owner == host.owner for lease in leases.values())
-    files = {sid: os.stat(st.path(sid, "lease")) for sid in sessions}
+    slots = {sid: file_bytes(st, sid)[SLOTS_AT : SLOTS_AT + 2 * SLOT_SIZE] for sid in sessions}
 
     beats: list[float] = []
     first = read_owner(st, host.owner)
@@ -79,8 +80,8 @@ def test_one_heartbeat_renewed_every_third_of_the_ttl_covers_every_lease(tmp_pat
     assert max(gaps) < ttl, gaps  # ... and never so late that the owner would read dead
     assert os.listdir(st.owners_dir) == [host.owner]  # still one file: renewal cost is independent of the leases
     for sid in sessions:
-        now = os.stat(st.path(sid, "lease"))
-        assert (now.st_ino, now.st_mtime_ns) == (files[sid].st_ino, files[sid].st_mtime_ns), f"lease of {sid} was rewritten"
+        now = file_bytes(st, sid)[SLOTS_AT : SLOTS_AT + 2 * SLOT_SIZE]
+        assert now == slots[sid], f"lease of {sid} was rewritten"
         assert session_status(st, sid) in ("running", "idle")
 
     gate.touch()

@@ -256,9 +256,9 @@ def test_checker_catches_a_stale_writer(tmp_path) -> None:
     forged = inspect(st, "01ROOT").events
     # what two writers without fencing would leave: rewrite the log with an epoch going back
     from subagents.store import encode_record
+    from tests.session_bytes import write_log
 
     records = [*forged, {"seq": len(forged), "ts": 0.0, "type": "turn/end", "data": {"stop_reason": "completed", "diagnostic": None}, "epoch": 0}]
-    with open(st.path("01ROOT", "log"), "wb") as handle:
-        handle.write(b"".join(encode_record(r) for r in records))
+    write_log(st, "01ROOT", b"".join(encode_record(r) for r in records))
     with pytest.raises(AssertionError, match="epoch went back"):
         check_logs(st, {})

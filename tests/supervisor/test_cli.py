@@ -26,6 +26,7 @@ from subagents import store
 from subagents.store import LogWriter, Store, create_session, inspect, list_children, list_descendants, read_lease
 from subagents.supervisor.cli import columns, render
 from subagents.supervisor.config_loader import load_config
+from tests.session_bytes import HEADER_AT, append_log, log_bytes, patch, write_log
 
 DEADLINE_S = 90.0
 ROW = re.compile(r"^(\S+)\s+complete\s+completed\s+one-shot\s+.+\s+part-(\d)$")  # a row of the `ls` table
@@ -301,13 +302,12 @@ def test_log_follow_prints_new_events_until_interrupted(tmp_path: Path) -> None:
 def _damage(st: DemoStore) -> tuple[str, str, bytes]:
     """Tear one child's log (garbage after its last record), corrupt another (a flipped byte in record 0)."""
     torn, corrupt = st.children[0], st.children[1]
-    torn_log = st.path / "sessions" / torn / "log"
-    original = torn_log.read_bytes()
-    torn_log.write_bytes(original + b"\x17\x00\x00\x00garbage")
-    corrupt_log = st.path / "sessions" / corrupt / "log"
-    data = bytearray(corrupt_log.read_bytes())
+    opened = Store(st.path, create=False)
+    original = log_bytes(opened, torn)
+    append_log(opened, torn, b"\x17\x00\x00\x00garbage")
+    data = bytearray(log_bytes(opened, corrupt))
     data[12] ^= 0xFF  # inside the payload of the first record; the log ends with a turn/end
-    corrupt_log.write_bytes(bytes(data))
+    write_log(opened, corrupt, bytes(data))
     return torn, corrupt, original
 
 
@@ -339,13 +339,14 @@ def test_fsck_reports_torn_and_corrupt_and_changes_nothing(demo_copy: DemoStore)
 def test_fsck_repair_fixes_the_torn_session_only(demo_copy: DemoStore) -> None:
     """--repair truncates the torn tail (under a fresh lease epoch) and never touches the corrupt log."""
     torn, corrupt, original = _damage(demo_copy)
-    corrupt_bytes = (demo_copy.path / "sessions" / corrupt / "log").read_bytes()
+    opened = Store(demo_copy.path, create=False)
+    corrupt_bytes = log_bytes(opened, corrupt)
     done = cli("--store", "st", "store", "fsck", "--repair", "--json", cwd=demo_copy.cwd)
     assert done.returncode == 1, done.stderr  # the corrupt session remains
     report = json.loads(done.stdout)
     assert report["repaired"] == [torn]
-    assert (demo_copy.path / "sessions" / torn / "log").read_bytes() == original
-    assert (demo_copy.path / "sessions" / corrupt / "log").read_bytes() == corrupt_bytes
+    assert log_bytes(opened, torn) == original
+    assert log_bytes(opened, corrupt) == corrupt_bytes
     lease = read_lease(Store(demo_copy.path, create=False), torn)
     assert lease is not None and lease.epoch == 2 and lease.state == "released"
     again = json.loads(cli("--store", "st", "store", "fsck", "--json", cwd=demo_copy.cwd).stdout)
@@ -354,21 +355,20 @@ def test_fsck_repair_fixes_the_torn_session_only(demo_copy: DemoStore) -> None:
 
 def test_fsck_repair_respects_live_owners_and_reports_every_folder(tmp_path: Path) -> None:
     """A torn log without a lease is repaired at epoch 0; one leased by a live owner is left alone;
-    a folder without a header and a garbage header are findings, never a crash (the latter is corrupt)."""
+    a creation's leftover temporary file and a garbage header are findings, never a crash (the latter is corrupt)."""
     st = Store(tmp_path / "st", durability="none")
     free, held = store.new_id(), store.new_id()
     for session in (free, held):
         create_session(st, session, events=[("approval/policy", {"policy": "never", "source": "test"})])
-        with open(st.path(session, "log"), "ab") as handle:
-            handle.write(b"\x05\x00\x00\x00tear")
+        append_log(st, session, b"\x05\x00\x00\x00tear")
     owner = store.new_id()
     store.register_owner(st, owner, ttl=600.0)  # this test process: alive
     store.acquire_lease(st, held, owner)
-    os.mkdir(os.path.join(st.sessions_dir, store.new_id()))  # a creation that never published its header
+    Path(st.sessions_dir, f".{store.new_id()}.new.1.ab12").write_bytes(b"SAS2")  # a creation that never published its file
     broken = store.new_id()
-    os.mkdir(os.path.join(st.sessions_dir, broken))
-    Path(st.path(broken, "header")).write_bytes(b"\xc1not msgpack")
-    held_bytes = Path(st.path(held, "log")).read_bytes()
+    create_session(st, broken)
+    patch(st, broken, HEADER_AT + 8, b"\xc1")  # the header's first byte: not msgpack (and its CRC no longer matches)
+    held_bytes = log_bytes(st, held)
     done = cli("--store", "st", "store", "fsck", "--repair", "--json", cwd=tmp_path)
     assert done.returncode == 1, done.stderr
     report = json.loads(done.stdout)
@@ -378,7 +378,7 @@ def test_fsck_repair_respects_live_owners_and_reports_every_folder(tmp_path: Pat
     repairs = {f["id"]: f["repair"] for f in report["findings"] if f["kind"] == "torn"}
     assert repairs[free].startswith("repaired at epoch 0")
     assert repairs[held].startswith(f"not repaired: owner {owner} is alive")
-    assert Path(st.path(held, "log")).read_bytes() == held_bytes
+    assert log_bytes(st, held) == held_bytes
     assert inspect(st, free).status == "clean" and read_lease(st, free) is None
 
 

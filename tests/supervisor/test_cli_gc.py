@@ -50,9 +50,15 @@ def ok(st: Store | str, *args: str) -> str:
 
 def age(st: Store, session_id: str, seconds: float) -> None:
     when = time.time() - seconds
-    folder = st.session_dir(session_id)
-    for name in os.listdir(folder):
-        os.utime(os.path.join(folder, name), (when, when), follow_symlinks=False)
+    for path in session_files(st, session_id):
+        os.utime(path, (when, when), follow_symlinks=False)
+
+
+def session_files(st: Store, session_id: str) -> list[str]:
+    """The session's file and the companions it has."""
+    found = [os.path.join(st.sessions_dir, name) for name in os.listdir(st.sessions_dir)
+             if name == session_id or name.startswith(session_id + ".")]
+    return sorted(found)
 
 
 def subtree(st: Store, root: str, *, root_events=(), old: float | None = 8 * DAY) -> list[str]:
@@ -69,9 +75,13 @@ def subtree(st: Store, root: str, *, root_events=(), old: float | None = 8 * DAY
     return ids
 
 
-def contents(folder: str) -> dict[str, bytes]:
-    """Every file's bytes but the lock file's (taking a lock writes nothing)."""
-    return {path: state[3] for path, state in tree_state(folder).items() if state[0] == "file" and not path.endswith("/.lock")}
+def contents(st: Store, session_id: str) -> dict[str, bytes]:
+    """The bytes of the session's file and companions (taking its lock writes nothing)."""
+    out = {}
+    for path in session_files(st, session_id):
+        with open(path, "rb") as handle:
+            out[path] = handle.read()
+    return out
 
 
 def exists(st: Store, ids: list[str]) -> list[bool]:
@@ -192,14 +202,14 @@ def test_a_subtree_a_supervisor_in_another_process_holds_is_kept(st: Store) -> N
                    and store.session_status(st, ids["root"]) == "idle", what="the child to settle")
         for sid in held:
             age(st, sid, 8 * DAY)
-        before = {sid: contents(st.session_dir(sid)) for sid in held}
+        before = {sid: contents(st, sid) for sid in held}
         doc = json.loads(ok(st, "gc", "--older-than", "7d", "--json"))
         assert [c["id"] for c in doc["collected"]] == ["rOld"] and not any(exists(st, old))
         (kept,) = doc["skipped"]
         assert (kept["id"], kept["session"], kept["reason"]) == (ids["root"], ids["root"], "held")
         text = ok(st, "gc", "--older-than", "7d")
         assert any(line.split()[:3] == ["kept", ids["root"], "held"] for line in text.splitlines()), text
-        assert {sid: contents(st.session_dir(sid)) for sid in held} == before
+        assert {sid: contents(st, sid) for sid in held} == before
         assert json.loads(ok(st, "store", "check", "--json"))["clean"]
     finally:
         proc.kill()

@@ -21,6 +21,7 @@ from subagents import store
 from subagents.store import Query, Store, create_session, find_roots, list_children, list_descendants
 
 from ..conftest import REPO_ROOT
+from ..session_bytes import HEADER_AT, patch
 
 ONE_SHOT = {"version": 1, "mode": "one-shot", "provider": "script"}
 HOUR = 3600.0
@@ -161,8 +162,7 @@ def test_a_roots_index_damaged_from_its_start_does_not_empty_the_listing(st: Sto
 
 def test_a_root_whose_header_is_damaged_is_listed_as_a_diagnostic(st: Store) -> None:
     """A listed root whose header no longer reads shows as a `corrupt` row; it never silently disappears."""
-    with open(st.path("r2AAAAAAAAAA", "header"), "wb") as handle:
-        handle.write(b"junk")
+    patch(st, "r2AAAAAAAAAA", HEADER_AT + 8, b"junk")
     doc = json.loads(ok(st, "ls", "--json"))
     rows = {r["id"][:2]: r for r in doc["roots"]}
     assert list(rows) == ["r4", "r3", "r2", "r1", "r0"]
