@@ -54,14 +54,13 @@ from typing import Any, Callable, Sequence
 
 from _common import REPO, temp_base  # noqa: E402  (first: puts the repository on sys.path)
 
-import msgpack  # noqa: E402
 
 import subagents.store.lease as store_lease  # noqa: E402
 import subagents.store.log as store_log  # noqa: E402
 from subagents.store.index import IndexEntry, Settled  # noqa: E402
 from subagents.store.lease_record import Lease  # noqa: E402
 from subagents.store.outcome import outcome_of  # noqa: E402
-from subagents.store.projection import encode_cache  # noqa: E402
+from subagents.store.session_file import SessionFile, encode_session  # noqa: E402
 import subagents.store.session as store_session  # noqa: E402
 from subagents.store import (  # noqa: E402
     ChildEntry,
@@ -89,7 +88,6 @@ GOAL_RATIO = 1.2
 GOAL_LARGE_MS = 25.0  # issue 12 item 5: list_children of 1,000 children in the large store (100,000 sessions)
 GOAL_ROOTS_MS = 50.0  # issue 15: a store of 100,000 sessions lists its 20 newest roots in <= 50 ms
 FILE_MODE = 0o600
-DIR_MODE = 0o700
 CREATOR = "bench-creator"  # the owner every settled child was created leased to (never registered: it is gone)
 
 Event = tuple[str, Any]
@@ -160,7 +158,7 @@ class Builder:
         self.index: dict[str, list[bytes]] = {}
         self.roots: list[bytes] = []
         self.root_ids: list[str] = []  # in creation order (the clock is strictly increasing)
-        self.unsettled: dict[str, tuple[str, Projection]] = {}  # created leased, lease not yet released
+        self.unsettled: dict[str, tuple[str, Projection, float]] = {}  # created leased, lease not yet released
         self.count = 0
 
     def session(
@@ -198,15 +196,10 @@ class Builder:
             offset += len(chunk)
             if seq == len(events) - 1:
                 created = projection.identity
-        folder = self.store.session_dir(session_id)
-        os.mkdir(folder, DIR_MODE)
-        _write_new(os.path.join(folder, "log"), b"".join(chunks))
-        _write_new(os.path.join(folder, "identity"), encode_cache(projection))
-        if later:
-            _write_new(os.path.join(folder, ".lock"), b"")  # LogWriter.open creates the session lock file
-        if settles:  # created leased (epoch 1, running), released at the end (store/lease.py)
-            _write_new(os.path.join(folder, "lease"), msgpack.packb(Lease(CREATOR, 1, "released", ts).to_record()))
-        _write_new(os.path.join(folder, "header"), msgpack.packb(header.to_record()))
+        # one file (store/session_file.py): created leased (epoch 1, running) when a writer appends
+        # later, released at the end (a write into the other lease slot, as release_lease does)
+        lease = Lease(CREATOR, 1, "running", ts) if settles else None
+        _write_new(self.store.session_path(session_id), encode_session(header.to_record(), lease, b"".join(chunks)))
         if parent_session is not None:
             entries = self.index.setdefault(parent_session, [])
             mode = label = None
@@ -216,7 +209,7 @@ class Builder:
             entries.append(encode_record({**IndexEntry(session_id, header.created_at, origin, mode, label).creation_record(),
                                           "seq": len(entries)}))
             if settles:
-                self.unsettled[session_id] = (parent_session, projection)
+                self.unsettled[session_id] = (parent_session, projection, ts)
                 if settle:
                     self.settle(session_id)
         else:
@@ -227,7 +220,9 @@ class Builder:
 
     def settle(self, session_id: str) -> None:
         """``release_lease`` of a child created leased: its ``settled`` row (store/rows.py note_settled)."""
-        parent_session, projection = self.unsettled.pop(session_id)
+        parent_session, projection, ts = self.unsettled.pop(session_id)
+        with SessionFile.open(session_id, self.store.session_path(session_id), write=True) as file:
+            file.write_lease(file.read_slots(), Lease(CREATOR, 1, "released", ts), synced=False)
         verdict = outcome_of(projection, held=False)
         has_children = bool(self.index.get(session_id))  # every child the builder writes is a subagent
         settled = Settled(verdict.outcome, verdict.error_code, verdict.error, projection.last_ts, has_children)

@@ -68,8 +68,10 @@ from subagents.store import (  # noqa: E402
     create_session,
     encode_record,
     read_projection,
+
     scan,
 )
+from subagents.store.reader import open_session  # noqa: E402
 from subagents.supervisor import Capabilities, ContinuableSpec, Provider, Supervisor, SupervisorConfig  # noqa: E402
 
 NAME = "followup"
@@ -136,9 +138,8 @@ def craft_session(store: Store, ids: IdGenerator, parent_id: str, turns: int) ->
 
 
 def log_tail(store: Store, child_id: str, offset: int, start_seq: int) -> list[dict[str, Any]]:
-    with open(store.path(child_id, "log"), "rb") as handle:
-        handle.seek(offset)
-        return scan(handle.read(), start_seq=start_seq).records
+    with open_session(store, child_id) as file:
+        return scan(file.read_log(offset), start_seq=start_seq).records
 
 
 class Settlements:

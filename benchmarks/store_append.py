@@ -56,7 +56,7 @@ from _common import REPO, percentile, temp_base  # noqa: E402  (first: puts the 
 
 import msgpack  # noqa: E402
 
-from subagents.store import LogWriter, Store, create_session, encode_record, inspect, new_id  # noqa: E402
+from subagents.store import LogWriter, Store, create_session, delete_session, encode_record, inspect, new_id  # noqa: E402
 from subagents.store.projection import write_cache  # noqa: E402
 from subagents.store.locks import file_lock, make_filelock  # noqa: E402
 
@@ -139,7 +139,7 @@ def run_store(root: str, durability: str, seconds: float) -> Result:
         writer.commit()
     finally:
         writer.close()
-        shutil.rmtree(store.session_dir(sid), ignore_errors=True)
+        delete_session(store, sid)
     return result
 
 
