@@ -155,8 +155,17 @@ def remove_owner(store: Store, owner_id: str) -> None:
 def read_owner(store: Store, owner_id: str) -> OwnerRecord | None:
     """The owner's record; ``None`` when absent, unreadable or damaged (an owner that proves nothing is dead)."""
     try:
-        raw = read_bytes(store.owner_path(owner_id))
-    except (OSError, ValueError):  # ValueError: an owner id that is not an id
+        path = store.owner_path(owner_id)
+    except ValueError:  # an owner id that is not an id
+        return None
+    return read_owner_file(path)
+
+
+def read_owner_file(path: str) -> OwnerRecord | None:
+    """``read_owner`` by path: for ``store/migrate.py``, which reads the owners of a store no ``Store`` opens."""
+    try:
+        raw = read_bytes(path)
+    except OSError:
         return None
     data = decode(OwnerFields, raw)
     if isinstance(data, str):

@@ -168,10 +168,14 @@ def parse_preamble(blob: bytes) -> Preamble | str:
         return f"header is {exc}"
 
 
-def encode_session(header: dict[str, Any], lease: Lease | None, log: bytes) -> bytes:
+def encode_session(header: dict[str, Any] | bytes, lease: Lease | None, log: bytes) -> bytes:
     """The whole file of a new session (``lease``: created already held, marked synced: it is
-    written and fsync'd with the file)."""
-    head = encode_record(header, what="a session header")
+    written and fsync'd with the file). ``header`` is a map, or the msgpack bytes of one, framed
+    as they are (``store/migrate.py`` keeps a version-1 header byte for byte)."""
+    if isinstance(header, bytes):
+        head = FRAME.pack(len(header), zlib.crc32(header)) + header
+    else:
+        head = encode_record(header, what="a session header")
     data_start = HEADER_AT + len(head)
     slot0 = _slot_bytes(_lease_payload(lease, 0, True)) if lease is not None else _EMPTY_SLOT
     return b"".join((MAGIC, _START.pack(data_start), slot0, _EMPTY_SLOT, head, log))

@@ -1,4 +1,5 @@
-"""Store maintenance and setup: ``gc``, ``store fsck``, ``store check``, ``store reindex``, ``config show``, ``completion``.
+"""Store maintenance and setup: ``gc``, ``store fsck``, ``store check``, ``store reindex``, ``store migrate``,
+``config show``, ``completion``.
 
 ``gc`` is ``store/retention.py``: it deletes old, settled top-level subtrees
 (``--dry-run`` only lists them); a bad age or outcome is ``INVALID_QUERY``
@@ -7,7 +8,8 @@ before anything is read.
 ``fsck`` is ``store/fsck.py`` (read-only unless ``--repair``, which only cuts
 torn tails); ``check`` is ``store/check.py`` (read-only, every invariant, safe
 while supervisors write; exit 1 on a violation); ``reindex`` rebuilds the derived children index from the
-headers; ``config show`` prints the layered configuration and never opens
+headers; ``migrate`` converts a store of format version 1 in place (``store/migrate.py``;
+it opens no ``Store``: the handle refuses that version); ``config show`` prints the layered configuration and never opens
 the store; ``completion`` prints a shell's completion code (argcomplete).
 """
 
@@ -17,6 +19,7 @@ import argcomplete
 
 from subagents.store import OUTCOMES, InvalidQueryError, check_store, collect, parse_age, rebuild_roots, reindex
 from subagents.store.fsck import fsck
+from subagents.store.migrate import migrate
 
 from ..config_loader import dump_toml
 from . import render
@@ -39,13 +42,15 @@ def register(verbs: Verbs) -> None:
                     help="only roots with these outcomes (repeatable; the values of `ls --outcome`, none included)")
     gc.add_argument("--dry-run", action="store_true", help="list what would be deleted; change nothing")
 
-    store = verbs.group("store", "store maintenance (fsck, check, reindex)")
+    store = verbs.group("store", "store maintenance (fsck, check, reindex, migrate)")
     fsck_cmd = store.add("fsck", cmd_fsck, "check every session; report torn and corrupt logs",
                          example="subagents store fsck\nsubagents store fsck --repair")
     fsck_cmd.add_argument("--repair", action="store_true", help="truncate torn tails (never touches corrupt sessions)")
     store.add("check", cmd_check, "check every invariant of the store (read-only; safe while it is written)",
               example="subagents store check --json")
     store.add("reindex", cmd_reindex, "rebuild the children index and the roots index from the headers", example="subagents store reindex")
+    store.add("migrate", cmd_migrate, "convert a store of format version 1 to version 2 in place (stop its supervisors first)",
+              example="subagents store migrate\nsubagents --store ./old-store store migrate --json")
 
     completion = verbs.add("completion", cmd_completion, "print the shell code that completes subagents' verbs and options",
                            json=False, example='eval "$(subagents completion bash)"   # in ~/.bashrc\n'
@@ -97,6 +102,12 @@ def cmd_reindex(inv: Invocation) -> int:
     parents = reindex(store)
     roots = rebuild_roots(store)
     inv.emit({"parents": parents, "children": sum(len(v) for v in parents.values()), "roots": len(roots)}, render.render_reindex)
+    return 0
+
+
+def cmd_migrate(inv: Invocation) -> int:
+    report = migrate(inv.config.store.path, durability=inv.config.supervisor.durability)
+    inv.emit(report.to_dict(), render.render_migrate)
     return 0
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "render_fsck",
     "render_check",
     "render_reindex",
+    "render_migrate",
     "render_run",
     "DemoProgress",
     "render_demo",
@@ -316,6 +317,17 @@ def render_reindex(out: Output, doc: dict[str, Any]) -> None:
     for parent, children in doc["parents"].items():
         out.line(f"{parent}: {len(children)} {'child' if len(children) == 1 else 'children'}")
     out.line(f"reindexed {len(doc['parents'])} parents, {doc['children']} children, {doc.get('roots', 0)} roots")
+
+
+def render_migrate(out: Output, doc: dict[str, Any]) -> None:
+    if doc["from_version"] == 2:
+        out.line(f"already format version 2: {doc['already']} sessions, nothing to convert")
+        return
+    extra = f", {doc['trash']} trash entries converted" if doc["trash"] else ""
+    if doc["leases_rebuilt"]:
+        extra += f", {doc['leases_rebuilt']} damaged leases rebuilt as released"
+    out.line(f"converted to format version 2: {doc['converted']} sessions converted, {doc['already']} already converted, "
+             f"{doc['debris']} crashed creations removed{extra}{' (finished an interrupted run)' if doc['resumed'] else ''}")
 
 
 # -- run, demo ---------------------------------------------------------------------------

@@ -1,0 +1,205 @@
+"""``migrate``: a store of format version 1 converted in place to version 2 (issue 12).
+
+The version-1 stores are written byte for byte (``_v1_store.py``). After the
+conversion every session reads as it did: the same events (a torn tail stays
+torn), the same pending mail and control requests, the same lease epoch, the
+same children in the catalog; a crashed creation is gone and an unfinished
+``gc`` is finished by the next one. A store in use is refused before any byte
+changes; a store already converted is a no-op.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from subagents import store
+from subagents.store import Store, StoreFormatError, StoreNotFoundError, inspect, list_children, read_controls, read_lease
+from subagents.store.description import mailbox_counts
+from subagents.store.fsck import fsck
+from subagents.store.lease import host_identity, process_start_time
+from subagents.store.migrate import StoreInUseError, migrate
+
+from ._v1_store import ONE_SHOT, V1Store, build_sample, demote, snapshot, v1_event
+
+
+def test_a_v1_store_is_refused_with_the_command_that_converts_it(tmp_path):
+    build_sample(tmp_path / "s")
+    with pytest.raises(StoreFormatError) as caught:
+        Store(tmp_path / "s", create=False)
+    assert "subagents store migrate" in caught.value.message
+
+
+def test_every_session_reads_as_it_did(tmp_path):
+    sample = build_sample(tmp_path / "s")
+    before = snapshot(tmp_path / "s")
+    report = migrate(tmp_path / "s", durability="strict")
+    assert (report.from_version, report.converted, report.already, report.debris, report.trash, report.resumed) == (1, 5, 0, 1, 1, False)
+    st = Store(tmp_path / "s", create=False)
+    assert st.session_ids() == ["c1", "c2", "c3", "r1", "r2"]
+    for session_id, events in sample["events"].items():
+        found = inspect(st, session_id)
+        assert found.events == events, session_id
+        assert found.status == ("torn" if session_id == "c1" else "clean"), session_id
+    assert inspect(st, "c1").size == len(before["sessions/c1/log"])  # the torn bytes are kept, as version 1 kept them
+    # header bytes, identity cache, mailbox and control: the same bytes
+    for session_id in ("c1", "c2", "c3", "r1"):
+        assert open(st.path(session_id, "identity"), "rb").read() == before[f"sessions/{session_id}/identity"]
+    assert not os.path.exists(os.path.join(st.sessions_dir, "r2.identity"))  # absent stays absent
+    assert open(st.path("c2", "mailbox"), "rb").read() == before["sessions/c2/mailbox"]
+    assert [c.id for c in read_controls(st, "c2")] == ["q1"]
+    counts = mailbox_counts(st, "c2", store.read_projection(st, "c2"))
+    assert (counts.accepted, counts.pending) == (3, 2)
+    for session_id, epoch in sample["epochs"].items():
+        assert read_lease(st, session_id).epoch == epoch
+    assert read_lease(st, "c3").state == "running" and read_lease(st, "r2") is None
+    rows = list_children(st, "r1")
+    assert [(r.id, r.status) for r in rows] == [("c1", "complete"), ("c2", "complete"), ("c3", "complete")]
+    assert rows[2].outcome == "crashed"  # a turn open under a dead owner, as version 1 listed it
+    assert [r.id for r in store.list_roots(st)] == ["r1", "r2"]
+    assert store.check_store(st).clean
+    assert fsck(st, repair=False, lease_ttl_s=10.0)["counts"] == {"clean": 4, "torn": 1, "corrupt": 0, "unsupported": 0}
+    # nothing of version 1 is left beside the sessions
+    assert sorted(os.listdir(st.sessions_dir)) == sorted([
+        "c1", "c1.identity", "c2", "c2.identity", "c2.mailbox", "c2.control", "c3", "c3.identity", "r1", "r1.identity", "r2"])
+
+
+def test_a_lease_continues_from_its_epoch(tmp_path):
+    build_sample(tmp_path / "s")
+    migrate(tmp_path / "s")
+    st = Store(tmp_path / "s", create=False)
+    lease = store.acquire_lease(st, "c2", "newOwner")
+    assert lease.epoch == 3  # the dead owner's idle lease at epoch 2 is taken over
+    with store.LogWriter.open(st, "c2", epoch=lease.epoch) as writer:
+        writer.append([("turn/start", {}), ("turn/end", {"stop_reason": "completed"})], commit=True)
+    store.release_lease(st, "c2", "newOwner", lease.epoch)
+    assert len(inspect(st, "c2").events) == 6
+
+
+def test_the_unfinished_gc_is_converted_and_the_next_gc_finishes_it(tmp_path):
+    build_sample(tmp_path / "s")
+    migrate(tmp_path / "s")
+    entry = tmp_path / "s" / "trash" / "t1.0badcafe"
+    assert sorted(os.listdir(entry)) == ["identity", "session"]
+    st = Store(tmp_path / "s", create=False)
+    report = store.collect(st, 10 * 365 * 86400.0)
+    assert report.finished == 1
+    assert os.listdir(tmp_path / "s" / "trash") == [".lock"]
+    assert "t1" not in [r.id for r in store.list_roots(st)]
+
+
+def test_a_second_run_is_a_no_op(tmp_path):
+    build_sample(tmp_path / "s")
+    migrate(tmp_path / "s")
+    after = snapshot(tmp_path / "s")
+    report = migrate(tmp_path / "s")
+    assert (report.from_version, report.converted, report.already, report.steps) == (2, 0, 5, 0)
+    assert snapshot(tmp_path / "s") == after
+
+
+def test_a_live_owner_refuses_before_anything_changes(tmp_path):
+    build_sample(tmp_path / "s")
+    pid = os.getpid()
+    V1Store.owner_file(tmp_path / "s", "liveOwner", {
+        "owner": "liveOwner", "host": host_identity(), "pid": pid, "pid_start": process_start_time(pid),
+        "started_at": 0.0, "heartbeat_at": 0.0, "ttl": 1.0,  # a late heartbeat: its process still runs here
+    })
+    before = snapshot(tmp_path / "s")
+    with pytest.raises(StoreInUseError) as caught:
+        migrate(tmp_path / "s")
+    assert caught.value.code == "STORE_IN_USE" and "liveOwner" in caught.value.message
+    assert snapshot(tmp_path / "s") == before
+
+
+def test_not_a_store(tmp_path):
+    with pytest.raises(StoreNotFoundError):
+        migrate(tmp_path / "absent")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "STORE").write_bytes(b"\x93\x01\x02\x03")
+    with pytest.raises(StoreFormatError):
+        migrate(tmp_path / "other")
+
+
+def test_a_damaged_lease_becomes_released_past_every_epoch_of_the_log(tmp_path):
+    v1 = V1Store(tmp_path / "s")
+    v1.session("x1", [v1_event(0, "subagent/descriptor", ONE_SHOT), v1_event(1, "turn/start", epoch=4)], lease=None)
+    (tmp_path / "s" / "sessions" / "x1" / "lease").write_bytes(b"\xc1garbage")
+    report = migrate(tmp_path / "s")
+    assert report.leases_rebuilt == 1
+    st = Store(tmp_path / "s", create=False)
+    assert (read_lease(st, "x1").state, read_lease(st, "x1").epoch) == ("released", 4)
+    assert store.acquire_lease(st, "x1", "newOwner").epoch == 5
+
+
+def test_a_store_a_supervisor_wrote_round_trips(tmp_path):
+    """The current build's own sessions, demoted to version 1 and migrated back: the same bytes."""
+    st = Store(tmp_path / "s", durability="none")
+    store.create_session(st, "p1", label="p")
+    store.create_session(st, "k1", parent_session="p1", origin="subagent", delegation_depth=1,
+                         events=[("subagent/descriptor", dict(ONE_SHOT))], lease_owner="someOwner")
+    store.accept(st, "k1", source={"kind": "parent"}, content="hi", ids=store.IdGenerator())
+    sessions = {sid: open(st.session_path(sid), "rb").read() for sid in ("p1", "k1")}
+    demote(tmp_path / "s")
+    migrate(tmp_path / "s")
+    for session_id, blob in sessions.items():
+        assert open(st.session_path(session_id), "rb").read() == blob
+
+
+@pytest.mark.anyio
+async def test_a_new_supervisor_resumes_a_child_of_a_converted_store(tmp_path):
+    """A settled continuable child a real supervisor made, its store demoted to version 1 and
+    migrated: a new supervisor follows it up, and the transcript holds both turns."""
+    from subagents.supervisor import Capabilities, ContinuableSpec, Provider, Supervisor, SupervisorConfig
+
+    config = SupervisorConfig(pool_size=1, durability="none")
+    script = Provider(name="custom", program="script", capabilities=Capabilities.all(), continuable=True)
+    async with Supervisor.open(store=tmp_path / "s", config=config) as sup:
+        sup.register_provider(script)
+        root = await sup.open_root(label="r")
+        child, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="custom", prompt=json.dumps({"script": [{"return": "first"}]}), label="c"))
+        await sup.wait_for_message(root, timeout_s=30)
+        root_id = root.id
+    demote(tmp_path / "s")
+    with pytest.raises(StoreFormatError):
+        Store(tmp_path / "s", create=False)
+    migrate(tmp_path / "s")
+    async with Supervisor.open(store=tmp_path / "s", config=config) as sup:
+        root = await sup.open_root(id=root_id)
+        await sup.followup(root, child, json.dumps({"script": [{"return": "again"}]}))
+        [notice] = await sup.wait_for_message(root, timeout_s=30)
+        assert notice.content.endswith("Its closing message:\nagain")
+    st = Store(tmp_path / "s", create=False)
+    ends = [e for e in inspect(st, child).events if e["type"] == "turn/end"]
+    assert [e["data"]["stop_reason"] for e in ends] == ["completed", "completed"]
+
+
+def test_the_cli_converts_and_says_what_it_did(tmp_path):
+    from tests.supervisor.test_cli import cli
+
+    build_sample(tmp_path / "s")
+    listed = cli("--store", str(tmp_path / "s"), "ls", cwd=tmp_path)
+    assert listed.returncode == 2
+    assert listed.stderr.startswith("error: STORE_FORMAT: ") and "subagents store migrate" in listed.stderr
+    done = cli("--store", str(tmp_path / "s"), "store", "migrate", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines() == [
+        "converted to format version 2: 5 sessions converted, 0 already converted, 1 crashed creations removed, 1 trash entries converted"]
+    again = cli("--store", str(tmp_path / "s"), "store", "migrate", "--json", cwd=tmp_path)
+    assert again.returncode == 0 and json.loads(again.stdout)["already"] == 5
+    assert cli("--store", str(tmp_path / "s"), "ls", cwd=tmp_path).returncode == 0
+
+
+def test_the_cli_names_a_store_in_use(tmp_path):
+    from tests.supervisor.test_cli import cli
+
+    build_sample(tmp_path / "s")
+    pid = os.getpid()
+    V1Store.owner_file(tmp_path / "s", "liveOwner", {
+        "owner": "liveOwner", "host": host_identity(), "pid": pid, "pid_start": process_start_time(pid),
+        "started_at": 0.0, "heartbeat_at": 1e12, "ttl": 60.0,
+    })
+    done = cli("--store", str(tmp_path / "s"), "store", "migrate", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: STORE_IN_USE: ") and "Traceback" not in done.stderr
