@@ -1,0 +1,129 @@
+"""kill -9 of ``migrate`` after every one of its steps, then again during the re-run (issue 12).
+
+The version-1 store of ``tests/store/_v1_store.py`` (roots, children, a torn
+tail, pending mail, leases, a crashed creation, an unfinished ``gc``) is
+migrated once without interruption: the reference. Then, for every step N of
+that run, a copy is migrated by a process that SIGKILLs itself right after its
+N-th change (``SUBAGENTS_MIGRATE_KILL_AFTER``). The killed store:
+
+* keeps every session whole in exactly one place (its v1 folder, the folder
+  set aside, or its converted file), and the trash entry whole;
+* is refused by ``Store`` with the command that finishes it (until the last
+  step, the final marker, is done);
+
+then a re-run, itself killed after a few steps for most N, and a last run
+finish it: the store is byte for byte the reference. The processes are
+forked from one driver process (one interpreter start for every kill).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from subagents.store import Store, StoreFormatError
+from subagents.store.migrate import migrate
+from subagents.store.session_file import SessionFile
+from tests.store._support import REPO_ROOT
+from tests.store._v1_store import build_sample, snapshot
+
+SESSIONS = ("c1", "c2", "c3", "r1", "r2")
+
+# reads "<store> <kill after>" lines; migrates each store in a forked child that kills itself after that step
+DRIVER = r"""
+import json, os, sys
+from subagents.store.migrate import KILL_AFTER_ENV, migrate
+for line in sys.stdin:
+    path, after = line.split()
+    pid = os.fork()
+    if pid == 0:
+        os.environ[KILL_AFTER_ENV] = after
+        try:
+            migrate(path)
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps([path, os.WTERMSIG(status) if os.WIFSIGNALED(status) else None]), flush=True)
+"""
+
+
+def run_killed(jobs: list[tuple[Path, int]]) -> dict[str, int | None]:
+    """Migrate each store in a process killed after its given step; the signal each died of (None: it finished)."""
+    done = subprocess.run([sys.executable, "-c", DRIVER], input="".join(f"{p} {n}\n" for p, n in jobs), capture_output=True,
+                          text=True, timeout=120, cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(line) for line in done.stdout.splitlines())
+
+
+def whole_once(root: Path, companions: dict[str, bytes]) -> None:
+    """Every session is whole in one place: its converted file, else exactly one of its v1 folder
+    and the folder set aside; each companion file is in exactly one place, unchanged; the trash
+    entry is whole."""
+    sessions = root / "sessions"
+    for sid in SESSIONS:
+        if (sessions / sid).is_file():
+            with SessionFile.open(sid, str(sessions / sid)) as file:
+                assert file.header_map["id"] == sid
+        else:
+            places = [p for p in (sessions / sid, sessions / f".{sid}.v1") if p.exists()]
+            assert len(places) == 1, (sid, sorted(os.listdir(sessions)))
+            assert (places[0] / "header").is_file() and (places[0] / "log").is_file(), (sid, places)
+    for name, blob in companions.items():
+        sid, _, kind = name.partition("/")
+        places = [p for p in (sessions / sid / kind, sessions / f".{sid}.v1" / kind, sessions / f"{sid}.{kind}") if p.is_file()]
+        assert [p.read_bytes() for p in places] == [blob], name
+    entry = root / "trash" / "t1.0badcafe"
+    assert (entry / "header").is_file() or (entry / "session").is_file()
+
+
+def test_a_kill_after_any_step_leaves_a_store_the_next_run_finishes(tmp_path):
+    template = tmp_path / "template"
+    build_sample(template)
+    reference = tmp_path / "reference"
+    shutil.copytree(template, reference)
+    steps = migrate(reference).steps
+    expected = snapshot(reference)
+    before = snapshot(template)
+    companions = {f"{sid}/{kind}": before[f"sessions/{sid}/{kind}"] for sid in SESSIONS for kind in ("identity", "mailbox", "control")
+                  if f"sessions/{sid}/{kind}" in before}
+    assert steps >= 25  # the sample makes every kind of step: a changed conversion must not shrink this test unnoticed
+
+    copies = []
+    for n in range(1, steps + 1):
+        copies.append((tmp_path / f"k{n}", n))
+        shutil.copytree(template, copies[-1][0])
+    died = run_killed(copies)
+    for path, n in copies:
+        assert died[str(path)] == signal.SIGKILL, n
+        whole_once(path, companions)
+        if n < steps:
+            with pytest.raises(StoreFormatError) as caught:
+                Store(path, create=False)
+            assert "subagents store migrate" in caught.value.message, n
+    # the re-run is killed too, after 1 to 3 of its own steps
+    again = run_killed([(path, n % 3 + 1) for path, n in copies if n < steps])
+    assert sum(again[str(p)] == signal.SIGKILL for p, n in copies if n < steps) >= steps // 2  # most re-runs die too
+    for path, n in copies:
+        whole_once(path, companions)
+        report = migrate(path)
+        assert report.resumed or report.from_version == 2, n
+        assert snapshot(path) == expected, n
+        assert Store(path, create=False).session_ids() == list(SESSIONS)
+
+
+def test_leftover_temporary_files_are_rewritten_or_removed(tmp_path):
+    """A v2 file cut short while written (a kill mid-write), and one whose source is gone."""
+    build_sample(tmp_path / "reference")
+    migrate(tmp_path / "reference")
+    build_sample(tmp_path / "s")
+    (tmp_path / "s" / "sessions" / ".c2.v2").write_bytes(b"SAS2\x00")
+    (tmp_path / "s" / "sessions" / ".zz.v2").write_bytes(b"SAS2")
+    migrate(tmp_path / "s")
+    assert snapshot(tmp_path / "s") == snapshot(tmp_path / "reference")
