@@ -26,6 +26,7 @@ Refused (``STORE_IN_USE``, nothing changed) while a supervisor's owner lives or 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import logging
 import os
@@ -38,7 +39,7 @@ import msgpack
 
 from .atomic import fsync_dir, read_bytes, write_atomic, write_new
 from .durability import Durability, durability_policy
-from .errors import StoreFormatError, StoreNotFoundError, SubagentError
+from .errors import ReadOnlyStoreError, StoreFormatError, StoreNotFoundError, SubagentError
 from .framing import scan
 from .ids import is_valid_session_id
 from .lease import host_identity, owner_alive, process_start_time, read_owner_file
@@ -75,7 +76,7 @@ class MigrationReport:
     steps: int  # changes made to the store
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return dataclasses.asdict(self)
 
 
 class _Steps:
@@ -138,14 +139,15 @@ def migrate(root: str | os.PathLike[str], *, durability: str | Durability = "bat
     """Convert the store at ``root`` to format version 2 (a no-op report when it already is)."""
     root = os.path.abspath(os.fspath(root))
     policy = durability if isinstance(durability, Durability) else durability_policy(durability)
-    info = _read_marker(root)
-    if info.get("version") == STORE_VERSION and info.get("migrating") is None:
-        return MigrationReport(root, STORE_VERSION, 0, len(_published(root)), 0, 0, 0, False, 0)
+    _read_marker(root)  # not a store: refused before the lock
     with _exclusive(root):
-        info = _read_marker(root)  # another run may have finished while we waited for nothing
+        info = _read_marker(root)
         if info.get("version") == STORE_VERSION and info.get("migrating") is None:
             return MigrationReport(root, STORE_VERSION, 0, len(_published(root)), 0, 0, 0, False, 0)
         _refuse_live_owners(root)
+        for folder in (root, os.path.join(root, "sessions")):
+            if not os.access(folder, os.W_OK | os.X_OK):
+                raise ReadOnlyStoreError(f"cannot convert the store at {root}: {folder} is not writable", path=root)
         return _Migration(root, info, policy).run()
 
 
@@ -172,6 +174,11 @@ class _Migration:
         if not resumed:
             # version 2 already: a build of version 1 refuses it too, while this run is under way
             self._marker({**final, "migrating": STORE_VERSION})
+            try:
+                _refuse_live_owners(self.root)  # a supervisor of version 1 that opened the store meanwhile
+            except StoreInUseError:
+                write_atomic(os.path.join(self.root, "STORE"), msgpack.packb(self.info), durable=self.sync)
+                raise
         names = set(os.listdir(self.sessions))
         for name in sorted(names):
             self._entry(name, names)

@@ -203,3 +203,19 @@ def test_the_cli_names_a_store_in_use(tmp_path):
     done = cli("--store", str(tmp_path / "s"), "store", "migrate", cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.startswith("error: STORE_IN_USE: ") and "Traceback" not in done.stderr
+
+
+def test_one_migration_at_a_time(tmp_path):
+    import fcntl
+
+    build_sample(tmp_path / "s")
+    before = snapshot(tmp_path / "s")
+    fd = os.open(tmp_path / "s", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # what a running migration holds
+        with pytest.raises(StoreInUseError, match="another `subagents store migrate`"):
+            migrate(tmp_path / "s")
+    finally:
+        os.close(fd)
+    assert snapshot(tmp_path / "s") == before
+    assert migrate(tmp_path / "s").converted == 5
