@@ -179,6 +179,7 @@ class _Migration:
             except StoreInUseError:
                 write_atomic(os.path.join(self.root, "STORE"), msgpack.packb(self.info), durable=self.sync)
                 raise
+        log.info("%s the conversion of %s to format version %d", "finishing" if resumed else "starting", self.root, STORE_VERSION)
         names = set(os.listdir(self.sessions))
         for name in sorted(names):
             self._entry(name, names)

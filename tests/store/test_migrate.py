@@ -219,3 +219,22 @@ def test_one_migration_at_a_time(tmp_path):
         os.close(fd)
     assert snapshot(tmp_path / "s") == before
     assert migrate(tmp_path / "s").converted == 5
+
+
+@pytest.mark.parametrize("limit", [None, 4096])
+def test_the_marker_keeps_its_record_limit(tmp_path, limit):
+    V1Store(tmp_path / "s", max_record_bytes=limit)
+    migrate(tmp_path / "s")
+    assert Store(tmp_path / "s", create=False).max_record_bytes == (limit or 16 * 1024 * 1024)
+
+
+def test_a_link_in_a_sessions_place_is_never_followed(tmp_path):
+    outside = tmp_path / "outside"
+    V1Store(tmp_path / "elsewhere").session("o1", [v1_event(0, "turn/start")], folder=str(outside))
+    v1 = V1Store(tmp_path / "s")
+    v1.session("a1", [v1_event(0, "turn/start")])
+    os.symlink(outside, tmp_path / "s" / "sessions" / "o1")
+    before = snapshot(outside)
+    assert migrate(tmp_path / "s").converted == 1
+    assert os.path.islink(tmp_path / "s" / "sessions" / "o1") and snapshot(outside) == before
+    assert Store(tmp_path / "s", create=False).session_ids() == ["a1"]
