@@ -24,13 +24,13 @@ from __future__ import annotations
 import logging
 
 from .descriptor import ContinuableDescriptor, OneShotDescriptor
-from .errors import SubagentError
+from .errors import CorruptSessionError, SubagentError
 from .header import SessionHeader
 from .index import IndexEntry, Settled, mark_active, mark_settled, read_index
 from .lease_record import Lease
 from .outcome import outcome_of
 from .projection import Projection
-from .reader import read_header
+from .reader import inspect, read_header
 from .root import Store
 
 __all__ = ["settled_row", "note_active", "note_settled", "row_problem"]
@@ -104,6 +104,10 @@ def row_problem(store: Store, entry: IndexEntry, header: SessionHeader, lease: L
         from .identity import read_identity  # see settled_row
 
         identity = read_identity(store, header.id, header.seed_length or 0)
+        if identity.descriptor is None and identity.verdict == "corrupt" and inspect(store, header.id).status == "corrupt":
+            # a corrupt log is reported with its session; without an identity cache (short logs
+            # have none) the damage would otherwise read as a row naming the wrong identity too
+            raise CorruptSessionError(header.id, "its log is corrupt")
         named = None if identity.descriptor is None else (identity.descriptor.mode, identity.descriptor.label)
         if named != (entry.mode, entry.label):
             return f"its index entry says mode {entry.mode!r}, label {entry.label!r}; its log says " + (

@@ -9,12 +9,22 @@ byte lands where the store's own offsets (``Damage.offset``, projections) say it
 from __future__ import annotations
 
 import os
+import struct
+import zlib
+from typing import Any
+
+import msgpack
 
 from subagents.store import Store
+from subagents.store.framing import FRAME, encode_record
 from subagents.store.session_file import HEADER_AT, SLOT_SIZE, SLOTS_AT, SessionFile, decode_slots
 from subagents.store.lease_record import Lease
 
-__all__ = ["log_start", "log_bytes", "write_log", "append_log", "file_bytes", "lease_slots", "patch", "HEADER_AT", "SLOT_SIZE", "SLOTS_AT"]
+__all__ = [
+    "log_start", "log_bytes", "write_log", "append_log", "file_bytes", "lease_slots", "patch", "header_map", "write_header",
+    "write_header_value", "slot_bytes", "slot_records", "write_slot", "newest_slot", "synced_slot", "HEADER_AT", "SLOT_SIZE",
+    "SLOTS_AT",
+]
 
 
 def log_start(st: Store, session_id: str) -> int:
@@ -61,3 +71,68 @@ def patch(st: Store, session_id: str, offset: int, data: bytes) -> None:
         os.pwrite(fd, data, offset)
     finally:
         os.close(fd)
+
+
+def header_map(st: Store, session_id: str) -> object:
+    """The session's header map as stored (not validated)."""
+    with SessionFile.open(session_id, st.session_path(session_id)) as file:
+        return file.header_map
+
+
+def write_header(st: Store, session_id: str, body: bytes) -> None:
+    """Replace the header with one frame of ``body`` (any bytes: it is not validated), the log kept
+    after it and ``data_start`` moved to match: a header that frames and passes its CRC, so whatever
+    is wrong with it is its content."""
+    raw = file_bytes(st, session_id)
+    log = raw[log_start(st, session_id):]
+    head = FRAME.pack(len(body), zlib.crc32(body)) + body
+    with open(st.session_path(session_id), "r+b") as handle:
+        handle.write(raw[:4] + struct.pack("<I", HEADER_AT + len(head)) + raw[SLOTS_AT:HEADER_AT] + head + log)
+        handle.truncate()
+
+
+def write_header_value(st: Store, session_id: str, value: object) -> None:
+    """``write_header`` of ``value`` packed as msgpack (a header of any shape or type)."""
+    write_header(st, session_id, msgpack.packb(value, use_bin_type=True))
+
+
+def slot_bytes(payload: dict[str, Any]) -> bytes:
+    """A lease slot holding ``payload`` framed and CRC'd (valid as bytes, whatever it says)."""
+    frame = encode_record(payload)
+    assert len(frame) <= SLOT_SIZE, len(frame)
+    return frame + bytes(SLOT_SIZE - len(frame))
+
+
+def slot_records(st: Store, session_id: str) -> list[dict[str, Any] | None]:
+    """What each slot decodes to as a record (``None``: empty or damaged), unvalidated."""
+    raw = file_bytes(st, session_id)[SLOTS_AT:HEADER_AT]
+    out: list[dict[str, Any] | None] = []
+    for i in (0, 1):
+        slot = raw[i * SLOT_SIZE:(i + 1) * SLOT_SIZE]
+        length, crc = FRAME.unpack_from(slot)
+        body = slot[FRAME.size:FRAME.size + length]
+        try:
+            record = msgpack.unpackb(body, raw=False) if len(body) == length and zlib.crc32(body) == crc else None
+        except ValueError:
+            record = None
+        out.append(record if isinstance(record, dict) else None)
+    return out
+
+
+def write_slot(st: Store, session_id: str, index: int, data: bytes) -> None:
+    """Overwrite lease slot ``index`` (0 or 1) with ``data``, zero-padded to the slot's size."""
+    assert index in (0, 1) and len(data) <= SLOT_SIZE
+    patch(st, session_id, SLOTS_AT + index * SLOT_SIZE, data + bytes(SLOT_SIZE - len(data)))
+
+
+def newest_slot(st: Store, session_id: str) -> int:
+    """The slot holding the newest record (highest ``gen``), the one readers take."""
+    records = slot_records(st, session_id)
+    return max((i for i in (0, 1) if records[i] is not None), key=lambda i: records[i]["gen"])  # type: ignore[index]
+
+
+def synced_slot(st: Store, session_id: str) -> int | None:
+    """The slot holding the newest ``synced`` record (an acquisition), which no write may replace."""
+    records = slot_records(st, session_id)
+    synced = [i for i in (0, 1) if records[i] is not None and records[i].get("synced") is True]  # type: ignore[union-attr]
+    return max(synced, key=lambda i: records[i]["gen"]) if synced else None  # type: ignore[index]

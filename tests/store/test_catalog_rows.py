@@ -20,6 +20,7 @@ import subagents.store.catalog as catalog
 from subagents.store.check import check_store
 from subagents.store.framing import encode_record, scan
 
+from ..session_bytes import newest_slot, slot_bytes, write_header, write_slot
 from ._support import CONTINUABLE, ONE_SHOT, make_child, read_file, write_file
 
 OLD = time.time() - 600
@@ -209,7 +210,7 @@ def test_a_damaged_child_with_a_settled_row_is_listed_from_the_row(st, owner):
     store.create_session(st, "r", created_at=OLD)
     settled_child(st, "r", "c", owner)
     settled_child(st, "r", "d", owner)
-    write_file(st.path("c", "header"), b"\xc1not msgpack")
+    write_header(st, "c", b"\xc1not msgpack")
     rows = store.list_children(st, "r")
     assert [(r.id, r.kind) for r in rows] == [("c", "child"), ("d", "child")]
     report = check_store(st)
@@ -227,7 +228,8 @@ def test_check_finds_a_row_that_lies(st, owner):
     write_file(st.children_index_path("r"), b"".join(
         encode_record({**r, **edits.get((r["id"], r.get("state")), {})}) for r in records))
     # c: its lease taken behind the store's back (no 'active' row), by a live owner
-    write_file(st.path("c", "lease"), msgpack.packb(store.Lease(owner, 2, "running", time.time()).to_record()))
+    taken = store.Lease(owner, 2, "running", time.time()).to_record()
+    write_slot(st, "c", 1 - newest_slot(st, "c"), slot_bytes({"gen": 99, **taken}))
     report = check_store(st)
     found = {v.session_id: v.evidence for v in report.of_kind("index-row")}
     assert set(found) == {"a", "b", "c"}, str(report)

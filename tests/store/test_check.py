@@ -20,6 +20,7 @@ from subagents import store
 from subagents.store.check import check_store
 from subagents.store.framing import encode_record
 
+from ..session_bytes import append_log, log_bytes, write_header, write_log, write_slot
 from ._support import CONTINUABLE, ONE_SHOT, make_child, read_file, write_file
 
 OLD = time.time() - 600  # created long ago: no discrepancy of these is a creation in flight
@@ -30,8 +31,7 @@ def append_events(st: store.Store, session_id: str, *events: tuple[str, Any, int
     seq = store.inspect(st, session_id).next_seq
     blob = b"".join(encode_record({"seq": seq + i, "ts": time.time(), "type": kind, "data": data, "epoch": epoch})
                     for i, (kind, data, epoch) in enumerate(events))
-    with open(st.path(session_id, "log"), "ab") as handle:
-        handle.write(blob)
+    append_log(st, session_id, blob)
 
 
 def leased(st: store.Store, session_id: str, epochs: int = 1) -> store.Lease:
@@ -78,8 +78,7 @@ def test_a_clean_store_is_clean(st):
 def test_a_torn_tail_is_not_a_violation(st):
     """Half a record after the valid prefix is a write that never committed: counted, not reported."""
     _, child = tree(st)
-    with open(st.path(child, "log"), "ab") as handle:
-        handle.write(encode_record({"seq": 99, "type": "turn/start"})[:7])
+    append_log(st, child, encode_record({"seq": 99, "type": "turn/start"})[:7])
     report = check_store(st)
     assert report.clean, str(report)
     assert report.counts.torn_tails == 1
@@ -90,16 +89,31 @@ def test_corruption_in_the_committed_region(st):
     _, child = tree(st)
     append_events(st, child, ("turn/start", {}, 0), ("turn/end", {"stop_reason": "completed"}, 0))
     found = store.inspect(st, child)
-    data = bytearray(read_file(st.path(child, "log")))
+    data = bytearray(log_bytes(st, child))
     data[found.offsets[0] + 10] ^= 0xFF
-    write_file(st.path(child, "log"), bytes(data))
+    write_log(st, child, bytes(data))
     violation = only(check_store(st), "log-corrupt")
     assert violation.session_id == child and "crc-mismatch" in violation.evidence
 
 
+@pytest.mark.parametrize("record", [0, 1])
+def test_a_corrupt_log_without_an_identity_cache_is_one_violation(st, record):
+    """A log too short for an identity cache (format 2 writes none below 64 KiB) whose descriptor or a
+    later record is damaged: ``log-corrupt`` alone, never also an ``index-row`` mismatch with the
+    descriptor the damage hides (the damage is reported with its session, once)."""
+    _, child = tree(st)
+    append_events(st, child, ("turn/start", {}, 0), ("turn/end", {"stop_reason": "completed"}, 0))
+    assert not os.path.exists(st.path(child, "identity"))
+    found = store.inspect(st, child)
+    data = bytearray(log_bytes(st, child))
+    data[found.offsets[record] + 10] ^= 0xFF
+    write_log(st, child, bytes(data))
+    assert only(check_store(st), "log-corrupt").session_id == child
+
+
 def test_an_undecodable_header(st):
     _, child = tree(st)
-    write_file(st.path(child, "header"), b"\xc1 not msgpack")
+    write_header(st, child, b"\xc1 not msgpack")
     assert only(check_store(st), "header-corrupt").session_id == child
 
 
@@ -319,5 +333,6 @@ def test_a_new_writer_inside_an_unrepaired_turn(st):
 
 def test_an_undecodable_lease(st):
     _, child = tree(st)
-    write_file(st.path(child, "lease"), b"\xc1 not a lease")
+    for slot in (0, 1):  # one damaged slot beside an empty one is a first acquisition that tore: no lease
+        write_slot(st, child, slot, b"\xc1 not a lease")
     assert only(check_store(st), "lease-unreadable").session_id == child

@@ -16,6 +16,7 @@ from hypothesis import strategies as hs
 from subagents import store
 from subagents.store.framing import FRAME, MAX_RECORD_BYTES, find_later_record, scan
 
+from ..session_bytes import log_bytes, write_log
 from ._support import read_file, records_blob, refit_crc, write_file
 
 # byte positions inside a record whose payload starts with {"seq": <fixint>, ...}
@@ -275,15 +276,17 @@ def test_last_record_torn_at_every_offset(st, cache):
     """Cut the last record at every byte: exact prefix, 'torn', and open appends at the right seq."""
     store.create_session(st, "s1", events=[("subagent/descriptor", {"version": 1, "mode": "one-shot", "provider": "p"})])
     with store.LogWriter.open(st, "s1", epoch=0) as writer:
-        writer.append([("turn/start", {}), ("turn/end", {"stop_reason": "completed"})], commit=True)
+        # a log of CACHE_LAG_BYTES: its commit writes the identity cache (a shorter log has none)
+        writer.append([("turn/start", {}), ("assistant/message", {"text": "x" * store.log.CACHE_LAG_BYTES}),
+                       ("turn/end", {"stop_reason": "completed"})], commit=True)
         writer.append([("notice/received", {"text": "a notice that was never committed"})])
-    full = read_file(st.path("s1", "log"))
+    full = log_bytes(st, "s1")
     identity = read_file(st.path("s1", "identity"))
     good = store.inspect(st, "s1")
-    assert good.status == "clean" and good.next_seq == 4
+    assert good.status == "clean" and good.next_seq == 5
     last_at, last_len = good.offsets[-1], len(full) - good.offsets[-1]
     for cut in range(1, last_len):
-        write_file(st.path("s1", "log"), full[: last_at + cut])
+        write_log(st, "s1", full[: last_at + cut])
         if cache == "missing":
             os.unlink(st.path("s1", "identity"))
         else:
@@ -297,13 +300,13 @@ def test_last_record_torn_at_every_offset(st, cache):
         )
         with store.LogWriter.open(st, "s1", epoch=0) as writer:
             assert writer.repaired == []
-            assert os.path.getsize(st.path("s1", "log")) == last_at
-            assert writer.next_seq == 3
+            assert len(log_bytes(st, "s1")) == last_at
+            assert writer.next_seq == 4
             (record,) = writer.append([("notice/received", {"cut": cut})])
-            assert record["seq"] == 3
+            assert record["seq"] == 4
         after = store.inspect(st, "s1")
-        assert after.status == "clean" and [e["seq"] for e in after.events] == [0, 1, 2, 3]
-        assert after.events[3]["data"] == {"cut": cut}
+        assert after.status == "clean" and [e["seq"] for e in after.events] == [0, 1, 2, 3, 4]
+        assert after.events[4]["data"] == {"cut": cut}
 
 
 def test_frame_constant_is_two_le_u32():

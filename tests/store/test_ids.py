@@ -38,7 +38,7 @@ def test_validate_accepts(good):
 
 def test_paths_refuse_bad_ids(st):
     """The store never builds a path from a bad id."""
-    for call in (lambda: st.session_dir("../x"), lambda: st.path("a/b", "log"), lambda: st.owner_path(""),
+    for call in (lambda: st.session_path("../x"), lambda: st.path("a/b", "mailbox"), lambda: st.owner_path(""),
                  lambda: st.children_index_path("..")):
         with pytest.raises(store.InvalidSessionIdError):
             call()

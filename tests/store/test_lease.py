@@ -6,13 +6,13 @@ import os
 import signal
 import time
 
-import msgpack
 import pytest
 
 from subagents import store
 from subagents.store.lease import host_identity, process_start_time
 
-from ._support import Child, read_file, wait_until, write_file
+from ..session_bytes import lease_slots, slot_records, synced_slot
+from ._support import Child, wait_until, write_file
 
 
 @pytest.fixture
@@ -29,7 +29,8 @@ def test_acquire_release_reacquire(s1):
     lease = store.acquire_lease(st, "s1", "o1")
     assert (lease.owner, lease.epoch, lease.state) == ("o1", 1, "running")
     assert store.read_lease(st, "s1") == lease
-    assert msgpack.unpackb(read_file(st.path("s1", "lease"))) == lease.to_record()
+    assert lease_slots(st, "s1") == lease  # on disk, as the slots decode
+    assert slot_records(st, "s1")[synced_slot(st, "s1")] == {"gen": 0, **lease.to_record(), "synced": True}
     store.release_lease(st, "s1", "o1", 1)
     released = store.read_lease(st, "s1")
     assert (released.state, released.epoch) == ("released", 1)
@@ -211,7 +212,7 @@ def test_lock_timeout_is_a_typed_error(tmp_path, monkeypatch) -> None:
     st = _store.Store(tmp_path / "s", durability="none")
     _store.create_session(st, "s1")
     monkeypatch.setattr(locks, "LOCK_TIMEOUT_S", 0.05)
-    holder = os.open(st.path("s1", ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    holder = os.open(st.session_path("s1"), os.O_RDONLY)  # the session's lock is an flock on its file
     fcntl.flock(holder, fcntl.LOCK_EX)
     try:
         with pytest.raises(_store.LockTimeoutError) as caught:

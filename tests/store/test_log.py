@@ -12,13 +12,19 @@ import pytest
 from subagents import store
 import subagents.store.durability
 import subagents.store.log
+import subagents.store.session_file
 from subagents.store.framing import encode_record
 from subagents.store.lease import write_released
 from subagents.store.projection import Projection, decode_cache
 
+from subagents.store.reader import open_session
+
+from .. import session_bytes as raw
 from ._support import CONTINUABLE, ONE_SHOT, Child, read_file, write_file
 
 DESC = ("subagent/descriptor", ONE_SHOT)
+# an event that makes a new log CACHE_LAG_BYTES long: only a log that long has an identity cache
+PADDING = ("notice/received", {"padding": "x" * store.log.CACHE_LAG_BYTES})
 
 
 def new_session(st, sid="s1", events=(DESC,), **kw):
@@ -26,7 +32,7 @@ def new_session(st, sid="s1", events=(DESC,), **kw):
 
 
 def log_size(st, sid="s1"):
-    return os.path.getsize(st.path(sid, "log"))
+    return len(raw.log_bytes(st, sid))
 
 
 def kinds(st, sid="s1"):
@@ -53,38 +59,47 @@ def test_seq_mismatch_writes_nothing(st):
     """A batch whose first seq is not the next seq raises SeqMismatchError and leaves the log untouched."""
     new_session(st)
     with store.LogWriter.open(st, "s1", epoch=0) as writer:
-        before = read_file(st.path("s1", "log"))
+        before = raw.file_bytes(st, "s1")
         for wrong in (0, 2, 99):
             with pytest.raises(store.SeqMismatchError) as info:
                 writer.append([("turn/start", {})], first_seq=wrong)
             assert info.value.code == "SEQ_MISMATCH" and isinstance(info.value, ValueError)
             assert "expected 1, got %d" % wrong in str(info.value)
-        assert read_file(st.path("s1", "log")) == before and writer.next_seq == 1
+        assert raw.file_bytes(st, "s1") == before and writer.next_seq == 1
         assert writer.append([("turn/start", {})], first_seq=1)[0]["seq"] == 1
 
 
 def test_commit_refreshes_the_identity_cache(st):
-    """A commit point rewrites the cache when a turn ended, a descriptor arrived or the lag grew too big."""
+    """A log shorter than CACHE_LAG_BYTES has no cache (readers fold it whole); from there on a commit
+    point rewrites it when a turn ended, a descriptor arrived or the lag grew too big."""
     new_session(st)
+    cache = st.path("s1", "identity")
+    filler = ("assistant/message", {"text": "x" * 1000})
     with store.LogWriter.open(st, "s1", epoch=0) as writer:
         writer.append([("turn/start", {})])
-        cached = decode_cache(read_file(st.path("s1", "identity")))
-        assert cached["seq"] == 0
         writer.append([("turn/end", {"stop_reason": "completed"})], commit=True)
-        assert decode_cache(read_file(st.path("s1", "identity"))) == writer.projection.to_record()
+        while writer.projection.end_offset < store.log.CACHE_LAG_BYTES:
+            assert not os.path.exists(cache)
+            writer.append([filler], commit=True)
+        # the first commit point of a log that long writes it
+        assert decode_cache(read_file(cache)) == writer.projection.to_record()
+        writer.append([("turn/start", {})])
+        assert decode_cache(read_file(cache))["seq"] == writer.projection.seq - 1  # not a commit point
+        writer.append([("turn/end", {"stop_reason": "completed"})], commit=True)
+        assert decode_cache(read_file(cache)) == writer.projection.to_record()
         # nothing a cache reader needs changed: the commit leaves the cache where it was
+        seq = writer.projection.seq
         writer.append([("notice/received", {})])
         writer.commit()
-        assert decode_cache(read_file(st.path("s1", "identity")))["seq"] == 2
-        assert store.read_projection(st, "s1").seq == 3  # readers fold the suffix after it
+        assert decode_cache(read_file(cache))["seq"] == seq
+        assert store.read_projection(st, "s1").seq == seq + 1  # readers fold the suffix after it
         # a new descriptor must reach the catalog, which reads identity from the cache alone
         writer.append([("subagent/descriptor", {**ONE_SHOT, "label": "renamed"})], commit=True)
-        assert decode_cache(read_file(st.path("s1", "identity")))["seq"] == 4
+        assert decode_cache(read_file(cache))["seq"] == seq + 2
         # once the log outgrows the cache by CACHE_LAG_BYTES, a plain commit rewrites it
-        filler = ("assistant/message", {"text": "x" * 1000})
-        cache_end = decode_cache(read_file(st.path("s1", "identity")))["end_offset"]
+        cache_end = decode_cache(read_file(cache))["end_offset"]
         lags = []
-        while decode_cache(read_file(st.path("s1", "identity")))["seq"] == 4:
+        while decode_cache(read_file(cache))["seq"] == seq + 2:
             lags.append(writer.projection.end_offset - cache_end)
             writer.append([filler], commit=True)
         assert lags[-1] < store.log.CACHE_LAG_BYTES <= writer.projection.end_offset - cache_end
@@ -112,15 +127,14 @@ def test_foreign_damage_or_shrink_under_a_writer_is_corrupt(st):
     """A writer refuses to append after bytes it did not write turn out bad, or the log shrank."""
     new_session(st)
     with store.LogWriter.open(st, "s1", epoch=0) as writer:
-        with open(st.path("s1", "log"), "ab") as handle:
-            handle.write(b"\x05\x00\x00\x00garbage")
+        raw.append_log(st, "s1", b"\x05\x00\x00\x00garbage")
         size = log_size(st)
         with pytest.raises(store.CorruptSessionError):
             writer.append([("turn/start", {})])
         assert log_size(st) == size
     with store.LogWriter.open(st, "s1", epoch=0) as writer:  # the garbage is a torn tail to a new writer
         writer.append([("turn/start", {})])
-        os.truncate(st.path("s1", "log"), 3)
+        os.truncate(st.session_path("s1"), raw.log_start(st, "s1") + 3)
         with pytest.raises(store.CorruptSessionError, match="shrank"):
             writer.append([("turn/end", {"stop_reason": "completed"})])
 
@@ -155,13 +169,16 @@ REPAIR_CASES = {
 def test_crash_closers_appended_exactly_once(st, case, cache):
     """open closes an open turn (unknown tool outcomes, the open step, the turn) once; a second open adds nothing."""
     batch, expected = REPAIR_CASES[case]
-    new_session(st)
+    # a log of CACHE_LAG_BYTES from its creation on, so that it has an identity cache to resume from
+    new_session(st, events=(DESC, PADDING))
     with store.LogWriter.open(st, "s1", epoch=0) as writer:
+        if cache != "missing":
+            writer.commit()  # the cache, at the log's end before the batch
+            assert os.path.exists(st.path("s1", "identity"))
         writer.append(batch, commit=cache == "current")
-    if cache == "missing":
-        os.unlink(st.path("s1", "identity"))
+    assert os.path.exists(st.path("s1", "identity")) == (cache != "missing")
     before = store.inspect(st, "s1")
-    assert kinds(st) == ["subagent/descriptor"] + [k for k, _ in batch]  # inspect repairs nothing
+    assert kinds(st) == ["subagent/descriptor", PADDING[0]] + [k for k, _ in batch]  # inspect repairs nothing
     with store.LogWriter.open(st, "s1", epoch=0, repair=False) as writer:
         assert writer.repaired == []
     assert store.inspect(st, "s1") == before
@@ -209,7 +226,7 @@ def test_torn_tail_inside_an_open_turn_is_cut_then_closed(st):
         writer.append([("turn/start", {}), ("step/start", {})])
         valid = log_size(st)
         writer.append([("tool/call", {"call_id": "lost"})])
-    os.truncate(st.path("s1", "log"), log_size(st) - 2)
+    os.truncate(st.session_path("s1"), raw.log_start(st, "s1") + log_size(st) - 2)
     assert store.inspect(st, "s1").status == "torn"
     with store.LogWriter.open(st, "s1", epoch=0) as writer:
         assert [r["type"] for r in writer.repaired] == ["step/end", "turn/end"]
@@ -225,14 +242,15 @@ def test_corrupt_log_is_refused_and_untouched(st):
         writer.append([("turn/start", {}), ("assistant/message", {"text": "x" * 20})])
         writer.append([("turn/end", {"stop_reason": "completed"})], commit=True)
     found = store.inspect(st, "s1")
-    buf = bytearray(read_file(st.path("s1", "log")))
+    buf = bytearray(raw.log_bytes(st, "s1"))
     buf[found.offsets[2] + 12] ^= 0xFF
-    write_file(st.path("s1", "log"), bytes(buf))
-    os.unlink(st.path("s1", "identity"))
+    raw.write_log(st, "s1", bytes(buf))
+    assert not os.path.exists(st.path("s1", "identity"))  # a short log has none
+    whole = raw.file_bytes(st, "s1")
     with pytest.raises(store.CorruptSessionError) as info:
         store.LogWriter.open(st, "s1", epoch=0)
     assert info.value.offset == found.offsets[2] and "crc-mismatch" in info.value.reason
-    assert read_file(st.path("s1", "log")) == bytes(buf)
+    assert raw.file_bytes(st, "s1") == whole
     assert not os.path.exists(st.path("s1", "identity"))
 
 
@@ -275,12 +293,12 @@ def test_old_epoch_writer_is_fenced_after_takeover(st):
         with store.LogWriter.open(st, "s1", epoch=second.epoch) as new:
             assert [r["type"] for r in new.repaired] == ["turn/end"]
             new.append([("turn/start", {})])
-        before = read_file(st.path("s1", "log"))
+        before = raw.log_bytes(st, "s1")
         for _ in range(3):
             with pytest.raises(store.FencedError) as info:
                 old.append([("assistant/message", {"from": "old"})])
             assert (info.value.epoch, info.value.current_epoch) == (first.epoch, second.epoch)
-        assert read_file(st.path("s1", "log")) == before
+        assert raw.log_bytes(st, "s1") == before
     finally:
         old.close()
     assert all(e["epoch"] in (0, first.epoch, second.epoch) for e in store.inspect(st, "s1").events)
@@ -289,18 +307,19 @@ def test_old_epoch_writer_is_fenced_after_takeover(st):
 
 
 def test_fencing_survives_inode_reuse_with_coarse_mtimes(tmp_path):
-    """A replaced lease file that reuses the old inode number, size and (coarse) mtime still fences.
+    """A takeover that leaves the session file's inode, size and (coarse) mtime as they were still fences.
 
-    Lease files are replaced by rename, so the freed inode number of the lease
-    a writer last checked is often the very next one handed out; on a file
-    system with jiffy-grained mtimes a takeover within one tick then looks
-    unchanged to a writer that only compares (inode, mtime, size). utime
+    The lease lives in the session file and is rewritten in place: the inode
+    never changes, and the size does not either (the slots have a fixed size).
+    On a file system with jiffy-grained mtimes a takeover within one tick then
+    looks unchanged to a writer that only compares (inode, mtime, size); the
+    writer must read the slots' bytes under the lock at every append. utime
     recreates that tick here.
     """
     st = store.Store(tmp_path / "store", durability="none")
     new_session(st)
     store.register_owner(st, "o1", ttl=600)
-    path = st.path("s1", "lease")
+    path = st.session_path("s1")
     for _ in range(50):
         first = store.acquire_lease(st, "s1", "o1")
         with store.LogWriter.open(st, "s1", epoch=first.epoch) as writer:
@@ -339,11 +358,8 @@ def test_writers_leak_no_descriptors(st):
 
 def load(st, sid, *, use_cache):
     header = store.read_header(st, sid)
-    fd = os.open(st.path(sid, "log"), os.O_RDONLY)
-    try:
-        return store.load_projection(st, sid, header, fd, use_cache=use_cache)
-    finally:
-        os.close(fd)
+    with open_session(st, sid) as file:
+        return store.load_projection(st, sid, header, file, use_cache=use_cache)
 
 
 def random_batch(rng: random.Random, writer: store.LogWriter, ids: store.IdGenerator):
@@ -374,7 +390,8 @@ def test_cache_resume_equals_full_fold(st, seed):
     rng = random.Random(seed)
     ids = store.IdGenerator()
     seeded = [{"type": "subagent/descriptor", "data": CONTINUABLE}, {"type": "turn/start"}, {"type": "turn/end", "data": {}}]
-    store.create_session(st, "s1", seed=seeded if seed % 2 else (), events=[("session/end-seed", {}), DESC])
+    # half the logs start at CACHE_LAG_BYTES: theirs resume from a cache (a shorter log has none)
+    store.create_session(st, "s1", seed=seeded if seed % 2 else (), events=[("session/end-seed", {}), DESC, *([PADDING] if seed < 2 else [])])
     for step in range(40):
         with store.LogWriter.open(st, "s1", epoch=0, repair=rng.random() < 0.3) as writer:
             for _ in range(rng.randint(1, 4)):
@@ -384,12 +401,13 @@ def test_cache_resume_equals_full_fold(st, seed):
         full, end_f, status_f = load(st, "s1", use_cache=False)
         assert cached.to_record() == full.to_record() == live, step
         assert (end_c, status_c) == (end_f, status_f) == (log_size(st), "clean")
-        assert Projection.from_record(decode_cache(read_file(st.path("s1", "identity")))) is not None
+        if seed < 2 and step and writer.projection.turns:
+            assert Projection.from_record(decode_cache(read_file(st.path("s1", "identity")))) is not None
 
 
 def test_cache_is_ignored_when_it_does_not_match(st):
     """A cache from another seed length, beyond the log, other version or garbage is not used."""
-    new_session(st)
+    new_session(st, events=(DESC, PADDING))
     with store.LogWriter.open(st, "s1", epoch=0) as writer:
         writer.append([("turn/start", {}), ("turn/end", {"stop_reason": "completed"})], commit=True)
     truth = load(st, "s1", use_cache=False)[0].to_record()
@@ -432,6 +450,16 @@ class FailingOS:
             raise OSError(errno.EIO, "injected write failure")
         return os.write(fd, data)
 
+    def pwrite(self, fd, data, offset):
+        if self.armed and self.fail in ("write", "partial", "short"):
+            self.armed = False
+            if self.fail == "short":
+                return os.pwrite(fd, bytes(data)[: len(data) // 2], offset)
+            if self.fail == "partial":
+                os.pwrite(fd, bytes(data)[: len(data) // 2], offset)
+            raise OSError(errno.EIO, "injected write failure")
+        return os.pwrite(fd, data, offset)
+
     def fsync(self, fd):
         if self.armed and self.fail == "fsync":
             self.armed = False
@@ -446,21 +474,22 @@ def test_failed_append_rolls_back_and_breaks_the_writer(tmp_path, monkeypatch, f
     new_session(st)
     fake = FailingOS(fail)
     monkeypatch.setattr(store.log, "os", fake)
+    monkeypatch.setattr(store.session_file, "os", fake)
     monkeypatch.setattr(store.durability, "os", fake)
     writer = store.LogWriter.open(st, "s1", epoch=0)
     try:
         writer.append([("turn/start", {})])
-        before = read_file(st.path("s1", "log"))
+        before = raw.file_bytes(st, "s1")
         fake.armed = True
         with pytest.raises(store.DurabilityError) as info:
             writer.append([("assistant/message", {"text": "y" * 200}), ("assistant/message", {})])
         assert info.value.code == "DURABILITY_FAILED" and isinstance(info.value, OSError)
-        assert read_file(st.path("s1", "log")) == before
+        assert raw.file_bytes(st, "s1") == before
         assert writer.next_seq == 2
         for again in (lambda: writer.append([("notice/received", {})]), writer.commit):
             with pytest.raises(store.DurabilityError, match="broken"):
                 again()
-        assert read_file(st.path("s1", "log")) == before
+        assert raw.file_bytes(st, "s1") == before
     finally:
         writer.close()
     with store.LogWriter.open(st, "s1", epoch=0) as fresh:
@@ -602,11 +631,11 @@ def test_unknown_event_type_is_refused_before_writing(tmp_path) -> None:
 
     st = _store.Store(tmp_path / "s", durability="none")
     _store.create_session(st, "s1")
-    size = os.path.getsize(st.path("s1", "log"))
+    size = os.path.getsize(st.session_path("s1"))
     with _store.LogWriter.open(st, "s1", epoch=0) as writer:
         with pytest.raises(_store.UnsupportedFormatError):
             writer.append([("turn/start", {}), ("made/up", {})])
-    assert os.path.getsize(st.path("s1", "log")) == size
+    assert os.path.getsize(st.session_path("s1")) == size
     assert _store.inspect(st, "s1").status == "clean"
 
 
@@ -656,8 +685,7 @@ def test_an_attached_writer_taken_over_is_fenced(st):
 def test_an_attached_writer_refuses_a_log_shorter_than_its_projection(st):
     """The projection is checked, not trusted: a log shorter than it is corrupt, and nothing is written."""
     created = _created(st)
-    with open(st.path("s1", "log"), "r+b") as handle:
-        handle.truncate(created.projection.end_offset - 1)
+    os.truncate(st.session_path("s1"), raw.log_start(st, "s1") + created.projection.end_offset - 1)
     writer = store.LogWriter.attach(st, "s1", epoch=1, projection=created.projection)
     try:
         with pytest.raises(store.CorruptSessionError):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 
-import msgpack
 import pytest
 
 from subagents import store
@@ -62,7 +61,7 @@ def test_accept_fsyncs_under_every_syncing_policy(s1, monkeypatch):
 
     monkeypatch.setattr(store.durability, "os", SpyOS())
     accept(s1, "x", store.IdGenerator())
-    mailbox_syncs = [p for p in synced if p.endswith("/s1/mailbox")]
+    mailbox_syncs = [p for p in synced if p.endswith("/s1.mailbox")]
     assert len(mailbox_syncs) == (0 if s1.durability.name == "none" else 1)
 
 
@@ -131,7 +130,7 @@ def test_accept_with_the_callers_lock(s1):
     """A caller holding the session's flock descriptor passes it in; acceptance still works and keeps it open."""
     from subagents.store.locks import SessionFlock
 
-    lock = SessionFlock(s1.path("s1", ".lock"))
+    lock = SessionFlock(s1.session_path("s1"))  # the session's lock: an flock on its file
     try:
         mid = store.accept(s1, "s1", source={}, content="x", ids=store.IdGenerator(), lock=lock)
         with lock:
@@ -139,7 +138,7 @@ def test_accept_with_the_callers_lock(s1):
     finally:
         lock.close()
     assert [m.id for m in store.read_mailbox(s1, "s1")] == [mid]
-    assert msgpack.unpackb(read_file(s1.path("s1", "header")))["id"] == "s1"
+    assert store.read_header(s1, "s1").id == "s1"
 
 
 def test_pending_reads_only_the_unconsumed_suffix_when_told_where_it_starts(s1):

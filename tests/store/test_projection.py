@@ -109,15 +109,17 @@ def test_a_trusted_record_rebuilds_the_same_projection():
 
 
 def test_cache_record_of_a_real_session(st):
-    """The identity file holds to_record of the writer's projection, with real timing."""
+    """The identity file holds to_record of the writer's projection, with real timing (a log of
+    at least CACHE_LAG_BYTES: a shorter one has no cache)."""
     store.create_session(st, "s1", events=[("subagent/descriptor", CONTINUABLE)])
     with store.LogWriter.open(st, "s1", epoch=0) as writer:
         (start,) = writer.append([("turn/start", {})])
+        writer.append([("assistant/message", {"text": "x" * store.log.CACHE_LAG_BYTES})])
         (end,) = writer.append([("turn/end", {"stop_reason": "completed"})], commit=True)
     record = decode_cache(read_file(st.path("s1", "identity")))
     assert record["timing"]["settled_ms"] == pytest.approx((end["ts"] - start["ts"]) * 1000.0)
     assert record["identity"] == CONTINUABLE and record["resume"] == CONTINUABLE
-    assert (record["seq"], record["turns"], record["last_stop_reason"]) == (2, 1, "completed")
+    assert (record["seq"], record["turns"], record["last_stop_reason"]) == (3, 1, "completed")
     identity = store.read_identity(st, "s1", 0)
     assert identity.verdict is None and identity.descriptor == store.parse_descriptor(CONTINUABLE)
     assert identity.projection.to_record() == record

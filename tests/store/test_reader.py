@@ -9,14 +9,15 @@ import pytest
 from subagents import store
 from subagents.store.reader import classify
 
-from ._support import ONE_SHOT, event, read_file, records_blob, refit_crc, tree_state, write_file
+from .. import session_bytes as raw
+from ._support import ONE_SHOT, event, records_blob, refit_crc, tree_state
 
 
 def write_log(st, payloads, sid="s1"):
     store.create_session(st, sid)
     blob, offsets = records_blob(payloads)
-    write_file(st.path(sid, "log"), blob)
-    os.unlink(st.path(sid, "identity"))
+    raw.write_log(st, sid, blob)
+    assert not os.path.exists(st.path(sid, "identity"))  # short logs have no identity cache
     return blob, offsets
 
 
@@ -56,7 +57,7 @@ def assert_read_only(st, sid, action):
 def test_damage_before_a_committed_turn_end_is_corrupt(st, how):
     """A bad record followed by a valid turn/end: inspect says corrupt, open refuses, nothing changes."""
     blob, offsets = write_log(st, COMMITTED)
-    write_file(st.path("s1", "log"), damage_at(blob, offsets, 2, how))
+    raw.write_log(st, "s1", damage_at(blob, offsets, 2, how))
     found = assert_read_only(st, "s1", lambda: store.inspect(st, "s1"))
     assert found.status == "corrupt"
     assert found.damage is not None and (found.damage.offset, found.damage.reason) == (offsets[2], how)
@@ -64,7 +65,7 @@ def test_damage_before_a_committed_turn_end_is_corrupt(st, how):
     with pytest.raises(store.CorruptSessionError) as info:
         assert_read_only(st, "s1", lambda: store.LogWriter.open(st, "s1", epoch=0))
     assert info.value.offset == offsets[2] and how in info.value.reason
-    assert read_file(st.path("s1", "log")) == damage_at(blob, offsets, 2, how)
+    assert raw.log_bytes(st, "s1") == damage_at(blob, offsets, 2, how)
 
 
 @pytest.mark.parametrize("how", ["crc-mismatch", "bad-length", "undecodable", "not-a-record", "seq-gap"])
@@ -72,13 +73,13 @@ def test_damage_after_the_last_turn_end_is_torn(st, how):
     """Damage after the last committed turn/end (even with valid records behind it) is a torn tail."""
     blob, offsets = write_log(st, COMMITTED)
     data = damage_at(blob, offsets, 4, how)
-    write_file(st.path("s1", "log"), data)
+    raw.write_log(st, "s1", data)
     found = assert_read_only(st, "s1", lambda: store.inspect(st, "s1"))
     assert found.status == "torn" and found.damage.reason == how
     assert found.events == COMMITTED[:4] and found.size == len(data)
     with store.LogWriter.open(st, "s1", epoch=0) as writer:
         assert writer.repaired == [] and writer.next_seq == 4
-    assert read_file(st.path("s1", "log")) == blob[: offsets[4]]
+    assert raw.log_bytes(st, "s1") == blob[: offsets[4]]
 
 
 def test_torn_last_record_and_clean_log(st):
@@ -87,7 +88,7 @@ def test_torn_last_record_and_clean_log(st):
     found = assert_read_only(st, "s1", lambda: store.inspect(st, "s1"))
     assert (found.status, found.damage, found.end, found.size, found.next_seq) == ("clean", None, len(blob), len(blob), 6)
     assert found.offsets == offsets
-    write_file(st.path("s1", "log"), damage_at(blob, offsets, 5, "short-payload"))
+    raw.write_log(st, "s1", damage_at(blob, offsets, 5, "short-payload"))
     found = assert_read_only(st, "s1", lambda: store.inspect(st, "s1"))
     assert found.status == "torn" and found.damage.reason == "short-payload"
 
@@ -100,9 +101,9 @@ def test_a_turn_end_inside_the_torn_record_does_not_count(st):
 
 
 def test_missing_log_is_empty_and_clean(st):
-    """A session whose log file is gone reads as no events."""
+    """A session whose file ends where its log begins reads as no events."""
     store.create_session(st, "s1")
-    os.unlink(st.path("s1", "log"))
+    raw.write_log(st, "s1", b"")
     found = store.inspect(st, "s1")
     assert (found.events, found.status, found.size) == ([], "clean", 0)
 
@@ -135,7 +136,7 @@ def test_read_from_returns_the_stored_suffix_and_changes_nothing(tmp_path) -> No
     _store.create_session(st, "s1")
     with _store.LogWriter.open(st, "s1", epoch=0) as writer:
         writer.append([("turn/start", {}), ("step/start", {}), ("assistant/message", {"text": "x"})])
-    before = open(st.path("s1", "log"), "rb").read()
+    before = raw.file_bytes(st, "s1")
     assert [e["type"] for e in _store.read_from(st, "s1", 1)] == ["step/start", "assistant/message"]
     assert _store.read_from(st, "s1", 3) == []
-    assert open(st.path("s1", "log"), "rb").read() == before
+    assert raw.file_bytes(st, "s1") == before
