@@ -16,41 +16,95 @@ from subagents.store.control import INVALID, read_controls
 from subagents.store.fsck import fsck
 from subagents.store.index import read_index
 
+from subagents.store.framing import FRAME
+
+from ..session_bytes import (
+    SLOT_SIZE, file_bytes, log_start, newest_slot, slot_bytes, synced_slot, write_log, write_slot,
+)
 from ._support import ONE_SHOT, make_child, read_file, records_blob, tree_state, write_file
 
 TURN = [("turn/start", {}), ("assistant/message", {"text": "done"}), ("turn/end", {"stop_reason": "completed"})]
 
 
 def lease_bytes(**fields):
-    return msgpack.packb({"owner": "o1", "epoch": 1, "state": "running", "acquired_at": 1.0, **fields})
+    """A lease slot that frames and passes its CRC, whatever its fields say."""
+    return slot_bytes({"gen": 1, "owner": "o1", "epoch": 1, "state": "running", "acquired_at": 1.0, **fields})
+
+
+def flipped(slot: bytes) -> bytes:
+    """A slot whose frame no longer checks (one payload bit flipped: a torn or rotted write)."""
+    buf = bytearray(slot)
+    buf[FRAME.size + 3] ^= 0x10
+    return bytes(buf)
 
 
 # -- leases and owners ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("raw", [lease_bytes(epoch=float("inf")), lease_bytes(epoch=2.5), lease_bytes(state=["x"]),
-                                 lease_bytes(acquired_at=float("nan")), b"\xc1", b""])
-def test_a_damaged_lease_reads_as_none_checks_as_corrupt_and_is_never_taken(st, raw):
-    """read_lease never raises; check_lease names the damage; acquire refuses instead of restarting the epoch."""
+DAMAGED_SLOTS = [lease_bytes(epoch=float("inf")), lease_bytes(epoch=2.5), lease_bytes(state=["x"]),
+                 lease_bytes(acquired_at=float("nan")), lease_bytes(gen=-1), lease_bytes(gen="1"), slot_bytes({"gen": 1}),
+                 b"\xc1", flipped(lease_bytes()), b"\xff" * SLOT_SIZE]
+
+
+@pytest.mark.parametrize("slot", DAMAGED_SLOTS)
+def test_a_damaged_lease_reads_as_none_checks_as_corrupt_and_is_never_taken(st, slot):
+    """Both slots hold bytes and neither decodes: read_lease never raises; check_lease names the damage;
+    acquire refuses instead of restarting the epoch, and writes nothing."""
     store.create_session(st, "s1")
-    write_file(st.path("s1", "lease"), raw)
+    write_slot(st, "s1", 0, slot)
+    write_slot(st, "s1", 1, flipped(lease_bytes(epoch=7)))
+    before = file_bytes(st, "s1")
     assert store.read_lease(st, "s1") is None
     assert store.session_status(st, "s1") == "complete"
     with pytest.raises(store.CorruptSessionError):
         store.check_lease(st, "s1")
     with pytest.raises(store.CorruptSessionError):
         store.acquire_lease(st, "s1", "o2")
-    assert read_file(st.path("s1", "lease")) == raw
+    with pytest.raises(store.FencedError):
+        store.LogWriter.open(st, "s1", epoch=0)
+    assert file_bytes(st, "s1") == before
 
 
-@pytest.mark.parametrize("how", ["folder", "loop"])
-def test_an_unreadable_lease_is_unavailable(st, how):
+@pytest.mark.parametrize("slot", DAMAGED_SLOTS)
+def test_a_torn_lease_slot_falls_back_to_the_other(st, slot):
+    """The newest slot damaged (a state change torn by a crash): readers take the other slot, the
+    acquisition it holds; the next acquisition continues from its epoch and writes over the damage."""
     store.create_session(st, "s1")
-    path = st.path("s1", "lease")
-    os.mkdir(path) if how == "folder" else os.symlink("lease", path)
+    store.register_owner(st, "o1", ttl=60)
+    first = store.acquire_lease(st, "s1", "o1")
+    store.set_lease_state(st, "s1", "o1", first.epoch, "idle")
+    newest = newest_slot(st, "s1")
+    assert newest != synced_slot(st, "s1")
+    write_slot(st, "s1", newest, slot)
+    assert store.read_lease(st, "s1") == store.check_lease(st, "s1") == first  # running: the state change is lost
+    second = store.acquire_lease(st, "s1", "o1")
+    assert second.epoch == first.epoch + 1 and store.read_lease(st, "s1") == second
+    assert newest_slot(st, "s1") == synced_slot(st, "s1") == newest  # the damaged slot was the one written
+
+
+@pytest.mark.parametrize("slot", DAMAGED_SLOTS)
+def test_a_torn_first_acquisition_reads_as_never_leased(st, slot):
+    """One slot damaged beside an empty one: the first acquisition tore (it never returned, so no
+    epoch was handed out): no lease, nothing corrupt, and the next acquisition takes epoch 1."""
+    store.create_session(st, "s1")
+    write_slot(st, "s1", 0, slot)
+    assert store.read_lease(st, "s1") is None and store.check_lease(st, "s1") is None
+    store.register_owner(st, "o1", ttl=60)
+    assert store.acquire_lease(st, "s1", "o1").epoch == 1
+
+
+@pytest.mark.parametrize("how", ["folder", "loop", "fifo"])
+def test_an_unreadable_lease_is_unavailable(st, how):
+    """The lease lives in the session's file: when that cannot be read, neither can the lease."""
+    store.create_session(st, "s1")
+    path = st.session_path("s1")
+    os.unlink(path)
+    {"folder": lambda: os.mkdir(path), "loop": lambda: os.symlink("s1", path), "fifo": lambda: os.mkfifo(path, 0o600)}[how]()
     assert store.read_lease(st, "s1") is None
     with pytest.raises(store.UnavailableSessionError):
         store.check_lease(st, "s1")
+    with pytest.raises(store.UnavailableSessionError):
+        store.acquire_lease(st, "s1", "o1")
 
 
 @pytest.mark.parametrize("fields", [{"pid": float("inf")}, {"ttl": float("inf")}, {"heartbeat_at": "now"}, {"host": 3}])
@@ -65,14 +119,18 @@ def test_a_damaged_owner_is_dead(st, fields):
 # -- header and log -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["header", "log"])
-def test_a_folder_in_place_of_a_file_is_unavailable_not_an_os_error(st, name):
+@pytest.mark.parametrize("how", ["folder", "fifo"])
+def test_a_folder_in_place_of_a_file_is_unavailable_not_an_os_error(st, how):
+    """The session's file (header and log) replaced by something that is not a regular file."""
     store.create_session(st, "s1")
-    os.unlink(st.path("s1", name))
-    os.mkdir(st.path("s1", name))
-    with pytest.raises(store.UnavailableSessionError) as info:
-        store.inspect(st, "s1")
-    assert info.value.code == "SESSION_UNAVAILABLE" and name in info.value.message
+    path = st.session_path("s1")
+    os.unlink(path)
+    os.mkdir(path) if how == "folder" else os.mkfifo(path, 0o600)
+    for read in (lambda: store.inspect(st, "s1"), lambda: store.read_header(st, "s1"),
+                 lambda: store.LogWriter.open(st, "s1", epoch=0)):
+        with pytest.raises(store.UnavailableSessionError) as info:
+            read()
+        assert info.value.code == "SESSION_UNAVAILABLE" and "file" in info.value.message
 
 
 def test_an_event_with_a_list_type_is_damage_not_a_type_error(st):
@@ -80,11 +138,11 @@ def test_an_event_with_a_list_type_is_damage_not_a_type_error(st):
     make_child(st, "r", "c", events=TURN)
     events = store.inspect(st, "c").events
     bad = [dict(e) for e in events] + [{"seq": len(events), "ts": 1.0, "type": ["x"], "data": {}, "epoch": 0}]
-    write_file(st.path("c", "log"), records_blob(bad)[0])
+    write_log(st, "c", records_blob(bad)[0])
     found = store.inspect(st, "c")
     assert found.status == "torn" and found.damage.reason == "not-a-record" and "type" in found.damage.detail
     bad[1]["type"] = {"a": 1}
-    write_file(st.path("c", "log"), records_blob(bad)[0])
+    write_log(st, "c", records_blob(bad)[0])
     assert store.inspect(st, "c").status == "corrupt"
 
 
@@ -185,22 +243,31 @@ def _damage_everything(st):
     """One session per kind of damage fsck once crashed on, plus a healthy one."""
     store.create_session(st, "ok")
     store.create_session(st, "hdir")
-    os.unlink(st.path("hdir", "header"))
-    os.mkdir(st.path("hdir", "header"))
+    os.unlink(st.session_path("hdir"))
+    os.mkdir(st.session_path("hdir"))  # a folder where a session's file belongs (a format-1 session)
     store.create_session(st, "hloop")
-    os.unlink(st.path("hloop", "header"))
-    os.symlink("header", st.path("hloop", "header"))
+    os.unlink(st.session_path("hloop"))
+    os.symlink("hloop", st.session_path("hloop"))
+    store.create_session(st, "hfifo")
+    os.unlink(st.session_path("hfifo"))
+    os.mkfifo(st.session_path("hfifo"), 0o600)
+    store.create_session(st, "htrunc")
+    os.truncate(st.session_path("htrunc"), log_start(st, "htrunc") - 3)
     store.create_session(st, "linf")
-    write_file(st.path("linf", "lease"), lease_bytes(epoch=float("inf")))
+    for slot in (0, 1):
+        write_slot(st, "linf", slot, lease_bytes(epoch=float("inf")))
     store.create_session(st, "ldir")
-    os.mkdir(st.path("ldir", "lease"))
+    for slot in (0, 1):
+        write_slot(st, "ldir", slot, b"\xc1 not a lease")
     make_child(st, "ok", "evlist", events=TURN)
     events = [dict(e) for e in store.inspect(st, "evlist").events]
     events[1]["type"] = ["turn/start"]
-    write_file(st.path("evlist", "log"), records_blob(events)[0])
+    write_log(st, "evlist", records_blob(events)[0])
     os.mkdir(st.children_index_path("ldir"))
     store.create_session(st, "ctl")
     os.mkdir(st.path("ctl", "control"))
+    write_file(os.path.join(st.sessions_dir, ".new1.new.77.0badf00d"), file_bytes(st, "ok"))  # a creation that died
+    write_file(st.path("gone", "mailbox"), b"")  # a companion whose session gc moved away
 
 
 def test_fsck_reports_and_never_crashes(st):
@@ -209,7 +276,10 @@ def test_fsck_reports_and_never_crashes(st):
     report = fsck(st, repair=False, lease_ttl_s=5.0)
     assert tree_state(st.root) == before
     kinds = {(f["id"], f["kind"]) for f in report["findings"]}
-    assert {("hdir", "unreadable"), ("hloop", "unreadable"), ("linf", "lease-unreadable"), ("ldir", "lease-unreadable"),
-            ("evlist", "corrupt"), ("ldir", "index-damaged"), ("ctl", "control-unreadable")} <= kinds
+    assert {("hdir", "stray"), ("hloop", "unreadable"), ("hfifo", "unreadable"), ("htrunc", "header-corrupt"),
+            ("linf", "lease-unreadable"), ("ldir", "lease-unreadable"), ("evlist", "corrupt"), ("ldir", "index-damaged"),
+            ("ctl", "control-unreadable"), (".new1.new.77.0badf00d", "no-header"), ("gone.mailbox", "stray")} <= kinds
     assert "ok" not in {f["id"] for f in report["findings"]}
+    assert {"hloop", "hfifo", "htrunc"} <= set(report["corrupt"])
+    assert st.session_ids() == sorted(["ok", "htrunc", "linf", "ldir", "evlist", "ctl"])  # regular files only
     assert fsck(st, repair=True, lease_ttl_s=5.0)["counts"] == report["counts"]

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import os
 
-import msgpack
 import pytest
 
 from subagents import store
 from subagents.store.framing import FRAME, encode_record
 from subagents.store.projection import read_cache
+from subagents.store.session_file import SessionFile
 
-from ._support import ONE_SHOT, make_child, read_file, tree_state, write_file
+from .. import session_bytes as raw
+from ._support import ONE_SHOT, make_child, read_file, tree_state
 
 LIMIT = 64 * 1024
 
@@ -58,11 +59,11 @@ def test_an_oversize_event_is_refused_before_anything_is_written(small):
     store.create_session(small, "s1", events=[("subagent/descriptor", ONE_SHOT)])
     with store.LogWriter.open(small, "s1", epoch=0) as writer:
         writer.append([("turn/start", {})], commit=True)
-        before = read_file(small.path("s1", "log"))
+        before = raw.file_bytes(small, "s1")
         with pytest.raises(store.RecordTooLargeError) as info:
             writer.append([("assistant/message", {"text": "ok"}), ("tool/result", {"text": "z" * LIMIT})])
         assert info.value.code == "RECORD_TOO_LARGE" and "tool/result" in info.value.message
-        assert read_file(small.path("s1", "log")) == before
+        assert raw.file_bytes(small, "s1") == before
         writer.append([("turn/end", {"stop_reason": "completed"})], commit=True)  # the writer is not broken
     assert store.inspect(small, "s1").status == "clean"
 
@@ -94,8 +95,10 @@ def test_a_record_at_the_format_ceiling_is_readable(tmp_path):
 
 
 def test_a_fenced_writer_never_rewrites_the_identity_cache(st):
-    """Issue #14 defect 6: frozen between its write and its commit, then taken over, then continued."""
-    store.create_session(st, "s1", events=[("subagent/descriptor", ONE_SHOT)])
+    """Issue #14 defect 6: frozen between its write and its commit, then taken over, then continued.
+    (A log of CACHE_LAG_BYTES: a shorter one has no identity cache to rewrite.)"""
+    padding = ("notice/received", {"padding": "x" * store.log.CACHE_LAG_BYTES})
+    store.create_session(st, "s1", events=[("subagent/descriptor", ONE_SHOT), padding])
     store.register_owner(st, "o1", ttl=60)
     store.register_owner(st, "o2", ttl=60)
     first = store.acquire_lease(st, "s1", "o1")
@@ -131,18 +134,18 @@ def test_a_turn_end_inside_a_cut_record_never_reads_corrupt_at_any_offset(st, cl
         seq = writer.next_seq + (0 if claimed == "same-seq" else 1)
         inner = encode_record({"seq": seq, "ts": 1.0, "type": "turn/end", "data": {"stop_reason": "completed"}, "epoch": 0})
         writer.append([("tool/result", {"call_id": "c", "blob": b"\x00" * 7 + inner + b"\x01" * 5})])
-    full = read_file(st.path("s1", "log"))
+    full = raw.log_bytes(st, "s1")
     good = store.inspect(st, "s1")
     last_at = good.offsets[-1]
     assert full.find(inner) > last_at
     for cut in range(1, len(full) - last_at):
-        write_file(st.path("s1", "log"), full[: last_at + cut])
+        raw.write_log(st, "s1", full[: last_at + cut])
         os.unlink(st.path("s1", "identity")) if os.path.exists(st.path("s1", "identity")) else None
         found = store.inspect(st, "s1")
         assert (found.status, found.end) == ("torn", last_at), cut
         with store.LogWriter.open(st, "s1", epoch=0) as writer:
             assert [r["type"] for r in writer.repaired] == ["turn/end"]  # the open turn closed as interrupted
-        assert read_file(st.path("s1", "log"))[:last_at] == full[:last_at]
+        assert raw.log_bytes(st, "s1")[:last_at] == full[:last_at]
 
 
 def test_real_corruption_before_a_chained_turn_end_still_reads_corrupt(st):
@@ -151,23 +154,24 @@ def test_real_corruption_before_a_chained_turn_end_still_reads_corrupt(st):
     with store.LogWriter.open(st, "s1", epoch=0) as writer:
         writer.append([("turn/start", {}), ("assistant/message", {"text": "x"}), ("turn/end", {"stop_reason": "completed"})],
                       commit=True)
-    full = bytearray(read_file(st.path("s1", "log")))
+    full = bytearray(raw.log_bytes(st, "s1"))
     offsets = store.inspect(st, "s1").offsets
     full[offsets[2] + FRAME.size + 2] ^= 0xFF  # the assistant message; the turn/end after it is the last record
-    write_file(st.path("s1", "log"), bytes(full))
+    raw.write_log(st, "s1", bytes(full))
     assert store.inspect(st, "s1").status == "corrupt"
 
 
 # -- links in the store -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["log", "mailbox", "control", "identity", "lease", "header", ".lock"])
+@pytest.mark.parametrize("name", ["session", "mailbox", "control", "identity"])
 def test_a_link_planted_in_a_session_is_never_written_through(st, tmp_path, name):
-    """Issue #14 defect 8: every store file is opened with O_NOFOLLOW."""
+    """Issue #14 defect 8: every store file is opened with O_NOFOLLOW: the session's file (its log,
+    lease, header and lock) and each companion file."""
     store.create_session(st, "s1", events=[("subagent/descriptor", ONE_SHOT)])
     outside = tmp_path / "outside"
     outside.write_bytes(b"precious")
-    path = st.path("s1", name)
+    path = st.session_path("s1") if name == "session" else st.path("s1", name)
     if os.path.lexists(path):
         os.unlink(path)
     os.symlink(outside, path)
@@ -192,32 +196,41 @@ def test_a_link_planted_in_a_session_is_never_written_through(st, tmp_path, name
     assert os.path.islink(path)
 
 
-def test_a_session_folder_that_is_a_link_is_refused(st, tmp_path):
+def test_a_session_file_that_is_a_link_is_refused(st, tmp_path):
+    """A link in place of a session's file, to a whole valid session file elsewhere, is never followed:
+    the session is unavailable (read, accept, resume, lease), listed as a diagnostic, and the file
+    behind the link keeps every byte."""
     make_child(st, "r", "c1")
     make_child(st, "r", "c2")
     elsewhere = tmp_path / "elsewhere"
-    os.rename(st.session_dir("c2"), elsewhere)
-    os.symlink(elsewhere, os.path.join(st.sessions_dir, "c2"))
-    before = {p: read_file(os.path.join(elsewhere, p)) for p in os.listdir(elsewhere) if p != ".lock"}
+    os.rename(st.session_path("c2"), elsewhere)
+    os.symlink(elsewhere, st.session_path("c2"))
+    before = read_file(elsewhere)
     with pytest.raises(store.UnavailableSessionError):
         store.inspect(st, "c2")
     with pytest.raises(store.UnavailableSessionError):
         store.accept(st, "c2", source={"kind": "user"}, content="hi", ids=store.IdGenerator())
     with pytest.raises(store.UnavailableSessionError):
         store.LogWriter.open(st, "c2", epoch=0)
+    with pytest.raises(store.UnavailableSessionError):
+        store.acquire_lease(st, "c2", "o1")
+    with pytest.raises(store.UnavailableSessionError):
+        store.read_header(st, "c2")
+    assert store.read_lease(st, "c2") is None
     rows = store.list_children(st, "r")
     assert [(r.id, r.kind) for r in rows] == [("c1", "child"), ("c2", "diagnostic")] and rows[1].reason == "unavailable"
     assert "c2" not in st.session_ids()
-    assert {p: read_file(os.path.join(elsewhere, p)) for p in os.listdir(elsewhere) if p != ".lock"} == before
-    msgpack.unpackb(read_file(os.path.join(elsewhere, "header")))
+    assert read_file(elsewhere) == before
+    with SessionFile.open("c2", str(elsewhere)) as file:  # what the link points at is a whole session
+        assert file.header_map["id"] == "c2"
 
 
 def test_a_fifo_in_place_of_a_store_file_never_blocks(st):
     """A FIFO opens without a writer only non-blocking: readers and the resume path refuse it at once."""
     store.create_session(st, "s1", events=[("subagent/descriptor", ONE_SHOT)])
-    for name in ("log", "mailbox"):
-        os.unlink(st.path("s1", name)) if os.path.lexists(st.path("s1", name)) else None
-        os.mkfifo(st.path("s1", name), 0o600)
+    for path in (st.path("s1", "mailbox"), st.session_path("s1")):
+        os.unlink(path) if os.path.lexists(path) else None
+        os.mkfifo(path, 0o600)
     with pytest.raises(store.UnavailableSessionError):
         store.inspect(st, "s1")
     with pytest.raises(store.UnavailableSessionError):
