@@ -256,14 +256,18 @@ def _write_unpublished_and_publish(store: Store, request: NewSession, header: Se
     lease = Lease(request.lease_owner, 1, "running", now) if request.lease_owner is not None else None
     blob = encode_session(header.to_record(), lease, b"".join(chunks))
     tmp = os.path.join(store.sessions_dir, f".{request.session_id}.new.{os.getpid()}.{secrets.token_hex(4)}")
-    # the folder fsync of commit_sessions persists the new name
-    write_new(tmp, blob, durable=store.durability.syncs_at_commit)
     try:
-        os.link(tmp, path)
-    except FileExistsError:
-        raise SessionExistsError(request.session_id) from None
+        # the folder fsync of commit_sessions persists the new name
+        write_new(tmp, blob, durable=store.durability.syncs_at_commit)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise SessionExistsError(request.session_id) from None
     finally:
-        os.unlink(tmp)
+        try:
+            os.unlink(tmp)  # also after a failed write: a creation that failed leaves no file
+        except FileNotFoundError:
+            pass
     try:
         _clear_companions(store, request.session_id)
     except BaseException:

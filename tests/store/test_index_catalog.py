@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
-import shutil
 import sys
 
-import msgpack
 import pytest
 
 from subagents import store
@@ -14,6 +13,7 @@ import subagents.store.durability
 import subagents.store.session
 from subagents.store.framing import scan
 
+from .. import session_bytes as raw
 from ._support import CONTINUABLE, ONE_SHOT, make_child, read_file, records_blob, tree_state, write_file
 
 TURN = [("turn/start", {}), ("assistant/message", {"text": "done"}), ("turn/end", {"stop_reason": "completed"})]
@@ -138,75 +138,122 @@ def test_seeded_child_lists_under_its_own_descriptor(st):
 # -- diagnostics --------------------------------------------------------------------------
 
 
+def drop_cache(st, sid):
+    if os.path.lexists(st.path(sid, "identity")):
+        os.unlink(st.path(sid, "identity"))
+
+
 def corrupt_log(st, sid):
     found = store.inspect(st, sid)
-    buf = bytearray(read_file(st.path(sid, "log")))
+    buf = bytearray(raw.log_bytes(st, sid))
     buf[found.offsets[1] + 10] ^= 0xFF  # the turn/start: a turn/end follows it
-    write_file(st.path(sid, "log"), bytes(buf))
-    os.unlink(st.path(sid, "identity"))
+    raw.write_log(st, sid, bytes(buf))
+    drop_cache(st, sid)
 
 
 def unknown_event(st, sid):
     found = store.inspect(st, sid)
     blob, _ = records_blob([{"seq": found.next_seq, "ts": 1.0, "type": "future/event", "data": {}, "epoch": 0}])
-    with open(st.path(sid, "log"), "ab") as handle:
-        handle.write(blob)
-    os.unlink(st.path(sid, "identity"))
+    raw.append_log(st, sid, blob)
+    drop_cache(st, sid)
 
 
-def log_is_a_directory(st, sid):
-    os.unlink(st.path(sid, "log"))
-    os.mkdir(st.path(sid, "log"), 0o700)
-    os.unlink(st.path(sid, "identity"))
+def with_cache(st, sid):
+    """Grow the log to CACHE_LAG_BYTES and commit: the identity cache a shorter log never has."""
+    with store.LogWriter.open(st, sid, epoch=0) as writer:
+        writer.append([("notice/received", {"padding": "x" * store.log.CACHE_LAG_BYTES})], commit=True)
+    assert os.path.isfile(st.path(sid, "identity"))
 
 
 def no_descriptor(st, sid):
-    shutil.rmtree(st.session_dir(sid))
+    os.unlink(st.session_path(sid))
     store.create_session(st, sid, parent_session="r", origin="subagent", created_at=10.0, events=TURN)
 
 
 def rewrite_header(**changes):
     def damage(st, sid):
-        header = msgpack.unpackb(read_file(st.path(sid, "header")))
+        header = dict(raw.header_map(st, sid))
         header.update(changes)
-        write_file(st.path(sid, "header"), msgpack.packb(header))
+        raw.write_header_value(st, sid, header)
     return damage
 
 
 def descriptor_child(payload):
     def damage(st, sid):
-        shutil.rmtree(st.session_dir(sid))
+        os.unlink(st.session_path(sid))
         store.create_session(st, sid, parent_session="r", origin="subagent", created_at=10.0,
                              events=[("subagent/descriptor", payload)] + TURN)
     return damage
 
 
+def session_path_or(name, st, sid):
+    return st.session_path(sid) if name == "session" else st.path(sid, name)
+
+
 def replace_with_folder(name):
     def damage(st, sid):
-        os.unlink(st.path(sid, name)) if os.path.lexists(st.path(sid, name)) else None
-        os.mkdir(st.path(sid, name), 0o700)
+        if name == "identity":
+            with_cache(st, sid)
+        path = session_path_or(name, st, sid)
+        os.unlink(path) if os.path.lexists(path) else None
+        os.mkdir(path, 0o700)
     return damage
 
 
 def replace_with_loop(name):
     def damage(st, sid):
-        path = st.path(sid, name)
+        path = session_path_or(name, st, sid)
         if os.path.lexists(path):
             os.unlink(path)
         os.symlink(os.path.basename(path), path)  # a link to itself: ELOOP
     return damage
 
 
-def lease_record(**fields):
+def replace_with_fifo(st, sid):
+    os.unlink(st.session_path(sid))
+    os.mkfifo(st.session_path(sid), 0o600)
+
+
+def truncate_at(where):
+    """The session's file cut inside its preamble, its lease slots or its header."""
     def damage(st, sid):
-        record = {"owner": "o1", "epoch": 1, "state": "running", "acquired_at": 1.0, **fields}
-        write_file(st.path(sid, "lease"), msgpack.packb(record))
+        end = {"preamble": 6, "slots": raw.SLOTS_AT + 100, "header": raw.log_start(st, sid) - 2}[where]
+        os.truncate(st.session_path(sid), end)
     return damage
+
+
+def lease_record(**fields):
+    """Both lease slots hold a CRC-valid record that does not check: no slot to fall back to."""
+    def damage(st, sid):
+        record = {"gen": 1, "owner": "o1", "epoch": 1, "state": "running", "acquired_at": 1.0, **fields}
+        for slot in (0, 1):
+            raw.write_slot(st, sid, slot, raw.slot_bytes(record))
+    return damage
+
+
+def lease_garbage(st, sid):
+    for slot in (0, 1):
+        raw.write_slot(st, sid, slot, b"\xc1")
+
+
+def newest_lease_slot_torn(st, sid):
+    """A lease acquired (durably), then changed in place, then that change torn: the other slot holds."""
+    store.register_owner(st, "o1", ttl=600)
+    lease = store.acquire_lease(st, sid, "o1")
+    store.set_lease_state(st, sid, "o1", lease.epoch, "idle")
+    raw.write_slot(st, sid, raw.newest_slot(st, sid), b"\xc1" * 40)
+    assert store.read_lease(st, sid) == lease
+
+
+def creation_leftover(st, sid):
+    """A creation of this id that died before its link: a whole file under a temporary name."""
+    write_file(os.path.join(st.sessions_dir, f".{sid}.new.4242.0badf00d"), b"SAS2 half a session")
 
 
 def cache_with(**fields):
     def damage(st, sid):
-        from subagents.store.projection import encode_cache, read_cache
+        from subagents.store.projection import read_cache
+        with_cache(st, sid)
         record = read_cache(st.path(sid, "identity")).to_record()
         record.update(fields)
         write_file(st.path(sid, "identity"), store.encode_record({"seq": 0, "projection": record}))
@@ -220,13 +267,14 @@ def event_envelope(**fields):
         records = [dict(e) for e in found.events]
         records[1].update(fields)
         blob, _ = records_blob(records)
-        write_file(st.path(sid, "log"), blob)
-        os.unlink(st.path(sid, "identity"))
+        raw.write_log(st, sid, blob)
+        drop_cache(st, sid)
     return damage
 
 
 DAMAGES = {
-    "garbage-header": (lambda st, sid: write_file(st.path(sid, "header"), b"\xc1\xc1"), "corrupt"),
+    "garbage-header": (lambda st, sid: raw.write_header(st, sid, b"\xc1\xc1"), "corrupt"),
+    "header-frame-overwritten": (lambda st, sid: raw.patch(st, sid, raw.HEADER_AT, b"\xc1" * 12), "corrupt"),
     "header-breaks-rules": (rewrite_header(delegation_depth=-1), "corrupt"),
     "corrupt-log-no-cache": (corrupt_log, "corrupt"),
     "malformed-descriptor": (descriptor_child({"version": 1, "mode": "continuable", "provider": "p"}), "corrupt"),
@@ -234,15 +282,19 @@ DAMAGES = {
     "header-version-2": (rewrite_header(version=2), "unsupported"),
     "descriptor-version-99": (descriptor_child({"version": 99, "mode": "future"}), "unsupported"),
     "unknown-event-type": (unknown_event, "unsupported"),
-    "log-is-a-directory": (log_is_a_directory, "unavailable"),
     # issue #14: each of these raised out of the listing and hid every sibling
-    "header-is-a-directory": (replace_with_folder("header"), "unavailable"),
-    "header-is-a-link-loop": (replace_with_loop("header"), "unavailable"),
+    "session-file-is-a-directory": (replace_with_folder("session"), "unavailable"),
+    "session-file-is-a-link-loop": (replace_with_loop("session"), "unavailable"),
+    "session-file-is-a-fifo": (replace_with_fifo, "unavailable"),
+    "file-cut-in-its-preamble": (truncate_at("preamble"), "corrupt"),
+    "file-cut-in-its-lease-slots": (truncate_at("slots"), "corrupt"),
+    "file-cut-in-its-header": (truncate_at("header"), "corrupt"),
+    "magic-overwritten": (lambda st, sid: raw.patch(st, sid, 0, b"SAS1"), "corrupt"),
     "lease-epoch-inf": (lease_record(epoch=float("inf")), "corrupt"),
     "lease-epoch-string": (lease_record(epoch="7"), "corrupt"),
-    "lease-is-garbage": (lambda st, sid: write_file(st.path(sid, "lease"), b"\xc1"), "corrupt"),
-    "lease-is-a-directory": (replace_with_folder("lease"), "unavailable"),
-    "lease-is-a-link-loop": (replace_with_loop("lease"), "unavailable"),
+    "lease-is-garbage": (lease_garbage, "corrupt"),
+    "lease-newest-slot-torn": (newest_lease_slot_torn, None),
+    "creation-leftover-beside-it": (creation_leftover, None),
     "cache-identity-unknown-string": (cache_with(identity="bogus", identity_seq=0), None),
     "cache-seq-inf": (cache_with(seq=float("inf")), None),
     "cache-is-a-directory": (replace_with_folder("identity"), None),
@@ -304,7 +356,7 @@ def test_rolled_back_creation_is_never_listed(tree, monkeypatch):
     with pytest.raises(OSError):
         make_child(st, "r", "c5", created_at=15.0)
     monkeypatch.undo()
-    assert not os.path.exists(st.session_dir("c5"))
+    assert not [n for n in os.listdir(st.sessions_dir) if "c5" in n]  # no file, no leftover, no companion
     assert ids(store.list_children(st, "r")) == ["c1", "c2", "c0"]
     assert "c5" not in [e.id for e in store.read_children(st, "r")]
     assert scan(read_file(st.children_index_path("r"))).records[-1] == {"seq": 5, "id": "c5", "removed": True}
@@ -317,21 +369,33 @@ def test_rolled_back_creation_is_never_listed(tree, monkeypatch):
     assert ids(store.list_children(st, "r")) == ["c1", "c2", "c5"]
 
 
-def test_creation_that_fails_before_publishing_leaves_nothing(st, monkeypatch):
-    """A failure while writing the header (before publication) removes the folder; nothing is indexed."""
+@pytest.mark.parametrize("fail", ["write", "link"])
+def test_creation_that_fails_before_publishing_leaves_nothing(st, monkeypatch, fail):
+    """A failure while writing the session's file under its temporary name (half of it written), or
+    while linking it to its name, leaves no file and no temporary one; nothing is indexed."""
     store.create_session(st, "r")
-    real = store.session.write_atomic
+    real_write, real_link = store.session.write_new, os.link
 
-    def failing(path, data, **kwargs):
-        if path.endswith("header"):
-            raise OSError("no space")
-        return real(path, data, **kwargs)
+    def failing_write(path, data, **kwargs):
+        real_write(path, data[: len(data) // 2], **kwargs)
+        raise OSError(errno.ENOSPC, "no space")
 
-    monkeypatch.setattr(store.session, "write_atomic", failing)
+    def failing_link(src, dst, *args, **kwargs):
+        if os.path.basename(dst) == "c1":
+            raise OSError(errno.EIO, "injected")
+        return real_link(src, dst, *args, **kwargs)
+
+    if fail == "write":
+        monkeypatch.setattr(store.session, "write_new", failing_write)
+    else:
+        monkeypatch.setattr(store.session.os, "link", failing_link)
     with pytest.raises(OSError):
         make_child(st, "r", "c1")
-    assert not os.path.exists(st.session_dir("c1"))
+    monkeypatch.undo()
+    assert sorted(os.listdir(st.sessions_dir)) == ["r"]
     assert store.read_children(st, "r") == [] and store.list_children(st, "r") == []
+    make_child(st, "r", "c1")  # the id is free
+    assert ids(store.list_children(st, "r")) == ["c1"]
 
 
 def test_batch_creation_fails_per_request_and_shares_the_index_append(st, monkeypatch):
@@ -373,7 +437,7 @@ def test_batch_creation_rolls_back_the_members_of_a_failed_index_append(st, monk
     requests[2:] = [store.session.NewSession("p2-1", parent_session="p2", created_at=1.0)]  # p2 has one child: add_child
     outcomes = store.session.create_sessions(st, requests)
     assert [isinstance(o, OSError) for o in outcomes] == [True, True, False]
-    assert not os.path.exists(st.session_dir("p1-1")) and not os.path.exists(st.session_dir("p1-2"))
+    assert sorted(os.listdir(st.sessions_dir)) == ["p1", "p2", "p2-1"]
     assert [e.id for e in store.read_children(st, "p2")] == ["p2-1"]
 
 
@@ -461,7 +525,8 @@ def test_listing_changes_no_byte_and_no_mtime(tree):
     """Listings (healthy, diagnostic, leased, cache-less) leave every file and folder as they were."""
     st = tree
     corrupt_log(st, "c2")
-    os.unlink(st.path("c0", "identity"))  # forces an in-memory fold, which must not write a cache
+    with_cache(st, "c1")  # one child listed from its identity cache, the others folded in memory
+    assert not os.path.exists(st.path("c0", "identity"))  # an in-memory fold must not write a cache
     owner = store.register_owner(st, "o1", ttl=60)
     store.acquire_lease(st, "c1", owner.owner_id)
     before = tree_state(st.root)
