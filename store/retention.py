@@ -48,6 +48,7 @@ from .atomic import DIR_MODE, fsync_dir, make_dirs
 from .description import mailbox_counts
 from .errors import InvalidQueryError, LockTimeoutError, SubagentError
 from .header import SessionHeader, parse_header
+from .ids import is_valid_session_id
 from .index import drop_index, mark_all_active, read_children, remove_child
 from .lease import check_lease, host_identity, owner_alive, process_start_time, read_owner
 from .locks import PinnedLock
@@ -374,8 +375,23 @@ def _finish(store: Store) -> int:
     entries = _trashed(store)
     if entries:
         log.info("finishing an interrupted gc: %d folder(s) in %s", len(entries), store.trash_dir)
+        for session_id, folder in entries:
+            _follow(store, session_id, folder)
         _forget(store, entries)
     return len(entries)
+
+
+def _follow(store: Store, session_id: str, folder: str) -> None:
+    """Move the companions a gc killed after moving a session's file left in ``sessions/`` into its
+    trash folder; not when a session of that id exists again (they are its own: its creation
+    removed the old ones)."""
+    if not is_valid_session_id(session_id) or store.exists(session_id):
+        return
+    for name in COMPANIONS:
+        try:
+            os.rename(store.path(session_id, name), os.path.join(folder, name))
+        except FileNotFoundError:
+            pass
 
 
 def _lock_budget() -> int:

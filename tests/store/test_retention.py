@@ -13,30 +13,48 @@ import os
 import threading
 import time
 
-import msgpack
 import pytest
 
 from subagents import store
 from subagents.store import Store, check_store, collect
-from subagents.store.atomic import write_atomic
 from subagents.store.fsck import fsck
 from subagents.store.index import read_children
 from subagents.store.roots import find_roots, list_roots
 
-from ._support import CONTINUABLE, ONE_SHOT, tree_state, wait_until
+from subagents.store.root import COMPANIONS
+
+from ..session_bytes import slot_bytes, write_header, write_slot
+from ._support import CONTINUABLE, ONE_SHOT, read_file, tree_state, wait_until
 
 DAY = 86400.0
 ENDED = [("turn/start", {}), ("turn/end", {"stop_reason": "completed"})]
 FAILED = [("turn/start", {}), ("turn/end", {"stop_reason": "error", "diagnostic": "RuntimeError: boom"})]
 
 
+def files_of(st: Store, session_id: str) -> list[str]:
+    """The session's file and the companions it has (``sessions/<id>``, ``sessions/<id>.<name>``)."""
+    paths = [st.session_path(session_id)] + [st.path(session_id, name) for name in COMPANIONS]
+    return [p for p in paths if os.path.lexists(p)]
+
+
 def age(st: Store, session_id: str, seconds: float) -> None:
-    """Set every file of the session (and its folder) back ``seconds``: its last activity was then."""
+    """Set every file of the session back ``seconds``: its last activity was then."""
     when = time.time() - seconds
-    folder = st.session_dir(session_id)
-    for name in os.listdir(folder):
-        os.utime(os.path.join(folder, name), (when, when), follow_symlinks=False)
-    os.utime(folder, (when, when))
+    for path in files_of(st, session_id):
+        os.utime(path, (when, when), follow_symlinks=False)
+
+
+def to_trash(st: Store, session_id: str, *, companions: bool = True) -> str:
+    """What gc does to a session under its lock: its file into ``trash/<id>.<hex>/session``, then its
+    companions beside it (``companions=False``: a gc killed between the two)."""
+    os.makedirs(st.trash_dir, exist_ok=True)
+    folder = os.path.join(st.trash_dir, f"{session_id}.0badcafe")
+    os.mkdir(folder, 0o700)
+    os.rename(st.session_path(session_id), os.path.join(folder, "session"))
+    for name in COMPANIONS if companions else ():
+        if os.path.lexists(st.path(session_id, name)):
+            os.rename(st.path(session_id, name), os.path.join(folder, name))
+    return folder
 
 
 def subtree(st: Store, root: str, children: int = 2, *, root_events=(), child_events=ENDED, label: str | None = None,
@@ -75,7 +93,8 @@ def opened_elsewhere(path: str, mine: int) -> bool:
 
 
 def gone(st: Store, ids: list[str]) -> bool:
-    return not any(os.path.lexists(os.path.join(st.sessions_dir, sid)) for sid in ids)
+    """No file of any of these sessions is left in ``sessions/`` (nor a companion)."""
+    return not any(files_of(st, sid) for sid in ids)
 
 
 def assert_clean(st: Store) -> None:
@@ -198,12 +217,11 @@ def test_outcome_filters_by_the_roots_outcome(st: Store) -> None:
 def test_a_child_whose_header_does_not_read_keeps_the_subtree(st: Store) -> None:
     """Damage is never deleted around: a corrupt child keeps its root (fsck reports it)."""
     ids = subtree(st, "rBad")
-    with open(st.path("rBadc1", "header"), "wb") as handle:
-        handle.write(b"\xc1 not msgpack")
+    write_header(st, "rBadc1", b"\xc1 not msgpack")
     age(st, "rBadc1", 8 * DAY)
     report = collect(st, 7 * DAY)
     assert [(s.session, s.reason) for s in report.skipped] == [("rBadc1", "unreadable")]
-    assert all(os.path.isdir(st.session_dir(sid)) for sid in ids)
+    assert all(os.path.isfile(st.session_path(sid)) for sid in ids)
 
 
 def test_forks_belong_to_their_sources_subtree(st: Store) -> None:
@@ -220,9 +238,8 @@ def test_an_interrupted_gc_reads_clean_and_the_next_one_finishes(st: Store) -> N
     """The state a kill leaves mid-subtree (a child in the trash, the index not yet told) is no
     violation; the next collect drops the stale entries, empties the trash, then takes the rest."""
     ids = subtree(st, "rHalf")
-    os.makedirs(st.trash_dir)
-    os.rename(st.session_dir("rHalfc0g"), os.path.join(st.trash_dir, "rHalfc0g.0badcafe"))
-    os.rename(st.session_dir("rHalfc0"), os.path.join(st.trash_dir, "rHalfc0.0badcafe"))
+    to_trash(st, "rHalfc0g")
+    to_trash(st, "rHalfc0")
     report = check_store(st)
     assert report.clean and report.counts.collecting == 2, str(report)  # rHalfc0 under rHalf, rHalfc0g under rHalfc0
     found = fsck(st, repair=False, lease_ttl_s=5.0)
@@ -232,6 +249,28 @@ def test_an_interrupted_gc_reads_clean_and_the_next_one_finishes(st: Store) -> N
     assert collect(st, 7 * DAY, dry_run=True).finished == 2 and tree_state(st.root) == before
     second = collect(st, 7 * DAY)
     assert second.finished == 2 and [c.id for c in second.collected] == ["rHalf"]
+    assert gone(st, ids) and os.listdir(st.trash_dir) == [".lock"]
+    assert_clean(st)
+
+
+def test_a_gc_killed_before_the_companions_followed_is_finished_by_the_next(st: Store) -> None:
+    """Killed between moving a session's file and its companions: nothing reads the companions left
+    in ``sessions/`` (the session does not exist), fsck names them, and the next collect finishes
+    the move; a session created again with that id starts without them."""
+    ids = subtree(st, "rComp", children=1)
+    ids_ = store.IdGenerator()
+    for sid in ids:
+        store.accept(st, sid, source={"kind": "user"}, content="old mail", ids=ids_)
+        with store.LogWriter.open(st, sid, epoch=0) as writer:  # consumed: the mail does not keep the subtree
+            writer.append([("message/accepted", {"message_id": store.read_mailbox(st, sid)[0].id, "content": "old mail"})])
+        age(st, sid, 8 * DAY)
+    to_trash(st, "rCompc0g")  # child first, as gc moves them
+    to_trash(st, "rCompc0", companions=False)
+    assert not st.exists("rCompc0") and os.path.exists(st.path("rCompc0", "mailbox"))
+    found = fsck(st, repair=False, lease_ttl_s=5.0)
+    assert ("rCompc0.mailbox", "stray") in {(f["id"], f["kind"]) for f in found["findings"]}
+    report = collect(st, 7 * DAY)
+    assert [c.id for c in report.collected] == ["rComp"] and report.finished == 2
     assert gone(st, ids) and os.listdir(st.trash_dir) == [".lock"]
     assert_clean(st)
 
@@ -258,7 +297,12 @@ def test_a_crash_mid_subtree_never_lists_a_removed_child_from_its_settled_row(st
     moved: list[tuple[str, str]] = []
     os.makedirs(st.trash_dir)
     assert retention._remove(st, plan, state, 100, moved, headers) is None
-    os.rename(moved[-1][1], st.session_dir("rRows"))  # undo the root's rename: as if killed just before it
+    root_id, root_folder = moved[-1]
+    assert root_id == "rRows"  # undo the root's move: as if killed just before it
+    os.rename(os.path.join(root_folder, "session"), st.session_path("rRows"))
+    for name in os.listdir(root_folder):
+        os.rename(os.path.join(root_folder, name), st.path("rRows", name))
+    os.rmdir(root_folder)
     assert [e.id for e in store.list_children(st, "rRows")] == []
     assert check_store(st).clean
     second = collect(st, 7 * DAY)
@@ -269,8 +313,7 @@ def test_a_crash_mid_subtree_never_lists_a_removed_child_from_its_settled_row(st
 def test_an_interrupted_gc_never_hides_a_root_recreated_with_its_id(st: Store) -> None:
     """Finishing a trashed root tombstones its index entry only if no session of that id exists again."""
     subtree(st, "rAgain", children=0)
-    os.makedirs(st.trash_dir)
-    os.rename(st.session_dir("rAgain"), os.path.join(st.trash_dir, "rAgain.0badcafe"))
+    to_trash(st, "rAgain")
     store.create_session(st, "rAgain", label="second life")
     collect(st, 7 * DAY)
     assert [(r.id, r.label) for r in list_roots(st)] == [("rAgain", "second life")]
@@ -282,7 +325,7 @@ def test_a_lease_taken_first_wins_over_gc(st: Store) -> None:
     plans leaves a live lease that gc sees under the same lock, and the subtree stays."""
     ids = subtree(st, "rRace", child_events=[])
     store.register_owner(st, "ownerRace", ttl=60.0)
-    holder = os.open(st.path("rRacec1", ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    holder = os.open(st.session_path("rRacec1"), os.O_RDONLY)  # the session's lock: flock on its file
     fcntl.flock(holder, fcntl.LOCK_EX)
     result: list[store.GcReport] = []
     worker = threading.Thread(target=lambda: result.append(collect(st, 7 * DAY)))
@@ -290,9 +333,10 @@ def test_a_lease_taken_first_wins_over_gc(st: Store) -> None:
     try:
         # gc planned (no lease then) and now waits for this lock; meanwhile the taker holding it
         # does what acquire_lease does under it: write the lease
-        wait_until(lambda: opened_elsewhere(st.path("rRacec1", ".lock"), holder), what="gc to wait on the lock")
+        wait_until(lambda: opened_elsewhere(st.session_path("rRacec1"), holder), what="gc to wait on the lock")
         lease = store.Lease("ownerRace", 1, "idle", time.time())
-        write_atomic(st.path("rRacec1", "lease"), msgpack.packb(lease.to_record()), durable=True)
+        write_slot(st, "rRacec1", 0, slot_bytes({"gen": 0, **lease.to_record(), "synced": True}))
+        assert store.read_lease(st, "rRacec1") == lease
         age(st, "rRacec1", 8 * DAY)
     finally:
         os.close(holder)
@@ -303,10 +347,10 @@ def test_a_lease_taken_first_wins_over_gc(st: Store) -> None:
 
 
 def test_a_lease_taken_after_gc_finds_the_session_gone(st: Store) -> None:
-    """A taker that waited on the lock while the folder moved to the trash gets SESSION_NOT_FOUND
-    and never re-creates a header-less folder (the PinnedLock rule)."""
+    """A taker that waited on the lock while the session's file moved to the trash gets
+    SESSION_NOT_FOUND, and writes no lease into the trashed file (the PinnedLock rule)."""
     subtree(st, "rLate", children=0)
-    holder = os.open(st.path("rLate", ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    holder = os.open(st.session_path("rLate"), os.O_RDONLY)
     fcntl.flock(holder, fcntl.LOCK_EX)
     errors: list[BaseException] = []
 
@@ -319,14 +363,15 @@ def test_a_lease_taken_after_gc_finds_the_session_gone(st: Store) -> None:
     taker = threading.Thread(target=take)
     taker.start()
     try:
-        wait_until(lambda: opened_elsewhere(st.path("rLate", ".lock"), holder), what="the taker to wait on the lock")
-        os.makedirs(st.trash_dir)
-        os.rename(st.session_dir("rLate"), os.path.join(st.trash_dir, "rLate.0badcafe"))  # what gc does under the lock
+        wait_until(lambda: opened_elsewhere(st.session_path("rLate"), holder), what="the taker to wait on the lock")
+        before = read_file(st.session_path("rLate"))
+        folder = to_trash(st, "rLate")  # what gc does under the lock
     finally:
         os.close(holder)
     taker.join(30)
     assert len(errors) == 1 and isinstance(errors[0], store.SessionNotFoundError), errors
-    assert not os.path.lexists(st.session_dir("rLate"))
+    assert not os.path.lexists(st.session_path("rLate"))
+    assert read_file(os.path.join(folder, "session")) == before
 
 
 def test_many_roots_are_collected_in_batches(st: Store, monkeypatch: pytest.MonkeyPatch) -> None:
