@@ -16,8 +16,8 @@ from ._support import ONE_SHOT, make_child, write_file
 def test_marker_and_layout(tmp_path):
     """Opening an absent folder creates the marker and the three top-level folders."""
     st = store.Store(tmp_path / "s")
-    assert msgpack.unpackb(open(os.path.join(st.root, "STORE"), "rb").read()) == {"format": "subagents-store", "version": 1, "max_record_bytes": 16 * 1024 * 1024}
-    assert (store.STORE_FORMAT, store.STORE_VERSION) == ("subagents-store", 1)
+    assert msgpack.unpackb(open(os.path.join(st.root, "STORE"), "rb").read()) == {"format": "subagents-store", "version": 2, "max_record_bytes": 16 * 1024 * 1024}
+    assert (store.STORE_FORMAT, store.STORE_VERSION) == ("subagents-store", 2)
     for sub in ("sessions", "owners", os.path.join("index", "children")):
         assert os.path.isdir(os.path.join(st.root, sub))
     again = store.Store(tmp_path / "s", create=False)
@@ -26,16 +26,21 @@ def test_marker_and_layout(tmp_path):
 
 @pytest.mark.parametrize(
     "marker",
-    [msgpack.packb({"format": "other", "version": 1}), msgpack.packb({"format": "subagents-store", "version": 2}),
-     msgpack.packb([1]), b"\xc1garbage"],
+    [msgpack.packb({"format": "other", "version": 2}), msgpack.packb({"format": "subagents-store", "version": 3}),
+     msgpack.packb({"format": "subagents-store", "version": 1}), msgpack.packb({"format": "subagents-store", "version": 2, "migrating": 2}),
+     msgpack.packb({"format": "subagents-store", "version": True}), msgpack.packb([1]), b"\xc1garbage"],
 )
 def test_foreign_marker_is_refused(tmp_path, marker):
-    """Another format, another version or garbage in STORE is StoreFormatError."""
+    """Another format, another version or garbage in STORE is StoreFormatError; an older version (or
+    one whose conversion stopped) is told how to convert it, a newer one is not."""
     store.Store(tmp_path / "s")
     write_file(str(tmp_path / "s" / "STORE"), marker)
     with pytest.raises(store.StoreFormatError) as info:
         store.Store(tmp_path / "s")
     assert info.value.code == "STORE_FORMAT"
+    older = marker in (msgpack.packb({"format": "subagents-store", "version": 1}),
+                       msgpack.packb({"format": "subagents-store", "version": 2, "migrating": 2}))
+    assert ("subagents store migrate" in info.value.message) == older, info.value.message
 
 
 def test_non_empty_folder_without_marker_is_refused(tmp_path):
@@ -93,11 +98,14 @@ def test_files_0600_and_folders_0700(tmp_path, umask_022):
     make_child(st, "root1", "kid1", descriptor=ONE_SHOT, events=[("turn/start", {})])
     ids = store.IdGenerator()
     store.accept(st, "kid1", source={"kind": "test"}, content="hi", ids=ids)
+    store.request(st, "kid1", "interrupt", {}, ids=ids)
     owner = store.register_owner(st, "owner1", ttl=60)
     store.heartbeat(st, owner)
     store.acquire_lease(st, "kid1", "owner1")
     with store.LogWriter.open(st, "kid1", epoch=1) as writer:
-        writer.append([("turn/end", {"stop_reason": "completed"})], commit=True)
+        # a log of CACHE_LAG_BYTES: only a log that long has an identity cache
+        writer.append([("assistant/message", {"text": "x" * store.log.CACHE_LAG_BYTES}),
+                       ("turn/end", {"stop_reason": "completed"})], commit=True)
     store.reindex(st)
     seen_files = set()
     for folder, dirs, files in os.walk(st.root):
@@ -106,5 +114,5 @@ def test_files_0600_and_folders_0700(tmp_path, umask_022):
             path = os.path.join(folder, name)
             assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
             seen_files.add(os.path.relpath(path, st.root))
-    assert {"STORE", "sessions/kid1/log", "sessions/kid1/header", "sessions/kid1/identity", "sessions/kid1/mailbox",
-            "sessions/kid1/lease", "sessions/kid1/.lock", "owners/owner1", "index/children/root1"} <= seen_files
+    assert {"STORE", "sessions/kid1", "sessions/kid1.identity", "sessions/kid1.mailbox", "sessions/kid1.control",
+            "owners/owner1", "index/children/root1"} <= seen_files
