@@ -9,9 +9,11 @@ runs ``subagents gc --older-than 7d`` in a subprocess, waits until it has
 begun (its ``trash/`` exists) and SIGKILLs it after a delay drawn from a
 seeded ``random.Random`` over the time one uninterrupted gc took. Then:
 
-* ``store check`` is clean and ``fsck`` finds nothing corrupt, no header-less
-  folder, and nothing but ``collecting`` (entries of trashed sessions);
-* every session is whole (header, clean log) or gone; a subtree is never
+* ``store check`` is clean and ``fsck`` finds nothing corrupt, no file in
+  ``sessions/`` that is no session's, and nothing but ``collecting`` (entries
+  of trashed sessions) and the companions of a session whose file was moved
+  just before the kill (``stray``);
+* every session is whole (its file reads, its log is clean) or gone; a subtree is never
   cut in the middle while its root is gone;
 * the kept sessions are byte-identical to before;
 * a second gc (``store.collect``) finishes: the trash is empty, every old
@@ -34,26 +36,34 @@ import pytest
 from subagents import store
 from subagents.store import Store, check_store, create_session
 from subagents.store.fsck import fsck
-from tests.store._support import ONE_SHOT, REPO_ROOT, tree_state, wait_until
+from subagents.store.root import COMPANIONS
+from tests.store._support import ONE_SHOT, REPO_ROOT, wait_until
 
 DAY = 86400.0
 ENDED = [("turn/start", {}), ("turn/end", {"stop_reason": "completed"})]
 OWNER = "gcCrashOwner"
 
 
+def files_of(st: Store, session_id: str) -> list[str]:
+    """The session's file and the companions it has."""
+    paths = [st.session_path(session_id)] + [st.path(session_id, name) for name in COMPANIONS]
+    return [p for p in paths if os.path.lexists(p)]
+
+
 def age(st: Store, session_id: str, seconds: float) -> None:
     when = time.time() - seconds
-    folder = st.session_dir(session_id)
-    for name in os.listdir(folder):
-        os.utime(os.path.join(folder, name), (when, when), follow_symlinks=False)
+    for path in files_of(st, session_id):
+        os.utime(path, (when, when), follow_symlinks=False)
 
 
 def settle(st: Store, session_id: str) -> None:
-    """What a supervisor does with a child: take its lease, run a turn, release it (the release
-    writes the child's `settled` row into its parent's index, which listings read alone)."""
+    """What a supervisor does with a child: take its lease, deliver it a message (its mailbox: a
+    companion file gc moves after the session's file), run a turn, release it (the release writes
+    the child's `settled` row into its parent's index, which listings read alone)."""
+    message = store.accept(st, session_id, source={"kind": "user"}, content="go", ids=store.IdGenerator())
     lease = store.acquire_lease(st, session_id, OWNER)
     with store.LogWriter.open(st, session_id, epoch=lease.epoch) as writer:
-        writer.append(ENDED, commit=True)
+        writer.append([("message/accepted", {"message_id": message, "content": "go"}), *ENDED], commit=True)
     store.release_lease(st, session_id, OWNER, lease.epoch)
 
 
@@ -92,12 +102,12 @@ def build(path: Path, subtrees: int) -> tuple[dict[str, list[str]], list[str]]:
 
 
 def contents(st: Store, ids: list[str]) -> dict[str, bytes]:
-    """Every file's bytes of ``ids`` but lock files (taking a lock writes nothing)."""
+    """Every file's bytes of ``ids`` (taking a session's lock, an flock on its file, writes nothing)."""
     out: dict[str, bytes] = {}
     for sid in ids:
-        for path, state in tree_state(st.session_dir(sid)).items():
-            if state[0] == "file" and not path.endswith("/.lock"):
-                out[path] = state[3]  # type: ignore[assignment]
+        for path in files_of(st, sid):
+            with open(path, "rb") as handle:
+                out[path] = handle.read()
     return out
 
 
@@ -113,11 +123,15 @@ def assert_sound(st: Store, settled: dict[str, list[str]], kept: list[str], kept
     assert report.clean, str(report)
     found = fsck(st, repair=False, lease_ttl_s=5.0)
     assert found["corrupt"] == [], found["findings"]
-    kinds = {f["kind"] for f in found["findings"]}
-    assert kinds <= ({"collecting"} if not finished else set()), found["findings"]
-    assert contents(st, kept) == kept_bytes, "a kept session changed"
     present = set(st.session_ids())
-    assert not [n for n in os.listdir(st.sessions_dir) if n not in present], "a session folder without its header"
+    # killed between moving a session's file and its companions: those are left, unread (fsck: stray)
+    orphans = {n for n in os.listdir(st.sessions_dir) if n.partition(".")[2] in COMPANIONS and n.partition(".")[0] not in present}
+    kinds = {f["kind"] for f in found["findings"] if not (f["kind"] == "stray" and f["id"] in orphans)}
+    assert kinds <= ({"collecting"} if not finished else set()), found["findings"]
+    assert not (finished and orphans), orphans
+    assert contents(st, kept) == kept_bytes, "a kept session changed"
+    leftovers = [n for n in os.listdir(st.sessions_dir) if n.partition(".")[0] not in present and n not in orphans]
+    assert not leftovers, f"files in sessions/ that are no session's: {leftovers}"
     for root, ids in settled.items():
         alive = [sid for sid in ids if sid in present]
         for sid in alive:
@@ -165,7 +179,7 @@ def run_rounds(tmp_path: Path, seeds: range, subtrees: int) -> list[str]:
                 proc.kill()
                 proc.wait(10)
         left = len([n for n in os.listdir(st.trash_dir) if not n.startswith(".")]) if os.path.isdir(st.trash_dir) else 0
-        gone = sum(1 for ids in settled.values() for sid in ids if not os.path.lexists(os.path.join(st.sessions_dir, sid)))
+        gone = sum(1 for ids in settled.values() for sid in ids if not os.path.lexists(st.session_path(sid)))
         outcomes.append(f"seed {seed}: kill at {delay * 1000:.0f} ms, exit {proc.returncode}, {gone} sessions gone, {left} in trash")
         assert_sound(st, settled, kept, expected, finished=False)
         second = store.collect(Store(where, create=False, durability="batched"), 7 * DAY)

@@ -23,12 +23,12 @@ TTL_S = 0.3
 
 def stop_outside_the_lock(child: Child, st: store.Store, sid: str) -> None:
     """SIGSTOP the child at a moment it does not hold the session's flock."""
-    log = st.path(sid, "log")
+    log = st.session_path(sid)  # the log is the end of the session's file: its size grows with it
     for _ in range(500):
         os.kill(child.pid, signal.SIGSTOP)
         _, status = os.waitpid(child.pid, os.WUNTRACED)
         assert os.WIFSTOPPED(status)
-        fd = os.open(st.path(sid, ".lock"), os.O_RDWR)
+        fd = os.open(st.session_path(sid), os.O_RDONLY)  # the session's lock: flock on its file
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
