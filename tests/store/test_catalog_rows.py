@@ -12,7 +12,6 @@ import os
 import time
 from typing import Any
 
-import msgpack
 import pytest
 
 from subagents import store

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 
-import msgpack
 import pytest
 
 from subagents import store

@@ -6,7 +6,6 @@ import errno
 import os
 import random
 
-import msgpack
 import pytest
 
 from subagents import store
