@@ -127,10 +127,10 @@ def test_accept_for_unknown_session(st):
 
 
 def test_accept_with_the_callers_lock(s1):
-    """A caller holding the session's flock descriptor passes it in; acceptance still works and keeps it open."""
-    from subagents.store.locks import SessionFlock
+    """A caller holding the session's lock (an flock on its file) passes it in; acceptance still works and keeps it open."""
+    from subagents.store.session_file import SessionLock
 
-    lock = SessionFlock(s1.session_path("s1"))  # the session's lock: an flock on its file
+    lock = SessionLock("s1", s1.session_path("s1"))
     try:
         mid = store.accept(s1, "s1", source={}, content="x", ids=store.IdGenerator(), lock=lock)
         with lock:
