@@ -16,10 +16,10 @@ from subagents.store.control import INVALID, read_controls
 from subagents.store.fsck import fsck
 from subagents.store.index import read_index
 
-from subagents.store.framing import FRAME
+from subagents.store.framing import FRAME, encode_record
 
 from ..session_bytes import (
-    SLOT_SIZE, file_bytes, log_start, newest_slot, slot_bytes, synced_slot, write_log, write_slot,
+    SLOT_SIZE, append_log, file_bytes, log_start, newest_slot, slot_bytes, synced_slot, write_log, write_slot,
 )
 from ._support import ONE_SHOT, make_child, read_file, records_blob, tree_state, write_file
 
@@ -283,3 +283,34 @@ def test_fsck_reports_and_never_crashes(st):
     assert {"hloop", "hfifo", "htrunc"} <= set(report["corrupt"])
     assert st.session_ids() == sorted(["ok", "htrunc", "linf", "ldir", "evlist", "ctl"])  # regular files only
     assert fsck(st, repair=True, lease_ttl_s=5.0)["counts"] == report["counts"]
+
+
+def test_fsck_repairs_a_torn_tail_by_what_the_lease_slots_say(st):
+    """Repair at epoch 0 only when the slots say the session was never leased; under a new epoch
+    (above the acquisition the slots keep, even when the newest slot tore) when a dead owner held
+    it; never when both slots are damaged (the epoch is unknown: nothing is written)."""
+    torn = encode_record({"seq": 99, "type": "turn/start"})[:7]
+    store.create_session(st, "never", events=[("subagent/descriptor", ONE_SHOT)])
+    store.create_session(st, "dead", events=[("subagent/descriptor", ONE_SHOT)], lease_owner="gone-owner")
+    store.create_session(st, "tornslot", events=[("subagent/descriptor", ONE_SHOT)])
+    store.register_owner(st, "short", ttl=60)
+    first = store.acquire_lease(st, "tornslot", "short")
+    second = store.acquire_lease(st, "tornslot", "short")
+    store.set_lease_state(st, "tornslot", "short", second.epoch, "idle")
+    store.remove_owner(st, "short")  # its owner died
+    write_slot(st, "tornslot", newest_slot(st, "tornslot"), b"\xc1" * 30)  # the state change tore
+    store.create_session(st, "garbled", events=[("subagent/descriptor", ONE_SHOT)], lease_owner="gone-owner")
+    for slot in (0, 1):
+        write_slot(st, "garbled", slot, b"\xc1 not a lease")
+    for sid in ("never", "dead", "tornslot", "garbled"):
+        append_log(st, sid, torn)
+    garbled = file_bytes(st, "garbled")
+    report = fsck(st, repair=True, lease_ttl_s=5.0)
+    repairs = {f["id"]: f.get("repair", "") for f in report["findings"] if f["kind"] == "torn"}
+    assert repairs["never"].startswith("repaired at epoch 0") and store.read_lease(st, "never") is None
+    assert repairs["dead"].startswith("repaired under lease epoch 2")
+    assert repairs["tornslot"].startswith(f"repaired under lease epoch {second.epoch + 1}") and first.epoch < second.epoch
+    assert repairs["garbled"].startswith("not repaired") and file_bytes(st, "garbled") == garbled
+    for sid in ("never", "dead", "tornslot"):
+        assert store.inspect(st, sid).status == "clean"
+    assert store.read_lease(st, "tornslot").epoch == second.epoch + 1
