@@ -13,6 +13,11 @@ pipe), so a ``kill -9`` never leaves half a line. Modes:
   ``OPEN NEXT_SEQ`` then ``ACK SEQ`` after each append returns), reaps it
   once the test has killed it and prints ``DEAD P STATUS``. Forking keeps
   each kill cycle at a few milliseconds instead of an interpreter start.
+* ``lease-cycler ROOT SID OWNER`` — register (this process: alive until
+  killed), then forever: acquire the lease (print ``ACQ EPOCH`` once it
+  returned), open a writer, run a turn, set the lease idle and running again,
+  release it (through the writer or ``release_lease``, alternately; print
+  ``REL EPOCH``).
 * ``multi-append ROOT SIDS N`` — open a writer at epoch 0 on each
   comma-separated session, print ``READY``, wait for ``GO`` on stdin, then
   append N times round-robin (batches of 1-3 events) printing ``SEQS SID
@@ -56,6 +61,26 @@ def fenced_appender(root: str, sid: str, owner: str, ttl: str) -> None:
             say(f"FENCED {exc.epoch} {exc.current_epoch}")
             return
         say(f"ACK {record['seq']} {record['epoch']}")
+
+
+def lease_cycler(root: str, sid: str, owner: str) -> None:
+    from subagents.store.lease import write_released
+
+    st = Store(root, durability="strict")
+    store.register_owner(st, owner, ttl=600.0)
+    for i in range(1_000_000):
+        lease = store.acquire_lease(st, sid, owner)
+        say(f"ACQ {lease.epoch}")
+        with LogWriter.open(st, sid, epoch=lease.epoch) as writer:
+            writer.append([("turn/start", {}), ("assistant/message", {"i": i}), ("turn/end", {"stop_reason": "completed"})],
+                          commit=True)
+            store.set_lease_state(st, sid, owner, lease.epoch, "idle")
+            store.set_lease_state(st, sid, owner, lease.epoch, "running")
+            if i % 2:
+                writer.release_lease(owner, write_released)
+        if not i % 2:
+            store.release_lease(st, sid, owner, lease.epoch)
+        say(f"REL {lease.epoch}")
 
 
 def _next_event(writer: LogWriter, last: str | None, steps: int) -> tuple[str, dict]:
@@ -128,6 +153,7 @@ MODES = {
     "fenced-appender": fenced_appender,
     "crash-server": crash_server,
     "multi-append": multi_append,
+    "lease-cycler": lease_cycler,
 }
 
 if __name__ == "__main__":
