@@ -140,3 +140,25 @@ def test_read_from_returns_the_stored_suffix_and_changes_nothing(tmp_path) -> No
     assert [e["type"] for e in _store.read_from(st, "s1", 1)] == ["step/start", "assistant/message"]
     assert _store.read_from(st, "s1", 3) == []
     assert raw.file_bytes(st, "s1") == before
+
+
+@pytest.mark.parametrize("cwd", [None, "/" + "d" * 6000])
+def test_a_tail_follows_the_log_region_of_the_session_file(st, cwd):
+    """``LogTail`` measures the log from where it starts in the file (after a header of any length):
+    it returns what was appended, waits out half a record, and after a repair cut it back gives
+    only the events past the ones it returned."""
+    store.create_session(st, "s1", cwd=cwd, events=[("subagent/descriptor", ONE_SHOT)])
+    tail = store.LogTail(st, "s1", store.inspect(st, "s1"))
+    assert tail.poll() == []
+    with store.LogWriter.open(st, "s1", epoch=0) as writer:
+        writer.append([("turn/start", {}), ("assistant/message", {"text": "a"})])
+    assert [e["seq"] for e in tail.poll()] == [1, 2] and tail.poll() == []
+    record, _ = records_blob([event(3, "assistant/message", {"text": "b"})])
+    raw.append_log(st, "s1", record[:5])  # a write in flight: nothing yet
+    assert tail.poll() == []
+    raw.append_log(st, "s1", record[5:])
+    assert [e["seq"] for e in tail.poll()] == [3]
+    raw.append_log(st, "s1", record[:5])  # torn for good, then cut by the repair that closes the turn
+    with store.LogWriter.open(st, "s1", epoch=0) as writer:
+        assert [r["type"] for r in writer.repaired] == ["turn/end"]
+    assert [e["type"] for e in tail.poll()] == ["turn/end"] and tail.poll() == []
