@@ -59,6 +59,8 @@ HEADER_AT = SLOTS_AT + 2 * SLOT_SIZE  # 520
 # what a reader takes in its first read: the preamble, the lease slots and any usual header
 FIRST_READ = 4096
 _EMPTY_SLOT = bytes(SLOT_SIZE)
+# above any gen or epoch a store reaches: the next one (+1) must still pack as a msgpack integer
+_COUNTER_LIMIT = 2**63
 
 
 def _slot_bytes(payload: dict[str, Any]) -> bytes:
@@ -106,6 +108,8 @@ def _decode_slot(raw: bytes) -> _Slot | str | None:
     fields = validate(LeaseFields, data)
     if isinstance(fields, str):
         return fields
+    if gen >= _COUNTER_LIMIT or fields.epoch >= _COUNTER_LIMIT:
+        return "gen or epoch out of range"  # no write could continue it: the next one would not pack
     return _Slot(Lease(fields.owner, fields.epoch, fields.state, fields.acquired_at), gen, data.get("synced") is True)
 
 

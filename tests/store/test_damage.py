@@ -19,7 +19,7 @@ from subagents.store.index import read_index
 from subagents.store.framing import FRAME, encode_record
 
 from ..session_bytes import (
-    SLOT_SIZE, append_log, file_bytes, log_start, newest_slot, slot_bytes, synced_slot, write_log, write_slot,
+    SLOT_SIZE, SLOTS_AT, append_log, file_bytes, log_start, newest_slot, slot_bytes, synced_slot, write_log, write_slot,
 )
 from ._support import ONE_SHOT, make_child, read_file, records_blob, tree_state, write_file
 
@@ -43,6 +43,8 @@ def flipped(slot: bytes) -> bytes:
 
 DAMAGED_SLOTS = [lease_bytes(epoch=float("inf")), lease_bytes(epoch=2.5), lease_bytes(state=["x"]),
                  lease_bytes(acquired_at=float("nan")), lease_bytes(gen=-1), lease_bytes(gen="1"), slot_bytes({"gen": 1}),
+                 # counters no write could continue (the next gen or epoch would not pack): damage, not an OverflowError
+                 lease_bytes(gen=2**64 - 1), lease_bytes(epoch=2**64 - 1),
                  b"\xc1", flipped(lease_bytes()), b"\xff" * SLOT_SIZE]
 
 
@@ -77,6 +79,10 @@ def test_a_torn_lease_slot_falls_back_to_the_other(st, slot):
     assert newest != synced_slot(st, "s1")
     write_slot(st, "s1", newest, slot)
     assert store.read_lease(st, "s1") == store.check_lease(st, "s1") == first  # running: the state change is lost
+    kept = file_bytes(st, "s1")[SLOTS_AT + (1 - newest) * SLOT_SIZE : SLOTS_AT + (2 - newest) * SLOT_SIZE]
+    store.set_lease_state(st, "s1", "o1", first.epoch, "idle")  # the holder goes on: over the damage
+    assert newest_slot(st, "s1") == newest and store.read_lease(st, "s1").state == "idle"
+    assert file_bytes(st, "s1")[SLOTS_AT + (1 - newest) * SLOT_SIZE : SLOTS_AT + (2 - newest) * SLOT_SIZE] == kept
     second = store.acquire_lease(st, "s1", "o1")
     assert second.epoch == first.epoch + 1 and store.read_lease(st, "s1") == second
     assert newest_slot(st, "s1") == synced_slot(st, "s1") == newest  # the damaged slot was the one written
