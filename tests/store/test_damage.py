@@ -287,6 +287,9 @@ def test_fsck_reports_and_never_crashes(st):
             ("ctl", "control-unreadable"), (".new1.new.77.0badf00d", "no-header"), ("gone.mailbox", "stray")} <= kinds
     assert "ok" not in {f["id"] for f in report["findings"]}
     assert {"hloop", "hfifo", "htrunc"} <= set(report["corrupt"])
+    (evlist,) = [f for f in report["findings"] if f["id"] == "evlist"]  # offsets count from the log's start
+    found = store.inspect(st, "evlist")
+    assert evlist["damage"]["offset"] == found.damage.offset == found.end == len(records_blob(found.events)[0]) > 0
     assert st.session_ids() == sorted(["ok", "htrunc", "linf", "ldir", "evlist", "ctl"])  # regular files only
     assert fsck(st, repair=True, lease_ttl_s=5.0)["counts"] == report["counts"]
 

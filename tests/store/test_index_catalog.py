@@ -344,7 +344,7 @@ def test_index_entries_not_proven_by_headers_are_not_listed(tree):
 
 
 def test_rolled_back_creation_is_never_listed(tree, monkeypatch):
-    """A creation that fails after publishing its header leaves no header, no folder and no listed entry."""
+    """A creation that fails after publishing its file leaves no session file, no companion and no listed entry."""
     st = tree
     real = store.session.add_child
 

@@ -175,7 +175,7 @@ def test_owner_cache_reads_each_owner_once(st, monkeypatch):
 
 
 def test_lease_of_an_unknown_session(st):
-    """Leasing an id with no header is SessionNotFoundError and leaves no folder behind."""
+    """Leasing an id with no session file is SessionNotFoundError and leaves no file behind."""
     store.register_owner(st, "o1", ttl=60)
     with pytest.raises(store.SessionNotFoundError):
         store.acquire_lease(st, "ghost", "o1")

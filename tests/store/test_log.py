@@ -322,7 +322,7 @@ def test_fencing_survives_inode_reuse_with_coarse_mtimes(tmp_path):
     for _ in range(50):
         first = store.acquire_lease(st, "s1", "o1")
         with store.LogWriter.open(st, "s1", epoch=first.epoch) as writer:
-            writer.append([("notice/received", {})])  # the writer has checked this lease file
+            writer.append([("notice/received", {})])  # the writer has read the lease slots
             seen = os.stat(path)
             store.release_lease(st, "s1", "o1", first.epoch)
             second = store.acquire_lease(st, "s1", "o1")  # a takeover: same owner-id length, same size
