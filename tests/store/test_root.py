@@ -116,3 +116,17 @@ def test_files_0600_and_folders_0700(tmp_path, umask_022):
             seen_files.add(os.path.relpath(path, st.root))
     assert {"STORE", "sessions/kid1", "sessions/kid1.identity", "sessions/kid1.mailbox", "sessions/kid1.control",
             "owners/owner1", "index/children/root1"} <= seen_files
+
+
+def test_a_session_has_one_file_and_three_companion_names(tmp_path):
+    """``sessions/<id>`` is the session; ``path`` names only its companions (mailbox, control,
+    identity) beside it, and refuses the files of format 1 (log, header, lease, .lock)."""
+    st = store.Store(tmp_path / "s")
+    assert st.session_path("s1") == os.path.join(st.sessions_dir, "s1")
+    for name in ("mailbox", "control", "identity"):
+        assert st.path("s1", name) == os.path.join(st.sessions_dir, f"s1.{name}")
+    for name in ("log", "header", "lease", ".lock", "", "mailbox/x"):
+        with pytest.raises(ValueError):
+            st.path("s1", name)
+    store.create_session(st, "s1")
+    assert os.listdir(st.sessions_dir) == ["s1"] and st.exists("s1")  # one inode: no companion until needed
