@@ -22,7 +22,7 @@ from .atomic import make_dirs, read_bytes, write_atomic
 from .durability import Durability, durability_policy
 from .errors import ReadOnlyStoreError, StoreFormatError, StoreNotFoundError
 from .framing import DEFAULT_RECORD_LIMIT, MAX_RECORD_BYTES
-from .ids import validate_session_id
+from .ids import is_valid_session_id, validate_session_id
 
 __all__ = ["STORE_FORMAT", "STORE_VERSION", "MIGRATE_HINT", "COMPANIONS", "Store"]
 
@@ -196,11 +196,13 @@ class Store:
 
     def session_ids(self) -> list[str]:
         """Every published session, sorted (ids are time-ordered). Names with a dot are companion
-        files or a creation's temporary file, never a session; a link in a session's place is left out."""
+        files or a creation's temporary file, never a session, and neither is any other name that
+        is not a valid id (``subagents store fsck`` reports those); a link in a session's place is
+        left out."""
         found = []
         with os.scandir(self.sessions_dir) as entries:
             for entry in entries:
-                if "." not in entry.name and entry.is_file(follow_symlinks=False):
+                if is_valid_session_id(entry.name) and entry.is_file(follow_symlinks=False):
                     found.append(entry.name)
         return sorted(found)
 

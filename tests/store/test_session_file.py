@@ -224,3 +224,23 @@ def test_creation_of_a_taken_id_changes_nothing(st):
         store.create_session(st, "s1", created_at=2.0)
     assert file_bytes(st, "s1") == before and sorted(os.listdir(st.sessions_dir)) == names
     assert os.stat(st.session_path("s1")).st_nlink == 1  # the temporary name is gone: one name, one inode
+
+
+def test_a_file_whose_name_is_no_id_is_never_a_session(st):
+    """Junk in ``sessions/`` under a name no session can have (a space, a leading dash, too long) is
+    never listed: every reader that walks the sessions goes on (format 1 listed only folders with
+    a header; a bare file there made ``held_sessions`` raise INVALID_SESSION_ID); fsck names it."""
+    from subagents.store.fsck import fsck
+
+    store.create_session(st, "r1", events=[("subagent/descriptor", ONE_SHOT)])
+    store.register_owner(st, "o1", ttl=600)
+    store.acquire_lease(st, "r1", "o1")
+    junk = ["bad name", "-x", "a" * 65]
+    for name in junk:
+        write_file(os.path.join(st.sessions_dir, name), b"junk")
+    assert st.session_ids() == ["r1"]
+    assert [h.id for h in store.held_sessions(st)] == ["r1"]
+    assert [r.id for r in store.list_roots(st)] == ["r1"]
+    assert store.check_store(st).clean
+    found = fsck(st, repair=False, lease_ttl_s=5.0)
+    assert {f["id"] for f in found["findings"] if f["kind"] == "stray"} == set(junk)
