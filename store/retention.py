@@ -15,8 +15,9 @@ follow it there. Then the index entries go, then the trash folder. A crash
 leaves every session whole or gone, plus at worst trash folders, index
 entries of trashed sessions, which readers skip and ``check``/``fsck`` name as
 an interrupted gc (the next ``collect`` finishes that first: ``_finish``), and
-companions that did not follow, which nothing reads (``fsck`` reports them; a
-new session of that id removes them when it is created).
+companions that did not follow, which nothing reads (``fsck`` reports them; the
+next ``collect`` moves them after their session, ``_follow``, unless a new
+session of that id exists, whose creation removed them).
 
 Races: ``collect`` takes every session lock of a subtree (``PinnedLock``, the
 lock ``acquire_lease`` takes), parents first, re-checks each session under

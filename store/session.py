@@ -7,7 +7,7 @@ lease (when created held), initial log (descriptor and policy events at epoch
 published by an exclusive ``link`` to its name (two creators of one id cannot
 both win), then the temporary name is removed: one inode per session, none
 freed. The index entry follows. A crash before the link leaves a temporary
-file that nothing lists (``subagents store fsck`` removes it); a failure
+file that nothing lists (``subagents store fsck`` reports it); a failure
 after it unlinks the session and tombstones the index entry.
 
 ``create_sessions`` creates several sessions as one batch, with the same
