@@ -126,11 +126,12 @@ def test_damage_to_the_slot_without_the_newest_acquisition_never_lowers_the_epoc
         check_invariant(st, "s1", model, how, rng)
     if model.epoch == 0:
         return
-    # then the crash: the other slot damaged for good; the next owner continues above every epoch handed out
+    # then the crash: the other slot damaged for good (a release lost with it reads as the holder's
+    # lease), the holder dead; the next owner continues above every epoch handed out
     damage_slot(st, "s1", 1 - synced_slot(st, "s1"), how, rng)
-    if not model.released and model.holder == "o2":
-        store.remove_owner(st, "o2")  # a dead holder: its lease can be taken
-    taken = store.acquire_lease(st, "s1", "o1")
+    store.remove_owner(st, model.holder)
+    store.register_owner(st, "o3", ttl=600)
+    taken = store.acquire_lease(st, "s1", "o3")
     assert taken.epoch == model.epoch + 1
     for stale in range(0, model.epoch + 1):
         with pytest.raises(store.FencedError):
