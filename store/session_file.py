@@ -21,9 +21,10 @@ synced?}``; readers take the valid slot with the highest ``gen``. A writer
 always writes the slot that does *not* hold the newest ``synced`` record (an
 acquisition, fsync'd), so the newest durable epoch is never overwritten by a
 write that may tear or be lost: after a crash the epoch never goes back
-below an acquisition that returned. A slot of zeros is empty; a slot that
-does not decode is ignored like an empty one (the other slot holds the newer
-durable state, or the write that tore never returned).
+below an acquisition that returned. Every file is created with a synced
+record in slot 0 (the creator's lease, or ``NEVER_LEASED`` at epoch 0), so a
+slot that does not decode beside a valid one is a write that tore (ignored:
+the other slot holds the durable state), and no valid slot at all is damage.
 
 Who calls it: ``store/log.py`` (the writer), ``store/lease.py``,
 ``store/reader.py``, ``store/session.py`` (creation), ``store/migrate.py``.
@@ -135,12 +136,16 @@ def decode_slots(raw: bytes) -> LeaseSlots:
     slots = [_decode_slot(raw[i * SLOT_SIZE : (i + 1) * SLOT_SIZE]) for i in (0, 1)]
     valid = [(i, s) for i, s in enumerate(slots) if isinstance(s, _Slot)]
     if not valid:
+        # every file is created with a synced record in slot 0 and no write ever tears the slot
+        # holding the newest synced record: no valid slot at all is damage, never a crash. Two
+        # empty slots are a file written without that record: never leased
         problems = [s for s in slots if isinstance(s, str)]
-        return LeaseSlots(None, -1, 0, f"lease slots do not decode ({problems[0]})" if len(problems) == 2 else None)
+        return LeaseSlots(None, -1, 0, f"lease slots do not decode ({problems[0]})" if problems else None)
     newest_i, newest = max(valid, key=lambda pair: pair[1].gen)
     synced = [(i, s) for i, s in valid if s.synced]
     keep = max(synced, key=lambda pair: pair[1].gen)[0] if synced else newest_i
-    return LeaseSlots(newest.lease, newest.gen, 1 - keep, None)
+    lease = None if newest.lease.epoch == 0 else newest.lease  # epoch 0: the creation's "never leased"
+    return LeaseSlots(lease, newest.gen, 1 - keep, None)
 
 
 @dataclass(frozen=True)
@@ -172,16 +177,21 @@ def parse_preamble(blob: bytes) -> Preamble | str:
         return f"header is {exc}"
 
 
+# slot 0 of a session created without a lease: a synced record of epoch 0, so that a slot that
+# does not decode beside it (or beside an empty slot) can only be damage, never a first write
+NEVER_LEASED = Lease("", 0, "released", 0.0)
+
+
 def encode_session(header: dict[str, Any] | bytes, lease: Lease | None, log: bytes) -> bytes:
-    """The whole file of a new session (``lease``: created already held, marked synced: it is
-    written and fsync'd with the file). ``header`` is a map, or the msgpack bytes of one, framed
+    """The whole file of a new session: slot 0 holds ``lease`` (created already held) or
+    ``NEVER_LEASED``, marked synced (it is written and fsync'd with the file). ``header`` is a map, or the msgpack bytes of one, framed
     as they are (``store/migrate.py`` keeps a version-1 header byte for byte)."""
     if isinstance(header, bytes):
         head = FRAME.pack(len(header), zlib.crc32(header)) + header
     else:
         head = encode_record(header, what="a session header")
     data_start = HEADER_AT + len(head)
-    slot0 = _slot_bytes(_lease_payload(lease, 0, True)) if lease is not None else _EMPTY_SLOT
+    slot0 = _slot_bytes(_lease_payload(NEVER_LEASED if lease is None else lease, 0, True))
     return b"".join((MAGIC, _START.pack(data_start), slot0, _EMPTY_SLOT, head, log))
 
 
@@ -226,6 +236,12 @@ class SessionFile:
                 raise UnavailableSessionError(session_id, f"its file cannot be read ({exc.strerror or exc})") from None
             if isinstance(found, str):
                 raise CorruptSessionError(session_id, "its file is truncated" if found == "short" else found)
+            # a session's file copied or moved under another id's name (a header of another
+            # version is left to ``reader.header_of``, which refuses it as unsupported first)
+            header = found.header if isinstance(found.header, dict) else {}
+            named = header.get("id")
+            if header.get("version") == 1 and isinstance(named, str) and named != session_id:
+                raise CorruptSessionError(session_id, f"its header names session {named!r}")
         except BaseException:
             os.close(fd)
             raise

@@ -7,6 +7,7 @@ here: the readers one by one, ``fsck``, control records and the children index.
 from __future__ import annotations
 
 import os
+import shutil
 
 import msgpack
 import pytest
@@ -90,13 +91,28 @@ def test_a_torn_lease_slot_falls_back_to_the_other(st, slot):
 
 @pytest.mark.parametrize("slot", DAMAGED_SLOTS)
 def test_a_torn_first_acquisition_reads_as_never_leased(st, slot):
-    """One slot damaged beside an empty one: the first acquisition tore (it never returned, so no
-    epoch was handed out): no lease, nothing corrupt, and the next acquisition takes epoch 1."""
+    """A session is created with a synced "never leased" record in slot 0, so its first
+    acquisition writes slot 1; when that write tore (it never returned, so no epoch was handed
+    out): no lease, nothing corrupt, and the next acquisition takes epoch 1."""
     store.create_session(st, "s1")
-    write_slot(st, "s1", 0, slot)
+    write_slot(st, "s1", 1, slot)
     assert store.read_lease(st, "s1") is None and store.check_lease(st, "s1") is None
     store.register_owner(st, "o1", ttl=60)
     assert store.acquire_lease(st, "s1", "o1").epoch == 1
+
+
+@pytest.mark.parametrize("slot", DAMAGED_SLOTS)
+def test_the_creation_record_damaged_beside_an_empty_slot_is_damage(st, slot):
+    """No write tears the slot holding the newest synced record, so a damaged slot 0 beside an
+    empty slot 1 can only be rot or stray bytes: a damaged lease (never guessed to be epoch 0)."""
+    store.create_session(st, "s1")
+    write_slot(st, "s1", 0, slot)
+    assert store.read_lease(st, "s1") is None
+    with pytest.raises(store.CorruptSessionError):
+        store.check_lease(st, "s1")
+    store.register_owner(st, "o1", ttl=60)
+    with pytest.raises(store.CorruptSessionError):
+        store.acquire_lease(st, "s1", "o1")
 
 
 @pytest.mark.parametrize("how", ["folder", "loop", "fifo"])
@@ -323,3 +339,18 @@ def test_fsck_repairs_a_torn_tail_by_what_the_lease_slots_say(st):
     for sid in ("never", "dead", "tornslot"):
         assert store.inspect(st, sid).status == "clean"
     assert store.read_lease(st, "tornslot").epoch == second.epoch + 1
+
+
+def test_a_session_file_copied_under_another_id_is_corrupt(st):
+    """A whole session file put at another id's name (a hand copy, a restore gone wrong) is not
+    that session: its lease is refused as well as its log, never taken over under the wrong id."""
+    store.create_session(st, "c2")
+    store.create_session(st, "c3")
+    shutil.copyfile(st.session_path("c2"), st.session_path("c3"))
+    for read in (store.check_lease, store.read_header, store.inspect):
+        with pytest.raises(store.CorruptSessionError, match="names session 'c2'"):
+            read(st, "c3")
+    store.register_owner(st, "o1", ttl=60)
+    with pytest.raises(store.CorruptSessionError):
+        store.acquire_lease(st, "c3", "o1")
+    assert store.read_lease(st, "c3") is None and store.check_lease(st, "c2") is None

@@ -30,7 +30,9 @@ def test_acquire_release_reacquire(s1):
     assert (lease.owner, lease.epoch, lease.state) == ("o1", 1, "running")
     assert store.read_lease(st, "s1") == lease
     assert lease_slots(st, "s1") == lease  # on disk, as the slots decode
-    assert slot_records(st, "s1")[synced_slot(st, "s1")] == {"gen": 0, **lease.to_record(), "synced": True}
+    # the creation wrote gen 0 (never leased, slot 0), so the first acquisition is gen 1 in slot 1
+    assert synced_slot(st, "s1") == 1
+    assert slot_records(st, "s1")[1] == {"gen": 1, **lease.to_record(), "synced": True}
     store.release_lease(st, "s1", "o1", 1)
     released = store.read_lease(st, "s1")
     assert (released.state, released.epoch) == ("released", 1)
