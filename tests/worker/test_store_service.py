@@ -321,7 +321,7 @@ def test_a_cancelled_append_holds_its_writer_until_the_write_is_over(st: Store, 
     epoch = leased(st, "s1")
     host.call("open_writer", writer_id="w", session_id="s1", epoch=epoch)
     batch = pack_events([("assistant/message", {"text": "x"})])
-    with open(st.path("s1", ".lock"), "rb") as held:  # the session's lock (FORMAT.md): the append waits for it
+    with open(st.session_path("s1"), "rb") as held:  # the session's lock is an flock on its file (FORMAT.md §7): the append waits for it
         fcntl.flock(held, fcntl.LOCK_EX)
         task: list[asyncio.Task[Any]] = []
         host.loop.call_soon_threadsafe(lambda: task.append(host.loop.create_task(host.service.append("w", 0, batch, True))))
