@@ -46,11 +46,11 @@ from typing import Literal
 from .errors import SessionNotFoundError, SubagentError, UnsupportedFormatError
 from .identity import DiagnosticReason, Identity, read_identity
 from .index import IndexEntry, read_index
-from .lease import OwnerCache, check_lease
+from .lease import Lease, OwnerCache, lease_of
 from .outcome import OUTCOMES, Outcome, outcome_of
 from .projection import Projection
 from .query import Query
-from .reader import read_header
+from .reader import header_of, open_session
 from .root import Store
 
 __all__ = ["ChildStatus", "DiagnosticReason", "ChildEntry", "DiagnosticEntry", "damage_reason", "DescendantRow", "Identity", "read_identity", "list_children", "list_descendants"]
@@ -159,16 +159,17 @@ def _settled_row(store: Store, indexed: IndexEntry, children: list[IndexEntry] |
 def _row(
     store: Store, parent_id: str, child_id: str, owners: OwnerCache, children: list[IndexEntry] | None
 ) -> ChildEntry | DiagnosticEntry | None:
-    header = read_header(store, child_id)
-    if header.parent_session != parent_id or header.origin != "subagent":
-        return None
-    identity = read_identity(store, child_id, header.seed_length or 0)
-    if identity.verdict is not None:
-        return DiagnosticEntry(child_id, identity.verdict)
-    descriptor = identity.descriptor
-    if descriptor is None:
-        return DiagnosticEntry(child_id, "corrupt")
-    status = _status(store, child_id, owners)
+    with open_session(store, child_id) as file:  # header, log and lease through one descriptor
+        header = header_of(file)
+        if header.parent_session != parent_id or header.origin != "subagent":
+            return None
+        identity = read_identity(store, child_id, header.seed_length or 0, file)
+        if identity.verdict is not None:
+            return DiagnosticEntry(child_id, identity.verdict)
+        descriptor = identity.descriptor
+        if descriptor is None:
+            return DiagnosticEntry(child_id, "corrupt")
+        status = _status(lease_of(file), owners)
     verdict = outcome_of(identity.projection, held=status != "complete")
     return ChildEntry(
         id=child_id,
@@ -189,9 +190,8 @@ def running_node(projection: Projection, *, held: bool) -> str | None:
     return projection.open_node if held and projection.open_turn is not None else None
 
 
-def _status(store: Store, child_id: str, owners: OwnerCache) -> ChildStatus:
-    """``session_status`` that lets a damaged lease raise (the row becomes a diagnostic)."""
-    lease = check_lease(store, child_id)
+def _status(lease: Lease | None, owners: OwnerCache) -> ChildStatus:
+    """``session_status`` of a lease read with ``lease_of``, which lets a damaged lease raise (the row becomes a diagnostic)."""
     if lease is None or lease.state == "released" or not owners.alive(lease.owner):
         return "complete"
     return "idle" if lease.state == "idle" else "running"

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .descriptor import ContinuableDescriptor, Descriptor, OneShotDescriptor
-from .log import read_projection
+from .log import CACHE_LAG_BYTES, read_projection
 from .projection import Projection, read_cache
-from .reader import inspect
+from .reader import inspect, inspect_file
 from .root import Store
+from .session_file import SessionFile
 
 __all__ = ["DiagnosticReason", "Identity", "read_identity"]
 
@@ -32,23 +33,27 @@ class Identity:
     projection: Projection
 
 
-def read_identity(store: Store, session_id: str, seed_length: int) -> Identity:
+def read_identity(store: Store, session_id: str, seed_length: int, file: SessionFile | None = None) -> Identity:
     """Identity from the cache when it passes its gate, else from an in-memory fold.
 
-    Raises ``OSError`` for an unreadable log, ``UnsupportedFormatError`` for
-    unknown event types.
+    ``file``: the session's file, when the caller has it open (a listing row reads
+    header, lease and log through one descriptor); a log shorter than
+    ``CACHE_LAG_BYTES`` has no cache, so none is looked for. Raises ``OSError`` for
+    an unreadable log, ``UnsupportedFormatError`` for unknown event types.
     """
-    try:
-        projection = read_cache(store.path(session_id, "identity"))
-    except OSError:  # an unreadable cache is ignored: the log is the authority
-        projection = None
+    projection = None
+    if file is None or file.log_size() >= CACHE_LAG_BYTES:
+        try:
+            projection = read_cache(store.path(session_id, "identity"))
+        except OSError:  # an unreadable cache is ignored: the log is the authority
+            projection = None
     if projection is not None and projection.identity is not None and projection.seq >= seed_length:
         # the cache stops at the last commit point: a log that grew since (an open turn, a
         # message dropped by a drain) is folded from the cached checkpoint on (log.py)
         projection = read_projection(store, session_id)
     if projection is None or projection.identity is None or projection.seq < seed_length:
         folded = Projection(seed_length=seed_length)
-        found = inspect(store, session_id)
+        found = inspect(store, session_id) if file is None else inspect_file(file)
         folded.fold(found.events, found.offsets, found.end)
         if found.status == "corrupt":
             return Identity(None, "corrupt", folded)

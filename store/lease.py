@@ -63,6 +63,7 @@ __all__ = [
     "owner_alive",
     "read_lease",
     "check_lease",
+    "lease_of",
     "acquire_lease",
     "set_lease_state",
     "release_lease",
@@ -209,7 +210,12 @@ def check_lease(store: Store, session_id: str) -> Lease | None:
     slots do not decode (or the session file does not), ``UnavailableSessionError`` when it
     cannot be read, ``SessionNotFoundError`` without a session."""
     with open_session(store, session_id) as file:
-        return _slots(file).lease
+        return lease_of(file)
+
+
+def lease_of(file: SessionFile) -> Lease | None:
+    """``check_lease`` of a session file its caller has open."""
+    return _slots(file).lease
 
 
 def _slots(file: SessionFile) -> LeaseSlots:

@@ -38,7 +38,7 @@ from .session_file import SessionFile
 
 __all__ = [
     "LogStatus", "Inspection", "read_session_file", "open_session", "header_of", "read_header", "read_log", "scan_events", "scan_log",
-    "classify", "inspect", "read_from",
+    "classify", "inspect", "inspect_file", "read_from",
 ]
 
 LogStatus = Literal["clean", "torn", "corrupt"]
@@ -136,9 +136,14 @@ def scan_log(session_id: str, data: bytes, *, start_seq: int = 0, base_offset: i
 def inspect(store: Store, session_id: str) -> Inspection:
     """Header and valid prefix of a session, classified; read-only."""
     with open_session(store, session_id) as file:
-        header = header_of(file)
-        data = read_log(file)
-    events, offsets, end, damage, status = scan_log(session_id, data)
+        return inspect_file(file)
+
+
+def inspect_file(file: SessionFile) -> Inspection:
+    """``inspect`` of a session file its caller has open (and reads more of)."""
+    header = header_of(file)
+    data = read_log(file)
+    events, offsets, end, damage, status = scan_log(file.session_id, data)
     return Inspection(header, events, offsets, end, len(data), status, damage)
 
 

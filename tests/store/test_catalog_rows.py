@@ -60,9 +60,9 @@ def count_child_reads(monkeypatch) -> dict[str, int]:
             return real(*args, **kwargs)
         return wrapper
 
-    monkeypatch.setattr(catalog, "read_header", counting("header", catalog.read_header))
+    monkeypatch.setattr(catalog, "header_of", counting("header", catalog.header_of))
     monkeypatch.setattr(catalog, "read_identity", counting("identity", catalog.read_identity))
-    monkeypatch.setattr(catalog, "check_lease", counting("lease", catalog.check_lease))
+    monkeypatch.setattr(catalog, "lease_of", counting("lease", catalog.lease_of))
     return calls
 
 
@@ -113,8 +113,14 @@ def test_a_running_child_still_costs_its_files(st, owner, monkeypatch):
     store.create_session(st, "r", created_at=OLD)
     make_child(st, "r", "c", created_at=OLD, lease_owner=owner)
     calls = count_child_reads(monkeypatch)
+    opened: list[str] = []
+    real_open = catalog.open_session
+    monkeypatch.setattr(catalog, "open_session", lambda st_, sid, **kw: (opened.append(sid), real_open(st_, sid, **kw))[1])
     [row] = store.list_children(st, "r")
     assert (row.status, calls["lease"]) == ("running", 1)
+    # header, log and lease through one descriptor, and no identity cache looked for (a log this
+    # short has none): one open of the child's file, nothing else of the child's
+    assert opened == ["c"]
 
 
 def test_reactivation_invalidates_the_settled_row(st, owner):
