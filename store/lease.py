@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 import msgpack
 
-from .atomic import read_bytes, write_atomic
+from .atomic import NOFOLLOW, write_atomic
 from .errors import CorruptSessionError, DurabilityError, FencedError, LeaseHeldError, SessionNotFoundError, UnavailableSessionError
 from .locks import pin_flock
 from .header import SessionHeader
@@ -46,7 +46,7 @@ from .lease_record import Lease, LeaseState
 from .reader import open_session
 from .session_file import LeaseSlots, SessionFile
 from .projection import Projection
-from .records import OwnerFields, decode
+from .records import OwnerFields, unpack, validate
 from .root import Store
 from .rows import note_active, note_settled
 
@@ -125,6 +125,7 @@ class OwnerRecord:
             "started_at": self.started_at,
             "heartbeat_at": self.heartbeat_at,
             "ttl": self.ttl,
+            "renewal": RENEWED_BY_MTIME,
         }
 
 
@@ -140,9 +141,21 @@ def register_owner(store: Store, owner_id: str, *, ttl: float) -> OwnerRecord:
 
 
 def heartbeat(store: Store, record: OwnerRecord) -> OwnerRecord:
-    """Renew the owner's single heartbeat file (covers all of its leases)."""
-    fresh = OwnerRecord(**{**record.__dict__, "heartbeat_at": time.time()})
-    write_atomic(store.owner_path(record.owner_id), msgpack.packb(fresh.to_record()), durable=False)
+    """Renew the owner's single heartbeat file (covers all of its leases).
+
+    The renewal is the file's modification time, set with ``utime``: no new
+    file, so a supervisor's heartbeat allocates and frees no inode (a rename
+    of a fresh copy every TTL/3 did). Readers take the later of the record's
+    ``heartbeat_at`` and the file's mtime (FORMAT.md §7). A file that is gone
+    (removed by hand) is written again whole.
+    """
+    now_ns = time.time_ns()
+    fresh = OwnerRecord(**{**record.__dict__, "heartbeat_at": now_ns / 1e9})  # as a reader gets it from the mtime
+    path = store.owner_path(record.owner_id)
+    try:
+        os.utime(path, ns=(now_ns, now_ns), follow_symlinks=False)
+    except FileNotFoundError:
+        write_atomic(path, msgpack.packb(fresh.to_record()), durable=False)
     return fresh
 
 
@@ -165,13 +178,33 @@ def read_owner(store: Store, owner_id: str) -> OwnerRecord | None:
 def read_owner_file(path: str) -> OwnerRecord | None:
     """``read_owner`` by path: for ``store/migrate.py``, which reads the owners of a store no ``Store`` opens."""
     try:
-        raw = read_bytes(path)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
     except OSError:
         return None
-    data = decode(OwnerFields, raw)
+    try:
+        renewed = os.fstat(fd).st_mtime_ns / 1e9  # the heartbeat (``heartbeat``): before the read, never later than it
+        raw = os.read(fd, _OWNER_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        value = unpack(raw)
+    except ValueError:
+        return None
+    data = validate(OwnerFields, value)
     if isinstance(data, str):
         return None
-    return OwnerRecord(data.owner, data.host, data.pid, data.pid_start, data.started_at, data.heartbeat_at, data.ttl)
+    # only a record that says so is renewed through its file's time: an owner file written by a
+    # build that replaced it whole (or copied without its times) would otherwise read as fresh
+    beat = max(data.heartbeat_at, renewed) if value.get("renewal") == RENEWED_BY_MTIME else data.heartbeat_at
+    return OwnerRecord(data.owner, data.host, data.pid, data.pid_start, data.started_at, beat, data.ttl)
+
+
+# the owner record's "renewal": its heartbeats set the file's modification time (``heartbeat``)
+RENEWED_BY_MTIME = "mtime"
+# more than any owner record takes (ids of 64 characters, a host name and boot id, six numbers)
+_OWNER_BYTES = 4096
 
 
 def owner_alive(record: OwnerRecord | None, *, now: float | None = None, host: str | None = None) -> bool:

@@ -222,3 +222,41 @@ def test_lock_timeout_is_a_typed_error(tmp_path, monkeypatch) -> None:
         assert isinstance(caught.value, TimeoutError) and caught.value.code == "LOCK_TIMEOUT"
     finally:
         os.close(holder)
+
+
+def test_a_heartbeat_renews_the_owner_file_in_place(st):
+    """A heartbeat sets the owner file's modification time: the same inode, the same bytes, no file
+    made or removed (a supervisor renews every TTL/3 for as long as it runs). Readers take the later
+    of the record's time and the file's; a file removed by hand is written again whole."""
+    record = store.register_owner(st, "o1", ttl=30.0)
+    path = st.owner_path("o1")
+    before = os.stat(path)
+    with open(path, "rb") as handle:
+        content = handle.read()
+    time.sleep(0.01)  # a later clock reading than the registration's
+    fresh = store.heartbeat(st, record)
+    after = os.stat(path)
+    assert (after.st_ino, after.st_size) == (before.st_ino, before.st_size) and os.listdir(st.owners_dir) == ["o1"]
+    with open(path, "rb") as handle:
+        assert handle.read() == content
+    assert fresh.heartbeat_at > record.heartbeat_at and store.read_owner(st, "o1") == fresh
+    old = time.time() - 3600
+    os.utime(path, (old, old))  # a file time older than the record's: the record's counts
+    assert store.read_owner(st, "o1").heartbeat_at == record.heartbeat_at
+    os.unlink(path)
+    again = store.heartbeat(st, record)
+    assert store.read_owner(st, "o1") == again
+
+
+def test_an_owner_record_without_the_renewal_key_is_judged_by_its_own_time(st):
+    """A record written by a build that replaced the file at each heartbeat carries no "renewal":
+    a fresh file time (a copy that did not keep times) never makes that old owner look alive."""
+    import msgpack
+
+    old = time.time() - 3600
+    record = {"owner": "o1", "host": "elsewhere/boot", "pid": 1, "pid_start": None, "started_at": old, "heartbeat_at": old, "ttl": 5.0}
+    write_file(st.owner_path("o1"), msgpack.packb(record))  # its file time is now
+    read = store.read_owner(st, "o1")
+    assert read.heartbeat_at == old and not store.owner_alive(read)
+    write_file(st.owner_path("o1"), msgpack.packb({**record, "renewal": "mtime"}))
+    assert store.owner_alive(store.read_owner(st, "o1"))  # renewed through its file time: fresh
