@@ -73,10 +73,10 @@ def write_atomic(path: str, data: bytes, *, durable: bool, exclusive: bool = Fal
 def write_new(path: str, data: bytes, *, durable: bool) -> None:
     """Write a file that must not exist yet (``O_EXCL``), in place.
 
-    For files of a folder nothing reads before a later publication step (a
-    session's files before its header): a crash leaves the folder unpublished,
-    so the file needs no atomic replacement — one inode and one name instead of
-    a tmp file, two names and a rename.
+    For a file nothing reads before a later publication step (a session's
+    file under its temporary name, published by ``link``): a crash leaves it
+    unpublished, so it needs no atomic replacement — one inode and one name
+    instead of a tmp file, two names and a rename.
     """
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, FILE_MODE)
     try:

@@ -59,7 +59,7 @@ ViolationKind = Literal[
     "index-stale",  # an index entry no header proves
     "index-row",  # a catalog row (static fields, settled state) that the child's log or lease contradicts
     "lease-expired",  # a lease held by an owner that left without releasing it
-    "lease-unreadable",  # a lease file that does not decode or cannot be read
+    "lease-unreadable",  # lease slots that do not decode, or a session file that cannot be read
 ]
 
 # A creation publishes its header, then appends the index entry; a rollback removes the

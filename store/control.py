@@ -1,6 +1,6 @@
 """Control records: requests for whichever supervisor holds a session's lease.
 
-``sessions/<id>/control`` holds framed records ``{seq, id, ts, kind, ...}``
+``sessions/<id>.control`` holds framed records ``{seq, id, ts, kind, ...}``
 appended under the session lock and fsync'd before ``request`` returns, so a
 request is acknowledged only once durable (``FORMAT.md`` §8.1). The kinds are
 ``interrupt`` (cancel the current turn) and ``drain`` (tear the activation

@@ -7,8 +7,10 @@ for the moment (a session whose lease a live owner holds is skipped: that
 owner repairs on its own resume). Also reports index entries no header
 backs and headers the index misses (``reindex`` fixes both), index files
 with damaged records or that cannot be read (``reindex`` rewrites them),
-unreadable or undecodable leases and control files, session folders that
-are symbolic links (never followed), and index entries of sessions an
+unreadable or undecodable leases and control files, session files that
+are symbolic links (never followed), names in ``sessions/`` that are no
+session (a creation's leftover temporary file, a folder, an orphaned
+companion: ``no-header`` / ``stray``), and index entries of sessions an
 interrupted ``gc`` left in ``trash/`` (``collecting``: harmless, the next gc ends it). Every read goes through the store's
 defensive readers, so a damaged file is a finding about its own session.
 """
@@ -33,7 +35,7 @@ __all__ = ["fsck"]
 
 
 def fsck(store: Store, *, repair: bool, lease_ttl_s: float) -> dict[str, Any]:
-    """Inspect every session folder; one finding per problem, never a crash.
+    """Inspect every session file; one finding per problem, never a crash.
 
     With ``repair``, a torn tail is truncated (and an open turn closed) by
     opening a ``LogWriter``, the resume path, under a lease this check takes

@@ -2,9 +2,10 @@
 
 ``Store`` is a cheap handle (a path and a durability policy); every process
 opens its own. It never caches session state: other processes write the same
-files. Every path it builds goes through ``validate_session_id`` first, and
-a session folder that is a symbolic link is refused (``UnavailableSessionError``)
-before any path inside it is handed out: nothing is read or written through it.
+files. Every path it builds goes through ``validate_session_id`` first; a
+session is one file ``sessions/<id>`` with companion files beside it
+(``sessions/<id>.mailbox`` ...), and every reader opens them ``O_NOFOLLOW``:
+nothing is read or written through a link planted in the store.
 
 The marker holds the store's ``max_record_bytes``, the one limit every process
 on the store writes by (FORMAT.md §2); it is fixed when the store is created.

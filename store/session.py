@@ -12,7 +12,7 @@ after it unlinks the session and tombstones the index entry.
 
 ``create_sessions`` creates several sessions as one batch, with the same
 order for each, and shares what a batch can share: one fsync of the
-``sessions`` folder after every header is published, and one locked, fsynced
+``sessions`` folder after every file is published, and one locked, fsynced
 index append per parent for all of its new children. Each request succeeds or
 fails on its own; a failure of a shared step fails (and rolls back) exactly
 the sessions it covered. Its two halves are public (``publish_sessions``,
@@ -111,7 +111,7 @@ class CreatedSession:
 def create_sessions(store: Store, requests: Sequence[NewSession]) -> list[SessionHeader | BaseException]:
     """Create every requested session; per request, its header or the error that stopped it.
 
-    A request that fails leaves no trace (no folder, no live index entry);
+    A request that fails leaves no trace (no file, no live index entry);
     the others are unaffected unless they shared the failed step.
     """
     outcomes = commit_sessions(store, requests, publish_sessions(store, requests))
@@ -151,7 +151,7 @@ def commit_sessions(
 ) -> list[CreatedSession | BaseException]:
     """The second half of ``create_sessions``, shared by every session published in ``outcomes``.
 
-    One fsync of ``sessions/`` persists every new folder name; then one
+    One fsync of ``sessions/`` persists every new session's name; then one
     locked, fsynced index append per parent lists all of its new children
     (a root is added to the roots index). A session is created — and may be
     handed out — once this returns it; a shared step that fails rolls back
@@ -165,7 +165,7 @@ def commit_sessions(
     try:
         if store.durability.syncs_at_commit:
             try:
-                # one fsync persists the names of every session folder published above
+                # one fsync persists the names of every session file published above
                 fsync_dir(store.sessions_dir)
             except Exception as exc:
                 for i in published:
@@ -245,7 +245,7 @@ def _write_unpublished_and_publish(store: Store, request: NewSession, header: Se
     ]
     rows += [{"seq": len(seed) + i, "ts": now, "type": kind, "data": data, "epoch": 0} for i, (kind, data) in enumerate(request.events)]
     for row in rows:
-        # framed before the folder exists: a record above the limit leaves no trace
+        # framed before any file exists: a record above the limit leaves no trace
         chunk = encode_record(row, limit=store.max_record_bytes, what=f'a "{row["type"]}" event')
         projection.apply(row, offset, offset + len(chunk))
         chunks.append(chunk)
@@ -301,8 +301,8 @@ def _rollback(store: Store, request: NewSession, *, indexed: bool) -> None:
     """Undo one creation, best effort: the error that caused it is the one reported.
 
     A failing tombstone is left to the catalog (it checks every entry's header);
-    the folder is still removed. Only if the header itself cannot be unlinked
-    does the session stay (a double fault the caller cannot repair either).
+    the companions are still removed. Only if the session's file itself cannot
+    be unlinked does the session stay (a double fault the caller cannot repair either).
     """
     try:
         delete_session(store, request.session_id, parent_session=request.parent_session if indexed else None,

@@ -19,8 +19,8 @@ is busy takes what queued up meanwhile without being woken
 prints them).
 
 Each request still succeeds or fails on its own and is as durable as with
-``create_session`` when its ``create`` returns: its header, its folder's
-name in ``sessions/`` and its index entry are on disk. A creation that
+``create_session`` when its ``create`` returns: its file, its name in
+``sessions/`` and its index entry are on disk. A creation that
 started always finishes (the waiting start is shielded from cancellation),
 and its caller decides whether to keep or roll back the session
 (``supervisor/oneshot.py``).

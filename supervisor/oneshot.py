@@ -1,7 +1,7 @@
 """One-shot runs: validate → create the child durably → run one turn → result → dispose.
 
 Ownership: until ``start`` returns, this module owns setup and rolls back
-everything unpublished on failure or cancellation (no session folder, no
+everything unpublished on failure or cancellation (no session file, no
 index entry, no lease, no lifecycle events). After, the caller owns the
 ``SubagentRun`` and must ``dispose()`` it.
 

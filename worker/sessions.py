@@ -82,7 +82,7 @@ class LocalWriter(LogWriter):
         """Nothing waits: ``append`` wrote (and, at a commit point, synced) before returning."""
 
     def release_lease(self, owner: str) -> None:  # type: ignore[override]
-        """Release the lease on the writer's lock and pinned lease file (``LogWriter.release_lease``)."""
+        """Release the lease through the writer's open session file, under its lock (``LogWriter.release_lease``)."""
         super().release_lease(owner, write_released)
 
 

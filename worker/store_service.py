@@ -193,7 +193,7 @@ class StoreService:
         async with entry.lock:
             try:
                 if release_owner is not None:
-                    # a lock, a fstat, a lease file renamed, no fsync: on the loop, as a plain append
+                    # a lock, a pread and a pwrite of a lease slot, no fsync: on the loop, as a plain append
                     entry.writer.release_lease(release_owner)
             except SubagentError as exc:
                 return _error(exc)
