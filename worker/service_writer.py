@@ -220,6 +220,8 @@ def _resolve(idle: "asyncio.Future[None]") -> None:
 class ServiceSessions:
     """``SessionAccess`` through the store service (a worker on a host without the store's disk)."""
 
+    remote = True  # every call is a round trip that blocks its caller
+
     def __init__(self, call: ServiceCall) -> None:
         self._call = call
 

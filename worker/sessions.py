@@ -60,6 +60,10 @@ class SessionWriter(Protocol):
 class SessionAccess(Protocol):
     """What a turn needs of the store besides its writer."""
 
+    # whether opening a writer, releasing and closing it are round trips to another host: the
+    # turn then makes them off its event loop (``worker/turn.py``), where other turns run
+    remote: bool
+
     def open_writer(self, session_id: str, *, epoch: int, log_state: dict[str, Any] | None = None) -> SessionWriter:
         """Open the session's log for appends at ``epoch`` (repairs a torn tail; ``FencedError`` if taken over).
 
@@ -88,6 +92,8 @@ class LocalWriter(LogWriter):
 
 class LocalSessions:
     """``SessionAccess`` over a ``Store`` on this host; its writer is ``LogWriter``."""
+
+    remote = False  # a few microseconds of file calls: a thread hop would cost more than the call
 
     def __init__(self, store: Store) -> None:
         self.store = store

@@ -81,7 +81,7 @@ async def run_turn(
     if sessions is None:
         sessions = LocalSessions(Store(spec.store_root, durability=spec.durability, create=False))
     try:
-        writer = sessions.open_writer(spec.session_id, epoch=spec.epoch, log_state=spec.log_state)
+        writer = await _store_call(sessions, lambda: sessions.open_writer(spec.session_id, epoch=spec.epoch, log_state=spec.log_state))
     except FencedError as exc:  # taken over before the turn began: nothing was written
         return _fenced(spec, control, exc)
     try:
@@ -90,12 +90,25 @@ async def run_turn(
         # children index after the release, under a settled row that says it has none: the
         # supervisor releases once the start is over (``OneShotRuns._drive``)
         if spec.release_owner is not None and (release_allowed is None or release_allowed()):
-            outcome.released = _release(writer, spec)
+            outcome.released = await _store_call(sessions, lambda: _release(writer, spec))
     except FencedError as exc:
         return _fenced(spec, control, exc)
     finally:
-        writer.close()
+        await _store_call(sessions, writer.close)
     return outcome
+
+
+async def _store_call(sessions: SessionAccess, call: Callable[[], Any]) -> Any:
+    """``call`` (an open, a release, a close) as ``sessions`` needs it: inline on a local store, in a
+    thread on a remote one, so that its round trip holds up no other turn on this worker's loop.
+
+    Shielded either way: once begun, an open, a release or a close completes (a cancelled turn
+    must still close the writer it opened; the cancellation is delivered right after).
+    """
+    if not sessions.remote:
+        return call()
+    with anyio.CancelScope(shield=True):
+        return await anyio.to_thread.run_sync(call)
 
 
 def _release(writer: SessionWriter, spec: TurnSpec) -> bool:

@@ -36,6 +36,7 @@ class ServiceHost:
         self.service = self.run(lambda: _make(store))
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.gate: threading.Event | None = None  # when set up, appends wait for it (a slow service)
+        self.release_gate: threading.Event | None = None  # the same for a turn's release (close_writer with release_owner)
 
     def run(self, factory: Callable[[], Any]) -> Any:
         async def go() -> Any:
@@ -46,6 +47,8 @@ class ServiceHost:
         self.calls.append((method, kwargs))
         if method == "append" and self.gate is not None:
             assert self.gate.wait(DEADLINE_S)
+        if method == "close_writer" and kwargs.get("release_owner") and self.release_gate is not None:
+            assert self.release_gate.wait(DEADLINE_S)
         return decode_reply(self.run(lambda: self.service.call(encode_request(method, kwargs))))
 
     def close(self) -> None:
@@ -334,3 +337,44 @@ def test_a_cancelled_append_holds_its_writer_until_the_write_is_over(st: Store, 
     assert task[0].cancelled()
     assert [e["seq"] for e in inspect(st, "s1").events] == [0]  # the write itself went through, once
     assert "next_seq" in host.call("append", writer_id="w", first_seq=1, events=batch, commit=False)
+
+
+def test_a_remote_release_does_not_hold_up_the_other_turns_of_the_worker(st: Store, host: ServiceHost) -> None:
+    """A worker with a remote store runs several turns on one event loop (``turns_per_worker``): a
+    turn's release and close are round trips to the store's host, made off that loop, so another
+    turn goes on while one waits for its release."""
+    from subagents.worker import TurnControl, run_turn
+    from tests.worker.test_turn import FakeRpc, make_spec
+
+    epochs = {sid: leased(st, sid) for sid in ("01SLOWRELEASE", "01OTHERTURN")}
+    host.release_gate = threading.Event()
+    other_done = threading.Event()
+    progressed: list[bool] = []
+
+    def watchdog() -> None:  # lets the slow release go once the other turn ended, or after a deadline
+        wait_for(lambda: any(m == "close_writer" and k.get("release_owner") for m, k in host.calls), "the slow turn's release")
+        progressed.append(other_done.wait(5.0))
+        host.release_gate.set()
+
+    async def main() -> None:
+        sessions = ServiceSessions(host.call)
+
+        async def one(sid: str, **fields: Any) -> None:
+            spec = make_spec(st, epochs[sid], "echo", session_id=sid, **fields)
+            await run_turn(spec, TurnControl(max_steps=spec.budget.max_steps), FakeRpc(), sessions=sessions)
+
+        async def other() -> None:
+            while not any(m == "close_writer" and k.get("release_owner") for m, k in host.calls):
+                await asyncio.sleep(0.001)  # the slow turn is in its release
+            await one("01OTHERTURN")
+            other_done.set()
+
+        await asyncio.wait_for(asyncio.gather(one("01SLOWRELEASE", release_owner="01OWNER"), other()), DEADLINE_S)
+
+    guard = threading.Thread(target=watchdog, daemon=True)
+    guard.start()
+    asyncio.run(main())
+    guard.join(DEADLINE_S)
+    assert progressed == [True], "the other turn waited for the slow turn's release"
+    assert read_lease(st, "01SLOWRELEASE").state == "released"
+    assert [e["type"] for e in inspect(st, "01OTHERTURN").events][-1] == "turn/end"
