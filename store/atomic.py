@@ -16,7 +16,7 @@ import os
 
 from .errors import DurabilityError
 
-__all__ = ["FILE_MODE", "DIR_MODE", "NOFOLLOW", "make_dirs", "write_atomic", "write_new", "fsync_dir", "read_bytes"]
+__all__ = ["FILE_MODE", "DIR_MODE", "NOFOLLOW", "make_dirs", "write_atomic", "write_new", "fsync_dir", "read_bytes", "pread_all"]
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
@@ -101,14 +101,20 @@ def read_bytes(path: str, *, offset: int = 0) -> bytes:
     # O_NONBLOCK: a FIFO planted in place of a file fails the read instead of blocking the open
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
     try:
-        want = os.fstat(fd).st_size - offset
-        chunks = []
-        while True:
-            chunk = os.pread(fd, max(want, 1 << 16), offset)
-            want = 0
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-            offset += len(chunk)
+        return pread_all(fd, offset)
     finally:
         os.close(fd)
+
+
+def pread_all(fd: int, offset: int = 0) -> bytes:
+    """The bytes of the open file from ``offset`` to its end: one ``pread`` of the size ``fstat``
+    gives, then more until a read returns nothing (the file may grow meanwhile)."""
+    want = os.fstat(fd).st_size - offset
+    chunks = []
+    while True:
+        chunk = os.pread(fd, max(want, 1 << 16), offset)
+        want = 0
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        offset += len(chunk)

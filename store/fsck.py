@@ -55,13 +55,14 @@ def fsck(store: Store, *, repair: bool, lease_ttl_s: float) -> dict[str, Any]:
     present = set(names)
     for name in names:
         path = os.path.join(store.sessions_dir, name)
-        kind, detail = _classify_name(name, path, present)
-        if kind == "unreadable":
-            counts["corrupt"] += 1
-        if kind is not None:
+        finding_of_name = _name_finding(name, path, present)
+        if finding_of_name is not None:
+            kind, detail = finding_of_name
+            counts["corrupt"] += kind == "unreadable"
             findings.append({"id": name, "kind": kind, "detail": detail})
-        if kind is not None or detail:
             continue
+        if "." in name:
+            continue  # a companion of a session that is here: read with its session
         checked += 1
         try:
             found = inspect(store, name)
@@ -102,9 +103,9 @@ def fsck(store: Store, *, repair: bool, lease_ttl_s: float) -> dict[str, Any]:
     }
 
 
-def _classify_name(name: str, path: str, present: set[str]) -> tuple[str | None, str]:
-    """What a name in ``sessions/`` is: ``(None, "")`` for a session file to check, else a finding's
-    kind and detail (``None`` kind with a detail: a companion of a session, nothing to report)."""
+def _name_finding(name: str, path: str, present: set[str]) -> tuple[str, str] | None:
+    """The finding (kind, detail) a name in ``sessions/`` is, or ``None``: a session file to
+    check, or a companion beside a session that is here."""
     stem, dot, suffix = name.partition(".")
     if not dot:
         if not is_valid_session_id(name):
@@ -113,12 +114,12 @@ def _classify_name(name: str, path: str, present: set[str]) -> tuple[str | None,
             return "unreadable", "the session file is a symbolic link (never followed)"
         if os.path.isdir(path):
             return "stray", "a folder, not a session file (a store of format 1 is converted by `subagents store migrate`)"
-        return None, ""
+        return None
     if not stem and ".new." in name:
         return "no-header", "a creation that never published its file (nothing lists or resumes it)"
     if is_valid_session_id(stem) and suffix in COMPANIONS:
         if stem in present:
-            return None, "companion"
+            return None
         return "stray", f"the {suffix} of a session that no longer exists (an interrupted gc; the next `subagents gc` removes it)"
     return "stray", "not a session file"
 

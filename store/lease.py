@@ -106,6 +106,12 @@ def process_start_time(pid: int) -> int | None:
         return None
 
 
+# the owner record's "renewal": its heartbeats set the file's modification time (``heartbeat``)
+RENEWED_BY_MTIME = "mtime"
+# more than any owner record takes (ids of 64 characters, a host name and boot id, six numbers)
+_OWNER_BYTES = 4096
+
+
 @dataclass(frozen=True)
 class OwnerRecord:
     owner_id: str
@@ -200,11 +206,6 @@ def read_owner_file(path: str) -> OwnerRecord | None:
     beat = max(data.heartbeat_at, renewed) if value.get("renewal") == RENEWED_BY_MTIME else data.heartbeat_at
     return OwnerRecord(data.owner, data.host, data.pid, data.pid_start, data.started_at, beat, data.ttl)
 
-
-# the owner record's "renewal": its heartbeats set the file's modification time (``heartbeat``)
-RENEWED_BY_MTIME = "mtime"
-# more than any owner record takes (ids of 64 characters, a host name and boot id, six numbers)
-_OWNER_BYTES = 4096
 
 
 def owner_alive(record: OwnerRecord | None, *, now: float | None = None, host: str | None = None) -> bool:

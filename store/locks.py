@@ -40,7 +40,7 @@ import filelock
 from .atomic import FILE_MODE, NOFOLLOW
 from .errors import LockTimeoutError
 
-__all__ = ["SessionFlock", "PinnedLock", "pin_flock", "file_lock", "make_filelock", "LOCK_TIMEOUT_S"]
+__all__ = ["SessionFlock", "PinnedLock", "pin_flock", "names_file", "file_lock", "make_filelock", "LOCK_TIMEOUT_S"]
 
 # Long enough for any critical section of the store (a few fsyncs); a lock
 # held longer than this means a stuck process, reported as a Timeout.
@@ -120,13 +120,17 @@ def pin_flock(fd: int, path: str, timeout: float | None = None) -> None:
                 raise LockTimeoutError(path) from None
             time.sleep(delay)  # a poll interval under a deadline
             delay = min(delay * 2, 0.02)
-    try:
-        here = os.stat(path, follow_symlinks=False).st_ino
-    except FileNotFoundError:
-        here = None
-    if here != os.fstat(fd).st_ino:
+    if not names_file(path, fd):
         fcntl.flock(fd, fcntl.LOCK_UN)
         raise FileNotFoundError(f"{path} was moved or removed while its lock was awaited")
+
+
+def names_file(path: str, fd: int) -> bool:
+    """Whether ``path`` still names the file open on ``fd`` (not renamed away, removed or replaced)."""
+    try:
+        return os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
 
 
 @contextlib.contextmanager

@@ -28,7 +28,6 @@ there is found by ``inspect`` / ``subagents store fsck``, not by resume.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Callable, Sequence
 
@@ -40,7 +39,7 @@ from .header import SessionHeader
 from .projection import Projection, read_cache, write_cache
 from .reader import header_of, open_session, scan_events, scan_log
 from .root import Store
-from .session_file import SLOT_SIZE, SLOTS_AT, LeaseSlots, SessionFile, decode_slots
+from .session_file import SessionFile
 
 __all__ = ["SeqMismatchError", "LogWriter", "ReleaseWriter", "load_projection", "read_projection"]
 
@@ -139,8 +138,6 @@ class LogWriter:
         self.projection = projection
         self._file = file
         self._fd = file.fd
-        self._slots_raw = b""  # the lease slots last read, and what they said (_current_epoch)
-        self._slots: LeaseSlots | None = None
         self._encode = RecordEncoder(store.max_record_bytes)
         self._what = f"log of {session_id}"
         self._broken: BaseException | None = None
@@ -201,15 +198,12 @@ class LogWriter:
         """The lease epoch writers must match (0 when never leased; None when released or damaged).
 
         Called under the session lock: one ``pread`` of the two lease slots,
-        decoded again only when their bytes changed.
+        decoded again only when their bytes changed (``SessionFile.read_slots``).
         """
         try:
-            raw = os.pread(self._fd, 2 * SLOT_SIZE, SLOTS_AT)
+            slots = self._file.read_slots()
         except OSError:
             return None
-        if raw != self._slots_raw or self._slots is None:
-            self._slots_raw, self._slots = raw, decode_slots(raw)
-        slots = self._slots
         return None if slots.problem is not None else slots.epoch
 
     def _check_fence(self) -> None:
@@ -424,9 +418,9 @@ class LogWriter:
         self._file.lock()
         try:
             self._check_fence()
-            slots = self._slots
-            lease = None if slots is None else slots.lease
-            if slots is None or lease is None or lease.owner != owner_id:
+            slots = self._file.read_slots()  # the bytes the fence check just read: decoded once
+            lease = slots.lease
+            if lease is None or lease.owner != owner_id:
                 raise FencedError(self.session_id, epoch=self.epoch, current_epoch=None if lease is None else lease.epoch)
             # the catalog row comes from the writer's projection when that is the whole log
             whole = self._file.log_size() == self.projection.end_offset

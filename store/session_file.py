@@ -41,10 +41,11 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from .atomic import NOFOLLOW
+from .atomic import NOFOLLOW, pread_all
 from .errors import CorruptSessionError, SessionNotFoundError, UnavailableSessionError
 from .framing import FRAME, MAX_RECORD_BYTES, encode_record
 from .lease_record import Lease
+from .locks import names_file
 from .records import LeaseFields, unpack, validate
 
 __all__ = [
@@ -209,6 +210,8 @@ class SessionFile:
         self.fd = fd
         self.data_start = preamble.data_start
         self.header_map = preamble.header
+        self._slots_raw = b""  # the slots last read, and what they said (``read_slots``)
+        self._slots: LeaseSlots | None = None
 
     @classmethod
     def open(cls, session_id: str, path: str, *, write: bool = False) -> "SessionFile":
@@ -230,7 +233,7 @@ class SessionFile:
                 blob = os.pread(fd, FIRST_READ, 0)
                 found = parse_preamble(blob)
                 if found == "short" and len(blob) == FIRST_READ:
-                    blob = _read_all(fd)
+                    blob = pread_all(fd)
                     found = parse_preamble(blob)
             except OSError as exc:
                 raise UnavailableSessionError(session_id, f"its file cannot be read ({exc.strerror or exc})") from None
@@ -257,15 +260,17 @@ class SessionFile:
 
     def still_linked(self) -> bool:
         """Whether ``sessions/<id>`` still names this file (``gc`` renames it away under the lock)."""
-        try:
-            return os.stat(self.path, follow_symlinks=False).st_ino == os.fstat(self.fd).st_ino
-        except FileNotFoundError:
-            return False
+        return names_file(self.path, self.fd)
 
     # -- the lease -------------------------------------------------------------
 
     def read_slots(self) -> LeaseSlots:
-        return decode_slots(os.pread(self.fd, 2 * SLOT_SIZE, SLOTS_AT))
+        """The lease slots as they are now: one ``pread``, decoded again only when their bytes
+        changed since the last read (a writer checks them under the lock at every append)."""
+        raw = os.pread(self.fd, 2 * SLOT_SIZE, SLOTS_AT)
+        if raw != self._slots_raw or self._slots is None:
+            self._slots_raw, self._slots = raw, decode_slots(raw)
+        return self._slots
 
     def write_lease(self, slots: LeaseSlots, lease: Lease, *, synced: bool) -> None:
         """Write ``lease`` into the slot ``slots`` (read under the caller's lock) names; fsync only
@@ -281,19 +286,9 @@ class SessionFile:
         return max(0, os.fstat(self.fd).st_size - self.data_start)
 
     def read_log(self, offset: int = 0, length: int | None = None) -> bytes:
+        """``length`` bytes of the log from ``offset``; without ``length``, to its end."""
         if length is None:
-            length = self.log_size() - offset
-            if length <= 0:
-                return b""
-            chunks = []
-            at = self.data_start + offset
-            while True:
-                chunk = os.pread(self.fd, max(length, 1 << 16), at)
-                length = 0
-                if not chunk:
-                    return b"".join(chunks)
-                chunks.append(chunk)
-                at += len(chunk)
+            return pread_all(self.fd, self.data_start + offset)
         return os.pread(self.fd, length, self.data_start + offset)
 
     def write_log(self, blob: bytes, offset: int) -> int:
@@ -312,17 +307,6 @@ class SessionFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _read_all(fd: int) -> bytes:
-    chunks, offset = [], 0
-    while True:
-        chunk = os.pread(fd, 1 << 16, offset)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-        offset += len(chunk)
-
 
 
 class SessionLock:
@@ -345,11 +329,7 @@ class SessionLock:
 
     def acquire(self) -> None:
         fcntl.flock(self._fd, fcntl.LOCK_EX)
-        try:
-            here = os.stat(self.path, follow_symlinks=False).st_ino
-        except FileNotFoundError:
-            here = None
-        if here != os.fstat(self._fd).st_ino:
+        if not names_file(self.path, self._fd):
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             raise SessionNotFoundError(self.session_id)
 

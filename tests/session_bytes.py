@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 import zlib
 from typing import Any
 
@@ -19,8 +20,10 @@ from subagents.store import Store
 from subagents.store.framing import FRAME, encode_record
 from subagents.store.session_file import HEADER_AT, SLOT_SIZE, SLOTS_AT, SessionFile, decode_slots
 from subagents.store.lease_record import Lease
+from subagents.store.root import COMPANIONS
 
 __all__ = [
+    "files_of", "age",
     "log_start", "log_bytes", "write_log", "append_log", "file_bytes", "lease_slots", "patch", "header_map", "write_header",
     "write_header_value", "slot_bytes", "slot_records", "write_slot", "newest_slot", "synced_slot", "HEADER_AT", "SLOT_SIZE",
     "SLOTS_AT",
@@ -136,3 +139,16 @@ def synced_slot(st: Store, session_id: str) -> int | None:
     records = slot_records(st, session_id)
     synced = [i for i in (0, 1) if records[i] is not None and records[i].get("synced") is True]  # type: ignore[union-attr]
     return max(synced, key=lambda i: records[i]["gen"]) if synced else None  # type: ignore[index]
+
+
+def files_of(st: Store, session_id: str) -> list[str]:
+    """The session's file and the companions it has (``sessions/<id>``, ``sessions/<id>.<name>``)."""
+    paths = [st.session_path(session_id)] + [st.path(session_id, name) for name in COMPANIONS]
+    return [p for p in paths if os.path.lexists(p)]
+
+
+def age(st: Store, session_id: str, seconds: float) -> None:
+    """Set every file of the session back ``seconds``: its last activity (what ``gc`` reads) was then."""
+    when = time.time() - seconds
+    for path in files_of(st, session_id):
+        os.utime(path, (when, when), follow_symlinks=False)

@@ -37,6 +37,7 @@ from subagents import store
 from subagents.store import Store, check_store, create_session
 from subagents.store.fsck import fsck
 from subagents.store.root import COMPANIONS
+from tests.session_bytes import age, files_of
 from tests.store._support import ONE_SHOT, REPO_ROOT, wait_until
 
 DAY = 86400.0
@@ -44,16 +45,8 @@ ENDED = [("turn/start", {}), ("turn/end", {"stop_reason": "completed"})]
 OWNER = "gcCrashOwner"
 
 
-def files_of(st: Store, session_id: str) -> list[str]:
-    """The session's file and the companions it has."""
-    paths = [st.session_path(session_id)] + [st.path(session_id, name) for name in COMPANIONS]
-    return [p for p in paths if os.path.lexists(p)]
 
 
-def age(st: Store, session_id: str, seconds: float) -> None:
-    when = time.time() - seconds
-    for path in files_of(st, session_id):
-        os.utime(path, (when, when), follow_symlinks=False)
 
 
 def settle(st: Store, session_id: str) -> None:

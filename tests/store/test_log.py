@@ -472,7 +472,6 @@ def test_failed_append_rolls_back_and_breaks_the_writer(tmp_path, monkeypatch, f
     st = store.Store(tmp_path / "store", durability="strict")
     new_session(st)
     fake = FailingOS(fail)
-    monkeypatch.setattr(store.log, "os", fake)
     monkeypatch.setattr(store.session_file, "os", fake)
     monkeypatch.setattr(store.durability, "os", fake)
     writer = store.LogWriter.open(st, "s1", epoch=0)

@@ -23,25 +23,16 @@ from subagents.store.roots import find_roots, list_roots
 
 from subagents.store.root import COMPANIONS
 
-from ..session_bytes import slot_bytes, write_header, write_slot
-from ._support import CONTINUABLE, ONE_SHOT, read_file, tree_state, wait_until
+from ..session_bytes import age, files_of, slot_bytes, write_header, write_slot
+from ._support import ONE_SHOT, read_file, tree_state, wait_until
 
 DAY = 86400.0
 ENDED = [("turn/start", {}), ("turn/end", {"stop_reason": "completed"})]
 FAILED = [("turn/start", {}), ("turn/end", {"stop_reason": "error", "diagnostic": "RuntimeError: boom"})]
 
 
-def files_of(st: Store, session_id: str) -> list[str]:
-    """The session's file and the companions it has (``sessions/<id>``, ``sessions/<id>.<name>``)."""
-    paths = [st.session_path(session_id)] + [st.path(session_id, name) for name in COMPANIONS]
-    return [p for p in paths if os.path.lexists(p)]
 
 
-def age(st: Store, session_id: str, seconds: float) -> None:
-    """Set every file of the session back ``seconds``: its last activity was then."""
-    when = time.time() - seconds
-    for path in files_of(st, session_id):
-        os.utime(path, (when, when), follow_symlinks=False)
 
 
 def to_trash(st: Store, session_id: str, *, companions: bool = True) -> str:

@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from subagents import store
 from subagents.store import Store, create_session
 
 from ..conftest import REPO_ROOT
+from ..session_bytes import age, files_of
 from ..store._support import tree_state, wait_until
 
 DAY = 86400.0
@@ -48,17 +48,8 @@ def ok(st: Store | str, *args: str) -> str:
     return done.stdout
 
 
-def age(st: Store, session_id: str, seconds: float) -> None:
-    when = time.time() - seconds
-    for path in session_files(st, session_id):
-        os.utime(path, (when, when), follow_symlinks=False)
 
 
-def session_files(st: Store, session_id: str) -> list[str]:
-    """The session's file and the companions it has."""
-    found = [os.path.join(st.sessions_dir, name) for name in os.listdir(st.sessions_dir)
-             if name == session_id or name.startswith(session_id + ".")]
-    return sorted(found)
 
 
 def subtree(st: Store, root: str, *, root_events=(), old: float | None = 8 * DAY) -> list[str]:
@@ -78,7 +69,7 @@ def subtree(st: Store, root: str, *, root_events=(), old: float | None = 8 * DAY
 def contents(st: Store, session_id: str) -> dict[str, bytes]:
     """The bytes of the session's file and companions (taking its lock writes nothing)."""
     out = {}
-    for path in session_files(st, session_id):
+    for path in files_of(st, session_id):
         with open(path, "rb") as handle:
             out[path] = handle.read()
     return out
