@@ -5,7 +5,7 @@ built from a ``Runtime``, never from the ``Supervisor``: they see exactly
 these collaborators, each owned by its own object (the store handle, the id
 generator, the task group every background task runs in, this supervisor's
 owner id, the worker pool, the provider registry, the lifecycle events, the
-live agents, the setup contributions). The record is frozen: nothing is
+live agents, the setup contributions, the store thread for short blocking store calls). The record is frozen: nothing is
 swapped in after construction. Built by ``supervisor/service.py`` only.
 """
 
@@ -24,6 +24,7 @@ from .control_poller import ControlPoller
 from .events import EventBus
 from .registry import ProviderRegistry
 from .setup import SetupRegistry
+from .store_thread import StoreThread
 
 __all__ = ["Runtime"]
 
@@ -41,3 +42,4 @@ class Runtime:
     agents: LiveAgents
     setups: SetupRegistry
     control: ControlPoller  # the control files of every child held here, one-shot or continuable
+    store_thread: StoreThread  # short blocking store calls of the event loop (acceptances): no thread hop each

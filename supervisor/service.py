@@ -66,6 +66,7 @@ from .registry import ProviderRegistry
 from .rpc import TurnRpc
 from .runtime import Runtime
 from .setup import Contribution, SetupRegistry
+from .store_thread import StoreThread, StoreThreadStatistics
 
 __all__ = ["Supervisor", "SupervisorStatistics"]
 
@@ -79,6 +80,7 @@ class SupervisorStatistics:
     runs_live: int
     roots: int
     creation: CreatorStatistics  # one-shot children created: thread hops and group commits
+    store_thread: StoreThreadStatistics  # short store calls (acceptances) on the store thread, and those that overflowed
 
 
 def _make_pool(config: SupervisorConfig, store: Store) -> Pool:
@@ -121,6 +123,7 @@ class Supervisor:
         self.runtime = Runtime(
             store=store, config=config, ids=self.ids, tg=tg, owner_id=self.lease_keeper.owner_id, pool=self.pool,
             registry=self.registry, events=self.events, agents=self.agents, setups=SetupRegistry(), control=ControlPoller(store),
+            store_thread=StoreThread(),
         )
         self.runs = OneShotRuns(self.runtime, rpc_for=self._turn_rpc)
         self.continuation = ContinuationManager(self.runtime, rpc_for=self._turn_rpc)
@@ -203,6 +206,7 @@ class Supervisor:
                 await anyio.to_thread.run_sync(release_lease, self.store, root_id, self.lease_keeper.owner_id, epoch)
             except FencedError:
                 log.warning("root %s was taken over before close", root_id)
+        await self.runtime.store_thread.aclose()  # last: everything above may still call it
         self.lease_keeper.stop()
 
     def _check_open(self) -> None:
@@ -372,4 +376,5 @@ class Supervisor:
             runs_live=self.runs.live(),
             roots=len(self._root_epochs),
             creation=self.runs.creation_statistics(),
+            store_thread=self.runtime.store_thread.statistics(),
         )

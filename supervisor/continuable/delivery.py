@@ -82,10 +82,10 @@ class Delivery:
             act.poke()
 
     async def _accept(self, recipient: str, source: dict[str, Any], text: str, *, wake: bool) -> str:
-        """Append to ``recipient``'s mailbox; shielded: once begun, an acceptance is never half-done."""
+        """Append to ``recipient``'s mailbox on the store thread, whose wait is shielded: once begun,
+        an acceptance is never half-done."""
         store, ids = self._rt.store, self._rt.ids
-        with anyio.CancelScope(shield=True):
-            return await anyio.to_thread.run_sync(lambda: accept(store, recipient, source=source, content=text, ids=ids, wake=wake))
+        return await self._rt.store_thread.run(lambda: accept(store, recipient, source=source, content=text, ids=ids, wake=wake))
 
     async def report_from(self, child_id: str, content: Any, *, delivery: str = "wakeup") -> str:
         """A live continuable child's message to its live direct parent: ``quiet`` (context) or ``wakeup`` (a turn)."""

@@ -1,0 +1,117 @@
+"""The store thread: one long-lived thread per supervisor for the event loop's short blocking store calls.
+
+An acceptance (``store.accept``: lock, append, fsync) blocks, so it runs off
+the event loop. ``anyio.to_thread.run_sync`` costs 60–90 µs per call beyond
+the call itself (a capacity limiter, a context copy, a worker thread's queue
+and two futures; measured on the followup path, where it was a third of an
+acceptance). Here the loop puts the call on a ``queue.SimpleQueue`` and the
+thread answers with one ``call_soon_threadsafe`` that resolves an asyncio
+future: about half of that, most of it the two thread wake-ups.
+
+Invariants. A call once submitted runs to its end and its caller waits for
+it: the wait is shielded, and a cancellation of the caller is delivered at
+its next checkpoint (as with ``to_thread``), so an acceptance is never
+half-done. The thread runs one call at a time, and a call made while it is
+busy runs on anyio's worker threads instead: a slow call never holds a short
+one behind it. After ``aclose``, and on an event loop other than asyncio,
+every call takes anyio's worker threads. Owned by the ``Runtime`` (one per
+supervisor), closed by the ``Supervisor`` after everything that uses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
+
+import anyio
+
+__all__ = ["StoreThread", "StoreThreadStatistics"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# what the loop hands the thread: where to answer, the future to resolve, the call
+_Call = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
+
+
+@dataclass(frozen=True)
+class StoreThreadStatistics:
+    calls: int  # calls the store thread ran
+    overflow: int  # calls that took anyio's worker threads (the store thread busy or closed, or no asyncio loop)
+
+
+class StoreThread:
+    """Runs blocking store calls for one event loop on one long-lived thread (started at the first call)."""
+
+    def __init__(self, name: str = "subagents-store") -> None:
+        self._name = name
+        self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        # event-loop side only: a call is on the thread now; closed
+        self._busy = False
+        self._closed = False
+        self._calls = 0
+        self._overflow = 0
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` off the event loop; its result, or its exception raised here."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # another event loop (trio): anyio's portable threads
+            loop = None
+        if loop is None or self._busy or self._closed:
+            self._overflow += 1
+            return await anyio.to_thread.run_sync(fn, *args)  # shielded as well (anyio's default)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
+            self._thread.start()
+        self._calls += 1
+        self._busy = True
+        try:
+            future: asyncio.Future[T] = loop.create_future()
+            self._queue.put((loop, future, fn, args))
+            with anyio.CancelScope(shield=True):
+                return await future
+        finally:
+            self._busy = False
+
+    def statistics(self) -> StoreThreadStatistics:
+        return StoreThreadStatistics(calls=self._calls, overflow=self._overflow)
+
+    async def aclose(self) -> None:
+        """Stop the thread after the call it runs (if any); later calls take anyio's worker threads."""
+        self._closed = True
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            await anyio.to_thread.run_sync(thread.join)
+
+    def _serve(self) -> None:
+        while True:
+            call = self._queue.get()
+            if call is None:
+                return
+            loop, future, fn, args = call
+            try:
+                outcome: tuple[bool, Any] = (True, fn(*args))
+            except BaseException as exc:  # the caller's to raise, never lost with the thread
+                outcome = (False, exc)
+            try:
+                loop.call_soon_threadsafe(_settle, future, *outcome)
+            except RuntimeError:  # the loop closed under the call: nobody waits for it any more
+                log.warning("a store call finished after its event loop closed", exc_info=None if outcome[0] else outcome[1])
+
+
+def _settle(future: "asyncio.Future[Any]", ok: bool, value: Any) -> None:
+    """On the event loop: hand the call's outcome to its waiting caller."""
+    if future.done():  # cancelled by a raw ``task.cancel()`` (loop shutdown): nobody waits
+        return
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)

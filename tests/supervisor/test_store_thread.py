@@ -1,0 +1,139 @@
+"""The supervisor's store thread: one long-lived thread for short blocking store calls (issue #12, item 4)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import anyio
+import pytest
+
+from subagents.store.errors import SessionNotFoundError
+from subagents.supervisor import ContinuableSpec
+from subagents.supervisor.store_thread import StoreThread
+
+from .test_continuable import continuable_supervisor
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_calls_run_on_one_long_lived_thread_off_the_loop() -> None:
+    """Every call runs on the same thread, which is not the event loop's; results come back as returned."""
+    st = StoreThread()
+    try:
+        idents = [await st.run(threading.get_ident) for _ in range(5)]
+        assert len(set(idents)) == 1 and idents[0] != threading.get_ident()
+        assert await st.run(lambda a, b: a + b, 2, 3) == 5
+        assert st.statistics().calls == 6 and st.statistics().overflow == 0
+    finally:
+        await st.aclose()
+
+
+async def test_an_exception_in_the_call_is_raised_to_the_caller() -> None:
+    """The caller gets the call's own exception object, and the thread keeps serving."""
+    st = StoreThread()
+    error = SessionNotFoundError("abc")
+
+    def fail() -> None:
+        raise error
+
+    try:
+        with pytest.raises(SessionNotFoundError) as caught:
+            await st.run(fail)
+        assert caught.value is error
+        assert await st.run(lambda: "still serving") == "still serving"
+    finally:
+        await st.aclose()
+
+
+async def test_a_cancelled_caller_waits_for_its_call_to_finish() -> None:
+    """Shielded: a call once begun runs to its end and its caller returns only then (an acceptance is never half-done)."""
+    st = StoreThread()
+    started, release = threading.Event(), threading.Event()
+    finished: list[bool] = []
+
+    def slow() -> str:
+        started.set()
+        release.wait(20)
+        finished.append(True)
+        return "done"
+
+    try:
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                results: list[str] = []
+
+                async def caller(scope: anyio.CancelScope) -> None:
+                    with scope:
+                        results.append(await st.run(slow))
+                        await anyio.sleep(30)  # the pending cancellation is delivered here, after the call
+
+                scope = anyio.CancelScope()
+                tg.start_soon(caller, scope)
+                await anyio.to_thread.run_sync(started.wait, 20)
+                scope.cancel()
+                await anyio.sleep(0.05)  # give a wrongly unshielded await the chance to return early
+                assert not finished and not results
+                release.set()
+        assert finished == [True] and results == ["done"]
+    finally:
+        release.set()
+        await st.aclose()
+
+
+async def test_a_call_made_while_the_thread_is_busy_runs_beside_it() -> None:
+    """A slow call never holds a short one behind it: the second runs on another thread at the same time."""
+    st = StoreThread()
+    first_in, second_done = threading.Event(), threading.Event()
+
+    def first() -> str:
+        first_in.set()
+        assert second_done.wait(20), "the second call was queued behind the first"
+        return "first"
+
+    def second() -> str:
+        second_done.set()
+        return "second"
+
+    try:
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                out: dict[str, str] = {}
+
+                async def call(name: str, fn) -> None:
+                    out[name] = await st.run(fn)
+
+                tg.start_soon(call, "first", first)
+                await anyio.to_thread.run_sync(first_in.wait, 20)
+                tg.start_soon(call, "second", second)
+        assert out == {"first": "first", "second": "second"}
+        assert st.statistics().calls == 1 and st.statistics().overflow == 1
+    finally:
+        await st.aclose()
+
+
+async def test_close_stops_the_thread_and_later_calls_still_run() -> None:
+    """``aclose`` joins the thread; a call after it (a late teardown) runs on anyio's worker threads."""
+    st = StoreThread()
+    thread = await st.run(threading.current_thread)
+    await st.aclose()
+    assert not thread.is_alive()
+    assert await st.run(lambda: 7) == 7
+    assert st.statistics().overflow == 1
+
+
+async def test_followups_to_a_resident_child_are_accepted_on_the_store_thread(tmp_path) -> None:
+    """Issue #12, item 4: a followup's durable acceptance takes the supervisor's store thread, not a thread hop each."""
+    async with continuable_supervisor(tmp_path, pool_size=1, durability="batched") as sup:
+        root = await sup.open_root()
+        busy = json.dumps({"script": [{"sleep": 60_000}]})
+        child, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="script", prompt=busy, label="busy"))
+        with anyio.fail_after(20):
+            while sup.statistics().pool.resident == 0:
+                await anyio.sleep(0.01)
+        before = sup.statistics().store_thread
+        for i in range(5):
+            await sup.followup(root, child, f"queued {i}")
+        after = sup.statistics().store_thread
+        assert after.calls - before.calls == 5 and after.overflow == before.overflow
+        await sup.drain_children(root, [child])
