@@ -50,14 +50,18 @@ def append_record(fd: int, record: dict[str, Any], *, tails: dict[str, tuple[int
 
 def append_records(
     fd: int, records: Sequence[dict[str, Any]], *, tails: dict[str, tuple[int, int]], key: str, owner: str,
-    limit: int, check: Check | None = None, skip_damage: bool = False, too_large: str | None = None,
+    limit: int, check: Check | None = None, skip_damage: bool = False, too_large: str | None = None, size: int | None = None,
 ) -> int:
-    """Append ``records`` with contiguous seqs in one ``write``; returns the first seq. The caller holds the lock."""
-    size = os.fstat(fd).st_size
+    """Append ``records`` with contiguous seqs in one ``write``; returns the first seq. The caller holds the lock
+    (and may pass the file's ``size``, from an ``fstat`` it made under it)."""
+    if size is None:
+        size = os.fstat(fd).st_size
     offset, next_seq = tails.get(key, (0, 0))
     if offset > size:
         offset, next_seq = 0, 0  # the file was rebuilt under us
-    result = scan(os.pread(fd, size - offset, offset), start_seq=next_seq, base_offset=offset, check=check)
+    # nobody appended since our checkpoint (the usual case for a mailbox): nothing to read
+    data = b"" if offset == size else os.pread(fd, size - offset, offset)
+    result = scan(data, start_seq=next_seq, base_offset=offset, check=check)
     if result.damage is not None and offset:
         offset, next_seq = 0, 0  # our checkpoint is not a record boundary any more
         result = scan(os.pread(fd, size, 0), check=check)
@@ -121,10 +125,11 @@ def append_durably(
         except OSError as exc:  # a link, a loop or a folder in its place
             raise UnavailableSessionError(owner, f"{key} cannot be opened ({exc.strerror or exc})") from None
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
                 raise UnavailableSessionError(owner, f"{key} is not a regular file")
             seq = append_records(fd, records, tails=store.index_tails, key=key, owner=owner, limit=store.max_record_bytes,
-                                 check=check, skip_damage=skip_damage, too_large=too_large)
+                                 check=check, skip_damage=skip_damage, too_large=too_large, size=info.st_size)
             if durable:
                 store.durability.after_append(fd, what)  # strict syncs here, batched below
                 store.durability.at_commit(fd, what)

