@@ -148,7 +148,6 @@ class Teardown:
                 self.open_disposal(child, discard=act.discard)
                 await child.disposed.wait()
         if act.fenced:
-            self._table.remove(act)
             self._finish(act, "error", None)
             return False
         dropped = False
@@ -163,7 +162,6 @@ class Teardown:
         # another process may have accepted a message after our last mailbox read and seen our
         # lease still held; it left the message for us. Re-read after releasing: one of us sees it.
         resume_after = not act.discard and not self._admission.closing and await anyio.to_thread.run_sync(self._has_waking_pending, act)
-        self._table.remove(act)
         await self._notify_parent(act, reason)
         self._finish(act, reason, act.last_output or None)
         return resume_after
@@ -181,12 +179,20 @@ class Teardown:
             log.exception("subagent %s settlement notice was not delivered to its parent", act.child_id, extra=log_fields(act))
 
     def _finish(self, act: Activation, reason: str, last_message: str | None) -> None:
-        """The last steps of every disposal: setup released, the parent stops owning the child, ``subagent/end``, done."""
+        """The last steps of every disposal: setup released, out of the table, the parent stops owning
+        the child, ``subagent/end``, done.
+
+        The activation leaves the table only here, after its settlement notice is in its
+        parent's mailbox: a parent disposing meanwhile finds it among what it owns and waits
+        for ``disposed``, so the parent's own disposal (a drain discarding its mailbox) never
+        reads that mailbox before the notice lands.
+        """
         if act.setup is not None:
             try:
                 act.setup.release()
             except SubagentError:
                 log.exception("subagent %s activation teardown failed", act.child_id, extra=log_fields(act))
+        self._table.remove(act)
         self._table.disown(act.parent_id, act.child_id)
         self._admission.reopen(act.child_id)
         self._rt.events.emit(

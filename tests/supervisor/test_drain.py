@@ -8,13 +8,15 @@ disposes only the selected direct children and keeps admission open.
 
 from __future__ import annotations
 
+import time
+
 import anyio
 import pytest
 
 from subagents.store import read_lease, read_mailbox
 from subagents.supervisor import SubagentError, UserAuthority
 
-from ..conftest import disk_snapshot, events_of, wait_until
+from ..conftest import disk_snapshot, events_of, said, wait_until
 from .test_continuable import (
     S,
     accepted_ids,
@@ -115,6 +117,42 @@ async def test_drain_is_child_first_and_top_down(tmp_path):
         assert sup.continuation.activations == {}
         notice, _ = await settled(sup, root, child_id)
         assert notice.content.startswith(f"Background subagent {child_id} was stopped before it finished.")
+
+
+async def test_a_parent_waits_for_its_childs_settlement_notice_before_discarding_its_mailbox(tmp_path, monkeypatch):
+    """The grandchild leaves the table before its notice is accepted. The child, whose turn ends
+    later (it ignores the cancel for a while), must still wait for that notice, so the notice is
+    discarded with the child's mailbox instead of landing after the child's disposal read it."""
+    import subagents.supervisor.continuable.delivery as delivery
+
+    real_accept = delivery.accept
+
+    def slow_notice(store, recipient, *, source, **kwargs):
+        if source.get("kind") == "subagent-settled" and source.get("sender_session_id") == grand_id:
+            time.sleep(2.0)  # holds the grandchild between leaving the table and its notice landing
+        return real_accept(store, recipient, source=source, **kwargs)
+
+    monkeypatch.setattr(delivery, "accept", slow_notice)
+    gate = tmp_path / "gate"
+    async with continuable_supervisor(tmp_path) as sup:
+        ends = record_ends(sup)
+        root = await sup.open_root()
+        child_id, _ = await start(
+            sup, root,
+            S({"start_continuable": {"prompt": SLEEP, "label": "g", "provider": "script"}},
+              {"hold": str(gate)}, {"say": "spinning"}, {"spin": 800}, {"sleep": 60_000}),
+            provider="nest",
+        )
+        grand_id = await only_child_of(sup, child_id)
+        await turn_started(sup, grand_id)
+        gate.touch()
+        await wait_until(lambda: "spinning" in said(sup.store, child_id), what="the child to spin")
+
+        await sup.drain([root])
+
+        assert [e["id"] for e in ends] == [grand_id, child_id]
+        [grand_notice] = [m for m in read_mailbox(sup.store, child_id) if m.source.get("kind") == "subagent-settled"]
+        assert discarded(sup.store, child_id) == [grand_notice.id]
 
 
 async def test_drain_children_disposes_only_the_selected_child(tmp_path):
