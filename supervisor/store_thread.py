@@ -8,10 +8,12 @@ acceptance). Here the loop puts the call on a ``queue.SimpleQueue`` and the
 thread answers with one ``call_soon_threadsafe`` that resolves an asyncio
 future: about half of that, most of it the two thread wake-ups.
 
-Invariants. A call once submitted runs to its end and its caller waits for
-it: the wait is shielded, and a cancellation of the caller is delivered at
-its next checkpoint (as with ``to_thread``), so an acceptance is never
-half-done. The thread runs one call at a time, and a call made while it is
+Invariants. As with ``to_thread``, ``run`` is a checkpoint (a caller
+already cancelled is cancelled before the call begins), and a call once
+begun runs to its end while its caller waits for it: the wait is shielded,
+and a cancellation of the caller is delivered at its next checkpoint.
+``run_uncancellable`` begins even for a cancelled caller (an acceptance
+that must not be half-done, a settlement notice of a closing supervisor). The thread runs one call at a time, and a call made while it is
 busy runs on anyio's worker threads instead: a slow call never holds a short
 one behind it. After ``aclose``, and on an event loop other than asyncio,
 every call takes anyio's worker threads. Owned by the ``Runtime`` (one per
@@ -21,6 +23,7 @@ supervisor), closed by the ``Supervisor`` after everything that uses it.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import queue
 import threading
@@ -35,8 +38,9 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# what the loop hands the thread: where to answer, the future to resolve, the call
-_Call = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
+# what the loop hands the thread: where to answer, the future to resolve, the caller's context
+# (as ``to_thread`` does: a log line of the call carries the fields its task bound), the call
+_Call = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", contextvars.Context, Callable[..., Any], tuple[Any, ...]]
 
 
 @dataclass(frozen=True)
@@ -59,14 +63,20 @@ class StoreThread:
         self._overflow = 0
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` off the event loop; its result, or its exception raised here."""
+        """``fn(*args)`` off the event loop; its result, or its exception raised here. A checkpoint first."""
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        return await self.run_uncancellable(fn, *args)
+
+    async def run_uncancellable(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` off the event loop, begun and awaited to its end even when the caller is cancelled."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # another event loop (trio): anyio's portable threads
             loop = None
         if loop is None or self._busy or self._closed:
             self._overflow += 1
-            return await anyio.to_thread.run_sync(fn, *args)  # shielded as well (anyio's default)
+            with anyio.CancelScope(shield=True):  # to_thread's own checkpoint included
+                return await anyio.to_thread.run_sync(fn, *args)
         if self._thread is None:
             self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
             self._thread.start()
@@ -74,7 +84,7 @@ class StoreThread:
         self._busy = True
         try:
             future: asyncio.Future[T] = loop.create_future()
-            self._queue.put((loop, future, fn, args))
+            self._queue.put((loop, future, contextvars.copy_context(), fn, args))
             with anyio.CancelScope(shield=True):
                 return await future
         finally:
@@ -96,9 +106,9 @@ class StoreThread:
             call = self._queue.get()
             if call is None:
                 return
-            loop, future, fn, args = call
+            loop, future, context, fn, args = call
             try:
-                outcome: tuple[bool, Any] = (True, fn(*args))
+                outcome: tuple[bool, Any] = (True, context.run(fn, *args))
             except BaseException as exc:  # the caller's to raise, never lost with the thread
                 outcome = (False, exc)
             try:

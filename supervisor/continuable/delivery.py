@@ -82,10 +82,10 @@ class Delivery:
             act.poke()
 
     async def _accept(self, recipient: str, source: dict[str, Any], text: str, *, wake: bool) -> str:
-        """Append to ``recipient``'s mailbox on the store thread, whose wait is shielded: once begun,
-        an acceptance is never half-done."""
+        """Append to ``recipient``'s mailbox on the store thread; uncancellable, as it always was (under a
+        shield): once begun, an acceptance is never half-done."""
         store, ids = self._rt.store, self._rt.ids
-        return await self._rt.store_thread.run(lambda: accept(store, recipient, source=source, content=text, ids=ids, wake=wake))
+        return await self._rt.store_thread.run_uncancellable(lambda: accept(store, recipient, source=source, content=text, ids=ids, wake=wake))
 
     async def report_from(self, child_id: str, content: Any, *, delivery: str = "wakeup") -> str:
         """A live continuable child's message to its live direct parent: ``quiet`` (context) or ``wakeup`` (a turn)."""
@@ -118,7 +118,7 @@ class Delivery:
         """
         validate_session_id(child_id)
         try:
-            header = await anyio.to_thread.run_sync(read_header, self._rt.store, child_id)
+            header = await self._rt.store_thread.run(read_header, self._rt.store, child_id)
         except SubagentError as exc:
             raise NotResumableError.unavailable(child_id) from exc
         if header.parent_session != parent:
@@ -147,13 +147,13 @@ class Delivery:
         is returned once durable. ``followup`` and ``send`` share this rule.
         None: nobody else holds it, so the caller resumes it here.
         """
-        if not await anyio.to_thread.run_sync(self.held_elsewhere, child_id):
+        if not await self._rt.store_thread.run(self.held_elsewhere, child_id):
             return None
-        header = await anyio.to_thread.run_sync(read_header, self._rt.store, child_id)
+        header = await self._rt.store_thread.run(read_header, self._rt.store, child_id)
         if header.parent_session != parent_id:
             raise UnauthorizedError.other_parent(child_id)
         message_id = await self._accept(child_id, source, text, wake=True)
-        if not await anyio.to_thread.run_sync(self.held_elsewhere, child_id):
+        if not await self._rt.store_thread.run(self.held_elsewhere, child_id):
             # the holder let go meanwhile: run it here (it may also resume it; the lease decides)
             await self.resume_for_pending(parent_id, child_id)
         return message_id

@@ -80,7 +80,7 @@ class Driver:
         program: ProgramRef | None = None
         while not act.disposing:
             act.wake = anyio.Event()
-            messages = await anyio.to_thread.run_sync(self._pending, act)
+            messages = await self._rt.store_thread.run(self._pending, act)
             waking = next((i for i, m in enumerate(messages) if m.wake), None)
             if waking is None:
                 # a delivery in flight, or one that landed after the read began (its poke
@@ -128,13 +128,13 @@ class Driver:
             # stopped before a worker took it, so nothing was logged: an interrupt or a
             # drain consumes it unrun (durably); closing the supervisor leaves it pending
             if not act.disposing or act.discard:
-                await anyio.to_thread.run_sync(self._discard, act, [*quiet, main])
+                await rt.store_thread.run(self._discard, act, [*quiet, main])
         elif turn.crashed:
-            await anyio.to_thread.run_sync(self._repair, act)
+            await rt.store_thread.run(self._repair, act)
         elif turn.outcome.stop_reason == "error" and not turn.outcome.fenced:
             # a turn can fail before it logs its message (its log would not open):
             # what it consumed is what the log says, never an assumption
-            await anyio.to_thread.run_sync(self._recount, act)
+            await rt.store_thread.run(self._recount, act)
         elif not act.fenced:
             act.cursor.advance([*quiet, main])
         act.reasons.append(turn.outcome.stop_reason)
@@ -149,7 +149,7 @@ class Driver:
         act.lease_state = state
         rt = self._rt
         try:
-            await anyio.to_thread.run_sync(lambda: set_lease_state(rt.store, act.child_id, rt.owner_id, act.epoch, state.value))  # type: ignore[arg-type]
+            await rt.store_thread.run(lambda: set_lease_state(rt.store, act.child_id, rt.owner_id, act.epoch, state.value))  # type: ignore[arg-type]
         except FencedError:
             self._teardown.fence(act)
 

@@ -121,13 +121,13 @@ class Materializer:
 
         epoch = 1  # created leased to us (create_session's lease_owner)
         with self._admission.materializing(child_id), anyio.CancelScope(shield=True):
-            message_id = await anyio.to_thread.run_sync(create)
+            message_id = await rt.store_thread.run(create)
             try:
                 self._admission.admit(parent_id)  # a drain may have begun while we wrote
                 self._check_parent_open(parent_id)
                 setup = self._install_setup(ActivationInfo(child_id, parent_id, spec.label, provider.name, placement.depth, epoch, resumed=False))
             except BaseException:
-                await anyio.to_thread.run_sync(lambda: delete_session(rt.store, child_id, parent_session=parent_id))
+                await rt.store_thread.run(lambda: delete_session(rt.store, child_id, parent_session=parent_id))
                 raise
         identity = ActivationIdentity(
             child_id=child_id, parent_id=parent_id, descriptor=descriptor, epoch=epoch, depth=placement.depth,
@@ -173,13 +173,13 @@ class Materializer:
     async def _resume_from_store(self, parent_id: str, child_id: str) -> Activation | None:
         rt = self._rt
         try:
-            header = await anyio.to_thread.run_sync(read_header, rt.store, child_id)
+            header = await rt.store_thread.run(read_header, rt.store, child_id)
         except SubagentError as exc:
             raise NotResumableError.unavailable(child_id) from exc
         if header.parent_session != parent_id:
             raise UnauthorizedError.other_parent(child_id)
         try:
-            projection = await anyio.to_thread.run_sync(read_projection, rt.store, child_id)
+            projection = await rt.store_thread.run(read_projection, rt.store, child_id)
         except SubagentError as exc:
             raise NotResumableError.unavailable(child_id) from exc
         if projection.resume_error is not None:
@@ -193,7 +193,7 @@ class Materializer:
             return None
         self._admission.admit(parent_id)
         try:
-            lease = await anyio.to_thread.run_sync(lambda: acquire_lease(rt.store, child_id, rt.owner_id))
+            lease = await rt.store_thread.run(lambda: acquire_lease(rt.store, child_id, rt.owner_id))
         except LeaseHeldError as exc:
             raise NotResumableError.held_elsewhere(child_id) from exc
         if child_id in self._table:
@@ -203,7 +203,7 @@ class Materializer:
             setup = self._install_setup(ActivationInfo(child_id, parent_id, descriptor.label, descriptor.provider, depth, lease.epoch, resumed=True))
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(release_lease, rt.store, child_id, rt.owner_id, lease.epoch)
+                await rt.store_thread.run(release_lease, rt.store, child_id, rt.owner_id, lease.epoch)
             raise
         identity = ActivationIdentity(
             child_id=child_id, parent_id=parent_id, descriptor=descriptor, epoch=lease.epoch, depth=depth,

@@ -152,16 +152,16 @@ class Teardown:
             return False
         dropped = False
         if act.discard:
-            dropped = await anyio.to_thread.run_sync(self._discard_pending, act)
+            dropped = await self._rt.store_thread.run(self._discard_pending, act)
         reason = epoch_stop_reason(act.reasons, dropped)
         rt = self._rt
         try:
-            await anyio.to_thread.run_sync(release_lease, rt.store, act.child_id, rt.owner_id, act.epoch)
+            await rt.store_thread.run(release_lease, rt.store, act.child_id, rt.owner_id, act.epoch)
         except FencedError:
             log.warning("lease of %s was taken over before release", act.child_id, extra=log_fields(act))
         # another process may have accepted a message after our last mailbox read and seen our
         # lease still held; it left the message for us. Re-read after releasing: one of us sees it.
-        resume_after = not act.discard and not self._admission.closing and await anyio.to_thread.run_sync(self._has_waking_pending, act)
+        resume_after = not act.discard and not self._admission.closing and await rt.store_thread.run(self._has_waking_pending, act)
         await self._notify_parent(act, reason)
         self._finish(act, reason, act.last_output or None)
         return resume_after

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import json
 import threading
 
@@ -25,6 +26,19 @@ async def test_calls_run_on_one_long_lived_thread_off_the_loop() -> None:
         assert len(set(idents)) == 1 and idents[0] != threading.get_ident()
         assert await st.run(lambda a, b: a + b, 2, 3) == 5
         assert st.statistics().calls == 6 and st.statistics().overflow == 0
+    finally:
+        await st.aclose()
+
+
+async def test_a_call_sees_its_callers_context_variables() -> None:
+    """As with ``to_thread``: what the calling task bound (the log fields of an activation) is seen by the call."""
+    field: contextvars.ContextVar[str] = contextvars.ContextVar("field", default="unbound")
+    st = StoreThread()
+    try:
+        field.set("child-1")
+        assert await st.run(field.get) == "child-1"
+        field.set("child-2")
+        assert await st.run(field.get) == "child-2"
     finally:
         await st.aclose()
 
@@ -78,6 +92,22 @@ async def test_a_cancelled_caller_waits_for_its_call_to_finish() -> None:
         assert finished == [True] and results == ["done"]
     finally:
         release.set()
+        await st.aclose()
+
+
+async def test_an_already_cancelled_caller_begins_only_an_uncancellable_call() -> None:
+    """``run`` is a checkpoint, as ``to_thread`` is; ``run_uncancellable`` (an acceptance) begins anyway."""
+    st = StoreThread()
+    ran: list[str] = []
+    try:
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await st.run(ran.append, "run")
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await st.run_uncancellable(ran.append, "uncancellable")
+        assert ran == ["uncancellable"]
+    finally:
         await st.aclose()
 
 
