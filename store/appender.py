@@ -30,7 +30,7 @@ from .framing import Check, encode_record, find_committed, scan, scan_all
 from .locks import SessionFlock
 from .root import Store
 
-__all__ = ["Lock", "append_record", "append_records", "append_durably"]
+__all__ = ["Lock", "WIDEST_SEQ", "append_record", "append_records", "append_durably", "frame_record"]
 
 
 class Lock(Protocol):
@@ -75,7 +75,7 @@ def append_records(
             raise CorruptSessionError(owner, f"{key}: {result.damage.reason} at byte {result.damage.offset} before valid records", offset=result.damage.offset)
         else:
             cut = True
-    blob = b"".join(_frame({**record, "seq": seq + i}, limit, key, too_large) for i, record in enumerate(records))
+    blob = b"".join(frame_record({**record, "seq": seq + i}, limit, key, too_large) for i, record in enumerate(records))
     if cut:
         os.ftruncate(fd, end)  # a torn tail of an append that never returned
     os.write(fd, blob)
@@ -84,10 +84,10 @@ def append_records(
 
 
 # msgpack's widest integer (9 bytes): a record framed with it is at least as long as with its real seq
-_WIDEST_SEQ = 2**64 - 1
+WIDEST_SEQ = 2**64 - 1
 
 
-def _frame(record: dict[str, Any], limit: int, key: str, too_large: str | None) -> bytes:
+def frame_record(record: dict[str, Any], limit: int, key: str, too_large: str | None) -> bytes:
     try:
         return encode_record(record, limit=limit, what=f"a record of {key}")
     except SubagentError as exc:
@@ -112,7 +112,7 @@ def append_durably(
     critical section (``gc``'s tombstones are written only for a session that is still gone)."""
     records = [record] if isinstance(record, dict) else list(record)
     for one in records:  # refused before the lock, the file or its tail are touched; the widest seq bounds the size
-        _frame({**one, "seq": _WIDEST_SEQ}, store.max_record_bytes, key, too_large)
+        frame_record({**one, "seq": WIDEST_SEQ}, store.max_record_bytes, key, too_large)
     held: Lock = lock if lock is not None else SessionFlock(lock_path or path + ".lock")
     held.acquire()
     try:

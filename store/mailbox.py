@@ -17,16 +17,25 @@ shape is damage, and ends the valid prefix like a bad CRC — writers use the
 same check, so they never append after damage a reader would stop at. A
 message above the store's ``max_record_bytes`` is refused
 (``MESSAGE_TOO_LARGE``) before anything is written.
+
+``MailboxWriter`` accepts many messages into one mailbox through descriptors
+it keeps open (the session file's, for its lock, and the mailbox's): a
+resident child's followups pay no ``open``/``close`` each. ``accept`` is one
+such writer used once.
 """
 
 from __future__ import annotations
 
+import os
+import stat
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import CorruptSessionError
-from .appender import append_durably
+from .appender import WIDEST_SEQ, append_records, frame_record
+from .atomic import FILE_MODE, NOFOLLOW
+from .errors import CorruptSessionError, UnavailableSessionError
 from .framing import scan
 from .ids import IdGenerator
 from .reader import read_session_file
@@ -34,7 +43,7 @@ from .records import mailbox_problem
 from .root import Store
 from .session_file import SessionLock
 
-__all__ = ["MailboxMessage", "accept", "read_mailbox", "pending"]
+__all__ = ["MailboxMessage", "MailboxWriter", "accept", "read_mailbox", "pending"]
 
 
 @dataclass(frozen=True)
@@ -52,18 +61,119 @@ class MailboxMessage:
 
 
 def accept(store: Store, session_id: str, *, source: dict[str, Any], content: Any, ids: IdGenerator, wake: bool = True, lock: SessionLock | None = None) -> str:
-    """Durably append a message; returns its id once it is on stable storage."""
-    held = lock if lock is not None else SessionLock(session_id, store.session_path(session_id))  # SessionNotFoundError
-    message_id = ids.new()
-    record = {"id": message_id, "ts": time.time(), "source": source, "content": content, "wake": wake}
+    """Durably append a message; returns its id once it is on stable storage (``lock``: the caller's, kept open)."""
+    writer = MailboxWriter(store, session_id, lock=lock)  # SessionNotFoundError
     try:
-        append_durably(store, store.path(session_id, "mailbox"), record, lock=held,
-                       key=f"mailbox/{session_id}", owner=session_id, what=f"mailbox of {session_id}",
-                       check=mailbox_problem, too_large="MESSAGE_TOO_LARGE")
+        return writer.accept(source=source, content=content, ids=ids, wake=wake)
     finally:
-        if lock is None:
-            held.close()
-    return message_id
+        writer.close()
+
+
+class MailboxWriter:
+    """One session's mailbox, held open for acceptances. Thread-safe; the owner closes it.
+
+    The session's lock (an ``flock`` on its file, ``SessionLock``) and the
+    mailbox's descriptor stay open between acceptances. Under the lock, every
+    acceptance checks that ``sessions/<id>`` still names the locked file (``gc``
+    renames a session away under its lock: ``SessionNotFoundError``, nothing is
+    accepted beside a session that is gone) and that the mailbox path still
+    names the open mailbox (else it is opened again), so a kept descriptor never
+    appends to a file nobody reads. Acceptances are serialised by a mutex:
+    ``flock`` belongs to an open file description, so two threads sharing one
+    descriptor would not exclude each other. ``close`` never waits: an
+    acceptance in progress closes the descriptors when it ends, and one made
+    after ``close`` opens and closes its own.
+    """
+
+    def __init__(self, store: Store, session_id: str, *, lock: SessionLock | None = None) -> None:
+        self._store = store
+        self.session_id = session_id
+        self._path = store.path(session_id, "mailbox")
+        self._key = f"mailbox/{session_id}"
+        self._what = f"mailbox of {session_id}"
+        self._mutex = threading.Lock()  # one acceptance at a time
+        self._state = threading.Lock()  # guards what follows; never held across I/O
+        self._busy = False
+        self._closed = False
+        # the lock held (None once closed) and whether it is ours to close; the open mailbox
+        self._lock: SessionLock | None = lock if lock is not None else SessionLock(session_id, store.session_path(session_id))
+        self._own_lock = lock is None
+        self._fd = -1
+        self._file: tuple[int, int] | None = None  # (st_dev, st_ino) of the open mailbox
+
+    def accept(self, *, source: dict[str, Any], content: Any, ids: IdGenerator, wake: bool = True) -> str:
+        """Durably append a message; returns its id once it is on stable storage (as ``accept``)."""
+        store = self._store
+        message_id = ids.new()
+        record = {"id": message_id, "ts": time.time(), "source": source, "content": content, "wake": wake}
+        # refused before the lock or the file are touched; the widest seq bounds the size
+        frame_record({**record, "seq": WIDEST_SEQ}, store.max_record_bytes, self._key, "MESSAGE_TOO_LARGE")
+        with self._mutex:
+            with self._state:
+                self._busy = True
+            try:
+                if self._lock is None:  # closed: a lock of our own for this acceptance (closed after it)
+                    self._lock, self._own_lock = SessionLock(self.session_id, store.session_path(self.session_id)), True
+                self._lock.acquire()  # SessionNotFoundError when the session is gone
+                try:
+                    size = self._open_mailbox()
+                    append_records(self._fd, [record], tails=store.index_tails, key=self._key, owner=self.session_id,
+                                   limit=store.max_record_bytes, check=mailbox_problem, too_large="MESSAGE_TOO_LARGE", size=size)
+                    store.durability.after_append(self._fd, self._what)  # strict syncs here, batched below
+                    store.durability.at_commit(self._fd, self._what)
+                finally:
+                    self._lock.release()
+            finally:
+                with self._state:
+                    self._busy = False
+                    files = self._detach() if self._closed else None
+                _close(files)
+        return message_id
+
+    def close(self) -> None:
+        """Close the descriptors now, or (an acceptance in progress) when it ends. Idempotent."""
+        with self._state:
+            self._closed = True
+            files = None if self._busy else self._detach()
+        _close(files)
+
+    def _detach(self) -> tuple[int, SessionLock | None]:
+        """Under ``_state``: take the descriptors to close, leaving none held."""
+        files = (self._fd, self._lock if self._own_lock else None)
+        self._fd, self._file, self._lock = -1, None, None
+        return files
+
+    def _open_mailbox(self) -> int:
+        """Under the lock: the mailbox's size, (re)opening it unless the path still names the open file."""
+        try:
+            info = os.stat(self._path, follow_symlinks=False)
+            if self._fd >= 0 and (info.st_dev, info.st_ino) == self._file:
+                return info.st_size
+        except OSError:
+            pass  # absent (made by the first message) or unreadable: the open below says which
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd, self._file = -1, None
+        try:
+            fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | NOFOLLOW, FILE_MODE)
+        except OSError as exc:  # a link, a loop or a folder in its place
+            raise UnavailableSessionError(self.session_id, f"{self._key} cannot be opened ({exc.strerror or exc})") from None
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            os.close(fd)
+            raise UnavailableSessionError(self.session_id, f"{self._key} is not a regular file")
+        self._fd, self._file = fd, (info.st_dev, info.st_ino)
+        return info.st_size
+
+
+def _close(files: tuple[int, SessionLock | None] | None) -> None:
+    if files is None:
+        return
+    fd, lock = files
+    if fd >= 0:
+        os.close(fd)
+    if lock is not None:
+        lock.close()
 
 
 def _messages(data: bytes, *, start_seq: int = 0, base: int = 0) -> tuple[list[MailboxMessage], bool]:

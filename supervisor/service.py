@@ -81,6 +81,7 @@ class SupervisorStatistics:
     roots: int
     creation: CreatorStatistics  # one-shot children created: thread hops and group commits
     store_thread: StoreThreadStatistics  # short store calls (acceptances) on the store thread, and those that overflowed
+    open_mailboxes: int  # resident children's mailboxes held open for their followups
 
 
 def _make_pool(config: SupervisorConfig, store: Store) -> Pool:
@@ -377,4 +378,5 @@ class Supervisor:
             roots=len(self._root_epochs),
             creation=self.runs.creation_statistics(),
             store_thread=self.runtime.store_thread.statistics(),
+            open_mailboxes=self.continuation.open_mailboxes(),
         )

@@ -9,11 +9,17 @@ watcher picks up; nobody → a cold resume here (``materialization.py``).
 A followup needs the exact live parent; a ``send`` needs only the durable
 lineage (the child's header must name the parent); a report goes up to the
 reporting child's live direct parent.
+
+A resident child's mailbox is held open (``MailboxWriter``) from its first
+delivery until its disposal, for at most ``MAX_OPEN_MAILBOXES`` children at
+a time (the least recently delivered to is closed first): a followup then
+pays no ``open``/``close`` of the session's file and mailbox.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from typing import Any
 
 import anyio
@@ -22,6 +28,7 @@ from subagents.store import accept, read_header
 from subagents.store.errors import SubagentError
 from subagents.store.ids import validate_session_id
 from subagents.store.lease import owner_alive, read_lease, read_owner
+from subagents.store.mailbox import MailboxWriter
 
 from ..errors import ActivationClosingError, InvalidRequestError, NotResumableError, ParentUnavailableError, UnauthorizedError
 from ..runtime import Runtime
@@ -34,6 +41,11 @@ __all__ = ["Delivery"]
 
 log = logging.getLogger(__name__)
 
+# Mailboxes held open at once: two descriptors each (the session's file, its mailbox). Enough for
+# the children a host follows up on in turn; a supervisor with thousands resident stays far below
+# a 1,024-descriptor limit, and a child past the bound pays two opens per delivery again.
+MAX_OPEN_MAILBOXES = 64
+
 
 class Delivery:
     def __init__(self, rt: Runtime, table: ActivationTable, admission: Admission, materializer: Materializer) -> None:
@@ -41,6 +53,7 @@ class Delivery:
         self._table = table
         self._admission = admission
         self._materializer = materializer
+        self._writers: OrderedDict[str, MailboxWriter] = OrderedDict()  # resident children's open mailboxes, least recent first
 
     async def followup(self, parent_id: str, child_id: str, content: Any, *, source: dict[str, Any] | None = None) -> str:
         """The next FIFO turn for a child of the live ``parent_id``; cold-resumes it when nobody hosts it."""
@@ -76,10 +89,50 @@ class Delivery:
         """Durably accept a message for a resident activation and wake its driver."""
         act.admitted += 1
         try:
-            return await self._accept(act.child_id, source, text, wake=wake)
+            return await self._accept_resident(act.child_id, source, text, wake=wake)
         finally:
             act.admitted -= 1
             act.poke()
+
+    async def _accept_resident(self, child_id: str, source: dict[str, Any], text: str, *, wake: bool) -> str:
+        """``_accept`` through the child's open mailbox (opened by its first delivery, then kept)."""
+        store, ids = self._rt.store, self._rt.ids
+        writer = self._writers.get(child_id)
+        if writer is not None:
+            self._writers.move_to_end(child_id)
+            return await self._rt.store_thread.run_uncancellable(lambda: writer.accept(source=source, content=text, ids=ids, wake=wake))
+
+        def first() -> tuple[MailboxWriter, str]:
+            made = MailboxWriter(store, child_id)  # SessionNotFoundError
+            try:
+                return made, made.accept(source=source, content=text, ids=ids, wake=wake)
+            except BaseException:
+                made.close()
+                raise
+
+        made, message_id = await self._rt.store_thread.run_uncancellable(first)
+        if child_id in self._table and child_id not in self._writers:
+            self._writers[child_id] = made
+            if len(self._writers) > MAX_OPEN_MAILBOXES:
+                self._writers.popitem(last=False)[1].close()
+        else:  # disposed meanwhile, or another delivery kept its own first
+            made.close()
+        return message_id
+
+    def open_mailboxes(self) -> int:
+        """How many resident children's mailboxes are held open now (at most ``MAX_OPEN_MAILBOXES``)."""
+        return len(self._writers)
+
+    def close_mailboxes(self) -> None:
+        """Close every open mailbox (the supervisor is closing)."""
+        while self._writers:
+            self._writers.popitem()[1].close()
+
+    def forget(self, child_id: str) -> None:
+        """The child is disposed: close its open mailbox (at once, or after an acceptance in progress)."""
+        writer = self._writers.pop(child_id, None)
+        if writer is not None:
+            writer.close()
 
     async def _accept(self, recipient: str, source: dict[str, Any], text: str, *, wake: bool) -> str:
         """Append to ``recipient``'s mailbox on the store thread; uncancellable, as it always was (under a

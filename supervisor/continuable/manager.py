@@ -83,8 +83,14 @@ class ContinuationManager:
     async def drain_children(self, parent: AgentRef | str, child_ids: Iterable[str]) -> None:
         await self._teardown.drain_children(_id(parent), child_ids)
 
+    def open_mailboxes(self) -> int:
+        return self._delivery.open_mailboxes()
+
     async def close(self) -> None:
-        await self._teardown.close()
+        try:
+            await self._teardown.close()
+        finally:
+            self._delivery.close_mailboxes()  # those of activations a bounded close left behind
 
     # -- tasks ---------------------------------------------------------------------------------
 

@@ -193,6 +193,7 @@ class Teardown:
             except SubagentError:
                 log.exception("subagent %s activation teardown failed", act.child_id, extra=log_fields(act))
         self._table.remove(act)
+        self._delivery.forget(act.child_id)
         self._table.disown(act.parent_id, act.child_id)
         self._admission.reopen(act.child_id)
         self._rt.events.emit(

@@ -151,3 +151,134 @@ def test_pending_reads_only_the_unconsumed_suffix_when_told_where_it_starts(s1):
     wrong = store.pending(s1, "s1", consumed=2, last_consumed_id=mids[1], mailbox_end=messages[1].end + 3)
     assert [m.id for m in wrong] == mids[2:]
     assert store.pending(s1, "s1", consumed=5, last_consumed_id=mids[4], mailbox_end=messages[4].end) == []
+
+
+# -- a writer held open (issue #12: a resident child's followups open nothing each) --------------
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def _writer(st):
+    from subagents.store.mailbox import MailboxWriter
+
+    return MailboxWriter(st, "s1")
+
+
+def test_a_writer_accepts_many_messages_through_descriptors_it_keeps(s1):
+    """Two descriptors (the session's file, the mailbox) from the first acceptance to ``close``, none per message."""
+    ids = store.IdGenerator()
+    before = _open_fds()
+    writer = _writer(s1)
+    first = writer.accept(source={"kind": "user"}, content="m0", ids=ids)
+    held = _open_fds()
+    assert len(held - before) == 2
+    rest = [writer.accept(source={"kind": "user"}, content=f"m{i}", ids=ids) for i in range(1, 20)]
+    assert _open_fds() == held
+    writer.close()
+    writer.close()  # idempotent
+    assert _open_fds() == before
+    assert [m.id for m in store.read_mailbox(s1, "s1")] == [first, *rest]
+
+
+def test_a_writer_refuses_a_session_gc_moved_away(st, tmp_path):
+    """``gc`` renames a session's file (and then its companions) away under its lock: a held writer
+    accepts nothing more, and no mailbox appears beside the session that is gone."""
+    store.create_session(st, "s1", events=[("subagent/descriptor", ONE_SHOT)])
+    writer = _writer(st)
+    writer.accept(source={}, content="before", ids=store.IdGenerator())
+    trash = tmp_path / "trash"
+    trash.mkdir()
+    os.rename(st.session_path("s1"), trash / "session")
+    os.rename(st.path("s1", "mailbox"), trash / "mailbox")
+    with pytest.raises(store.SessionNotFoundError):
+        writer.accept(source={}, content="after", ids=store.IdGenerator())
+    writer.close()
+    assert not os.path.exists(st.path("s1", "mailbox"))
+    assert [r["content"] for r in scan(read_file(str(trash / "mailbox"))).records] == ["before"]
+
+
+def test_a_writer_appends_to_the_mailbox_its_path_names(s1):
+    """A mailbox replaced under a held writer (removed here) is opened again: nothing goes to a file nobody reads."""
+    ids = store.IdGenerator()
+    writer = _writer(s1)
+    writer.accept(source={}, content="old", ids=ids)
+    os.unlink(s1.path("s1", "mailbox"))
+    mid = writer.accept(source={}, content="new", ids=ids)
+    writer.close()
+    assert [(m.id, m.content) for m in store.read_mailbox(s1, "s1")] == [(mid, "new")]
+
+
+def test_close_never_waits_for_an_acceptance_in_progress(st):
+    """``close`` returns at once while an acceptance waits for the lock; that acceptance completes and closes the descriptors."""
+    import threading
+
+    from subagents.store.session_file import SessionLock
+
+    store.create_session(st, "s1", events=[("subagent/descriptor", ONE_SHOT)])
+    before = _open_fds()
+    writer = _writer(st)
+    other = SessionLock("s1", st.session_path("s1"))
+    other.acquire()  # another process's critical section
+    out: list[str] = []
+    thread = threading.Thread(target=lambda: out.append(writer.accept(source={}, content="x", ids=store.IdGenerator())))
+    try:
+        thread.start()
+        thread.join(0.2)
+        assert thread.is_alive() and not out  # waiting for the lock
+        writer.close()  # returns while the acceptance waits
+    finally:
+        other.release()
+        other.close()
+    thread.join(20)
+    assert not thread.is_alive() and [m.id for m in store.read_mailbox(st, "s1")] == out
+    assert _open_fds() == before
+
+
+def test_a_closed_writer_still_accepts_and_keeps_nothing_open(s1):
+    """An acceptance racing a disposal (after ``close``) is still durable, and opens and closes its own descriptors."""
+    before = _open_fds()
+    writer = _writer(s1)
+    writer.close()
+    mid = writer.accept(source={}, content="late", ids=store.IdGenerator())
+    assert _open_fds() == before
+    assert [m.id for m in store.read_mailbox(s1, "s1")] == [mid]
+
+
+def test_threads_sharing_a_writer_take_turns_in_the_critical_section(tmp_path):
+    """``flock`` belongs to the open file description, so it does not exclude two threads on one
+    descriptor: the writer's own mutex does. While one acceptance is inside (held here at its
+    commit point), another through the same writer appends nothing."""
+    import threading
+
+    from subagents.store.durability import Batched
+
+    inside, go_on = threading.Event(), threading.Event()
+
+    class HeldAtCommit(Batched):
+        def at_commit(self, fd: int, what: str) -> None:
+            if not inside.is_set():
+                inside.set()
+                assert go_on.wait(20)
+            super().at_commit(fd, what)
+
+    st = store.Store(tmp_path / "store", durability=HeldAtCommit())
+    store.create_session(st, "s1", events=[("subagent/descriptor", ONE_SHOT)])
+    writer = _writer(st)
+    ids = store.IdGenerator()
+    made: list[str] = []
+    first = threading.Thread(target=lambda: made.append(writer.accept(source={}, content="first", ids=ids)))
+    second = threading.Thread(target=lambda: made.append(writer.accept(source={}, content="second", ids=ids)))
+    try:
+        first.start()
+        assert inside.wait(20)
+        second.start()
+        second.join(0.2)
+        assert len(scan(read_file(st.path("s1", "mailbox"))).records) == 1  # the second waits outside
+    finally:
+        go_on.set()
+        first.join(20)
+        second.join(20)
+    writer.close()
+    assert [m.content for m in store.read_mailbox(st, "s1")] == ["first", "second"] and len(made) == 2

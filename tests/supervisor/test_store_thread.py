@@ -11,6 +11,8 @@ import pytest
 
 from subagents.store.errors import SessionNotFoundError
 from subagents.supervisor import ContinuableSpec
+from subagents.store import read_mailbox
+from subagents.supervisor.continuable import delivery
 from subagents.supervisor.store_thread import StoreThread
 
 from .test_continuable import continuable_supervisor
@@ -167,3 +169,42 @@ async def test_followups_to_a_resident_child_are_accepted_on_the_store_thread(tm
         after = sup.statistics().store_thread
         assert after.calls - before.calls == 5 and after.overflow == before.overflow
         await sup.drain_children(root, [child])
+
+
+async def _busy_children(sup, root, count: int) -> list[str]:
+    busy = json.dumps({"script": [{"sleep": 60_000}]})
+    children = [(await sup.start_continuable(ContinuableSpec(parent=root, provider="script", prompt=busy, label=f"busy {i}")))[0] for i in range(count)]
+    with anyio.fail_after(20):
+        while sup.statistics().pool.resident < count:
+            await anyio.sleep(0.01)
+    return children
+
+
+async def test_a_resident_childs_mailbox_stays_open_from_its_first_followup_to_its_disposal(tmp_path) -> None:
+    """Issue #12: a followup to a resident child opens nothing after the first; its disposal closes it."""
+    async with continuable_supervisor(tmp_path, pool_size=2, durability="batched") as sup:
+        root = await sup.open_root()
+        children = await _busy_children(sup, root, 2)
+        assert sup.statistics().open_mailboxes == 0
+        for child in children:
+            for i in range(3):
+                await sup.followup(root, child, f"queued {i}")
+        assert sup.statistics().open_mailboxes == 2
+        assert [len(read_mailbox(sup.store, child)) for child in children] == [4, 4]
+        await sup.drain_children(root, children)
+        assert sup.statistics().open_mailboxes == 0
+
+
+async def test_open_mailboxes_are_bounded(tmp_path, monkeypatch) -> None:
+    """Past ``MAX_OPEN_MAILBOXES`` the least recently delivered-to mailbox is closed; deliveries go on."""
+    monkeypatch.setattr(delivery, "MAX_OPEN_MAILBOXES", 1)
+    async with continuable_supervisor(tmp_path, pool_size=2, durability="none") as sup:
+        root = await sup.open_root()
+        children = await _busy_children(sup, root, 2)
+        for _ in range(2):
+            for child in children:
+                await sup.followup(root, child, "queued")
+                assert sup.statistics().open_mailboxes == 1
+        assert [len(read_mailbox(sup.store, child)) for child in children] == [3, 3]
+        await sup.drain_children(root, children)
+        assert sup.statistics().open_mailboxes == 0
