@@ -4,8 +4,11 @@ Used by ``one_shot.py`` for ``inodes_per_child`` and ``fsyncs_per_child``: the
 run is repeated under ``strace -f -yy`` (every thread and process, file
 descriptors shown with their paths), and the trace is replayed here on a
 model of the file system's names: a path first created with ``O_CREAT`` or
-``mkdir`` is a new inode; ``link`` adds a name to an inode; ``rename`` onto an
-existing name and ``unlink`` of an inode's last name free it. Only paths
+``mkdir`` is a new inode, and so is an unnamed file (``O_TMPFILE``), known by
+its ``/proc/self/fd/<fd>`` until ``linkat`` names it (a later open that reuses
+its fd number frees it if it never got a name); ``link`` adds a name to an
+inode; ``rename`` onto an existing name and ``unlink`` of an inode's last name
+free it. Only paths
 under the store's folder count, and only between the two marker opens the
 traced program makes (``begin_marker`` / ``end_marker``), though the model is
 fed from the start so names made during warm-up are known.
@@ -13,6 +16,8 @@ fed from the start so names made during warm-up are known.
 Counts are exact for what the store does (fresh folders, no pre-existing
 files): an ``O_CREAT`` open of a name created before the trace started would
 be miscounted as new, and the store folder is always made by the traced run.
+Unnamed files are keyed by fd number alone, not by process: only the
+supervisor's process makes them.
 """
 
 from __future__ import annotations
@@ -148,7 +153,14 @@ def count_trace(trace_path: str, store_folder: str, markers_folder: str) -> Coun
             continue
         tally = counting
         if call in ("openat", "open", "creat"):
-            if ("O_CREAT" in args or call == "creat") and ret_path and inside(ret_path):
+            if "O_TMPFILE" in args and ret_path and inside(ret_path):
+                unnamed = f"/proc/self/fd/{ret}"
+                if names.drop(unnamed) and tally:  # the fd's earlier unnamed file was closed without a name
+                    freed += 1
+                names.create(unnamed)
+                if tally:
+                    created += 1
+            elif ("O_CREAT" in args or call == "creat") and ret_path and inside(ret_path):
                 if names.create(os.path.normpath(ret_path)) and tally:
                     created += 1
         elif call in ("mkdir", "mkdirat"):
@@ -157,6 +169,8 @@ def count_trace(trace_path: str, store_folder: str, markers_folder: str) -> Coun
         elif call in ("link", "linkat"):
             if len(paths) == 2 and inside(paths[1]):
                 names.link(paths[0], paths[1])
+                if paths[0].startswith("/proc/self/fd/"):
+                    names.drop(paths[0])  # named: its fd number no longer stands for it
         elif call in ("rename", "renameat", "renameat2"):
             if len(paths) == 2 and inside(paths[1]) and names.rename(paths[0], paths[1]) and tally:
                 freed += 1

@@ -3,12 +3,13 @@
 Creation is all-or-nothing: a session exists exactly when its file
 ``sessions/<id>`` does (``store/session_file.py``). The whole file — header,
 lease (when created held), initial log (descriptor and policy events at epoch
-0) — is written under a temporary name in ``sessions/``, fsync'd, and
-published by an exclusive ``link`` to its name (two creators of one id cannot
-both win), then the temporary name is removed: one inode per session, none
-freed. The index entry follows. A crash before the link leaves a temporary
-file that nothing lists (``subagents store fsck`` reports it); a failure
-after it unlinks the session and tombstones the index entry.
+0) — is written unnamed (or under a temporary name where the system has no
+unnamed files), fsync'd, and published by an exclusive ``link`` to its name
+(two creators of one id cannot both win; ``atomic.publish_new``): one inode
+per session, none freed. The index entry follows. A crash before the link
+leaves no name, or a temporary file that nothing lists (``subagents store
+fsck`` reports it); a failure after it unlinks the session and tombstones the
+index entry.
 
 ``create_sessions`` creates several sessions as one batch, with the same
 order for each, and shares what a batch can share: one fsync of the
@@ -23,12 +24,11 @@ commit what they published together (``supervisor/creator.py``).
 from __future__ import annotations
 
 import os
-import secrets
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .atomic import fsync_dir, write_new
+from .atomic import fsync_dir, publish_new
 from .errors import SessionExistsError
 from .framing import encode_record
 from .header import SessionHeader, parse_header
@@ -255,19 +255,11 @@ def _write_unpublished_and_publish(store: Store, request: NewSession, header: Se
         raise SessionExistsError(request.session_id)
     lease = Lease(request.lease_owner, 1, "running", now) if request.lease_owner is not None else None
     blob = encode_session(header.to_record(), lease, b"".join(chunks))
-    tmp = os.path.join(store.sessions_dir, f".{request.session_id}.new.{os.getpid()}.{secrets.token_hex(4)}")
     try:
         # the folder fsync of commit_sessions persists the new name
-        write_new(tmp, blob, durable=store.durability.syncs_at_commit)
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            raise SessionExistsError(request.session_id) from None
-    finally:
-        try:
-            os.unlink(tmp)  # also after a failed write: a creation that failed leaves no file
-        except FileNotFoundError:
-            pass
+        publish_new(path, blob, durable=store.durability.syncs_at_commit)
+    except FileExistsError:
+        raise SessionExistsError(request.session_id) from None
     try:
         _clear_companions(store, request.session_id)
     except BaseException:

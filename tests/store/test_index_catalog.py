@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from subagents import store
+import subagents.store.atomic
 import subagents.store.durability
 import subagents.store.session
 from subagents.store.framing import scan
@@ -369,15 +370,17 @@ def test_rolled_back_creation_is_never_listed(tree, monkeypatch):
     assert ids(store.list_children(st, "r")) == ["c1", "c2", "c5"]
 
 
+@pytest.mark.parametrize("unnamed", [True, False], ids=["unnamed-file", "temporary-name"])
 @pytest.mark.parametrize("fail", ["write", "link"])
-def test_creation_that_fails_before_publishing_leaves_nothing(st, monkeypatch, fail):
-    """A failure while writing the session's file under its temporary name (half of it written), or
-    while linking it to its name, leaves no file and no temporary one; nothing is indexed."""
+def test_creation_that_fails_before_publishing_leaves_nothing(st, monkeypatch, fail, unnamed):
+    """A failure while writing the session's file (half of it written), or while linking it to its
+    name, leaves no file and no temporary one; nothing is indexed. Both ways of publishing: an
+    unnamed file, and the temporary name of systems without unnamed files."""
     store.create_session(st, "r")
-    real_write, real_link = store.session.write_new, os.link
+    real_write, real_link = store.atomic._write_whole, os.link
 
-    def failing_write(path, data, **kwargs):
-        real_write(path, data[: len(data) // 2], **kwargs)
+    def failing_write(fd, data, path, **kwargs):
+        real_write(fd, data[: len(data) // 2], path, **kwargs)
         raise OSError(errno.ENOSPC, "no space")
 
     def failing_link(src, dst, *args, **kwargs):
@@ -385,16 +388,43 @@ def test_creation_that_fails_before_publishing_leaves_nothing(st, monkeypatch, f
             raise OSError(errno.EIO, "injected")
         return real_link(src, dst, *args, **kwargs)
 
+    if not unnamed:
+        monkeypatch.setattr(store.atomic, "_open_unnamed", lambda folder: None)
     if fail == "write":
-        monkeypatch.setattr(store.session, "write_new", failing_write)
+        monkeypatch.setattr(store.atomic, "_write_whole", failing_write)
     else:
-        monkeypatch.setattr(store.session.os, "link", failing_link)
+        monkeypatch.setattr(store.atomic.os, "link", failing_link)
     with pytest.raises(OSError):
         make_child(st, "r", "c1")
     monkeypatch.undo()
     assert sorted(os.listdir(st.sessions_dir)) == ["r"]
     assert store.read_children(st, "r") == [] and store.list_children(st, "r") == []
     make_child(st, "r", "c1")  # the id is free
+    assert ids(store.list_children(st, "r")) == ["c1"]
+
+
+@pytest.mark.parametrize("unnamed", [True, False], ids=["unnamed-file", "temporary-name"])
+def test_creation_publishes_one_name_and_refuses_a_taken_one(st, monkeypatch, unnamed):
+    """A created session's file is its one name in ``sessions/`` (no temporary name is left, or
+    made at all where the system has unnamed files), mode 0600; creating a taken id fails with
+    ``SessionExistsError`` and leaves the first session's file as it was."""
+    made: list[str] = []
+    real_new = store.atomic.write_new
+    monkeypatch.setattr(store.atomic, "write_new", lambda path, data, **kw: made.append(path) or real_new(path, data, **kw))
+    if not unnamed:
+        monkeypatch.setattr(store.atomic, "_open_unnamed", lambda folder: None)
+    store.create_session(st, "r")
+    make_child(st, "r", "c1")
+    assert sorted(os.listdir(st.sessions_dir)) == ["c1", "r"]
+    assert os.stat(st.session_path("c1")).st_mode & 0o777 == 0o600
+    assert (made == []) == (unnamed and store.atomic._UNNAMED_FLAG != 0)
+    before = read_file(st.session_path("c1"))
+    with pytest.raises(store.SessionExistsError):
+        store.create_session(st, "c1", parent_session="r", origin="subagent")
+    with pytest.raises(FileExistsError):  # the link itself refuses a taken name (two creators racing)
+        store.atomic.publish_new(st.session_path("c1"), b"another file", durable=True)
+    assert read_file(st.session_path("c1")) == before
+    assert sorted(os.listdir(st.sessions_dir)) == ["c1", "r"]
     assert ids(store.list_children(st, "r")) == ["c1"]
 
 
