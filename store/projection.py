@@ -263,7 +263,7 @@ class Projection:
         validation of every field); descriptors are still parsed (``DescriptorError``).
         Every field ``to_record`` writes is taken, whatever fields are added later.
         """
-        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        values = {name: data[name] for name in _PROJECTION_FIELDS if name in data}
         ident = values.get("identity")
         if isinstance(ident, dict):
             values["identity"] = parse_descriptor(ident)
@@ -274,6 +274,10 @@ class Projection:
         values["timing"] = Timing(t["settled_ms"], t["active_since"], t["active_through"], t["pending_since"])
         values["open_calls"] = dict(values.get("open_calls") or {})
         return cls(**values)
+
+
+# the fields ``from_trusted_record`` takes (``dataclasses.fields`` rebuilt this tuple on every call)
+_PROJECTION_FIELDS = tuple(f.name for f in fields(Projection))
 
 
 class _TimingFields(Checked):
