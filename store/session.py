@@ -58,6 +58,10 @@ class NewSession:
     created_at: float | None = None
     lease_owner: str | None = None
     label: str | None = None
+    # the id was generated for this creation (``IdGenerator``) and never handed out: no former
+    # session of it can have left companion files, so creation does not look for them (three
+    # failing unlinks per session; a supervisor's children are all created this way)
+    fresh_id: bool = False
 
 
 def create_session(
@@ -251,15 +255,15 @@ def _write_unpublished_and_publish(store: Store, request: NewSession, header: Se
         chunks.append(chunk)
         offset += len(chunk)
     path = store.session_path(request.session_id)
-    if os.path.lexists(path):
-        raise SessionExistsError(request.session_id)
     lease = Lease(request.lease_owner, 1, "running", now) if request.lease_owner is not None else None
     blob = encode_session(header.to_record(), lease, b"".join(chunks))
     try:
         # the folder fsync of commit_sessions persists the new name
         publish_new(path, blob, durable=store.durability.syncs_at_commit)
-    except FileExistsError:
+    except FileExistsError:  # the link refuses a taken name: no check of our own before it
         raise SessionExistsError(request.session_id) from None
+    if request.fresh_id:
+        return projection
     try:
         _clear_companions(store, request.session_id)
     except BaseException:

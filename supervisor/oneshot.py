@@ -217,7 +217,7 @@ class OneShotRuns:
         created = await self._create(
             NewSession(
                 child_id, parent_session=placement.parent_id, origin="subagent", delegation_depth=placement.depth, events=events,
-                lease_owner=rt.owner_id,
+                lease_owner=rt.owner_id, fresh_id=True,
             ),
             cancel,
         )

@@ -428,6 +428,27 @@ def test_creation_publishes_one_name_and_refuses_a_taken_one(st, monkeypatch, un
     assert ids(store.list_children(st, "r")) == ["c1"]
 
 
+def test_creation_clears_the_companions_a_former_session_of_its_id_left(st, monkeypatch):
+    """A session created with an id a former session had (a gc killed mid-move left its companions in
+    ``sessions/``) starts without them; a creation of a freshly generated id (``fresh_id``, as a
+    supervisor's children are made) has nothing to clear and does not look."""
+    store.create_session(st, "r")
+    for name in ("mailbox", "control", "identity"):
+        write_file(st.path("c1", name), b"a former session's")
+    make_child(st, "r", "c1")
+    assert sorted(os.listdir(st.sessions_dir)) == ["c1", "r"]
+
+    def looked(*args):
+        raise AssertionError("a fresh id's creation looked for companions")
+
+    monkeypatch.setattr(store.session, "_clear_companions", looked)
+    fresh = store.IdGenerator().new()
+    request = store.session.NewSession(fresh, parent_session="r", origin="subagent", events=[("subagent/descriptor", ONE_SHOT)],
+                                       fresh_id=True)
+    [outcome] = store.session.create_sessions(st, [request])
+    assert outcome.id == fresh and ids(store.list_children(st, "r")) == ["c1", fresh]
+
+
 def test_batch_creation_fails_per_request_and_shares_the_index_append(st, monkeypatch):
     """``create_sessions``: a bad id or a taken id fails alone and leaves nothing; the rest is
     created, durable and listed in order, with one index append for all children of a parent."""
