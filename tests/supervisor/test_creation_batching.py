@@ -11,7 +11,7 @@ import pytest
 import subagents.supervisor.creator
 import subagents.supervisor.oneshot
 from subagents import supervisor
-from subagents.store import SessionExistsError, Store, check_store, create_session, read_children, read_index, read_lease
+from subagents.store import IndexEntry, SessionExistsError, Store, check_store, create_session, read_children, read_index, read_lease
 from subagents.store.session import NewSession
 from subagents.supervisor import SubagentRequest
 from subagents.supervisor.creator import SessionCreator
@@ -247,10 +247,17 @@ async def test_a_continuable_child_interrupted_while_its_own_child_is_created_se
                 await anyio.sleep(0.001)
             await anyio.sleep(0.2)  # room for a settlement that does not wait (the bug this pins)
         held.unblock.set()
+
+        def settled_row() -> IndexEntry | None:
+            [row] = [e for e in read_index(sup.store, root.id).entries if e.id == child_id]
+            return row if row.settled is not None else None
+
+        # the release writes the lease, then the row, in one critical section of the session lock,
+        # which a reader does not take: a lease read released may still have its row to come
         with anyio.fail_after(30):
-            while (lease := read_lease(sup.store, child_id)) is None or lease.state != "released":
+            while (row := settled_row()) is None:
                 await anyio.sleep(0.01)
-        [row] = [e for e in read_index(sup.store, root.id).entries if e.id == child_id]
         assert row.settled is not None and row.settled.has_children, row
+        assert read_lease(sup.store, child_id).state == "released"
     report = check_store(tmp_path / "store")
     assert report.clean, str(report)
