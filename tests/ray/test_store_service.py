@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,26 @@ from subagents.supervisor.ray_cluster import SimulatedCluster
 from subagents.worker.service_writer import ServiceSessions, StoreServiceError
 from subagents.worker.store_service import StoreService, pack_events
 
+from ..conftest import DEADLINE_S
 from .conftest import RAY_TESTS
 
 pytestmark = RAY_TESTS
+
+
+def wait_dead(actor: Any) -> None:
+    """Return once ``actor`` answers no more: ``ray.kill`` only asks the cluster, and a call made
+    before the kill has landed is still served."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.ping.remote(), timeout=DEADLINE_S)
+        except RayActorError:
+            return
+        time.sleep(0.01)  # a poll interval, not a synchronisation sleep
+    pytest.fail(f"the killed actor still answered after {DEADLINE_S}s")
 
 
 @pytest.fixture
@@ -81,6 +99,7 @@ def test_remote_writer_over_ray_and_a_fenced_zombie(service: Any) -> None:
     writer.close()
     assert len(inspect(st, "s1").events) == 50
     ray.kill(actor)
+    wait_dead(actor)
     with pytest.raises(StoreServiceError):
         sessions.open_writer("s1", epoch=epoch + 1)
 
