@@ -12,7 +12,7 @@ import os
 import anyio
 
 from subagents.worker.context import TurnContext, TurnResult
-from subagents.worker.programs.script import _burn
+from subagents.worker.programs.script import _burn, _hold
 
 # A message with multibyte characters of every UTF-8 width, long enough to be truncated.
 HUGE_TEXT = "aé€😀" * 2000
@@ -98,6 +98,14 @@ async def node_then_sleep(ctx: TurnContext) -> str:
     await ctx.say(f"{_where()} {os.getpid()}")
     await anyio.sleep(float(ctx.text) / 1000.0)
     return f"slept {ctx.text}"
+
+
+async def node_then_hold(ctx: TurnContext) -> str:
+    """Records ``<node id> <pid>`` in the log, then waits (cancellable) until the file named by
+    ``message`` exists: the turn stays open until the test opens that gate."""
+    await ctx.say(f"{_where()} {os.getpid()}")
+    await _hold(ctx.text)
+    return "held"
 
 
 async def echo_upper(ctx: TurnContext) -> str:

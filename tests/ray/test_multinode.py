@@ -47,9 +47,12 @@ async def restore_nodes(cluster: SimulatedCluster, sup: Any) -> None:
 
 
 async def test_children_run_on_both_worker_nodes_never_the_head(tmp_path: Path, ray_cluster: SimulatedCluster) -> None:
+    gate = tmp_path / "gate"
     async with open_pool_supervisor(tmp_path, "ray", pool_size=2) as sup:
         root = await sup.open_root()
-        runs = [await sup.start("node-then-sleep", SubagentRequest(parent=root, prompt="1000")) for _ in range(2)]
+        # each turn stays open until the gate opens: both are listed running at once however late
+        # the second starts (a fixed sleep could end the first before the second began, under load)
+        runs = [await sup.start("node-then-hold", SubagentRequest(parent=root, prompt=str(gate))) for _ in range(2)]
         # issue 11 item 5: while they run, the listing says on which node (``ip/<node id head>:<actor pid>``)
         def listed_running() -> list[Any]:
             rows = [r for r in list_children(sup.store, root.id) if r.node and said(sup.store, r.id)]
@@ -60,6 +63,7 @@ async def test_children_run_on_both_worker_nodes_never_the_head(tmp_path: Path, 
             ip_and_node, pid = row.node.rsplit(":", 1)
             node_id, actor_pid = said(sup.store, row.id)[0].split()
             assert (ip_and_node, pid) == (f"127.0.0.1/{node_id[:12]}", actor_pid)
+        gate.touch()
         with anyio.fail_after(DEADLINE_S):
             for run in runs:
                 assert (await run.result()).stop_reason == "completed"
