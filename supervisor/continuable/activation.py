@@ -5,13 +5,16 @@ the children it owns. At most one exists per session across all processes
 sharing the store: the lease guarantees it. Its fields come in groups, and
 each group has one writer (stated beside it); other modules only read.
 
-``ActivationTable`` holds the resident activations by child id and the
-ownership edges between them (``owned``); only its methods change either.
+``ActivationTable`` holds the resident activations by child id, the
+ownership edges between them (``owned``) and the deliveries still looking
+for their child's activation (``routing``); only its methods change them.
 """
 
 from __future__ import annotations
 
 import enum
+from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -142,6 +145,7 @@ class ActivationTable:
         self._agents = agents
         self._by_id: dict[str, Activation] = {}
         self._owned: dict[str, set[str]] = {}  # parent id -> ids of the live children it owns
+        self._routing: Counter[str] = Counter()  # child id -> deliveries routing to it (``routing``)
 
     def get(self, child_id: str) -> Activation | None:
         return self._by_id.get(child_id)
@@ -186,6 +190,26 @@ class ActivationTable:
 
     def owned(self, parent_id: str) -> list[str]:
         return list(self._owned.get(parent_id, ()))
+
+    @contextmanager
+    def routing(self, child_id: str) -> Iterator[None]:
+        """A delivery to ``child_id`` is finding (or resuming) its activation: while it does, that
+        activation must not settle, or a message sent beside the one that resumed it would find it
+        gone and resume it again. When it ends, the activation is poked to look again."""
+        self._routing[child_id] += 1
+        try:
+            yield
+        finally:
+            self._routing[child_id] -= 1
+            if not self._routing[child_id]:
+                del self._routing[child_id]
+            act = self._by_id.get(child_id)
+            if act is not None:
+                act.poke()
+
+    def routing_to(self, child_id: str) -> bool:
+        """Whether a delivery to ``child_id`` has not reached its activation yet (``routing``)."""
+        return child_id in self._routing
 
     def is_live(self, agent_id: str) -> bool:
         """A root or child live in this supervisor, or a resident activation."""

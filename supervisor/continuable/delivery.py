@@ -64,26 +64,27 @@ class Delivery:
             raise UnauthorizedError.not_live_parent(child_id)
         text = prompt_text(content)
         src = source or {"kind": "coordinator", "form": "relay", "sender_session_id": parent_id}
-        while True:
-            act = table.get(child_id)
-            if act is not None and act.disposing:
-                await act.disposed.wait()
-                continue
-            if act is None:
-                routed = await self._accept_for_holder(parent_id, child_id, src, text)
-                if routed is not None:
-                    return routed
-                act = await self._materializer.cold_resume(parent_id, child_id)
-                if act is None:
+        with table.routing(child_id):
+            while True:
+                act = table.get(child_id)
+                if act is not None and act.disposing:
+                    await act.disposed.wait()
                     continue
-            if act.parent_id != parent_id:
-                raise UnauthorizedError.other_parent(child_id)
-            parent = table.get(parent_id)
-            if parent is not None:
-                if parent.disposing:
-                    raise ActivationClosingError.message_refused(child_id)
-                table.adopt(parent_id, child_id)
-            return await self.deliver(act, src, text, wake=True)
+                if act is None:
+                    routed = await self._accept_for_holder(parent_id, child_id, src, text)
+                    if routed is not None:
+                        return routed
+                    act = await self._materializer.cold_resume(parent_id, child_id)
+                    if act is None:
+                        continue
+                if act.parent_id != parent_id:
+                    raise UnauthorizedError.other_parent(child_id)
+                parent = table.get(parent_id)
+                if parent is not None:
+                    if parent.disposing:
+                        raise ActivationClosingError.message_refused(child_id)
+                    table.adopt(parent_id, child_id)
+                return await self.deliver(act, src, text, wake=True)
 
     async def deliver(self, act: Activation, source: dict[str, Any], text: str, *, wake: bool) -> str:
         """Durably accept a message for a resident activation and wake its driver."""
@@ -179,19 +180,20 @@ class Delivery:
         self._admission.admit(parent)
         text = prompt_text(content)
         src = source or {"kind": "user"}
-        while True:
-            act = self._table.get(child_id)
-            if act is not None and act.disposing:
-                await act.disposed.wait()
-                continue
-            if act is not None:
-                return await self.deliver(act, src, text, wake=True)
-            routed = await self._accept_for_holder(parent, child_id, src, text)
-            if routed is not None:
-                return routed
-            act = await self._materializer.cold_resume(parent, child_id)
-            if act is not None:
-                return await self.deliver(act, src, text, wake=True)
+        with self._table.routing(child_id):
+            while True:
+                act = self._table.get(child_id)
+                if act is not None and act.disposing:
+                    await act.disposed.wait()
+                    continue
+                if act is not None:
+                    return await self.deliver(act, src, text, wake=True)
+                routed = await self._accept_for_holder(parent, child_id, src, text)
+                if routed is not None:
+                    return routed
+                act = await self._materializer.cold_resume(parent, child_id)
+                if act is not None:
+                    return await self.deliver(act, src, text, wake=True)
 
     async def _accept_for_holder(self, parent_id: str, child_id: str, source: dict[str, Any], text: str) -> str | None:
         """When a live other supervisor holds the child, accept the message into its durable mailbox.

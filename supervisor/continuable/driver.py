@@ -83,9 +83,10 @@ class Driver:
             messages = await self._rt.store_thread.run(self._pending, act)
             waking = next((i for i, m in enumerate(messages) if m.wake), None)
             if waking is None:
-                # a delivery in flight, or one that landed after the read began (its poke
-                # set ``wake``): read again rather than settle over an accepted message
-                if act.admitted or act.wake.is_set():
+                # a delivery in flight (accepting, or still finding this activation), or one that
+                # landed after the read began (its poke set ``wake``): read again rather than
+                # settle over an accepted message
+                if act.admitted or act.wake.is_set() or self._table.routing_to(act.child_id):
                     await act.wake.wait()
                     continue
                 if self._table.owned(act.child_id):
