@@ -30,6 +30,12 @@ def kind(request: pytest.FixtureRequest) -> Iterator[str]:
     yield request.param
 
 
+def start_deadline(sup: Any) -> float:
+    """How long a replacement worker may take to start: what the pool was given to start its workers
+    (``open_pool_supervisor``: generous, as a loaded machine starts a Ray actor in seconds, not ms)."""
+    return float(sup.config.worker_ready_timeout_s)
+
+
 async def first_said(sup: Any, run: Any) -> str:
     texts = await wait_until(lambda: said(sup.store, run.id), what=f"child {run.id} to start")
     return texts[0]
@@ -60,7 +66,7 @@ async def test_kill_9_mid_turn(tmp_path: Path, kind: str) -> None:
         assert_repaired(sup.store, victim.id)
         repaired_at = events_of(sup.store, victim.id)[-1]["epoch"]
         assert repaired_at == epoch_before + 1  # fenced before the repair
-        await wait_until(lambda: sup.statistics().pool.workers_alive == 2, what="the replacement worker")
+        await wait_until(lambda: sup.statistics().pool.workers_alive == 2, timeout=start_deadline(sup), what="the replacement worker")
         assert sup.statistics().pool.crashed == 1
         assert int(pid) not in sup.pool.worker_pids()
         nxt = await sup.start("node-pid", SubagentRequest(parent=root, prompt="x"))
@@ -80,6 +86,7 @@ async def test_queued_work_goes_to_the_replacement(tmp_path: Path, kind: str) ->
         os.kill(int(pid), signal.SIGKILL)
         with anyio.fail_after(DEADLINE_S):
             assert (await running.result()).stop_reason == "error"
+        with anyio.fail_after(start_deadline(sup) + DEADLINE_S):  # the replacement starts, then runs it
             second = await queued.result()
         assert second.stop_reason == "completed"
         assert second.output.split()[1] != pid  # it ran on the replacement
@@ -117,7 +124,7 @@ async def test_ignored_cancel_kills_the_worker(tmp_path: Path, kind: str) -> Non
         with anyio.fail_after(DEADLINE_S):
             result = await run.result()
         assert result.stop_reason == "aborted"
-        await wait_until(lambda: sup.statistics().pool.started == started + 1, what="the replacement worker")
+        await wait_until(lambda: sup.statistics().pool.started == started + 1, timeout=start_deadline(sup), what="the replacement worker")
         assert sup.statistics().pool.crashed == 1
         assert last_turn_end(sup.store, run.id)["stop_reason"] == "interrupted"
         await run.dispose()
