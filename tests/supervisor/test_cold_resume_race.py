@@ -24,14 +24,11 @@ from .test_continuable import S, continuable_supervisor, settled, start, turn_en
 pytestmark = pytest.mark.anyio
 
 
-async def test_concurrent_followups_to_a_cold_child(tmp_path) -> None:
-    """Both messages run at the first resume's epoch; the lease is released on close; the store checks clean."""
+async def four_followups_resume_once(tmp_path, root_id: str, child: str) -> None:
+    """Four concurrent followups to the cold ``child`` in a new supervisor: all run at the first
+    resume's epoch (one acquisition), the lease is released on close, the store checks clean."""
     async with continuable_supervisor(tmp_path) as sup:
-        root = await sup.open_root(label="main")
-        child, _ = await start(sup, root, S({"return": "first"}))
-        await settled(sup, root, child)
-    async with continuable_supervisor(tmp_path) as sup:
-        root = await sup.open_root(id=root.id)
+        root = await sup.open_root(id=root_id)
         async with anyio.create_task_group() as tg:
             for i in range(4):
                 tg.start_soon(sup.followup, root, child, S({"return": f"again {i}"}))
@@ -42,6 +39,15 @@ async def test_concurrent_followups_to_a_cold_child(tmp_path) -> None:
     assert turn_ends(sup.store, child) == ["completed"] * 5
     report = check_store(sup.store.root)
     assert report.clean, str(report)
+
+
+async def test_concurrent_followups_to_a_cold_child(tmp_path) -> None:
+    """Both messages run at the first resume's epoch; the lease is released on close; the store checks clean."""
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root(label="main")
+        child, _ = await start(sup, root, S({"return": "first"}))
+        await settled(sup, root, child)
+    await four_followups_resume_once(tmp_path, root.id, child)
 
 
 async def test_followups_still_routing_keep_the_resumed_child_from_settling(tmp_path, monkeypatch) -> None:
@@ -73,15 +79,4 @@ async def test_followups_still_routing_keep_the_resumed_child_from_settling(tmp_
         return real(delivery, child_id)
 
     monkeypatch.setattr(Delivery, "held_elsewhere", slow_after_the_first)
-    async with continuable_supervisor(tmp_path) as sup:
-        root = await sup.open_root(id=root.id)
-        async with anyio.create_task_group() as tg:
-            for i in range(4):
-                tg.start_soon(sup.followup, root, child, S({"return": f"again {i}"}))
-        with anyio.fail_after(30):
-            while len(turn_ends(sup.store, child)) < 5:
-                await anyio.sleep(0.01)
-        assert read_lease(sup.store, child).epoch == 2, "one resume, one acquisition"
-    assert turn_ends(sup.store, child) == ["completed"] * 5
-    report = check_store(sup.store.root)
-    assert report.clean, str(report)
+    await four_followups_resume_once(tmp_path, root.id, child)
