@@ -22,8 +22,6 @@ import logging
 from collections import OrderedDict
 from typing import Any
 
-import anyio
-
 from subagents.store import accept, read_header
 from subagents.store.errors import SubagentError
 from subagents.store.ids import validate_session_id
