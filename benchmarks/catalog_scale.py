@@ -45,7 +45,6 @@ import os
 import shutil
 import stat
 import statistics
-import sys
 import tempfile
 import time
 import types
@@ -79,7 +78,6 @@ from subagents.store import (  # noqa: E402
     release_lease,
 )
 from subagents.store.check import check_store  # noqa: E402
-from subagents.store.header import parse_header  # noqa: E402
 from subagents.store.roots import roots_index_path  # noqa: E402
 
 NAME = "catalog_scale"
@@ -174,14 +172,10 @@ class Builder:
         later: Sequence[Event] = (),
         settle: bool = True,
     ) -> None:
-        # the header record, built exactly as create_session builds it
-        record: dict[str, Any] = {"version": 1, "id": session_id, "created_at": created_at}
-        if parent_session is not None:
-            record["parent_session"] = parent_session
-        if origin is not None:
-            record["origin"] = origin
-        record["delegation_depth"] = delegation_depth
-        header = parse_header(record)
+        # the header create_session would publish
+        header = store_session.NewSession(
+            session_id, parent_session=parent_session, origin=origin, delegation_depth=delegation_depth, created_at=created_at,
+        ).header()
         settles = _settles(origin, later)
         # the log: creation events at epoch 0, then what the writer appended (epoch 1 when it held the lease)
         projection = Projection(seed_length=0)

@@ -63,6 +63,23 @@ class NewSession:
     # failing unlinks per session; a supervisor's children are all created this way)
     fresh_id: bool = False
 
+    def header(self) -> SessionHeader:
+        """The header this creation publishes (``created_at`` now unless given); ``InvalidSessionIdError`` first."""
+        validate_session_id(self.session_id)
+        record: dict[str, Any] = {"version": 1, "id": self.session_id, "created_at": time.time() if self.created_at is None else self.created_at}
+        if self.parent_session is not None:
+            record["parent_session"] = self.parent_session
+        if self.origin is not None:
+            record["origin"] = self.origin
+        record["delegation_depth"] = self.delegation_depth
+        if self.seed:
+            record["seed_length"] = len(self.seed)
+        if self.cwd is not None:
+            record["cwd"] = self.cwd
+        if self.label is not None:
+            record["label"] = self.label
+        return parse_header(record)
+
 
 def create_session(
     store: Store,
@@ -134,7 +151,7 @@ def publish_sessions(store: Store, requests: Sequence[NewSession]) -> list[Creat
     published: list[int] = []
     for i, request in enumerate(requests):
         try:
-            header = _header(request)
+            header = request.header()
             projection = _write_unpublished_and_publish(store, request, header)
         except Exception as exc:  # reported per request; the batch goes on
             outcomes.append(exc)
@@ -217,25 +234,6 @@ def commit_sessions(
                 _rollback(store, requests[i], indexed=i in indexed)
         raise
     return outcomes
-
-
-def _header(request: NewSession) -> SessionHeader:
-    validate_session_id(request.session_id)
-    record: dict[str, Any] = {
-        "version": 1, "id": request.session_id, "created_at": time.time() if request.created_at is None else request.created_at,
-    }
-    if request.parent_session is not None:
-        record["parent_session"] = request.parent_session
-    if request.origin is not None:
-        record["origin"] = request.origin
-    record["delegation_depth"] = request.delegation_depth
-    if request.seed:
-        record["seed_length"] = len(request.seed)
-    if request.cwd is not None:
-        record["cwd"] = request.cwd
-    if request.label is not None:
-        record["label"] = request.label
-    return parse_header(record)
 
 
 def _write_unpublished_and_publish(store: Store, request: NewSession, header: SessionHeader) -> Projection:
