@@ -7,6 +7,12 @@ raises: it returns the valid prefix and, when the bytes stop being valid,
 a ``Damage`` value saying where, how many bytes were dropped and why — the
 caller decides whether that is a torn tail or corruption (LevelDB's Reporter).
 
+Zero padding: a session log may end in zero bytes (FORMAT.md §3.4): its
+writer pads the file to the next 4 KiB boundary so that later appends
+overwrite bytes in place. ``scan(..., padded=True)`` (and ``find_committed``)
+read an all-zero remainder at a record boundary as the log's end, not as
+damage; every other file is scanned with ``padded=False``, as before.
+
 Sizes: ``MAX_RECORD_BYTES`` is the format's ceiling, shared by every reader
 and writer: a length above it is damage, never a record. A store may set a
 lower limit for its writers (``Store.max_record_bytes``), never a higher one,
@@ -42,6 +48,7 @@ __all__ = [
     "scan_suffix",
     "find_later_record",
     "find_committed",
+    "data_end",
 ]
 
 FRAME = struct.Struct("<II")
@@ -143,13 +150,54 @@ def _frame_at(data: bytes | memoryview, pos: int, check: Check | None = None) ->
     return "ok", payload, start + length
 
 
-def scan(data: bytes | memoryview, *, start_seq: int = 0, base_offset: int = 0, check: Check | None = None) -> ScanResult:
+def data_end(data: bytes | memoryview) -> int:
+    """Where the all-zero remainder of ``data`` begins (``len(data)`` when its last byte is not zero).
+
+    A record's own last bytes may be zeros (an ``epoch`` of 0 ends its map), so
+    this is a bound, not a record boundary: a frame that ends at or after it
+    has nothing but zeros behind it.
+    """
+    stop, step = len(data), 4096  # the padding is short: look at the last block first, never copy the whole log
+    while stop > 0:
+        start = max(0, stop - step)
+        kept = bytes(data[start:stop]).rstrip(b"\0")
+        if kept:
+            return start + len(kept)
+        stop, step = start, step * 2
+    return 0
+
+
+def _padded_damage(data: bytes | memoryview, pos: int, status: str, detail: Any) -> tuple[str, Any] | None:
+    """How a padded log reads damage at ``pos``: ``None`` for its all-zero end, else (reason, detail).
+
+    Zeros to the end are padding (never a record: a payload is a non-empty map,
+    so its length is never 0). A frame whose CRC fails and whose announced
+    bytes run into the zeros is a write torn inside the padding: it is
+    ``short-payload``, as the same write torn at the end of an unpadded file
+    is, so that ``find_committed`` knows every byte after it is its own.
+    """
+    end = data_end(data)
+    if pos >= end:
+        return None
+    if status == "crc-mismatch":
+        length, _ = FRAME.unpack_from(data, pos)
+        if pos + FRAME.size + length > end:
+            return "short-payload", f"need {length}, have {end - pos - FRAME.size} before the zero padding"
+    return status, detail
+
+
+def scan(
+    data: bytes | memoryview, *, start_seq: int = 0, base_offset: int = 0, check: Check | None = None, padded: bool = False,
+) -> ScanResult:
     """Read records from ``data`` until the first invalid one.
 
     ``start_seq`` is the seq the first record must carry (records are
     contiguous); ``base_offset`` is added to reported offsets when ``data``
     is a suffix of a file; ``check`` is the record kind's typed check
     (``store/records.py``): a record that fails it is damage (``not-a-record``).
+    ``padded``: ``data`` is (a suffix of) a session log, which may end in
+    zero padding: an all-zero remainder where a record would start is its
+    end (``end`` is where the zeros start, no damage).
     """
     records: list[dict[str, Any]] = []
     offsets: list[int] = []
@@ -159,6 +207,11 @@ def scan(data: bytes | memoryview, *, start_seq: int = 0, base_offset: int = 0, 
     while pos < total:
         status, value, nxt = _frame_at(data, pos, check)
         if status != "ok":
+            if padded and (data[pos] == 0 or status == "crc-mismatch"):
+                found = _padded_damage(data, pos, status, value)
+                if found is None:
+                    break
+                status, value = found
             return ScanResult(records, base_offset + pos, offsets, Damage(base_offset + pos, total - pos, status, value))
         if value["seq"] != expected:
             return ScanResult(
@@ -282,6 +335,7 @@ def find_committed(
     predicate: Callable[[dict[str, Any]], bool],
     *,
     torn_reason: str,
+    padded: bool = False,
 ) -> int | None:
     """The offset of the first frame at or after ``start`` that proves committed records follow damage.
 
@@ -294,11 +348,13 @@ def find_committed(
     frame found there is data of that record (binary tool output can hold
     frame-shaped bytes), not a record of its own. The cost of that rule: a
     corrupted length field in the last-but-one record, followed by one lone
-    committed record, reads as torn.
+    committed record, reads as torn. ``padded`` (a session log): "the very
+    end of the file" is the end of its data, before an all-zero remainder.
     """
     total = len(data)
     pos = start
     inside_cut = torn_reason in ("short-payload", "short-header")
+    last = data_end(data) if padded else total
     while pos + FRAME.size <= total:
         length, crc = FRAME.unpack_from(data, pos)
         end = pos + FRAME.size + length
@@ -306,7 +362,7 @@ def find_committed(
             status, payload, _ = _frame_at(data, pos)
             if status == "ok" and payload["seq"] >= expected_seq and predicate(payload):
                 count, _ = _chain(data, pos, payload["seq"])
-                if count >= 2 or (count == 1 and end == total and not inside_cut):
+                if count >= 2 or (count == 1 and end >= last and not inside_cut):
                     return pos
         pos += 1
     return None

@@ -3,7 +3,7 @@
 ``inspect`` never changes a byte (no truncation, no cache write). It
 classifies the log as:
 
-* ``clean``   — every byte is a valid record;
+* ``clean``   — every byte is a valid record, or the zero padding after the last one;
 * ``torn``    — the valid prefix is followed by bytes of a write that never
   committed: no valid ``turn/end`` record can be found after the damage, so
   nothing committed is lost by dropping them (the resume path truncates them);
@@ -107,13 +107,14 @@ def classify(data: bytes, damage: Damage | None, expected_seq: int = 0) -> LogSt
     """``corrupt`` when a committed ``turn/end`` that chains (``framing.find_committed``) follows the damage."""
     if damage is None:
         return "clean"
-    found = find_committed(data, damage.offset + 1, expected_seq, _is_turn_end, torn_reason=damage.reason)
+    found = find_committed(data, damage.offset + 1, expected_seq, _is_turn_end, torn_reason=damage.reason, padded=True)
     return "torn" if found is None else "corrupt"
 
 
 def scan_events(data: bytes | memoryview, *, start_seq: int = 0, base_offset: int = 0) -> ScanResult:
-    """``framing.scan`` of log events, each checked against the event envelope."""
-    return scan(data, start_seq=start_seq, base_offset=base_offset, check=event_problem)
+    """``framing.scan`` of log events, each checked against the event envelope; an all-zero
+    remainder is the log's padding (its end), not damage (FORMAT.md §3.4)."""
+    return scan(data, start_seq=start_seq, base_offset=base_offset, check=event_problem, padded=True)
 
 
 def scan_log(session_id: str, data: bytes, *, start_seq: int = 0, base_offset: int = 0) -> tuple[list[dict[str, Any]], list[int], int, Damage | None, LogStatus]:
