@@ -59,7 +59,7 @@ import subagents.store.log as store_log  # noqa: E402
 from subagents.store.index import IndexEntry, Settled  # noqa: E402
 from subagents.store.lease_record import Lease  # noqa: E402
 from subagents.store.outcome import outcome_of  # noqa: E402
-from subagents.store.session_file import SessionFile, encode_session  # noqa: E402
+from subagents.store.session_file import SessionFile, block_padding, encode_session  # noqa: E402
 import subagents.store.session as store_session  # noqa: E402
 from subagents.store import (  # noqa: E402
     ChildEntry,
@@ -193,7 +193,9 @@ class Builder:
         # one file (store/session_file.py): created leased (epoch 1, running) when a writer appends
         # later, released at the end (a write into the other lease slot, as release_lease does)
         lease = Lease(CREATOR, 1, "running", ts) if settles else None
-        _write_new(self.store.session_path(session_id), encode_session(header.to_record(), lease, b"".join(chunks)))
+        blob = encode_session(header.to_record(), lease, b"".join(chunks))
+        # padded to a block as every writer leaves it (FORMAT.md §3.4)
+        _write_new(self.store.session_path(session_id), blob + block_padding(len(blob)))
         if parent_session is not None:
             entries = self.index.setdefault(parent_session, [])
             mode = label = None

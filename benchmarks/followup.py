@@ -139,7 +139,7 @@ def craft_session(store: Store, ids: IdGenerator, parent_id: str, turns: int) ->
 
 def log_tail(store: Store, child_id: str, offset: int, start_seq: int) -> list[dict[str, Any]]:
     with open_session(store, child_id) as file:
-        return scan(file.read_log(offset), start_seq=start_seq).records
+        return scan(file.read_log(offset), start_seq=start_seq, padded=True).records
 
 
 class Settlements:

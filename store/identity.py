@@ -38,7 +38,9 @@ def read_identity(store: Store, session_id: str, seed_length: int, file: Session
 
     ``file``: the session's file, when the caller has it open (a listing row reads
     header, lease and log through one descriptor); a log shorter than
-    ``CACHE_LAG_BYTES`` has no cache, so none is looked for. Raises ``OSError`` for
+    ``CACHE_LAG_BYTES`` has no cache, so none is looked for (the region's size counts
+    the zero padding after the records: at most one lookup of a cache that is not
+    there, never one skipped). Raises ``OSError`` for
     an unreadable log, ``UnsupportedFormatError`` for unknown event types.
     """
     projection = None

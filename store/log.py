@@ -15,9 +15,12 @@ proves the epoch and the log's length like any append does.
 
 Each ``append`` takes the session ``flock`` (held only for the write), reads
 the lease slots (one ``pread``), refuses with ``FencedError`` on mismatch,
-picks up records another same-epoch writer appended, writes the whole batch
-with one ``pwrite`` at the log's end and, if that fails, cuts the file back
-to its previous length. The ``strict`` fsync
+picks up records another same-epoch writer appended (one ``pread`` at the
+log's end: only zeros there means nobody did), writes the whole batch with
+one ``pwrite`` at the log's end, followed by zeros to the next 4 KiB of the
+file (FORMAT.md §3.4: the appends after it overwrite them in place, so their
+fsync does not also write a new file size), and, if that fails, cuts the
+file back to its previous length. The ``strict`` fsync
 runs after the lock is released (group commit, FORMAT.md §11). A failed write
 or fsync marks the writer broken: it never writes again.
 
@@ -70,13 +73,13 @@ def _read_cache(store: Store, session_id: str) -> Projection | None:
 def _from_cache(store: Store, session_id: str, header: SessionHeader, file: SessionFile, size: int) -> tuple[Projection, bytes, int] | None:
     """The cached projection if the record it ends on is still on disk, plus the log after it."""
     if size < CACHE_LAG_BYTES:
-        return None  # no cache is written for a log this short: skip the lookup
+        return None  # no cache is written for a log this short (padding counted: never skipped wrongly)
     cached = _read_cache(store, session_id)
     if cached is None or cached.seq < 0 or cached.end_offset > size or cached.seed_length != (header.seed_length or 0):
         return None
     anchor = file.read_log(cached.last_offset, cached.end_offset - cached.last_offset)
     check = scan_events(anchor, start_seq=cached.seq)
-    if check.damage is not None or len(check.records) != 1:
+    if check.damage is not None or len(check.records) != 1 or check.end != len(anchor):  # not padding after it either
         return None
     rest = file.read_log(cached.end_offset, size - cached.end_offset)
     return cached, rest, cached.end_offset
@@ -222,8 +225,8 @@ class LogWriter:
 
         ``first_seq``, when given, must equal the log's next seq or nothing is
         written (``SeqMismatchError``). ``commit`` makes it a commit point.
-        This is the hot path of every turn: one lock, one ``fstat`` of the
-        pinned lease, one ``lseek`` for the tail, one ``write``. The lock covers
+        This is the hot path of every turn: one lock, one ``pread`` of the
+        lease slots, one ``pread`` at the log's end, one ``pwrite``. The lock covers
         the fence check and the write, which fix the record's place; the fsync
         (``strict``) runs after it is released, so a writer waiting for the lock
         does not also wait for our fsync, and two writers' fsyncs can share one
@@ -241,7 +244,7 @@ class LogWriter:
         file.lock()
         try:
             self._check_fence()
-            if file.log_size() != self.projection.end_offset:
+            if not file.log_ends_at(self.projection.end_offset):
                 self._sync_tail()
             if first_seq is not None and first_seq != self.next_seq:
                 raise SeqMismatchError(
@@ -257,11 +260,9 @@ class LogWriter:
         return records
 
     def _sync_tail(self) -> None:
-        """Fold records another writer of the same epoch appended since our last write."""
+        """Fold records another writer of the same epoch appended since our last write (into the padding or after it)."""
         size = self._file.log_size()
         end = self.projection.end_offset
-        if size == end:
-            return
         if size < end:
             raise CorruptSessionError(self.session_id, f"log shrank under its writer ({size} < {end} bytes)")
         data = self._file.read_log(end, size - end)
@@ -290,9 +291,8 @@ class LogWriter:
             seq += 1
         blob = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         try:
-            written = self._file.write_log(blob, self.projection.end_offset)
-            if written != len(blob):
-                raise OSError(f"short write: {written} of {len(blob)} bytes")
+            if not self._file.write_log(blob, self.projection.end_offset):
+                raise OSError(f"short write of {len(blob)} bytes")
         except OSError as exc:
             self._broken = exc
             self._cut_back(self.projection.end_offset)
@@ -318,7 +318,7 @@ class LogWriter:
             else:
                 self._file.lock()
                 try:
-                    if self._file.log_size() == start + sum(map(len, chunks)):
+                    if self._file.log_ends_at(start + sum(map(len, chunks))):
                         self._cut_back(start)
                 finally:
                     self._file.unlock()
@@ -423,7 +423,7 @@ class LogWriter:
             if lease is None or lease.owner != owner_id:
                 raise FencedError(self.session_id, epoch=self.epoch, current_epoch=None if lease is None else lease.epoch)
             # the catalog row comes from the writer's projection when that is the whole log
-            whole = self._file.log_size() == self.projection.end_offset
+            whole = self._file.log_ends_at(self.projection.end_offset)
             write_released(self.store, self._file, slots, header=self.header, projection=self.projection if whole else None)
         finally:
             self._file.unlock()

@@ -1,4 +1,14 @@
-"""Converting a store of format version 1 to version 2 in place (``subagents store migrate``).
+"""Converting a store of an older format version to version 3 in place (``subagents store migrate``).
+
+**Version 2 to 3** changes no file but the marker: version 3 lets a session log
+end in zero padding (FORMAT.md §3.4), which no version-2 writer made, so every
+version-2 session file is a version-3 file as it is. The marker is replaced
+atomically (``write_atomic``: a kill leaves the old marker or the new one, and
+a run on the old one does it again); a version-2 build refuses the new marker,
+since it would misread a padded log's growth (it watches the file's size).
+
+**Version 1 to 3** converts the sessions as below (the version-2 layout), then
+writes the marker of version 3.
 
 Version 1 keeps a session in a folder ``sessions/<id>/`` (header, log, lease, identity,
 mailbox, control, ``.lock``); version 2 in one file ``sessions/<id>`` with its companions
@@ -14,11 +24,12 @@ write ``sessions/.<id>.v2`` whole and fsync it; rename the folder to ``.<id>.v1`
 ``.<id>.v2`` to ``<id>``; rename the companions out. Then one fsync of ``sessions/``, and
 only then every ``.<id>.v1`` is removed.
 
-**Crash states:** the marker says ``migrating: 2`` from the first change to the last
+**Crash states:** the marker says ``migrating: 3`` (``migrating: 2`` when a build of
+version 2 started the conversion: this one finishes it the same way) from the first change to the last
 (``Store`` refuses it, naming this command); a stray ``.<id>.v2`` is rewritten or removed;
 a folder without a header (a creation that crashed) is removed; a version-1 trash entry
 gets its ``session`` file before its ``header`` goes (``gc`` then finishes it as usual).
-The marker becomes ``version: 2`` only after ``sessions/`` and ``trash/`` are fsync'd.
+The marker becomes ``version: 3`` only after ``sessions/`` and ``trash/`` are fsync'd.
 Refused (``STORE_IN_USE``, nothing changed) while a supervisor's owner lives or another
 ``migrate`` runs. Who calls it: the CLI (``supervisor/cli/maintenance.py``).
 """
@@ -55,6 +66,9 @@ log = logging.getLogger(__name__)
 KILL_AFTER_ENV = "SUBAGENTS_MIGRATE_KILL_AFTER"
 _DROPPED = ("header", "log", "lease", ".lock", ".lock.queue")  # what a v1 trash entry loses once converted
 _TRASHED_FILE = "session"  # a session's file in a v2 trash entry (store/retention.py)
+# the ``migrating`` values of a conversion of version-1 folders under way: 2 when a build of version 2
+# started it (its steps are this build's), 3 when this one did
+_LAYOUT_CONVERSIONS = (2, STORE_VERSION)
 
 
 class StoreInUseError(SubagentError):
@@ -66,7 +80,7 @@ class StoreInUseError(SubagentError):
 @dataclass(frozen=True)
 class MigrationReport:
     root: str
-    from_version: int  # 1, or 2 when the store was already converted (nothing done)
+    from_version: int  # 1 (folders converted), 2 (the marker alone), or 3 when the store was already converted (nothing done)
     converted: int  # sessions this run converted
     already: int  # sessions found converted (an earlier, interrupted run)
     debris: int  # folders without a header (crashed creations) removed
@@ -74,6 +88,7 @@ class MigrationReport:
     leases_rebuilt: int  # damaged leases replaced by a released one at the log's highest epoch
     resumed: bool  # this run finished an interrupted one
     steps: int  # changes made to the store
+    to_version: int = STORE_VERSION  # the version the store is now
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -102,9 +117,10 @@ def _read_marker(root: str) -> dict[str, Any]:
         raise StoreFormatError(f"{marker} is unreadable: {exc}", path=root) from exc
     if not isinstance(info, dict) or info.get("format") != STORE_FORMAT:
         raise StoreFormatError(f"{root} holds format {info!r}, not a {STORE_FORMAT}", path=root)
-    if info.get("migrating") not in (None, STORE_VERSION) or (info.get("migrating") is None and info.get("version") not in (1, 2)):
-        raise StoreFormatError(f"{root} is a {STORE_FORMAT} of version {info.get('version')!r}: this build converts version 1 only",
-                               path=root)
+    if info.get("migrating") not in (None, *_LAYOUT_CONVERSIONS) or (
+            info.get("migrating") is None and info.get("version") not in (1, 2, STORE_VERSION)):
+        raise StoreFormatError(f"{root} is a {STORE_FORMAT} of version {info.get('version')!r}: this build converts versions 1 and 2 "
+                               f"to {STORE_VERSION}", path=root)
     return info
 
 
@@ -136,7 +152,7 @@ def _refuse_live_owners(root: str) -> None:
 
 
 def migrate(root: str | os.PathLike[str], *, durability: str | Durability = "batched") -> MigrationReport:
-    """Convert the store at ``root`` to format version 2 (a no-op report when it already is)."""
+    """Convert the store at ``root`` to format version 3 (a no-op report when it already is)."""
     root = os.path.abspath(os.fspath(root))
     policy = durability if isinstance(durability, Durability) else durability_policy(durability)
     _read_marker(root)  # not a store: refused before the lock
@@ -148,7 +164,34 @@ def migrate(root: str | os.PathLike[str], *, durability: str | Durability = "bat
         for folder in (root, os.path.join(root, "sessions")):
             if not os.access(folder, os.W_OK | os.X_OK):
                 raise ReadOnlyStoreError(f"cannot convert the store at {root}: {folder} is not writable", path=root)
+        if info.get("version") == 2 and info.get("migrating") is None:
+            return _marker_only(root, info, policy)
         return _Migration(root, info, policy).run()
+
+
+def _final_marker(info: dict[str, Any]) -> dict[str, Any]:
+    limit = info.get("max_record_bytes")
+    return {"format": STORE_FORMAT, "version": STORE_VERSION, **({} if limit is None else {"max_record_bytes": limit})}
+
+
+def _marker_only(root: str, info: dict[str, Any], policy: Durability) -> MigrationReport:
+    """Version 2 to 3: one atomic replace of the marker (every version-2 file is a version-3 file).
+
+    The owners are checked again after it, as the layout conversion does: a
+    supervisor of version 2 that opened the store meanwhile gets its marker back
+    (``STORE_IN_USE``); one that opens it from now on is refused by the new marker.
+    """
+    steps = _Steps()
+    marker = os.path.join(root, "STORE")
+    write_atomic(marker, msgpack.packb(_final_marker(info)), durable=policy.syncs_at_commit)
+    steps.done()
+    try:
+        _refuse_live_owners(root)
+    except StoreInUseError:
+        write_atomic(marker, msgpack.packb(info), durable=policy.syncs_at_commit)
+        raise
+    log.info("converted %s from format version 2 to %d (the marker alone)", root, STORE_VERSION)
+    return MigrationReport(root, 2, 0, len(_published(root)), 0, 0, 0, False, steps.count)
 
 
 def _published(root: str) -> list[str]:
@@ -169,10 +212,9 @@ class _Migration:
 
     def run(self) -> MigrationReport:
         resumed = self.info.get("migrating") is not None
-        limit = self.info.get("max_record_bytes")
-        final = {"format": STORE_FORMAT, "version": STORE_VERSION, **({} if limit is None else {"max_record_bytes": limit})}
+        final = _final_marker(self.info)
         if not resumed:
-            # version 2 already: a build of version 1 refuses it too, while this run is under way
+            # version 3 already: a build of version 1 or 2 refuses it too, while this run is under way
             self._marker({**final, "migrating": STORE_VERSION})
             try:
                 _refuse_live_owners(self.root)  # a supervisor of version 1 that opened the store meanwhile

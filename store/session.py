@@ -39,7 +39,7 @@ from .lease import Lease
 from .projection import Projection
 from .root import COMPANIONS, Store
 from .roots import add_root, remove_root
-from .session_file import encode_session
+from .session_file import block_padding, encode_session
 
 __all__ = ["NewSession", "CreatedSession", "create_session", "create_sessions", "publish_sessions", "commit_sessions", "delete_session"]
 
@@ -255,6 +255,7 @@ def _write_unpublished_and_publish(store: Store, request: NewSession, header: Se
     path = store.session_path(request.session_id)
     lease = Lease(request.lease_owner, 1, "running", now) if request.lease_owner is not None else None
     blob = encode_session(header.to_record(), lease, b"".join(chunks))
+    blob += block_padding(len(blob))  # the first appends then write in place (session_file.py)
     try:
         # the folder fsync of commit_sessions persists the new name
         publish_new(path, blob, durable=store.durability.syncs_at_commit)

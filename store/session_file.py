@@ -8,6 +8,7 @@
     264  lease slot 1  (256 bytes)
     520  header: one framed msgpack map
     data_start  log records (FORMAT.md §3), seq 0 first
+    ...         zeros to the next 4 KiB boundary (padding, FORMAT.md §3.4)
 
 A child costs one inode: the lock is an ``flock`` on this file, the lease is
 rewritten in place (``pwrite`` into one of two CRC'd slots, so a torn write
@@ -15,6 +16,13 @@ leaves the other), the header is written once with the file, and the log is
 appended after it. Log offsets everywhere else in the store (projections,
 the identity cache, tails) are offsets into the log region, i.e. relative to
 ``data_start``; only this module adds it.
+
+**Padding.** Every write of the log region (creation included) is followed
+by zeros up to the next ``BLOCK`` boundary of the file, so the appends after
+it overwrite bytes in place: the file's size changes once per block, not at
+every append, and an ``fsync`` then writes the data block alone, not also
+the inode's new size. The log's end is therefore not the file's size:
+``log_ends_at`` is the test (one ``pread``).
 
 **Lease slots.** Each holds ``{gen, owner, epoch, state, acquired_at,
 synced?}``; readers take the valid slot with the highest ``gen``. A writer
@@ -50,7 +58,7 @@ from .records import LeaseFields, unpack, validate
 
 __all__ = [
     "MAGIC", "SLOT_SIZE", "SLOTS_AT", "HEADER_AT", "LeaseSlots", "SessionFile", "encode_session", "decode_slots", "parse_preamble",
-    "Preamble", "SessionLock",
+    "Preamble", "SessionLock", "BLOCK", "block_padding",
 ]
 
 MAGIC = b"SAS2"
@@ -61,6 +69,9 @@ HEADER_AT = SLOTS_AT + 2 * SLOT_SIZE  # 520
 # what a reader takes in its first read: the preamble, the lease slots and any usual header
 FIRST_READ = 4096
 _EMPTY_SLOT = bytes(SLOT_SIZE)
+# the log region is padded with zeros to a multiple of this many bytes of the file (a page, a block)
+BLOCK = 4096
+_ZEROS = bytes(BLOCK)
 # above any gen or epoch a store reaches: the next one (+1) must still pack as a msgpack integer
 _COUNTER_LIMIT = 2**63
 
@@ -196,6 +207,11 @@ def encode_session(header: dict[str, Any] | bytes, lease: Lease | None, log: byt
     return b"".join((MAGIC, _START.pack(data_start), slot0, _EMPTY_SLOT, head, log))
 
 
+def block_padding(end: int) -> bytes:
+    """The zeros from file offset ``end`` to the next ``BLOCK`` boundary (none when ``end`` is on one)."""
+    return _ZEROS[: -end % BLOCK]
+
+
 class SessionFile:
     """An open session file. Not thread-safe; the owner closes it.
 
@@ -283,7 +299,19 @@ class SessionFile:
     # -- the log region ----------------------------------------------------------
 
     def log_size(self) -> int:
+        """The bytes of the log region, its zero padding included (``log_ends_at`` tells where its data ends)."""
         return max(0, os.fstat(self.fd).st_size - self.data_start)
+
+    def log_ends_at(self, end: int) -> bool:
+        """Whether the log holds ``end`` bytes and nothing but zero padding (or nothing) after them.
+
+        One ``pread``: the byte before ``end`` (it exists unless the file was cut
+        shorter) and the frame header at ``end``, which a record written there
+        makes non-zero (its length is never 0). How a writer learns, under the
+        session lock, that no other writer appended since its last write.
+        """
+        raw = os.pread(self.fd, 1 + FRAME.size, self.data_start + end - 1)
+        return len(raw) >= 1 and raw.count(0, 1) == len(raw) - 1
 
     def read_log(self, offset: int = 0, length: int | None = None) -> bytes:
         """``length`` bytes of the log from ``offset``; without ``length``, to its end."""
@@ -291,8 +319,12 @@ class SessionFile:
             return pread_all(self.fd, self.data_start + offset)
         return os.pread(self.fd, length, self.data_start + offset)
 
-    def write_log(self, blob: bytes, offset: int) -> int:
-        return os.pwrite(self.fd, blob, self.data_start + offset)
+    def write_log(self, blob: bytes, offset: int) -> bool:
+        """Write ``blob`` at log ``offset``, followed by zeros to the next ``BLOCK`` boundary, in one
+        ``pwrite``; whether it was written whole (a short write is a failed one, as without padding)."""
+        at = self.data_start + offset
+        whole = blob + block_padding(at + len(blob))
+        return os.pwrite(self.fd, whole, at) == len(whole)
 
     def truncate_log(self, end: int) -> None:
         os.ftruncate(self.fd, self.data_start + end)

@@ -1,7 +1,10 @@
 """Following a session log as it grows: what ``subagents log --follow`` reads.
 
 ``LogTail`` remembers where the valid prefix ended and the next seq; each
-``poll`` stats the log and scans only the bytes added since. Read-only.
+``poll`` reads only the bytes after it. Read-only. The file's size does not
+say whether the log grew: a writer appends in place, into the zero padding
+after the last record (FORMAT.md §3.4), so each poll reads from its offset
+(one open, one ``pread``) and an all-zero remainder means nothing new.
 At the edges: damage at the end of the new bytes may be a write still in
 flight, so it is not reported, only waited for (the next poll scans it again);
 a log that shrank under us (``store fsck --repair`` cut a torn tail) is read
@@ -14,7 +17,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .reader import Inspection, inspect, open_session, read_log, scan_events
+from .atomic import NOFOLLOW, pread_all
+from .reader import Inspection, inspect, open_session, scan_events
 from .root import Store
 
 __all__ = ["LogTail"]
@@ -36,19 +40,27 @@ class LogTail:
         if self._data_start is None:
             with open_session(self._store, self._session_id) as file:
                 self._data_start = file.data_start
-        try:
-            size = os.lstat(self._path).st_size - self._data_start
-        except FileNotFoundError:
-            size = 0
-        if size < self._end:  # cut back under us (a repair): start over from what is valid now
+        added = self._read_after(self._data_start + self._end)
+        if added is None:  # gone or cut back under us (a repair): start over from what is valid now
             again = inspect(self._store, self._session_id)
             events = again.events[self._next_seq:]
             self._end, self._next_seq = again.end, len(again.events)
             return events
-        if size == self._end:
-            return []
-        with open_session(self._store, self._session_id) as file:
-            added = read_log(file, self._end)[: size - self._end]
+        if added.count(0) == len(added):
+            return []  # nothing, or only the padding: no record was written since
         result = scan_events(added, start_seq=self._next_seq, base_offset=self._end)
         self._end, self._next_seq = result.end, self._next_seq + len(result.records)
         return list(result.records)
+
+    def _read_after(self, offset: int) -> bytes | None:
+        """The file's bytes from ``offset`` on; ``None`` when the file is gone or shorter than ``offset``."""
+        try:
+            fd = os.open(self._path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
+        except FileNotFoundError:
+            return None
+        try:
+            if os.fstat(fd).st_size < offset:
+                return None
+            return pread_all(fd, offset)
+        finally:
+            os.close(fd)

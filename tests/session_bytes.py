@@ -1,9 +1,14 @@
-"""Raw access to a session's file for tests that damage or inspect bytes (store format 2).
+"""Raw access to a session's file for tests that damage or inspect bytes (store format 3).
 
 A session is one file ``sessions/<id>``: preamble, two lease slots, header, then the log
 (``store/session_file.py``). Tests that used to write ``sessions/<id>/log`` write the log
 region through these helpers, at log offsets (relative to the log's start), so a damaged
 byte lands where the store's own offsets (``Damage.offset``, projections) say it is.
+
+A log's writer pads the file with zeros to a 4 KiB boundary (FORMAT.md §3.4): ``log_bytes``
+is the whole region, padding included; ``log_data`` is its records alone (what a log held
+before padding), and ``append_log`` drops the padding first, so the appended bytes follow
+the last record exactly as they did in an unpadded file.
 """
 
 from __future__ import annotations
@@ -20,11 +25,12 @@ from subagents.store import Store
 from subagents.store.framing import FRAME, encode_record
 from subagents.store.session_file import HEADER_AT, SLOT_SIZE, SLOTS_AT, SessionFile, decode_slots
 from subagents.store.lease_record import Lease
+from subagents.store.reader import scan_events
 from subagents.store.root import COMPANIONS
 
 __all__ = [
     "files_of", "age",
-    "log_start", "log_bytes", "write_log", "append_log", "file_bytes", "lease_slots", "patch", "header_map", "write_header",
+    "log_start", "log_bytes", "log_data", "log_data_end", "write_log", "append_log", "file_bytes", "lease_slots", "patch", "header_map", "write_header",
     "write_header_value", "slot_bytes", "slot_records", "write_slot", "newest_slot", "synced_slot", "HEADER_AT", "SLOT_SIZE",
     "SLOTS_AT",
 ]
@@ -50,7 +56,21 @@ def write_log(st: Store, session_id: str, data: bytes) -> None:
         handle.truncate(start + len(data))
 
 
+def log_data_end(st: Store, session_id: str) -> int:
+    """Where the log's zero padding starts (the region's length when it has none, or when it reads damaged)."""
+    data = log_bytes(st, session_id)
+    result = scan_events(data)
+    return result.end if result.damage is None else len(data)
+
+
+def log_data(st: Store, session_id: str) -> bytes:
+    """The log region without its zero padding."""
+    return log_bytes(st, session_id)[: log_data_end(st, session_id)]
+
+
 def append_log(st: Store, session_id: str, data: bytes) -> None:
+    """Cut the log's padding off, then append ``data`` to the file (bytes right after the last record)."""
+    os.truncate(st.session_path(session_id), log_start(st, session_id) + log_data_end(st, session_id))
     with open(st.session_path(session_id), "ab") as handle:
         handle.write(data)
 

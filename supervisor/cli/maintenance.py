@@ -8,7 +8,7 @@ before anything is read.
 ``fsck`` is ``store/fsck.py`` (read-only unless ``--repair``, which only cuts
 torn tails); ``check`` is ``store/check.py`` (read-only, every invariant, safe
 while supervisors write; exit 1 on a violation); ``reindex`` rebuilds the derived children index from the
-headers; ``migrate`` converts a store of format version 1 in place (``store/migrate.py``;
+headers; ``migrate`` converts a store of format version 1 or 2 in place (``store/migrate.py``;
 it opens no ``Store``: the handle refuses that version); ``config show`` prints the layered configuration and never opens
 the store; ``completion`` prints a shell's completion code (argcomplete).
 """
@@ -49,7 +49,7 @@ def register(verbs: Verbs) -> None:
     store.add("check", cmd_check, "check every invariant of the store (read-only; safe while it is written)",
               example="subagents store check --json")
     store.add("reindex", cmd_reindex, "rebuild the children index and the roots index from the headers", example="subagents store reindex")
-    store.add("migrate", cmd_migrate, "convert a store of format version 1 to version 2 in place (stop its supervisors first)",
+    store.add("migrate", cmd_migrate, "convert a store of format version 1 or 2 to version 3 in place (stop its supervisors first)",
               example="subagents store migrate\nsubagents --store ./old-store store migrate --json")
 
     completion = verbs.add("completion", cmd_completion, "print the shell code that completes subagents' verbs and options",

@@ -320,13 +320,16 @@ def render_reindex(out: Output, doc: dict[str, Any]) -> None:
 
 
 def render_migrate(out: Output, doc: dict[str, Any]) -> None:
-    if doc["from_version"] == 2:
-        out.line(f"already format version 2: {doc['already']} sessions, nothing to convert")
+    if doc["from_version"] == doc["to_version"]:
+        out.line(f"already format version {doc['to_version']}: {doc['already']} sessions, nothing to convert")
+        return
+    if doc["from_version"] == 2:  # the marker alone: every version-2 file is a file of the new version
+        out.line(f"converted format version 2 to {doc['to_version']}: {doc['already']} sessions kept as they are")
         return
     extra = f", {doc['trash']} trash entries converted" if doc["trash"] else ""
     if doc["leases_rebuilt"]:
         extra += f", {doc['leases_rebuilt']} damaged leases rebuilt as released"
-    out.line(f"converted to format version 2: {doc['converted']} sessions converted, {doc['already']} already converted, "
+    out.line(f"converted to format version {doc['to_version']}: {doc['converted']} sessions converted, {doc['already']} already converted, "
              f"{doc['debris']} crashed creations removed{extra}{' (finished an interrupted run)' if doc['resumed'] else ''}")
 
 

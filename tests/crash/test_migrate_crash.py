@@ -28,7 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from subagents.store import Store, StoreFormatError
+import msgpack
+
+from subagents.store import STORE_VERSION, Store, StoreFormatError
 from subagents.store.migrate import migrate
 from subagents.store.session_file import SessionFile
 from tests.store._support import REPO_ROOT
@@ -113,7 +115,7 @@ def test_a_kill_after_any_step_leaves_a_store_the_next_run_finishes(tmp_path):
     for path, n in copies:
         whole_once(path, companions)
         report = migrate(path)
-        assert report.resumed or report.from_version == 2, n
+        assert report.resumed or report.from_version == STORE_VERSION, n
         assert snapshot(path) == expected, n
         assert Store(path, create=False).session_ids() == list(SESSIONS)
 
@@ -127,3 +129,50 @@ def test_leftover_temporary_files_are_rewritten_or_removed(tmp_path):
     (tmp_path / "s" / "sessions" / ".zz.v2").write_bytes(b"SAS2")
     migrate(tmp_path / "s")
     assert snapshot(tmp_path / "s") == snapshot(tmp_path / "reference")
+
+
+def v2_store(root: Path) -> None:
+    """A store as a build of version 2 left it: ``build_sample`` converted by ``migrate`` (whose
+    session files are what version 2's conversion wrote, unpadded), its marker at version 2."""
+    build_sample(root)
+    migrate(root)
+    marker = root / "STORE"
+    marker.write_bytes(msgpack.packb({**msgpack.unpackb(marker.read_bytes()), "version": 2}))
+
+
+def test_a_kill_of_the_version_2_conversion_leaves_a_store_the_next_run_finishes(tmp_path):
+    """Version 2 to 3 is one atomic replace of the marker: killed right after it, the store is converted;
+    killed before its rename (a temporary marker left behind), it is still version 2 and the next run
+    converts it. No session byte changes either way."""
+    v2_store(tmp_path / "killed")
+    before = snapshot(tmp_path / "killed")
+    assert run_killed([(tmp_path / "killed", 1)]) == {str(tmp_path / "killed"): signal.SIGKILL}
+    after = snapshot(tmp_path / "killed")
+    assert msgpack.unpackb(after["STORE"])["version"] == STORE_VERSION
+    assert {k: v for k, v in after.items() if k != "STORE"} == {k: v for k, v in before.items() if k != "STORE"}
+    assert migrate(tmp_path / "killed").steps == 0
+    v2_store(tmp_path / "torn")
+    (tmp_path / "torn" / "STORE.tmp.12345.0badcafe").write_bytes(b"\x83")  # a replace killed before its rename
+    with pytest.raises(StoreFormatError) as caught:
+        Store(tmp_path / "torn", create=False)
+    assert "subagents store migrate" in caught.value.message
+    report = migrate(tmp_path / "torn")
+    assert (report.from_version, report.steps) == (2, 1)
+    assert Store(tmp_path / "torn", create=False).session_ids() == list(SESSIONS)
+
+
+def test_a_conversion_a_version_2_build_started_is_finished(tmp_path):
+    """A store a build of version 2 was converting from version 1 when it died (``migrating: 2``)."""
+    reference = tmp_path / "reference"
+    build_sample(reference)
+    migrate(reference)
+    stopped = tmp_path / "stopped"
+    build_sample(stopped)
+    assert run_killed([(stopped, 6)]) == {str(stopped): signal.SIGKILL}
+    marker = stopped / "STORE"
+    info = msgpack.unpackb(marker.read_bytes())
+    assert info["migrating"] == STORE_VERSION
+    marker.write_bytes(msgpack.packb({**info, "version": 2, "migrating": 2}))  # what version 2 wrote at its first step
+    report = migrate(stopped)
+    assert report.resumed
+    assert snapshot(stopped) == snapshot(reference)

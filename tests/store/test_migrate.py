@@ -1,4 +1,4 @@
-"""``migrate``: a store of format version 1 converted in place to version 2 (issue 12).
+"""``migrate``: a store of format version 1 or 2 converted in place to version 3 (issue 12).
 
 The version-1 stores are written byte for byte (``_v1_store.py``). After the
 conversion every session reads as it did: the same events (a torn tail stays
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 
+import msgpack
 import pytest
 
 from subagents import store
@@ -95,7 +96,7 @@ def test_a_second_run_is_a_no_op(tmp_path):
     migrate(tmp_path / "s")
     after = snapshot(tmp_path / "s")
     report = migrate(tmp_path / "s")
-    assert (report.from_version, report.converted, report.already, report.steps) == (2, 0, 5, 0)
+    assert (report.from_version, report.converted, report.already, report.steps) == (3, 0, 5, 0)
     assert snapshot(tmp_path / "s") == after
 
 
@@ -185,7 +186,7 @@ def test_the_cli_converts_and_says_what_it_did(tmp_path):
     done = cli("--store", str(tmp_path / "s"), "store", "migrate", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines() == [
-        "converted to format version 2: 5 sessions converted, 0 already converted, 1 crashed creations removed, 1 trash entries converted"]
+        "converted to format version 3: 5 sessions converted, 0 already converted, 1 crashed creations removed, 1 trash entries converted"]
     again = cli("--store", str(tmp_path / "s"), "store", "migrate", "--json", cwd=tmp_path)
     assert again.returncode == 0 and json.loads(again.stdout)["already"] == 5
     assert cli("--store", str(tmp_path / "s"), "ls", cwd=tmp_path).returncode == 0
@@ -238,3 +239,45 @@ def test_a_link_in_a_sessions_place_is_never_followed(tmp_path):
     assert migrate(tmp_path / "s").converted == 1
     assert os.path.islink(tmp_path / "s" / "sessions" / "o1") and snapshot(outside) == before
     assert Store(tmp_path / "s", create=False).session_ids() == ["a1"]
+
+
+def test_a_version_2_store_is_converted_by_its_marker_alone(tmp_path):
+    """Every version-2 session file is a version-3 file: the conversion rewrites the marker and nothing else,
+    keeps its record limit, and a writer of the converted store pads the logs it appends to."""
+    build_sample(tmp_path / "s")
+    migrate(tmp_path / "s")
+    marker = tmp_path / "s" / "STORE"
+    info = msgpack.unpackb(marker.read_bytes())
+    marker.write_bytes(msgpack.packb({**info, "version": 2, "max_record_bytes": 4096}))  # as a build of version 2 left it
+    before = snapshot(tmp_path / "s")
+    with pytest.raises(StoreFormatError) as caught:
+        Store(tmp_path / "s", create=False)
+    assert "subagents store migrate" in caught.value.message and "version 2" in caught.value.message
+    report = migrate(tmp_path / "s")
+    assert (report.from_version, report.to_version, report.converted, report.already, report.steps) == (2, 3, 0, 5, 1)
+    after = snapshot(tmp_path / "s")
+    assert msgpack.unpackb(after.pop("STORE")) == {"format": "subagents-store", "version": 3, "max_record_bytes": 4096}
+    assert after == {k: v for k, v in before.items() if k != "STORE"}
+    st = Store(tmp_path / "s", create=False)
+    assert [inspect(st, sid).status for sid in st.session_ids()] == ["torn", "clean", "clean", "clean", "clean"]
+    lease = store.acquire_lease(st, "c2", "newOwner")
+    with store.LogWriter.open(st, "c2", epoch=lease.epoch) as writer:
+        writer.append([("turn/start", {}), ("turn/end", {"stop_reason": "completed"})], commit=True)
+    assert os.path.getsize(st.session_path("c2")) % 4096 == 0  # padded from its first append on
+    assert migrate(tmp_path / "s").steps == 0
+
+
+def test_a_live_owner_refuses_the_version_2_conversion(tmp_path):
+    build_sample(tmp_path / "s")
+    migrate(tmp_path / "s")
+    marker = tmp_path / "s" / "STORE"
+    marker.write_bytes(msgpack.packb({**msgpack.unpackb(marker.read_bytes()), "version": 2}))
+    pid = os.getpid()
+    V1Store.owner_file(tmp_path / "s", "liveOwner", {
+        "owner": "liveOwner", "host": host_identity(), "pid": pid, "pid_start": process_start_time(pid),
+        "started_at": 0.0, "heartbeat_at": 0.0, "ttl": 1.0,
+    })
+    before = snapshot(tmp_path / "s")
+    with pytest.raises(StoreInUseError):
+        migrate(tmp_path / "s")
+    assert snapshot(tmp_path / "s") == before

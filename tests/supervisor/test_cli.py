@@ -26,7 +26,7 @@ from subagents import store
 from subagents.store import LogWriter, Store, create_session, inspect, list_children, list_descendants, read_lease
 from subagents.supervisor.cli import columns, render
 from subagents.supervisor.config_loader import load_config
-from tests.session_bytes import HEADER_AT, append_log, log_bytes, patch, write_log
+from tests.session_bytes import HEADER_AT, append_log, log_bytes, log_data, patch, write_log
 
 DEADLINE_S = 90.0
 ROW = re.compile(r"^(\S+)\s+complete\s+completed\s+one-shot\s+.+\s+part-(\d)$")  # a row of the `ls` table
@@ -303,7 +303,7 @@ def _damage(st: DemoStore) -> tuple[str, str, bytes]:
     """Tear one child's log (garbage after its last record), corrupt another (a flipped byte in record 0)."""
     torn, corrupt = st.children[0], st.children[1]
     opened = Store(st.path, create=False)
-    original = log_bytes(opened, torn)
+    original = log_data(opened, torn)  # its records: the append drops the padding after them
     append_log(opened, torn, b"\x17\x00\x00\x00garbage")
     data = bytearray(log_bytes(opened, corrupt))
     data[12] ^= 0xFF  # inside the payload of the first record; the log ends with a turn/end
