@@ -10,6 +10,12 @@ a record boundary the file is scanned from the start.
 Every record is framed (and checked against the store's ``max_record_bytes``)
 before any byte of the file changes, so an oversize record leaves no trace.
 
+A ``padded`` file (the mailbox, FORMAT.md §8) is written like a session log:
+the append that extends it pads it with zeros to the next 4 KiB boundary, and
+the appends after it overwrite those zeros in place (``pwrite`` at the end of
+the data, so its descriptor is not ``O_APPEND``): their fsync then writes no
+size change. An all-zero remainder is the file's end, not damage.
+
 Damage at the end is a torn tail (an append that never returned) and is cut
 off. Damage followed by records that chain is, for a file read as a prefix
 (the mailbox: ``skip_damage=False``), corruption — accepted messages would be
@@ -27,6 +33,7 @@ from typing import Any, Callable, Protocol, Sequence
 from .atomic import FILE_MODE, NOFOLLOW
 from .errors import CorruptSessionError, SubagentError, UnavailableSessionError
 from .framing import Check, encode_record, find_committed, scan, scan_all
+from .session_file import block_padding
 from .locks import SessionFlock
 from .root import Store
 
@@ -51,34 +58,40 @@ def append_record(fd: int, record: dict[str, Any], *, tails: dict[str, tuple[int
 def append_records(
     fd: int, records: Sequence[dict[str, Any]], *, tails: dict[str, tuple[int, int]], key: str, owner: str,
     limit: int, check: Check | None = None, skip_damage: bool = False, too_large: str | None = None, size: int | None = None,
+    padded: bool = False,
 ) -> int:
     """Append ``records`` with contiguous seqs in one ``write``; returns the first seq. The caller holds the lock
-    (and may pass the file's ``size``, from an ``fstat`` it made under it)."""
+    (and may pass the file's ``size``, from an ``fstat`` it made under it). ``padded``: the file may end in zero
+    padding and is written in place (its descriptor must not be ``O_APPEND``)."""
     if size is None:
         size = os.fstat(fd).st_size
     offset, next_seq = tails.get(key, (0, 0))
     if offset > size:
         offset, next_seq = 0, 0  # the file was rebuilt under us
-    # nobody appended since our checkpoint (the usual case for a mailbox): nothing to read
+    # nobody appended since our checkpoint (the usual case for a mailbox): nothing, or only its padding, to read
     data = b"" if offset == size else os.pread(fd, size - offset, offset)
-    result = scan(data, start_seq=next_seq, base_offset=offset, check=check)
+    result = scan(data, start_seq=next_seq, base_offset=offset, check=check, padded=padded)
     if result.damage is not None and offset:
         offset, next_seq = 0, 0  # our checkpoint is not a record boundary any more
-        result = scan(os.pread(fd, size, 0), check=check)
+        result = scan(os.pread(fd, size, 0), check=check, padded=padded)
     end, seq, cut = result.end, next_seq + len(result.records), False
     if result.damage is not None:
         data = os.pread(fd, size, 0)
         if skip_damage:
             skim = scan_all(data, check=check)
             end, seq, cut = skim.end, skim.next_seq, skim.tail is not None
-        elif find_committed(data, result.damage.offset + 1, seq, lambda _payload: True, torn_reason=result.damage.reason) is not None:
+        elif find_committed(data, result.damage.offset + 1, seq, lambda _payload: True, torn_reason=result.damage.reason,
+                            padded=padded) is not None:
             raise CorruptSessionError(owner, f"{key}: {result.damage.reason} at byte {result.damage.offset} before valid records", offset=result.damage.offset)
         else:
             cut = True
     blob = b"".join(frame_record({**record, "seq": seq + i}, limit, key, too_large) for i, record in enumerate(records))
     if cut:
         os.ftruncate(fd, end)  # a torn tail of an append that never returned
-    os.write(fd, blob)
+    if padded:
+        os.pwrite(fd, blob + block_padding(end + len(blob)), end)  # the zeros after it: padding, or new padding
+    else:
+        os.write(fd, blob)
     tails[key] = (end + len(blob), seq + len(records))
     return seq
 

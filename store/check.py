@@ -305,7 +305,7 @@ def _read_mailbox(state: _Pass, session_id: str) -> list[dict[str, Any]]:
         data = read_bytes(state.store.path(session_id, "mailbox"))
     except FileNotFoundError:
         return []
-    result = scan(data)
+    result = scan(data, padded=True)
     if result.damage is not None and find_later_record(data, result.damage.offset + 1, lambda p: "id" in p) is not None:
         state.flag(session_id, "mailbox-corrupt", f"{result.damage.reason} at byte {result.damage.offset}, and accepted "
                    "messages follow it")

@@ -3,7 +3,11 @@
 ``accept`` appends a framed record ``{seq, id, ts, source, content}`` to
 ``sessions/<id>.mailbox`` under the session lock and fsyncs it (unless the
 policy is ``none``) before it returns the message id: an accepted message
-survives a crash of every process.
+survives a crash of every process. The mailbox is padded like a session log
+(FORMAT.md §8): the acceptance that extends it pads it with zeros to the next
+4 KiB boundary, the next ones overwrite those zeros in place, so their fsync
+writes the message and no size change. ``mailbox_data_end`` is where its data
+ends: what a watcher compares, since an acceptance need not change its size.
 
 Consumption is recorded in the *log*, not here: the turn that takes a message
 appends ``message/accepted`` (or teardown appends ``message/discarded``) with
@@ -36,14 +40,14 @@ from typing import Any
 from .appender import WIDEST_SEQ, append_records, frame_record
 from .atomic import FILE_MODE, NOFOLLOW
 from .errors import CorruptSessionError, UnavailableSessionError
-from .framing import scan
+from .framing import data_end, scan
 from .ids import IdGenerator
 from .reader import read_session_file
 from .records import mailbox_problem
 from .root import Store
 from .session_file import SessionLock
 
-__all__ = ["MailboxMessage", "MailboxWriter", "accept", "read_mailbox", "pending"]
+__all__ = ["MailboxMessage", "MailboxWriter", "accept", "mailbox_data_end", "read_mailbox", "pending"]
 
 
 @dataclass(frozen=True)
@@ -118,7 +122,8 @@ class MailboxWriter:
                 try:
                     size = self._open_mailbox()
                     append_records(self._fd, [record], tails=store.index_tails, key=self._key, owner=self.session_id,
-                                   limit=store.max_record_bytes, check=mailbox_problem, too_large="MESSAGE_TOO_LARGE", size=size)
+                                   limit=store.max_record_bytes, check=mailbox_problem, too_large="MESSAGE_TOO_LARGE", size=size,
+                                   padded=True)
                     store.durability.after_append(self._fd, self._what)  # strict syncs here, batched below
                     store.durability.at_commit(self._fd, self._what)
                 finally:
@@ -155,7 +160,8 @@ class MailboxWriter:
             os.close(self._fd)
             self._fd, self._file = -1, None
         try:
-            fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | NOFOLLOW, FILE_MODE)
+            # not O_APPEND: an acceptance writes in place, over the padding (``pwrite`` would append)
+            fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | NOFOLLOW, FILE_MODE)
         except OSError as exc:  # a link, a loop or a folder in its place
             raise UnavailableSessionError(self.session_id, f"{self._key} cannot be opened ({exc.strerror or exc})") from None
         info = os.fstat(fd)
@@ -177,7 +183,7 @@ def _close(files: tuple[int, SessionLock | None] | None) -> None:
 
 
 def _messages(data: bytes, *, start_seq: int = 0, base: int = 0) -> tuple[list[MailboxMessage], bool]:
-    result = scan(data, start_seq=start_seq, base_offset=base, check=mailbox_problem)
+    result = scan(data, start_seq=start_seq, base_offset=base, check=mailbox_problem, padded=True)
     ends = result.offsets[1:] + [result.end]
     out = [
         MailboxMessage(r["id"], float(r["ts"]), r["source"], r.get("content"), r.get("wake", True), end)
@@ -207,7 +213,7 @@ def pending(
         suffix = read_session_file(store, session_id, "mailbox", offset=mailbox_end)
         if suffix is not None:
             messages, misplaced = _messages(suffix, start_seq=consumed, base=mailbox_end)
-            if not misplaced and (messages or len(suffix) == 0):
+            if not misplaced and (messages or data_end(suffix) == 0):  # nothing after it, or only padding
                 return messages
     messages = read_mailbox(store, session_id)
     if consumed > len(messages) or (consumed and messages[consumed - 1].id != last_consumed_id):
@@ -216,3 +222,29 @@ def pending(
             f"mailbox and log disagree: log consumed {consumed} message(s) ending at {last_consumed_id!r}",
         )
     return messages[consumed:]
+
+
+def mailbox_data_end(store: Store, session_id: str) -> int:
+    """Where the mailbox's data ends (its size less the zero padding; 0 when absent): it grows with every acceptance.
+
+    A bound, not a record boundary (a record's own last bytes may be zeros),
+    but every record begins with a non-zero length, so each acceptance moves
+    it. An acceptance into the padding leaves the file's size as it was, and
+    its mtime is too coarse to order two writes, so a watcher compares this. One
+    ``pread`` of the file's last 8 KiB (the padding is under 4 KiB); the whole
+    file only when those are all zeros (a file of nothing but zeros).
+    """
+    try:
+        fd = os.open(store.path(session_id, "mailbox"), os.O_RDONLY | NOFOLLOW)
+    except FileNotFoundError:
+        return 0
+    try:
+        size = os.fstat(fd).st_size
+        window = min(size, 2 * 4096)
+        tail = os.pread(fd, window, size - window)
+        end = data_end(tail)
+        if end or window == size:
+            return size - window + end
+        return data_end(os.pread(fd, size, 0))
+    finally:
+        os.close(fd)

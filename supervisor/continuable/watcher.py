@@ -3,8 +3,10 @@
 Another process may append to a hosted child's mailbox (a host-user ``send``
 from elsewhere) or to its control file (an ``interrupt`` or ``drain``
 request from another supervisor or the CLI). Every ``poll_s`` the watcher
-compares each mailbox's size with what it last saw (one ``stat`` per
-activation) and wakes the driver of a grown one. Control files are read by
+compares where each mailbox's data ends with what it last saw (one
+``pread`` of its last block per activation, ``store.mailbox.mailbox_data_end``:
+an acceptance overwrites the file's zero padding and need not change its
+size) and wakes the driver of a grown one. Control files are read by
 the supervisor's one ``ControlPoller`` (``supervisor/control_poller.py``,
 shared with the one-shot runs): the watcher registers each activation there
 from its ``baseline`` on, and new records reach the callback the façade
@@ -25,6 +27,7 @@ from typing import Callable
 import anyio
 
 from subagents.store import Store
+from subagents.store.mailbox import mailbox_data_end
 from subagents.store.control import ControlRecord, read_controls
 
 from ..control_poller import ControlPoller
@@ -35,6 +38,14 @@ __all__ = ["StoreWatcher"]
 log = logging.getLogger(__name__)
 
 ApplyControl = Callable[[Activation, ControlRecord], None]
+
+
+def _data_end(store: Store, child_id: str) -> int:
+    """Where the child's mailbox data ends (an acceptance may not change the file's size: it overwrites padding)."""
+    try:
+        return mailbox_data_end(store, child_id)
+    except OSError:  # unreadable, or damage in its place: nothing to see until it changes
+        return 0
 
 
 def _size(path: str) -> int:
@@ -54,7 +65,7 @@ class StoreWatcher:
 
     def baseline(self, act: Activation) -> None:
         """What the activation starts from: the mailbox as it is, control records up to now (older requests were about older turns)."""
-        act.mailbox_size = _size(self._store.path(act.child_id, "mailbox"))
+        act.mailbox_size = _data_end(self._store, act.child_id)
         size = _size(self._store.path(act.child_id, "control"))
         try:
             controls = read_controls(self._store, act.child_id)
@@ -82,7 +93,7 @@ class StoreWatcher:
             if act.disposing:
                 continue
             try:
-                size = _size(self._store.path(act.child_id, "mailbox"))
+                size = _data_end(self._store, act.child_id)
             except Exception:  # isolation boundary: one child's damaged files never end the supervisor
                 log.warning("the mailbox of %s could not be watched; skipped until it changes", act.child_id, exc_info=True, extra=log_fields(act))
                 continue

@@ -9,6 +9,7 @@ import pytest
 from subagents import store
 import subagents.store.durability
 from subagents.store.framing import scan
+from subagents.store.mailbox import mailbox_data_end
 
 from ._support import ONE_SHOT, read_file
 
@@ -34,15 +35,16 @@ def test_accept_is_on_disk_before_it_returns(s1):
     """The returned id is already a framed record in the mailbox file, with its source and content."""
     ids = store.IdGenerator()
     mid = accept(s1, {"text": "hello"}, ids, wake=False)
-    (record,) = scan(read_file(s1.path("s1", "mailbox"))).records
+    (record,) = scan(read_file(s1.path("s1", "mailbox")), padded=True).records
     assert record["id"] == mid and record["seq"] == 0
     assert (record["source"], record["content"], record["wake"]) == ({"kind": "coordinator", "sender": "p"}, {"text": "hello"}, False)
     (message,) = store.read_mailbox(s1, "s1")
     assert (message.id, message.content, message.wake) == (mid, {"text": "hello"}, False)
-    size = os.path.getsize(s1.path("s1", "mailbox"))
-    assert message.end == size
+    end = scan(read_file(s1.path("s1", "mailbox")), padded=True).end  # the record's end, before the padding
+    assert message.end == end
+    assert end - 8 < mailbox_data_end(s1, "s1") <= end  # a bound: the record's own last bytes may be zeros
     assert message.to_event_data() == {
-        "message_id": mid, "source": {"kind": "coordinator", "sender": "p"}, "content": {"text": "hello"}, "mailbox_end": size
+        "message_id": mid, "source": {"kind": "coordinator", "sender": "p"}, "content": {"text": "hello"}, "mailbox_end": end
     }
 
 
@@ -109,13 +111,76 @@ def test_torn_mailbox_tail_is_dropped_by_the_next_acceptance(s1):
     """A half-written acceptance (it never returned) is cut off; the next message gets its seq."""
     ids = store.IdGenerator()
     kept = accept(s1, "kept", ids)
-    with open(s1.path("s1", "mailbox"), "ab") as handle:
+    path = s1.path("s1", "mailbox")
+    end = scan(read_file(path), padded=True).end
+    with open(path, "r+b") as handle:  # where the next acceptance writes: over the padding
+        handle.seek(end)
         handle.write(store.encode_record({"seq": 1, "id": "torn", "content": "never returned"})[:-4])
     assert [m.id for m in store.read_mailbox(s1, "s1")] == [kept]
     nxt = accept(s1, "next", ids)
-    records = scan(read_file(s1.path("s1", "mailbox"))).records
+    records = scan(read_file(path), padded=True).records
     assert [(r["seq"], r["id"]) for r in records] == [(0, kept), (1, nxt)]
-    assert scan(read_file(s1.path("s1", "mailbox"))).damage is None
+    assert scan(read_file(path), padded=True).damage is None
+
+
+def test_acceptances_overwrite_the_padding_in_place(s1):
+    """The first acceptance pads the mailbox to a 4 KiB boundary; the next ones write over the zeros (no size
+    change for their fsync to write) and the data end grows with each, which is what a watcher compares."""
+    ids = store.IdGenerator()
+    path = s1.path("s1", "mailbox")
+    first = accept(s1, "one", ids)
+    size = os.path.getsize(path)
+    assert size == 4096
+    ends = [mailbox_data_end(s1, "s1")]
+    later = []
+    for i in range(5):
+        later.append(accept(s1, f"message {i}", ids))
+        ends.append(mailbox_data_end(s1, "s1"))
+        assert os.path.getsize(path) == size
+    assert ends == sorted(set(ends))  # grew with every acceptance
+    data = read_file(path)
+    result = scan(data, padded=True)
+    assert result.damage is None and [r["id"] for r in result.records] == [first, *later]
+    assert ends[-1] <= result.end and data[result.end:] == bytes(size - result.end)
+    assert [m.id for m in store.read_mailbox(s1, "s1")] == [first, *later]
+
+
+def test_an_acceptance_that_fills_the_padding_extends_the_file_by_whole_blocks(s1):
+    ids = store.IdGenerator()
+    path = s1.path("s1", "mailbox")
+    accepted = [accept(s1, "x" * 1000, ids) for _ in range(9)]
+    result = scan(read_file(path), padded=True)
+    assert result.end > 8192 and os.path.getsize(path) == 12288
+    assert result.damage is None and [r["id"] for r in result.records] == accepted
+
+
+def test_a_mailbox_an_older_build_wrote_without_padding_is_read_and_appended_to(s1):
+    """Version 2 appended with O_APPEND and no padding: such a file is a valid padded one with no zeros yet."""
+    path = s1.path("s1", "mailbox")
+    old = [store.encode_record({"seq": i, "id": f"old-{i}", "ts": 1.0, "source": {"kind": "user"}, "content": "c"}) for i in range(2)]
+    with open(path, "wb") as handle:
+        handle.write(b"".join(old))
+    assert [m.id for m in store.read_mailbox(s1, "s1")] == ["old-0", "old-1"]
+    assert mailbox_data_end(s1, "s1") == os.path.getsize(path)
+    new = accept(s1, "new", store.IdGenerator())
+    assert [m.id for m in store.read_mailbox(s1, "s1")] == ["old-0", "old-1", new]
+    assert os.path.getsize(path) == 4096
+
+
+def test_pending_reads_only_the_suffix_when_nothing_but_padding_follows(s1):
+    """All consumed: the suffix after ``mailbox_end`` is only zeros, which is 'nothing pending', not a reason to
+    read (and check) the whole mailbox: damage before ``mailbox_end`` is not seen."""
+    ids = store.IdGenerator()
+    accept(s1, "a", ids)
+    accept(s1, "b", ids)
+    messages = store.read_mailbox(s1, "s1")
+    projection = consume(s1, messages)
+    path = s1.path("s1", "mailbox")
+    with open(path, "r+b") as handle:  # a bad byte in the consumed prefix
+        handle.seek(10)
+        handle.write(b"\xff")
+    assert store.pending(s1, "s1", consumed=projection.consumed, last_consumed_id=projection.last_message_id,
+                         mailbox_end=projection.mailbox_end) == []
 
 
 def test_accept_for_unknown_session(st):

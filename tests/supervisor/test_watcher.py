@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -10,7 +13,7 @@ import pytest
 from subagents.store.framing import encode_record
 from subagents.supervisor import UserAuthority
 
-from ..conftest import wait_until
+from ..conftest import REPO_ROOT, wait_until
 from .test_continuable import S, continuable_supervisor, start, turn_ends, turn_started
 
 pytestmark = pytest.mark.anyio
@@ -61,3 +64,30 @@ async def test_an_interrupt_read_after_its_turn_ended_does_not_stop_the_next_tur
         result = await sup.interrupt(child, authority=UserAuthority(parent_session=root.id))
         assert result.outcome == "cancelled"
         await wait_until(lambda: turn_ends(sup.store, child) == ["completed", "aborted"], what="turn 2 to be interrupted")
+
+
+ACCEPT_ELSEWHERE = """
+import sys
+from subagents.store import IdGenerator, Store, accept
+store, child, content = sys.argv[1:4]
+print(accept(Store(store), child, source={"kind": "user"}, content=content, ids=IdGenerator()))
+"""
+
+
+async def test_a_message_another_process_writes_over_the_mailbox_padding_wakes_a_waiting_child(tmp_path):
+    """A child waiting for its own live child is woken by the watcher when another process accepts a message
+    for it. Each acceptance after the first writes over the mailbox's zero padding and leaves the file's size
+    as it was: the watcher compares where the data ends, so it still sees every one."""
+    async with continuable_supervisor(tmp_path, control_poll_s=0.01) as sup:
+        root = await sup.open_root(label="host")
+        grandchild_turn = S({"sleep": 60_000})
+        child, _ = await start(sup, root, S({"start_continuable": {"prompt": grandchild_turn, "label": "g"}}, {"return": "waiting"}))
+        await wait_until(lambda: turn_ends(sup.store, child) == ["completed"], what="the child's first turn to end")
+        mailbox = sup.store.path(child, "mailbox")
+        size = os.path.getsize(mailbox)
+        env = {**os.environ, "PYTHONPATH": REPO_ROOT}
+        for n in (2, 3):
+            subprocess.run([sys.executable, "-c", ACCEPT_ELSEWHERE, sup.store.root, child, S({"return": f"turn {n}"})],
+                           check=True, env=env, capture_output=True, timeout=60)
+            assert os.path.getsize(mailbox) == size  # written in place
+            await wait_until(lambda: turn_ends(sup.store, child) == ["completed"] * n, what=f"turn {n} of the waiting child")
