@@ -66,9 +66,6 @@ _START = struct.Struct("<I")
 SLOT_SIZE = 256
 SLOTS_AT = 8
 HEADER_AT = SLOTS_AT + 2 * SLOT_SIZE  # 520
-# the log region is padded with zeros to a multiple of this many bytes of the file (a page, a block)
-BLOCK = 4096
-_ZEROS = bytes(BLOCK)
 # what a reader takes in its first read: the preamble, the lease slots and any usual header
 FIRST_READ = 4096
 _EMPTY_SLOT = bytes(SLOT_SIZE)
