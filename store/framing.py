@@ -167,6 +167,14 @@ def data_end(data: bytes | memoryview) -> int:
     return 0
 
 
+def _zeros_from(data: bytes | memoryview, pos: int) -> bool:
+    """Whether every byte of ``data`` from ``pos`` on is zero (one C loop over the remainder)."""
+    rest = data[pos:]
+    if isinstance(rest, memoryview):
+        rest = rest.tobytes()
+    return rest.count(0) == len(rest)
+
+
 def _padded_damage(data: bytes | memoryview, pos: int, status: str, detail: Any) -> tuple[str, Any] | None:
     """How a padded log reads damage at ``pos``: ``None`` for its all-zero end, else (reason, detail).
 
@@ -176,10 +184,10 @@ def _padded_damage(data: bytes | memoryview, pos: int, status: str, detail: Any)
     ``short-payload``, as the same write torn at the end of an unpadded file
     is, so that ``find_committed`` knows every byte after it is its own.
     """
-    end = data_end(data)
-    if pos >= end:
+    if data[pos] == 0 and _zeros_from(data, pos):
         return None
     if status == "crc-mismatch":
+        end = data_end(data)
         length, _ = FRAME.unpack_from(data, pos)
         if pos + FRAME.size + length > end:
             return "short-payload", f"need {length}, have {end - pos - FRAME.size} before the zero padding"
