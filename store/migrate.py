@@ -1,11 +1,11 @@
 """Converting a store of an older format version to version 3 in place (``subagents store migrate``).
 
 **Version 2 to 3** changes no file but the marker: version 3 lets a session log
-end in zero padding (FORMAT.md §3.4), which no version-2 writer made, so every
-version-2 session file is a version-3 file as it is. The marker is replaced
+and a mailbox end in zero padding (FORMAT.md §3.4, §8), which no version-2 writer
+made, so every version-2 file is a version-3 file as it is. The marker is replaced
 atomically (``write_atomic``: a kill leaves the old marker or the new one, and
 a run on the old one does it again); a version-2 build refuses the new marker,
-since it would misread a padded log's growth (it watches the file's size).
+since it would misread a padded file's growth (it watches the file's size).
 
 **Version 1 to 3** converts the sessions as below (the version-2 layout), then
 writes the marker of version 3.
