@@ -68,8 +68,9 @@ def append_records(
     offset, next_seq = tails.get(key, (0, 0))
     if offset > size:
         offset, next_seq = 0, 0  # the file was rebuilt under us
-    # nobody appended since our checkpoint (the usual case for a mailbox): nothing, or only its padding, to read
-    data = b"" if offset == size else os.pread(fd, size - offset, offset)
+    # nobody appended since our checkpoint (the usual case for a mailbox): nothing, or only its padding, to read;
+    # in a padded file, a zero frame header at the checkpoint says so (a record's length is never 0)
+    data = b"" if offset == size or (padded and offset and _zero_header_at(fd, offset)) else os.pread(fd, size - offset, offset)
     result = scan(data, start_seq=next_seq, base_offset=offset, check=check, padded=padded)
     if result.damage is not None and offset:
         offset, next_seq = 0, 0  # our checkpoint is not a record boundary any more
@@ -88,12 +89,19 @@ def append_records(
     blob = b"".join(frame_record({**record, "seq": seq + i}, limit, key, too_large) for i, record in enumerate(records))
     if cut:
         os.ftruncate(fd, end)  # a torn tail of an append that never returned
-    if padded:
-        os.pwrite(fd, blob + block_padding(end + len(blob)), end)  # the zeros after it: padding, or new padding
+    if padded and end + len(blob) <= size and not cut:
+        os.pwrite(fd, blob, end)  # over the padding
+    elif padded:
+        os.pwrite(fd, blob + block_padding(end + len(blob)), end)  # extends the file: new padding after it
     else:
         os.write(fd, blob)
     tails[key] = (end + len(blob), seq + len(records))
     return seq
+
+
+def _zero_header_at(fd: int, offset: int) -> bool:
+    """Whether the 8 bytes of a frame header at ``offset`` are all zeros (the padding begins there)."""
+    return os.pread(fd, 8, offset) == bytes(8)
 
 
 # msgpack's widest integer (9 bytes): a record framed with it is at least as long as with its real seq

@@ -347,3 +347,19 @@ def test_threads_sharing_a_writer_take_turns_in_the_critical_section(tmp_path):
         second.join(20)
     writer.close()
     assert [m.content for m in store.read_mailbox(st, "s1")] == ["first", "second"] and len(made) == 2
+
+
+def test_stray_bytes_inside_the_padding_never_cost_an_accepted_message(s1):
+    """An acceptance trusts a zero frame header at its checkpoint (one 8-byte read, not the whole padding):
+    bytes that are not zeros further into the padding (damage) are written over or left after the
+    records, and every accepted message stays in the valid prefix, in order."""
+    ids = store.IdGenerator()
+    path = s1.path("s1", "mailbox")
+    accepted = [accept(s1, "first", ids)]
+    end = scan(read_file(path), padded=True).end
+    with open(path, "r+b") as handle:
+        handle.seek(end + 300)
+        handle.write(b"\x07stray")
+    accepted += [accept(s1, f"after {i}", ids) for i in range(4)]
+    assert [m.id for m in store.read_mailbox(s1, "s1")] == accepted
+    assert os.path.getsize(path) == 4096
