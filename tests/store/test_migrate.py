@@ -281,3 +281,46 @@ def test_a_live_owner_refuses_the_version_2_conversion(tmp_path):
     with pytest.raises(StoreInUseError):
         migrate(tmp_path / "s")
     assert snapshot(tmp_path / "s") == before
+
+
+def _owner_appears_after_the_first_marker_write(monkeypatch, root):
+    """A supervisor of the old version opens the store just as the marker changes: its owner file appears right
+    after migrate's first write of the marker (the real write), before migrate checks the owners again."""
+    import subagents.store.migrate as module
+
+    real = module.write_atomic
+    writes: list[str] = []
+
+    def write_then_open_a_supervisor(path, data, **kw):
+        real(path, data, **kw)
+        if os.path.basename(path) == "STORE" and not writes:
+            pid = os.getpid()
+            V1Store.owner_file(root, "lateOwner", {
+                "owner": "lateOwner", "host": host_identity(), "pid": pid, "pid_start": process_start_time(pid),
+                "started_at": 0.0, "heartbeat_at": 0.0, "ttl": 1.0,
+            })
+        writes.append(os.path.basename(path))
+
+    monkeypatch.setattr(module, "write_atomic", write_then_open_a_supervisor)
+    return writes
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_supervisor_that_opened_the_store_during_the_marker_change_gets_its_marker_back(tmp_path, monkeypatch, version):
+    """Between migrate's owner check and its new marker, a supervisor of the old version may open the store; the
+    check after the marker finds it, puts the old marker back (``STORE_IN_USE``) and changes nothing else, so the
+    supervisor goes on with the store as it read it, and a later run converts it."""
+    build_sample(tmp_path / "s")
+    if version == 2:
+        migrate(tmp_path / "s")
+        marker = tmp_path / "s" / "STORE"
+        marker.write_bytes(msgpack.packb({**msgpack.unpackb(marker.read_bytes()), "version": 2}))
+    before = snapshot(tmp_path / "s")
+    writes = _owner_appears_after_the_first_marker_write(monkeypatch, tmp_path / "s")
+    with pytest.raises(StoreInUseError) as caught:
+        migrate(tmp_path / "s")
+    assert caught.value.code == "STORE_IN_USE" and "lateOwner" in caught.value.message
+    assert writes == ["STORE", "STORE"]  # the new marker, then the old one back
+    after = snapshot(tmp_path / "s")
+    assert {k: v for k, v in after.items() if "lateOwner" not in k} == before
+    assert msgpack.unpackb(after["STORE"])["version"] == version
