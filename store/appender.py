@@ -32,7 +32,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from .atomic import FILE_MODE, NOFOLLOW
 from .errors import CorruptSessionError, SubagentError, UnavailableSessionError
-from .framing import Check, encode_record, find_committed, scan, scan_all
+from .framing import FRAME, Check, encode_record, find_committed, scan, scan_all, zeros_from
 from .session_file import block_padding
 from .locks import SessionFlock
 from .root import Store
@@ -70,7 +70,8 @@ def append_records(
         offset, next_seq = 0, 0  # the file was rebuilt under us
     # nobody appended since our checkpoint (the usual case for a mailbox): nothing, or only its padding, to read;
     # in a padded file, a zero frame header at the checkpoint says so (a record's length is never 0)
-    data = b"" if offset == size or (padded and offset and _zero_header_at(fd, offset)) else os.pread(fd, size - offset, offset)
+    nothing_new = offset == size or (padded and offset and zeros_from(os.pread(fd, FRAME.size, offset)))
+    data = b"" if nothing_new else os.pread(fd, size - offset, offset)
     result = scan(data, start_seq=next_seq, base_offset=offset, check=check, padded=padded)
     if result.damage is not None and offset:
         offset, next_seq = 0, 0  # our checkpoint is not a record boundary any more
@@ -97,11 +98,6 @@ def append_records(
         os.write(fd, blob)
     tails[key] = (end + len(blob), seq + len(records))
     return seq
-
-
-def _zero_header_at(fd: int, offset: int) -> bool:
-    """Whether the 8 bytes of a frame header at ``offset`` are all zeros (the padding begins there)."""
-    return os.pread(fd, 8, offset) == bytes(8)
 
 
 # msgpack's widest integer (9 bytes): a record framed with it is at least as long as with its real seq

@@ -7,11 +7,13 @@ raises: it returns the valid prefix and, when the bytes stop being valid,
 a ``Damage`` value saying where, how many bytes were dropped and why — the
 caller decides whether that is a torn tail or corruption (LevelDB's Reporter).
 
-Zero padding: a session log may end in zero bytes (FORMAT.md §3.4): its
-writer pads the file to the next 4 KiB boundary so that later appends
-overwrite bytes in place. ``scan(..., padded=True)`` (and ``find_committed``)
-read an all-zero remainder at a record boundary as the log's end, not as
-damage; every other file is scanned with ``padded=False``, as before.
+Zero padding: a session log and a mailbox may end in zero bytes (FORMAT.md
+§3.4, §8): their writers pad the file to the next 4 KiB boundary so that
+later appends overwrite bytes in place. ``scan(..., padded=True)`` (and
+``find_committed``) read an all-zero remainder at a record boundary as the
+end, not as damage; the control file and the indexes are scanned with
+``padded=False``, as before. ``zeros_from`` is the one test of "only zeros
+from here on" (padding, or nothing written since).
 
 Sizes: ``MAX_RECORD_BYTES`` is the format's ceiling, shared by every reader
 and writer: a length above it is damage, never a record. A store may set a
@@ -49,6 +51,7 @@ __all__ = [
     "find_later_record",
     "find_committed",
     "data_end",
+    "zeros_from",
 ]
 
 FRAME = struct.Struct("<II")
@@ -167,7 +170,7 @@ def data_end(data: bytes | memoryview) -> int:
     return 0
 
 
-def _zeros_from(data: bytes | memoryview, pos: int) -> bool:
+def zeros_from(data: bytes | memoryview, pos: int = 0) -> bool:
     """Whether every byte of ``data`` from ``pos`` on is zero (one C loop over the remainder)."""
     rest = data[pos:]
     if isinstance(rest, memoryview):
@@ -184,7 +187,7 @@ def _padded_damage(data: bytes | memoryview, pos: int, status: str, detail: Any)
     ``short-payload``, as the same write torn at the end of an unpadded file
     is, so that ``find_committed`` knows every byte after it is its own.
     """
-    if data[pos] == 0 and _zeros_from(data, pos):
+    if data[pos] == 0 and zeros_from(data, pos):
         return None
     if status == "crc-mismatch":
         end = data_end(data)
@@ -203,7 +206,7 @@ def scan(
     contiguous); ``base_offset`` is added to reported offsets when ``data``
     is a suffix of a file; ``check`` is the record kind's typed check
     (``store/records.py``): a record that fails it is damage (``not-a-record``).
-    ``padded``: ``data`` is (a suffix of) a session log, which may end in
+    ``padded``: ``data`` is (a suffix of) a session log or a mailbox, which may end in
     zero padding: an all-zero remainder where a record would start is its
     end (``end`` is where the zeros start, no damage).
     """

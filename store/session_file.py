@@ -51,7 +51,7 @@ from typing import Any
 
 from .atomic import NOFOLLOW, pread_all
 from .errors import CorruptSessionError, SessionNotFoundError, UnavailableSessionError
-from .framing import FRAME, MAX_RECORD_BYTES, encode_record
+from .framing import FRAME, MAX_RECORD_BYTES, encode_record, zeros_from
 from .lease_record import Lease
 from .locks import names_file
 from .records import LeaseFields, unpack, validate
@@ -311,7 +311,7 @@ class SessionFile:
         session lock, that no other writer appended since its last write.
         """
         raw = os.pread(self.fd, 1 + FRAME.size, self.data_start + end - 1)
-        return len(raw) >= 1 and raw.count(0, 1) == len(raw) - 1
+        return len(raw) >= 1 and zeros_from(raw, 1)
 
     def read_log(self, offset: int = 0, length: int | None = None) -> bytes:
         """``length`` bytes of the log from ``offset``; without ``length``, to its end."""

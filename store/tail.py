@@ -18,6 +18,7 @@ import os
 from typing import Any
 
 from .atomic import NOFOLLOW, pread_all
+from .framing import zeros_from
 from .reader import Inspection, inspect, open_session, scan_events
 from .root import Store
 
@@ -46,7 +47,7 @@ class LogTail:
             events = again.events[self._next_seq:]
             self._end, self._next_seq = again.end, len(again.events)
             return events
-        if added.count(0) == len(added):
+        if zeros_from(added):
             return []  # nothing, or only the padding: no record was written since
         result = scan_events(added, start_seq=self._next_seq, base_offset=self._end)
         self._end, self._next_seq = result.end, self._next_seq + len(result.records)

@@ -65,7 +65,7 @@ class StoreWatcher:
 
     def baseline(self, act: Activation) -> None:
         """What the activation starts from: the mailbox as it is, control records up to now (older requests were about older turns)."""
-        act.mailbox_size = _data_end(self._store, act.child_id)
+        act.mailbox_data_end = _data_end(self._store, act.child_id)
         size = _size(self._store.path(act.child_id, "control"))
         try:
             controls = read_controls(self._store, act.child_id)
@@ -97,6 +97,6 @@ class StoreWatcher:
             except Exception:  # isolation boundary: one child's damaged files never end the supervisor
                 log.warning("the mailbox of %s could not be watched; skipped until it changes", act.child_id, exc_info=True, extra=log_fields(act))
                 continue
-            if size != act.mailbox_size:
-                act.mailbox_size = size
+            if size != act.mailbox_data_end:
+                act.mailbox_data_end = size
                 act.poke()
