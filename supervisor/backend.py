@@ -6,7 +6,8 @@ local processes) implements it; a pool over a cluster's actors can too.
 
 A turn's life: ``run_turn`` queues it and calls ``started(ticket)`` before
 its first await, so the caller can ``cancel(ticket, reason)`` at any time;
-it returns a ``TurnResult`` once the turn is over. The result says whether a
+it returns a ``TurnResult`` once the turn is over (``submit`` does the same
+for a caller with no task to wait in: it hands the result to a callback). The result says whether a
 worker ever took the turn (``dispatched``: only then can the turn have
 written to its log), whether that worker died under it (``crashed``: the log
 needs repair) and the ``outcome``. A pool never raises for a turn's failure;
@@ -99,6 +100,13 @@ class Pool(Protocol):
 
     async def run_turn(self, spec: TurnSpec, on_rpc: RpcHandler, *, started: StartedCallback | None = None) -> TurnResult:
         """Queue a turn, serve its RPCs with ``on_rpc``, and return how it ended."""
+        ...
+
+    def submit(
+        self, spec: TurnSpec, on_rpc: RpcHandler, *, on_done: Callable[[TurnResult], None], started: StartedCallback | None = None,
+    ) -> TurnTicket:
+        """``run_turn`` without a waiting task: queue the turn and call ``on_done`` with how it ended, on the
+        event loop (from inside ``submit`` when ``started`` cancels it). ``SupervisorClosedError`` after ``aclose``."""
         ...
 
     def cancel(self, ticket: TurnTicket, reason: str = "user") -> None:

@@ -29,7 +29,7 @@ import itertools
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar, cast
+from typing import Callable, Generic, TypeVar, cast
 
 import anyio
 
@@ -57,6 +57,11 @@ class Turn:
     worker: "WorkerSlot | None" = None
     parked: int = 0  # waiting RPCs in progress: a parked turn does not hold its worker's slot
     cancel_reason: str | None = None
+    on_done: Callable[[TurnResult], None] | None = None  # ``submit``'s callback
+
+    def result(self) -> TurnResult:
+        assert self.outcome is not None
+        return TurnResult(self.outcome, None if self.worker is None else self.worker.ref(), self.crashed)
 
 
 @dataclass(eq=False)
@@ -122,16 +127,25 @@ class Dispatcher(Generic[W]):
 
     async def run_turn(self, spec: TurnSpec, on_rpc: RpcHandler, *, started: StartedCallback | None = None) -> TurnResult:
         """Queue a turn and wait for how it ended."""
+        turn = self._queue_turn(Turn(next(self._call_ids), spec, on_rpc), started)
+        await turn.done.wait()
+        return turn.result()
+
+    def submit(
+        self, spec: TurnSpec, on_rpc: RpcHandler, *, on_done: Callable[[TurnResult], None], started: StartedCallback | None = None,
+    ) -> TurnTicket:
+        """Queue a turn; ``on_done`` gets how it ended, on the event loop (before ``submit`` returns when
+        ``started`` cancels it). A callback instead of a waiting task: a task costs ~20 µs of CPU to start."""
+        return self._queue_turn(Turn(next(self._call_ids), spec, on_rpc, on_done=on_done), started)
+
+    def _queue_turn(self, turn: Turn, started: StartedCallback | None) -> Turn:
         if self._closing:
             raise SupervisorClosedError()
-        turn = Turn(next(self._call_ids), spec, on_rpc)
         self._queue.append(turn)
         if started is not None:
             started(turn)
         self._schedule()
-        await turn.done.wait()
-        assert turn.outcome is not None
-        return TurnResult(turn.outcome, None if turn.worker is None else turn.worker.ref(), turn.crashed)
+        return turn
 
     def cancel(self, ticket: TurnTicket, reason: str = "user") -> None:
         """Ask a turn to stop; kill its worker if it ignores that past the grace period."""
@@ -165,6 +179,11 @@ class Dispatcher(Generic[W]):
         if turn.worker is not None:
             turn.worker.turns.pop(turn.call_id, None)
         turn.done.set()
+        if turn.on_done is not None:
+            try:
+                turn.on_done(turn.result())
+            except Exception:  # isolation boundary: one run's bookkeeping never stops the pool's reader
+                log.exception("the end of turn %d was not handled", turn.call_id)
 
     def _schedule(self) -> None:
         """Hand queued turns, oldest first, to workers with a free slot."""

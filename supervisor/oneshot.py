@@ -13,8 +13,12 @@ did not (a crash, a takeover, a store failure).
 Every validation happens before the first byte is written, in this order:
 provider (``NO_PROVIDER``), capabilities (``UNSUPPORTED_CAPABILITY``), the
 request's fields (``validation.py``), parent and depth (``SubagentDepthError``).
-Built by the ``Supervisor`` from its ``Runtime``; each run's driver is a task
-of the runtime's task group. A running turn is stopped by its holder
+Built by the ``Supervisor`` from its ``Runtime``. No task waits for a run's
+turn: the pool calls back when it ended (``Pool.submit``), and the run is
+finished right there when its worker committed the turn and released the
+lease; only a crash repair or a release left to us runs as a task of the
+runtime's task group (starting a task costs more CPU than a whole child's
+bookkeeping otherwise does). A running turn is stopped by its holder
 (``SubagentRun.cancel``), by a user interrupt here (``interrupt``), or by one
 from another process through the child's control file (``ControlPoller``).
 """
@@ -88,7 +92,7 @@ def one_shot_turn_spec(
 
 @dataclass(eq=False)
 class _RunState:
-    """One run's mutable state. The driver (``OneShotRuns._drive``) writes ``ticket`` and ``result``;
+    """One run's mutable state. ``OneShotRuns`` writes ``ticket`` (at dispatch) and ``result`` (when the turn ended);
     ``cancel`` writes ``cancelled`` (first reason wins); ``done`` is set once, after ``result``."""
 
     done: anyio.Event = field(default_factory=anyio.Event)
@@ -236,7 +240,7 @@ class OneShotRuns:
         rt.events.emit("subagent/start", info)
         on_rpc = self._rpc_for(spec)
         state.children = on_rpc
-        rt.tg.start_soon(self._drive, state, spec, on_rpc, info)
+        self._submit(state, spec, on_rpc, info)
         if cancel is not None:
             rt.tg.start_soon(self._watch_cancel, run, cancel)
         return run
@@ -282,51 +286,67 @@ class OneShotRuns:
             await run.result()
             tg.cancel_scope.cancel()
 
-    async def _drive(self, state: _RunState, spec: TurnSpec, on_rpc: TurnRpcHandler, info: dict[str, Any]) -> None:
-        """Run the turn, repair after a crash, release the lease unless the worker did, publish the result.
+    def _submit(self, state: _RunState, spec: TurnSpec, on_rpc: TurnRpcHandler, info: dict[str, Any]) -> None:
+        """Queue the run's turn; ``_turn_ended`` takes it from there (no task waits for it: most runs need none)."""
+        rt = self._rt
 
-        Whatever happens, the run gets a result and its lease is released: a
-        failure of the turn itself is an outcome (the pool never raises for it),
-        and a store failure here (repair, release) is logged and leaves the
-        result as the outcome said; the next open of the log repairs it.
+        def started(ticket: TurnTicket) -> None:
+            state.ticket = ticket
+            if state.cancelled is not None:
+                rt.pool.cancel(ticket, state.cancelled)
+
+        def ended(turn: TurnResult) -> None:
+            self._turn_ended(state, spec, on_rpc, info, turn)
+
+        try:
+            rt.pool.submit(spec, on_rpc, on_done=ended, started=started)
+        except SupervisorClosedError as exc:  # the pool closed before this run's turn was queued
+            ended(TurnResult(TurnOutcome(stop_reason="aborted", diagnostic=str(exc)), worker=None))
+
+    def _turn_ended(self, state: _RunState, spec: TurnSpec, on_rpc: TurnRpcHandler, info: dict[str, Any], turn: TurnResult) -> None:
+        """On the event loop, once the turn ended: the run is finished at once when its worker committed the
+        turn and released the lease (the usual case); otherwise a task repairs and releases it first."""
+        state.worker = turn.worker
+        result = result_from_outcome(turn.outcome)
+        if state.cancelled is not None and result.stop_reason != "completed":
+            result = result.model_copy(update={"stop_reason": "aborted"})
+        if turn.outcome.released and not turn.crashed:
+            self._finish(state, spec, info, result)
+        else:
+            self._rt.tg.start_soon(self._settle, state, spec, on_rpc, info, turn.crashed, result)
+
+    async def _settle(
+        self, state: _RunState, spec: TurnSpec, on_rpc: TurnRpcHandler, info: dict[str, Any], crashed: bool, result: SubagentResult,
+    ) -> None:
+        """Repair the log after a crash and release the lease the worker did not, then finish the run.
+
+        Whatever happens the lease is released: a store failure here (repair,
+        release) is logged and leaves the result as the outcome said; the next
+        open of the log repairs it.
         """
         rt = self._rt
         fields = {"child": spec.session_id, "parent": spec.parent_session, "epoch": spec.epoch}
         bind(**fields)
-        released = False  # the worker releases the lease after a committed turn (TurnSpec.release_owner)
         epoch = spec.epoch  # raised by the fence before a crash repair
         try:
-            if state.cancelled is not None:
-                result = SubagentResult(stop_reason="aborted", diagnostic=f"the run was cancelled ({state.cancelled}) before it started")
-            else:
-                def started(ticket: TurnTicket) -> None:
-                    state.ticket = ticket
-                    if state.cancelled is not None:
-                        rt.pool.cancel(ticket, state.cancelled)
-
-                try:
-                    turn = await rt.pool.run_turn(spec, on_rpc, started=started)
-                except SupervisorClosedError as exc:  # the pool closed before this run's turn was queued
-                    turn = TurnResult(TurnOutcome(stop_reason="aborted", diagnostic=str(exc)), worker=None)
-                released = turn.outcome.released and not turn.crashed
-                state.worker = turn.worker
-                if turn.crashed:
-                    epoch = await anyio.to_thread.run_sync(self._repair, spec.session_id, spec.epoch)
-                result = result_from_outcome(turn.outcome)
-                if state.cancelled is not None and result.stop_reason != "completed":
-                    result = result.model_copy(update={"stop_reason": "aborted"})
+            if crashed:
+                epoch = await anyio.to_thread.run_sync(self._repair, spec.session_id, spec.epoch)
         finally:
             with anyio.CancelScope(shield=True):
-                if not released:
-                    # a child start the turn left in flight lands in this session's children
-                    # index before its release (and the settled row the release writes)
-                    await on_rpc.starts_done()
-                    try:
-                        await anyio.to_thread.run_sync(release_lease, rt.store, spec.session_id, rt.owner_id, epoch)
-                    except FencedError:
-                        log.warning("lease of %s was taken over before release", spec.session_id, extra=fields)
-                rt.agents.remove(spec.session_id)
-                rt.control.unwatch(spec.session_id)
+                # a child start the turn left in flight lands in this session's children
+                # index before its release (and the settled row the release writes)
+                await on_rpc.starts_done()
+                try:
+                    await anyio.to_thread.run_sync(release_lease, rt.store, spec.session_id, rt.owner_id, epoch)
+                except FencedError:
+                    log.warning("lease of %s was taken over before release", spec.session_id, extra=fields)
+        self._finish(state, spec, info, result)
+
+    def _finish(self, state: _RunState, spec: TurnSpec, info: dict[str, Any], result: SubagentResult) -> None:
+        """The run's lease is released: forget its bookkeeping and publish its result."""
+        rt = self._rt
+        rt.agents.remove(spec.session_id)
+        rt.control.unwatch(spec.session_id)
         state.result = result
         state.done.set()
         rt.events.emit("subagent/end", {**info, "stop_reason": result.stop_reason, "last_assistant_message": result.output or None})
