@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import anyio
 
@@ -67,8 +67,7 @@ class CreatorStatistics:
 @dataclass(eq=False)
 class _Slot:
     request: NewSession
-    done: anyio.Event = field(default_factory=anyio.Event)
-    outcome: Outcome | None = None
+    outcome: asyncio.Future[Outcome]  # set on the event loop by ``_deliver``
 
 
 @dataclass(eq=False)
@@ -165,10 +164,14 @@ class SessionCreator:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def create(self, request: NewSession) -> CreatedSession:
-        """Create one session (durably, under the store's policy); raises what stopped it."""
+        """Create one session (durably, under the store's policy); raises what stopped it.
+
+        The caller shields the wait from cancellation (``OneShotRuns._create``): a creation that
+        started always finishes, and only its caller can roll the session back.
+        """
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
-        slot = _Slot(request)
+        slot = _Slot(request, self._loop.create_future())
         with self._cond:
             if self._closing:
                 raise SupervisorClosedError()
@@ -182,12 +185,10 @@ class SessionCreator:
                 thread = threading.Thread(target=self._serve, name=f"subagents-creator-{len(self._threads)}", daemon=True)
                 self._threads.append(thread)
                 thread.start()
-        with anyio.CancelScope(shield=True):
-            await slot.done.wait()
-        assert slot.outcome is not None
-        if isinstance(slot.outcome, BaseException):
-            raise slot.outcome
-        return slot.outcome
+        outcome = await slot.outcome
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
     def statistics(self) -> CreatorStatistics:
         with self._cond:
@@ -231,5 +232,5 @@ class SessionCreator:
 def _deliver(batch: list[_Slot], outcomes: list[Outcome]) -> None:
     """On the event loop: each waiting ``create`` gets its outcome."""
     for slot, outcome in zip(batch, outcomes):
-        slot.outcome = outcome
-        slot.done.set()
+        if not slot.outcome.done():  # cancelled only if a caller did not shield its wait
+            slot.outcome.set_result(outcome)

@@ -254,7 +254,7 @@ class OneShotRuns:
                 if cancel is not None and cancel.is_set():
                     await anyio.to_thread.run_sync(lambda: delete_session(store, child_id, parent_session=parent_id))
                     raise CancelledBeforeStartError.before_publication()
-            await anyio.lowlevel.checkpoint()
+            await anyio.lowlevel.checkpoint_if_cancelled()  # a cancel that came while shielded: roll back
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(lambda: delete_session(store, child_id, parent_session=parent_id))
