@@ -69,6 +69,45 @@ async def test_turn_runs_and_statistics(st):
         tg.cancel_scope.cancel()
 
 
+async def test_submit_calls_back_with_the_result_and_a_failing_callback_does_not_stop_the_pool(st, caplog):
+    """``submit`` hands the result to a callback on the loop; one that raises is logged, and the pool's
+    reader (which called it) goes on serving the next turns."""
+    pool = WorkerPool(size=1, start_method="forkserver", ready_timeout_s=DEADLINE_S, cancel_grace_s=1.0)
+    results = []
+    ended = anyio.Event()
+
+    def broken(result):
+        results.append(result)
+        raise RuntimeError("a bug in a run's bookkeeping")
+
+    def fine(result):
+        results.append(result)
+        ended.set()
+
+    async with anyio.create_task_group() as tg:
+        await pool.start(tg)
+        pool.submit(echo_spec(st, "01SUBMITA", "first"), no_rpc, on_done=broken)
+        pool.submit(echo_spec(st, "01SUBMITB", "second"), no_rpc, on_done=fine)
+        with anyio.fail_after(DEADLINE_S):
+            await ended.wait()
+        assert [(r.outcome.stop_reason, r.outcome.output, r.crashed) for r in results] == [
+            ("completed", "first", False), ("completed", "second", False)]
+        assert all(r.dispatched for r in results)
+        assert "was not handled" in caplog.text and "a bug in a run's bookkeeping" in caplog.text
+        await pool.aclose()
+        tg.cancel_scope.cancel()
+
+
+async def test_submit_after_close_raises(st):
+    pool = WorkerPool(size=1, start_method="forkserver", ready_timeout_s=DEADLINE_S, cancel_grace_s=1.0)
+    async with anyio.create_task_group() as tg:
+        await pool.start(tg)
+        await pool.aclose()
+        with pytest.raises(SupervisorClosedError):
+            pool.submit(echo_spec(st, "01SUBMITC"), no_rpc, on_done=lambda result: None)
+        tg.cancel_scope.cancel()
+
+
 async def test_turn_sent_to_a_dead_worker_runs_on_the_replacement(st):
     """A turn dispatched before the pool saw its worker die never reached it: it runs on the replacement, not ``error``."""
     pool = WorkerPool(size=1, start_method="forkserver", ready_timeout_s=DEADLINE_S, cancel_grace_s=1.0)
