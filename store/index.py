@@ -34,6 +34,7 @@ from .ids import is_valid_session_id
 from .locks import SessionFlock, file_lock
 from .header import SessionHeader
 from .identity import read_identity
+from .index_writers import IndexWriters
 from .reader import read_header
 from .records import index_problem
 from .errors import SubagentError
@@ -169,10 +170,15 @@ def mark_all_active(store: Store, parent_id: str, child_ids: list[str]) -> None:
     _append(store, parent_id, [{"id": child, "state": "active"} for child in child_ids])
 
 
-def mark_settled(store: Store, parent_id: str, child_id: str, settled: Settled) -> None:
+def mark_settled(store: Store, parent_id: str, child_id: str, settled: Settled, *, writers: IndexWriters | None = None) -> None:
     """A ``settled`` state record. Not fsync'd: losing it in a crash only sends the next listing
-    back to the child's own files, which are the authority."""
-    _append(store, parent_id, {"id": child_id, "state": "settled", **settled.to_record()}, durable=False)
+    back to the child's own files, which are the authority. ``writers``: appended through the
+    descriptors it keeps open (a worker settling many children of one parent)."""
+    record = {"id": child_id, "state": "settled", **settled.to_record()}
+    if writers is None:
+        _append(store, parent_id, record, durable=False)
+    else:
+        writers.append(parent_id, [record], durable=False)
 
 
 def read_index(store: Store, parent_id: str) -> IndexRead:

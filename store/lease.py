@@ -42,6 +42,7 @@ from .atomic import NOFOLLOW, write_atomic
 from .errors import CorruptSessionError, DurabilityError, FencedError, LeaseHeldError, SessionNotFoundError, UnavailableSessionError
 from .locks import pin_flock
 from .header import SessionHeader
+from .index_writers import IndexWriters
 from .lease_record import Lease, LeaseState
 from .reader import open_session
 from .session_file import LeaseSlots, SessionFile
@@ -352,21 +353,22 @@ def release_lease(store: Store, session_id: str, owner_id: str, epoch: int) -> N
 
 def write_released(
     store: Store, file: SessionFile, slots: LeaseSlots, *, header: SessionHeader | None = None, projection: Projection | None = None,
+    writers: IndexWriters | None = None,
 ) -> None:
     """Write the release of ``slots.lease`` (read under the session lock the caller holds).
 
     For a log writer that has just checked that lease against its epoch under
     that lock (``LogWriter.release_lease``). The catalog's ``settled`` row
     follows under the same lock, as in ``release_lease`` (``store/rows.py``),
-    from the writer's ``header`` and ``projection`` when it gives them. Not
-    durable, as every state change: a release lost in a crash reads as the
-    dead owner's lease.
+    from the writer's ``header`` and ``projection`` when it gives them, through
+    ``writers`` when given (the parent's index kept open). Not durable, as
+    every state change: a release lost in a crash reads as the dead owner's lease.
     """
     current = slots.lease
     if current is None or current.state == "released":
         return
     _write_lease(store, file, slots, Lease(current.owner, current.epoch, "released", current.acquired_at), durable=False)
-    note_settled(store, file.session_id, header=header, projection=projection)
+    note_settled(store, file.session_id, header=header, projection=projection, writers=writers)
 
 
 def session_status(store: Store, session_id: str, owners: OwnerCache | None = None) -> Literal["running", "idle", "complete"]:

@@ -27,6 +27,7 @@ from .descriptor import ContinuableDescriptor, OneShotDescriptor
 from .errors import CorruptSessionError, SubagentError
 from .header import SessionHeader
 from .index import IndexEntry, Settled, mark_active, mark_settled, read_index
+from .index_writers import IndexWriters
 from .lease_record import Lease
 from .outcome import outcome_of
 from .projection import Projection
@@ -76,11 +77,15 @@ def note_active(store: Store, session_id: str) -> None:
         log.warning("no 'active' row for %s: %s", session_id, exc, extra={"session": session_id})
 
 
-def note_settled(store: Store, session_id: str, *, header: SessionHeader | None = None, projection: Projection | None = None) -> None:
+def note_settled(
+    store: Store, session_id: str, *, header: SessionHeader | None = None, projection: Projection | None = None,
+    writers: IndexWriters | None = None,
+) -> None:
     """Under the session lock, right after a lease was written released: the row as it stands from now on.
 
     A caller that holds the session's log writer passes its ``header`` and ``projection`` (the fold
-    of the whole log): the row then costs no read of the child's files but its own index."""
+    of the whole log): the row then costs no read of the child's files but its own index. ``writers``
+    appends the row through descriptors it keeps open (``store/index_writers.py``)."""
     try:
         if header is None:
             header = _child_header(store, session_id)
@@ -88,7 +93,7 @@ def note_settled(store: Store, session_id: str, *, header: SessionHeader | None 
             header = None
         row = None if header is None else settled_row(store, header, projection)
         if header is not None and row is not None:
-            mark_settled(store, header.parent_session, session_id, row)  # type: ignore[arg-type]
+            mark_settled(store, header.parent_session, session_id, row, writers=writers)  # type: ignore[arg-type]
     except (SubagentError, OSError) as exc:
         log.warning("no 'settled' row for %s: %s", session_id, exc, extra={"session": session_id})
 

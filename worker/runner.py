@@ -58,7 +58,7 @@ class LocalStores:
         if sessions is None:
             sessions = LocalSessions(Store(spec.store_root, durability=spec.durability, create=False))
             if len(self._open) >= _MAX_STORES:
-                self._open.pop(next(iter(self._open)))  # the oldest
+                self._open.pop(next(iter(self._open))).close()  # the oldest
             self._open[key] = sessions
         return sessions
 

@@ -15,10 +15,12 @@ the turn changes. Called by ``worker/turn.py`` and ``worker/context.py`` only.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Protocol, Sequence
 
 from subagents.store.errors import SubagentError
 from subagents.store.header import SessionHeader, parse_header
+from subagents.store.index_writers import IndexWriters
 from subagents.store.lease import write_released
 from subagents.store.log import LogWriter
 from subagents.store.projection import Projection
@@ -82,31 +84,47 @@ class SessionAccess(Protocol):
 class LocalWriter(LogWriter):
     """The store's ``LogWriter`` as a ``SessionWriter``: every append is written when it returns."""
 
+    # the parents' indexes its ``LocalSessions`` keeps open, for the ``settled`` row of a release
+    index_writers: IndexWriters | None = None
+
     async def flush(self) -> None:
         """Nothing waits: ``append`` wrote (and, at a commit point, synced) before returning."""
 
     def release_lease(self, owner: str) -> None:  # type: ignore[override]
         """Release the lease through the writer's open session file, under its lock (``LogWriter.release_lease``)."""
-        super().release_lease(owner, write_released)
+        super().release_lease(owner, partial(write_released, writers=self.index_writers))
 
 
 class LocalSessions:
-    """``SessionAccess`` over a ``Store`` on this host; its writer is ``LogWriter``."""
+    """``SessionAccess`` over a ``Store`` on this host; its writer is ``LogWriter``.
+
+    It keeps the children indexes of the last few parents open (``IndexWriters``): the
+    one-shot children a worker releases are mostly siblings, and each release appends its
+    ``settled`` row to their parent's index. ``close`` closes them.
+    """
 
     remote = False  # a few microseconds of file calls: a thread hop would cost more than the call
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        self._indexes = IndexWriters(store)
 
     def open_writer(self, session_id: str, *, epoch: int, log_state: dict[str, Any] | None = None) -> SessionWriter:
         state = attachable(log_state)
         if state is None:
-            return LocalWriter.open(self.store, session_id, epoch=epoch)
-        header, projection = state
-        return LocalWriter.attach(self.store, session_id, epoch=epoch, projection=projection, header=header)
+            writer = LocalWriter.open(self.store, session_id, epoch=epoch)
+        else:
+            header, projection = state
+            writer = LocalWriter.attach(self.store, session_id, epoch=epoch, projection=projection, header=header)
+        writer.index_writers = self._indexes
+        return writer
 
     def history(self, session_id: str) -> list[dict[str, Any]]:
         return inspect(self.store, session_id).events
+
+    def close(self) -> None:
+        """Close the indexes kept open (a later release opens them again)."""
+        self._indexes.close()
 
 
 def attachable(log_state: dict[str, Any] | None) -> tuple[SessionHeader, Projection] | None:

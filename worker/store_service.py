@@ -238,6 +238,7 @@ class StoreService:
         for entry in self._writers.values():
             entry.writer.close()
         self._writers.clear()
+        self._sessions.close()
 
     def statistics(self) -> Reply:
         return {"open_writers": len(self._writers), "in_threads": self._in_threads}
