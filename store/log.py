@@ -42,7 +42,7 @@ from .header import SessionHeader
 from .projection import Projection, read_cache, write_cache
 from .reader import header_of, open_session, scan_events, scan_log
 from .root import Store
-from .session_file import SessionFile
+from .session_file import LeaseSlots, SessionFile
 
 __all__ = ["SeqMismatchError", "LogWriter", "ReleaseWriter", "load_projection", "read_projection"]
 
@@ -197,22 +197,22 @@ class LogWriter:
 
     # -- fencing ---------------------------------------------------------------
 
-    def _current_epoch(self) -> int | None:
-        """The lease epoch writers must match (0 when never leased; None when released or damaged).
+    def _check_fence(self) -> LeaseSlots:
+        """The lease slots, once they show the lease epoch writers must match is ours; ``FencedError`` if not.
 
         Called under the session lock: one ``pread`` of the two lease slots,
         decoded again only when their bytes changed (``SessionFile.read_slots``).
+        The epoch is 0 when never leased, and none matches a released lease,
+        damaged slots or slots that cannot be read.
         """
         try:
             slots = self._file.read_slots()
         except OSError:
-            return None
-        return None if slots.problem is not None else slots.epoch
-
-    def _check_fence(self) -> None:
-        current = self._current_epoch()
+            raise FencedError(self.session_id, epoch=self.epoch, current_epoch=None) from None
+        current = None if slots.problem is not None else slots.epoch
         if current != self.epoch:
             raise FencedError(self.session_id, epoch=self.epoch, current_epoch=current)
+        return slots
 
     # -- appending ---------------------------------------------------------------
 
@@ -417,8 +417,7 @@ class LogWriter:
         """
         self._file.lock()
         try:
-            self._check_fence()
-            slots = self._file.read_slots()  # the bytes the fence check just read: decoded once
+            slots = self._check_fence()
             lease = slots.lease
             if lease is None or lease.owner != owner_id:
                 raise FencedError(self.session_id, epoch=self.epoch, current_epoch=None if lease is None else lease.epoch)

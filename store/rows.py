@@ -22,6 +22,7 @@ is caught by ``check`` (``index-row``), not by every listing.
 from __future__ import annotations
 
 import logging
+import os
 
 from .descriptor import ContinuableDescriptor, OneShotDescriptor
 from .errors import CorruptSessionError, SubagentError
@@ -54,7 +55,10 @@ def settled_row(store: Store, header: SessionHeader, projection: Projection | No
     elif not isinstance(projection.identity, (OneShotDescriptor, ContinuableDescriptor)):
         return None
     verdict = outcome_of(projection, held=False)
-    has_children = any(e.origin == "subagent" for e in read_index(store, header.id).entries)
+    # most children have no index of their own: one ``access`` says so without raising and catching
+    # the ``FileNotFoundError`` a read would (a release pays this for every child)
+    has_children = os.access(store.children_index_path(header.id), os.F_OK) and any(
+        e.origin == "subagent" for e in read_index(store, header.id).entries)
     return Settled(verdict.outcome, verdict.error_code, verdict.error, projection.last_ts, has_children)
 
 
