@@ -8,7 +8,6 @@ is wall clock from the turn's start.
 
 from __future__ import annotations
 
-import threading
 from typing import Literal
 
 import anyio
@@ -37,8 +36,16 @@ class TurnControl:
         self.cause: StopCause | None = None
         self.diagnostic: str | None = None
         self.why: str | None = None  # what set the cause: "timeout", "max_steps", or a cancel reason
-        self.flag = threading.Event()
         self.scope = anyio.CancelScope()
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the turn was told to stop; safe from a program's thread (``cause`` is set once, first).
+
+        A plain attribute, not a ``threading.Event``: nothing waits on it, and an
+        event (a condition and its lock) cost every turn a few microseconds.
+        """
+        return self.cause is not None
 
     def stop(self, cause: StopCause, diagnostic: str | None = None, *, why: str | None = None) -> bool:
         """Record the cause (first one wins) and cancel the turn; False if already stopping.
@@ -49,7 +56,6 @@ class TurnControl:
         if self.cause is not None:
             return False
         self.cause, self.diagnostic, self.why = cause, diagnostic, why
-        self.flag.set()
         self.scope.cancel()
         return True
 

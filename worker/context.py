@@ -266,7 +266,7 @@ class BlockingTurnContext:
 
     def stopping(self) -> bool:
         """True once the turn was cancelled or ran out of budget (cheap; no loop hop)."""
-        return self._control.flag.is_set()
+        return self._control.stopping
 
     def check(self) -> None:
         """Raise if the turn must stop (cheap; for tight CPU loops)."""

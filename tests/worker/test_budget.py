@@ -15,12 +15,13 @@ async def test_first_cause_wins():
     assert control.stop("aborted", "cancelled") is True
     assert control.stop("budget-exhausted", "timer") is False
     assert (control.cause, control.diagnostic) == ("aborted", "cancelled")
-    assert control.flag.is_set()
+    assert control.stopping
     assert control.scope.cancel_called
 
 
 async def test_timer_first_is_not_rewritten_by_a_later_cancel():
     control = TurnControl(max_steps=None)
+    assert not control.stopping
     control.stop("budget-exhausted", "the turn exceeded timeout_ms=5")
     control.stop("aborted", "late")
     assert control.cause == "budget-exhausted"
