@@ -111,3 +111,8 @@ async def node_then_hold(ctx: TurnContext) -> str:
 async def echo_upper(ctx: TurnContext) -> str:
     """The turn's message in capitals: a program only reachable by its import path."""
     return ctx.text.upper()
+
+
+async def unsendable(ctx: TurnContext) -> TurnResult:
+    """A structured value the pipe protocol cannot carry (not msgpack): its ``TurnDone`` cannot be sent."""
+    return TurnResult(output="x", structured=object())

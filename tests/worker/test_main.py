@@ -13,6 +13,8 @@ from subagents.store import Store, acquire_lease, create_session, inspect
 from subagents.worker import worker_entry
 from subagents.worker.protocol import Cancel, Ready, Reply, Rpc, RunTurn, Shutdown, TurnDone, TurnSpec, decode, encode
 
+from ..conftest import helper
+
 DEADLINE_S = 20.0
 
 
@@ -112,6 +114,30 @@ def test_two_turns_resident_at_once(peer, tmp_path):
     peer.send(Reply(rpc_id=rpc.rpc_id, ok=True, value={"id": "01KID", "output": "kid", "stop_reason": "completed"}))
     done = peer.recv()
     assert (done.call_id, done.outcome.output) == (1, "kid")
+
+
+def test_a_turn_that_fails_outside_its_runner_ends_the_worker(peer, tmp_path):
+    """Its outcome cannot be sent: the worker dies (its supervisor sees a dead worker) rather than
+    live on with a turn whose ``TurnDone`` never comes."""
+    peer.recv()
+    peer.send(RunTurn(call_id=1, spec=session(tmp_path, "01BAD", helper("unsendable"), "m")))
+    peer.process.join(DEADLINE_S)
+    assert not peer.process.is_alive()
+    assert peer.process.exitcode != 0
+
+
+def test_shutdown_with_a_resident_turn_exits_cleanly(peer, tmp_path):
+    peer.recv()
+    spec = session(tmp_path, "01SLEEP", "script", json.dumps([{"sleep": 30_000}]))
+    peer.send(RunTurn(call_id=1, spec=spec))
+    st = Store(tmp_path / "store", durability="none", create=False)
+    deadline = time.monotonic() + DEADLINE_S
+    while "turn/start" not in [e["type"] for e in inspect(st, "01SLEEP").events]:
+        assert time.monotonic() < deadline, "the turn never started"
+        time.sleep(0.005)  # polling a file condition under a deadline
+    peer.send(Shutdown())
+    peer.process.join(DEADLINE_S)
+    assert peer.process.exitcode == 0
 
 
 def test_worker_exits_when_its_supervisor_goes_away(peer):
