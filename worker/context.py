@@ -21,7 +21,7 @@ import anyio.from_thread
 from .budget import TurnControl, TurnStopped
 from .protocol import TurnSpec
 from .sessions import SessionAccess, SessionWriter
-from .tools import Toolbox
+from .tools import Toolbox, builtin_tools
 
 __all__ = ["TurnResult", "RunResult", "TurnContext", "BlockingTurnContext", "RpcCaller"]
 
@@ -63,17 +63,28 @@ class TurnContext:
     """The turn's message, history, budget, tools and delegation API."""
 
     def __init__(
-        self, spec: TurnSpec, writer: SessionWriter, control: TurnControl, rpc: RpcCaller, tools: Toolbox, sessions: SessionAccess,
+        self, spec: TurnSpec, writer: SessionWriter, control: TurnControl, rpc: RpcCaller, tools: Toolbox | None, sessions: SessionAccess,
     ) -> None:
+        """``tools`` ``None``: the built-in tools under the spec's tool filter and sandbox, built when first used."""
         self.spec = spec
         self._writer = writer
         self._sessions = sessions
         self._control = control
         self._rpc = rpc
-        self.tools = tools
+        self._tools = tools
         self._outputs = _Outputs()
         self._step_open = False
         self._call_ids = itertools.count(1)
+
+    @property
+    def tools(self) -> Toolbox:
+        """The tools this turn may see and call (built on first use: most turns never look, and
+        building the built-in set cost every turn about 6 µs)."""
+        if self._tools is None:
+            spec = self.spec
+            tf = spec.tool_filter or {}
+            self._tools = Toolbox(builtin_tools(), allow=tf.get("allow"), deny=tf.get("deny"), sandbox=spec.sandbox)
+        return self._tools
 
     # -- what the turn is ------------------------------------------------------
 

@@ -29,7 +29,6 @@ from .errors import BudgetExhaustedError
 from .programs import load_program
 from .protocol import TurnOutcome, TurnSpec
 from .sessions import LocalSessions, SessionAccess, SessionWriter
-from .tools import Toolbox, builtin_tools
 
 __all__ = ["MAX_DIAGNOSTIC_BYTES", "truncate_diagnostic", "run_turn"]
 
@@ -165,9 +164,7 @@ async def _run(
     first.append(("turn/start", {"message_id": spec.message_id} if node is None else {"message_id": spec.message_id, "node": node}))
     writer.append(first)
 
-    tf = spec.tool_filter or {}
-    tools = Toolbox(builtin_tools(), allow=tf.get("allow"), deny=tf.get("deny"), sandbox=spec.sandbox)
-    ctx = TurnContext(spec, writer, control, rpc, tools, sessions)
+    ctx = TurnContext(spec, writer, control, rpc, None, sessions)
     output, structured = "", None
     stop_reason, diagnostic = "completed", None
     try:
