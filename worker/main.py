@@ -24,7 +24,7 @@ from typing import Any, Coroutine
 import anyio
 
 from .logcontext import FieldsFilter
-from .pipe import serve_pipe
+from .pipe import frame, serve_pipe
 from .protocol import Cancel, Reply, RunTurn, Ready, Shutdown, TurnDone, decode, encode
 from .runner import TurnRunner
 
@@ -34,22 +34,66 @@ log = logging.getLogger(__name__)
 
 
 class WorkerLoop:
-    """The pipe host of a ``TurnRunner``: reads the supervisor's messages, sends the turns' messages."""
+    """The pipe host of a ``TurnRunner``: reads the supervisor's messages, sends the turns' messages.
+
+    Messages sent on the event loop while it serves wait in an outbox until the
+    loop's next pass, which writes them all at once: turns that end in the same
+    pass (a burst of one-shot children) cost one ``write`` and one wake-up of
+    the supervisor instead of one each (the wake-up was about 4% of a worker's
+    CPU per child). They are written before the loop waits for anything, and
+    before the worker exits at a shutdown. A message sent from another thread
+    is written at once, after whatever waits in the outbox (order is kept).
+    """
 
     def __init__(self, conn: Any, runner: TurnRunner | None = None) -> None:
         self.conn = conn
         self.runner = runner or TurnRunner()
         self._send_lock = threading.Lock()
+        self._outbox: list[bytes] = []  # under ``_send_lock``
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop whose passes flush the outbox (asyncio only)
+        self._loop_thread = 0
 
     def send(self, message: Any) -> None:
+        data = encode(message)
         with self._send_lock:
-            try:
-                self.conn.send_bytes(encode(message))
-            except (BrokenPipeError, ConnectionResetError):
-                os._exit(0)  # the supervisor is gone (as at end of file): exit quietly, never outlive it
+            outbox = self._outbox
+            outbox.append(data)
+            if self._loop is None or threading.get_ident() != self._loop_thread:
+                self._write_locked()
+            elif len(outbox) == 1:
+                self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        with self._send_lock:
+            self._write_locked()
+
+    def _write_locked(self) -> None:
+        """Write the outbox (under ``_send_lock``), framed as ``Connection.send_bytes`` frames each message."""
+        if not self._outbox:
+            return
+        blob = frame(self._outbox)
+        self._outbox = []
+        fd = self.conn.fileno()
+        try:
+            view = memoryview(blob)
+            while view:
+                view = view[os.write(fd, view):]
+        except (BrokenPipeError, ConnectionResetError):
+            os._exit(0)  # the supervisor is gone (as at end of file): exit quietly, never outlive it
 
     async def serve(self) -> None:
         self.send(Ready(pid=os.getpid()))
+        try:
+            self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
+        except RuntimeError:  # not asyncio: every message is written when it is sent
+            pass
+        try:
+            await self._serve()
+        finally:
+            self._loop = None
+            self._flush()
+
+    async def _serve(self) -> None:
         shutdown = False
         async with anyio.create_task_group() as tg:
             turns = _Turns(tg)

@@ -1,9 +1,10 @@
 """Reading the supervisor ⇄ worker pipe: whole pipefuls, split into messages, handed on as they arrive.
 
-Both ends send with ``Connection.send_bytes`` (``worker/protocol.py`` says
-what a message holds); this module frames the byte stream (``FrameReader``)
-and keeps a pipe registered with the event loop while it is served
-(``serve_pipe``). Used by the worker's loop (``worker/main.py``) and the
+Both ends send with ``Connection.send_bytes``'s framing (``worker/protocol.py``
+says what a message holds); this module splits the byte stream into messages
+(``FrameReader``), frames several messages for one write (``frame``, the
+worker's outbox) and keeps a pipe registered with the event loop while it is
+served (``serve_pipe``). Used by the worker's loop (``worker/main.py``) and the
 supervisor's pool (``supervisor/pool.py``).
 """
 
@@ -16,7 +17,7 @@ from typing import Callable
 
 import anyio
 
-__all__ = ["FrameReader", "serve_pipe"]
+__all__ = ["FrameReader", "frame", "serve_pipe"]
 
 _LENGTH = struct.Struct("!i")  # Connection.send_bytes: payload length, or -1 ...
 _LONG_LENGTH = struct.Struct("!Q")  # ... then this length, for payloads over 2 GiB
@@ -63,6 +64,16 @@ class FrameReader:
             del buffer[:end]
         return messages
 
+
+
+def frame(messages: list[bytes]) -> bytes:
+    """``messages`` framed as ``Connection.send_bytes`` frames each one, for one ``write`` of them all."""
+    parts: list[bytes] = []
+    for payload in messages:
+        size = len(payload)
+        parts.append(_LENGTH.pack(size) if size <= 0x7FFFFFFF else _LENGTH.pack(-1) + _LONG_LENGTH.pack(size))
+        parts.append(payload)
+    return b"".join(parts)
 
 
 async def serve_pipe(fd: int, on_messages: Callable[[list[bytes]], bool]) -> None:
