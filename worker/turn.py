@@ -75,10 +75,14 @@ async def run_turn(
     spec: TurnSpec, control: TurnControl, rpc: RpcCaller, *, sessions: SessionAccess | None = None, node: str | None = None,
     release_allowed: Callable[[], bool] | None = None,
 ) -> TurnOutcome:
-    """Run one turn; ``sessions`` reaches the store (default: the local store at ``spec.store_root``);
-    ``node`` (where the pool dispatched it) goes into ``turn/start``."""
+    """Run one turn; ``sessions`` reaches the store (default: the local store at ``spec.store_root``,
+    opened for this turn and closed after it); ``node`` (where the pool dispatched it) goes into ``turn/start``."""
     if sessions is None:
-        sessions = LocalSessions(Store(spec.store_root, durability=spec.durability, create=False))
+        local = LocalSessions(Store(spec.store_root, durability=spec.durability, create=False))
+        try:
+            return await run_turn(spec, control, rpc, sessions=local, node=node, release_allowed=release_allowed)
+        finally:
+            local.close()  # the indexes it kept open for the release's row
     try:
         writer = await _store_call(sessions, lambda: sessions.open_writer(spec.session_id, epoch=spec.epoch, log_state=spec.log_state))
     except FencedError as exc:  # taken over before the turn began: nothing was written

@@ -216,3 +216,29 @@ def test_truncate_diagnostic_on_character_boundaries(char, shift):
     assert len(cut.encode("utf-8")) <= MAX_DIAGNOSTIC_BYTES
     assert len(cut.encode("utf-8")) > MAX_DIAGNOSTIC_BYTES - len(char.encode("utf-8"))
     assert text.startswith(body)
+
+
+async def test_a_turn_on_its_own_sessions_releases_and_keeps_no_index_open(st):
+    """Without a ``SessionAccess`` the turn opens the store itself; the parent's index it kept open
+    for the released child's row is closed with it."""
+    import os
+
+    from subagents.store import read_children
+
+    from ..store._support import make_child
+
+    create_session(st, "01PARENT")
+    make_child(st, "01PARENT", "01CHILD")
+    epoch = acquire_lease(st, "01CHILD", "01OWNER").epoch
+    spec = make_spec(st, epoch, "echo", session_id="01CHILD", release_owner="01OWNER", parent_session="01PARENT")
+    with anyio.fail_after(10):
+        outcome = await run_turn(spec, TurnControl(max_steps=None), FakeRpc())
+    assert outcome.released
+    assert [e.settled is not None for e in read_children(st, "01PARENT")] == [True]
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            held.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    assert not [p for p in held if p.startswith(st.children_index_dir)]
