@@ -151,7 +151,7 @@ def _refuse_unknown_and_nil(payload: dict[str, Any], model: type[BaseModel]) -> 
     before model validation, after the unknown-field check the reference makes first
     (pydantic would report a bad known field before an unknown one).
     """
-    known = model.model_fields  # read once: each read of it goes through a pydantic descriptor (~0.7 µs)
+    known = model.model_fields  # read once: each read of it goes through a pydantic descriptor (~0.4 µs)
     for key in payload:
         if key not in known:
             raise DescriptorError(_PREFIX + f'payload has unknown field "{key}"')
