@@ -52,8 +52,7 @@ class TurnRpc:
         self._background: dict[str, SubagentRun] = {}
         self._children: list[SubagentRun] = []
         self._starting = 0  # child starts in progress (``starts_done``)
-        self._started = anyio.Event()  # set whenever no start is in progress
-        self._started.set()
+        self._started: anyio.Event | None = None  # made by the first start in progress, set when none is
         self._cancelled: str | None = None
 
     def cancel_children(self, reason: str) -> None:
@@ -65,6 +64,7 @@ class TurnRpc:
     async def starts_done(self) -> None:
         """Return once no child start of this turn is in progress: each has its index entry, or left none."""
         while self._starting:
+            assert self._started is not None
             await self._started.wait()
 
     @contextlib.contextmanager
@@ -77,6 +77,7 @@ class TurnRpc:
         finally:
             self._starting -= 1
             if not self._starting:
+                assert self._started is not None
                 self._started.set()
 
     async def dispose_children(self) -> None:
