@@ -37,7 +37,7 @@ from .session_file import block_padding
 from .locks import SessionFlock
 from .root import Store
 
-__all__ = ["Lock", "WIDEST_SEQ", "append_record", "append_records", "append_durably", "frame_record"]
+__all__ = ["Lock", "WIDEST_SEQ", "append_record", "append_records", "append_durably", "frame_record", "open_appendable"]
 
 
 class Lock(Protocol):
@@ -48,6 +48,25 @@ class Lock(Protocol):
     def release(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+def open_appendable(path: str, *, owner: str, key: str, in_place: bool = False) -> tuple[int, os.stat_result]:
+    """Open (creating) a framed file to append to: its descriptor and ``fstat``. ``UnavailableSessionError``
+    for a link, a loop, a folder or anything else that is not a regular file in its place, so nothing is
+    ever appended through one. ``in_place``: not ``O_APPEND`` (a padded file is written over its padding)."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | NOFOLLOW | (0 if in_place else os.O_APPEND)
+    try:
+        fd = os.open(path, flags, FILE_MODE)
+    except OSError as exc:
+        raise UnavailableSessionError(owner, f"{key} cannot be opened ({exc.strerror or exc})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UnavailableSessionError(owner, f"{key} is not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, info
 
 
 def append_record(fd: int, record: dict[str, Any], *, tails: dict[str, tuple[int, int]], key: str, owner: str, **how: Any) -> int:
@@ -137,14 +156,8 @@ def append_durably(
             records = [one for one in records if keep(one)]
             if not records:
                 return None
+        fd, info = open_appendable(path, owner=owner, key=key)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | NOFOLLOW, FILE_MODE)
-        except OSError as exc:  # a link, a loop or a folder in its place
-            raise UnavailableSessionError(owner, f"{key} cannot be opened ({exc.strerror or exc})") from None
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise UnavailableSessionError(owner, f"{key} is not a regular file")
             seq = append_records(fd, records, tails=store.index_tails, key=key, owner=owner, limit=store.max_record_bytes,
                                  check=check, skip_damage=skip_damage, too_large=too_large, size=info.st_size)
             if durable:

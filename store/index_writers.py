@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import fcntl
 import os
-import stat
 import threading
 from collections import OrderedDict
 from typing import Any, Sequence
 
-from .appender import append_records
+from .appender import append_records, open_appendable
 from .atomic import FILE_MODE, NOFOLLOW
-from .errors import UnavailableSessionError
 from .root import Store
 
 __all__ = ["IndexWriters"]
@@ -81,14 +79,7 @@ class _OpenIndex:
             os.close(self._fd)
             self._fd = -1
             tails.pop(self.key, None)  # the checkpoint of the file we had open, not of the new one
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | NOFOLLOW, FILE_MODE)
-        except OSError as exc:  # a link, a loop or a folder in its place
-            raise UnavailableSessionError(self.owner, f"{self.key} cannot be opened ({exc.strerror or exc})") from None
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            os.close(fd)
-            raise UnavailableSessionError(self.owner, f"{self.key} is not a regular file")
+        fd, info = open_appendable(self.path, owner=self.owner, key=self.key)
         self._fd = fd
         return info.st_size
 

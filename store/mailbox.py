@@ -31,15 +31,14 @@ such writer used once.
 from __future__ import annotations
 
 import os
-import stat
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from .appender import WIDEST_SEQ, append_records, frame_record
-from .atomic import FILE_MODE, NOFOLLOW
-from .errors import CorruptSessionError, UnavailableSessionError
+from .appender import WIDEST_SEQ, append_records, frame_record, open_appendable
+from .atomic import NOFOLLOW
+from .errors import CorruptSessionError
 from .framing import data_end, scan
 from .ids import IdGenerator
 from .reader import read_session_file
@@ -159,15 +158,8 @@ class MailboxWriter:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd, self._file = -1, None
-        try:
-            # not O_APPEND: an acceptance writes in place, over the padding (``pwrite`` would append)
-            fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | NOFOLLOW, FILE_MODE)
-        except OSError as exc:  # a link, a loop or a folder in its place
-            raise UnavailableSessionError(self.session_id, f"{self._key} cannot be opened ({exc.strerror or exc})") from None
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            os.close(fd)
-            raise UnavailableSessionError(self.session_id, f"{self._key} is not a regular file")
+        # in place: an acceptance writes over the padding (``pwrite`` on an ``O_APPEND`` descriptor would append)
+        fd, info = open_appendable(self._path, owner=self.session_id, key=self._key, in_place=True)
         self._fd, self._file = fd, (info.st_dev, info.st_ino)
         return info.st_size
 

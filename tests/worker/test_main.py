@@ -74,15 +74,19 @@ def test_ready_then_echo_then_shutdown(peer, tmp_path):
     assert peer.process.exitcode == 0
 
 
+def wait_for_turn_start(tmp_path, session_id: str) -> None:
+    st = Store(tmp_path / "store", durability="none", create=False)
+    deadline = time.monotonic() + DEADLINE_S
+    while "turn/start" not in [e["type"] for e in inspect(st, session_id).events]:
+        assert time.monotonic() < deadline, "the turn never started"
+        time.sleep(0.005)  # polling a file condition under a deadline
+
+
 def test_cancel_a_resident_turn(peer, tmp_path):
     peer.recv()
     spec = session(tmp_path, "01SLEEP", "script", json.dumps([{"sleep": 30_000}]))
     peer.send(RunTurn(call_id=1, spec=spec))
-    st = Store(tmp_path / "store", durability="none", create=False)
-    deadline = time.monotonic() + DEADLINE_S
-    while "turn/start" not in [e["type"] for e in inspect(st, "01SLEEP").events]:
-        assert time.monotonic() < deadline, "the turn never started"
-        time.sleep(0.005)  # polling a file condition under a deadline
+    wait_for_turn_start(tmp_path, "01SLEEP")
     peer.send(Cancel(call_id=1, reason="user"))
     done = peer.recv()
     assert (done.outcome.stop_reason, done.outcome.diagnostic) == ("aborted", "the turn was cancelled (user)")
@@ -130,11 +134,7 @@ def test_shutdown_with_a_resident_turn_exits_cleanly(peer, tmp_path):
     peer.recv()
     spec = session(tmp_path, "01SLEEP", "script", json.dumps([{"sleep": 30_000}]))
     peer.send(RunTurn(call_id=1, spec=spec))
-    st = Store(tmp_path / "store", durability="none", create=False)
-    deadline = time.monotonic() + DEADLINE_S
-    while "turn/start" not in [e["type"] for e in inspect(st, "01SLEEP").events]:
-        assert time.monotonic() < deadline, "the turn never started"
-        time.sleep(0.005)  # polling a file condition under a deadline
+    wait_for_turn_start(tmp_path, "01SLEEP")
     peer.send(Shutdown())
     peer.process.join(DEADLINE_S)
     assert peer.process.exitcode == 0
