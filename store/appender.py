@@ -161,8 +161,7 @@ def append_durably(
             seq = append_records(fd, records, tails=store.index_tails, key=key, owner=owner, limit=store.max_record_bytes,
                                  check=check, skip_damage=skip_damage, too_large=too_large, size=info.st_size)
             if durable:
-                store.durability.after_append(fd, what)  # strict syncs here, batched below
-                store.durability.at_commit(fd, what)
+                store.durability.commit_append(fd, what)
         finally:
             os.close(fd)
     finally:

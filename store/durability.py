@@ -45,6 +45,12 @@ class Durability:
     def syncs_at_commit(self) -> bool:
         return self.name != "none"
 
+    def commit_append(self, fd: int, what: str) -> None:
+        """An append that is its own commit point (a message, an index row): one fsync under
+        ``strict`` and ``batched`` alike, none under ``none``."""
+        if self.syncs_at_commit:
+            _fsync(fd, what)
+
 
 class Strict(Durability):
     name = "strict"

@@ -129,8 +129,7 @@ class IndexWriters:
                     seq = append_records(index.fd, records, tails=store.index_tails, key=key, owner=parent_id,
                                          limit=store.max_record_bytes, skip_damage=True, size=size)
                     if durable:
-                        store.durability.after_append(index.fd, what)  # strict syncs here, batched below
-                        store.durability.at_commit(index.fd, what)
+                        store.durability.commit_append(index.fd, what)
                 finally:
                     index.unlock()
             except BaseException:

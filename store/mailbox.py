@@ -44,7 +44,7 @@ from .ids import IdGenerator
 from .reader import read_session_file
 from .records import mailbox_problem
 from .root import Store
-from .session_file import SessionLock
+from .session_file import BLOCK, SessionLock
 
 __all__ = ["MailboxMessage", "MailboxWriter", "accept", "mailbox_data_end", "read_mailbox", "pending"]
 
@@ -123,8 +123,7 @@ class MailboxWriter:
                     append_records(self._fd, [record], tails=store.index_tails, key=self._key, owner=self.session_id,
                                    limit=store.max_record_bytes, check=mailbox_problem, too_large="MESSAGE_TOO_LARGE", size=size,
                                    padded=True)
-                    store.durability.after_append(self._fd, self._what)  # strict syncs here, batched below
-                    store.durability.at_commit(self._fd, self._what)
+                    store.durability.commit_append(self._fd, self._what)
                 finally:
                     self._lock.release()
             finally:
@@ -232,7 +231,7 @@ def mailbox_data_end(store: Store, session_id: str) -> int:
         return 0
     try:
         size = os.fstat(fd).st_size
-        window = min(size, 2 * 4096)
+        window = min(size, 2 * BLOCK)
         tail = os.pread(fd, window, size - window)
         end = data_end(tail)
         if end or window == size:

@@ -93,10 +93,10 @@ class StoreWatcher:
             if act.disposing:
                 continue
             try:
-                size = _data_end(self._store, act.child_id)
+                end = _data_end(self._store, act.child_id)
             except Exception:  # isolation boundary: one child's damaged files never end the supervisor
                 log.warning("the mailbox of %s could not be watched; skipped until it changes", act.child_id, exc_info=True, extra=log_fields(act))
                 continue
-            if size != act.mailbox_data_end:
-                act.mailbox_data_end = size
+            if end != act.mailbox_data_end:
+                act.mailbox_data_end = end
                 act.poke()

@@ -322,11 +322,11 @@ def test_threads_sharing_a_writer_take_turns_in_the_critical_section(tmp_path):
     inside, go_on = threading.Event(), threading.Event()
 
     class HeldAtCommit(Batched):
-        def at_commit(self, fd: int, what: str) -> None:
+        def commit_append(self, fd: int, what: str) -> None:
             if not inside.is_set():
                 inside.set()
                 assert go_on.wait(20)
-            super().at_commit(fd, what)
+            super().commit_append(fd, what)
 
     st = store.Store(tmp_path / "store", durability=HeldAtCommit())
     store.create_session(st, "s1", events=[("subagent/descriptor", ONE_SHOT)])
