@@ -242,6 +242,12 @@ class Dispatcher(Generic[W]):
                 outcome = TurnOutcome(stop_reason="error", diagnostic=crash)
             self._finish(turn, outcome, crashed=True)
 
+    def _end_at_close(self, worker: W) -> None:
+        """At close, once ``worker`` stopped: every turn still resident on it ends ``aborted``, marked
+        crashed (its log may need repair)."""
+        for turn in list(worker.turns.values()):
+            self._finish(turn, TurnOutcome(stop_reason="aborted", diagnostic="the supervisor closed during the turn"), crashed=True)
+
     def _abort_queued(self) -> None:
         """At close: every turn still queued ends ``aborted``, never dispatched."""
         for turn in list(self._queue):

@@ -20,7 +20,10 @@ resident on it ends — ``aborted`` if its cancellation was asked for, else
 ``error`` naming the pid, exit code or signal — and a replacement starts.
 A cancelled turn that ignores cancellation for ``cancel_grace_s`` has its
 worker killed (and so do the other turns resident on that worker: they end
-``error``; the log of each is repaired by the caller).
+``error``; the log of each is repaired by the caller). At close each worker
+is told to shut down: it stops its turns as a cancel would, and each reports
+its outcome; a worker still running after 2 s is killed, and a turn left
+without an outcome ends ``aborted``, marked crashed, so no caller waits on it.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import socket
 import sys
 import time
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import anyio
@@ -79,6 +82,7 @@ class _Worker(WorkerSlot):
     host: str
     process: Any
     conn: Any
+    drained: anyio.Event = field(default_factory=anyio.Event)  # its pipe was read to the end (or failed)
 
     def ref(self) -> WorkerRef:
         return WorkerRef(self.host, self.pid)
@@ -135,25 +139,31 @@ class WorkerPool(Dispatcher[_Worker]):
         self._schedule()
 
     async def aclose(self) -> None:
+        """Shut every worker down (killed after 2 s) and end the turns still resident on it.
+
+        The pipe is read until its end of file, so each turn the worker ends at
+        shutdown (cancelled, its log closed, its lease released) reports its own
+        outcome; a turn left without one (its worker was killed) ends with the
+        pool, ``aborted`` and marked crashed, so no caller waits on it forever.
+        """
         self._closing = True
         self._abort_queued()
-        for worker in self._slots:
-            if worker is not None and worker.alive:
-                worker.alive = False
-                try:
-                    worker.conn.send_bytes(encode(Shutdown()))
-                except OSError:
-                    pass
+        workers = [worker for worker in self._slots if worker is not None]
+        for worker in workers:
+            if worker.alive:
+                self._send(worker, Shutdown())
         deadline = time.monotonic() + 2.0
-        for worker in self._slots:
-            if worker is None:
-                continue
-            while worker.process.is_alive() and time.monotonic() < deadline:
-                await anyio.sleep(0.01)
+        for worker in workers:
+            with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
+                await worker.drained.wait()
             if worker.process.is_alive():
                 worker.process.kill()
+            with anyio.move_on_after(1.0):  # the end of file follows the kill
+                await worker.drained.wait()
+            worker.alive = False
             await anyio.to_thread.run_sync(worker.process.join, 1.0)
             worker.conn.close()
+            self._end_at_close(worker)
 
     # -- reaching a worker (the dispatcher's hooks) ----------------------------------
 
@@ -188,7 +198,10 @@ class WorkerPool(Dispatcher[_Worker]):
                 self._received(worker, decode(raw))
             return worker.alive
 
-        await serve_pipe(worker.conn.fileno(), received)
+        try:
+            await serve_pipe(worker.conn.fileno(), received)
+        finally:
+            worker.drained.set()
 
     def _received(self, worker: _Worker, msg: Any) -> None:
         if isinstance(msg, TurnDone):

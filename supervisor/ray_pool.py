@@ -213,8 +213,7 @@ class RayPool(Dispatcher[_Actor]):
             if actor is not None and actor.alive:
                 actor.alive = False
                 self._kill(actor.handle)
-                for turn in list(actor.turns.values()):
-                    self._finish(turn, TurnOutcome(stop_reason="aborted", diagnostic="the supervisor closed during the turn"), crashed=True)
+                self._end_at_close(actor)
         for handle in list(self._pending.values()):
             self._kill(handle)
         if self._service is not None:

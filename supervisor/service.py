@@ -202,6 +202,9 @@ class Supervisor:
                 await run.dispose()
         await self.runs.aclose()
         await self.pool.aclose()
+        with anyio.move_on_after(5):  # a run whose turn the pool ended at close: its repair and release
+            for run in runs:
+                await run.dispose()
         for root_id, epoch in list(self._root_epochs.items()):
             try:
                 await anyio.to_thread.run_sync(release_lease, self.store, root_id, self.lease_keeper.owner_id, epoch)

@@ -109,8 +109,8 @@ class WorkerLoop:
             await serve_pipe(self.conn.fileno(), received)
             if not shutdown:
                 os._exit(0)  # end of file: the supervisor is gone, never outlive it
-            await turns.cancel()
-            tg.cancel_scope.cancel()
+            self.runner.cancel_all("shutdown")
+            await turns.wait()
 
     def _received(self, msg: Any, turns: "_Turns") -> bool:
         """Act on one message from the supervisor; False for ``Shutdown``."""
@@ -138,8 +138,9 @@ class _Turns:
     about 12–19 µs of CPU per turn, several percent of a one-shot child's
     worker CPU. What the group gave is kept: a turn that fails (its runner
     turns every failure of a turn into an outcome, so only a bug reaches here)
-    fails the group, as a member's failure would, and ``cancel`` cancels the
-    turns still running at shutdown and waits for them. Another event loop
+    fails the group, as a member's failure would, and ``wait`` waits at
+    shutdown for the turns still running (the runner has stopped each as a
+    cancel would, so each closes its log and reports). Another event loop
     gets the group's own tasks.
     """
 
@@ -173,13 +174,10 @@ class _Turns:
         except RuntimeError:  # the group is closing already (shutdown): nothing is left to fail
             log.error("a turn failed during shutdown", exc_info=failure)
 
-    async def cancel(self) -> None:
-        """Cancel the turns still running and wait until they end."""
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
+    async def wait(self) -> None:
+        """Wait until the turns still running end (the group's own tasks: when the group exits)."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks))
 
 
 class _Defaults(logging.Filter):

@@ -120,6 +120,11 @@ class TurnRunner:
         if control is not None:
             control.stop("aborted", f"the turn was cancelled ({msg.reason})", why=msg.reason)
 
+    def cancel_all(self, reason: str) -> None:
+        """Stop every resident turn as ``cancel`` would (at shutdown: each still closes its log and reports)."""
+        for call_id in list(self._turns):
+            self.cancel(Cancel(call_id=call_id, reason=reason))
+
     def reply(self, msg: Reply) -> None:
         """Hand an RPC's answer to the turn awaiting it (a late reply for a gone turn is dropped)."""
         self._starting.pop(msg.rpc_id, None)

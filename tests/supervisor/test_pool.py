@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import signal
 import time
@@ -95,6 +97,32 @@ async def test_submit_calls_back_with_the_result_and_a_failing_callback_does_not
         assert all(r.dispatched for r in results)
         assert "was not handled" in caplog.text and "a bug in a run's bookkeeping" in caplog.text
         await pool.aclose()
+        tg.cancel_scope.cancel()
+
+
+def script_spec(st: Store, session_id: str, script: list) -> TurnSpec:
+    return dataclasses.replace(echo_spec(st, session_id, json.dumps({"script": script})), program="script", release_owner="01OWNER")
+
+
+@pytest.mark.parametrize("script, crashed", [
+    ([{"sleep": 600_000}], False),  # its worker cancels it at shutdown: closed and released by the worker
+    ([{"spin": 600_000}], True),  # it ignores cancellation, so its worker is killed: the caller repairs it
+])
+async def test_a_turn_resident_at_close_ends_with_the_pool(st, script, crashed):
+    """``aclose`` ends every resident turn: a ``submit`` callback is never left without its result."""
+    pool = WorkerPool(size=1, start_method="forkserver", ready_timeout_s=DEADLINE_S, cancel_grace_s=1.0)
+    results = []
+    async with anyio.create_task_group() as tg:
+        await pool.start(tg)
+        pool.submit(script_spec(st, "01CLOSING", script), no_rpc, on_done=results.append)
+        with anyio.fail_after(DEADLINE_S):
+            while not any(e["type"] == "turn/start" for e in inspect(st, "01CLOSING").events):
+                await anyio.sleep(0.01)
+        with anyio.fail_after(DEADLINE_S):
+            await pool.aclose()
+        assert [(r.outcome.stop_reason, r.crashed) for r in results] == [("aborted", crashed)]
+        assert results[0].outcome.released is not crashed
+        assert (inspect(st, "01CLOSING").events[-1]["type"] == "turn/end") is not crashed
         tg.cancel_scope.cancel()
 
 

@@ -131,13 +131,19 @@ def test_a_turn_that_fails_outside_its_runner_ends_the_worker(peer, tmp_path):
 
 
 def test_shutdown_with_a_resident_turn_exits_cleanly(peer, tmp_path):
+    """Shutdown stops a resident turn as a cancel would: it reports ``aborted``, its log is closed, then the worker exits."""
     peer.recv()
     spec = session(tmp_path, "01SLEEP", "script", json.dumps([{"sleep": 30_000}]))
     peer.send(RunTurn(call_id=1, spec=spec))
     wait_for_turn_start(tmp_path, "01SLEEP")
     peer.send(Shutdown())
+    done = peer.recv()
+    assert isinstance(done, TurnDone) and done.call_id == 1
+    assert (done.outcome.stop_reason, done.outcome.diagnostic) == ("aborted", "the turn was cancelled (shutdown)")
     peer.process.join(DEADLINE_S)
     assert peer.process.exitcode == 0
+    st = Store(tmp_path / "store", durability="none", create=False)
+    assert inspect(st, "01SLEEP").events[-1]["type"] == "turn/end"
 
 
 def test_worker_exits_when_its_supervisor_goes_away(peer):
