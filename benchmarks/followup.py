@@ -14,7 +14,11 @@ What is measured:
   the wake. p50 / p99 over N sequential followups. Baseline in the same run,
   one sample after each followup: ``os.write`` + ``os.fsync`` of a
   record-sized blob appended to a file on the same file system
-  (``fsync_p50_ms``).
+  (``fsync_p50_ms``); and after each followup, one round trip of a no-op
+  call through the supervisor's store thread (``hop_p50_ms``: the loop hands
+  the call over and is woken with its result, the least any acceptance made
+  off the event loop pays). ``accept_floor_ms = fsync_p50_ms + hop_p50_ms``
+  is what an acceptance fsync'd off the loop cannot go below here.
 * **turn** — followup → settlement notice durably in the root's mailbox, for
   an ``echo`` child that settled after each turn: every followup is a cold
   resume (lease, projection), one turn in a worker, settlement (lease
@@ -160,7 +164,13 @@ class Settlements:
         return event
 
 
-async def measure_accept(sup: Supervisor, root: Any, count: int, baseline: FsyncBaseline) -> tuple[list[float], int]:
+def _noop() -> None:
+    return None
+
+
+async def measure_accept(
+    sup: Supervisor, root: Any, count: int, baseline: FsyncBaseline, hops: list[float],
+) -> tuple[list[float], int]:
     script = json.dumps({"script": [{"sleep": 3_600_000}]})
     child_id, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="script", prompt=script, label="busy"))
     with anyio.fail_after(30):
@@ -175,6 +185,9 @@ async def measure_accept(sup: Supervisor, root: Any, count: int, baseline: Fsync
         await sup.followup(root, child_id, content)
         samples.append((time.perf_counter() - t0) * 1000)
         baseline.sample()  # interleaved, so both see the same disk
+        t0 = time.perf_counter()
+        await sup.runtime.store_thread.run_uncancellable(_noop)
+        hops.append((time.perf_counter() - t0) * 1000)
     size = os.path.getsize(sup.store.path(child_id, "mailbox")) // (count + 21)
     await sup.drain_children(root, [child_id])  # discards the queued followups: they never run
     return samples, size
@@ -225,13 +238,14 @@ async def run(args: argparse.Namespace, folder: str) -> dict[str, Any]:
 
         baseline = FsyncBaseline(folder)
         try:
-            accept, record_size = await measure_accept(sup, root, accepts, baseline)
+            hops: list[float] = []
+            accept, record_size = await measure_accept(sup, root, accepts, baseline, hops)
         finally:
             baseline.close()
-        fsync_p50 = percentile(baseline.samples, 0.5)
+        fsync_p50, hop_p50 = percentile(baseline.samples, 0.5), percentile(hops, 0.5)
         print(f"accept: {accepts} followups to a busy resident child, record ~{record_size} B; "
               f"p50 {percentile(accept, 0.5):.3f} ms, p99 {percentile(accept, 0.99):.3f} ms "
-              f"(write+fsync baseline p50 {fsync_p50:.3f} ms)")
+              f"(write+fsync baseline p50 {fsync_p50:.3f} ms, store-thread round trip p50 {hop_p50:.3f} ms)")
         await sup.take_messages(root)
 
         turn = await measure_turns(sup, root, settlements, turns)
@@ -261,6 +275,8 @@ async def run(args: argparse.Namespace, folder: str) -> dict[str, Any]:
         "accept_last_tenth_p50_ms": round(percentile(accept[-(len(accept) // 10) :], 0.5), 3),
         "fsync_p50_ms": round(fsync_p50, 3),
         "accept_over_fsync": round(percentile(accept, 0.5) / fsync_p50, 2) if fsync_p50 else None,
+        "hop_p50_ms": round(hop_p50, 3),
+        "accept_floor_ms": round(fsync_p50 + hop_p50, 3),
         "turn_p50_ms": round(percentile(turn, 0.5), 2),
         "turn_p99_ms": round(percentile(turn, 0.99), 2),
         "resume_small_events": sizes["small"],
