@@ -80,11 +80,13 @@ class TurnResult:
 class PoolStatistics:
     size: int
     workers_alive: int
-    queued: int
-    resident: int
+    queued: int  # turns not started: in the pool's queue, or handed to a worker ahead and waiting there
+    resident: int  # turns started in a worker and not ended (as far as the pool has heard)
     parked: int
     started: int
     crashed: int
+    ahead: int = 0  # of ``queued``: handed to a worker ahead of a free slot (prefetch), waiting there
+    withdrawn: int = 0  # turns handed ahead, then given back unstarted to run on a worker that fell idle
 
 
 class Pool(Protocol):

@@ -15,6 +15,18 @@ Cancellation: a queued turn ends ``aborted`` without a worker; a dispatched
 one is told (``_send_cancel``), and if it ignores that for ``cancel_grace_s``
 its worker is killed (``_kill_worker``), which ends the turns resident there.
 
+Prefetch (``prefetch`` > 0, the local pool): once every slot is taken, each
+worker is handed up to ``prefetch`` more turns marked ``queued``. They wait
+in the worker, which starts the next the moment a running turn ends or parks:
+the worker never idles for the round trip of its ``TurnDone`` and the next
+``RunTurn`` (which, on 2 busy cores, was longer than a short turn itself).
+Such a turn is ``queued`` here until the worker's ``Started`` comes. When the
+queue is empty and a worker has a free slot, a turn still waiting ahead on
+another worker is asked back (``_send_withdraw``) and runs there instead, so a
+short turn never waits behind a long one while a worker idles. A worker that
+dies before sending ``Started`` never wrote a byte of that turn: it is queued
+again, first in line, instead of ending ``error``.
+
 The local pool (``pool.py``: processes and pipes) and the Ray pool
 (``ray_pool.py``: actors) subclass it and supply those four ways of reaching a
 worker; how workers start and how their deaths are seen stays theirs. One
@@ -34,7 +46,7 @@ from typing import Callable, Generic, TypeVar, cast
 import anyio
 
 from subagents.store.errors import SubagentError
-from subagents.worker.protocol import BLOCKING_RPCS, Reply, Rpc, TurnOutcome, TurnSpec
+from subagents.worker.protocol import BLOCKING_RPCS, Reply, Rpc, TurnOutcome, TurnSpec, cancelled_before_start
 
 from .backend import PoolStatistics, RpcHandler, StartedCallback, TurnResult, TurnTicket, WorkerRef
 from .errors import RpcError, SupervisorClosedError
@@ -58,10 +70,15 @@ class Turn:
     parked: int = 0  # waiting RPCs in progress: a parked turn does not hold its worker's slot
     cancel_reason: str | None = None
     on_done: Callable[[TurnResult], None] | None = None  # ``submit``'s callback
+    queued: bool = False  # handed over ahead (prefetch) and not known to have started
+    withdrawing: bool = False  # asked back from its worker (``Withdraw``), no answer yet
 
     def result(self) -> TurnResult:
+        """How it ended, and where it ran: nowhere (not ``dispatched``) if it never started, even when
+        handed to a worker ahead (it ended there unwritten: cancelled, or its worker closed or died)."""
         assert self.outcome is not None
-        return TurnResult(self.outcome, None if self.worker is None else self.worker.ref(), self.crashed)
+        ran = self.worker is not None and not self.queued
+        return TurnResult(self.outcome, self.worker.ref() if ran else None, self.crashed)
 
 
 @dataclass(eq=False)
@@ -93,9 +110,10 @@ W = TypeVar("W", bound=WorkerSlot)
 class Dispatcher(Generic[W]):
     """The ``Pool`` protocol's turn handling over ``size`` worker slots; a pool supplies its workers."""
 
-    def __init__(self, *, size: int, turns_per_worker: int, cancel_grace_s: float) -> None:
+    def __init__(self, *, size: int, turns_per_worker: int, cancel_grace_s: float, prefetch: int = 0) -> None:
         self.size = size
         self._turns_per_worker = turns_per_worker
+        self._prefetch = prefetch
         self._cancel_grace_s = cancel_grace_s
         self._slots: list[W | None] = [None] * size  # None: not started yet, or dead and not replaced yet
         self._queue: deque[Turn] = deque()
@@ -104,6 +122,7 @@ class Dispatcher(Generic[W]):
         self._closing = False
         self._started = 0
         self._crash_count = 0
+        self._withdrawn = 0
 
     # -- what a pool supplies ------------------------------------------------------
 
@@ -121,6 +140,10 @@ class Dispatcher(Generic[W]):
 
     def _kill_worker(self, worker: W) -> None:
         """Kill a worker whose turn ignored its cancellation; its death is then seen as any other."""
+        raise NotImplementedError
+
+    def _send_withdraw(self, worker: W, turn: Turn) -> None:
+        """Ask ``worker`` to give back ``turn``, handed over ahead, if it has not started it (a pool with prefetch)."""
         raise NotImplementedError
 
     # -- turns ---------------------------------------------------------------------
@@ -157,7 +180,7 @@ class Dispatcher(Generic[W]):
         if turn.worker is None:
             if turn in self._queue:
                 self._queue.remove(turn)
-            self._finish(turn, TurnOutcome(stop_reason="aborted", diagnostic=f"the turn was cancelled ({reason}) before it started"))
+            self._finish(turn, cancelled_before_start(reason))
             return
         self._send_cancel(cast(W, turn.worker), turn, reason)
         assert self._tg is not None
@@ -186,20 +209,73 @@ class Dispatcher(Generic[W]):
                 log.exception("the end of turn %d was not handled", turn.call_id)
 
     def _schedule(self) -> None:
-        """Hand queued turns, oldest first, to workers with a free slot."""
+        """Hand queued turns, oldest first, to free slots (the least loaded worker first), then ahead
+        (``prefetch``) to workers whose slots are all taken; with the queue empty, ask back a turn
+        waiting ahead for a worker that has a free slot."""
+        limit = self._turns_per_worker
+        refused: set[int] = set()  # workers whose pipe refused a turn in this pass (dead, not yet seen so)
+        for room in (limit, limit + self._prefetch) if self._prefetch else (limit,):
+            while self._queue:
+                worker = self._least_loaded(room, refused)
+                if worker is None:
+                    break
+                turn = self._queue.popleft()
+                turn.queued = worker.running >= limit
+                if not self._hand_over(worker, turn):
+                    # the worker died before the pool saw it: the turn never reached it, so it
+                    # stays first in line for another worker or the replacement
+                    turn.queued = False
+                    self._queue.appendleft(turn)
+                    refused.add(worker.index)
+                    continue
+                turn.worker = worker
+                worker.turns[turn.call_id] = turn
+        if self._prefetch and not self._queue:
+            self._rebalance()
+
+    def _least_loaded(self, room: int, refused: set[int]) -> W | None:
+        """The live worker with the fewest running turns, if that is fewer than ``room``."""
+        best, fewest = None, room
         for worker in self._slots:
-            if not self._queue:
-                return
-            if worker is None or not worker.alive or worker.running >= self._turns_per_worker:
-                continue
-            turn = self._queue.popleft()
-            if not self._hand_over(worker, turn):
-                # the worker died before the pool saw it: the turn never reached it, so it
-                # stays first in line for another worker or the replacement
-                self._queue.appendleft(turn)
-                continue
-            turn.worker = worker
-            worker.turns[turn.call_id] = turn
+            if worker is not None and worker.alive and worker.index not in refused:
+                running = worker.running
+                if running < fewest:
+                    best, fewest = worker, running
+        return best
+
+    def _rebalance(self) -> None:
+        """The queue is empty: for each free slot on a worker holding no turn ahead, ask another
+        worker to give back its newest turn waiting ahead (it may have started: then nothing comes back)."""
+        alive = self._alive()
+        free = sum(max(0, self._turns_per_worker - w.running) for w in alive if not any(t.queued for t in w.turns.values()))
+        free -= sum(1 for w in alive for t in w.turns.values() if t.withdrawing)  # asked back already
+        for worker in alive:
+            for turn in reversed(list(worker.turns.values())):
+                if free == 0:
+                    return
+                if turn.queued and not turn.withdrawing and turn.cancel_reason is None:
+                    turn.withdrawing = True
+                    self._send_withdraw(worker, turn)
+                    free -= 1
+
+    def _turn_started(self, worker: W, call_id: int) -> None:
+        """The worker's ``Started``: a turn handed over ahead is running."""
+        turn = worker.turns.get(call_id)
+        if turn is not None:
+            turn.queued = False
+
+    def _turn_withdrawn(self, worker: W, call_id: int) -> None:
+        """The worker's ``Withdrawn``: the turn never started there; first in line again (or ended, if cancelled since)."""
+        turn = worker.turns.pop(call_id, None)
+        if turn is None:
+            return
+        turn.worker, turn.queued, turn.withdrawing = None, False, False
+        self._withdrawn += 1
+        if turn.cancel_reason is not None:
+            self._finish(turn, cancelled_before_start(turn.cancel_reason))
+            return
+        self._queue.appendleft(turn)
+        self._schedule()
 
     def _turn_done(self, turn: Turn, outcome: TurnOutcome) -> None:
         """The worker's ``TurnDone``: a turn cancelled meanwhile that completed anyway reads ``aborted``."""
@@ -234,19 +310,31 @@ class Dispatcher(Generic[W]):
 
     def _end_resident(self, worker: W, crash: str) -> None:
         """End every turn resident on a dead worker (``crash`` says how it died): ``aborted`` if its
-        cancellation was asked for, else ``error``; each is marked crashed (its log needs repair)."""
+        cancellation was asked for, else ``error``; each is marked crashed (its log needs repair).
+        A turn handed over ahead that never started is queued again, first in line, instead."""
+        unstarted = [turn for turn in worker.turns.values() if turn.queued]
+        for turn in reversed(unstarted):
+            del worker.turns[turn.call_id]
+            turn.worker, turn.queued, turn.withdrawing = None, False, False
+            if turn.cancel_reason is not None:
+                self._finish(turn, cancelled_before_start(turn.cancel_reason))
+            else:
+                self._queue.appendleft(turn)
         for turn in list(worker.turns.values()):
             if turn.cancel_reason is not None:
                 outcome = TurnOutcome(stop_reason="aborted", diagnostic=f"the turn was cancelled ({turn.cancel_reason}); {crash}")
             else:
                 outcome = TurnOutcome(stop_reason="error", diagnostic=crash)
             self._finish(turn, outcome, crashed=True)
+        if unstarted:
+            self._schedule()
 
     def _end_at_close(self, worker: W) -> None:
         """At close, once ``worker`` stopped: every turn still resident on it ends ``aborted``, marked
-        crashed (its log may need repair)."""
+        crashed (its log may need repair) unless it was handed over ahead and never started."""
         for turn in list(worker.turns.values()):
-            self._finish(turn, TurnOutcome(stop_reason="aborted", diagnostic="the supervisor closed during the turn"), crashed=True)
+            outcome = TurnOutcome(stop_reason="aborted", diagnostic="the supervisor closed during the turn")
+            self._finish(turn, outcome, crashed=not turn.queued)
 
     def _abort_queued(self) -> None:
         """At close: every turn still queued ends ``aborted``, never dispatched."""
@@ -261,14 +349,17 @@ class Dispatcher(Generic[W]):
 
     def statistics(self) -> PoolStatistics:
         alive = self._alive()
+        ahead = sum(1 for w in alive for t in w.turns.values() if t.queued)
         return PoolStatistics(
             size=self.size,
             workers_alive=len(alive),
-            queued=len(self._queue),
-            resident=sum(len(w.turns) for w in alive),
+            queued=len(self._queue) + ahead,
+            resident=sum(len(w.turns) for w in alive) - ahead,
             parked=sum(1 for w in alive for t in w.turns.values() if t.parked),
             started=self._started,
             crashed=self._crash_count,
+            ahead=ahead,
+            withdrawn=self._withdrawn,
         )
 
     def workers(self) -> list[WorkerRef]:

@@ -44,7 +44,7 @@ import multiprocess
 from subagents.worker.errors import WorkerCrashedError, describe_exit
 from subagents.worker.main import worker_entry
 from subagents.worker.pipe import serve_pipe
-from subagents.worker.protocol import Cancel, Ready, Reply, Rpc, RunTurn, Shutdown, TurnDone, decode, encode
+from subagents.worker.protocol import Cancel, Ready, Reply, Rpc, RunTurn, Shutdown, Started, TurnDone, Withdraw, Withdrawn, decode, encode
 
 from .backend import WorkerRef
 from .dispatch import Dispatcher, Turn, WorkerSlot
@@ -93,9 +93,9 @@ class WorkerPool(Dispatcher[_Worker]):
 
     def __init__(
         self, *, size: int, start_method: str, ready_timeout_s: float, cancel_grace_s: float,
-        log_level: int = logging.WARNING, turns_per_worker: int = 1,
+        log_level: int = logging.WARNING, turns_per_worker: int = 1, prefetch: int = 0,
     ) -> None:
-        super().__init__(size=size, turns_per_worker=turns_per_worker, cancel_grace_s=cancel_grace_s)
+        super().__init__(size=size, turns_per_worker=turns_per_worker, cancel_grace_s=cancel_grace_s, prefetch=prefetch)
         self._context = multiprocess.get_context(start_method)
         self._start_method = start_method
         if start_method == "forkserver":
@@ -120,7 +120,8 @@ class WorkerPool(Dispatcher[_Worker]):
         # that tells it we died (even by kill -9) never comes and it outlives us
         inherited = parent_conn if self._start_method == "fork" else None
         process = self._context.Process(
-            target=worker_entry, args=(child_conn, self._log_level, inherited), daemon=True, name=f"subagents-worker-{index}"
+            target=worker_entry, args=(child_conn, self._log_level, inherited, self._turns_per_worker), daemon=True,
+            name=f"subagents-worker-{index}",
         )
         with _main_module_hidden():
             process.start()
@@ -168,7 +169,7 @@ class WorkerPool(Dispatcher[_Worker]):
     # -- reaching a worker (the dispatcher's hooks) ----------------------------------
 
     def _hand_over(self, worker: _Worker, turn: Turn) -> bool:
-        return self._send(worker, RunTurn(call_id=turn.call_id, spec=turn.spec, node=f"{self._host}:{worker.pid}"))
+        return self._send(worker, RunTurn(call_id=turn.call_id, spec=turn.spec, node=f"{self._host}:{worker.pid}", queued=turn.queued))
 
     def _send_cancel(self, worker: _Worker, turn: Turn, reason: str) -> None:
         self._send(worker, Cancel(call_id=turn.call_id, reason=reason))
@@ -178,6 +179,9 @@ class WorkerPool(Dispatcher[_Worker]):
 
     def _kill_worker(self, worker: _Worker) -> None:
         worker.process.kill()
+
+    def _send_withdraw(self, worker: _Worker, turn: Turn) -> None:
+        self._send(worker, Withdraw(call_id=turn.call_id))
 
     def _send(self, worker: _Worker, message: Any) -> bool:
         """Send one message; False if the worker's pipe is closed (it died; its sentinel reports that)."""
@@ -208,12 +212,20 @@ class WorkerPool(Dispatcher[_Worker]):
             turn = worker.turns.get(msg.call_id)
             if turn is not None:
                 self._turn_done(turn, msg.outcome)
+        elif isinstance(msg, Started):
+            self._turn_started(worker, msg.call_id)
+        elif isinstance(msg, Withdrawn):
+            self._turn_withdrawn(worker, msg.call_id)
         elif isinstance(msg, Rpc):
             assert self._tg is not None
             self._tg.start_soon(self._serve_rpc, worker, worker.turns.get(msg.call_id), msg)
 
     async def _watch(self, worker: _Worker) -> None:
         await anyio.wait_readable(worker.process.sentinel)
+        if self._closing or not worker.alive:
+            return
+        with anyio.move_on_after(1.0):  # first what it sent before it died (a Started, a TurnDone)
+            await worker.drained.wait()
         if self._closing or not worker.alive:
             return
         worker.alive = False

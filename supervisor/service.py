@@ -106,6 +106,7 @@ def _make_pool(config: SupervisorConfig, store: Store) -> Pool:
         cancel_grace_s=config.cancel_grace_s,
         log_level=config.worker_log_level,
         turns_per_worker=config.turns_per_worker,
+        prefetch=config.worker_prefetch,
     )
 
 

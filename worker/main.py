@@ -4,8 +4,14 @@ A worker serves one supervisor over one duplex pipe. It announces itself with
 ``Ready``, then hands what arrives to its ``TurnRunner`` (``worker/runner.py``):
 each ``RunTurn`` runs as a task of its event loop (several turns may be
 resident at once: a turn waiting on its children leaves the process free for
-them), ``Cancel`` and ``Reply`` go to the runner. This module owns only the
-pipe: framing, one lock for sends from the loop and from program threads.
+them), ``Cancel`` and ``Reply`` go to the runner. This module owns the pipe
+(framing, one lock for sends from the loop and from program threads) and the
+turns handed over ahead: at most ``turns_per_worker`` turns run at once (a
+turn parked in a waiting RPC does not count, as the pool counts them), and a
+``RunTurn`` marked ``queued`` beyond that waits here, in order, and starts
+the moment a running turn ends or parks, without a round trip to the
+supervisor (``Started`` says so first). One still waiting is given back on
+``Withdraw`` and ends ``aborted`` on ``Cancel`` or at shutdown, unwritten.
 
 It never outlives its supervisor: end-of-file on the pipe (the supervisor
 died, even by ``kill -9``) ends the process at once with ``os._exit`` —
@@ -19,13 +25,14 @@ import contextvars
 import logging
 import os
 import threading
+from collections import deque
 from typing import Any, Coroutine
 
 import anyio
 
 from .logcontext import FieldsFilter
 from .pipe import frame, serve_pipe
-from .protocol import Cancel, Reply, RunTurn, Ready, Shutdown, TurnDone, decode, encode
+from .protocol import Cancel, Ready, Reply, RunTurn, Shutdown, Started, TurnDone, Withdraw, Withdrawn, cancelled_before_start, decode, encode
 from .runner import TurnRunner
 
 __all__ = ["worker_entry", "WorkerLoop"]
@@ -45,9 +52,13 @@ class WorkerLoop:
     is written at once, after whatever waits in the outbox (order is kept).
     """
 
-    def __init__(self, conn: Any, runner: TurnRunner | None = None) -> None:
+    def __init__(self, conn: Any, *, turns_per_worker: int = 1) -> None:
         self.conn = conn
-        self.runner = runner or TurnRunner()
+        self.runner = TurnRunner(on_park=self._parked)
+        self._limit = turns_per_worker
+        self._active = 0  # turns started and not ended, less those parked in a waiting RPC
+        self._waiting: deque[RunTurn] = deque()  # queued turns not started yet, in the order they came
+        self._turns: _Turns | None = None
         self._send_lock = threading.Lock()
         self._outbox: list[bytes] = []  # under ``_send_lock``
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop whose passes flush the outbox (asyncio only)
@@ -96,12 +107,12 @@ class WorkerLoop:
     async def _serve(self) -> None:
         shutdown = False
         async with anyio.create_task_group() as tg:
-            turns = _Turns(tg)
+            turns = self._turns = _Turns(tg)
 
             def received(batch: list[bytes]) -> bool:
                 nonlocal shutdown
                 for raw in batch:
-                    if not self._received(decode(raw), turns):
+                    if not self._received(decode(raw)):
                         shutdown = True
                         return False
                 return True
@@ -109,25 +120,70 @@ class WorkerLoop:
             await serve_pipe(self.conn.fileno(), received)
             if not shutdown:
                 os._exit(0)  # end of file: the supervisor is gone, never outlive it
+            while self._waiting:
+                self._end_unstarted(self._waiting.popleft().call_id, "shutdown")
             self.runner.cancel_all("shutdown")
             await turns.wait()
 
-    def _received(self, msg: Any, turns: "_Turns") -> bool:
+    def _received(self, msg: Any) -> bool:
         """Act on one message from the supervisor; False for ``Shutdown``."""
         if isinstance(msg, RunTurn):
-            self.runner.admit(msg)
-            turns.start(self._run(msg))
+            if self._active < self._limit:
+                self._start(msg)
+            else:
+                self._waiting.append(msg)
         elif isinstance(msg, Cancel):
-            self.runner.cancel(msg)
+            if self._take_waiting(msg.call_id):
+                self._end_unstarted(msg.call_id, msg.reason)
+            else:
+                self.runner.cancel(msg)
         elif isinstance(msg, Reply):
             self.runner.reply(msg)
+        elif isinstance(msg, Withdraw):
+            if self._take_waiting(msg.call_id):
+                self.send(Withdrawn(call_id=msg.call_id))
         elif isinstance(msg, Shutdown):
             return False
         return True
 
+    def _start(self, msg: RunTurn) -> None:
+        """Start a turn. ``Started`` goes into the outbox before the turn's task exists, so it reaches
+        the supervisor before the turn writes anything (the outbox is flushed before the task's first step)."""
+        assert self._turns is not None
+        self._active += 1
+        if msg.queued:
+            self.send(Started(call_id=msg.call_id))
+        self.runner.admit(msg)
+        self._turns.start(self._run(msg))
+
+    def _start_waiting(self) -> None:
+        while self._waiting and self._active < self._limit:
+            self._start(self._waiting.popleft())
+
+    def _take_waiting(self, call_id: int) -> bool:
+        """Remove a queued turn that has not started; False if there is none by that id."""
+        for msg in self._waiting:
+            if msg.call_id == call_id:
+                self._waiting.remove(msg)
+                return True
+        return False
+
+    def _end_unstarted(self, call_id: int, reason: str) -> None:
+        self.send(TurnDone(call_id=call_id, outcome=cancelled_before_start(reason)))
+
+    def _parked(self, parked: bool) -> None:
+        """The runner's hook: a turn began (True) or ended (False) a waiting RPC; a parked turn frees its slot."""
+        self._active += -1 if parked else 1
+        if parked:
+            self._start_waiting()
+
     async def _run(self, msg: RunTurn) -> None:
-        outcome = await self.runner.run(msg, self.send)
-        self.send(TurnDone(call_id=msg.call_id, outcome=outcome))
+        try:
+            outcome = await self.runner.run(msg, self.send)
+            self.send(TurnDone(call_id=msg.call_id, outcome=outcome))
+        finally:
+            self._active -= 1
+            self._start_waiting()
 
 
 class _Turns:
@@ -190,7 +246,7 @@ class _Defaults(logging.Filter):
         return True
 
 
-def worker_entry(conn: Any, log_level: int = logging.WARNING, inherited: Any = None) -> None:
+def worker_entry(conn: Any, log_level: int = logging.WARNING, inherited: Any = None, turns_per_worker: int = 1) -> None:
     """Process target: serve the supervisor on ``conn`` until it goes away.
 
     ``inherited`` is the supervisor's end of the pipe when the worker was forked
@@ -206,7 +262,7 @@ def worker_entry(conn: Any, log_level: int = logging.WARNING, inherited: Any = N
         # A fresh context: a forked worker inherits the context of the supervisor task that
         # started it, where anyio (4.16 and later) has marked asyncio as running, and
         # ``anyio.run`` would refuse to start ("Already running asyncio in this thread").
-        contextvars.Context().run(anyio.run, WorkerLoop(conn).serve)
+        contextvars.Context().run(anyio.run, WorkerLoop(conn, turns_per_worker=turns_per_worker).serve)
     except KeyboardInterrupt:
         pass
     os._exit(0)

@@ -5,10 +5,12 @@ with ``send_bytes`` (the control plane never pickles); the ``op`` field names
 the message class below. Only a program given as a callable object (no import
 path) travels pickled, by dill, inside ``RunTurn.program_blob``.
 
-    supervisor → worker   RunTurn, Cancel, Reply, Shutdown
-    worker → supervisor   Ready, TurnDone, Rpc
+    supervisor → worker   RunTurn, Cancel, Withdraw, Reply, Shutdown
+    worker → supervisor   Ready, TurnDone, Started, Withdrawn, Rpc
 
-A turn is identified by ``call_id``. ``Rpc`` is a worker's request to the
+A turn is identified by ``call_id``. A ``RunTurn`` marked ``queued`` was
+handed over ahead of a free slot (prefetched) and may wait in the worker;
+``Started`` and ``Withdrawn`` tell the supervisor what became of it. ``Rpc`` is a worker's request to the
 supervisor on behalf of a turn (spawn a child, wait for it, list, report...);
 the supervisor answers with ``Reply`` carrying a value or an error as data.
 
@@ -35,12 +37,16 @@ __all__ = [
     "TurnSpec",
     "RunTurn",
     "Cancel",
+    "Withdraw",
     "Reply",
     "Shutdown",
     "Ready",
     "TurnOutcome",
     "TurnDone",
+    "Started",
+    "Withdrawn",
     "Rpc",
+    "cancelled_before_start",
     "encode",
     "decode",
     "BLOCKING_RPCS",
@@ -101,6 +107,11 @@ class TurnOutcome:
     released: bool = False  # the worker released the lease after the commit (``TurnSpec.release_owner``)
 
 
+def cancelled_before_start(reason: str) -> TurnOutcome:
+    """The outcome of a turn cancelled before it started (queued in the pool or waiting in a worker): nothing written."""
+    return TurnOutcome(stop_reason="aborted", diagnostic=f"the turn was cancelled ({reason}) before it started")
+
+
 @dataclass
 class RunTurn:
     op: ClassVar[str] = "run"
@@ -109,6 +120,9 @@ class RunTurn:
     # where the pool dispatched the turn (``host:pid``, on Ray ``ip/node:pid``): the worker
     # records it in ``turn/start`` so any process can say where a running turn runs
     node: str | None = None
+    # handed over ahead (prefetched): it may wait in the worker behind the turns running there;
+    # the worker sends ``Started`` before it starts it, or ``Withdrawn`` if asked back first
+    queued: bool = False
 
 
 @dataclass
@@ -116,6 +130,14 @@ class Cancel:
     op: ClassVar[str] = "cancel"
     call_id: int
     reason: str = "user"
+
+
+@dataclass
+class Withdraw:
+    """Give a queued turn back if it has not started (another worker is free): ``Withdrawn``, else nothing."""
+
+    op: ClassVar[str] = "withdraw"
+    call_id: int
 
 
 @dataclass
@@ -146,6 +168,23 @@ class TurnDone:
 
 
 @dataclass
+class Started:
+    """A queued turn is starting: sent before the turn's first step, so a worker that dies
+    without having sent it never wrote a byte of that turn."""
+
+    op: ClassVar[str] = "started"
+    call_id: int
+
+
+@dataclass
+class Withdrawn:
+    """A queued turn given back unstarted (the answer to ``Withdraw``): the pool queues it again."""
+
+    op: ClassVar[str] = "withdrawn"
+    call_id: int
+
+
+@dataclass
 class Rpc:
     op: ClassVar[str] = "rpc"
     rpc_id: int
@@ -154,7 +193,7 @@ class Rpc:
     args: dict[str, Any] = field(default_factory=dict)
 
 
-Message = RunTurn | Cancel | Reply | Shutdown | Ready | TurnDone | Rpc
+Message = RunTurn | Cancel | Withdraw | Reply | Shutdown | Ready | TurnDone | Started | Withdrawn | Rpc
 
 # RPCs during which the calling turn waits on other turns: its worker slot is
 # free for them, which is what keeps nested delegation from deadlocking the pool.
@@ -163,7 +202,9 @@ BLOCKING_RPCS = frozenset({"spawn_wait", "wait_run"})
 # still add to the session's children index, so its worker leaves the release to the supervisor
 CHILD_STARTS = frozenset({"spawn", "spawn_wait", "start_continuable"})
 
-_MESSAGES: dict[str, type] = {cls.op: cls for cls in (RunTurn, Cancel, Reply, Shutdown, Ready, TurnDone, Rpc)}
+_MESSAGES: dict[str, type] = {
+    cls.op: cls for cls in (RunTurn, Cancel, Withdraw, Reply, Shutdown, Ready, TurnDone, Started, Withdrawn, Rpc)
+}
 # the field names of each class, in order: what ``encode`` writes and ``decode`` accepts
 _FIELDS: dict[type, tuple[str, ...]] = {
     cls: tuple(f.name for f in fields(cls)) for cls in (Budget, TurnSpec, TurnOutcome, *_MESSAGES.values())

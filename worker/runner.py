@@ -27,7 +27,7 @@ from subagents.store.root import Store
 
 from .budget import TurnControl
 from .logcontext import bind
-from .protocol import CHILD_STARTS, Cancel, Reply, Rpc, RunTurn, TurnOutcome, TurnSpec
+from .protocol import BLOCKING_RPCS, CHILD_STARTS, Cancel, Reply, Rpc, RunTurn, TurnOutcome, TurnSpec
 from .sessions import LocalSessions, SessionAccess
 from .turn import run_turn
 
@@ -74,8 +74,11 @@ class _Waiter:
 class TurnRunner:
     """The turns resident in one process: admit, run, cancel, and the RPCs they make."""
 
-    def __init__(self, sessions_for: SessionsFor | None = None) -> None:
+    def __init__(self, sessions_for: SessionsFor | None = None, *, on_park: Callable[[bool], None] | None = None) -> None:
         self._sessions_for = sessions_for or LocalStores()
+        # told when a turn begins (True) and ends (False) a waiting RPC (``BLOCKING_RPCS``): the
+        # host frees that turn's slot meanwhile, as the pool does
+        self._on_park = on_park
         self._turns: dict[int, TurnControl] = {}
         self._rpc_ids = itertools.count(1)
         self._waiters: dict[int, _Waiter] = {}
@@ -139,11 +142,18 @@ class TurnRunner:
         self._waiters[rpc_id] = waiter
         if method in CHILD_STARTS:
             self._starting[rpc_id] = call_id
+        on_park = self._on_park if method in BLOCKING_RPCS else None
+        parked = False
         try:
             send(Rpc(rpc_id=rpc_id, call_id=call_id, method=method, args=args))
+            if on_park is not None:
+                on_park(True)
+                parked = True
             await waiter.event.wait()
         finally:
             self._waiters.pop(rpc_id, None)
+            if parked and on_park is not None:
+                on_park(False)
         reply = waiter.reply
         assert reply is not None
         if not reply.ok:

@@ -69,7 +69,10 @@ WORKER_ALL = [
 
 # Module-level ``__all__`` of the worker modules the supervisor and programs import directly.
 WORKER_MODULES = {
-    "subagents.worker.protocol": ["Budget", "TurnSpec", "RunTurn", "Cancel", "Reply", "Shutdown", "Ready", "TurnOutcome", "TurnDone", "Rpc", "encode", "decode", "BLOCKING_RPCS", "CHILD_STARTS"],
+    "subagents.worker.protocol": [
+        "Budget", "TurnSpec", "RunTurn", "Cancel", "Withdraw", "Reply", "Shutdown", "Ready", "TurnOutcome", "TurnDone", "Started",
+        "Withdrawn", "Rpc", "cancelled_before_start", "encode", "decode", "BLOCKING_RPCS", "CHILD_STARTS",
+    ],
     "subagents.worker.errors": ["BudgetExhaustedError", "ToolDeniedError", "ProgramLoadError", "ProtocolError", "WorkerCrashedError", "describe_exit"],
     "subagents.worker.programs.script": ["script", "parse_script"],
 }

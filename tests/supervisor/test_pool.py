@@ -13,6 +13,7 @@ import pytest
 
 from subagents.store import Store, acquire_lease, create_session, inspect
 from subagents.supervisor.config import RayConfig
+from subagents.supervisor.backend import TurnResult
 from subagents.supervisor.errors import SupervisorClosedError
 from subagents.supervisor.pool import WorkerPool
 from subagents.supervisor.ray_pool import RayPool
@@ -192,3 +193,90 @@ async def test_a_turn_queued_after_close_is_refused_by_either_pool(st, kind):
     with pytest.raises(SupervisorClosedError):
         await pool.run_turn(echo_spec(st, "01CLOSED"), no_rpc)
     assert pool.statistics().queued == 0
+
+
+# -- prefetch: a worker is handed a turn ahead of a free slot -------------------------------------------
+
+
+def held_spec(st: Store, session_id: str, gate) -> TurnSpec:
+    return script_spec(st, session_id, [{"hold": str(gate)}, {"return": "held"}])
+
+
+async def wait_started(st: Store, session_id: str) -> None:
+    with anyio.fail_after(DEADLINE_S):
+        while not any(e["type"] == "turn/start" for e in inspect(st, session_id).events):
+            await anyio.sleep(0.01)
+
+
+async def test_a_turn_handed_ahead_runs_when_the_worker_frees(st, tmp_path):
+    pool = WorkerPool(size=1, start_method="forkserver", ready_timeout_s=DEADLINE_S, cancel_grace_s=1.0, prefetch=1)
+    gate = tmp_path / "gate"
+    async with anyio.create_task_group() as tg:
+        await pool.start(tg)
+        results: dict[str, TurnResult] = {}
+        pool.submit(held_spec(st, "01HELD", gate), no_rpc, on_done=lambda r: results.__setitem__("held", r))
+        pool.submit(echo_spec(st, "01AHEAD", "next"), no_rpc, on_done=lambda r: results.__setitem__("ahead", r))
+        stats = pool.statistics()
+        assert (stats.queued, stats.ahead, stats.resident) == (1, 1, 1)  # handed over ahead: it waits in the worker
+        await wait_started(st, "01HELD")
+        assert inspect(st, "01AHEAD").events == []  # it waits in the worker
+        gate.touch()
+        with anyio.fail_after(DEADLINE_S):
+            while len(results) < 2:
+                await anyio.sleep(0.01)
+        assert results["ahead"].outcome.output == "next" and not results["ahead"].crashed
+        assert results["ahead"].worker == results["held"].worker
+        await pool.aclose()
+        tg.cancel_scope.cancel()
+
+
+async def test_a_turn_waiting_ahead_is_given_back_to_a_worker_that_falls_idle(st, tmp_path):
+    """A short turn never waits behind a long one while a worker idles."""
+    pool = WorkerPool(size=2, start_method="forkserver", ready_timeout_s=DEADLINE_S, cancel_grace_s=1.0, prefetch=1)
+    long_gate, short_gate = tmp_path / "long", tmp_path / "short"
+    async with anyio.create_task_group() as tg:
+        await pool.start(tg)
+        results: dict[str, TurnResult] = {}
+        pool.submit(held_spec(st, "01LONG", long_gate), no_rpc, on_done=lambda r: results.__setitem__("long", r))
+        pool.submit(held_spec(st, "01SHORT", short_gate), no_rpc, on_done=lambda r: results.__setitem__("short", r))
+        # both workers run one: this one goes ahead behind the long turn (the first worker on a tie)
+        pool.submit(echo_spec(st, "01NEXT", "next"), no_rpc, on_done=lambda r: results.__setitem__("next", r))
+        await wait_started(st, "01LONG")
+        await wait_started(st, "01SHORT")
+        short_gate.touch()
+        with anyio.fail_after(DEADLINE_S):
+            while "next" not in results:
+                await anyio.sleep(0.01)
+        assert results["next"].outcome.output == "next"
+        assert results["next"].worker == results["short"].worker
+        assert "long" not in results  # still running: the turn did not wait for it
+        assert pool.statistics().withdrawn == 1
+        long_gate.touch()
+        with anyio.fail_after(DEADLINE_S):
+            while "long" not in results:
+                await anyio.sleep(0.01)
+        await pool.aclose()
+        tg.cancel_scope.cancel()
+
+
+async def test_a_turn_waiting_ahead_on_a_worker_that_dies_runs_on_the_replacement(st, tmp_path):
+    """The running turn ends ``error`` (crashed); the one that never started is not touched by the
+    crash: it runs once, on the replacement."""
+    pool = WorkerPool(size=1, start_method="forkserver", ready_timeout_s=DEADLINE_S, cancel_grace_s=1.0, prefetch=1)
+    async with anyio.create_task_group() as tg:
+        await pool.start(tg)
+        [pid] = pool.worker_pids()
+        results: dict[str, TurnResult] = {}
+        pool.submit(held_spec(st, "01DOOMED", tmp_path / "never"), no_rpc, on_done=lambda r: results.__setitem__("doomed", r))
+        pool.submit(echo_spec(st, "01AHEAD", "next"), no_rpc, on_done=lambda r: results.__setitem__("ahead", r))
+        await wait_started(st, "01DOOMED")
+        os.kill(pid, signal.SIGKILL)
+        with anyio.fail_after(DEADLINE_S):
+            while len(results) < 2:
+                await anyio.sleep(0.01)
+        assert (results["doomed"].outcome.stop_reason, results["doomed"].crashed) == ("error", True)
+        assert (results["ahead"].outcome.output, results["ahead"].crashed) == ("next", False)
+        assert results["ahead"].worker.pid != pid
+        assert [e["type"] for e in inspect(st, "01AHEAD").events].count("turn/start") == 1
+        await pool.aclose()
+        tg.cancel_scope.cancel()

@@ -11,7 +11,9 @@ import pytest
 
 from subagents.store import Store, acquire_lease, create_session, inspect
 from subagents.worker import worker_entry
-from subagents.worker.protocol import Cancel, Ready, Reply, Rpc, RunTurn, Shutdown, TurnDone, TurnSpec, decode, encode
+from subagents.worker.protocol import (
+    Cancel, Ready, Reply, Rpc, RunTurn, Shutdown, Started, TurnDone, TurnSpec, Withdraw, Withdrawn, decode, encode,
+)
 
 from ..conftest import helper
 
@@ -171,3 +173,95 @@ def test_a_worker_whose_host_died_exits_quietly(tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=DEADLINE_S, cwd=tmp_path)
     assert (done.returncode, done.stderr) == (0, "")
+
+
+# -- turns handed over ahead (``RunTurn.queued``): the worker runs one turn at a time by default ----------
+
+
+def held(tmp_path, session_id: str, gate) -> TurnSpec:
+    """A turn that runs until the file ``gate`` exists."""
+    return session(tmp_path, session_id, "script", json.dumps([{"hold": str(gate)}, {"return": "held"}]))
+
+
+def events_of(tmp_path, session_id: str) -> list[str]:
+    st = Store(tmp_path / "store", durability="none", create=False)
+    return [e["type"] for e in inspect(st, session_id).events]
+
+
+def received(peer, count: int) -> list[tuple[str, int]]:
+    return [(type(m).__name__, m.call_id) for m in (peer.recv() for _ in range(count))]
+
+
+def test_a_queued_turn_waits_for_the_running_one_then_starts_at_once(peer, tmp_path):
+    """A queued turn waits in the worker, unwritten; when the running turn ends it starts with no message
+    from the supervisor, and ``Started`` comes before anything of it."""
+    peer.recv()
+    gate = tmp_path / "gate"
+    peer.send(RunTurn(call_id=1, spec=held(tmp_path, "01FIRST", gate)))
+    peer.send(RunTurn(call_id=2, spec=session(tmp_path, "01AHEAD", "echo", "next"), queued=True))
+    wait_for_turn_start(tmp_path, "01FIRST")
+    assert not peer.conn.poll(0.3), "the queued turn must wait for the running one"
+    assert events_of(tmp_path, "01AHEAD") == []
+    gate.touch()
+    first, started, second = (peer.recv() for _ in range(3))
+    assert (type(first), first.call_id, first.outcome.stop_reason) == (TurnDone, 1, "completed")
+    assert started == Started(call_id=2)
+    assert (type(second), second.call_id, second.outcome.output) == (TurnDone, 2, "next")
+
+
+def test_withdraw_gives_back_a_waiting_turn_and_not_a_started_one(peer, tmp_path):
+    peer.recv()
+    gate = tmp_path / "gate"
+    peer.send(RunTurn(call_id=1, spec=held(tmp_path, "01FIRST", gate)))
+    peer.send(RunTurn(call_id=2, spec=session(tmp_path, "01AHEAD", "echo", "next"), queued=True))
+    wait_for_turn_start(tmp_path, "01FIRST")
+    peer.send(Withdraw(call_id=2))
+    assert peer.recv() == Withdrawn(call_id=2)
+    peer.send(Withdraw(call_id=1))  # running: nothing comes back, it goes on
+    gate.touch()
+    assert received(peer, 1) == [("TurnDone", 1)]
+    assert not peer.conn.poll(0.3), "a withdrawn turn never runs here"
+    assert events_of(tmp_path, "01AHEAD") == []
+
+
+def test_cancel_of_a_waiting_turn_ends_it_unwritten(peer, tmp_path):
+    peer.recv()
+    gate = tmp_path / "gate"
+    peer.send(RunTurn(call_id=1, spec=held(tmp_path, "01FIRST", gate)))
+    peer.send(RunTurn(call_id=2, spec=session(tmp_path, "01AHEAD", "echo", "next"), queued=True))
+    wait_for_turn_start(tmp_path, "01FIRST")
+    peer.send(Cancel(call_id=2, reason="user"))
+    done = peer.recv()
+    assert (done.call_id, done.outcome.stop_reason, done.outcome.diagnostic) == (
+        2, "aborted", "the turn was cancelled (user) before it started")
+    assert events_of(tmp_path, "01AHEAD") == []
+    gate.touch()
+    assert received(peer, 1) == [("TurnDone", 1)]
+
+
+def test_a_turn_parked_in_a_waiting_rpc_lets_the_queued_turn_run(peer, tmp_path):
+    """A turn waiting on its child (``spawn_wait``) frees its slot, as the pool counts it: the queued
+    turn runs meanwhile (nested delegation never waits on a turn queued behind it)."""
+    peer.recv()
+    spawner = session(tmp_path, "01PARENT", "script", json.dumps([{"spawn": {"prompt": "x", "provider": "echo"}}]))
+    peer.send(RunTurn(call_id=1, spec=spawner))
+    rpc = peer.recv()
+    assert isinstance(rpc, Rpc) and rpc.method == "spawn_wait"
+    peer.send(RunTurn(call_id=2, spec=session(tmp_path, "01AHEAD", "echo", "next"), queued=True))
+    assert received(peer, 2) == [("Started", 2), ("TurnDone", 2)]
+    peer.send(Reply(rpc_id=rpc.rpc_id, ok=False, error={"code": "INTERNAL", "message": "no child here"}))
+    assert received(peer, 1) == [("TurnDone", 1)]
+
+
+def test_shutdown_ends_a_waiting_turn_unwritten(peer, tmp_path):
+    peer.recv()
+    peer.send(RunTurn(call_id=1, spec=held(tmp_path, "01FIRST", tmp_path / "never")))
+    peer.send(RunTurn(call_id=2, spec=session(tmp_path, "01AHEAD", "echo", "next"), queued=True))
+    wait_for_turn_start(tmp_path, "01FIRST")
+    peer.send(Shutdown())
+    waiting, running = peer.recv(), peer.recv()
+    assert (waiting.call_id, waiting.outcome.diagnostic) == (2, "the turn was cancelled (shutdown) before it started")
+    assert (running.call_id, running.outcome.diagnostic) == (1, "the turn was cancelled (shutdown)")
+    peer.process.join(DEADLINE_S)
+    assert peer.process.exitcode == 0
+    assert events_of(tmp_path, "01AHEAD") == []
