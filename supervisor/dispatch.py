@@ -20,12 +20,15 @@ worker is handed up to ``prefetch`` more turns marked ``queued``. They wait
 in the worker, which starts the next the moment a running turn ends or parks:
 the worker never idles for the round trip of its ``TurnDone`` and the next
 ``RunTurn`` (which, on 2 busy cores, was longer than a short turn itself).
-Such a turn is ``queued`` here until the worker's ``Started`` comes. When the
-queue is empty and a worker has a free slot, a turn still waiting ahead on
-another worker is asked back (``_send_withdraw``) and runs there instead, so a
-short turn never waits behind a long one while a worker idles. A worker that
-dies before sending ``Started`` never wrote a byte of that turn: it is queued
-again, first in line, instead of ending ``error``.
+Such a turn is ``queued`` here until the worker's ``Started`` comes. It is
+asked back (``_send_withdraw``) when the queue is empty and another worker has
+a free slot, or once it has waited ``AHEAD_WAIT_S`` (the turn in front of it
+is long): given back, it is first in line and takes the next free slot on any
+worker, before every turn queued after it, and is never handed ahead again.
+So a short turn never waits behind a long one while a worker idles, and with
+long turns (model calls) prefetch steps aside. A worker that dies before
+sending ``Started`` never wrote a byte of that turn: it is queued again, first
+in line, instead of ending ``error``.
 
 The local pool (``pool.py``: processes and pipes) and the Ray pool
 (``ray_pool.py``: actors) subclass it and supply those four ways of reaching a
@@ -39,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Generic, TypeVar, cast
@@ -54,6 +58,11 @@ from .errors import RpcError, SupervisorClosedError
 __all__ = ["Dispatcher", "Turn", "WorkerSlot"]
 
 log = logging.getLogger(__name__)
+
+# how long a turn handed ahead may wait behind a running turn before a slot freed on another
+# worker takes it back: long enough that a short turn ahead starts where it is (no messages),
+# short against a model call, which would otherwise hold it while newer turns run elsewhere
+AHEAD_WAIT_S = 0.05
 
 
 @dataclass(eq=False)
@@ -71,7 +80,9 @@ class Turn:
     cancel_reason: str | None = None
     on_done: Callable[[TurnResult], None] | None = None  # ``submit``'s callback
     queued: bool = False  # handed over ahead (prefetch) and not known to have started
+    handed_at: float = 0.0  # when it was handed over ahead (``time.monotonic``)
     withdrawing: bool = False  # asked back from its worker (``Withdraw``), no answer yet
+    returned: bool = False  # given back once: from then on it waits for a free slot, never ahead
 
     def result(self) -> TurnResult:
         """How it ended, and where it ran: nowhere (not ``dispatched``) if it never started, even when
@@ -214,13 +225,21 @@ class Dispatcher(Generic[W]):
         waiting ahead for a worker that has a free slot."""
         limit = self._turns_per_worker
         refused: set[int] = set()  # workers whose pipe refused a turn in this pass (dead, not yet seen so)
+        if self._prefetch and self._withdraw_aged():
+            # a turn asked back is older than every queued one: none overtakes it while the
+            # answer is on its way (a free slot waits that round trip: rare, behind long turns)
+            return
         for room in (limit, limit + self._prefetch) if self._prefetch else (limit,):
             while self._queue:
+                if room > limit and self._queue[0].returned:
+                    break  # it waits for a free slot, and nothing overtakes it
                 worker = self._least_loaded(room, refused)
                 if worker is None:
                     break
                 turn = self._queue.popleft()
                 turn.queued = worker.running >= limit
+                if turn.queued:
+                    turn.handed_at = time.monotonic()
                 if not self._hand_over(worker, turn):
                     # the worker died before the pool saw it: the turn never reached it, so it
                     # stays first in line for another worker or the replacement
@@ -258,18 +277,37 @@ class Dispatcher(Generic[W]):
                     self._send_withdraw(worker, turn)
                     free -= 1
 
+    def _withdraw_aged(self) -> bool:
+        """Ask back every turn that has waited ahead longer than ``AHEAD_WAIT_S`` (its worker's running
+        turn is long): first in line again, it takes the next slot that frees, on any worker. Whether
+        a turn is being asked back (this call or before)."""
+        deadline = time.monotonic() - AHEAD_WAIT_S
+        asking = False
+        for worker in self._slots:
+            if worker is None or not worker.alive:
+                continue
+            for turn in worker.turns.values():
+                if turn.queued and turn.handed_at < deadline and not turn.withdrawing and turn.cancel_reason is None:
+                    turn.withdrawing = True
+                    self._send_withdraw(worker, turn)
+                asking = asking or turn.withdrawing
+        return asking
+
     def _turn_started(self, worker: W, call_id: int) -> None:
         """The worker's ``Started``: a turn handed over ahead is running."""
         turn = worker.turns.get(call_id)
         if turn is not None:
             turn.queued = False
+            if turn.withdrawing:  # asked back too late: the turns queued behind it may go ahead again
+                turn.withdrawing = False
+                self._schedule()
 
     def _turn_withdrawn(self, worker: W, call_id: int) -> None:
         """The worker's ``Withdrawn``: the turn never started there; first in line again (or ended, if cancelled since)."""
         turn = worker.turns.pop(call_id, None)
         if turn is None:
             return
-        turn.worker, turn.queued, turn.withdrawing = None, False, False
+        turn.worker, turn.queued, turn.withdrawing, turn.returned = None, False, False, True
         self._withdrawn += 1
         if turn.cancel_reason is not None:
             self._finish(turn, cancelled_before_start(turn.cancel_reason))

@@ -14,6 +14,7 @@ import pytest
 from subagents.store import Store, acquire_lease, create_session, inspect
 from subagents.supervisor.config import RayConfig
 from subagents.supervisor.backend import TurnResult
+from subagents.supervisor.dispatch import AHEAD_WAIT_S
 from subagents.supervisor.errors import SupervisorClosedError
 from subagents.supervisor.pool import WorkerPool
 from subagents.supervisor.ray_pool import RayPool
@@ -278,5 +279,43 @@ async def test_a_turn_waiting_ahead_on_a_worker_that_dies_runs_on_the_replacemen
         assert (results["ahead"].outcome.output, results["ahead"].crashed) == ("next", False)
         assert results["ahead"].worker.pid != pid
         assert [e["type"] for e in inspect(st, "01AHEAD").events].count("turn/start") == 1
+        await pool.aclose()
+        tg.cancel_scope.cancel()
+
+
+async def test_a_turn_waiting_ahead_too_long_goes_to_the_next_free_slot_before_newer_turns(st, tmp_path):
+    """Behind a long turn, a turn handed ahead is given back once it has waited ``AHEAD_WAIT_S`` and
+    another worker frees: it runs there before turns queued after it, even while the queue is never empty."""
+    pool = WorkerPool(size=2, start_method="forkserver", ready_timeout_s=DEADLINE_S, cancel_grace_s=1.0, prefetch=1)
+    gates = {name: tmp_path / name for name in ("long", "short", "later")}
+    async with anyio.create_task_group() as tg:
+        await pool.start(tg)
+        results: dict[str, TurnResult] = {}
+
+        def submit(name: str, spec: TurnSpec) -> None:
+            pool.submit(spec, no_rpc, on_done=lambda r: results.__setitem__(name, r))
+
+        submit("long", held_spec(st, "01LONG", gates["long"]))  # the first worker
+        submit("short", held_spec(st, "01SHORT", gates["short"]))  # the second
+        submit("stuck", echo_spec(st, "01STUCK", "stuck"))  # ahead, behind the long turn
+        submit("next", echo_spec(st, "01NEXT", "next"))  # ahead, behind the short turn
+        submit("later", held_spec(st, "01LATER", gates["later"]))  # queued in the pool
+        await wait_started(st, "01LONG")
+        await wait_started(st, "01SHORT")
+        await anyio.sleep(AHEAD_WAIT_S * 2)  # let the turn ahead of the long one age
+        gates["short"].touch()
+        with anyio.fail_after(DEADLINE_S):
+            while "stuck" not in results:
+                await anyio.sleep(0.01)
+        assert results["stuck"].outcome.output == "stuck"
+        assert results["stuck"].worker == results["short"].worker
+        assert "long" not in results and "later" not in results
+        assert pool.statistics().withdrawn >= 1
+        for gate in gates.values():
+            gate.touch()
+        with anyio.fail_after(DEADLINE_S):
+            while len(results) < 5:
+                await anyio.sleep(0.01)
+        assert all(r.outcome.stop_reason == "completed" for r in results.values())
         await pool.aclose()
         tg.cancel_scope.cancel()
