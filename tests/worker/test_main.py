@@ -188,6 +188,16 @@ def events_of(tmp_path, session_id: str) -> list[str]:
     return [e["type"] for e in inspect(st, session_id).events]
 
 
+def one_running_one_waiting(peer, tmp_path):
+    """Turn 1 (01FIRST) running until the returned gate opens; turn 2 (01AHEAD, echo) queued behind it."""
+    peer.recv()
+    gate = tmp_path / "gate"
+    peer.send(RunTurn(call_id=1, spec=held(tmp_path, "01FIRST", gate)))
+    peer.send(RunTurn(call_id=2, spec=session(tmp_path, "01AHEAD", "echo", "next"), queued=True))
+    wait_for_turn_start(tmp_path, "01FIRST")
+    return gate
+
+
 def received(peer, count: int) -> list[tuple[str, int]]:
     return [(type(m).__name__, m.call_id) for m in (peer.recv() for _ in range(count))]
 
@@ -195,11 +205,7 @@ def received(peer, count: int) -> list[tuple[str, int]]:
 def test_a_queued_turn_waits_for_the_running_one_then_starts_at_once(peer, tmp_path):
     """A queued turn waits in the worker, unwritten; when the running turn ends it starts with no message
     from the supervisor, and ``Started`` comes before anything of it."""
-    peer.recv()
-    gate = tmp_path / "gate"
-    peer.send(RunTurn(call_id=1, spec=held(tmp_path, "01FIRST", gate)))
-    peer.send(RunTurn(call_id=2, spec=session(tmp_path, "01AHEAD", "echo", "next"), queued=True))
-    wait_for_turn_start(tmp_path, "01FIRST")
+    gate = one_running_one_waiting(peer, tmp_path)
     assert not peer.conn.poll(0.3), "the queued turn must wait for the running one"
     assert events_of(tmp_path, "01AHEAD") == []
     gate.touch()
@@ -210,11 +216,7 @@ def test_a_queued_turn_waits_for_the_running_one_then_starts_at_once(peer, tmp_p
 
 
 def test_withdraw_gives_back_a_waiting_turn_and_not_a_started_one(peer, tmp_path):
-    peer.recv()
-    gate = tmp_path / "gate"
-    peer.send(RunTurn(call_id=1, spec=held(tmp_path, "01FIRST", gate)))
-    peer.send(RunTurn(call_id=2, spec=session(tmp_path, "01AHEAD", "echo", "next"), queued=True))
-    wait_for_turn_start(tmp_path, "01FIRST")
+    gate = one_running_one_waiting(peer, tmp_path)
     peer.send(Withdraw(call_id=2))
     assert peer.recv() == Withdrawn(call_id=2)
     peer.send(Withdraw(call_id=1))  # running: nothing comes back, it goes on
@@ -225,11 +227,7 @@ def test_withdraw_gives_back_a_waiting_turn_and_not_a_started_one(peer, tmp_path
 
 
 def test_cancel_of_a_waiting_turn_ends_it_unwritten(peer, tmp_path):
-    peer.recv()
-    gate = tmp_path / "gate"
-    peer.send(RunTurn(call_id=1, spec=held(tmp_path, "01FIRST", gate)))
-    peer.send(RunTurn(call_id=2, spec=session(tmp_path, "01AHEAD", "echo", "next"), queued=True))
-    wait_for_turn_start(tmp_path, "01FIRST")
+    gate = one_running_one_waiting(peer, tmp_path)
     peer.send(Cancel(call_id=2, reason="user"))
     done = peer.recv()
     assert (done.call_id, done.outcome.stop_reason, done.outcome.diagnostic) == (
@@ -254,10 +252,7 @@ def test_a_turn_parked_in_a_waiting_rpc_lets_the_queued_turn_run(peer, tmp_path)
 
 
 def test_shutdown_ends_a_waiting_turn_unwritten(peer, tmp_path):
-    peer.recv()
-    peer.send(RunTurn(call_id=1, spec=held(tmp_path, "01FIRST", tmp_path / "never")))
-    peer.send(RunTurn(call_id=2, spec=session(tmp_path, "01AHEAD", "echo", "next"), queued=True))
-    wait_for_turn_start(tmp_path, "01FIRST")
+    one_running_one_waiting(peer, tmp_path)  # its gate never opens
     peer.send(Shutdown())
     waiting, running = peer.recv(), peer.recv()
     assert (waiting.call_id, waiting.outcome.diagnostic) == (2, "the turn was cancelled (shutdown) before it started")
