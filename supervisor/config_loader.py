@@ -69,7 +69,7 @@ durability = "batched"          # strict (fsync every append) | batched (fsync a
 lease_ttl_s = 5.0               # an owner whose heartbeat is older than this is dead; its leases can be taken
 cancel_grace_s = 2.0            # a cancelled turn that ignores cancellation this long has its worker killed
 turns_per_worker = 1            # running turns per worker: 1 for CPU-bound programs, more for I/O-bound (LLM) ones
-worker_prefetch = 1             # turns a local worker is handed ahead, to start the moment one ends (0: none)
+worker_prefetch = 2             # turns a local worker is handed ahead, to start the moment one ends (0: none)
 control_poll_s = 0.05           # how often a supervisor looks for messages/controls other processes wrote for its children
 worker_ready_timeout_s = 30.0   # a worker that is not READY by then is a startup failure
 worker_log_level = 30           # logging level inside workers (30 = WARNING)
