@@ -24,7 +24,9 @@ Such a turn is ``queued`` here until the worker's ``Started`` comes. It is
 asked back (``_send_withdraw``) when the queue is empty and another worker has
 a free slot, or once it has waited ``AHEAD_WAIT_S`` (the turn in front of it
 is long): given back, it is first in line and takes the next free slot on any
-worker, before every turn queued after it, and is never handed ahead again.
+worker, before every turn queued after it, and is never handed ahead again
+(dispatch holds back for the answer, ``WITHDRAW_WAIT_S`` at most: a worker
+whose event loop a turn blocks cannot answer).
 So a short turn never waits behind a long one while a worker idles, and with
 long turns (model calls) prefetch steps aside. A worker that dies before
 sending ``Started`` never wrote a byte of that turn: it is queued again, first
@@ -39,6 +41,7 @@ so the queue and the turn tables need no lock.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import logging
@@ -63,6 +66,9 @@ log = logging.getLogger(__name__)
 # worker takes it back: long enough that a short turn ahead starts where it is (no messages),
 # short against a model call, which would otherwise hold it while newer turns run elsewhere
 AHEAD_WAIT_S = 0.05
+# how long dispatch holds back for the answer to a withdraw, so that nothing overtakes the turn
+# asked back; bounded because a worker whose event loop a turn blocks cannot answer at all
+WITHDRAW_WAIT_S = 0.5
 
 
 @dataclass(eq=False)
@@ -82,6 +88,7 @@ class Turn:
     queued: bool = False  # handed over ahead (prefetch) and not known to have started
     handed_at: float = 0.0  # when it was handed over ahead (``time.monotonic``)
     withdrawing: bool = False  # asked back from its worker (``Withdraw``), no answer yet
+    asked_at: float = 0.0  # when it was asked back (``time.monotonic``)
     returned: bool = False  # given back once: from then on it waits for a free slot, never ahead
 
     def result(self) -> TurnResult:
@@ -227,7 +234,7 @@ class Dispatcher(Generic[W]):
         refused: set[int] = set()  # workers whose pipe refused a turn in this pass (dead, not yet seen so)
         if self._prefetch and self._withdraw_aged():
             # a turn asked back is older than every queued one: none overtakes it while the
-            # answer is on its way (a free slot waits that round trip: rare, behind long turns)
+            # answer is on its way (a free slot waits that round trip, ``WITHDRAW_WAIT_S`` at most)
             return
         for room in (limit, limit + self._prefetch) if self._prefetch else (limit,):
             while self._queue:
@@ -273,25 +280,29 @@ class Dispatcher(Generic[W]):
                 if free == 0:
                     return
                 if turn.queued and not turn.withdrawing and turn.cancel_reason is None:
-                    turn.withdrawing = True
-                    self._send_withdraw(worker, turn)
+                    self._ask_back(worker, turn)
                     free -= 1
 
     def _withdraw_aged(self) -> bool:
         """Ask back every turn that has waited ahead longer than ``AHEAD_WAIT_S`` (its worker's running
         turn is long): first in line again, it takes the next slot that frees, on any worker. Whether
-        a turn is being asked back (this call or before)."""
-        deadline = time.monotonic() - AHEAD_WAIT_S
+        dispatch should hold back: a turn was asked back less than ``WITHDRAW_WAIT_S`` ago."""
+        now = time.monotonic()
         asking = False
         for worker in self._slots:
             if worker is None or not worker.alive:
                 continue
             for turn in worker.turns.values():
-                if turn.queued and turn.handed_at < deadline and not turn.withdrawing and turn.cancel_reason is None:
-                    turn.withdrawing = True
-                    self._send_withdraw(worker, turn)
-                asking = asking or turn.withdrawing
+                if turn.queued and turn.handed_at < now - AHEAD_WAIT_S and not turn.withdrawing and turn.cancel_reason is None:
+                    self._ask_back(worker, turn)
+                asking = asking or (turn.withdrawing and turn.asked_at > now - WITHDRAW_WAIT_S)
         return asking
+
+    def _ask_back(self, worker: W, turn: Turn) -> None:
+        """Send ``Withdraw``; dispatch holds back until the answer or ``WITHDRAW_WAIT_S``, then goes on."""
+        turn.withdrawing, turn.asked_at = True, time.monotonic()
+        self._send_withdraw(worker, turn)
+        asyncio.get_running_loop().call_later(WITHDRAW_WAIT_S, self._schedule)
 
     def _turn_started(self, worker: W, call_id: int) -> None:
         """The worker's ``Started``: a turn handed over ahead is running."""

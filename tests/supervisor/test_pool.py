@@ -14,7 +14,7 @@ import pytest
 from subagents.store import Store, acquire_lease, create_session, inspect
 from subagents.supervisor.config import RayConfig
 from subagents.supervisor.backend import TurnResult
-from subagents.supervisor.dispatch import AHEAD_WAIT_S
+from subagents.supervisor.dispatch import AHEAD_WAIT_S, WITHDRAW_WAIT_S
 from subagents.supervisor.errors import SupervisorClosedError
 from subagents.supervisor.pool import WorkerPool
 from subagents.supervisor.ray_pool import RayPool
@@ -318,4 +318,34 @@ async def test_a_turn_waiting_ahead_too_long_goes_to_the_next_free_slot_before_n
                 await anyio.sleep(0.01)
         assert all(r.outcome.stop_reason == "completed" for r in results.values())
         await pool.aclose()
+        tg.cancel_scope.cancel()
+
+
+async def test_a_worker_that_cannot_answer_a_withdraw_holds_up_dispatch_only_briefly(st, tmp_path):
+    """A turn blocking its worker's event loop (a program calling blocking code from ``async def``)
+    leaves a withdraw unanswered: the other worker's free slot waits ``WITHDRAW_WAIT_S`` at most."""
+    pool = WorkerPool(size=2, start_method="forkserver", ready_timeout_s=DEADLINE_S, cancel_grace_s=1.0, prefetch=1)
+    gate = tmp_path / "gate"
+    async with anyio.create_task_group() as tg:
+        await pool.start(tg)
+        results: dict[str, TurnResult] = {}
+
+        def submit(name: str, spec: TurnSpec) -> None:
+            pool.submit(spec, no_rpc, on_done=lambda r: results.__setitem__(name, r))
+
+        submit("blocking", script_spec(st, "01BLOCKING", [{"say": "on"}, {"spin": 20_000}]))  # the first worker
+        submit("held", held_spec(st, "01HELD", gate))  # the second
+        submit("stuck", echo_spec(st, "01STUCK", "stuck"))  # ahead, behind the blocking turn
+        submit("ahead", echo_spec(st, "01AHEAD2", "ahead"))  # ahead, behind the held turn
+        submit("queued", echo_spec(st, "01QUEUED", "queued"))
+        await wait_started(st, "01BLOCKING")
+        await wait_started(st, "01HELD")
+        await anyio.sleep(AHEAD_WAIT_S * 2)
+        gate.touch()
+        with anyio.fail_after(WITHDRAW_WAIT_S + 5):  # long before the blocking turn ends
+            while "queued" not in results:
+                await anyio.sleep(0.01)
+        assert results["queued"].outcome.output == "queued"
+        assert "blocking" not in results and "stuck" not in results
+        await pool.aclose()  # kills the blocking worker
         tg.cancel_scope.cancel()
