@@ -134,7 +134,7 @@ class Cancel:
 
 @dataclass
 class Withdraw:
-    """Give a queued turn back if it has not started (another worker is free): ``Withdrawn``, else nothing."""
+    """Give a queued turn back if it has not started (the pool has a better place for it): ``Withdrawn``, else nothing."""
 
     op: ClassVar[str] = "withdraw"
     call_id: int
