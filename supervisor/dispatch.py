@@ -36,7 +36,9 @@ The local pool (``pool.py``: processes and pipes) and the Ray pool
 (``ray_pool.py``: actors) subclass it and supply those four ways of reaching a
 worker; how workers start and how their deaths are seen stays theirs. One
 owner for the mutable state: everything runs on the supervisor's event loop,
-so the queue and the turn tables need no lock.
+so the queue and the turn tables need no lock. (A little over 400 lines: the
+dispatch rule, parking, cancellation and prefetch all read and change those
+tables; split apart, each would reach into the others' state.)
 """
 
 from __future__ import annotations
@@ -90,6 +92,11 @@ class Turn:
     withdrawing: bool = False  # asked back from its worker (``Withdraw``), no answer yet
     asked_at: float = 0.0  # when it was asked back (``time.monotonic``)
     returned: bool = False  # given back once: from then on it waits for a free slot, never ahead
+
+    @property
+    def askable(self) -> bool:
+        """Waiting ahead in a worker, and neither asked back already nor cancelled (a cancel ends it there)."""
+        return self.queued and not self.withdrawing and self.cancel_reason is None
 
     def result(self) -> TurnResult:
         """How it ended, and where it ran: nowhere (not ``dispatched``) if it never started, even when
@@ -279,7 +286,7 @@ class Dispatcher(Generic[W]):
             for turn in reversed(list(worker.turns.values())):
                 if free == 0:
                     return
-                if turn.queued and not turn.withdrawing and turn.cancel_reason is None:
+                if turn.askable:
                     self._ask_back(worker, turn)
                     free -= 1
 
@@ -293,7 +300,7 @@ class Dispatcher(Generic[W]):
             if worker is None or not worker.alive:
                 continue
             for turn in worker.turns.values():
-                if turn.queued and turn.handed_at < now - AHEAD_WAIT_S and not turn.withdrawing and turn.cancel_reason is None:
+                if turn.askable and turn.handed_at < now - AHEAD_WAIT_S:
                     self._ask_back(worker, turn)
                 asking = asking or (turn.withdrawing and turn.asked_at > now - WITHDRAW_WAIT_S)
         return asking
@@ -318,13 +325,18 @@ class Dispatcher(Generic[W]):
         turn = worker.turns.pop(call_id, None)
         if turn is None:
             return
-        turn.worker, turn.queued, turn.withdrawing, turn.returned = None, False, False, True
         self._withdrawn += 1
+        self._take_back(turn, returned=True)
+        self._schedule()
+
+    def _take_back(self, turn: Turn, *, returned: bool) -> None:
+        """A turn handed ahead that never started, off its worker's table: first in line again (or ended,
+        if cancelled meanwhile). ``returned``: given back on request, so never handed ahead again."""
+        turn.worker, turn.queued, turn.withdrawing, turn.returned = None, False, False, returned
         if turn.cancel_reason is not None:
             self._finish(turn, cancelled_before_start(turn.cancel_reason))
-            return
-        self._queue.appendleft(turn)
-        self._schedule()
+        else:
+            self._queue.appendleft(turn)
 
     def _turn_done(self, turn: Turn, outcome: TurnOutcome) -> None:
         """The worker's ``TurnDone``: a turn cancelled meanwhile that completed anyway reads ``aborted``."""
@@ -364,11 +376,7 @@ class Dispatcher(Generic[W]):
         unstarted = [turn for turn in worker.turns.values() if turn.queued]
         for turn in reversed(unstarted):
             del worker.turns[turn.call_id]
-            turn.worker, turn.queued, turn.withdrawing = None, False, False
-            if turn.cancel_reason is not None:
-                self._finish(turn, cancelled_before_start(turn.cancel_reason))
-            else:
-                self._queue.appendleft(turn)
+            self._take_back(turn, returned=False)
         for turn in list(worker.turns.values()):
             if turn.cancel_reason is not None:
                 outcome = TurnOutcome(stop_reason="aborted", diagnostic=f"the turn was cancelled ({turn.cancel_reason}); {crash}")

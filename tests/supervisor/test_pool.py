@@ -20,6 +20,8 @@ from subagents.supervisor.pool import WorkerPool
 from subagents.supervisor.ray_pool import RayPool
 from subagents.worker.protocol import TurnSpec
 
+from ..conftest import wait_until
+
 pytestmark = pytest.mark.anyio
 
 DEADLINE_S = 20.0
@@ -102,6 +104,10 @@ async def test_submit_calls_back_with_the_result_and_a_failing_callback_does_not
         tg.cancel_scope.cancel()
 
 
+async def wait_started(st: Store, session_id: str) -> None:
+    await wait_until(lambda: any(e["type"] == "turn/start" for e in inspect(st, session_id).events), what=f"{session_id}'s turn to start")
+
+
 def script_spec(st: Store, session_id: str, script: list) -> TurnSpec:
     return dataclasses.replace(echo_spec(st, session_id, json.dumps({"script": script})), program="script", release_owner="01OWNER")
 
@@ -117,9 +123,7 @@ async def test_a_turn_resident_at_close_ends_with_the_pool(st, script, crashed):
     async with anyio.create_task_group() as tg:
         await pool.start(tg)
         pool.submit(script_spec(st, "01CLOSING", script), no_rpc, on_done=results.append)
-        with anyio.fail_after(DEADLINE_S):
-            while not any(e["type"] == "turn/start" for e in inspect(st, "01CLOSING").events):
-                await anyio.sleep(0.01)
+        await wait_started(st, "01CLOSING")
         with anyio.fail_after(DEADLINE_S):
             await pool.aclose()
         assert [(r.outcome.stop_reason, r.crashed) for r in results] == [("aborted", crashed)]
@@ -199,14 +203,19 @@ async def test_a_turn_queued_after_close_is_refused_by_either_pool(st, kind):
 # -- prefetch: a worker is handed a turn ahead of a free slot -------------------------------------------
 
 
+class Submitted:
+    """Turns submitted to ``pool`` by name (``submit(name, spec)``), and their results as they end."""
+
+    def __init__(self, pool: WorkerPool) -> None:
+        self.pool = pool
+        self.results: dict[str, TurnResult] = {}
+
+    def __call__(self, name: str, spec: TurnSpec) -> None:
+        self.pool.submit(spec, no_rpc, on_done=lambda result: self.results.__setitem__(name, result))
+
+
 def held_spec(st: Store, session_id: str, gate) -> TurnSpec:
     return script_spec(st, session_id, [{"hold": str(gate)}, {"return": "held"}])
-
-
-async def wait_started(st: Store, session_id: str) -> None:
-    with anyio.fail_after(DEADLINE_S):
-        while not any(e["type"] == "turn/start" for e in inspect(st, session_id).events):
-            await anyio.sleep(0.01)
 
 
 async def test_a_turn_handed_ahead_runs_when_the_worker_frees(st, tmp_path):
@@ -214,17 +223,16 @@ async def test_a_turn_handed_ahead_runs_when_the_worker_frees(st, tmp_path):
     gate = tmp_path / "gate"
     async with anyio.create_task_group() as tg:
         await pool.start(tg)
-        results: dict[str, TurnResult] = {}
-        pool.submit(held_spec(st, "01HELD", gate), no_rpc, on_done=lambda r: results.__setitem__("held", r))
-        pool.submit(echo_spec(st, "01AHEAD", "next"), no_rpc, on_done=lambda r: results.__setitem__("ahead", r))
+        submit = Submitted(pool)
+        results = submit.results
+        submit("held", held_spec(st, "01HELD", gate))
+        submit("ahead", echo_spec(st, "01AHEAD", "next"))
         stats = pool.statistics()
         assert (stats.queued, stats.ahead, stats.resident) == (1, 1, 1)  # handed over ahead: it waits in the worker
         await wait_started(st, "01HELD")
         assert inspect(st, "01AHEAD").events == []  # it waits in the worker
         gate.touch()
-        with anyio.fail_after(DEADLINE_S):
-            while len(results) < 2:
-                await anyio.sleep(0.01)
+        await wait_until(lambda: len(results) >= 2, what="2 turns to end")
         assert results["ahead"].outcome.output == "next" and not results["ahead"].crashed
         assert results["ahead"].worker == results["held"].worker
         await pool.aclose()
@@ -237,25 +245,22 @@ async def test_a_turn_waiting_ahead_is_given_back_to_a_worker_that_falls_idle(st
     long_gate, short_gate = tmp_path / "long", tmp_path / "short"
     async with anyio.create_task_group() as tg:
         await pool.start(tg)
-        results: dict[str, TurnResult] = {}
-        pool.submit(held_spec(st, "01LONG", long_gate), no_rpc, on_done=lambda r: results.__setitem__("long", r))
-        pool.submit(held_spec(st, "01SHORT", short_gate), no_rpc, on_done=lambda r: results.__setitem__("short", r))
+        submit = Submitted(pool)
+        results = submit.results
+        submit("long", held_spec(st, "01LONG", long_gate))
+        submit("short", held_spec(st, "01SHORT", short_gate))
         # both workers run one: this one goes ahead behind the long turn (the first worker on a tie)
-        pool.submit(echo_spec(st, "01NEXT", "next"), no_rpc, on_done=lambda r: results.__setitem__("next", r))
+        submit("next", echo_spec(st, "01NEXT", "next"))
         await wait_started(st, "01LONG")
         await wait_started(st, "01SHORT")
         short_gate.touch()
-        with anyio.fail_after(DEADLINE_S):
-            while "next" not in results:
-                await anyio.sleep(0.01)
+        await wait_until(lambda: "next" in results, what="the next turn to end")
         assert results["next"].outcome.output == "next"
         assert results["next"].worker == results["short"].worker
         assert "long" not in results  # still running: the turn did not wait for it
         assert pool.statistics().withdrawn == 1
         long_gate.touch()
-        with anyio.fail_after(DEADLINE_S):
-            while "long" not in results:
-                await anyio.sleep(0.01)
+        await wait_until(lambda: "long" in results, what="the long turn to end")
         await pool.aclose()
         tg.cancel_scope.cancel()
 
@@ -267,14 +272,13 @@ async def test_a_turn_waiting_ahead_on_a_worker_that_dies_runs_on_the_replacemen
     async with anyio.create_task_group() as tg:
         await pool.start(tg)
         [pid] = pool.worker_pids()
-        results: dict[str, TurnResult] = {}
-        pool.submit(held_spec(st, "01DOOMED", tmp_path / "never"), no_rpc, on_done=lambda r: results.__setitem__("doomed", r))
-        pool.submit(echo_spec(st, "01AHEAD", "next"), no_rpc, on_done=lambda r: results.__setitem__("ahead", r))
+        submit = Submitted(pool)
+        results = submit.results
+        submit("doomed", held_spec(st, "01DOOMED", tmp_path / "never"))
+        submit("ahead", echo_spec(st, "01AHEAD", "next"))
         await wait_started(st, "01DOOMED")
         os.kill(pid, signal.SIGKILL)
-        with anyio.fail_after(DEADLINE_S):
-            while len(results) < 2:
-                await anyio.sleep(0.01)
+        await wait_until(lambda: len(results) >= 2, what="2 turns to end")
         assert (results["doomed"].outcome.stop_reason, results["doomed"].crashed) == ("error", True)
         assert (results["ahead"].outcome.output, results["ahead"].crashed) == ("next", False)
         assert results["ahead"].worker.pid != pid
@@ -290,10 +294,8 @@ async def test_a_turn_waiting_ahead_too_long_goes_to_the_next_free_slot_before_n
     gates = {name: tmp_path / name for name in ("long", "short", "later")}
     async with anyio.create_task_group() as tg:
         await pool.start(tg)
-        results: dict[str, TurnResult] = {}
-
-        def submit(name: str, spec: TurnSpec) -> None:
-            pool.submit(spec, no_rpc, on_done=lambda r: results.__setitem__(name, r))
+        submit = Submitted(pool)
+        results = submit.results
 
         submit("long", held_spec(st, "01LONG", gates["long"]))  # the first worker
         submit("short", held_spec(st, "01SHORT", gates["short"]))  # the second
@@ -304,18 +306,14 @@ async def test_a_turn_waiting_ahead_too_long_goes_to_the_next_free_slot_before_n
         await wait_started(st, "01SHORT")
         await anyio.sleep(AHEAD_WAIT_S * 2)  # let the turn ahead of the long one age
         gates["short"].touch()
-        with anyio.fail_after(DEADLINE_S):
-            while "stuck" not in results:
-                await anyio.sleep(0.01)
+        await wait_until(lambda: "stuck" in results, what="the stuck turn to end")
         assert results["stuck"].outcome.output == "stuck"
         assert results["stuck"].worker == results["short"].worker
         assert "long" not in results and "later" not in results
         assert pool.statistics().withdrawn >= 1
         for gate in gates.values():
             gate.touch()
-        with anyio.fail_after(DEADLINE_S):
-            while len(results) < 5:
-                await anyio.sleep(0.01)
+        await wait_until(lambda: len(results) >= 5, what="5 turns to end")
         assert all(r.outcome.stop_reason == "completed" for r in results.values())
         await pool.aclose()
         tg.cancel_scope.cancel()
@@ -328,10 +326,8 @@ async def test_a_worker_that_cannot_answer_a_withdraw_holds_up_dispatch_only_bri
     gate = tmp_path / "gate"
     async with anyio.create_task_group() as tg:
         await pool.start(tg)
-        results: dict[str, TurnResult] = {}
-
-        def submit(name: str, spec: TurnSpec) -> None:
-            pool.submit(spec, no_rpc, on_done=lambda r: results.__setitem__(name, r))
+        submit = Submitted(pool)
+        results = submit.results
 
         submit("blocking", script_spec(st, "01BLOCKING", [{"say": "on"}, {"spin": 20_000}]))  # the first worker
         submit("held", held_spec(st, "01HELD", gate))  # the second
@@ -342,9 +338,7 @@ async def test_a_worker_that_cannot_answer_a_withdraw_holds_up_dispatch_only_bri
         await wait_started(st, "01HELD")
         await anyio.sleep(AHEAD_WAIT_S * 2)
         gate.touch()
-        with anyio.fail_after(WITHDRAW_WAIT_S + 5):  # long before the blocking turn ends
-            while "queued" not in results:
-                await anyio.sleep(0.01)
+        await wait_until(lambda: "queued" in results, timeout=WITHDRAW_WAIT_S + 5, what="the queued turn to end")  # long before the blocking turn ends
         assert results["queued"].outcome.output == "queued"
         assert "blocking" not in results and "stuck" not in results
         await pool.aclose()  # kills the blocking worker

@@ -18,6 +18,8 @@ from subagents.supervisor.backend import TurnResult
 from subagents.supervisor.pool import WorkerPool
 from subagents.worker.protocol import TurnSpec
 
+from ..conftest import wait_until
+
 pytestmark = pytest.mark.anyio
 
 DEADLINE_S = 60.0
@@ -64,14 +66,10 @@ async def test_every_turn_ends_once_and_runs_at_most_once(tmp_path, seed, turns_
             if rng.random() < 0.15:
                 pool.cancel(rng.choice(tickets), "user")
             if i in kill_at:
-                with anyio.fail_after(DEADLINE_S):
-                    while pool.statistics().workers_alive < 2:  # the last kill's replacement is up
-                        await anyio.sleep(0.01)
+                await wait_until(lambda: pool.statistics().workers_alive == 2, what="the last kill's replacement")
                 os.kill(rng.choice(pool.worker_pids()), signal.SIGKILL)
             await anyio.sleep(rng.uniform(0, 0.02))
-        with anyio.fail_after(DEADLINE_S):
-            while any(not results for results in ends.values()):
-                await anyio.sleep(0.02)
+        await wait_until(lambda: all(ends.values()), timeout=DEADLINE_S, what="every turn to end")
         stats = pool.statistics()
         await pool.aclose()
         tg.cancel_scope.cancel()

@@ -9,13 +9,13 @@ import time
 import multiprocess
 import pytest
 
-from subagents.store import Store, acquire_lease, create_session, inspect
+from subagents.store import Store, acquire_lease, create_session
 from subagents.worker import worker_entry
 from subagents.worker.protocol import (
     Cancel, Ready, Reply, Rpc, RunTurn, Shutdown, Started, TurnDone, TurnSpec, Withdraw, Withdrawn, decode, encode,
 )
 
-from ..conftest import helper
+from ..conftest import events_of, helper
 
 DEADLINE_S = 20.0
 
@@ -76,10 +76,14 @@ def test_ready_then_echo_then_shutdown(peer, tmp_path):
     assert peer.process.exitcode == 0
 
 
+def event_types(tmp_path, session_id: str) -> list[str]:
+    """The types of the events in the session's log (of the store ``session`` creates)."""
+    return [e["type"] for e in events_of(Store(tmp_path / "store", durability="none", create=False), session_id)]
+
+
 def wait_for_turn_start(tmp_path, session_id: str) -> None:
-    st = Store(tmp_path / "store", durability="none", create=False)
     deadline = time.monotonic() + DEADLINE_S
-    while "turn/start" not in [e["type"] for e in inspect(st, session_id).events]:
+    while "turn/start" not in event_types(tmp_path, session_id):
         assert time.monotonic() < deadline, "the turn never started"
         time.sleep(0.005)  # polling a file condition under a deadline
 
@@ -144,8 +148,7 @@ def test_shutdown_with_a_resident_turn_exits_cleanly(peer, tmp_path):
     assert (done.outcome.stop_reason, done.outcome.diagnostic) == ("aborted", "the turn was cancelled (shutdown)")
     peer.process.join(DEADLINE_S)
     assert peer.process.exitcode == 0
-    st = Store(tmp_path / "store", durability="none", create=False)
-    assert inspect(st, "01SLEEP").events[-1]["type"] == "turn/end"
+    assert event_types(tmp_path, "01SLEEP")[-1] == "turn/end"
 
 
 def test_worker_exits_when_its_supervisor_goes_away(peer):
@@ -183,11 +186,6 @@ def held(tmp_path, session_id: str, gate) -> TurnSpec:
     return session(tmp_path, session_id, "script", json.dumps([{"hold": str(gate)}, {"return": "held"}]))
 
 
-def events_of(tmp_path, session_id: str) -> list[str]:
-    st = Store(tmp_path / "store", durability="none", create=False)
-    return [e["type"] for e in inspect(st, session_id).events]
-
-
 def one_running_one_waiting(peer, tmp_path):
     """Turn 1 (01FIRST) running until the returned gate opens; turn 2 (01AHEAD, echo) queued behind it."""
     peer.recv()
@@ -207,7 +205,7 @@ def test_a_queued_turn_waits_for_the_running_one_then_starts_at_once(peer, tmp_p
     from the supervisor, and ``Started`` comes before anything of it."""
     gate = one_running_one_waiting(peer, tmp_path)
     assert not peer.conn.poll(0.3), "the queued turn must wait for the running one"
-    assert events_of(tmp_path, "01AHEAD") == []
+    assert event_types(tmp_path, "01AHEAD") == []
     gate.touch()
     first, started, second = (peer.recv() for _ in range(3))
     assert (type(first), first.call_id, first.outcome.stop_reason) == (TurnDone, 1, "completed")
@@ -223,7 +221,7 @@ def test_withdraw_gives_back_a_waiting_turn_and_not_a_started_one(peer, tmp_path
     gate.touch()
     assert received(peer, 1) == [("TurnDone", 1)]
     assert not peer.conn.poll(0.3), "a withdrawn turn never runs here"
-    assert events_of(tmp_path, "01AHEAD") == []
+    assert event_types(tmp_path, "01AHEAD") == []
 
 
 def test_cancel_of_a_waiting_turn_ends_it_unwritten(peer, tmp_path):
@@ -232,7 +230,7 @@ def test_cancel_of_a_waiting_turn_ends_it_unwritten(peer, tmp_path):
     done = peer.recv()
     assert (done.call_id, done.outcome.stop_reason, done.outcome.diagnostic) == (
         2, "aborted", "the turn was cancelled (user) before it started")
-    assert events_of(tmp_path, "01AHEAD") == []
+    assert event_types(tmp_path, "01AHEAD") == []
     gate.touch()
     assert received(peer, 1) == [("TurnDone", 1)]
 
@@ -259,4 +257,4 @@ def test_shutdown_ends_a_waiting_turn_unwritten(peer, tmp_path):
     assert (running.call_id, running.outcome.diagnostic) == (1, "the turn was cancelled (shutdown)")
     peer.process.join(DEADLINE_S)
     assert peer.process.exitcode == 0
-    assert events_of(tmp_path, "01AHEAD") == []
+    assert event_types(tmp_path, "01AHEAD") == []
