@@ -5,8 +5,8 @@ Files are created 0600 and folders 0700 (the store may hold transcripts).
 folder: a reader sees the old bytes or the new bytes, never a mix. What is
 *not* guaranteed without ``durable=True``: that the new bytes survive a power
 loss (the rename may be lost; the old file then remains). ``publish_new``
-makes a file that must not exist yet, whole or not at all, from an unnamed
-file where the system has them.
+(``write_unnamed``, then ``NewFile``'s steps) makes a file that must not exist
+yet, whole or not at all, from an unnamed file where the system has them.
 
 Every open here passes ``O_NOFOLLOW``: a link planted in place of a store
 file is refused (``ELOOP``), never read or written through.
@@ -21,7 +21,8 @@ import secrets
 from .errors import DurabilityError
 
 __all__ = [
-    "FILE_MODE", "DIR_MODE", "NOFOLLOW", "make_dirs", "write_atomic", "write_new", "publish_new", "fsync_dir", "read_bytes", "pread_all",
+    "FILE_MODE", "DIR_MODE", "NOFOLLOW", "make_dirs", "write_atomic", "write_new", "publish_new", "NewFile", "write_unnamed",
+    "fsync_dir", "read_bytes", "pread_all",
 ]
 
 FILE_MODE = 0o600
@@ -94,10 +95,66 @@ def write_new(path: str, data: bytes, *, durable: bool) -> None:
 def publish_new(path: str, data: bytes, *, durable: bool) -> None:
     """Make ``path`` a new file holding ``data``; ``FileExistsError`` (nothing made) if the name is taken.
 
-    The file is written, and fsync'd when ``durable``, before it has its name,
-    then named by one ``link``, which fails if the name exists: a reader never
-    sees part of it, and two creators of one name cannot both win. The name is
-    durable only once the caller fsyncs the folder (``fsync_dir``).
+    ``write_unnamed``, then (when ``durable``) ``NewFile.sync``, then
+    ``NewFile.publish``: one file at a time. The name is durable only once
+    the caller fsyncs the folder (``fsync_dir``).
+    """
+    new_file = write_unnamed(path, data)
+    try:
+        if durable:
+            new_file.sync()
+        new_file.publish()
+    finally:
+        new_file.discard()
+
+
+class NewFile:
+    """A file written whole that does not have its name yet (``write_unnamed``).
+
+    Split in steps so a caller making several files can write them all,
+    sync them all, and only then name them (``store/session.py``): a name
+    always stands for a file already on disk, and a crash before the name
+    leaves nothing anyone lists. ``discard`` closes what is left open; after
+    ``publish`` the file stays, otherwise it goes.
+    """
+
+    def __init__(self, path: str, fd: int, temp_path: str | None) -> None:
+        self.path = path
+        self._fd = fd
+        self._temp_path = temp_path
+
+    def sync(self) -> None:
+        """fsync the file's data and size (``DurabilityError`` if it fails, never retried)."""
+        try:
+            os.fsync(self._fd)
+        except OSError as exc:
+            raise DurabilityError(f"write of {self.path} failed: {exc}", path=self.path) from exc
+
+    def publish(self) -> None:
+        """Give the file its name with one ``link``, which fails with ``FileExistsError`` if the
+        name is taken: two creators of one name cannot both win."""
+        if self._temp_path is None:
+            # ``src_dir_fd`` makes Python call ``linkat`` with AT_SYMLINK_FOLLOW (plain ``link``
+            # would link the /proc entry itself); the source path is absolute, so the fd is not used
+            os.link(f"/proc/self/fd/{self._fd}", self.path, src_dir_fd=self._fd, follow_symlinks=True)
+        else:
+            os.link(self._temp_path, self.path)
+
+    def discard(self) -> None:
+        """Close the file and remove its temporary name, if it has one (idempotent)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self._temp_path is not None:
+            try:
+                os.unlink(self._temp_path)
+            except FileNotFoundError:
+                pass
+            self._temp_path = None
+
+
+def write_unnamed(path: str, data: bytes) -> NewFile:
+    """Write ``data`` to a new file that is to be named ``path``, without giving it that name.
 
     First choice: an unnamed file (``O_TMPFILE``) in the folder of ``path``,
     named through ``/proc/self/fd``. One inode and one directory entry; a crash
@@ -106,29 +163,27 @@ def publish_new(path: str, data: bytes, *, durable: bool) -> None:
     name costs a directory insert and removal. Fallback, where the file system
     or kernel has no unnamed files or ``/proc`` is not mounted: the file is
     written under the temporary name ``.<name>.new.<pid>.<hex>`` beside it
-    (``O_EXCL``), linked, and that name removed; a crash before the link leaves
-    the temporary name behind (``fsck`` reports it).
+    (``O_EXCL``); a crash before ``discard`` leaves that name behind (``fsck``
+    reports it).
     """
+    temp_path = None
     fd = _open_unnamed(os.path.dirname(path))
-    if fd is not None:
-        try:
-            _write_whole(fd, data, path, durable=durable)
-            # ``src_dir_fd`` makes Python call ``linkat`` with AT_SYMLINK_FOLLOW (plain ``link``
-            # would link the /proc entry itself); the source path is absolute, so the fd is not used
-            os.link(f"/proc/self/fd/{fd}", path, src_dir_fd=fd, follow_symlinks=True)
-            return
-        finally:
-            os.close(fd)
-    folder, name = os.path.split(path)
-    temp_path = os.path.join(folder, f".{name}.new.{os.getpid()}.{secrets.token_hex(4)}")
+    if fd is None:
+        folder, name = os.path.split(path)
+        temp_path = os.path.join(folder, f".{name}.new.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = _open_temporary(temp_path)
+    new_file = NewFile(path, fd, temp_path)
     try:
-        write_new(temp_path, data, durable=durable)
-        os.link(temp_path, path)
-    finally:
-        try:
-            os.unlink(temp_path)  # also after a failed write: a creation that failed leaves no file
-        except FileNotFoundError:
-            pass
+        _write_whole(fd, data, path, durable=False)
+    except BaseException:
+        new_file.discard()
+        raise
+    return new_file
+
+
+def _open_temporary(temp_path: str) -> int:
+    """The fallback's file under its temporary name, open for writing (``O_EXCL``)."""
+    return os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, FILE_MODE)
 
 
 # errors of an O_TMPFILE open that mean "no unnamed files here", not "the folder is unusable"

@@ -409,8 +409,8 @@ def test_creation_publishes_one_name_and_refuses_a_taken_one(st, monkeypatch, un
     made at all where the system has unnamed files), mode 0600; creating a taken id fails with
     ``SessionExistsError`` and leaves the first session's file as it was."""
     made: list[str] = []
-    real_new = store.atomic.write_new
-    monkeypatch.setattr(store.atomic, "write_new", lambda path, data, **kw: made.append(path) or real_new(path, data, **kw))
+    real_open = store.atomic._open_temporary
+    monkeypatch.setattr(store.atomic, "_open_temporary", lambda path: made.append(path) or real_open(path))
     if not unnamed:
         monkeypatch.setattr(store.atomic, "_open_unnamed", lambda folder: None)
     store.create_session(st, "r")
@@ -473,6 +473,43 @@ def test_batch_creation_fails_per_request_and_shares_the_index_append(st, monkey
     assert store.read_header(st, "solo").parent_session is None
     assert store.read_lease(st, "a1").epoch == 1 and store.read_lease(st, "a2") is None
     assert sorted(os.listdir(st.sessions_dir)) == ["a1", "a2", "r", "solo", "taken"]
+
+
+@pytest.mark.parametrize("unnamed", [True, False], ids=["unnamed-file", "temporary-name"])
+def test_batch_creation_syncs_every_file_before_naming_any_and_fails_alone_on_a_failed_fsync(st, monkeypatch, unnamed):
+    """A batch writes its files, fsyncs each, and only then names them (no fsync waits behind
+    a name): a name never stands for a file not on disk. A file whose fsync fails is never
+    named, its request reports ``DurabilityError``, and the rest of the batch is created."""
+    store.create_session(st, "r")
+    steps: list[str] = []
+    real_fsync, real_link = os.fsync, os.link
+    syncing = set()
+
+    def spying_fsync(fd):
+        steps.append("sync")
+        if len(syncing) == 1:  # the batch's second file
+            syncing.add(fd)
+            raise OSError(errno.EIO, "injected")
+        syncing.add(fd)
+        return real_fsync(fd)
+
+    def spying_link(src, dst, *args, **kwargs):
+        steps.append(f"link {os.path.basename(dst)}")
+        return real_link(src, dst, *args, **kwargs)
+
+    if not unnamed:
+        monkeypatch.setattr(store.atomic, "_open_unnamed", lambda folder: None)
+    monkeypatch.setattr(store.atomic.os, "fsync", spying_fsync)
+    monkeypatch.setattr(store.atomic.os, "link", spying_link)
+    desc = [("subagent/descriptor", ONE_SHOT)]
+    requests = [store.session.NewSession(f"c{n}", parent_session="r", origin="subagent", created_at=float(n), events=desc) for n in (1, 2, 3)]
+    outcomes = store.session.publish_sessions(st, requests)
+    monkeypatch.undo()
+    assert steps == ["sync", "sync", "sync", "link c1", "link c3"]
+    assert [type(o).__name__ for o in outcomes] == ["CreatedSession", "DurabilityError", "CreatedSession"]
+    outcomes = store.session.commit_sessions(st, requests, outcomes)
+    assert ids(store.list_children(st, "r")) == ["c1", "c3"]
+    assert sorted(os.listdir(st.sessions_dir)) == ["c1", "c3", "r"]  # no temporary name is left
 
 
 def test_batch_creation_rolls_back_the_members_of_a_failed_index_append(st, monkeypatch):
