@@ -15,7 +15,7 @@ import bisect
 import os
 from typing import Iterable
 
-from .errors import AmbiguousIdError, SessionNotFoundError
+from .errors import AmbiguousIdError
 from .ids import is_valid_session_id
 from .root import Store
 

@@ -199,9 +199,9 @@ class LoadedConfig:
 def env_variables() -> dict[str, str]:
     """Every variable this loader reads, and the key it sets (for help texts)."""
     out = {ENV_CONFIG: "the deployment file", ENV_STORE: "store.path", ENV_RAY_ADDRESS: "ray.address"}
-    for field in SupervisorConfig.model_fields:
-        if field not in _NESTED:
-            out[ENV_PREFIX + field.upper()] = f"supervisor.{field}"
+    for name in SupervisorConfig.model_fields:
+        if name not in _NESTED:
+            out[ENV_PREFIX + name.upper()] = f"supervisor.{name}"
     return out
 
 

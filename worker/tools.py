@@ -9,9 +9,8 @@ own tools to ``Toolbox`` the same way.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 from .errors import ToolDeniedError
 

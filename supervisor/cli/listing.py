@@ -26,7 +26,6 @@ from subagents.store import (
     list_descendants,
     DEFAULT_ROOT_LIMIT,
     find_roots,
-    list_roots,
     short_ids,
 )
 
