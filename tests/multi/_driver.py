@@ -348,6 +348,10 @@ class Driver:
         return self.proc.returncode
 
     def _close_pipes(self) -> None:
+        # the host has ended: let the reader see the end of its output before the file goes away
+        # (closing it under a read in progress raises in the reader); a worker that still holds
+        # the pipe open keeps the reader blocked, so the wait is bounded
+        self._reader.join(timeout=2)
         for pipe in (self.proc.stdin, self.proc.stdout):
             try:
                 if pipe is not None:
