@@ -24,10 +24,10 @@ turn into lost ``tool/call`` records. That figure is still printed.
 * contended: two processes appending to ONE session at epoch 0 under
   ``strict``, per-append latency, p99.9.
 * lock comparison: two processes running ``lock + os.write + fsync +
-  unlock`` with ``store.locks.file_lock`` (filelock, 1 ms poll; what the store
-  uses for creation / leases / index) versus ``fcntl.flock`` on a held
-  descriptor (what ``LogWriter.append`` uses); plus the uncontended cost of
-  one acquire + release of each.
+  unlock`` with ``filelock`` (1 ms poll, the 30 s timeout the store's polled
+  locks use) versus ``fcntl.flock`` on a held descriptor (what
+  ``LogWriter.append`` and the index appends use); plus the uncontended cost
+  of one acquire + release of each.
 
 Throughputs are the median over rounds (the measurements are interleaved
 round by round so disk drift hits every contender alike); latency
@@ -39,6 +39,7 @@ The last stdout line is one JSON object ``{"benchmark": "store_append", ...}``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import gc
 import json
@@ -47,18 +48,17 @@ import os
 import shutil
 import sqlite3
 import statistics
-import sys
 import tempfile
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from _common import REPO, percentile, temp_base  # noqa: E402  (first: puts the repository on sys.path)
 
+import filelock  # noqa: E402
 import msgpack  # noqa: E402
 
 from subagents.store import LogWriter, Store, create_session, delete_session, encode_record, inspect, new_id  # noqa: E402
 from subagents.store.projection import write_cache  # noqa: E402
-from subagents.store.locks import file_lock, make_filelock  # noqa: E402
 
 NAME = "store_append"
 EVENT_TYPE = "assistant/message"
@@ -74,6 +74,18 @@ GOALS = {
 
 
 # -- helpers -----------------------------------------------------------------------
+
+
+def make_filelock(path: str) -> filelock.FileLock:
+    """A ``filelock.FileLock`` as a polling lock would be set up: 30 s timeout, 1 ms poll, never deleted."""
+    return filelock.FileLock(path, timeout=30.0, mode=0o600, thread_local=False, poll_interval=0.001,
+                             preserve_lock_file=True, fallback_to_soft=False)
+
+
+@contextlib.contextmanager
+def file_lock(path: str) -> Iterator[None]:
+    with make_filelock(path):
+        yield
 
 
 def record_bytes() -> bytes:
@@ -305,7 +317,7 @@ def uncontended_lock_us(root: str, seconds: float) -> dict[str, float]:
     open(path, "ab").close()
 
     def fresh_filelock(i: int) -> None:
-        with file_lock(path):  # a new FileLock per use, as store/index.py and store/lease.py do
+        with file_lock(path):  # a new FileLock per use
             pass
 
     held = make_filelock(path)

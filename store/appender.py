@@ -34,18 +34,31 @@ from .atomic import FILE_MODE, NOFOLLOW
 from .errors import CorruptSessionError, SubagentError, UnavailableSessionError
 from .framing import FRAME, Check, encode_record, find_committed, scan, scan_all, zeros_from
 from .session_file import block_padding
-from .locks import SessionFlock
 from .root import Store
 
-__all__ = ["Lock", "WIDEST_SEQ", "append_record", "append_records", "append_durably", "frame_record", "open_appendable"]
+__all__ = ["Lock", "SelfLocked", "WIDEST_SEQ", "append_record", "append_records", "append_durably", "frame_record", "open_appendable"]
 
 
 class Lock(Protocol):
-    """What ``append_durably`` holds: a session's lock (``SessionLock``) or an index's (``SessionFlock``)."""
+    """The caller's lock ``append_durably`` appends under: a session's (``SessionLock``)."""
 
     def acquire(self) -> None: ...
 
     def release(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class SelfLocked(Protocol):
+    """What ``append_durably`` appends through under the file's own lock: an index (``store/index_file.py``)."""
+
+    @property
+    def fd(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    def acquire(self) -> None: ...
 
     def close(self) -> None: ...
 
@@ -134,10 +147,11 @@ def frame_record(record: dict[str, Any], limit: int, key: str, too_large: str | 
 
 def append_durably(
     store: Store, path: str, record: dict[str, Any] | Sequence[dict[str, Any]], *, key: str, owner: str, what: str,
-    lock: Lock | None = None, lock_path: str | None = None, check: Check | None = None, skip_damage: bool = False, too_large: str | None = None,
+    lock: Lock | None = None, index: SelfLocked | None = None, check: Check | None = None, skip_damage: bool = False, too_large: str | None = None,
     durable: bool = True, keep: Callable[[dict[str, Any]], bool] | None = None,
 ) -> int | None:
-    """Under ``lock`` (the caller's, who closes it; or a ``SessionFlock`` on ``lock_path``): append ``record`` (or a
+    """Under ``lock`` (the caller's, who closes it), or under ``index``'s own lock (an index file, which
+    this closes: ``store/index_file.py``): append ``record`` (or a
     sequence of records, in one write) and make it durable under the store's policy (strict
     and batched both fsync before returning; ``durable=False``: never, for a record whose
     loss only costs a re-derivation). Returns the (first) record's seq.
@@ -149,23 +163,37 @@ def append_durably(
     records = [record] if isinstance(record, dict) else list(record)
     for one in records:  # refused before the lock, the file or its tail are touched; the widest seq bounds the size
         frame_record({**one, "seq": WIDEST_SEQ}, store.max_record_bytes, key, too_large)
-    held: Lock = lock if lock is not None else SessionFlock(lock_path or path + ".lock")
-    held.acquire()
+    if index is not None:
+        try:
+            index.acquire()
+            return _append_held(store, index.fd, index.size, records, key=key, owner=owner, what=what, check=check,
+                                skip_damage=skip_damage, too_large=too_large, durable=durable, keep=keep)
+        finally:
+            index.close()
+    assert lock is not None, "append_durably needs the caller's lock or an index file"
+    lock.acquire()
     try:
-        if keep is not None:
-            records = [one for one in records if keep(one)]
-            if not records:
-                return None
         fd, info = open_appendable(path, owner=owner, key=key)
         try:
-            seq = append_records(fd, records, tails=store.index_tails, key=key, owner=owner, limit=store.max_record_bytes,
-                                 check=check, skip_damage=skip_damage, too_large=too_large, size=info.st_size)
-            if durable:
-                store.durability.commit_append(fd, what)
+            return _append_held(store, fd, info.st_size, records, key=key, owner=owner, what=what, check=check,
+                                skip_damage=skip_damage, too_large=too_large, durable=durable, keep=keep)
         finally:
             os.close(fd)
     finally:
-        held.release()
-        if lock is None:
-            held.close()
+        lock.release()
+
+
+def _append_held(
+    store: Store, fd: int, size: int, records: list[dict[str, Any]], *, key: str, owner: str, what: str, check: Check | None,
+    skip_damage: bool, too_large: str | None, durable: bool, keep: Callable[[dict[str, Any]], bool] | None,
+) -> int | None:
+    """``append_durably``'s critical section: the file is open on ``fd`` and locked."""
+    if keep is not None:
+        records = [one for one in records if keep(one)]
+        if not records:
+            return None
+    seq = append_records(fd, records, tails=store.index_tails, key=key, owner=owner, limit=store.max_record_bytes,
+                         check=check, skip_damage=skip_damage, too_large=too_large, size=size)
+    if durable:
+        store.durability.commit_append(fd, what)
     return seq

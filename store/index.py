@@ -25,13 +25,13 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from .atomic import read_bytes, write_atomic
 from .appender import append_durably
 from .framing import encode_record, scan_all
 from .ids import is_valid_session_id
-from .locks import SessionFlock, file_lock
+from .index_file import IndexFile, rebuilding
 from .header import SessionHeader
 from .identity import read_identity
 from .index_writers import IndexWriters
@@ -100,12 +100,21 @@ class IndexRead:
         return bool(self.problems)
 
 
-def _append(store: Store, parent_id: str, record: dict[str, Any] | list[dict[str, Any]], *, durable: bool = True) -> None:
-    # a blocking flock, not filelock: many creators of one parent's children queue
-    # in the kernel instead of polling (filelock's poll stalled waiters under load)
-    path = store.children_index_path(parent_id)
-    append_durably(store, path, record, lock_path=path + ".lock", key=f"index/children/{parent_id}", owner=parent_id,
-                   what=f"children index of {parent_id}", skip_damage=True, durable=durable)
+def _append(
+    store: Store, parent_id: str, record: dict[str, Any] | list[dict[str, Any]], *, durable: bool = True,
+    keep: Callable[[dict[str, Any]], bool] | None = None,
+) -> None:
+    # a blocking flock: many creators of one parent's children queue in the kernel
+    # instead of polling (filelock's poll stalled waiters under load)
+    append_durably(store, store.children_index_path(parent_id), record, index=_index_file(store, parent_id),
+                   key=f"index/children/{parent_id}", owner=parent_id, what=f"children index of {parent_id}",
+                   skip_damage=True, durable=durable, keep=keep)
+
+
+def _index_file(store: Store, parent_id: str) -> IndexFile:
+    """``parent_id``'s index, not yet open (``IndexFile``: it is its own lock)."""
+    key = f"index/children/{parent_id}"
+    return IndexFile(store.children_index_path(parent_id), owner=parent_id, key=key, tails=store.index_tails)
 
 
 def add_child(store: Store, parent_id: str, child_id: str, *, created_at: float, origin: str | None,
@@ -121,39 +130,29 @@ def add_children(store: Store, parent_id: str, children: list[IndexEntry]) -> No
 def remove_child(store: Store, parent_id: str, child_id: str, *, if_gone: bool = False) -> None:
     """Tombstone ``child_id``; ``if_gone``: only when its header does not exist (checked under the lock)."""
     keep = (lambda record: not store.exists(record["id"])) if if_gone else None
-    path = store.children_index_path(parent_id)
-    append_durably(store, path, {"id": child_id, "removed": True}, lock_path=path + ".lock", key=f"index/children/{parent_id}",
-                   owner=parent_id, what=f"children index of {parent_id}", skip_damage=True, keep=keep)
+    _append(store, parent_id, {"id": child_id, "removed": True}, keep=keep)
 
 
 def drop_index(store: Store, parent_id: str) -> bool:
-    """Remove the index file (and its lock file) of a parent that no longer exists; whether it did.
+    """Remove the index file of a parent that no longer exists; whether it did.
 
     For ``gc``, once ``parent_id`` and all of its children are in the trash. Checked under the
-    index's lock: a parent re-created with the same id keeps its index. Not guaranteed: an
-    appender that opened the lock file before it was removed, racing a second appender, for a
-    parent re-created with this id in that instant (ids are fresh; only an explicit re-use can).
+    index's lock: a parent re-created with the same id keeps its index, and an appender that
+    waited for the lock finds the file it locked unlinked and appends to a new one
+    (``store/index_file.py``).
     """
     path = store.children_index_path(parent_id)
     if not os.path.lexists(path):
         return False
-    lock = SessionFlock(path + ".lock")
-    try:
-        with lock:
-            if store.exists(parent_id):
-                return False
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                return False
-            store.index_tails.pop(f"index/children/{parent_id}", None)
-            try:
-                os.unlink(path + ".lock")
-            except FileNotFoundError:
-                pass
-            return True
-    finally:
-        lock.close()
+    with _index_file(store, parent_id):
+        if store.exists(parent_id):
+            return False
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return False
+        store.index_tails.pop(f"index/children/{parent_id}", None)
+        return True
 
 
 def mark_active(store: Store, parent_id: str, child_id: str) -> None:
@@ -260,12 +259,12 @@ def reindex(store: Store) -> dict[str, list[str]]:
     for parent_id, entries in groups.items():
         entries.sort(key=lambda e: (e.created_at, e.id))
         blob = b"".join(encode_record({"seq": i, **e.creation_record()}) for i, e in enumerate(entries))
-        with file_lock(store.children_index_path(parent_id) + ".lock"):
+        with rebuilding(_index_file(store, parent_id)):
             write_atomic(store.children_index_path(parent_id), blob, durable=store.durability.syncs_at_commit)
             store.index_tails.pop(f"index/children/{parent_id}", None)
         result[parent_id] = [e.id for e in entries]
     for name in os.listdir(store.children_index_dir):
         if is_valid_session_id(name) and name not in groups:
-            with file_lock(store.children_index_path(name) + ".lock"):
+            with rebuilding(_index_file(store, name)):
                 os.unlink(store.children_index_path(name))
     return result

@@ -1,14 +1,20 @@
-"""Converting a store of an older format version to version 3 in place (``subagents store migrate``).
+"""Converting a store of an older format version to version 4 in place (``subagents store migrate``).
 
-**Version 2 to 3** changes no file but the marker: version 3 lets a session log
-and a mailbox end in zero padding (FORMAT.md §3.4, §8), which no version-2 writer
-made, so every version-2 file is a version-3 file as it is. The marker is replaced
-atomically (``write_atomic``: a kill leaves the old marker or the new one, and
-a run on the old one does it again); a version-2 build refuses the new marker,
-since it would misread a padded file's growth (it watches the file's size).
+**Version 3 to 4** changes no record: from version 4 the children indexes and
+the roots index are their own locks (``store/index_file.py``), so the empty
+``<name>.lock`` files beside them go. They are removed first (a kill leaves a
+store of version 3, whose builds make a missing lock file again, and the next
+run does the rest), then the marker is replaced atomically (``write_atomic``:
+a kill leaves the old marker or the new one). A version-3 build refuses the new
+marker: it would lock the files beside the indexes while this build locks the
+indexes themselves, and the two would not exclude each other.
 
-**Version 1 to 3** converts the sessions as below (the version-2 layout), then
-writes the marker of version 3.
+**Version 2 to 4** is the same: version 3 lets a session log and a mailbox end
+in zero padding (FORMAT.md §3.4, §8), which no version-2 writer made, so every
+version-2 file is a version-3 one as it is.
+
+**Version 1 to 4** converts the sessions as below (the version-2 layout), then
+removes the index lock files and writes the marker of version 4.
 
 Version 1 keeps a session in a folder ``sessions/<id>/`` (header, log, lease, identity,
 mailbox, control, ``.lock``); version 2 in one file ``sessions/<id>`` with its companions
@@ -24,12 +30,12 @@ write ``sessions/.<id>.v2`` whole and fsync it; rename the folder to ``.<id>.v1`
 ``.<id>.v2`` to ``<id>``; rename the companions out. Then one fsync of ``sessions/``, and
 only then every ``.<id>.v1`` is removed.
 
-**Crash states:** the marker says ``migrating: 3`` (``migrating: 2`` when a build of
-version 2 started the conversion: this one finishes it the same way) from the first change to the last
+**Crash states:** the marker says ``migrating: 4`` (``migrating: 2`` or ``3`` when a build of
+version 2 or 3 started the conversion: this one finishes it the same way) from the first change to the last
 (``Store`` refuses it, naming this command); a stray ``.<id>.v2`` is rewritten or removed;
 a folder without a header (a creation that crashed) is removed; a version-1 trash entry
 gets its ``session`` file before its ``header`` goes (``gc`` then finishes it as usual).
-The marker becomes ``version: 3`` only after ``sessions/`` and ``trash/`` are fsync'd.
+The marker becomes ``version: 4`` only after ``sessions/`` and ``trash/`` are fsync'd.
 Refused (``STORE_IN_USE``, nothing changed) while a supervisor's owner lives or another
 ``migrate`` runs. Who calls it: the CLI (``supervisor/cli/maintenance.py``).
 """
@@ -66,9 +72,11 @@ log = logging.getLogger(__name__)
 KILL_AFTER_ENV = "SUBAGENTS_MIGRATE_KILL_AFTER"
 _DROPPED = ("header", "log", "lease", ".lock", ".lock.queue")  # what a v1 trash entry loses once converted
 _TRASHED_FILE = "session"  # a session's file in a v2 trash entry (store/retention.py)
-# the ``migrating`` values of a conversion of version-1 folders under way: 2 when a build of version 2
-# started it (its steps are this build's), 3 when this one did
-_LAYOUT_CONVERSIONS = (2, STORE_VERSION)
+# the ``migrating`` values of a conversion of version-1 folders under way: 2 or 3 when a build of
+# version 2 or 3 started it (its steps are this build's), 4 when this one did
+_LAYOUT_CONVERSIONS = (2, 3, STORE_VERSION)
+# the versions whose files this build reads as they are: only the marker (and the index lock files) change
+_MARKER_ONLY = (2, 3)
 
 
 class StoreInUseError(SubagentError):
@@ -80,7 +88,7 @@ class StoreInUseError(SubagentError):
 @dataclass(frozen=True)
 class MigrationReport:
     root: str
-    from_version: int  # 1 (folders converted), 2 (the marker alone), or 3 when the store was already converted (nothing done)
+    from_version: int  # 1 (folders converted), 2 or 3 (the marker alone), or 4 when the store was already converted (nothing done)
     converted: int  # sessions this run converted
     already: int  # sessions found converted (an earlier, interrupted run)
     debris: int  # folders without a header (crashed creations) removed
@@ -118,8 +126,8 @@ def _read_marker(root: str) -> dict[str, Any]:
     if not isinstance(info, dict) or info.get("format") != STORE_FORMAT:
         raise StoreFormatError(f"{root} holds format {info!r}, not a {STORE_FORMAT}", path=root)
     if info.get("migrating") not in (None, *_LAYOUT_CONVERSIONS) or (
-            info.get("migrating") is None and info.get("version") not in (1, 2, STORE_VERSION)):
-        raise StoreFormatError(f"{root} is a {STORE_FORMAT} of version {info.get('version')!r}: this build converts versions 1 and 2 "
+            info.get("migrating") is None and info.get("version") not in (1, *_MARKER_ONLY, STORE_VERSION)):
+        raise StoreFormatError(f"{root} is a {STORE_FORMAT} of version {info.get('version')!r}: this build converts versions 1 to 3 "
                                f"to {STORE_VERSION}", path=root)
     return info
 
@@ -152,7 +160,7 @@ def _refuse_live_owners(root: str) -> None:
 
 
 def migrate(root: str | os.PathLike[str], *, durability: str | Durability = "batched") -> MigrationReport:
-    """Convert the store at ``root`` to format version 3 (a no-op report when it already is)."""
+    """Convert the store at ``root`` to format version 4 (a no-op report when it already is)."""
     root = os.path.abspath(os.fspath(root))
     policy = durability if isinstance(durability, Durability) else durability_policy(durability)
     _read_marker(root)  # not a store: refused before the lock
@@ -164,7 +172,7 @@ def migrate(root: str | os.PathLike[str], *, durability: str | Durability = "bat
         for folder in (root, os.path.join(root, "sessions")):
             if not os.access(folder, os.W_OK | os.X_OK):
                 raise ReadOnlyStoreError(f"cannot convert the store at {root}: {folder} is not writable", path=root)
-        if info.get("version") == 2 and info.get("migrating") is None:
+        if info.get("version") in _MARKER_ONLY and info.get("migrating") is None:
             return _marker_only(root, info, policy)
         return _Migration(root, info, policy).run()
 
@@ -175,13 +183,15 @@ def _final_marker(info: dict[str, Any]) -> dict[str, Any]:
 
 
 def _marker_only(root: str, info: dict[str, Any], policy: Durability) -> MigrationReport:
-    """Version 2 to 3: one atomic replace of the marker (every version-2 file is a version-3 file).
+    """Version 2 or 3 to 4: the index lock files go, then one atomic replace of the marker
+    (every version-2 or -3 file is a version-4 file).
 
     The owners are checked again after it, as the layout conversion does: a
-    supervisor of version 2 that opened the store meanwhile gets its marker back
-    (``STORE_IN_USE``); one that opens it from now on is refused by the new marker.
+    supervisor of an older version that opened the store meanwhile gets its marker
+    back (``STORE_IN_USE``); one that opens it from now on is refused by the new marker.
     """
     steps = _Steps()
+    _remove_index_locks(root, steps, sync=policy.syncs_at_commit)
     marker = os.path.join(root, "STORE")
     write_atomic(marker, msgpack.packb(_final_marker(info)), durable=policy.syncs_at_commit)
     steps.done()
@@ -190,8 +200,30 @@ def _marker_only(root: str, info: dict[str, Any], policy: Durability) -> Migrati
     except StoreInUseError:
         write_atomic(marker, msgpack.packb(info), durable=policy.syncs_at_commit)
         raise
-    log.info("converted %s from format version 2 to %d (the marker alone)", root, STORE_VERSION)
-    return MigrationReport(root, 2, 0, len(_published(root)), 0, 0, 0, False, steps.count)
+    version = info["version"]
+    log.info("converted %s from format version %d to %d (the marker alone)", root, version, STORE_VERSION)
+    return MigrationReport(root, version, 0, len(_published(root)), 0, 0, 0, False, steps.count)
+
+
+def _remove_index_locks(root: str, steps: _Steps, *, sync: bool) -> None:
+    """Remove the lock files versions 1 to 3 kept beside each index (``<name>.lock``, and the
+    ``<name>.lock.queue`` of early version-1 builds); idempotent. Nothing else in ``index/``
+    has a name ending so."""
+    for folder in (os.path.join(root, "index"), os.path.join(root, "index", "children")):
+        try:
+            names = sorted(os.listdir(folder))
+        except FileNotFoundError:
+            continue
+        removed = False
+        for name in names:
+            if name.endswith((".lock", ".lock.queue")):
+                path = os.path.join(folder, name)
+                if os.path.isfile(path) and not os.path.islink(path):
+                    os.unlink(path)
+                    removed = True
+                    steps.done()
+        if removed and sync:
+            fsync_dir(folder)
 
 
 def _published(root: str) -> list[str]:
@@ -214,7 +246,7 @@ class _Migration:
         resumed = self.info.get("migrating") is not None
         final = _final_marker(self.info)
         if not resumed:
-            # version 3 already: a build of version 1 or 2 refuses it too, while this run is under way
+            # version 4 already: a build of version 1 to 3 refuses it too, while this run is under way
             self._marker({**final, "migrating": STORE_VERSION})
             try:
                 _refuse_live_owners(self.root)  # a supervisor of version 1 that opened the store meanwhile
@@ -239,6 +271,7 @@ class _Migration:
             fsync_dir(self.sessions)
             if os.path.isdir(self.trash_dir):
                 fsync_dir(self.trash_dir)
+        _remove_index_locks(self.root, self.steps, sync=self.sync)
         self._marker(final)
         return MigrationReport(self.root, 1, self.converted, self.already, self.debris, self.trash, self.rebuilt, resumed,
                                self.steps.count)

@@ -28,7 +28,7 @@ from .ids import is_valid_session_id, validate_session_id
 __all__ = ["STORE_FORMAT", "STORE_VERSION", "MIGRATE_HINT", "COMPANIONS", "Store"]
 
 STORE_FORMAT = "subagents-store"
-STORE_VERSION = 3
+STORE_VERSION = 4
 # what a store of an older version (or one whose conversion was interrupted) is told to run
 MIGRATE_HINT = "run `subagents store migrate` to convert it"
 # the names a session's lazily made companion files take beside its file (``sessions/<id>.<name>``)

@@ -29,7 +29,7 @@ from .framing import encode_record, scan_all, scan_suffix
 from .ids import is_valid_session_id
 from .index import read_children
 from .lease import OwnerCache, session_status
-from .locks import file_lock
+from .index_file import IndexFile, rebuilding
 from .log import read_projection
 from .outcome import Outcome, outcome_of
 from .query import Page, Query, decode_cursor, encode_cursor, paginate, sort_key
@@ -100,8 +100,7 @@ def _write_index(store: Store, roots: list[tuple[float, str]]) -> None:
 
 def rebuild_roots(store: Store) -> list[str]:
     """Rewrite ``index/roots`` from headers (``subagents store reindex``); the root ids, oldest first."""
-    path = roots_index_path(store)
-    with file_lock(path + ".lock"):
+    with rebuilding(_index_file(store)):
         roots = _root_headers(store)
         _write_index(store, roots)
     return [sid for _, sid in roots]
@@ -111,11 +110,11 @@ def add_root(store: Store, root_id: str, created_at: float) -> None:
     """Index a root just published (its header exists). A store without the index gets it built from headers."""
     path = roots_index_path(store)
     if not os.path.lexists(path):
-        with file_lock(path + ".lock"):
-            if not os.path.lexists(path):
+        with rebuilding(_index_file(store)) as index:
+            if not index.size:  # still empty once locked: nobody built it meanwhile
                 _write_index(store, _root_headers(store))  # includes this root: its header is published
                 return
-    append_durably(store, path, {"id": root_id, "created_at": created_at}, lock_path=path + ".lock", key="index/roots",
+    append_durably(store, path, {"id": root_id, "created_at": created_at}, index=_index_file(store), key="index/roots",
                    owner="roots", what="roots index", skip_damage=True)
 
 
@@ -130,7 +129,7 @@ def compact_roots(store: Store) -> int | None:
     path = roots_index_path(store)
     if not os.path.lexists(path):
         return None
-    with file_lock(path + ".lock"):
+    with rebuilding(_index_file(store)):
         try:
             data = read_bytes(path)
         except OSError:
@@ -154,8 +153,14 @@ def remove_roots(store: Store, root_ids: list[str], *, if_gone: bool = False) ->
     path = roots_index_path(store)
     if root_ids and os.path.lexists(path):
         keep = (lambda record: not store.exists(record["id"])) if if_gone else None
-        append_durably(store, path, [{"id": sid, "removed": True} for sid in root_ids], lock_path=path + ".lock",
+        append_durably(store, path, [{"id": sid, "removed": True} for sid in root_ids], index=_index_file(store),
                        key="index/roots", owner="roots", what="roots index", skip_damage=True, keep=keep)
+
+
+def _index_file(store: Store) -> IndexFile:
+    """The roots index, not yet open (``IndexFile``: it is its own lock)."""
+    return IndexFile(roots_index_path(store), owner="roots", key="index/roots", tails=store.index_tails)
+
 
 
 def _live(records: list[dict[str, Any]]) -> list[tuple[float, str]]:

@@ -49,7 +49,7 @@ def register(verbs: Verbs) -> None:
     store.add("check", cmd_check, "check every invariant of the store (read-only; safe while it is written)",
               example="subagents store check --json")
     store.add("reindex", cmd_reindex, "rebuild the children index and the roots index from the headers", example="subagents store reindex")
-    store.add("migrate", cmd_migrate, "convert a store of format version 1 or 2 to version 3 in place (stop its supervisors first)",
+    store.add("migrate", cmd_migrate, "convert a store of format version 1, 2 or 3 to version 4 in place (stop its supervisors first)",
               example="subagents store migrate\nsubagents --store ./old-store store migrate --json")
 
     completion = verbs.add("completion", cmd_completion, "print the shell code that completes subagents' verbs and options",

@@ -34,7 +34,7 @@ from subagents.store import STORE_VERSION, Store, StoreFormatError
 from subagents.store.migrate import migrate
 from subagents.store.session_file import SessionFile
 from tests.store._support import REPO_ROOT
-from tests.store._v1_store import build_sample, snapshot
+from tests.store._v1_store import build_sample, snapshot, v3_store
 
 SESSIONS = ("c1", "c2", "c3", "r1", "r2")
 
@@ -141,7 +141,7 @@ def v2_store(root: Path) -> None:
 
 
 def test_a_kill_of_the_version_2_conversion_leaves_a_store_the_next_run_finishes(tmp_path):
-    """Version 2 to 3 is one atomic replace of the marker: killed right after it, the store is converted;
+    """Version 2 to 4 is one atomic replace of the marker: killed right after it, the store is converted;
     killed before its rename (a temporary marker left behind), it is still version 2 and the next run
     converts it. No session byte changes either way."""
     v2_store(tmp_path / "killed")
@@ -176,3 +176,29 @@ def test_a_conversion_a_version_2_build_started_is_finished(tmp_path):
     report = migrate(stopped)
     assert report.resumed
     assert snapshot(stopped) == snapshot(reference)
+
+
+def test_a_kill_of_the_version_3_conversion_at_any_step_leaves_a_store_the_next_run_finishes(tmp_path):
+    """Version 3 to 4 removes the lock files beside the indexes, then replaces the marker. Killed after
+    either removal the store is still version 3 (refused, naming the command; a version-3 build would
+    make a missing lock file again), and the next run finishes it; killed after the marker, it is done.
+    No session or index byte changes."""
+    reference = tmp_path / "reference"
+    v3_store(reference)
+    steps = migrate(reference).steps
+    assert steps == 3  # two lock files, then the marker
+    expected = snapshot(reference)
+    copies = []
+    for n in range(1, steps + 1):
+        copies.append((tmp_path / f"k{n}", n))
+        v3_store(copies[-1][0])
+    died = run_killed(copies)
+    for path, n in copies:
+        assert died[str(path)] == signal.SIGKILL, n
+        if n < steps:
+            with pytest.raises(StoreFormatError) as caught:
+                Store(path, create=False)
+            assert "subagents store migrate" in caught.value.message, n
+        migrate(path)
+        assert snapshot(path) == expected, n
+        assert Store(path, create=False).session_ids() == list(SESSIONS)

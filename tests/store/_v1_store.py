@@ -21,11 +21,12 @@ from typing import Any
 import msgpack
 
 from subagents.store.framing import encode_record
+from subagents.store.migrate import migrate
 from subagents.store.projection import Projection
 from subagents.store.root import COMPANIONS
 from subagents.store.session_file import SessionFile
 
-__all__ = ["V1Store", "demote", "snapshot", "v1_event"]
+__all__ = ["V1Store", "demote", "snapshot", "v1_event", "v3_store"]
 
 
 def v1_event(seq: int, kind: str, data: Any = None, *, ts: float = 1000.0, epoch: int = 0) -> dict[str, Any]:
@@ -34,6 +35,10 @@ def v1_event(seq: int, kind: str, data: Any = None, *, ts: float = 1000.0, epoch
 
 def _framed(records: list[dict[str, Any]]) -> bytes:
     return b"".join(encode_record(r) for r in records)
+
+
+def _touch(path: str) -> None:
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
 
 
 def _write(path: str, data: bytes) -> None:
@@ -114,6 +119,7 @@ class V1Store:
         return where
 
     def root_entry(self, session_id: str, created_at: float = 1000.0) -> None:
+        _touch(os.path.join(self.root, "index", "roots.lock"))  # versions 1 to 3 locked a file beside each index
         with open(os.path.join(self.root, "index", "roots"), "ab") as out:
             out.write(encode_record({"id": session_id, "created_at": created_at, "seq": self.roots_seq}))
         self.roots_seq += 1
@@ -123,6 +129,7 @@ class V1Store:
         record: dict[str, Any] = {"seq": seq, "id": child, "created_at": created_at, "origin": "subagent", "mode": mode}
         if label is not None:
             record["label"] = label
+        _touch(os.path.join(self.root, "index", "children", f"{parent}.lock"))
         with open(os.path.join(self.root, "index", "children", parent), "ab") as out:
             out.write(encode_record(record))
         self.children_seq[parent] = seq + 1
@@ -220,3 +227,19 @@ def build_sample(root: str | os.PathLike[str]) -> dict[str, Any]:
     v1.child_entry("r1", "c2", mode="continuable", label="helper", created_at=1000.1)
     v1.child_entry("r1", "c3", mode="one-shot", label="worker", created_at=1000.2)
     return {"events": events, "torn": torn, "epochs": {"r1": 1, "c1": 1, "c2": 2, "c3": 3}}
+
+
+def v3_store(root: str | os.PathLike[str]) -> list[str]:
+    """A store as a build of version 3 left it: ``build_sample`` converted, an empty lock file beside each
+    index (version 3 locked those, not the indexes), its marker at version 3. The lock files' paths."""
+    build_sample(root)
+    migrate(root)
+    locks = [os.path.join(root, "index", "roots.lock"), os.path.join(root, "index", "children", "r1.lock")]
+    for path in locks:
+        open(path, "ab").close()
+    marker = os.path.join(root, "STORE")
+    with open(marker, "rb") as handle:
+        info = msgpack.unpackb(handle.read())
+    with open(marker, "wb") as handle:
+        handle.write(msgpack.packb({**info, "version": 3}))
+    return locks

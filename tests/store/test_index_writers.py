@@ -11,7 +11,7 @@ from subagents import store
 from subagents.store.framing import scan_all
 from subagents.store.index import Settled, drop_index, mark_settled
 from subagents.store.index_writers import IndexWriters
-from subagents.store.locks import SessionFlock
+from subagents.store.index_file import IndexFile
 
 from ._support import ONE_SHOT, make_child, read_file
 
@@ -36,15 +36,15 @@ def open_indexes(st):
 
 
 def test_a_row_after_the_index_was_dropped_and_made_again_lands_in_the_new_file(st):
-    """``drop_index`` unlinks the index and its lock file while a worker keeps both open: the next
-    row goes to the file readers read, under the lock other appenders take."""
+    """``drop_index`` unlinks the index while a worker keeps it open: the next row goes to the file
+    readers read, under the lock other appenders take (the new file's own)."""
     writers = IndexWriters(st)
     store.add_child(st, "p", "c1", created_at=1.0, origin="subagent")
     mark_settled(st, "p", "c1", ROW, writers=writers)
     assert settled_ids(st, "p") == ["c1"]
     assert drop_index(st, "p")  # "p" has no session of its own: gone, as gc leaves it
-    store.add_child(st, "p", "c2", created_at=2.0, origin="subagent")  # a new index and a new lock file
-    lock = SessionFlock(st.children_index_path("p") + ".lock")
+    store.add_child(st, "p", "c2", created_at=2.0, origin="subagent")  # a new index
+    lock = IndexFile(st.children_index_path("p"), owner="p", key="index/children/p")
     lock.acquire()
     done = threading.Event()
 
@@ -55,7 +55,7 @@ def test_a_row_after_the_index_was_dropped_and_made_again_lands_in_the_new_file(
     thread = threading.Thread(target=settle)
     thread.start()
     try:
-        # the row waits for the new lock file's holder (a kept descriptor of the removed one would not)
+        # the row waits for the new file's lock holder (a kept descriptor of the removed one would not)
         assert not done.wait(0.3)
         assert settled_ids(st, "p") == []
     finally:
@@ -115,7 +115,7 @@ def test_kept_descriptors_are_bounded_and_closed(st):
     for parent in ("p1", "p2", "p3"):
         store.add_child(st, parent, "c", created_at=1.0, origin="subagent")
         mark_settled(st, parent, "c", ROW, writers=writers)
-    assert open_indexes(st) == ["p2", "p2.lock", "p3", "p3.lock"]  # p1's were closed
+    assert open_indexes(st) == ["p2", "p3"]  # p1's was closed
     writers.close()
     assert open_indexes(st) == []
     mark_settled(st, "p1", "c", ROW, writers=writers)  # usable after close: opens again

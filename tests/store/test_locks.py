@@ -9,7 +9,6 @@ moved to the trash meanwhile finds it gone and writes nothing.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import signal
 import subprocess
@@ -22,7 +21,6 @@ import pytest
 
 from subagents import store
 from subagents.store import locks
-from subagents.store.locks import SessionFlock, file_lock
 from subagents.store.session_file import SessionFile, SessionLock
 
 from ..session_bytes import file_bytes
@@ -160,26 +158,3 @@ def test_a_waiter_whose_session_gc_moved_finds_it_gone_and_writes_nothing(st, wh
     with open(trashed, "rb") as handle:
         assert handle.read() == before
     assert os.listdir(st.sessions_dir) == []
-
-
-def test_session_flock_and_filelock_exclude_each_other(tmp_path):
-    """The indexes' locks: both are flock on the same ``.lock`` file, so filelock's holder keeps a
-    SessionFlock out and the reverse."""
-    path = str(tmp_path / ".lock")
-    lock = SessionFlock(path)
-    try:
-        with file_lock(path):
-            thread, got, _ = in_thread(lambda: (lock.acquire(), lock.release()))
-            assert not got.wait(0.3), "SessionFlock and filelock did not exclude each other"
-        assert got.wait(5)
-        thread.join(5)
-        lock.acquire()
-        other = os.open(path, os.O_RDWR)
-        try:
-            with pytest.raises(BlockingIOError):
-                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        finally:
-            os.close(other)
-        lock.release()
-    finally:
-        lock.close()

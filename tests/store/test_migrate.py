@@ -1,4 +1,4 @@
-"""``migrate``: a store of format version 1 or 2 converted in place to version 3 (issue 12).
+"""``migrate``: a store of format version 1, 2 or 3 converted in place to version 4 (issue 12).
 
 The version-1 stores are written byte for byte (``_v1_store.py``). After the
 conversion every session reads as it did: the same events (a torn tail stays
@@ -23,7 +23,7 @@ from subagents.store.fsck import fsck
 from subagents.store.lease import host_identity, process_start_time
 from subagents.store.migrate import StoreInUseError, migrate
 
-from ._v1_store import ONE_SHOT, V1Store, build_sample, demote, snapshot, v1_event
+from ._v1_store import ONE_SHOT, V1Store, build_sample, demote, snapshot, v1_event, v3_store
 
 
 def test_a_v1_store_is_refused_with_the_command_that_converts_it(tmp_path):
@@ -96,7 +96,7 @@ def test_a_second_run_is_a_no_op(tmp_path):
     migrate(tmp_path / "s")
     after = snapshot(tmp_path / "s")
     report = migrate(tmp_path / "s")
-    assert (report.from_version, report.converted, report.already, report.steps) == (3, 0, 5, 0)
+    assert (report.from_version, report.converted, report.already, report.steps) == (4, 0, 5, 0)
     assert snapshot(tmp_path / "s") == after
 
 
@@ -186,7 +186,7 @@ def test_the_cli_converts_and_says_what_it_did(tmp_path):
     done = cli("--store", str(tmp_path / "s"), "store", "migrate", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines() == [
-        "converted to format version 3: 5 sessions converted, 0 already converted, 1 crashed creations removed, 1 trash entries converted"]
+        "converted to format version 4: 5 sessions converted, 0 already converted, 1 crashed creations removed, 1 trash entries converted"]
     again = cli("--store", str(tmp_path / "s"), "store", "migrate", "--json", cwd=tmp_path)
     assert again.returncode == 0 and json.loads(again.stdout)["already"] == 5
     assert cli("--store", str(tmp_path / "s"), "ls", cwd=tmp_path).returncode == 0
@@ -242,7 +242,7 @@ def test_a_link_in_a_sessions_place_is_never_followed(tmp_path):
 
 
 def test_a_version_2_store_is_converted_by_its_marker_alone(tmp_path):
-    """Every version-2 session file is a version-3 file: the conversion rewrites the marker and nothing else,
+    """Every version-2 session file is a version-4 file: the conversion rewrites the marker and nothing else,
     keeps its record limit, and a writer of the converted store pads the logs it appends to."""
     build_sample(tmp_path / "s")
     migrate(tmp_path / "s")
@@ -254,9 +254,9 @@ def test_a_version_2_store_is_converted_by_its_marker_alone(tmp_path):
         Store(tmp_path / "s", create=False)
     assert "subagents store migrate" in caught.value.message and "version 2" in caught.value.message
     report = migrate(tmp_path / "s")
-    assert (report.from_version, report.to_version, report.converted, report.already, report.steps) == (2, 3, 0, 5, 1)
+    assert (report.from_version, report.to_version, report.converted, report.already, report.steps) == (2, 4, 0, 5, 1)
     after = snapshot(tmp_path / "s")
-    assert msgpack.unpackb(after.pop("STORE")) == {"format": "subagents-store", "version": 3, "max_record_bytes": 4096}
+    assert msgpack.unpackb(after.pop("STORE")) == {"format": "subagents-store", "version": 4, "max_record_bytes": 4096}
     assert after == {k: v for k, v in before.items() if k != "STORE"}
     st = Store(tmp_path / "s", create=False)
     assert [inspect(st, sid).status for sid in st.session_ids()] == ["torn", "clean", "clean", "clean", "clean"]
@@ -324,3 +324,25 @@ def test_a_supervisor_that_opened_the_store_during_the_marker_change_gets_its_ma
     after = snapshot(tmp_path / "s")
     assert {k: v for k, v in after.items() if "lateOwner" not in k} == before
     assert msgpack.unpackb(after["STORE"])["version"] == version
+
+
+def test_a_version_3_store_loses_its_index_lock_files_and_nothing_else(tmp_path):
+    """Version 4 locks each index itself: the conversion removes the lock files version 3 kept beside
+    them, then replaces the marker. No session or index byte changes, and the converted store appends
+    to an index without making a lock file again."""
+    locks = v3_store(tmp_path / "s")
+    before = snapshot(tmp_path / "s")
+    with pytest.raises(StoreFormatError) as caught:
+        Store(tmp_path / "s", create=False)
+    assert "subagents store migrate" in caught.value.message and "version 3" in caught.value.message
+    report = migrate(tmp_path / "s")
+    assert (report.from_version, report.to_version, report.converted, report.already, report.steps) == (3, 4, 0, 5, 3)
+    after = snapshot(tmp_path / "s")
+    assert msgpack.unpackb(after.pop("STORE"))["version"] == 4
+    gone = {os.path.relpath(p, tmp_path / "s") for p in locks}
+    assert after == {k: v for k, v in before.items() if k != "STORE" and k not in gone}
+    st = Store(tmp_path / "s", create=False)
+    store.create_session(st, "c4", parent_session="r1", origin="subagent", events=[("subagent/descriptor", ONE_SHOT)])
+    assert [r.id for r in list_children(st, "r1")] == ["c1", "c2", "c3", "c4"]
+    assert sorted(os.listdir(os.path.join(st.root, "index", "children"))) == ["r1"]
+    assert migrate(tmp_path / "s").steps == 0

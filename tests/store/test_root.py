@@ -16,8 +16,8 @@ from ._support import ONE_SHOT, make_child, write_file
 def test_marker_and_layout(tmp_path):
     """Opening an absent folder creates the marker and the three top-level folders."""
     st = store.Store(tmp_path / "s")
-    assert msgpack.unpackb(open(os.path.join(st.root, "STORE"), "rb").read()) == {"format": "subagents-store", "version": 3, "max_record_bytes": 16 * 1024 * 1024}
-    assert (store.STORE_FORMAT, store.STORE_VERSION) == ("subagents-store", 3)
+    assert msgpack.unpackb(open(os.path.join(st.root, "STORE"), "rb").read()) == {"format": "subagents-store", "version": 4, "max_record_bytes": 16 * 1024 * 1024}
+    assert (store.STORE_FORMAT, store.STORE_VERSION) == ("subagents-store", 4)
     for sub in ("sessions", "owners", os.path.join("index", "children")):
         assert os.path.isdir(os.path.join(st.root, sub))
     again = store.Store(tmp_path / "s", create=False)
@@ -26,10 +26,12 @@ def test_marker_and_layout(tmp_path):
 
 @pytest.mark.parametrize(
     "marker",
-    [msgpack.packb({"format": "other", "version": 3}), msgpack.packb({"format": "subagents-store", "version": 4}),
+    [msgpack.packb({"format": "other", "version": 4}), msgpack.packb({"format": "subagents-store", "version": 5}),
      msgpack.packb({"format": "subagents-store", "version": 1}), msgpack.packb({"format": "subagents-store", "version": 2}),
+     msgpack.packb({"format": "subagents-store", "version": 3}),
      msgpack.packb({"format": "subagents-store", "version": 2, "migrating": 2}),
      msgpack.packb({"format": "subagents-store", "version": 3, "migrating": 3}),
+     msgpack.packb({"format": "subagents-store", "version": 4, "migrating": 4}),
      msgpack.packb({"format": "subagents-store", "version": True}), msgpack.packb([1]), b"\xc1garbage"],
 )
 def test_foreign_marker_is_refused(tmp_path, marker):
@@ -41,8 +43,10 @@ def test_foreign_marker_is_refused(tmp_path, marker):
         store.Store(tmp_path / "s")
     assert info.value.code == "STORE_FORMAT"
     older = marker in (msgpack.packb({"format": "subagents-store", "version": 1}), msgpack.packb({"format": "subagents-store", "version": 2}),
+                       msgpack.packb({"format": "subagents-store", "version": 3}),
                        msgpack.packb({"format": "subagents-store", "version": 2, "migrating": 2}),
-                       msgpack.packb({"format": "subagents-store", "version": 3, "migrating": 3}))
+                       msgpack.packb({"format": "subagents-store", "version": 3, "migrating": 3}),
+                       msgpack.packb({"format": "subagents-store", "version": 4, "migrating": 4}))
     assert ("subagents store migrate" in info.value.message) == older, info.value.message
 
 
