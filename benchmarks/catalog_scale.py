@@ -146,7 +146,7 @@ def _write_new(path: str, data: bytes) -> None:
 class Builder:
     """Writes sessions in the real format, as ``create_session`` followed by one
     ``LogWriter`` (epoch 0) append + commit of ``later`` would, without the
-    per-file tmp/rename, the index filelock and the index rescan per child.
+    per-file tmp/rename, the index lock and the index rescan per child.
 
     Index files are written by ``finish()``.
     """
@@ -228,13 +228,11 @@ class Builder:
     def finish(self) -> None:
         for parent_id, entries in self.index.items():
             path = self.store.children_index_path(parent_id)
-            _write_new(path, b"".join(entries))
-            _write_new(path + ".lock", b"")  # filelock's preserved lock file from add_child
+            _write_new(path, b"".join(entries))  # its own lock: no lock file beside it (format 4)
         self.index.clear()
         if self.roots:
             path = roots_index_path(self.store)
             _write_new(path, b"".join(self.roots))
-            _write_new(path + ".lock", b"")  # the lock file add_root leaves
             self.roots.clear()
 
 
