@@ -128,7 +128,12 @@ def add_children(store: Store, parent_id: str, children: list[IndexEntry]) -> No
 
 
 def remove_child(store: Store, parent_id: str, child_id: str, *, if_gone: bool = False) -> None:
-    """Tombstone ``child_id``; ``if_gone``: only when its header does not exist (checked under the lock)."""
+    """Tombstone ``child_id``; ``if_gone``: only when its header does not exist (checked under the lock).
+
+    A parent without an index lists no child: nothing to hide, and no index is made for it
+    (an entry is appended only by the child's creator, which tombstones after its own append)."""
+    if not os.path.lexists(store.children_index_path(parent_id)):
+        return
     keep = (lambda record: not store.exists(record["id"])) if if_gone else None
     _append(store, parent_id, {"id": child_id, "removed": True}, keep=keep)
 

@@ -14,7 +14,7 @@ import pytest
 from subagents import store
 from subagents.store.atomic import write_atomic
 from subagents.store.framing import encode_record, scan_all
-from subagents.store.index import drop_index
+from subagents.store.index import drop_index, remove_child
 from subagents.store.index_file import IndexFile
 
 from ._support import ONE_SHOT, REPO_ROOT, make_child, read_file
@@ -143,3 +143,11 @@ def test_no_entry_is_lost_while_processes_append_and_the_index_is_replaced_again
     assert replaced >= 3
     listed = {e.id for e in store.read_children(st, "p")}
     assert listed == {"first"} | {f"{tag}x{i}" for tag in "abc" for i in range(per_process)}
+
+
+def test_a_tombstone_for_a_parent_without_an_index_makes_no_file(st):
+    """A parent with no index lists no child, so a tombstone has nothing to hide: no index file is
+    made for it (locking the index would otherwise create an empty one)."""
+    remove_child(st, "p", "c1")
+    remove_child(st, "p", "c1", if_gone=True)
+    assert os.listdir(st.children_index_dir) == []
