@@ -1,7 +1,8 @@
 """Appending one record to a framed file that several processes append to.
 
-Used by the mailbox, the control file and the children index, under the
-caller's lock. The caller's ``Store`` keeps a checkpoint per file (byte
+Used by the mailbox and the control file under the caller's lock (the
+session's), and by the children and roots indexes under the index file's own
+lock (``store/index_file.py``). The caller's ``Store`` keeps a checkpoint per file (byte
 offset and next seq after its last append): the next append scans only what
 other processes added since, so an append costs O(1) in the file's length
 instead of a full re-read. The checkpoint is a hint: if it no longer falls on
