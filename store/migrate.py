@@ -88,7 +88,7 @@ class StoreInUseError(SubagentError):
 @dataclass(frozen=True)
 class MigrationReport:
     root: str
-    from_version: int  # 1 (folders converted), 2 or 3 (the marker alone), or 4 when the store was already converted (nothing done)
+    from_version: int  # 1 (folders converted), 2 or 3 (lock files and marker), or 4 when the store was already converted (nothing done)
     converted: int  # sessions this run converted
     already: int  # sessions found converted (an earlier, interrupted run)
     debris: int  # folders without a header (crashed creations) removed
@@ -97,6 +97,7 @@ class MigrationReport:
     resumed: bool  # this run finished an interrupted one
     steps: int  # changes made to the store
     to_version: int = STORE_VERSION  # the version the store is now
+    index_locks_removed: int = 0  # the lock files versions 1 to 3 kept beside each index, removed by this run
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -191,7 +192,7 @@ def _marker_only(root: str, info: dict[str, Any], policy: Durability) -> Migrati
     back (``STORE_IN_USE``); one that opens it from now on is refused by the new marker.
     """
     steps = _Steps()
-    _remove_index_locks(root, steps, sync=policy.syncs_at_commit)
+    removed = _remove_index_locks(root, steps, sync=policy.syncs_at_commit)
     marker = os.path.join(root, "STORE")
     write_atomic(marker, msgpack.packb(_final_marker(info)), durable=policy.syncs_at_commit)
     steps.done()
@@ -201,14 +202,15 @@ def _marker_only(root: str, info: dict[str, Any], policy: Durability) -> Migrati
         write_atomic(marker, msgpack.packb(info), durable=policy.syncs_at_commit)
         raise
     version = info["version"]
-    log.info("converted %s from format version %d to %d (the marker alone)", root, version, STORE_VERSION)
-    return MigrationReport(root, version, 0, len(_published(root)), 0, 0, 0, False, steps.count)
+    log.info("converted %s from format version %d to %d (%d index lock files removed)", root, version, STORE_VERSION, removed)
+    return MigrationReport(root, version, 0, len(_published(root)), 0, 0, 0, False, steps.count, index_locks_removed=removed)
 
 
-def _remove_index_locks(root: str, steps: _Steps, *, sync: bool) -> None:
+def _remove_index_locks(root: str, steps: _Steps, *, sync: bool) -> int:
     """Remove the lock files versions 1 to 3 kept beside each index (``<name>.lock``, and the
-    ``<name>.lock.queue`` of early version-1 builds); idempotent. Nothing else in ``index/``
-    has a name ending so."""
+    ``<name>.lock.queue`` of early version-1 builds); idempotent; how many it removed. Nothing
+    else in ``index/`` has a name ending so."""
+    count = 0
     for folder in (os.path.join(root, "index"), os.path.join(root, "index", "children")):
         try:
             names = sorted(os.listdir(folder))
@@ -221,9 +223,11 @@ def _remove_index_locks(root: str, steps: _Steps, *, sync: bool) -> None:
                 if os.path.isfile(path) and not os.path.islink(path):
                     os.unlink(path)
                     removed = True
+                    count += 1
                     steps.done()
         if removed and sync:
             fsync_dir(folder)
+    return count
 
 
 def _published(root: str) -> list[str]:
@@ -271,10 +275,10 @@ class _Migration:
             fsync_dir(self.sessions)
             if os.path.isdir(self.trash_dir):
                 fsync_dir(self.trash_dir)
-        _remove_index_locks(self.root, self.steps, sync=self.sync)
+        removed = _remove_index_locks(self.root, self.steps, sync=self.sync)
         self._marker(final)
         return MigrationReport(self.root, 1, self.converted, self.already, self.debris, self.trash, self.rebuilt, resumed,
-                               self.steps.count)
+                               self.steps.count, index_locks_removed=removed)
 
     def _marker(self, info: dict[str, Any]) -> None:
         write_atomic(os.path.join(self.root, "STORE"), msgpack.packb(info), durable=self.sync)

@@ -8,7 +8,7 @@ before anything is read.
 ``fsck`` is ``store/fsck.py`` (read-only unless ``--repair``, which only cuts
 torn tails); ``check`` is ``store/check.py`` (read-only, every invariant, safe
 while supervisors write; exit 1 on a violation); ``reindex`` rebuilds the derived children index from the
-headers; ``migrate`` converts a store of format version 1 or 2 in place (``store/migrate.py``;
+headers; ``migrate`` converts a store of format version 1, 2 or 3 in place (``store/migrate.py``;
 it opens no ``Store``: the handle refuses that version); ``config show`` prints the layered configuration and never opens
 the store; ``completion`` prints a shell's completion code (argcomplete).
 """

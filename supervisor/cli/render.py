@@ -323,8 +323,9 @@ def render_migrate(out: Output, doc: dict[str, Any]) -> None:
     if doc["from_version"] == doc["to_version"]:
         out.line(f"already format version {doc['to_version']}: {doc['already']} sessions, nothing to convert")
         return
-    if doc["from_version"] == 2:  # the marker alone: every version-2 file is a file of the new version
-        out.line(f"converted format version 2 to {doc['to_version']}: {doc['already']} sessions kept as they are")
+    if doc["from_version"] in (2, 3):  # every session and index file of those versions is one of the new version
+        out.line(f"converted format version {doc['from_version']} to {doc['to_version']}: {doc['already']} sessions kept as they are, "
+                 f"{doc['index_locks_removed']} index lock files removed")
         return
     extra = f", {doc['trash']} trash entries converted" if doc["trash"] else ""
     if doc["leases_rebuilt"]:

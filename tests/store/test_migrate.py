@@ -326,6 +326,22 @@ def test_a_supervisor_that_opened_the_store_during_the_marker_change_gets_its_ma
     assert msgpack.unpackb(after["STORE"])["version"] == version
 
 
+@pytest.mark.parametrize("version", [2, 3])
+def test_the_cli_says_what_a_version_2_or_3_conversion_did(tmp_path, version):
+    """Not the version-1 line ("0 sessions converted, 5 already converted"), which would say an earlier run
+    had converted them: the sessions stay as they are, and the lock files removed are counted."""
+    from tests.supervisor.test_cli import cli
+
+    v3_store(tmp_path / "s")
+    marker = tmp_path / "s" / "STORE"
+    marker.write_bytes(msgpack.packb({**msgpack.unpackb(marker.read_bytes()), "version": version}))
+    done = cli("--store", str(tmp_path / "s"), "store", "migrate", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines() == [
+        f"converted format version {version} to 4: 5 sessions kept as they are, 2 index lock files removed"]
+    assert json.loads(cli("--store", str(tmp_path / "s"), "store", "migrate", "--json", cwd=tmp_path).stdout)["index_locks_removed"] == 0
+
+
 def test_a_version_3_store_loses_its_index_lock_files_and_nothing_else(tmp_path):
     """Version 4 locks each index itself: the conversion removes the lock files version 3 kept beside
     them, then replaces the marker. No session or index byte changes, and the converted store appends
