@@ -216,16 +216,15 @@ def _remove_index_locks(root: str, steps: _Steps, *, sync: bool) -> int:
             names = sorted(os.listdir(folder))
         except FileNotFoundError:
             continue
-        removed = False
+        before = count
         for name in names:
             if name.endswith((".lock", ".lock.queue")):
                 path = os.path.join(folder, name)
                 if os.path.isfile(path) and not os.path.islink(path):
                     os.unlink(path)
-                    removed = True
                     count += 1
                     steps.done()
-        if removed and sync:
+        if count > before and sync:
             fsync_dir(folder)
     return count
 
