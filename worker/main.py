@@ -13,9 +13,12 @@ the moment a running turn ends or parks, without a round trip to the
 supervisor (``Started`` says so first). One still waiting is given back on
 ``Withdraw`` and ends ``aborted`` on ``Cancel`` or at shutdown, unwritten.
 
-It never outlives its supervisor: end-of-file on the pipe (the supervisor
-died, even by ``kill -9``) ends the process at once with ``os._exit`` —
-threads still burning CPU for a program die with it.
+It never outlives its supervisor: the supervisor's end of the pipe closing
+(it died, even by ``kill -9``) ends the process at once with ``os._exit`` —
+threads still burning CPU for a program die with it. The loop sees that as
+end of file; a thread blocked in ``poll`` on the pipe's hang-up sees it too,
+so a turn that holds the event loop (a program computing without awaiting)
+neither runs on for nobody nor commits its end after its host is gone.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import asyncio
 import contextvars
 import logging
 import os
+import select
 import threading
 from collections import deque
 from typing import Any, Coroutine
@@ -246,6 +250,20 @@ class _Defaults(logging.Filter):
         return True
 
 
+def _exit_at_hangup(fd: int) -> None:
+    """Thread body: wait for the pipe's hang-up (the supervisor's end closed), then end the process.
+
+    ``poll`` with no events asked still reports ``POLLHUP`` and ``POLLERR``:
+    the thread never reads (the loop owns the pipe's data) and costs nothing
+    while it waits. The GIL is the only delay: a program holding it in one
+    C call keeps the process until that call returns.
+    """
+    watcher = select.poll()
+    watcher.register(fd, 0)
+    watcher.poll()  # without a timeout it returns only with an event (a signal's EINTR is retried: PEP 475)
+    os._exit(0)
+
+
 def worker_entry(conn: Any, log_level: int = logging.WARNING, inherited: Any = None, turns_per_worker: int = 1) -> None:
     """Process target: serve the supervisor on ``conn`` until it goes away.
 
@@ -254,6 +272,7 @@ def worker_entry(conn: Any, log_level: int = logging.WARNING, inherited: Any = N
     """
     if inherited is not None:
         inherited.close()
+    threading.Thread(target=_exit_at_hangup, args=(conn.fileno(),), name="subagents-hangup", daemon=True).start()
     logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s [child=%(child)s epoch=%(epoch)s]")
     for handler in logging.getLogger().handlers:
         handler.addFilter(_Defaults())
