@@ -12,7 +12,9 @@ What is *not* guaranteed: the outcome is the log's word. A turn stopped by
 its parent (``cause = "parent"``) reads ``aborted`` whether an ancestor
 interrupted it or a drain tore its lineage down; a drain reads ``drained``
 when it dropped accepted work unrun (``message/discarded``) or its cancel
-says ``drain``.
+says ``drain``. Work dropped unrun because an interrupt stopped the turn
+before a worker took it (the discard's ``cause`` is ``user`` or ``parent``)
+reads ``aborted``, as the same interrupt of a running turn does.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ _BY_REASON: dict[str, Outcome] = {
     "refusal": "refused",
     "max-tokens": "max-tokens",
 }
+
+# a ``message/discarded`` cause that reads as a stopped turn rather than a drain
+_INTERRUPT_CAUSES = frozenset({"user", "parent"})
 
 # an error code is the diagnostic's first word before ": " (``NOT_RESUMABLE: …``, ``ValueError: …``)
 _CODE = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]{0,63}): ")
@@ -76,26 +81,32 @@ def _turn_outcome(p: Projection) -> Outcome:
     return _BY_REASON.get(reason, "error")  # an unknown reason is a failure: say so, with its text
 
 
+def _discard_outcome(p: Projection) -> Outcome:
+    """Work dropped unrun (``p.discarded`` > 0): by an interrupt (``user`` / ``parent``) or by a drain
+    (``drain``, or no cause: logs written before ``message/discarded`` said who dropped it)."""
+    return "aborted" if p.discard_cause in _INTERRUPT_CAUSES else "drained"
+
+
 def outcome_of(p: Projection, *, held: bool, root: bool = False) -> OutcomeVerdict:
     """The outcome of a session whose log folds to ``p``; ``held``: a live owner holds its lease.
 
     Rules, first match wins:
     1. a turn is open and no live owner holds the session → ``crashed``;
-    2. no turn finished: work dropped unrun → ``drained``; a live or open first turn, or a
-       root that never ran one → none yet; else ``not-started``;
-    3. accepted work dropped unrun after the last turn ended → ``drained``;
+    2. no turn finished: work dropped unrun → ``drained`` (``aborted`` when an interrupt dropped
+       it); a live or open first turn, or a root that never ran one → none yet; else ``not-started``;
+    3. accepted work dropped unrun after the last turn ended → the same as in 2;
     4. else the last ``turn/end``: see ``_turn_outcome`` (FORMAT.md "Outcomes").
     """
     if p.open_turn is not None and not held:
         return OutcomeVerdict("crashed", None, CRASHED_TEXT)
     if p.turns == 0:
         if p.discarded:
-            return OutcomeVerdict("drained")
+            return OutcomeVerdict(_discard_outcome(p))
         if p.open_turn is not None or root:
             return OutcomeVerdict(None)
         return OutcomeVerdict("not-started")
     if p.discarded:
-        return OutcomeVerdict("drained")
+        return OutcomeVerdict(_discard_outcome(p))
     outcome = _turn_outcome(p)
     if outcome == "completed":
         return OutcomeVerdict(outcome)

@@ -77,6 +77,7 @@ class Projection:
     last_diagnostic: str | None = None  # the last ``turn/end``'s diagnostic
     last_cause: str | None = None  # the last ``turn/end``'s ``cause`` (what stopped it; store/outcome.py)
     discarded: int = 0  # ``message/discarded`` records since the last ``turn/end`` (work dropped unrun)
+    discard_cause: str | None = None  # the last of those records' ``cause`` (who dropped it; store/outcome.py)
     sandbox: str | None = None  # the last ``sandbox/mode`` (a later switch wins over the delegated one)
     mailbox_end: int | None = None  # mailbox offset after the last consumed message (store/mailbox.py)
     open_node: str | None = None  # where the open turn runs (its ``turn/start``'s ``node``), when it says
@@ -108,7 +109,7 @@ class Projection:
             self.last_diagnostic = diagnostic if isinstance(diagnostic, str) else None
             cause = data.get("cause") if isinstance(data, dict) else None
             self.last_cause = cause if isinstance(cause, str) else None
-            self.discarded = 0
+            self.discarded, self.discard_cause = 0, None
             if self.timing.active_since is not None:
                 self.timing.settled_ms += max(0.0, ts - self.timing.active_since) * 1000.0
             self.timing.active_since = self.timing.active_through = None
@@ -128,6 +129,8 @@ class Projection:
                 self.consumed += 1
                 if kind == "message/discarded":
                     self.discarded += 1
+                    cause = data.get("cause")
+                    self.discard_cause = cause if isinstance(cause, str) else None
                 message_id = data.get("message_id")
                 self.last_message_id = message_id if isinstance(message_id, str) else None
                 end = data.get("mailbox_end")
@@ -202,6 +205,7 @@ class Projection:
             "last_diagnostic": self.last_diagnostic,
             "last_cause": self.last_cause,
             "discarded": self.discarded,
+            "discard_cause": self.discard_cause,
             "sandbox": self.sandbox,
             "mailbox_end": self.mailbox_end,
             "open_node": self.open_node,
@@ -247,6 +251,7 @@ class Projection:
             last_diagnostic=found.last_diagnostic,
             last_cause=found.last_cause,
             discarded=found.discarded,
+            discard_cause=found.discard_cause,
             sandbox=found.sandbox,
             mailbox_end=found.mailbox_end,
             open_node=found.open_node,
@@ -314,6 +319,7 @@ class _CacheFields(Checked):
     last_diagnostic: str | None  # required, like the two below: an older cache is refolded
     last_cause: str | None
     discarded: int = Field(ge=0)
+    discard_cause: str | None  # required: a cache written before this field existed is refolded
     sandbox: str | None
     mailbox_end: int | None  # required: a cache written before this field existed is refolded
     open_node: str | None = None  # optional: only a cache written mid-turn has one to miss

@@ -69,6 +69,7 @@ class TurnResult:
     outcome: TurnOutcome
     worker: WorkerRef | None  # the worker that took the turn; None: stopped before any did
     crashed: bool = False  # the worker died (or was killed) under the turn: its log needs repair
+    cancel_reason: str | None = None  # the reason of the cancel that stopped it (``user``, ``parent``, ...), if one did
 
     @property
     def dispatched(self) -> bool:

@@ -103,7 +103,7 @@ class Turn:
         handed to a worker ahead (it ended there unwritten: cancelled, or its worker closed or died)."""
         assert self.outcome is not None
         ran = self.worker is not None and not self.queued
-        return TurnResult(self.outcome, self.worker.ref() if ran else None, self.crashed)
+        return TurnResult(self.outcome, self.worker.ref() if ran else None, self.crashed, self.cancel_reason)
 
 
 @dataclass(eq=False)

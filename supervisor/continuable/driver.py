@@ -129,7 +129,8 @@ class Driver:
             # stopped before a worker took it, so nothing was logged: an interrupt or a
             # drain consumes it unrun (durably); closing the supervisor leaves it pending
             if not act.disposing or act.discard:
-                await rt.store_thread.run(self._discard, act, [*quiet, main])
+                cause = "drain" if act.disposing else turn.cancel_reason
+                await rt.store_thread.run(self._discard, act, [*quiet, main], cause)
         elif turn.crashed:
             await rt.store_thread.run(self._repair, act)
         elif turn.outcome.stop_reason == "error" and not turn.outcome.fenced:
@@ -184,8 +185,10 @@ class Driver:
         except SubagentError:
             log.exception("repair of %s failed", act.child_id, extra=log_fields(act))
 
-    def _discard(self, act: Activation, messages: list[MailboxMessage]) -> None:
-        """Record the head of the pending mailbox as consumed unrun (``message/discarded``)."""
+    def _discard(self, act: Activation, messages: list[MailboxMessage], cause: str | None) -> None:
+        """Record the head of the pending mailbox as consumed unrun (``message/discarded``), with who
+        dropped it (``cause``: the interrupt's reason, or ``drain``), which listings tell apart."""
+        data: dict[str, object] = {"cause": cause} if cause is not None else {}
         with LogWriter.open(self._rt.store, act.child_id, epoch=act.epoch) as writer:
-            writer.append([("message/discarded", {"message_id": m.id, "mailbox_end": m.end}) for m in messages], commit=True)
+            writer.append([("message/discarded", {"message_id": m.id, "mailbox_end": m.end, **data}) for m in messages], commit=True)
         act.cursor.advance(messages)

@@ -142,3 +142,29 @@ async def test_a_drained_running_child_with_nothing_queued_reads_drained(tmp_pat
         assert await sup.list_children(root.id, Query(outcome=frozenset({"aborted"}))) == []
         [row] = await sup.list_descendants(root.id, Query(outcome=frozenset({"drained"})))
         assert row.entry.id == child
+
+
+async def test_a_user_interrupt_of_a_turn_still_queued_reads_aborted_not_drained(tmp_path) -> None:
+    """The user stops a child whose turn waits for a worker: its message is dropped unrun, as a drain
+    drops one, but nobody drained anything: the row reads ``aborted``, as for a turn stopped mid-run,
+    and the log's ``message/discarded`` says why (``cause``)."""
+    async with open_supervisor(tmp_path, pool_size=1) as sup:
+        sup.register_provider(Provider(name="cscript", program="script", capabilities=Capabilities.all(), continuable=True))
+        root = await sup.open_root(label="queued")
+        hog = await sup.start("script", SubagentRequest(parent=root, prompt=S({"sleep": 20_000}), label="hog"))
+        await wait_until(lambda: turn_started(sup.store, hog.id), what="the hog's turn to start")
+        child, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="cscript", prompt=S({"return": "never"}), label="waiting"))
+        answer = await sup.interrupt(child, authority=UserAuthority(parent_session=root.id))
+        assert answer.outcome == "cancelled", answer
+
+        async def settled() -> bool:
+            rows = {e.id: e for e in await sup.list_children(root.id)}
+            return rows[child].status == "complete" and rows[child].outcome is not None
+
+        await wait_until(settled, what="the interrupted child to settle")
+        rows = {e.id: e for e in await sup.list_children(root.id)}
+        assert rows[child].outcome == "aborted", rows[child]
+        [dropped] = [e for e in inspect(sup.store, child).events if e["type"] == "message/discarded"]
+        assert dropped["data"]["cause"] == "user"
+        assert not turn_started(sup.store, child)
+        await hog.dispose()
