@@ -49,7 +49,9 @@ _INTERRUPT_CAUSES = frozenset({"user", "parent"})
 # an error code is the diagnostic's first word before ": " (``NOT_RESUMABLE: …``, ``ValueError: …``)
 _CODE = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]{0,63}): ")
 
+# what happens next to a crashed turn: a continuable child is resumed (crash repair closes it), a one-shot never is
 CRASHED_TEXT = "its host stopped mid-turn; the turn is closed as interrupted when the child is next resumed"
+CRASHED_ONE_SHOT_TEXT = "its host stopped mid-turn; a one-shot child is never resumed, so its work ended there"
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,8 @@ def outcome_of(p: Projection, *, held: bool, root: bool = False) -> OutcomeVerdi
     4. else the last ``turn/end``: see ``_turn_outcome`` (FORMAT.md "Outcomes").
     """
     if p.open_turn is not None and not held:
-        return OutcomeVerdict("crashed", None, CRASHED_TEXT)
+        one_shot = getattr(p.identity, "mode", None) == "one-shot"
+        return OutcomeVerdict("crashed", None, CRASHED_ONE_SHOT_TEXT if one_shot else CRASHED_TEXT)
     if p.turns == 0:
         if p.discarded:
             return OutcomeVerdict(_discard_outcome(p))

@@ -53,6 +53,9 @@ async def test_host_killed_mid_turn_reads_crashed_then_interrupted(tmp_path, hos
     rows = {e.id: e for e in list_children(st, root)}
     assert {i: (r.status, r.outcome) for i, r in rows.items()} == {cont: ("complete", "crashed"), one: ("complete", "crashed")}
     assert "host stopped mid-turn" in (rows[one].error or "")
+    # what happens next differs: a continuable child's turn is closed when it is next resumed; a one-shot is never resumed
+    assert rows[cont].error == "its host stopped mid-turn; the turn is closed as interrupted when the child is next resumed"
+    assert rows[one].error == "its host stopped mid-turn; a one-shot child is never resumed, so its work ended there"
     listing = {r["id"]: r["outcome"] for r in json.loads(cli(str(st.root), "ls", root, "--json"))}
     assert listing == {cont: "crashed", one: "crashed"}
     assert cli(str(st.root), "ls", root).count(" crashed ") == 2
