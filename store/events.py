@@ -46,12 +46,16 @@ def unknown_type(event: dict[str, Any]) -> str | None:
     return str(kind)
 
 
-def closers(open_turn: int | None, open_step: int | None, open_calls: dict[str, int]) -> list[tuple[str, dict[str, Any]]]:
+def closers(
+    open_turn: int | None, open_step: int | None, open_calls: dict[str, int], *, cause: str | None = None,
+) -> list[tuple[str, dict[str, Any]]]:
     """Events that close a turn a crash left open (the resume path's crash repair, store/FORMAT.md).
 
     Every ``tool/call`` without a ``tool/result`` gets a synthetic error result
     (``TOOL_OUTCOME_UNKNOWN``: it may or may not have run), then the open step
-    gets ``step/end``, then the turn gets ``turn/end`` ``interrupted``.
+    gets ``step/end``, then the turn gets ``turn/end`` ``interrupted``, with
+    ``cause`` when the repairer knows the worker died because the turn was
+    being stopped (a cancel it ignored): the log then says who stopped it.
     """
     if open_turn is None:
         return []
@@ -70,5 +74,8 @@ def closers(open_turn: int | None, open_step: int | None, open_calls: dict[str, 
         )
     if open_step is not None:
         out.append(("step/end", {"repaired": True}))
-    out.append(("turn/end", {"stop_reason": "interrupted", "diagnostic": "the turn was interrupted by a crash"}))
+    end: dict[str, Any] = {"stop_reason": "interrupted", "diagnostic": "the turn was interrupted by a crash"}
+    if cause is not None:
+        end["cause"] = cause
+    out.append(("turn/end", end))
     return out

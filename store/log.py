@@ -150,7 +150,12 @@ class LogWriter:
     # -- opening (the resume path) -------------------------------------------
 
     @classmethod
-    def open(cls, store: Store, session_id: str, *, epoch: int, repair: bool = True) -> "LogWriter":
+    def open(cls, store: Store, session_id: str, *, epoch: int, repair: bool = True, cause: str | None = None) -> "LogWriter":
+        """The resume path: a fenced writer, the log repaired first (a torn tail cut, an open turn closed).
+
+        ``cause`` goes on the ``turn/end`` of a turn the repair closes: why its
+        worker died, when the caller knows it was being stopped (store/events.py ``closers``).
+        """
         file = open_session(store, session_id, write=True)
         try:
             header = header_of(file)
@@ -163,7 +168,7 @@ class LogWriter:
                 if repair:
                     if status == "torn":
                         writer._truncate(end)
-                    fix = closers(projection.open_turn, projection.open_step, projection.open_calls)
+                    fix = closers(projection.open_turn, projection.open_step, projection.open_calls, cause=cause)
                     if fix:
                         writer.repaired = writer._append_locked(fix)
                     if status == "torn" or fix:

@@ -69,7 +69,10 @@ class TurnResult:
     outcome: TurnOutcome
     worker: WorkerRef | None  # the worker that took the turn; None: stopped before any did
     crashed: bool = False  # the worker died (or was killed) under the turn: its log needs repair
-    cancel_reason: str | None = None  # the reason of the cancel that stopped it (``user``, ``parent``, ...), if one did
+    # why the turn was asked to stop (``Pool.cancel``'s reason: ``user``, ``parent``, ...), if it was: a crash
+    # repair records it as the ``turn/end``'s cause (a worker killed for ignoring a cancel died because of
+    # it), and a message dropped unrun as its ``message/discarded`` cause
+    cancel_reason: str | None = None
 
     @property
     def dispatched(self) -> bool:

@@ -161,15 +161,21 @@ class Interrupts:
 
     def _after(self, target_id: str, before: Projection, holder: _Holder) -> dict[str, Any] | None:
         """What ended the turn since ``before``: its ``turn/end`` or ``message/discarded`` record,
-        ``{"released": ...}`` when the holder let the child go without either; None: nothing yet."""
+        ``{"released": ...}`` when the holder let the child go without either; None: nothing yet.
+
+        The lease is read before the log: a holder writes the turn's end before it lets the child
+        go, so a lease seen let go with no end in the log read after it really ended without one.
+        The holder taking its own lease again (a higher epoch: it fenced a dead worker to repair
+        the log) has not let go: the repair's ``turn/end`` follows.
+        """
         store = self._rt.store
+        lease = read_lease(store, target_id)
         now = read_projection(store, target_id)
         if (now.turns, now.discarded) != (before.turns, before.discarded):
             for event in read_from(store, target_id, before.seq + 1):
                 if event["type"] in ("turn/end", "message/discarded"):
                     return event
-        lease = read_lease(store, target_id)
-        if lease is None or lease.state == "released" or (lease.owner, lease.epoch) != (holder.owner, holder.epoch):
+        if lease is None or lease.state == "released" or lease.owner != holder.owner:
             return {"type": "released", "data": {}, "one_shot": getattr(now.identity, "mode", None) == "one-shot"}
         return None
 
@@ -219,8 +225,11 @@ def _confirmed(target_id: str, turn: _Turn, holder: _Holder, seen: dict[str, Any
         return _nothing(target_id, f"supervisor {holder.owner} let it go before any turn of it ended", **host)
     data = seen.get("data") or {}
     reason, cause = data.get("stop_reason"), data.get("cause")
-    if reason == "aborted" and cause == "user":
+    if cause == "user" and reason in ("aborted", "interrupted"):
+        # ``interrupted`` with the user's cause: the turn ignored the cancel and the holder killed its
+        # worker (crash repair names the cancel it was under), as the same interrupt asked here does
+        killed = ": its worker ignored the interrupt and was killed" if reason == "interrupted" else ""
         return InterruptResult(outcome="cancelled", child_id=target_id, turn=turn.number, message_id=turn.message_id,
-                               stop_reason=reason, detail=f"stopped {by}", **host)
+                               stop_reason=reason, detail=f"stopped {by}{killed}", **host)
     return _nothing(target_id, f"its turn ended {reason} before the interrupt reached it", stop_reason=reason, turn=turn.number,
                     message_id=turn.message_id, **host)

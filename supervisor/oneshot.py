@@ -313,10 +313,10 @@ class OneShotRuns:
         if turn.outcome.released and not turn.crashed:
             self._finish(state, spec, info, result)
         else:
-            self._rt.tg.start_soon(self._settle, state, spec, on_rpc, info, turn.crashed, result)
+            self._rt.tg.start_soon(self._settle, state, spec, on_rpc, info, turn, result)
 
     async def _settle(
-        self, state: _RunState, spec: TurnSpec, on_rpc: TurnRpcHandler, info: dict[str, Any], crashed: bool, result: SubagentResult,
+        self, state: _RunState, spec: TurnSpec, on_rpc: TurnRpcHandler, info: dict[str, Any], turn: TurnResult, result: SubagentResult,
     ) -> None:
         """Repair the log after a crash and release the lease the worker did not, then finish the run.
 
@@ -329,8 +329,8 @@ class OneShotRuns:
         bind(**fields)
         epoch = spec.epoch  # raised by the fence before a crash repair
         try:
-            if crashed:
-                epoch = await anyio.to_thread.run_sync(self._repair, spec.session_id, spec.epoch)
+            if turn.crashed:
+                epoch = await anyio.to_thread.run_sync(self._repair, spec.session_id, spec.epoch, turn.cancel_reason)
         finally:
             with anyio.CancelScope(shield=True):
                 # a child start the turn left in flight lands in this session's children
@@ -351,8 +351,9 @@ class OneShotRuns:
         state.done.set()
         rt.events.emit("subagent/end", {**info, "stop_reason": result.stop_reason, "last_assistant_message": result.output or None})
 
-    def _repair(self, session_id: str, epoch: int) -> int:
+    def _repair(self, session_id: str, epoch: int, cause: str | None) -> int:
         """Fence, then balance a log whose worker died mid-turn (closers, torn tail); returns the new epoch.
+        ``cause``: the cancel the turn was under (its worker killed for ignoring it), recorded on its ``turn/end``.
 
         Fence before repair: the lease is taken again (epoch + 1) first, so a worker
         only *believed* dead (on a cluster node cut off from us) gets ``FencedError``
@@ -360,7 +361,7 @@ class OneShotRuns:
         """
         try:
             epoch = acquire_lease(self._rt.store, session_id, self._rt.owner_id).epoch
-            LogWriter.open(self._rt.store, session_id, epoch=epoch).close()
+            LogWriter.open(self._rt.store, session_id, epoch=epoch, cause=cause).close()
         except SubagentError:
             log.exception("repair of %s after a worker crash failed", session_id)
         return epoch

@@ -122,3 +122,26 @@ async def test_a_one_shot_run_carries_out_a_control_record_past_damage(tmp_path)
         end = turn_end_of(sup.store, run.id)
         assert (end["stop_reason"], end.get("cause")) == ("aborted", "user")
         await run.dispose()
+
+
+async def test_a_turn_that_ignores_the_interrupt_here_is_recorded_as_stopped_by_it(tmp_path):
+    """``spin`` blocks its worker's loop, so the worker is killed past ``cancel_grace_s``: the repaired
+    ``turn/end`` carries the interrupt's cause, the same as when another process asked
+    (tests/multi/test_remote_interrupt.py), and a turn whose worker died on its own carries none."""
+    async with continuable_supervisor(tmp_path, cancel_grace_s=0.3) as sup:
+        root = await sup.open_root()
+        run = await sup.start("script", SubagentRequest(parent=root, prompt=S({"say": "spinning"}, {"spin": 60_000})))
+        child_id, _ = await start(sup, root, S({"say": "spinning"}, {"spin": 60_000}))
+        crashing = await sup.start("script", SubagentRequest(parent=root, prompt=S({"say": "exiting"}, {"exit": 3})))
+        for session_id in (run.id, child_id):
+            await wait_until(lambda: said(sup.store, session_id) == ["spinning"], what="the spin to start")
+            result = await sup.interrupt(session_id, authority=UserAuthority(root.id))
+            assert (result.outcome, result.turn) == ("cancelled", 1), result
+        assert (await run.result()).stop_reason == "aborted"
+        await settled(sup, root, child_id)
+        assert (await crashing.result()).stop_reason == "error"
+        crash = {"stop_reason": "interrupted", "diagnostic": "the turn was interrupted by a crash"}
+        assert turn_end_of(sup.store, run.id) == turn_end_of(sup.store, child_id) == {**crash, "cause": "user"}
+        assert turn_end_of(sup.store, crashing.id) == crash
+        for done in (run, crashing):
+            await done.dispose()
