@@ -136,7 +136,7 @@ class Interrupts:
         def ask() -> tuple[_Holder | None, Projection]:
             holder = self._holder(target_id)
             projection = read_projection(store, target_id)
-            if holder is not None and holder.state != "idle":
+            if holder is not None and holder.state != "idle" and not _one_shot_ended(projection):
                 control_request(store, target_id, "interrupt", {"reason": "user"}, ids=self._rt.ids)
             return holder, projection
 
@@ -146,6 +146,12 @@ class Interrupts:
             return _nothing(target_id, _why_unheld(before))
         if holder.state == "idle":
             return _nothing(target_id, f"it is idle in supervisor {holder.owner}{_pid(holder)}: it waits on its own children",
+                            host=holder.owner, host_pid=holder.pid)
+        if _one_shot_ended(before):
+            # its one turn ended (the log, read after the lease, says how) and the holder has yet to let
+            # it go: nothing to stop, and its release later is no sign of a turn stopped before it ran
+            reason = before.last_stop_reason
+            return _nothing(target_id, f"its turn ended {reason} before the interrupt reached it", stop_reason=reason,
                             host=holder.owner, host_pid=holder.pid)
         turn = await anyio.to_thread.run_sync(_open_turn_of, store, target_id, before)
         deadline = time.monotonic() + wait_s
@@ -189,6 +195,11 @@ def _open_turn_of(store: Any, target_id: str, projection: Projection) -> _Turn:
     start = next((e for e in read_from(store, target_id, projection.open_turn) if e["type"] == "turn/start"), None)
     message_id = (start or {}).get("data", {}).get("message_id")
     return _Turn(projection.turns + 1, message_id if isinstance(message_id, str) else None)
+
+
+def _one_shot_ended(projection: Projection) -> bool:
+    """A one-shot child whose one turn has ended: an interrupt finds nothing of it left to stop."""
+    return getattr(projection.identity, "mode", None) == "one-shot" and projection.turns > 0
 
 
 def _pid(holder: _Holder) -> str:

@@ -5,7 +5,7 @@ Two halves in one module:
 * the **host** (``python -m tests.multi._driver --store S --config JSON``): opens a
   ``Supervisor`` on the shared store (config from ``--config``; the client's
   defaults: one worker, durability ``none``, ``fork``), registers the providers
-  ``script``, ``echo`` and ``gated`` (all continuable), prints a
+  ``script``, ``echo`` and ``gated`` (all continuable) and ``returns-mid-start``, prints a
   ``ready`` event, then serves one JSON command per stdin line, each as its own
   task (a slow ``followup`` never blocks a listing). It answers every command
   with one ``{"reply": id, "ok": ..., "value" | "error": ...}`` line and may
@@ -108,6 +108,33 @@ async def gated(ctx: Any) -> str:
     if segment:
         output = await script(_Segment(ctx, segment))  # type: ignore[arg-type]
     return output if isinstance(output, str) else str(output)
+
+
+# the child starts ``returns_mid_start`` left unanswered: held so the event loop keeps running them
+_STARTS_IN_FLIGHT: set[Any] = set()
+
+
+async def returns_mid_start(ctx: Any) -> str:
+    """Waits until the file its message names exists, asks for an ``echo`` child and returns without
+    waiting for the answer.
+
+    The turn commits ``completed`` with that start in flight, so its worker
+    leaves the lease to the supervisor, which releases it only once it has
+    answered the start: a test that stops the host meanwhile holds a child
+    whose log says its one turn ended while a live supervisor still holds it.
+    """
+    import asyncio
+
+    import anyio
+
+    with anyio.fail_after(GATE_DEADLINE_S):
+        while not os.path.exists(ctx.text):
+            await anyio.sleep(0.005)
+    start = asyncio.get_running_loop().create_task(ctx.spawn("late", provider="echo", wait=False))
+    _STARTS_IN_FLIGHT.add(start)
+    start.add_done_callback(_STARTS_IN_FLIGHT.discard)
+    await anyio.sleep(0.05)  # the start request leaves before the turn ends
+    return "done"
 
 
 # -- the process table ------------------------------------------------------------------
@@ -621,6 +648,7 @@ async def _serve(store: str, config: dict[str, Any]) -> None:
         sup.register_provider(Provider(name="script", program="script", capabilities=caps, continuable=True))
         sup.register_provider(Provider(name="echo", program="echo", capabilities=caps, continuable=True))
         sup.register_provider(Provider(name="gated", program="tests.multi._driver:gated", capabilities=caps, continuable=True))
+        sup.register_provider(Provider(name="returns-mid-start", program="tests.multi._driver:returns_mid_start", capabilities=caps))
         async with anyio.create_task_group() as tg:
             host = _Host(sup, tg, anyio.Event())
             host.emit({"event": "ready", "pid": os.getpid(), "owner": sup.lease_keeper.owner_id, "workers": sup.pool.worker_pids()})

@@ -10,9 +10,11 @@ happened while a turn was stopped, nor that it stopped a turn that completed.
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
-from subagents.store import inspect
+from subagents import InterruptResult
+from subagents.store import inspect, read_controls, read_lease
 from subagents.supervisor import Supervisor, SupervisorConfig, UserAuthority
 
 from ._driver import S, poll
@@ -59,3 +61,36 @@ async def test_a_turn_that_ignores_the_interrupt_is_cancelled_by_killing_its_wor
         assert result.detail == f"stopped by supervisor {host.owner} (pid {host.pid}): its worker ignored the interrupt and was killed"
         assert _turn_ends(sup.store, child) == [
             {"stop_reason": "interrupted", "diagnostic": "the turn was interrupted by a crash", "cause": "user"}]
+
+
+async def test_a_one_shot_turn_that_completed_is_not_reported_cancelled(hosts, tmp_path) -> None:
+    """The child's log says its one turn ended ``completed`` while its holder (stopped here, its
+    worker running on) still holds the lease; the holder releases it only later. The answer is what
+    the log says — no turn running, it ended completed — never "cancelled before a worker took it"
+    for the lease let go without another ``turn/end``; and nothing is asked of the holder."""
+    store = tmp_path / "st"
+    gate = tmp_path / "gate"
+    host = hosts.start(store, control_poll_s=0.02, lease_ttl_s=120)  # stopped for a while, still live
+    root = await host.acall("open_root", label="r")
+    child = (await host.acall("start", parent=root, prompt=str(gate), provider="returns-mid-start", wait=False))["child"]
+    async with _asker(store) as sup:
+        await poll(lambda: any(e["type"] == "turn/start" for e in _events(sup.store, child)), what="the turn to start")
+        host.stop(group=False)  # the supervisor only: its worker ends the turn, then waits for the start's answer
+        gate.touch()
+        await poll(lambda: _turn_ends(sup.store, child), what="the turn to end")
+        assert read_lease(sup.store, child).state == "running"  # held: the worker left the release to its supervisor
+        answers: list[InterruptResult] = []
+
+        async def ask() -> None:
+            answers.append(await sup.interrupt(child, authority=UserAuthority(parent_session=root), wait_s=WAIT_S))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask)
+            await poll(lambda: answers or read_controls(sup.store, child), what="the answer or the request")
+            host.cont(group=False)
+        await poll(lambda: read_lease(sup.store, child).state == "released", what="the holder to release the child")
+        [answer] = answers
+        assert (answer.outcome, answer.stop_reason, answer.host, answer.host_pid) == ("no_turn_running", "completed", host.owner, host.pid), answer
+        assert answer.detail == "its turn ended completed before the interrupt reached it"
+        assert read_controls(sup.store, child) == []
+        assert [e["stop_reason"] for e in _turn_ends(sup.store, child)] == ["completed"]
