@@ -137,7 +137,8 @@ class Interrupts:
             holder = self._holder(target_id)
             projection = read_projection(store, target_id)
             if holder is not None and holder.state != "idle" and not _one_shot_ended(projection):
-                control_request(store, target_id, "interrupt", {"reason": "user"}, ids=self._rt.ids)
+                data = {"reason": "user", **_aim(store, target_id, projection)}
+                control_request(store, target_id, "interrupt", data, ids=self._rt.ids)
             return holder, projection
 
         with anyio.CancelScope(shield=True):  # an acknowledged request is durable: never cut between write and answer
@@ -195,6 +196,16 @@ def _open_turn_of(store: Any, target_id: str, projection: Projection) -> _Turn:
     start = next((e for e in read_from(store, target_id, projection.open_turn) if e["type"] == "turn/start"), None)
     message_id = (start or {}).get("data", {}).get("message_id")
     return _Turn(projection.turns + 1, message_id if isinstance(message_id, str) else None)
+
+
+def _aim(store: Any, target_id: str, projection: Projection) -> dict[str, Any]:
+    """The turn a request is about, as its holder can tell it from later ones: the running turn's
+    message, or, with none running, the last message the log consumed (the turn to stop comes
+    next). A request read after that turn ended then stops nothing, as its answer says."""
+    if projection.open_turn is None:
+        return {"after_message_id": projection.last_message_id}
+    message_id = _open_turn_of(store, target_id, projection).message_id
+    return {"message_id": message_id} if message_id is not None else {}
 
 
 def _one_shot_ended(projection: Projection) -> bool:

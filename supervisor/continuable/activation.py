@@ -95,6 +95,7 @@ class Activation:
     # -- the turn in flight (driver.py): its pool ticket, and what each turn of the epoch ended with
     ticket: TurnTicket | None = None
     turn_message_ts: float | None = None  # when the main message of the turn in flight was accepted
+    turn_message_id: str | None = None  # the main message of the turn in flight (a remote interrupt names it)
     reasons: list[str] = field(default_factory=list)
     last_output: str = ""  # the last non-empty reply of the epoch: the closing message
     lease_state: LeaseState = LeaseState.RUNNING

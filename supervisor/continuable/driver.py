@@ -115,12 +115,12 @@ class Driver:
             if reason is not None:
                 rt.pool.cancel(ticket, reason)
 
-        act.turn_message_ts = main.ts
+        act.turn_message_ts, act.turn_message_id = main.ts, main.id
         on_rpc = self._rpc_for(spec)
         try:
             turn = await rt.pool.run_turn(spec, on_rpc, started=started)
         finally:
-            act.ticket = act.turn_message_ts = None
+            act.ticket = act.turn_message_ts = act.turn_message_id = None
             with anyio.CancelScope(shield=True):
                 # a child start the turn left in flight lands in this session's children index
                 # before anything follows the turn: a settlement's release writes the catalog row

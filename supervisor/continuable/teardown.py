@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Iterable
+from typing import Any, Iterable
 
 import anyio
 
@@ -79,12 +79,18 @@ class Teardown:
             reason = "user"
         return self._stop_turn(act, reason, time.time())
 
-    def _stop_turn(self, act: Activation, reason: str, asked_at: float) -> bool:
+    def _stop_turn(self, act: Activation, reason: str, asked_at: float, aim: dict[str, Any] | None = None) -> bool:
         """Stop the turn in flight, or else the next one, unless its message came after the request
         (mailbox ``ts`` against ``asked_at``, one host's clock): a request read late — a control
-        record read after the turn it aimed at ended — never stops a turn that started after it."""
+        record read after the turn it aimed at ended — never stops a turn that started after it.
+
+        ``aim``: a control record's data, which names the turn its writer saw (``_aimed_at``): that
+        turn or none, even when the next one's message was accepted before the request."""
+        aimed = _aimed_at(act, aim or {})
+        if aimed is False:
+            return False
         if act.ticket is not None:
-            if act.turn_message_ts is not None and act.turn_message_ts > asked_at:
+            if aimed is None and act.turn_message_ts is not None and act.turn_message_ts > asked_at:
                 return False
             self._rt.pool.cancel(act.ticket, reason)
             return True
@@ -96,7 +102,7 @@ class Teardown:
     def apply_control(self, act: Activation, record: ControlRecord) -> None:
         """A control record another process wrote for a hosted child (the store watcher calls this)."""
         if record.kind == "interrupt":
-            stopped = self._stop_turn(act, "user", record.ts)
+            stopped = self._stop_turn(act, "user", record.ts, record.data)
             log.info("control record %d (%s) of %s: interrupt %s", record.seq, record.id, act.child_id,
                      "applied" if stopped else "found no turn it was asked for (the turn ended or had not begun)",
                      extra=log_fields(act))
@@ -290,3 +296,19 @@ class Teardown:
             self.open_disposal(act, discard=False)
         for act in acts:
             await act.disposed.wait()
+
+
+def _aimed_at(act: Activation, aim: dict[str, Any]) -> bool | None:
+    """Whether an interrupt request names the activation's current turn (the one in flight, or
+    else the next one); None when it names no turn (a writer that predates naming them).
+
+    ``message_id``: its writer saw a turn running that message — the current turn only if it is
+    the one in flight. ``after_message_id``: it saw no turn running, the log's last consumed
+    message being this (None: none yet) — the current turn only if it starts right after that
+    message, which the cursor says while that turn is in flight or about to be dispatched.
+    """
+    if isinstance(aim.get("message_id"), str):
+        return act.ticket is not None and act.turn_message_id == aim["message_id"]
+    if "after_message_id" in aim:
+        return act.cursor.last_id == aim["after_message_id"]
+    return None

@@ -21,7 +21,7 @@ Two halves in one module:
 Commands (``args`` in brackets; prompts given as maps or lists are sent as JSON):
 ``info``; ``open_root [label, id]``; ``start_continuable [parent, prompt, label,
 provider]``; ``followup [parent, child, prompt]``; ``start [parent, prompt, label,
-provider, wait]``; ``dispose [child]``; ``list_children [parent]``;
+provider, wait]``; ``interrupt [child, parent, wait_s]``; ``dispose [child]``; ``list_children [parent]``;
 ``list_descendants [root]``; ``activations``; ``take_messages [root]``;
 ``burst [parent, count, concurrency, barrier]`` (one-shot children, started once
 the ``barrier`` file exists); ``chaos [...]`` (the stress workload, see
@@ -501,6 +501,13 @@ class _Host:
         result = await run.result()
         await run.dispose()
         return {"child": run.id, "stop_reason": result.stop_reason, "output": result.output}
+
+    async def op_interrupt(self, child: str, parent: str, wait_s: float = 0.0) -> dict[str, Any]:
+        """A user interrupt from this host (``UserAuthority``): the ``InterruptResult`` as a map."""
+        from subagents.supervisor import UserAuthority
+
+        result = await self.sup.interrupt(child, authority=UserAuthority(parent_session=parent), wait_s=wait_s)
+        return result.model_dump()
 
     async def op_dispose(self, child: str) -> None:
         run = self.runs.pop(child)

@@ -10,12 +10,16 @@ happened while a turn was stopped, nor that it stopped a turn that completed.
 
 from __future__ import annotations
 
+import os
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
 import anyio
 import pytest
 
 from subagents import InterruptResult
 from subagents.store import inspect, read_controls, read_lease
-from subagents.supervisor import Supervisor, SupervisorConfig, UserAuthority
+from subagents.supervisor import Capabilities, ContinuableSpec, Provider, Supervisor, SupervisorConfig, UserAuthority
 
 from ._driver import S, poll
 
@@ -94,3 +98,75 @@ async def test_a_one_shot_turn_that_completed_is_not_reported_cancelled(hosts, t
         assert answer.detail == "its turn ended completed before the interrupt reached it"
         assert read_controls(sup.store, child) == []
         assert [e["stop_reason"] for e in _turn_ends(sup.store, child)] == ["completed"]
+
+
+@asynccontextmanager
+async def _holder(tmp_path) -> AsyncIterator[Supervisor]:
+    """The test's own Supervisor as the holder, its control files read only when the test says
+    (``runtime.control.poll``): the interleaving of a request and the holder's turns is the test's."""
+    cfg = SupervisorConfig(pool_size=1, durability="none", control_poll_s=3600)
+    async with Supervisor.open(store=str(tmp_path / "st"), config=cfg) as sup:
+        sup.register_provider(Provider(name="script", program="script", capabilities=Capabilities.all(), continuable=True))
+        yield sup
+
+
+def _started(store, child: str) -> int:
+    return sum(e["type"] == "turn/start" for e in _events(store, child))
+
+
+@pytest.mark.parametrize("asked", ["while its turn ran", "while its turn was queued"])
+async def test_a_request_the_holder_reads_after_the_turn_ended_stops_no_later_turn(hosts, tmp_path, asked) -> None:
+    """The request names the turn the asker saw (running, or queued behind another child's turn on
+    the only worker) and the holder reads it only once that turn completed and the child's next
+    queued turn runs: that next turn is not stopped, and the answer says no turn was running."""
+    gate_blocker, gate_first, gate_next = tmp_path / "blocker", tmp_path / "first", tmp_path / "next"
+    async with _holder(tmp_path) as sup:
+        root = await sup.open_root()
+        if asked == "while its turn was queued":
+            blocker, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="script", prompt=S({"hold": str(gate_blocker)}), label="b"))
+            await poll(lambda: _started(sup.store, blocker) == 1, what="the blocker to take the worker")
+        child, first = await sup.start_continuable(ContinuableSpec(parent=root, provider="script", prompt=S({"hold": str(gate_first)}), label="c"))
+        second = await sup.followup(root, child, S({"hold": str(gate_next)}, {"return": "second"}))
+        if asked == "while its turn ran":
+            await poll(lambda: _started(sup.store, child) == 1, what="the first turn to start")
+        asker = hosts.start(tmp_path / "st")
+        call = asker.send("interrupt", child=child, parent=root.id, wait_s=WAIT_S)
+        await poll(lambda: read_controls(sup.store, child), what="the request to be durable")
+        gate_blocker.touch()
+        gate_first.touch()
+        await poll(lambda: _started(sup.store, child) == 2, what="the next turn to start")
+        await sup.runtime.control.poll()  # the holder reads the request only now
+        answer = await anyio.to_thread.run_sync(asker.reply, call)
+        gate_next.touch()
+        await poll(lambda: len(_turn_ends(sup.store, child)) == 2, what="the next turn to end")
+        assert [(e["stop_reason"], e.get("cause")) for e in _turn_ends(sup.store, child)] == [("completed", None), ("completed", None)]
+        assert _message_of_turn(sup.store, child, 2) == second
+        running = asked == "while its turn ran"
+        assert (answer["outcome"], answer["stop_reason"], answer["host"]) == ("no_turn_running", "completed", sup.runtime.owner_id), answer
+        assert (answer["turn"], answer["message_id"]) == ((1, first) if running else (None, None)), answer
+        assert answer["detail"] == "its turn ended completed before the interrupt reached it"
+
+
+async def test_a_request_read_while_the_turn_it_names_is_still_queued_stops_that_turn_only(hosts, tmp_path) -> None:
+    """Read in time, the request for a turn queued behind another child's stops it before a worker
+    takes it (its message discarded unrun) and says so; the child's next queued turn runs."""
+    gate_blocker = tmp_path / "blocker"
+    async with _holder(tmp_path) as sup:
+        root = await sup.open_root()
+        blocker, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="script", prompt=S({"hold": str(gate_blocker)}), label="b"))
+        await poll(lambda: _started(sup.store, blocker) == 1, what="the blocker to take the worker")
+        child, first = await sup.start_continuable(ContinuableSpec(parent=root, provider="script", prompt=S({"return": "first"}), label="c"))
+        second = await sup.followup(root, child, S({"return": "second"}))
+        asker = hosts.start(tmp_path / "st")
+        call = asker.send("interrupt", child=child, parent=root.id, wait_s=WAIT_S)
+        await poll(lambda: read_controls(sup.store, child), what="the request to be durable")
+        await sup.runtime.control.poll()
+        answer = await anyio.to_thread.run_sync(asker.reply, call)
+        assert (answer["outcome"], answer["turn"], answer["host"]) == ("cancelled", None, sup.runtime.owner_id), answer
+        assert answer["detail"] == f"stopped by supervisor {sup.runtime.owner_id} (pid {os.getpid()}) before a worker took it"
+        gate_blocker.touch()
+        await poll(lambda: _turn_ends(sup.store, child), what="the next turn to end")
+        events = _events(sup.store, child)
+        assert [e["data"]["message_id"] for e in events if e["type"] == "message/discarded"] == [first]
+        assert [e["data"]["stop_reason"] for e in events if e["type"] == "turn/end"] == ["completed"]
+        assert _message_of_turn(sup.store, child, 1) == second
