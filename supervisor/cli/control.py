@@ -18,7 +18,7 @@ from typing import Any
 
 import anyio
 
-from subagents.store import MailboxMessage, Store, list_descendants, read_lease, read_mailbox
+from subagents.store import LeaseHeldError, MailboxMessage, Store, list_descendants, read_header, read_lease, read_mailbox
 
 from ..config import SupervisorConfig
 from ..config_loader import DeploymentConfig
@@ -81,8 +81,28 @@ def _is_settlement_of(message: MailboxMessage, child_id: str, since: float) -> b
 
 
 def _settlement_notices(store: Store, root_id: str, child_id: str, since: float) -> list[dict[str, Any]]:
-    return [{"id": m.id, "ts": m.ts, "summary": m.source.get("summary"), "content": m.content}
-            for m in read_mailbox(store, root_id) if _is_settlement_of(m, child_id, since)]
+    return [_message_doc(m) for m in read_mailbox(store, root_id) if _is_settlement_of(m, child_id, since)]
+
+
+def _message_doc(message: MailboxMessage) -> dict[str, Any]:
+    return {"id": message.id, "ts": message.ts, "kind": message.source.get("kind"), "summary": message.source.get("summary"),
+            "content": message.content}
+
+
+async def _take_root_mail(sup: Supervisor, root_id: str) -> list[MailboxMessage] | None:
+    """Take what waits in the root's mailbox into its log: this command is the root's reader once it
+    printed the notice, and a message nobody takes waits forever (``gc`` keeps its subtree for it).
+
+    None when the parent is not a root (a subagent reads its own mailbox in its turns) or another
+    live supervisor holds the root (its program reads it); the messages are then left where they are.
+    """
+    if (await anyio.to_thread.run_sync(read_header, sup.store, root_id)).origin is not None:
+        return None
+    try:
+        root = await sup.open_root(id=root_id)
+    except LeaseHeldError:
+        return None
+    return await sup.take_messages(root)
 
 
 def cmd_send(inv: Invocation) -> int:
@@ -143,7 +163,12 @@ async def _send(config: DeploymentConfig, child: str, message: str, parent: str,
                 await woken[0].wait()
             settled = True
         notices = await anyio.to_thread.run_sync(_settlement_notices, sup.store, parent, child, accepted_at)
-        doc.update(settled=settled, stop_reason=ends[0] if ends else None, notice=notices[0] if notices and settled else None)
+        notice = notices[0] if notices and settled else None
+        taken = await _take_root_mail(sup, parent) if notice is not None else None
+        doc.update(settled=settled, stop_reason=ends[0] if ends else None, notice=notice,
+                   # the root's other messages taken with the notice (printed too: taken means delivered)
+                   also_delivered=[_message_doc(m) for m in taken or [] if m.id != notice["id"]] if notice is not None else [],
+                   notice_taken=taken is not None and any(m.id == notice["id"] for m in taken) if notice is not None else False)
     return doc
 
 

@@ -415,6 +415,9 @@ def render_settled(out: Output, doc: dict[str, Any]) -> None:
     notice = doc.get("notice")
     if notice is not None:
         out.line(notice["content"] if isinstance(notice["content"], str) else to_json(notice["content"]))
+    for message in doc.get("also_delivered") or []:  # taken from the root's mailbox with the notice
+        out.line(f"also delivered to {doc['parent']} ({message.get('kind') or 'message'} {message['id']}):")
+        out.line(message["content"] if isinstance(message["content"], str) else to_json(message["content"]))
 
 
 def render_interrupt(out: Output, doc: dict[str, Any]) -> None:

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import pytest
 
-from subagents.store import Store, inspect, read_lease, read_mailbox
+from subagents.store import IdGenerator, Store, accept, inspect, mailbox_counts, read_lease, read_mailbox, read_projection
 from subagents.supervisor.cli import render, top_view
 
 REPO = str(Path(__file__).resolve().parents[2])
@@ -166,6 +166,37 @@ def test_send_cold_resumes_and_waits_for_the_settlement_notice(host) -> None:
     assert message_id in [m.id for m in read_mailbox(Store(store_path, create=False), child)]
     assert stop_reasons(store_path, child) == ["interrupted", "completed"]  # crash repair, then the message
     assert read_lease(Store(store_path, create=False), child).state == "released"
+
+
+def test_send_takes_the_notice_it_printed_from_the_roots_mailbox(host) -> None:
+    """The notice send printed is delivered: taken into the root's log, not left waiting in its mailbox
+    for a reader that never comes (a waiting message keeps ``gc`` from ever collecting the subtree)."""
+    store_path, ids, proc = host
+    root, child = ids["root"], ids["child"]
+    _kill(proc)
+    doc = json.loads(ok(store_path, "send", child, script({"return": "read"}), "--parent", root, "--json"))
+    st = Store(store_path, create=False)
+    taken = [e["data"]["message_id"] for e in events(store_path, root) if e["type"] == "message/accepted"]
+    assert taken == [doc["notice"]["id"]]
+    assert mailbox_counts(st, root, read_projection(st, root)).pending == 0
+    assert read_lease(st, root).state == "released"  # the root is free for its own program again
+    report = json.loads(ok(store_path, "gc", "--older-than", "0s", "--dry-run", "--json"))
+    assert root in json.dumps(report["collected"]) and root not in json.dumps(report["skipped"]), report
+
+
+def test_send_prints_every_root_message_it_takes_with_the_notice(host) -> None:
+    """A message that waited in the root's mailbox before the notice (a report its dead host never took)
+    is taken with the notice, so send prints it too: taken means delivered, never dropped unseen."""
+    store_path, ids, proc = host
+    root, child = ids["root"], ids["child"]
+    _kill(proc)
+    st = Store(store_path, create=False)
+    earlier = accept(st, root, source={"kind": "subagent-report", "sender_session_id": child}, content="half way", ids=IdGenerator())
+    out = ok(store_path, "send", child, script({"return": "done"}), "--parent", root)
+    assert f"also delivered to {root} (subagent-report {earlier}):" in out.splitlines(), out
+    assert out.splitlines()[-1] == "half way"
+    taken = [e["data"]["message_id"] for e in events(store_path, root) if e["type"] == "message/accepted"]
+    assert taken[0] == earlier and len(taken) == 2  # the report, then the notice
 
 
 def test_send_json_after_a_cold_resume(host) -> None:
