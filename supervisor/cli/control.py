@@ -189,7 +189,7 @@ async def _interrupt(config: DeploymentConfig, child: str, parent: str, wait_s: 
 
 def cmd_drain(inv: Invocation) -> int:
     args = inv.args
-    args.root = inv.session(inv.open_store(write=True), args.root).id  # SESSION_NOT_FOUND before any supervisor starts
+    args.root = inv.parent(inv.open_store(write=True), args.root)  # SESSION_NOT_FOUND before any supervisor starts
     doc = anyio.run(_drain, inv.config, args.root, args.wait_s)
     inv.emit(doc, render.render_drain)
     if not doc["settled"]:

@@ -9,10 +9,11 @@ verb that writes checks first that it can (``STORE_READ_ONLY``).
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from subagents.store import SessionHeader, Store, StoreNotFoundError, read_header, resolve_id, validate_session_id
+from subagents.store import SessionHeader, SessionNotFoundError, Store, StoreNotFoundError, SubagentError, read_header, resolve_id, validate_session_id
 
 from ..config_loader import DeploymentConfig
 from .render import Output
@@ -45,6 +46,25 @@ class Invocation:
         ``INVALID_SESSION_ID``, ``AMBIGUOUS_ID`` or ``SESSION_NOT_FOUND`` before a verb acts on it.
         Verbs act on the header's ``id``, never on the text typed."""
         return read_header(store, validate_session_id(resolve_id(store, text)))
+
+    def parent(self, store: Store, text: str) -> str:
+        """The id of the session ``text`` names, as the parent of a listing or a drain.
+
+        What lies below a session is in its children index, not its header: a
+        damaged header (``CORRUPT_SESSION``, ``UNAVAILABLE_SESSION``, ...) is named
+        in a ``warning:`` line on stderr and the verb goes on, so the children of a
+        damaged parent can still be found and torn down. An unknown id is still
+        ``SESSION_NOT_FOUND``.
+        """
+        session_id = validate_session_id(resolve_id(store, text))
+        try:
+            read_header(store, session_id)
+        except SessionNotFoundError:
+            raise
+        except SubagentError as exc:
+            print(f"warning: {exc.code}: {exc.message}; going on with what its children index holds (see `subagents store fsck`)",
+                  file=sys.stderr)
+        return session_id
 
     def emit(self, doc: Any, text: Callable[[Output, Any], None]) -> None:
         """``doc`` as one JSON document under ``--json``, else its text rendering."""

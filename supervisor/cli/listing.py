@@ -123,7 +123,7 @@ def cmd_ls(inv: Invocation) -> int:
             render.render_roots(inv.out, roots, short_ids(store, _ids_in(roots)))
             _more(inv.out, page.next_cursor, "sessions")
         return 0
-    parent = inv.session(store, args.parent).id  # an unknown parent is SESSION_NOT_FOUND, not an empty listing
+    parent = inv.parent(store, args.parent)  # an unknown parent is SESSION_NOT_FOUND, not an empty listing
     listed = paginate(list_children(store, parent, query), sort=args.sort, limit=args.limit, cursor=args.cursor)
     rows = render.entry_rows(listed.rows)
     if inv.out.json_mode:
@@ -138,7 +138,7 @@ def cmd_tree(inv: Invocation) -> int:
     store, args = inv.open_store(), inv.args
     query = query_of(args)
     if args.root is not None:
-        root = inv.session(store, args.root).id
+        root = inv.parent(store, args.root)
         found = list_descendants(store, root, query)
         if _paged(args):  # a page keeps pre-order: rows are cut, never reordered
             listed = paginate([r.entry for r in found], limit=args.limit, cursor=args.cursor, sort=args.sort)
@@ -214,7 +214,7 @@ def _closing_message(events: list[dict[str, Any]]) -> Any:
 
 def cmd_summary(inv: Invocation) -> int:
     store = inv.open_store()
-    root = inv.session(store, inv.args.root).id if inv.args.root is not None else None
+    root = inv.parent(store, inv.args.root) if inv.args.root is not None else None
     inv.emit(dataclasses.asdict(summarize(store, root)), render.render_summary)
     return 0
 

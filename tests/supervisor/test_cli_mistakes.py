@@ -9,6 +9,7 @@ writes through file modes, but not through a read-only mount.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -21,6 +22,7 @@ import pytest
 
 from subagents import store
 from subagents.store import Store, create_session
+from subagents.store.session_file import HEADER_AT
 
 DEADLINE_S = 90.0
 FAST = {**{k: v for k, v in os.environ.items() if not k.startswith("SUBAGENTS_") and k != "PYTHONPATH"}, "SUBAGENTS_DURABILITY": "none"}
@@ -212,3 +214,37 @@ def test_ctrl_c_stops_follow_and_top_even_when_sigint_was_ignored(tmp_path: Path
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
+
+
+def _damage_header(st_path: Path, session_id: str) -> None:
+    """Overwrite the middle of a session's header (its CRC then fails): the damage ``store fsck`` reports."""
+    path = Store(st_path, create=False).session_path(session_id)
+    raw = bytearray(Path(path).read_bytes())
+    start = HEADER_AT
+    end = int.from_bytes(raw[4:8], "little")
+    middle = (start + end) // 2
+    raw[middle:middle + 4] = b"\xff\xfe\xfd\xfc"
+    Path(path).write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("verb", ["ls", "tree", "summary", "drain"])
+def test_a_parent_whose_header_is_damaged_still_lists_its_children(tmp_path: Path, verb: str) -> None:
+    """The listing of a parent reads its children index, not its header: a damaged header is named on
+    stderr (a warning, exit 0) and the children are still listed, so they can be found and rescued."""
+    path = tmp_path / "st"
+    assert cli("run", "echo", "--prompt", "hi", "--store", str(path), cwd=tmp_path).returncode == 0
+    st = Store(path, create=False)
+    [root] = [r.id for r in store.list_roots(st)]
+    [child] = [c.id for c in store.list_children(st, root)]
+    _damage_header(path, root)
+    done = cli(verb, root, "--json", "--store", str(path), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    [warning] = done.stderr.strip().splitlines()
+    assert warning.startswith(f"warning: CORRUPT_SESSION: ") and root in warning, warning
+    if verb == "summary":
+        assert json.loads(done.stdout)["subagents"] == 1, done.stdout
+    elif verb == "drain":  # its one child is a finished one-shot: nothing to tear down, and no refusal
+        assert json.loads(done.stdout)["root"] == root, done.stdout
+    else:
+        assert [row["id"] for row in json.loads(done.stdout)] == [child], done.stdout
