@@ -42,7 +42,7 @@ from .root import Store
 
 __all__ = [
     "Settled", "IndexEntry", "IndexRead", "add_child", "add_children", "remove_child", "drop_index", "mark_active", "mark_all_active", "mark_settled",
-    "read_index", "read_children", "reindex",
+    "read_index", "read_children", "indexed_children", "reindex",
 ]
 
 
@@ -243,6 +243,16 @@ def _settled(record: dict[str, Any]) -> Settled:
 def read_children(store: Store, parent_id: str) -> list[IndexEntry]:
     """Live entries in (created_at, id) order; read-only (damage: see ``read_index``)."""
     return read_index(store, parent_id).entries
+
+
+def indexed_children(store: Store) -> set[str]:
+    """Every id some children index lists as live, whatever its parent: for ``gc``, which must know
+    whether a session whose header does not read has a known place (read-only; damage is skipped)."""
+    try:
+        names = os.listdir(store.children_index_dir)
+    except OSError:
+        return set()
+    return {e.id for name in names if is_valid_session_id(name) for e in read_children(store, name)}
 
 
 def reindex(store: Store) -> dict[str, list[str]]:

@@ -50,7 +50,7 @@ from .description import mailbox_counts
 from .errors import InvalidQueryError, LockTimeoutError, SubagentError
 from .header import SessionHeader, parse_header
 from .ids import is_valid_session_id
-from .index import drop_index, mark_all_active, read_children, remove_child
+from .index import drop_index, indexed_children, mark_all_active, read_children, remove_child
 from .lease import check_lease, host_identity, owner_alive, process_start_time, read_owner
 from .locks import PinnedLock
 from .log import read_projection
@@ -59,7 +59,7 @@ from .projection import Projection
 from .reader import read_header
 from .root import COMPANIONS, Store
 from .session_file import SessionFile
-from .roots import compact_roots, remove_roots
+from .roots import compact_roots, indexed_roots, remove_roots, roots_index_path
 
 __all__ = ["SkipReason", "CollectedRoot", "SkippedRoot", "GcReport", "collect", "parse_age"]
 
@@ -201,19 +201,35 @@ def _activity(store: Store, session_id: str) -> tuple[float, int]:
     return newest, size
 
 
-def _lineage(store: Store) -> tuple[dict[str, SessionHeader], dict[str, list[str]]]:
-    """Every readable header, and parent → children by headers (the authority; the index is derived)."""
+def _lineage(store: Store) -> tuple[dict[str, SessionHeader], dict[str, list[str]], dict[str, str]]:
+    """Every readable header, parent → children by headers (the authority; the index is derived),
+    and why each session whose header does not read does not (``fsck`` reports them too)."""
     headers: dict[str, SessionHeader] = {}
     children: dict[str, list[str]] = defaultdict(list)
+    damaged: dict[str, str] = {}
     for session_id in store.session_ids():
         try:
             header = read_header(store, session_id)
-        except (SubagentError, OSError):
-            continue  # unreadable: fsck reports it; its index entry keeps its parent's subtree (below)
+        except (SubagentError, OSError) as exc:
+            damaged[session_id] = f"{getattr(exc, 'code', type(exc).__name__)}: {getattr(exc, 'message', exc)}"
+            continue  # its index entry, if any, keeps its parent's subtree (``_indexed_below``)
         headers[session_id] = header
         if header.parent_session is not None:
             children[header.parent_session].append(session_id)
-    return headers, children
+    return headers, children, damaged
+
+
+def _placed(store: Store, damaged: dict[str, str]) -> tuple[list[str], list[str]]:
+    """The sessions whose header does not read, split into the roots ``index/roots`` lists and
+    those no index places at all. A damaged session a children index lists holds back the
+    subtree of its parent (``_plan``); one no index places may descend from any root, so it
+    holds back every subtree: deleting one could leave it without its parent."""
+    if not damaged:
+        return [], []
+    roots = indexed_roots(store)
+    listed = indexed_children(store)
+    return ([sid for sid in damaged if sid in roots and sid not in listed],
+            [sid for sid in damaged if sid not in roots and sid not in listed])
 
 
 def _indexed_below(store: Store, node: str, headers: dict[str, SessionHeader]) -> list[str]:
@@ -421,11 +437,14 @@ def collect(
     finished = len(_trashed(store)) if dry_run else 0
     with contextlib.ExitStack() as stack:
         if not dry_run:
-            store.require_writable()
+            # every folder and index gc writes, before anything moves: a gc that could not record
+            # its deletions would leave the trash and stale index entries behind
+            store.require_writable(store.index_dir, roots_index_path(store), store.trash_dir)
             make_dirs(store.trash_dir)
             stack.enter_context(PinnedLock(os.path.join(store.trash_dir, ".lock")))
             finished = _finish(store)
-        headers, children = _lineage(store)
+        headers, children, damaged = _lineage(store)
+        damaged_roots, unplaced = _placed(store, damaged)
         plans: list[_Plan] = []
         skipped: list[SkippedRoot] = []
         young = other = 0
@@ -433,6 +452,11 @@ def collect(
             if header.parent_session is not None:
                 continue
             found = _plan(state, header, children, headers, wanted)
+            if isinstance(found, _Plan) and unplaced:
+                lost = unplaced[0]
+                found = SkippedRoot(header.id, header.label, lost, "unreadable",
+                                    f"{lost} does not read ({damaged[lost]}) and no index places it: it may descend from "
+                                    f"{header.id}; see `subagents store fsck`")
             if found == "young":
                 young += 1
             elif found == "other":
@@ -441,10 +465,18 @@ def collect(
                 skipped.append(found)
             else:
                 plans.append(found)
+        for root_id in damaged_roots:
+            if _activity(store, root_id)[0] >= cutoff:
+                young += 1
+            else:
+                skipped.append(SkippedRoot(root_id, None, root_id, "unreadable",
+                                           f"{root_id} does not read ({damaged[root_id]}); see `subagents store fsck`"))
         collected: list[CollectedRoot] = []
         if dry_run:
             collected = [_collected(p) for p in plans]
         else:
+            # the children indexes of the sessions about to go: gc appends to them and drops them
+            store.require_writable(*(store.children_index_path(sid) for plan in plans for sid in plan.order))
             collected, late = _delete(store, plans, state, headers)
             skipped += late
             if collected or finished:

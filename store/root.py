@@ -129,8 +129,9 @@ class Store:
             raise StoreFormatError(f"{marker} holds max_record_bytes {limit!r}, not an integer up to {MAX_RECORD_BYTES}", path=self.root)
         self.max_record_bytes = limit
 
-    def require_writable(self) -> None:
-        """``ReadOnlyStoreError`` unless this process may write the folders every writer touches.
+    def require_writable(self, *also: str) -> None:
+        """``ReadOnlyStoreError`` unless this process may write the folders every writer touches,
+        and the files or folders ``also`` names that exist (``gc``: the indexes it must update).
 
         Checked by callers that are about to write (the CLI's writing verbs), so a
         read-only store is named as such before anything starts. ``os.access``
@@ -138,9 +139,10 @@ class Store:
         which root's permission bypass does not; not guaranteed: a store that turns
         read-only afterwards fails at its next write instead.
         """
-        for folder in (self.root, self.sessions_dir, self.owners_dir, self.children_index_dir):
-            if not os.access(folder, os.W_OK | os.X_OK):
-                why = "a read-only file system" if os.statvfs(folder).f_flag & os.ST_RDONLY else f"no write permission on {folder}"
+        present = [p for p in also if os.path.lexists(p)]
+        for path in (self.root, self.sessions_dir, self.owners_dir, self.children_index_dir, *present):
+            if not os.access(path, os.W_OK | (os.X_OK if os.path.isdir(path) else 0)):
+                why = "a read-only file system" if os.statvfs(path).f_flag & os.ST_RDONLY else f"no write permission on {path}"
                 raise ReadOnlyStoreError(f"the store at {self.root} is read-only ({why})", path=self.root)
 
     # -- layout --------------------------------------------------------------
@@ -152,6 +154,11 @@ class Store:
     @property
     def owners_dir(self) -> str:
         return os.path.join(self.root, "owners")
+
+    @property
+    def index_dir(self) -> str:
+        """``index/``: the roots index, and the folder of the children indexes."""
+        return os.path.join(self.root, "index")
 
     @property
     def children_index_dir(self) -> str:

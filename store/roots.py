@@ -39,7 +39,7 @@ from .root import Store
 
 __all__ = [
     "RootEntry", "DEFAULT_ROOT_LIMIT", "list_roots", "find_roots", "subagent_count",
-    "add_root", "remove_root", "remove_roots", "compact_roots", "rebuild_roots", "roots_index_path",
+    "add_root", "remove_root", "remove_roots", "compact_roots", "rebuild_roots", "roots_index_path", "indexed_roots",
 ]
 
 # what `ls` shows with no --limit: a screenful, and the cost of a listing stays flat
@@ -176,6 +176,12 @@ def _live(records: list[dict[str, Any]]) -> list[tuple[float, str]]:
         elif sid not in removed and sid not in seen:
             seen[sid] = float(record.get("created_at", 0.0))
     return sorted(((ts, sid) for sid, ts in seen.items()), reverse=True)
+
+
+def indexed_roots(store: Store) -> set[str]:
+    """The ids ``index/roots`` lists as live (none when it is absent or holds no readable record)."""
+    found = _read_suffix(store, 1 << 62)
+    return set() if found is None else {sid for _, sid in found[0]}
 
 
 def _read_suffix(store: Store, size: int) -> tuple[list[tuple[float, str]], bool] | None:

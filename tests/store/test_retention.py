@@ -18,7 +18,7 @@ import pytest
 from subagents import store
 from subagents.store import Store, check_store, collect
 from subagents.store.fsck import fsck
-from subagents.store.index import read_children
+from subagents.store.index import read_children, remove_child
 from subagents.store.roots import find_roots, list_roots
 
 from subagents.store.root import COMPANIONS
@@ -282,7 +282,7 @@ def test_a_crash_mid_subtree_never_lists_a_removed_child_from_its_settled_row(st
     from subagents.store import retention
 
     state = retention._Pass(st, time.time() - 7 * DAY)
-    headers, children = retention._lineage(st)
+    headers, children, _ = retention._lineage(st)
     plan = retention._plan(state, headers["rRows"], children, headers, frozenset())
     assert isinstance(plan, retention._Plan)
     moved: list[tuple[str, str]] = []
@@ -389,3 +389,38 @@ def test_a_stale_index_entry_never_drags_another_roots_session_in(st: Store) -> 
     (done,) = collect(st, 7 * DAY).collected
     assert done.id == "rOld" and done.sessions == len(old) and gone(st, old)
     assert all(st.exists(sid) for sid in young)
+
+
+def test_a_session_that_does_not_read_and_no_index_places_keeps_every_old_subtree(st: Store) -> None:
+    """Audit defect 9: a session file truncated to 0 bytes that no index places (an index rebuilt, or
+    damaged) may descend from any root: gc deletes no subtree around it and says which session and why."""
+    a = subtree(st, "rA")
+    b = subtree(st, "rB")
+    young = subtree(st, "rYoung", old=None)
+    with open(st.session_path("rAc1"), "wb"):
+        pass  # truncated to 0 bytes: no header says where it belongs
+    remove_child(st, "rA", "rAc1")  # and no index entry either
+    age(st, "rAc1", 8 * DAY)
+    for dry_run in (True, False):
+        report = collect(st, 7 * DAY, dry_run=dry_run)
+        assert report.collected == () and report.young == 1
+        assert sorted((s.id, s.session, s.reason) for s in report.skipped) == [("rA", "rAc1", "unreadable"),
+                                                                                 ("rB", "rAc1", "unreadable")]
+        assert all("no index" in s.detail and "fsck" in s.detail for s in report.skipped)
+        assert all(os.path.isfile(st.session_path(sid)) for sid in a + b + young)
+    os.unlink(st.session_path("rAc1"))  # the damage dealt with: gc goes on
+    assert sorted(c.id for c in collect(st, 7 * DAY).collected) == ["rA", "rB"]
+
+
+def test_a_root_whose_header_does_not_read_is_reported_not_passed_over(st: Store) -> None:
+    """Audit defect 9: a root whose header is corrupt (the roots index lists it) is a kept subtree with
+    its reason, not left out of the report; its children stay; the readable old subtree beside it goes."""
+    bad = subtree(st, "rBad")
+    good = subtree(st, "rGood")
+    write_header(st, "rBad", b"\xc1 not msgpack")
+    age(st, "rBad", 8 * DAY)
+    report = collect(st, 7 * DAY)
+    assert [c.id for c in report.collected] == ["rGood"] and gone(st, good)
+    assert [(s.id, s.session, s.reason) for s in report.skipped] == [("rBad", "rBad", "unreadable")]
+    assert "fsck" in report.skipped[0].detail
+    assert all(os.path.isfile(st.session_path(sid)) for sid in bad)

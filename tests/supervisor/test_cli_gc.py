@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -206,6 +207,40 @@ def test_a_subtree_a_supervisor_in_another_process_holds_is_kept(st: Store) -> N
         proc.kill()
         proc.wait(10)
         proc.stdout.close()  # type: ignore[union-attr]
+
+
+def _read_only_mounts(tmp_path: Path) -> bool:
+    probe = tmp_path / "probe"
+    probe.write_bytes(b"")
+    done = subprocess.run(["unshare", "-m", "sh", "-c", f"mount --bind {probe} {probe} && mount -o remount,ro,bind {probe} && "
+                           f"! sh -c 'echo x >> {probe}' 2>/dev/null"], capture_output=True)
+    probe.unlink()
+    return done.returncode == 0
+
+
+@pytest.mark.parametrize("where", ["index/roots", "index/children/rOld", "index/children/rOldc0", "index"])
+def test_gc_checks_it_can_write_the_indexes_before_it_deletes_anything(st: Store, tmp_path: Path, where: str) -> None:
+    """Audit defect 9: with an index gc must update read-only (a read-only bind mount: root writes through
+    file modes), gc refuses with STORE_READ_ONLY before it moves anything, where it used to delete the
+    subtree, then fail at its index update with the trash left behind."""
+    if shutil.which("unshare") is None or not _read_only_mounts(tmp_path):
+        pytest.skip("cannot make a read-only bind mount here (needs unshare -m and mount)")
+    ids = subtree(st, "rOld")
+    create_session(st, "rOldc0g", parent_session="rOldc0", origin="subagent", delegation_depth=2,
+                   events=[("subagent/descriptor", dict(ONE_SHOT)), *ENDED])
+    age(st, "rOldc0g", 8 * DAY)
+    target = os.path.join(st.root, where)
+    assert os.path.exists(target)
+    before = [tree_state(st.sessions_dir), tree_state(st.index_dir)]
+    prefix = ["unshare", "-m", "sh", "-c", f'mount --bind {target} {target} && mount -o remount,ro,bind {target} && exec "$@"', "sh"]
+    done = subprocess.run([*prefix, sys.executable, "-m", "subagents.supervisor.cli", "--store", st.root, "gc", "--older-than", "7d"],
+                          cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == f"error: STORE_READ_ONLY: the store at {st.root} is read-only (a read-only file system)"
+    assert all(exists(st, ids + ["rOldc0g"]))
+    assert not os.path.exists(st.trash_dir) or os.listdir(st.trash_dir) == [".lock"]  # gc's lock, taken first
+    assert [tree_state(st.sessions_dir), tree_state(st.index_dir)] == before
+    assert [c["id"] for c in json.loads(ok(st, "gc", "--older-than", "7d", "--json"))["collected"]] == ["rOld"]
 
 
 @pytest.mark.anyio
