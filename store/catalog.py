@@ -1,9 +1,11 @@
 """Catalog queries: a parent's children and a root's descendants, with diagnostics.
 
-Cost is O(number of children), and for a settled child no file of its own:
-the children index holds each child's row (``store/index.py``, FORMAT.md
+Cost is O(number of children), and for a settled child one ``lstat`` of its
+file: the children index holds each child's row (``store/index.py``, FORMAT.md
 §9). A child whose creation record carries the row's static fields and whose
-latest state record is ``settled`` is listed from the index alone (a
+latest state record is ``settled`` is listed from the index alone, once the
+``lstat`` shows its file still as long as the row's ``end`` (a shorter one
+lost committed records: the child is read, and listed as damaged; a
 ``settled`` record without ``has_children`` adds a read of its own index).
 Any other child — one that may be running, or one indexed by an older
 build — costs its header,
@@ -39,6 +41,8 @@ boundary between sessions.
 from __future__ import annotations
 
 import logging
+import os
+import stat
 from dataclasses import dataclass
 from typing import Literal
 
@@ -52,6 +56,7 @@ from .projection import Projection
 from .query import Query
 from .reader import header_of, open_session
 from .root import Store
+from .session_file import HEADER_AT
 
 __all__ = ["ChildStatus", "DiagnosticReason", "ChildEntry", "DiagnosticEntry", "damage_reason", "DescendantRow", "Identity", "read_identity", "list_children", "list_descendants"]
 
@@ -113,7 +118,12 @@ def _entry(
     try:
         settled = _settled_row(store, indexed, children)
         if settled is not None:
-            return settled
+            if _holds(store, indexed):
+                return settled
+            # its file lost bytes the row was written from: the file is the authority, and a
+            # row read from a log cut short of its records is damage, whatever else it says
+            row = _row(store, parent_id, child_id, owners, children)
+            return DiagnosticEntry(child_id, "corrupt") if isinstance(row, ChildEntry) else row
         return _row(store, parent_id, child_id, owners, children)
     except SessionNotFoundError:
         return None  # a rolled-back or never-published creation
@@ -154,6 +164,18 @@ def _settled_row(store: Store, indexed: IndexEntry, children: list[IndexEntry] |
         error=settled.error,
         created_at=indexed.created_at,
     )
+
+
+def _holds(store: Store, indexed: IndexEntry) -> bool:
+    """Whether the child's file still holds what its ``settled`` row was written from: one ``lstat``,
+    a regular file at least as long as the end of the log's records then (a row without ``end``:
+    long enough for a header). A file cut shorter behind the store's back is read instead."""
+    try:
+        info = os.lstat(store.session_path(indexed.id))
+    except OSError:
+        return False
+    end = indexed.settled.end if indexed.settled is not None else None
+    return stat.S_ISREG(info.st_mode) and info.st_size >= (HEADER_AT if end is None else max(end, HEADER_AT))
 
 
 def _row(

@@ -10,7 +10,9 @@ with damaged records or that cannot be read (``reindex`` rewrites them),
 unreadable or undecodable leases and control files, session files that
 are symbolic links (never followed), names in ``sessions/`` that are no
 session (a creation's leftover temporary file, a folder, an orphaned
-companion: ``no-header`` / ``stray``), and index entries of sessions an
+companion: ``no-header`` / ``stray``), index entries of sessions whose
+header does not read (``index-unproven``: kept, the only record of where the
+damaged session belongs), and index entries of sessions an
 interrupted ``gc`` left in ``trash/`` (``collecting``: harmless, the next gc ends it). Every read goes through the store's
 defensive readers, so a damaged file is a finding about its own session.
 """
@@ -178,10 +180,12 @@ def _index_findings(store: Store) -> list[dict[str, Any]]:
     """Index entries the headers do not back, headers the index misses, and damaged index files
     (``store reindex`` fixes all three)."""
     proven: dict[str, set[str]] = {}
+    unreadable: set[str] = set()
     for session_id in store.session_ids():
         try:
             header = read_header(store, session_id)
         except SubagentError:
+            unreadable.add(session_id)
             continue
         if header.parent_session is not None:
             proven.setdefault(header.parent_session, set()).add(session_id)
@@ -202,6 +206,12 @@ def _index_findings(store: Store) -> list[dict[str, Any]]:
         for child in sorted(indexed - proven.get(parent, set())):
             if store.in_trash(child):
                 findings.append({"id": child, "kind": "collecting", "detail": f"indexed under {parent}, removed by a gc that was interrupted (harmless; the next `subagents gc` drops the entry)"})
+                continue
+            if child in unreadable:
+                # not stale: the index is all that still says where this damaged session belongs
+                findings.append({"id": child, "kind": "index-unproven", "detail": f"indexed under {parent}; its header does not "
+                                 "read (reported above), so the entry is kept: `subagents store reindex` keeps it, and "
+                                 "listings show the session as damaged until its file is restored or removed"})
                 continue
             findings.append({"id": child, "kind": "index-stale", "detail": f"indexed under {parent} but no header proves it (harmless; `subagents store reindex` drops it)"})
     return findings

@@ -22,6 +22,7 @@ is then flagged for ``subagents store reindex`` (``fsck`` says so).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import defaultdict
 from dataclasses import dataclass
@@ -57,11 +58,17 @@ class Settled:
     # whether its own index listed a subagent child then (a settled child gains none until it is
     # active again); None: a record without the field, the listing reads the child's index
     has_children: bool | None = None
+    # the file offset where its log's records ended then: a file shorter than that lost committed
+    # records behind the store's back, and its listing reads the file instead of the row.
+    # None: a record without the field (the listing then only needs a file that can hold a header)
+    end: int | None = None
 
     def to_record(self) -> dict[str, Any]:
         record: dict[str, Any] = {"outcome": self.outcome, "last_at": self.last_at}
         if self.has_children is not None:
             record["has_children"] = self.has_children
+        if self.end is not None:
+            record["end"] = self.end
         if self.error_code is not None:
             record["error_code"] = self.error_code
         if self.error is not None:
@@ -237,7 +244,7 @@ def _static_fields(store: Store, header: SessionHeader) -> tuple[str | None, str
 
 def _settled(record: dict[str, Any]) -> Settled:
     return Settled(record.get("outcome"), record.get("error_code"), record.get("error"), float(record.get("last_at", 0.0)),
-                   record.get("has_children"))
+                   record.get("has_children"), record.get("end"))
 
 
 def read_children(store: Store, parent_id: str) -> list[IndexEntry]:
@@ -260,16 +267,28 @@ def reindex(store: Store) -> dict[str, list[str]]:
 
     A subagent child's entry gets its row's static fields (mode, label) from its identity, when
     that reads as a valid descriptor; state records are not rebuilt (each child's next release
-    writes its ``settled`` row again; until then it is listed from its files)."""
+    writes its ``settled`` row again; until then it is listed from its files).
+
+    A session whose header does not read keeps the entry the old index gave it (without its
+    state records): that entry is all that still says where it belongs, and it keeps the
+    damaged session listed, as a diagnostic, until its file is restored or removed."""
     groups: dict[str, list[IndexEntry]] = defaultdict(list)
+    unreadable: set[str] = set()
     for session_id in store.session_ids():
         try:
             header = read_header(store, session_id)
         except SubagentError:
-            continue  # an unreadable header proves nothing
+            unreadable.add(session_id)  # proves nothing, and is not to be lost either (below)
+            continue
         if header.parent_session is not None:
             mode, label = _static_fields(store, header)
             groups[header.parent_session].append(IndexEntry(header.id, header.created_at, header.origin, mode, label))
+    if unreadable:
+        for parent_id in os.listdir(store.children_index_dir):
+            if is_valid_session_id(parent_id):
+                groups[parent_id] += [dataclasses.replace(e, settled=None) for e in read_children(store, parent_id)
+                                      if e.id in unreadable]
+        groups = defaultdict(list, {parent: entries for parent, entries in groups.items() if entries})
     result: dict[str, list[str]] = {}
     for parent_id, entries in groups.items():
         entries.sort(key=lambda e: (e.created_at, e.id))

@@ -337,7 +337,7 @@ def _update_locked(store: Store, file: SessionFile, owner_id: str, epoch: int, s
             # the catalog row, still under the lock: after the release (a row that could not be
             # written then leaves the child listed from its files, never a settled row beside a held
             # lease), before anyone may take the lease again (their ``active`` row comes after it)
-            note_settled(store, file.session_id)
+            note_settled(store, file)
     return lease
 
 
@@ -368,7 +368,7 @@ def write_released(
     if current is None or current.state == "released":
         return
     _write_lease(store, file, slots, Lease(current.owner, current.epoch, "released", current.acquired_at), durable=False)
-    note_settled(store, file.session_id, header=header, projection=projection, writers=writers)
+    note_settled(store, file, header=header, projection=projection, writers=writers)
 
 
 def session_status(store: Store, session_id: str, owners: OwnerCache | None = None) -> Literal["running", "idle", "complete"]:

@@ -32,23 +32,30 @@ from .index_writers import IndexWriters
 from .lease_record import Lease
 from .outcome import outcome_of
 from .projection import Projection
-from .reader import inspect, read_header
+from .reader import inspect, open_session, read_header
 from .root import Store
+from .session_file import SessionFile
 
 __all__ = ["settled_row", "note_active", "note_settled", "row_problem"]
 
 log = logging.getLogger(__name__)
 
 
-def settled_row(store: Store, header: SessionHeader, projection: Projection | None = None) -> Settled | None:
+def settled_row(
+    store: Store, header: SessionHeader, projection: Projection | None = None, file: SessionFile | None = None,
+) -> Settled | None:
     """The row of a child no live owner holds, from its identity (or the fold of its whole log a
-    writer holds, ``projection``); ``None`` when it would list as a diagnostic."""
+    writer holds, ``projection``); ``None`` when it would list as a diagnostic. ``file``: the
+    session's file when the caller has it open (its log's start gives the row's ``end``)."""
+    if file is None:
+        with open_session(store, header.id) as opened:
+            return settled_row(store, header, projection, opened)
     if projection is None:
         # imported here: identity reads logs (store/log.py), and the log writer may call into the
         # lease module, which imports this one
         from .identity import read_identity
 
-        identity = read_identity(store, header.id, header.seed_length or 0)
+        identity = read_identity(store, header.id, header.seed_length or 0, file)
         if identity.verdict is not None or identity.descriptor is None:
             return None
         projection = identity.projection
@@ -59,7 +66,8 @@ def settled_row(store: Store, header: SessionHeader, projection: Projection | No
     # the ``FileNotFoundError`` a read would (a release pays this for every child)
     has_children = os.access(store.children_index_path(header.id), os.F_OK) and any(
         e.origin == "subagent" for e in read_index(store, header.id).entries)
-    return Settled(verdict.outcome, verdict.error_code, verdict.error, projection.last_ts, has_children)
+    return Settled(verdict.outcome, verdict.error_code, verdict.error, projection.last_ts, has_children,
+                   file.data_start + projection.end_offset)
 
 
 def _child_header(store: Store, session_id: str) -> SessionHeader | None:
@@ -82,20 +90,22 @@ def note_active(store: Store, session_id: str) -> None:
 
 
 def note_settled(
-    store: Store, session_id: str, *, header: SessionHeader | None = None, projection: Projection | None = None,
+    store: Store, file: SessionFile, *, header: SessionHeader | None = None, projection: Projection | None = None,
     writers: IndexWriters | None = None,
 ) -> None:
     """Under the session lock, right after a lease was written released: the row as it stands from now on.
 
     A caller that holds the session's log writer passes its ``header`` and ``projection`` (the fold
     of the whole log): the row then costs no read of the child's files but its own index. ``writers``
-    appends the row through descriptors it keeps open (``store/index_writers.py``)."""
+    appends the row through descriptors it keeps open (``store/index_writers.py``). ``file``: the
+    session's file, open under that lock."""
+    session_id = file.session_id
     try:
         if header is None:
             header = _child_header(store, session_id)
         elif header.parent_session is None or header.origin != "subagent":
             header = None
-        row = None if header is None else settled_row(store, header, projection)
+        row = None if header is None else settled_row(store, header, projection, file)
         if header is not None and row is not None:
             mark_settled(store, header.parent_session, session_id, row, writers=writers)  # type: ignore[arg-type]
     except (SubagentError, OSError) as exc:

@@ -20,7 +20,7 @@ from subagents.store.index import read_index
 from subagents.store.framing import FRAME, encode_record
 
 from ..session_bytes import (
-    SLOT_SIZE, SLOTS_AT, append_log, file_bytes, log_start, newest_slot, slot_bytes, synced_slot, write_log, write_slot,
+    SLOT_SIZE, SLOTS_AT, append_log, file_bytes, log_data, log_start, newest_slot, slot_bytes, synced_slot, write_log, write_slot,
 )
 from ._support import ONE_SHOT, make_child, read_file, records_blob, tree_state, write_file
 
@@ -354,3 +354,53 @@ def test_a_session_file_copied_under_another_id_is_corrupt(st):
     with pytest.raises(store.CorruptSessionError):
         store.acquire_lease(st, "c3", "o1")
     assert store.read_lease(st, "c3") is None and store.check_lease(st, "c2") is None
+
+
+# -- a settled child's row beside its damaged file ------------------------------------------------
+
+
+def settled_children(st, *ids):
+    """Children of ``r`` run and released as a supervisor does: each release writes its ``settled`` row."""
+    store.create_session(st, "r")
+    store.register_owner(st, "o1", ttl=60.0)
+    for cid in ids:
+        make_child(st, "r", cid)
+        lease = store.acquire_lease(st, cid, "o1")
+        with store.LogWriter.open(st, cid, epoch=lease.epoch) as writer:
+            writer.append(TURN, commit=True)
+        store.release_lease(st, cid, "o1", lease.epoch)
+    assert all(e.settled is not None for e in read_index(st, "r").entries)
+
+
+@pytest.mark.parametrize("cut", ["empty", "header", "last-record"])
+def test_a_settled_child_whose_file_is_truncated_lists_as_damaged_and_reindex_keeps_it(st, cut):
+    """Audit defect 10: a settled child whose file was truncated listed as healthy from its row, fsck
+    called its row harmless and `reindex` dropped it from every listing. Now its row is a diagnostic,
+    fsck reports the damage and no harmless row, and reindex keeps its entry; its sibling is untouched."""
+    settled_children(st, "c1", "c2")
+    sibling = store.list_children(st, "r")[1]
+    size = {"empty": 0, "header": log_start(st, "c1") - 5,
+            "last-record": log_start(st, "c1") + len(log_data(st, "c1")) - 3}[cut]
+    os.truncate(st.session_path("c1"), size)
+    expected = [store.DiagnosticEntry("c1", "corrupt"), sibling]
+    assert store.list_children(st, "r") == expected
+    assert [row.entry for row in store.list_descendants(st, "r")] == expected
+    found = fsck(st, repair=False, lease_ttl_s=5.0)
+    assert "c1" in found["corrupt"] or any(f["id"] == "c1" and f["kind"] != "clean" for f in found["findings"])
+    assert not [f for f in found["findings"] if f["id"] == "c1" and ("harmless" in f["detail"] or "drops it" in f["detail"])]
+    if cut != "last-record":  # its header reads: the entry is proven, the log's damage is the finding
+        assert [f["kind"] for f in found["findings"] if f["id"] == "c1"][-1] == "index-unproven"
+    store.reindex(st)
+    assert [e.id for e in read_index(st, "r").entries] == ["c1", "c2"]
+    rows = store.list_children(st, "r")
+    assert [row.id for row in rows] == ["c1", "c2"] and rows[1] == sibling
+    if cut != "last-record":  # a log cut inside its last record, without the row, reads as a torn tail: its files say
+        assert rows[0] == store.DiagnosticEntry("c1", "corrupt")
+
+
+def test_a_settled_row_of_a_file_cut_only_in_its_padding_stays_as_it_is(st):
+    """The zeros after a log's records are not data (FORMAT.md §3.4): cutting them is no damage."""
+    settled_children(st, "c1")
+    before = store.list_children(st, "r")
+    os.truncate(st.session_path("c1"), log_start(st, "c1") + len(log_data(st, "c1")))
+    assert store.list_children(st, "r") == before and before[0].kind == "child"
