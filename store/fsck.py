@@ -7,7 +7,8 @@ for the moment (a session whose lease a live owner holds is skipped: that
 owner repairs on its own resume). Also reports index entries no header
 backs and headers the index misses (``reindex`` fixes both), index files
 with damaged records or that cannot be read (``reindex`` rewrites them),
-unreadable or undecodable leases and control files, session files that
+unreadable or undecodable leases and control files, mailboxes that no
+longer hold the messages their log consumed (``mailbox-damaged``), session files that
 are symbolic links (never followed), names in ``sessions/`` that are no
 session (a creation's leftover temporary file, a folder, an orphaned
 companion: ``no-header`` / ``stray``), index entries of sessions whose
@@ -30,6 +31,7 @@ from .ids import is_valid_session_id, new_id
 from .index import read_index
 from .lease import acquire_lease, check_lease, owner_alive, read_lease, read_owner, register_owner, release_lease, remove_owner
 from .log import LogWriter
+from .mailbox import require_consumed_prefix
 from .reader import inspect, read_header
 from .root import COMPANIONS, Store
 
@@ -127,7 +129,7 @@ def _name_finding(name: str, path: str, present: set[str]) -> tuple[str, str] | 
 
 
 def _side_files(store: Store, session_id: str) -> list[dict[str, Any]]:
-    """Findings about a readable session's lease and control file."""
+    """Findings about a readable session's lease, mailbox and control file."""
     out: list[dict[str, Any]] = []
     try:
         check_lease(store, session_id)
@@ -137,6 +139,13 @@ def _side_files(store: Store, session_id: str) -> list[dict[str, Any]]:
         mode: int | None = os.lstat(store.path(session_id, "control")).st_mode
     except FileNotFoundError:
         mode = None
+    if os.path.lexists(store.path(session_id, "mailbox")):
+        try:
+            require_consumed_prefix(store, session_id)
+        except (SubagentError, OSError) as exc:
+            # an acceptance is refused until the mailbox is restored: it would never be delivered
+            out.append({"id": session_id, "kind": "mailbox-damaged", "detail": f"{getattr(exc, 'code', type(exc).__name__)}: "
+                        f"{getattr(exc, 'message', exc)} (messages sent to it are refused)"})
     if mode is not None and not stat.S_ISREG(mode):
         out.append({"id": session_id, "kind": "control-unreadable", "detail": "the control file is not a regular file"})
     else:

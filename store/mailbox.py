@@ -41,12 +41,12 @@ from .atomic import NOFOLLOW
 from .errors import CorruptSessionError
 from .framing import data_end, scan
 from .ids import IdGenerator
-from .reader import read_session_file
+from .reader import inspect, read_session_file
 from .records import mailbox_problem
 from .root import Store
 from .session_file import BLOCK, SessionLock
 
-__all__ = ["MailboxMessage", "MailboxWriter", "accept", "mailbox_data_end", "read_mailbox", "pending"]
+__all__ = ["MailboxMessage", "MailboxWriter", "accept", "mailbox_data_end", "read_mailbox", "pending", "require_consumed_prefix"]
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,7 @@ class MailboxWriter:
         self._own_lock = lock is None
         self._fd = -1
         self._file: tuple[int, int] | None = None  # (st_dev, st_ino) of the open mailbox
+        self._checked = False  # whether an acceptance found the mailbox holding what the log consumed
 
     def accept(self, *, source: dict[str, Any], content: Any, ids: IdGenerator, wake: bool = True) -> str:
         """Durably append a message; returns its id once it is on stable storage (as ``accept``)."""
@@ -120,6 +121,11 @@ class MailboxWriter:
                 self._lock.acquire()  # SessionNotFoundError when the session is gone
                 try:
                     size = self._open_mailbox()
+                    tail = store.index_tails.get(self._key)
+                    if not self._checked or tail is None or tail[0] > size:
+                        # this writer's first acceptance, or the mailbox shrank since the last one
+                        require_consumed_prefix(store, self.session_id)
+                        self._checked = True
                     append_records(self._fd, [record], tails=store.index_tails, key=self._key, owner=self.session_id,
                                    limit=store.max_record_bytes, check=mailbox_problem, too_large="MESSAGE_TOO_LARGE", size=size,
                                    padded=True)
@@ -161,6 +167,46 @@ class MailboxWriter:
         fd, info = open_appendable(self._path, owner=self.session_id, key=self._key, in_place=True)
         self._fd, self._file = fd, (info.st_dev, info.st_ino)
         return info.st_size
+
+
+def require_consumed_prefix(store: Store, session_id: str) -> None:
+    """Under the session lock, before an acceptance: ``CorruptSessionError`` unless the mailbox still
+    holds the messages its log consumed (``fsck`` asks too, of every mailbox there is).
+
+    A mailbox emptied, overwritten or cut short behind the store's back no longer lines up with the
+    log: a message appended to it would be acknowledged and never taken by any turn (``pending``
+    refuses the disagreement). Checked at a writer's first acceptance (``accept`` makes a writer
+    each time) and whenever the file is shorter than where its last one ended, so a resident
+    writer's followups pay nothing for it: the log's projection, then ``pending`` from where the
+    log says the unconsumed messages start (the whole mailbox when that does not land on a record).
+    Not guaranteed: bytes replaced in place between two acceptances of one writer, without the
+    file shrinking, are found by the reader (and ``check``), not here."""
+    from .log import read_projection  # the log module sits above this one
+
+    projection = read_projection(store, session_id)
+    consumed, last_id, mailbox_end = projection.consumed, projection.last_message_id, projection.mailbox_end
+    if projection.seed_length and consumed:
+        # a fork's seed holds what its source consumed from the source's own mailbox: only the
+        # fork's own suffix consumed from this one (a fork is rare; its log is read once here)
+        own = [e["data"] for e in inspect(store, session_id).events[projection.seed_length:]
+               if e["type"] in ("message/accepted", "message/discarded") and isinstance(e["data"], dict)]
+        consumed = len(own)
+        last_id = own[-1].get("message_id") if own else None
+        mailbox_end = own[-1].get("mailbox_end") if own else None
+        mailbox_end = mailbox_end if isinstance(mailbox_end, int) and not isinstance(mailbox_end, bool) else None
+    if not consumed:
+        return
+    try:
+        size = os.lstat(store.path(session_id, "mailbox")).st_size
+    except FileNotFoundError:
+        size = 0
+    if mailbox_end is not None and size < mailbox_end:
+        raise CorruptSessionError(
+            session_id, f"mailbox and log disagree: log consumed {consumed} message(s) ending at "
+            f"{last_id!r}, at byte {mailbox_end} of a mailbox of {size} bytes",
+        )
+    pending(store, session_id, consumed=consumed, last_consumed_id=last_id if isinstance(last_id, str) else None,
+            mailbox_end=mailbox_end)
 
 
 def _close(files: tuple[int, SessionLock | None] | None) -> None:

@@ -9,7 +9,7 @@ import pytest
 from subagents import store
 import subagents.store.durability
 from subagents.store.framing import scan
-from subagents.store.mailbox import mailbox_data_end
+from subagents.store.mailbox import MailboxWriter, mailbox_data_end
 
 from ._support import ONE_SHOT, read_file
 
@@ -363,3 +363,43 @@ def test_stray_bytes_inside_the_padding_never_cost_an_accepted_message(s1):
     accepted += [accept(s1, f"after {i}", ids) for i in range(4)]
     assert [m.id for m in store.read_mailbox(s1, "s1")] == accepted
     assert os.path.getsize(path) == 4096
+
+
+@pytest.mark.parametrize("damage", ["empty", "garbage", "first-record-only"])
+def test_an_acceptance_beside_a_mailbox_that_lost_consumed_messages_is_refused(s1, damage):
+    """Audit defect 7: a mailbox emptied, overwritten or cut short of the messages its log consumed was
+    appended to and the message acknowledged, though no turn could ever take it (the log's consumed
+    prefix no longer matches). Now the acceptance is CORRUPT_SESSION, writes nothing, and fsck says why."""
+    from subagents.store.fsck import fsck
+
+    ids = store.IdGenerator()
+    for i in range(3):
+        accept(s1, f"m{i}", ids)
+    consume(s1, store.read_mailbox(s1, "s1")[:2])
+    path = s1.path("s1", "mailbox")
+    first_end = store.read_mailbox(s1, "s1")[0].end
+    data = {"empty": b"", "garbage": bytes(range(7, 250)) * 2, "first-record-only": read_file(path)[:first_end]}[damage]
+    with open(path, "wb") as handle:
+        handle.write(data)
+    for writer in (None, MailboxWriter(s1, "s1")):
+        with pytest.raises(store.CorruptSessionError) as info:
+            if writer is None:
+                accept(s1, "lost", ids)
+            else:
+                writer.accept(source={"kind": "user"}, content="lost", ids=ids)
+        assert info.value.code == "CORRUPT_SESSION" and "mailbox and log disagree" in info.value.message
+        assert read_file(path) == data
+    found = fsck(s1, repair=False, lease_ttl_s=5.0)
+    assert [f["kind"] for f in found["findings"] if f["id"] == "s1"] == ["mailbox-damaged"]
+
+
+def test_an_acceptance_after_consumed_messages_still_goes_through(s1):
+    """The check the refusal above makes passes for a sound mailbox, with a fresh handle of the store too."""
+    ids = store.IdGenerator()
+    for i in range(2):
+        accept(s1, f"m{i}", ids)
+    consume(s1, store.read_mailbox(s1, "s1"))
+    fresh = store.Store(s1.root, durability=s1.durability)
+    later = store.accept(fresh, "s1", source={"kind": "user"}, content="later", ids=ids)
+    projection = store.read_projection(s1, "s1")
+    assert [m.id for m in store.pending(s1, "s1", consumed=projection.consumed, last_consumed_id=projection.last_message_id)] == [later]

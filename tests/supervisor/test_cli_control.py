@@ -242,6 +242,29 @@ def test_send_to_an_unknown_child_is_session_not_found(host) -> None:
     assert done.returncode == 2 and done.stderr.startswith("error: SESSION_NOT_FOUND: ")
 
 
+@pytest.mark.parametrize("damage", [b"", bytes(range(7, 250)) * 2])
+def test_send_to_a_child_whose_mailbox_lost_its_messages_is_refused(host, damage: bytes) -> None:
+    """Audit defect 7: with the child's mailbox emptied or overwritten, send acknowledged messages no turn
+    could ever take. Now each send exits 2 with CORRUPT_SESSION (one line, no traceback), writes nothing,
+    and fsck and check name the damage for that child."""
+    store_path, ids, _proc = host
+    st = Store(store_path, create=False)
+    path = st.path(ids["child"], "mailbox")
+    with open(path, "wb") as handle:
+        handle.write(damage)
+    for _ in range(2):
+        done = cli(store_path, "send", ids["child"], script({"return": "lost"}), "--parent", ids["root"])
+        assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
+        assert done.stderr.startswith("error: CORRUPT_SESSION: ") and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert "mailbox and log disagree" in done.stderr and "Traceback" not in done.stderr
+        with open(path, "rb") as handle:
+            assert handle.read() == damage
+    fsck = json.loads(cli(store_path, "store", "fsck", "--json").stdout)
+    assert [f["kind"] for f in fsck["findings"] if f["id"] == ids["child"]] == ["mailbox-damaged"]
+    check = json.loads(cli(store_path, "store", "check", "--json").stdout)
+    assert not check["clean"] and any(v["session_id"] == ids["child"] for v in check["violations"]), check
+
+
 # -- drain -------------------------------------------------------------------------------------
 
 
