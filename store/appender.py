@@ -91,11 +91,13 @@ def append_record(fd: int, record: dict[str, Any], *, tails: dict[str, tuple[int
 def append_records(
     fd: int, records: Sequence[dict[str, Any]], *, tails: dict[str, tuple[int, int]], key: str, owner: str,
     limit: int, check: Check | None = None, skip_damage: bool = False, too_large: str | None = None, size: int | None = None,
-    padded: bool = False,
+    padded: bool = False, refuse_damage: bool = False,
 ) -> int:
     """Append ``records`` with contiguous seqs in one ``write``; returns the first seq. The caller holds the lock
     (and may pass the file's ``size``, from an ``fstat`` it made under it). ``padded``: the file may end in zero
-    padding and is written in place (its descriptor must not be ``O_APPEND``)."""
+    padding and is written in place (its descriptor must not be ``O_APPEND``). ``refuse_damage``: any damage
+    (a torn tail too) is ``CorruptSessionError`` and nothing is written, for a caller that rebuilds the
+    file instead of cutting or stepping over what it cannot read (``index/roots``)."""
     if size is None:
         size = os.fstat(fd).st_size
     offset, next_seq = tails.get(key, (0, 0))
@@ -112,6 +114,8 @@ def append_records(
     end, seq, cut = result.end, next_seq + len(result.records), False
     if result.damage is not None:
         data = os.pread(fd, size, 0)
+        if refuse_damage:
+            raise CorruptSessionError(owner, f"{key}: {result.damage.reason} at byte {result.damage.offset}", offset=result.damage.offset)
         if skip_damage:
             skim = scan_all(data, check=check)
             end, seq, cut = skim.end, skim.next_seq, skim.tail is not None
@@ -149,7 +153,7 @@ def frame_record(record: dict[str, Any], limit: int, key: str, too_large: str | 
 def append_durably(
     store: Store, path: str, record: dict[str, Any] | Sequence[dict[str, Any]], *, key: str, owner: str, what: str,
     lock: Lock | None = None, index: SelfLocked | None = None, check: Check | None = None, skip_damage: bool = False, too_large: str | None = None,
-    durable: bool = True, keep: Callable[[dict[str, Any]], bool] | None = None,
+    durable: bool = True, keep: Callable[[dict[str, Any]], bool] | None = None, refuse_damage: bool = False,
 ) -> int | None:
     """Under ``lock`` (the caller's, who closes it), or under ``index``'s own lock (an index file, which
     this closes: ``store/index_file.py``): append ``record`` (or a
@@ -160,7 +164,8 @@ def append_durably(
     ``too_large`` is the error code of a record above the store's limit (default ``RECORD_TOO_LARGE``).
     ``keep`` is asked about each record under the lock, before anything is written; the records it
     refuses are not appended (``None`` when it refused them all): a check and its append in one
-    critical section (``gc``'s tombstones are written only for a session that is still gone)."""
+    critical section (``gc``'s tombstones are written only for a session that is still gone).
+    ``refuse_damage``: as ``append_records``'s."""
     records = [record] if isinstance(record, dict) else list(record)
     for one in records:  # refused before the lock, the file or its tail are touched; the widest seq bounds the size
         frame_record({**one, "seq": WIDEST_SEQ}, store.max_record_bytes, key, too_large)
@@ -168,7 +173,8 @@ def append_durably(
         try:
             index.acquire()
             return _append_held(store, index.fd, index.size, records, key=key, owner=owner, what=what, check=check,
-                                skip_damage=skip_damage, too_large=too_large, durable=durable, keep=keep)
+                                skip_damage=skip_damage, too_large=too_large, durable=durable, keep=keep,
+                                refuse_damage=refuse_damage)
         finally:
             index.close()
     assert lock is not None, "append_durably needs the caller's lock or an index file"
@@ -177,7 +183,8 @@ def append_durably(
         fd, info = open_appendable(path, owner=owner, key=key)
         try:
             return _append_held(store, fd, info.st_size, records, key=key, owner=owner, what=what, check=check,
-                                skip_damage=skip_damage, too_large=too_large, durable=durable, keep=keep)
+                                skip_damage=skip_damage, too_large=too_large, durable=durable, keep=keep,
+                                refuse_damage=refuse_damage)
         finally:
             os.close(fd)
     finally:
@@ -187,6 +194,7 @@ def append_durably(
 def _append_held(
     store: Store, fd: int, size: int, records: list[dict[str, Any]], *, key: str, owner: str, what: str, check: Check | None,
     skip_damage: bool, too_large: str | None, durable: bool, keep: Callable[[dict[str, Any]], bool] | None,
+    refuse_damage: bool = False,
 ) -> int | None:
     """``append_durably``'s critical section: the file is open on ``fd`` and locked."""
     if keep is not None:
@@ -194,7 +202,7 @@ def _append_held(
         if not records:
             return None
     seq = append_records(fd, records, tails=store.index_tails, key=key, owner=owner, limit=store.max_record_bytes,
-                         check=check, skip_damage=skip_damage, too_large=too_large, size=size)
+                         check=check, skip_damage=skip_damage, too_large=too_large, size=size, refuse_damage=refuse_damage)
     if durable:
         store.durability.commit_append(fd, what)
     return seq

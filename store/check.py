@@ -34,6 +34,7 @@ from .framing import find_later_record, scan
 from .header import SessionHeader
 from .ids import is_valid_session_id
 from .index import IndexEntry, read_children
+from .roots import indexed_roots, roots_index_problem
 from .lease import Lease, OwnerRecord, check_lease, host_identity, owner_alive, process_start_time, read_lease, read_owner
 from .projection import Projection
 from .reader import Inspection, inspect, read_header
@@ -58,6 +59,7 @@ ViolationKind = Literal[
     "index-missing",  # a header names a parent whose index lacks the child
     "index-stale",  # an index entry no header proves
     "index-row",  # a catalog row (static fields, settled state) that the child's log or lease contradicts
+    "index-damaged",  # index/roots with records that do not read: listings may miss top-level sessions
     "lease-expired",  # a lease held by an owner that left without releasing it
     "lease-unreadable",  # lease slots that do not decode, or a session file that cannot be read
 ]
@@ -379,6 +381,7 @@ def _check_index(state: _Pass, in_flight_s: float) -> None:
         names = os.listdir(state.store.children_index_dir)
     except FileNotFoundError:
         names = []
+    _check_roots(state, in_flight_s)
     parents = {n for n in names if is_valid_session_id(n)} | set(proven)
     for parent in sorted(parents):
         indexed = {e.id: e for e in read_children(state.store, parent)}
@@ -388,6 +391,28 @@ def _check_index(state: _Pass, in_flight_s: float) -> None:
             _confirm_stale(state, parent, child, indexed[child].created_at, in_flight_s)
         for child in sorted(set(indexed) & proven.get(parent, set())):
             _confirm_row(state, parent, indexed[child])
+
+
+def _check_roots(state: _Pass, in_flight_s: float) -> None:
+    """``index/roots`` reads whole and lists every top-level header (when it reads: without a
+    readable index, listings read the headers). A root younger than ``in_flight_s`` may be between its header and
+    its entry; the index is read again before a missing root is reported."""
+    store = state.store
+    problem = roots_index_problem(store)
+    if problem is not None:
+        state.flag("roots", "index-damaged", f"{problem}; run `subagents store reindex`")
+    listed = indexed_roots(store)
+    if listed is None:  # no readable index: listings read every header, none is missed
+        return
+    tops = {sid for sid, header in state.headers.items() if header.parent_session is None}
+    missing = tops - listed
+    if missing:
+        missing -= indexed_roots(store) or set()  # read again: a creation may have appended meanwhile
+    for root in sorted(missing):
+        if state.now - state.headers[root].created_at < in_flight_s:
+            state.add("in_flight")
+            continue
+        state.flag(root, "index-missing", "a top-level session absent from index/roots: listings that read the index miss it")
 
 
 def _confirm_row(state: _Pass, parent: str, entry: IndexEntry) -> None:

@@ -34,6 +34,7 @@ from .log import LogWriter
 from .mailbox import require_consumed_prefix
 from .reader import inspect, read_header
 from .root import COMPANIONS, Store
+from .roots import indexed_roots, roots_index_problem
 
 __all__ = ["fsck"]
 
@@ -186,9 +187,10 @@ def _repair_torn(store: Store, session_id: str, lease_ttl_s: float) -> str:
 
 
 def _index_findings(store: Store) -> list[dict[str, Any]]:
-    """Index entries the headers do not back, headers the index misses, and damaged index files
-    (``store reindex`` fixes all three)."""
+    """Index entries the headers do not back, headers the index misses (roots too), and damaged index
+    files, ``index/roots`` included (``store reindex`` fixes all three)."""
     proven: dict[str, set[str]] = {}
+    tops: set[str] = set()
     unreadable: set[str] = set()
     for session_id in store.session_ids():
         try:
@@ -198,12 +200,23 @@ def _index_findings(store: Store) -> list[dict[str, Any]]:
             continue
         if header.parent_session is not None:
             proven.setdefault(header.parent_session, set()).add(session_id)
+        else:
+            tops.add(session_id)
     findings: list[dict[str, Any]] = []
     try:
         names = os.listdir(store.children_index_dir)
     except OSError as exc:
         names = []
         findings.append({"id": "index", "kind": "index-damaged", "detail": f"the index folder cannot be listed: {exc} (run `subagents store reindex`)"})
+    problem = roots_index_problem(store)
+    if problem is not None:
+        findings.append({"id": "roots", "kind": "index-damaged", "detail": f"{problem}: listings may miss top-level "
+                         "sessions (run `subagents store reindex`)"})
+    listed = indexed_roots(store)
+    if listed is not None:  # without a readable index, listings read every header: none is missed
+        for root in sorted(tops - listed):
+            findings.append({"id": root, "kind": "index-missing", "detail": "top-level session absent from index/roots: "
+                             "listings miss it (run `subagents store reindex`)"})
     indexed_parents = {n for n in names if is_valid_session_id(n)}
     for parent in sorted(indexed_parents | set(proven)):
         found = read_index(store, parent)

@@ -226,7 +226,7 @@ def _placed(store: Store, damaged: dict[str, str]) -> tuple[list[str], list[str]
     holds back every subtree: deleting one could leave it without its parent."""
     if not damaged:
         return [], []
-    roots = indexed_roots(store)
+    roots = indexed_roots(store) or set()
     listed = indexed_children(store)
     return ([sid for sid in damaged if sid in roots and sid not in listed],
             [sid for sid in damaged if sid not in roots and sid not in listed])

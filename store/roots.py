@@ -24,7 +24,7 @@ from typing import Any
 from .appender import append_durably
 from .atomic import NOFOLLOW, read_bytes, write_atomic
 from .catalog import ChildStatus, DiagnosticReason, damage_reason
-from .errors import SessionNotFoundError, SubagentError
+from .errors import CorruptSessionError, SessionNotFoundError, SubagentError
 from .framing import encode_record, scan_all, scan_suffix
 from .ids import is_valid_session_id
 from .index import read_children
@@ -40,6 +40,7 @@ from .root import Store
 __all__ = [
     "RootEntry", "DEFAULT_ROOT_LIMIT", "list_roots", "find_roots", "subagent_count",
     "add_root", "remove_root", "remove_roots", "compact_roots", "rebuild_roots", "roots_index_path", "indexed_roots",
+    "roots_index_problem",
 ]
 
 # what `ls` shows with no --limit: a screenful, and the cost of a listing stays flat
@@ -99,23 +100,48 @@ def _write_index(store: Store, roots: list[tuple[float, str]]) -> None:
 
 
 def rebuild_roots(store: Store) -> list[str]:
-    """Rewrite ``index/roots`` from headers (``subagents store reindex``); the root ids, oldest first."""
+    """Rewrite ``index/roots`` from headers (``subagents store reindex``); the root ids, oldest first.
+
+    A listed root whose header does not read keeps its entry (as ``reindex`` keeps a damaged
+    child's): it stays listed as a diagnostic row until its file is restored or removed."""
     with rebuilding(_index_file(store)):
         roots = _root_headers(store)
+        found = _read_suffix(store, 1 << 62)
+        if found is not None:
+            headed = {sid for _, sid in roots}
+            roots = sorted(roots + [(ts, sid) for ts, sid in found[0] if sid not in headed and _unreadable(store, sid)])
         _write_index(store, roots)
     return [sid for _, sid in roots]
 
 
+def _unreadable(store: Store, session_id: str) -> bool:
+    """Whether the session exists and its header does not read."""
+    if not store.exists(session_id):
+        return False
+    try:
+        read_header(store, session_id)
+    except SubagentError:
+        return True
+    return False
+
+
 def add_root(store: Store, root_id: str, created_at: float) -> None:
-    """Index a root just published (its header exists). A store without the index gets it built from headers."""
+    """Index a root just published (its header exists). A store without the index gets it built from headers,
+    and so does one whose index does not read whole: appending after damage (or cutting it as a torn
+    tail) would leave the roots it hid out of every listing, with nothing left to warn about them."""
     path = roots_index_path(store)
     if not os.path.lexists(path):
         with rebuilding(_index_file(store)) as index:
             if not index.size:  # still empty once locked: nobody built it meanwhile
                 _write_index(store, _root_headers(store))  # includes this root: its header is published
                 return
-    append_durably(store, path, {"id": root_id, "created_at": created_at}, index=_index_file(store), key="index/roots",
-                   owner="roots", what="roots index", skip_damage=True)
+    try:
+        append_durably(store, path, {"id": root_id, "created_at": created_at}, index=_index_file(store), key="index/roots",
+                       owner="roots", what="roots index", check=_problem, refuse_damage=True)
+    except CorruptSessionError as exc:
+        with rebuilding(_index_file(store)):
+            log.warning("index/roots does not read whole (%s): rebuilt from the session headers", exc.reason)
+            _write_index(store, _root_headers(store))  # includes this root: its header is published
 
 
 def compact_roots(store: Store) -> int | None:
@@ -178,10 +204,29 @@ def _live(records: list[dict[str, Any]]) -> list[tuple[float, str]]:
     return sorted(((ts, sid) for sid, ts in seen.items()), reverse=True)
 
 
-def indexed_roots(store: Store) -> set[str]:
-    """The ids ``index/roots`` lists as live (none when it is absent or holds no readable record)."""
+def roots_index_problem(store: Store) -> str | None:
+    """What is wrong with ``index/roots``, or ``None``: records it steps over, a file with no readable
+    record, or one that cannot be read (``fsck`` and ``check`` report it; ``reindex`` rewrites it)."""
+    try:
+        data = read_bytes(roots_index_path(store))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"index/roots cannot be read ({exc.strerror or exc})"
+    skim = scan_all(data, check=_problem)
+    if skim.skipped:
+        first = skim.skipped[0]
+        return f"index/roots: {len(skim.skipped)} damaged range(s) stepped over, the first {first.damage.reason} at byte {first.damage.offset}"
+    if data and not skim.records and skim.tail is not None:
+        return f"index/roots holds no readable record ({skim.tail.reason} at byte {skim.tail.offset})"
+    return None
+
+
+def indexed_roots(store: Store) -> set[str] | None:
+    """The ids ``index/roots`` lists as live; ``None`` when it is absent or holds no readable record
+    (listings then read every header)."""
     found = _read_suffix(store, 1 << 62)
-    return set() if found is None else {sid for _, sid in found[0]}
+    return None if found is None else {sid for _, sid in found[0]}
 
 
 def _read_suffix(store: Store, size: int) -> tuple[list[tuple[float, str]], bool] | None:

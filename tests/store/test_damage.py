@@ -20,7 +20,7 @@ from subagents.store.index import read_index
 from subagents.store.framing import FRAME, encode_record
 
 from ..session_bytes import (
-    SLOT_SIZE, SLOTS_AT, append_log, file_bytes, log_data, log_start, newest_slot, slot_bytes, synced_slot, write_log, write_slot,
+    SLOT_SIZE, SLOTS_AT, append_log, file_bytes, log_data, log_start, newest_slot, slot_bytes, synced_slot, write_header, write_log, write_slot,
 )
 from ._support import ONE_SHOT, make_child, read_file, records_blob, tree_state, write_file
 
@@ -404,3 +404,65 @@ def test_a_settled_row_of_a_file_cut_only_in_its_padding_stays_as_it_is(st):
     before = store.list_children(st, "r")
     os.truncate(st.session_path("c1"), log_start(st, "c1") + len(log_data(st, "c1")))
     assert store.list_children(st, "r") == before and before[0].kind == "child"
+
+
+# -- index/roots ----------------------------------------------------------------------------------
+
+
+def roots_of(st):
+    return [r.id for r in store.find_roots(st, limit=None).rows]
+
+
+GARBAGE = bytes(range(7, 250)) * 2
+
+
+@pytest.mark.parametrize("where", ["whole", "after-first"])
+def test_a_damaged_roots_index_is_rebuilt_by_the_next_root_and_reported_until_then(st, where):
+    """Audit defect 8: with index/roots damaged, the next root's creation cut the damage as a torn tail
+    (or appended after it) and listings showed the new root alone, without the warning shown before;
+    check and fsck said clean. Now fsck and check report the damage, and the next creation rebuilds the
+    index from the headers: every root is listed."""
+    from subagents.store.roots import roots_index_path
+
+    for rid in ("r1", "r2", "r3"):
+        store.create_session(st, rid, created_at=float(rid[1]))
+    path = roots_index_path(st)
+    kept = read_file(path)[: len(encode_record({"id": "r1", "created_at": 1.0, "seq": 0}))] if where == "after-first" else b""
+    write_file(path, kept + GARBAGE)
+    # bytes with no record after them read as a torn tail: what they hid is reported as missing roots
+    damaged = {"whole": [("roots", "index-damaged")], "after-first": [("r2", "index-missing"), ("r3", "index-missing")]}[where]
+    found = fsck(st, repair=False, lease_ttl_s=5.0)
+    assert [(f["id"], f["kind"]) for f in found["findings"] if f["kind"] != "clean"] == damaged, found["findings"]
+    report = store.check_store(st, in_flight_s=0.0)
+    assert [(v.session_id, v.kind) for v in report.violations] == damaged, str(report)
+    store.create_session(st, "r4", created_at=4.0)
+    assert roots_of(st) == ["r4", "r3", "r2", "r1"]
+    assert store.check_store(st).clean
+    assert [f for f in fsck(st, repair=False, lease_ttl_s=5.0)["findings"] if f["kind"] != "clean"] == []
+
+
+def test_a_root_missing_from_the_roots_index_is_reported(st):
+    """A top-level header the roots index does not list is missed by every listing that reads the index:
+    check and fsck name it (index-missing) for `store reindex`."""
+    from subagents.store.roots import remove_root
+
+    for rid in ("r1", "r2"):
+        store.create_session(st, rid, created_at=float(rid[1]))
+    remove_root(st, "r1")  # the index forgets r1, its header stays
+    assert roots_of(st) == ["r2"]
+    assert [v.session_id for v in store.check_store(st, in_flight_s=0.0).of_kind("index-missing")] == ["r1"]
+    assert [f["id"] for f in fsck(st, repair=False, lease_ttl_s=5.0)["findings"] if f["kind"] == "index-missing"] == ["r1"]
+    store.rebuild_roots(st)
+    assert roots_of(st) == ["r2", "r1"]
+
+
+def test_rebuilding_the_roots_index_keeps_a_root_whose_header_does_not_read(st):
+    """`store reindex` keeps a listed root whose header is damaged (a diagnostic row), as it keeps a
+    damaged child: rebuilding from headers alone dropped it from every listing."""
+    for rid in ("r1", "r2"):
+        store.create_session(st, rid, created_at=float(rid[1]))
+    write_header(st, "r1", b"\xc1 not msgpack")
+    before = store.find_roots(st, limit=None).rows
+    assert [(r.id, r.diagnostic) for r in before] == [("r2", None), ("r1", "corrupt")]
+    store.rebuild_roots(st)
+    assert store.find_roots(st, limit=None).rows == before
