@@ -17,6 +17,7 @@
     ├── SetupError                ACTIVATION_SETUP_REVOKED, ACTIVATION_SETUP_RELEASE_FAILED
     ├── RpcError                  UNKNOWN_RPC, NO_RUN, TURN_GONE, RPC_FAILED: a turn's request to its supervisor failed
     ├── WorkerHandshakeError      WORKER_HANDSHAKE: a new worker did not announce itself
+    ├── WorkerStartError          WORKER_START_FAILED: a worker could not be launched, exited or hung before Ready (also RuntimeError)
     └── RayUnavailableError       RAY_UNAVAILABLE: pool = "ray" without Ray, asyncio or a cluster
 
 The texts are part of the contract: programs and models read them, and
@@ -27,6 +28,7 @@ text, so each is written once.
 from __future__ import annotations
 
 from subagents.store.errors import SubagentError
+from subagents.worker.errors import describe_exit
 
 __all__ = [
     "RegistryError",
@@ -45,6 +47,7 @@ __all__ = [
     "SetupError",
     "RpcError",
     "WorkerHandshakeError",
+    "WorkerStartError",
     "RayUnavailableError",
     "duplicate_provider",
     "no_provider",
@@ -314,6 +317,33 @@ class WorkerHandshakeError(SubagentError):
 
     def __init__(self, pid: int | None) -> None:
         super().__init__(f"worker {pid} did not announce itself", pid=pid)
+
+
+class WorkerStartError(SubagentError, RuntimeError):
+    """Raised by the pool's start when a worker process never became ready: nothing can run on this host.
+
+    The process could not be launched (the forkserver died, the executable
+    failed), it exited before sending ``Ready`` (a broken interpreter or
+    environment: its own output on stderr says why), or it sent nothing within
+    ``worker_ready_timeout_s`` (it was killed). ``pid`` and ``exitcode`` name
+    the worker where there was one.
+    """
+
+    code = "WORKER_START_FAILED"
+
+    @classmethod
+    def not_launched(cls, start_method: str, exc: BaseException) -> "WorkerStartError":
+        return cls(f"a worker process could not be started (start method {start_method}): {type(exc).__name__}: {exc}",
+                   pid=None, exitcode=None)
+
+    @classmethod
+    def exited(cls, pid: int | None, exitcode: int | None) -> "WorkerStartError":
+        return cls(f"worker process {pid} {describe_exit(exitcode)} before it was ready", pid=pid, exitcode=exitcode)
+
+    @classmethod
+    def not_ready(cls, pid: int | None, timeout_s: float) -> "WorkerStartError":
+        return cls(f"worker process {pid} was not ready within {timeout_s:g}s (worker_ready_timeout_s) and was killed",
+                   pid=pid, exitcode=None)
 
 
 class RayUnavailableError(SubagentError, RuntimeError):

@@ -40,6 +40,7 @@ from typing import Any, Iterator
 import anyio
 import multiprocess
 
+from subagents.store.errors import SubagentError
 from subagents.worker.errors import WorkerCrashedError, describe_exit
 from subagents.worker.main import worker_entry
 from subagents.worker.pipe import serve_pipe
@@ -47,7 +48,7 @@ from subagents.worker.protocol import Cancel, Ready, Reply, Rpc, RunTurn, Shutdo
 
 from .backend import WorkerRef
 from .dispatch import Dispatcher, Turn, WorkerSlot
-from .errors import WorkerHandshakeError
+from .errors import WorkerHandshakeError, WorkerStartError
 
 __all__ = ["WorkerPool"]
 
@@ -106,12 +107,23 @@ class WorkerPool(Dispatcher[_Worker]):
     # -- life cycle ------------------------------------------------------------
 
     async def start(self, tg: anyio.abc.TaskGroup) -> None:
-        """Start every worker and wait for each READY under the deadline."""
+        """Start every worker and wait for each READY under the deadline.
+
+        A worker that does not become ready raises ``WorkerStartError`` (or
+        ``WorkerHandshakeError``; the first, if several fail alike), not the group
+        the starting tasks were in; the
+        workers already started are the caller's to close (``aclose``).
+        """
         self._tg = tg
-        with anyio.fail_after(self._ready_timeout_s):
+        try:
             async with anyio.create_task_group() as starting:
                 for index in range(self.size):
                     starting.start_soon(self._start_worker, index)
+        except BaseExceptionGroup as group:
+            failures, others = group.split(SubagentError)
+            if failures is not None and others is None:
+                raise _first_leaf(failures) from None
+            raise
 
     async def _start_worker(self, index: int) -> None:
         parent_conn, child_conn = self._context.Pipe(duplex=True)
@@ -122,14 +134,22 @@ class WorkerPool(Dispatcher[_Worker]):
             target=worker_entry, args=(child_conn, self._log_level, inherited, self._turns_per_worker), daemon=True,
             name=f"subagents-worker-{index}",
         )
-        with _main_module_hidden():
-            process.start()
-        child_conn.close()
-        with anyio.fail_after(self._ready_timeout_s):
-            await anyio.wait_readable(parent_conn.fileno())
-        hello = decode(parent_conn.recv_bytes())
-        if not isinstance(hello, Ready):
-            raise WorkerHandshakeError(process.pid)
+        try:
+            with _main_module_hidden():
+                process.start()
+        except (OSError, EOFError) as exc:  # the executable failed, or the forkserver died before forking it
+            parent_conn.close()
+            raise WorkerStartError.not_launched(self._start_method, exc) from exc
+        finally:
+            child_conn.close()
+        try:
+            hello = await self._ready(process, parent_conn)
+        except BaseException:
+            parent_conn.close()
+            process.kill()
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(process.join, 1.0)
+            raise
         worker = _Worker(index, hello.pid, self._host, process, parent_conn)
         self._slots[index] = worker
         self._started += 1
@@ -137,6 +157,20 @@ class WorkerPool(Dispatcher[_Worker]):
         self._tg.start_soon(self._reader, worker)
         self._tg.start_soon(self._watch, worker)
         self._schedule()
+
+    async def _ready(self, process: Any, conn: Any) -> Ready:
+        """The worker's first message, under the deadline; ``WorkerStartError`` if it exits or hangs first."""
+        with anyio.move_on_after(self._ready_timeout_s):
+            await anyio.wait_readable(conn.fileno())
+            try:
+                hello = decode(conn.recv_bytes())
+            except (EOFError, OSError):  # it exited before writing a byte: its exit code says how
+                await anyio.to_thread.run_sync(process.join, self._ready_timeout_s)
+                raise WorkerStartError.exited(process.pid, process.exitcode) from None
+            if not isinstance(hello, Ready):
+                raise WorkerHandshakeError(process.pid)
+            return hello
+        raise WorkerStartError.not_ready(process.pid, self._ready_timeout_s)
 
     async def aclose(self) -> None:
         """Shut every worker down (killed after 2 s) and end the turns still resident on it.
@@ -236,3 +270,9 @@ class WorkerPool(Dispatcher[_Worker]):
         worker.conn.close()
         if not self._closing:
             await self._start_worker(worker.index)
+
+
+def _first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:
+    """The first exception of a (possibly nested) group that is not itself a group."""
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first

@@ -144,7 +144,7 @@ class Supervisor:
         if cfg.pool == "ray":
             require_ray()  # before anything exists: Ray installed, asyncio loop
         handle = Store(store, durability=cfg.durability, max_record_bytes=cfg.max_record_bytes)
-        body_error: BaseException | None = None
+        own_error: BaseException | None = None  # what the pool's start or the body raised
         try:
             async with anyio.create_task_group() as tg:
                 sup = cls(handle, cfg, tg)
@@ -153,21 +153,26 @@ class Supervisor:
                 tg.start_soon(sup.continuation.watch_store, cfg.control_poll_s)
                 tg.start_soon(sup.runtime.control.run, cfg.control_poll_s)
                 try:
-                    await sup.pool.start(tg)
+                    try:
+                        await sup.pool.start(tg)
+                    except BaseException as exc:  # a worker that cannot start: WorkerStartError
+                        own_error = exc
+                        raise
                     try:
                         yield sup
                     except BaseException as exc:
-                        body_error = exc
+                        own_error = exc
                         raise
                 finally:
                     with anyio.CancelScope(shield=True):
                         await sup._close()
                     tg.cancel_scope.cancel()
         except BaseExceptionGroup as group:
-            # The task group wraps whatever left the body; when that is all it holds, the
-            # caller gets its own exception back (``except ValueError`` must see a ValueError).
-            if body_error is not None and group.split(lambda exc: exc is body_error)[1] is None:
-                raise body_error from None
+            # The task group wraps whatever left the body (or the pool's start); when that is
+            # all it holds, the caller gets that exception back (``except ValueError`` must see
+            # a ValueError, ``except SubagentError`` a worker that could not start).
+            if own_error is not None and group.split(lambda exc: exc is own_error)[1] is None:
+                raise own_error from None
             raise
 
     @classmethod

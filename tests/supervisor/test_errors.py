@@ -38,6 +38,16 @@ CASES = [
     (E.RpcError.no_run("r9"), "NO_RUN", 'no background subagent "r9" was started by this turn'),
     (E.RpcError.turn_gone(), "TURN_GONE", "the calling turn is gone"),
     (E.WorkerHandshakeError(42), "WORKER_HANDSHAKE", "worker 42 did not announce itself"),
+    (E.WorkerStartError.exited(42, 1), "WORKER_START_FAILED", "worker process 42 exited with code 1 before it was ready"),
+    (E.WorkerStartError.exited(42, -9), "WORKER_START_FAILED", "worker process 42 killed by signal SIGKILL before it was ready"),
+    (
+        E.WorkerStartError.not_ready(42, 30.0), "WORKER_START_FAILED",
+        "worker process 42 was not ready within 30s (worker_ready_timeout_s) and was killed",
+    ),
+    (
+        E.WorkerStartError.not_launched("forkserver", EOFError("unexpected EOF")), "WORKER_START_FAILED",
+        "a worker process could not be started (start method forkserver): EOFError: unexpected EOF",
+    ),
     (E.no_provider("x"), "NO_PROVIDER", 'no subagent provider registered for "x"'),
     (E.program_missing("c1", "x"), "NO_PROVIDER", 'subagent "c1" needs provider "x" to run its program'),
     (
