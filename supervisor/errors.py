@@ -103,6 +103,16 @@ class InvalidRequestError(SubagentError, ValueError):
 
     code = "INVALID_REQUEST"
 
+    @classmethod
+    def wrong_fields(cls, model: str, problems: list[tuple[str, str]]) -> "InvalidRequestError":
+        """A request model refused its fields' types: ``(field path, what is wrong)`` each.
+
+        ``field`` is the first path; ``problems`` keeps each as ``"path: what"``
+        (so a model holding this one can prefix its own path).
+        """
+        lines = [f"{path}: {what}" for path, what in problems]
+        return cls(f"invalid {model}: " + "; ".join(lines), field=problems[0][0], problems=lines)
+
 
 class SubagentDepthError(SubagentError):
     """Raised when a child would be deeper than the request's ``max_depth``."""

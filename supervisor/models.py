@@ -1,11 +1,20 @@
-"""The public request and result models of the service (pydantic at the boundary)."""
+"""The public request and result models of the service (pydantic at the boundary).
+
+The request models (``SubagentRequest``, ``ContinuableSpec``, ``RunBudget``)
+refuse a field of the wrong type with ``InvalidRequestError``
+(``INVALID_REQUEST``), as the start's own checks (``validation.py``) refuse a
+bad value: a caller catches one ``SubagentError`` with a code, never
+pydantic's ``ValidationError``, and nothing has been created yet.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from .errors import InvalidRequestError
 
 __all__ = [
     "Capabilities",
@@ -54,7 +63,17 @@ class Provider(BaseModel):
     continuable: bool = False
 
 
-class RunBudget(BaseModel):
+class _Request(BaseModel):
+    """A model a caller builds for a request: its type errors are ``InvalidRequestError``."""
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise InvalidRequestError.wrong_fields(type(self).__name__, _problems(exc)) from None
+
+
+class RunBudget(_Request):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_steps: int | None = None
@@ -69,7 +88,7 @@ class AgentRef:
     label: str | None = None
 
 
-class SubagentRequest(BaseModel):
+class SubagentRequest(_Request):
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
     parent: AgentRef | str
@@ -97,7 +116,7 @@ class SubagentResult(BaseModel):
     diagnostic: str | None = None
 
 
-class ContinuableSpec(BaseModel):
+class ContinuableSpec(_Request):
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
     parent: AgentRef | str
@@ -160,3 +179,20 @@ class InterruptResult(BaseModel):
     host_pid: int | None = None
     stop_reason: str | None = None
     detail: str = ""
+
+
+def _problems(exc: ValidationError) -> list[tuple[str, str]]:
+    """Each refused field as ``(path, what is wrong)``; a nested request model (pydantic builds it through
+    ``_Request.__init__``) contributes its own fields under its path, not one wrapped "Value error"."""
+    problems: list[tuple[str, str]] = []
+    for error in exc.errors():
+        path = ".".join(str(part) for part in error["loc"])
+        inner = error.get("ctx", {}).get("error")
+        if isinstance(inner, InvalidRequestError) and isinstance(getattr(inner, "problems", None), list):
+            for line in inner.problems:
+                field, _, what = line.partition(": ")
+                problems.append((f"{path}.{field}" if path else field, what))
+        else:
+            problems.append((path, error["msg"]))
+    return problems
+

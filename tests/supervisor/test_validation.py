@@ -12,6 +12,7 @@ import pytest
 from subagents.supervisor import (
     CancelledBeforeStartError,
     Capabilities,
+    ContinuableSpec,
     InvalidRequestError,
     Provider,
     RegistryError,
@@ -183,6 +184,46 @@ async def test_depth_exceeded_inside_a_child_crosses_the_pipe(tmp_path):
         await run.dispose()
         assert result.stop_reason == "error"
         assert result.diagnostic == "DEPTH_EXCEEDED: subagent depth 2 exceeds maxDepth 1"
+        assert await sup.list_children(run.id) == []
+
+
+# (model, fields beside the valid ones, the message): a field of the wrong type
+WRONG_TYPES = [
+    (SubagentRequest, {"label": []}, "invalid SubagentRequest: label: Input should be a valid string"),
+    (SubagentRequest, {"persona": 3}, "invalid SubagentRequest: persona: Input should be a valid string"),
+    (SubagentRequest, {"budget": {"max_steps": "many"}},
+     "invalid SubagentRequest: budget.max_steps: Input should be a valid integer, unable to parse string as an integer"),
+    (SubagentRequest, {"tool_filter": {"allow": "echo"}}, "invalid SubagentRequest: tool_filter.allow: Input should be a valid list"),
+    (SubagentRequest, {"colour": "red"}, "invalid SubagentRequest: colour: Extra inputs are not permitted"),
+    (ContinuableSpec, {"label": []}, "invalid ContinuableSpec: label: Input should be a valid string"),
+    (ContinuableSpec, {"provider": 5}, "invalid ContinuableSpec: provider: Input should be a valid string"),
+    (ContinuableSpec, {"child_id": ["c"]}, "invalid ContinuableSpec: child_id: Input should be a valid string"),
+    (RunBudget, {"timeout_ms": "soon"},
+     "invalid RunBudget: timeout_ms: Input should be a valid integer, unable to parse string as an integer"),
+]
+VALID = {SubagentRequest: {"parent": "01P", "prompt": "x"}, ContinuableSpec: {"parent": "01P", "provider": "script", "prompt": "x", "label": "w"}, RunBudget: {}}
+
+
+@pytest.mark.parametrize("model, fields, message", WRONG_TYPES, ids=[f"{m.__name__}-{next(iter(f))}" for m, f, _ in WRONG_TYPES])
+def test_a_field_of_the_wrong_type_is_an_invalid_request(model, fields, message):
+    """Issue a: pydantic's ValidationError (no ``code``) escaped; the request models raise INVALID_REQUEST."""
+    with pytest.raises(InvalidRequestError) as info:
+        model(**{**VALID[model], **fields})
+    assert (info.value.code, str(info.value)) == ("INVALID_REQUEST", message)
+    assert info.value.field == message.split(": ")[1]
+
+
+async def test_a_wrong_field_type_from_a_child_crosses_the_pipe(tmp_path):
+    """A child's ``spawn`` with a field of the wrong type ends ``error`` naming INVALID_REQUEST, and nothing is created."""
+    async with open_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        prompt = '[{"spawn": {"prompt": "x", "provider": "echo", "persona": 3}}]'
+        run = await sup.start("script", SubagentRequest(parent=root, prompt=prompt))
+        with anyio.fail_after(20):
+            result = await run.result()
+        await run.dispose()
+        assert result.stop_reason == "error"
+        assert result.diagnostic == "INVALID_REQUEST: invalid SubagentRequest: persona: Input should be a valid string"
         assert await sup.list_children(run.id) == []
 
 
