@@ -25,7 +25,9 @@ it, and renames them all before letting go. A re-activation (a ``send`` that
 resumes an old child, ``open_root`` of an old root) that takes a lock first
 holds a live lease when ``collect`` looks: the subtree stays. One that comes
 after finds the session gone (``SESSION_NOT_FOUND``). Two ``collect`` calls
-on one store run one after the other (``trash/.lock``). Called by
+on one store run one after the other (``trash/.lock``). Last, the records
+of crashed supervisors that hold no lease leave ``owners/`` (``reap_owners``).
+Called by
 ``subagents gc`` and ``Supervisor.gc``. (Over 400 lines: the plan, the locked
 re-check, the renames and the crash recovery share their invariants and read
 best in one place.)
@@ -51,7 +53,7 @@ from .errors import InvalidQueryError, LockTimeoutError, SubagentError
 from .header import SessionHeader, parse_header
 from .ids import is_valid_session_id
 from .index import drop_index, indexed_children, mark_all_active, read_children, remove_child
-from .lease import check_lease, host_identity, owner_alive, process_start_time, read_owner
+from .lease import check_lease, host_identity, owner_alive, process_start_time, read_owner, reap_owners
 from .locks import PinnedLock
 from .log import read_projection
 from .outcome import OUTCOMES, outcome_of
@@ -110,6 +112,7 @@ class GcReport:
     young: int = 0  # roots kept: their subtree was active after the cutoff
     other_outcome: int = 0  # old roots kept: their outcome was not asked for
     finished: int = 0  # trash folders an interrupted gc left, emptied first (a dry run: that are there)
+    owners_removed: int = 0  # records of crashed supervisors that held nothing (``reap_owners``; a dry run: that would go)
     elapsed_s: float = 0.0
 
     @property
@@ -481,8 +484,10 @@ def collect(
             skipped += late
             if collected or finished:
                 compact_roots(store)
+        # last: a collected session no longer names its crashed owner
+        owners_removed = len(reap_owners(store, dry_run=dry_run))
     return GcReport(store.root, float(older_than_s), cutoff, dry_run, tuple(sorted(wanted)), tuple(collected), tuple(skipped),
-                    young, other, finished, time.monotonic() - started)
+                    young, other, finished, owners_removed, time.monotonic() - started)
 
 
 def _collected(plan: _Plan) -> CollectedRoot:

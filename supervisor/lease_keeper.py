@@ -2,7 +2,11 @@
 
 One heartbeat file per supervisor, renewed every TTL/3, covers every lease it
 holds. If the process is stopped or hung past its TTL, other supervisors may
-take its sessions over; its next append is then fenced.
+take its sessions over; its next append is then fenced. It also removes the
+records crashed supervisors left (``reap_owners``: gone for good and holding
+no lease) once when it starts and once at close, after this supervisor may
+have taken their leases over; a record still holding a lease then waits for
+a later supervisor or ``store gc``.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from subagents.store import IdGenerator, OwnerRecord, Store, heartbeat, register_owner, remove_owner
+from subagents.store import IdGenerator, OwnerRecord, Store, SubagentError, heartbeat, reap_owners, register_owner, remove_owner
 
 __all__ = ["LeaseKeeper", "LeaseKeeperStatistics"]
 
@@ -38,12 +42,29 @@ class LeaseKeeper:
         self._record = register_owner(self.store, self.owner_id, ttl=self.ttl_s)
 
     async def run(self) -> None:
-        """Renew the heartbeat until cancelled."""
+        """Remove the records of crashed owners, then renew the heartbeat until cancelled."""
+        await self.reap()
         while True:
             await anyio.sleep(self.ttl_s / 3)
             assert self._record is not None
             self._record = await anyio.to_thread.run_sync(heartbeat, self.store, self._record)
             self._beats += 1
+
+    async def reap(self) -> list[str]:
+        """Remove the records of owners gone for good that hold nothing (``reap_owners``); the ids removed.
+
+        Housekeeping, an isolation boundary: a failure (a store that cannot be
+        read or written right now) is logged and leaves the records for a later
+        pass; it never stops the supervisor.
+        """
+        try:
+            removed = await anyio.to_thread.run_sync(reap_owners, self.store)
+        except (SubagentError, OSError):
+            log.warning("could not remove the records of crashed supervisors", exc_info=True)
+            return []
+        if removed:
+            log.info("removed the records of %d crashed supervisor(s): %s", len(removed), ", ".join(removed))
+        return removed
 
     def stop(self) -> None:
         remove_owner(self.store, self.owner_id)

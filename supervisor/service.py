@@ -217,6 +217,8 @@ class Supervisor:
             except FencedError:
                 log.warning("root %s was taken over before close", root_id)
         await self.runtime.store_thread.aclose()  # last: everything above may still call it
+        with anyio.move_on_after(5):  # the leases of crashed owners this supervisor took over are released now
+            await self.lease_keeper.reap()
         self.lease_keeper.stop()
 
     def _check_open(self) -> None:

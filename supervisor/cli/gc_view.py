@@ -32,6 +32,7 @@ def gc_doc(report: GcReport) -> dict[str, Any]:
         "young": report.young,
         "other_outcome": report.other_outcome,
         "finished": report.finished,
+        "owners_removed": report.owners_removed,
         "sessions": report.sessions,
         "bytes": report.bytes,
         "elapsed_s": round(report.elapsed_s, 3),
@@ -62,6 +63,9 @@ def render_gc(out: Output, doc: dict[str, Any]) -> None:
         out.line(f"an interrupted gc left {_plural(doc['finished'], 'folder')} in trash/: gc empties them first")
     elif doc["finished"]:
         out.line(f"finished an interrupted gc: {_plural(doc['finished'], 'folder')} emptied from trash/")
+    if doc["owners_removed"]:
+        owners = _plural(doc["owners_removed"], "record")
+        out.line(f"{'would remove' if doc['dry_run'] else 'removed'} {owners} of crashed supervisors that held nothing (owners/)")
     total = (f"{verb} {_plural(len(doc['collected']), 'subtree')}, {_plural(doc['sessions'], 'session')}, "
              f"{_size(doc['bytes'])} in {doc['elapsed_s']:.2f} s")
     kept = [f"{doc['young']} active within {_age(doc['older_than_s'])}"]
