@@ -104,6 +104,17 @@ class InvalidRequestError(SubagentError, ValueError):
     code = "INVALID_REQUEST"
 
     @classmethod
+    def not_a_root(cls, session_id: str, parent: str) -> "InvalidRequestError":
+        """``open_root(id=...)`` named a session that has a parent."""
+        return cls(f'session "{session_id}" is not a root: it is a child of "{parent}"', session_id=session_id, parent=parent)
+
+    @classmethod
+    def other_label(cls, session_id: str, stored: str | None, asked: str) -> "InvalidRequestError":
+        """``open_root(id=..., label=...)`` with a label that is not the root's own."""
+        shown = f'"{stored}"' if stored is not None else "no label"
+        return cls(f'root "{session_id}" has {shown}, not "{asked}"', session_id=session_id, label=stored)
+
+    @classmethod
     def wrong_fields(cls, model: str, problems: list[tuple[str, str]]) -> "InvalidRequestError":
         """A request model refused its fields' types: ``(field path, what is wrong)`` each.
 

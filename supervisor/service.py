@@ -53,7 +53,7 @@ from .config_loader import load_config
 from .backend import Pool, PoolStatistics
 from .continuable import ContinuationManager
 from .control_poller import ControlPoller
-from .errors import SupervisorClosedError, UnauthorizedError, WaitTimeoutError
+from .errors import InvalidRequestError, SupervisorClosedError, UnauthorizedError, WaitTimeoutError
 from .events import EventBus
 from .interrupts import Interrupts
 from .lease_keeper import LeaseKeeper
@@ -243,24 +243,34 @@ class Supervisor:
     # -- roots -----------------------------------------------------------------------
 
     async def open_root(self, *, label: str | None = None, id: str | None = None, sandbox: str | None = None) -> AgentRef:
-        """Open a top-level agent (depth 0): a new session, or an existing root by ``id``."""
+        """Open a top-level agent (depth 0): a new session labelled ``label``, or an existing root by ``id``.
+
+        A root opened by ``id`` keeps the label it was created with (``label``,
+        if given, must be that one); a session that has a parent is not a root
+        (``INVALID_REQUEST``, before its lease is touched).
+        """
         self._check_open()
 
-        def open_it() -> tuple[str, int, int]:
+        def open_it() -> tuple[str, int, int, str | None]:
             if id is None:
-                root_id = self.ids.new()
+                root_id, stored = self.ids.new(), label
                 create_session(self.store, root_id, label=label)
                 depth = 0
             else:
                 root_id = id
-                depth = read_header(self.store, root_id).delegation_depth
+                header = read_header(self.store, root_id)
+                if header.parent_session is not None:
+                    raise InvalidRequestError.not_a_root(root_id, header.parent_session)
+                if label is not None and label != header.label:
+                    raise InvalidRequestError.other_label(root_id, header.label, label)
+                depth, stored = header.delegation_depth, header.label
             lease = acquire_lease(self.store, root_id, self.lease_keeper.owner_id, state="idle")
-            return root_id, lease.epoch, depth
+            return root_id, lease.epoch, depth, stored
 
-        root_id, epoch, depth = await anyio.to_thread.run_sync(open_it)
+        root_id, epoch, depth, stored = await anyio.to_thread.run_sync(open_it)
         self._root_epochs[root_id] = epoch
-        self.agents.add_root(root_id, label=label, sandbox=sandbox, depth=depth)
-        return AgentRef(root_id, label)
+        self.agents.add_root(root_id, label=stored, sandbox=sandbox, depth=depth)
+        return AgentRef(root_id, stored)
 
     # -- one-shot children (OneShotRuns) ------------------------------------------------
 

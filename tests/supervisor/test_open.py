@@ -84,3 +84,49 @@ async def test_the_configured_record_limit_is_the_new_stores_limit(tmp_path):
         with pytest.raises(SubagentError) as caught:
             await sup.start_continuable(ContinuableSpec(parent=root, provider="echo", label="big", prompt="x" * 10_000))
         assert caught.value.code == "MESSAGE_TOO_LARGE"
+
+
+async def test_open_root_by_id_refuses_a_child_and_leaves_its_lease(tmp_path):
+    """Issue b: ``open_root(id=<a child>)`` was accepted (the child then held as a root at depth 1)."""
+    from subagents.store import read_lease
+
+    from subagents.supervisor import InvalidRequestError
+
+    from ..conftest import disk_snapshot, open_supervisor
+
+    async with open_supervisor(tmp_path) as sup:
+        root = await sup.open_root(label="top")
+        run = await sup.start("echo", SubagentRequest(parent=root, prompt="x"))
+        await run.result()
+        await run.dispose()
+        lease_before, before = read_lease(sup.store, run.id), disk_snapshot(sup.store)
+        with pytest.raises(InvalidRequestError) as caught:
+            await sup.open_root(id=run.id)
+        assert caught.value.code == "INVALID_REQUEST"
+        assert str(caught.value) == f'session "{run.id}" is not a root: it is a child of "{root.id}"'
+        assert read_lease(sup.store, run.id) == lease_before and disk_snapshot(sup.store) == before
+        assert sup.agents.get(run.id) is None
+
+
+async def test_a_reopened_root_reads_its_stored_label(tmp_path):
+    """Issue b: a root opened again by id read ``label=None`` instead of the label it was created with."""
+    config = SupervisorConfig(pool_size=1, durability="none")
+    async with Supervisor.open(store=tmp_path / "st", config=config) as sup:
+        root = await sup.open_root(label="main")
+    async with Supervisor.open(store=tmp_path / "st", config=config) as sup:
+        again = await sup.open_root(id=root.id)
+        assert (again.id, again.label) == (root.id, "main")
+
+
+async def test_open_root_by_id_refuses_another_label(tmp_path):
+    """A label given with ``id`` must be the root's own: it is never silently dropped."""
+    from subagents.supervisor import InvalidRequestError
+
+    config = SupervisorConfig(pool_size=1, durability="none")
+    async with Supervisor.open(store=tmp_path / "st", config=config) as sup:
+        root = await sup.open_root(label="main")
+    async with Supervisor.open(store=tmp_path / "st", config=config) as sup:
+        with pytest.raises(InvalidRequestError) as caught:
+            await sup.open_root(id=root.id, label="other")
+        assert str(caught.value) == f'root "{root.id}" has "main", not "other"'
+        assert (await sup.open_root(id=root.id, label="main")).label == "main"
