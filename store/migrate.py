@@ -56,12 +56,12 @@ import msgpack
 
 from .atomic import fsync_dir, read_bytes, write_atomic, write_new
 from .durability import Durability, durability_policy
-from .errors import ReadOnlyStoreError, StoreFormatError, StoreNotFoundError, SubagentError
+from .errors import ReadOnlyStoreError, StoreFormatError, SubagentError
 from .framing import scan
 from .ids import is_valid_session_id
 from .lease import host_identity, owner_alive, process_start_time, read_owner_file
 from .lease_record import Lease, decode_lease
-from .root import COMPANIONS, STORE_FORMAT, STORE_VERSION
+from .root import COMPANIONS, STORE_FORMAT, STORE_VERSION, missing_marker, read_marker
 from .session_file import encode_session
 
 __all__ = ["MigrationReport", "StoreInUseError", "migrate", "KILL_AFTER_ENV"]
@@ -117,13 +117,9 @@ class _Steps:
 
 
 def _read_marker(root: str) -> dict[str, Any]:
-    marker = os.path.join(root, "STORE")
-    if not os.path.isdir(root) or not os.path.exists(marker):
-        raise StoreNotFoundError(f"there is no store at {root}", path=root)
-    try:
-        info: Any = msgpack.unpackb(read_bytes(marker), raw=False)
-    except Exception as exc:  # any garbage in the marker means "not our store"
-        raise StoreFormatError(f"{marker} is unreadable: {exc}", path=root) from exc
+    if not os.path.isdir(root) or not os.path.exists(os.path.join(root, "STORE")):
+        raise missing_marker(root)
+    info = read_marker(root)
     if not isinstance(info, dict) or info.get("format") != STORE_FORMAT:
         raise StoreFormatError(f"{root} holds format {info!r}, not a {STORE_FORMAT}", path=root)
     if info.get("migrating") not in (None, *_LAYOUT_CONVERSIONS) or (

@@ -25,7 +25,7 @@ from .errors import ReadOnlyStoreError, StoreFormatError, StoreNotFoundError
 from .framing import DEFAULT_RECORD_LIMIT, MAX_RECORD_BYTES
 from .ids import is_valid_session_id, validate_session_id
 
-__all__ = ["STORE_FORMAT", "STORE_VERSION", "MIGRATE_HINT", "COMPANIONS", "Store"]
+__all__ = ["STORE_FORMAT", "STORE_VERSION", "MIGRATE_HINT", "COMPANIONS", "Store", "missing_marker", "read_marker"]
 
 STORE_FORMAT = "subagents-store"
 STORE_VERSION = 4
@@ -51,6 +51,43 @@ def _file_above(path: str) -> str:
 
 def _creating(name: str) -> bool:
     return name.startswith(".") or name in _LAYOUT or name.startswith("STORE.tmp.")
+
+
+def missing_marker(root: str) -> StoreFormatError:
+    """The error for ``root`` without a ``STORE`` marker, to open without creating.
+
+    Nothing there, an empty folder, or a store still being created (only its
+    layout): ``StoreNotFoundError``. A folder holding anything else exists but
+    is not a store: ``StoreFormatError`` naming what it holds.
+    """
+    try:
+        others = sorted(n for n in os.listdir(root) if not _creating(n))
+    except (NotADirectoryError, FileNotFoundError):
+        others = []
+    if not others:
+        return StoreNotFoundError(f"there is no store at {root}", path=root)
+    shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+    return StoreFormatError(f"{root} is not a store: it holds {shown} and no STORE marker", path=root)
+
+
+def read_marker(root: str) -> Any:
+    """The decoded ``STORE`` marker of ``root`` (any msgpack value; the caller checks it).
+
+    ``StoreFormatError`` saying what is wrong when it cannot be read or does not
+    decode: any garbage in the marker means "not our store".
+    """
+    marker = os.path.join(root, "STORE")
+    try:
+        raw = read_bytes(marker)
+    except OSError as exc:
+        raise StoreFormatError(f"{marker} is unreadable: {exc.strerror or exc}", path=root) from exc
+    if not raw:
+        raise StoreFormatError(f"{marker} is unreadable: it is empty", path=root)
+    try:
+        return msgpack.unpackb(raw, raw=False)
+    except Exception as exc:  # msgpack raises several kinds, some without a message (FormatError)
+        detail = str(exc) or type(exc).__name__
+        raise StoreFormatError(f"{marker} is unreadable: its {len(raw)} bytes are not msgpack ({detail})", path=root) from exc
 
 
 class Store:
@@ -81,7 +118,7 @@ class Store:
             raise StoreFormatError(f"{self.root} is a file, not a store folder", path=self.root)
         if not os.path.exists(marker):
             if not create:
-                raise StoreNotFoundError(f"there is no store at {self.root}", path=self.root)
+                raise missing_marker(self.root)
             if os.path.isdir(self.root) and not all(_creating(n) for n in os.listdir(self.root)):
                 raise StoreFormatError(
                     f"{self.root} is not empty and has no STORE marker: refusing to make it a store", path=self.root
@@ -106,10 +143,7 @@ class Store:
                 write_atomic(marker, msgpack.packb(info), durable=True, exclusive=True)
             except FileExistsError:
                 pass  # another process created it at the same time
-        try:
-            info: Any = msgpack.unpackb(read_bytes(marker), raw=False)
-        except Exception as exc:  # any garbage in the marker means "not our store"
-            raise StoreFormatError(f"{marker} is unreadable: {exc}", path=self.root) from exc
+        info = read_marker(self.root)
         if not isinstance(info, dict) or info.get("format") != STORE_FORMAT:
             raise StoreFormatError(f"{self.root} holds format {info!r}, not a {STORE_FORMAT}", path=self.root)
         if info.get("migrating") is not None:

@@ -137,3 +137,33 @@ def test_a_session_has_one_file_and_three_companion_names(tmp_path):
             st.path("s1", name)
     store.create_session(st, "s1")
     assert os.listdir(st.sessions_dir) == ["s1"] and st.exists("s1")  # one inode: no companion until needed
+
+
+def test_a_folder_of_other_files_is_not_a_store_rather_than_no_store(tmp_path):
+    """Issue c: a non-empty folder without a marker exists but is not a store: STORE_FORMAT, naming what it holds."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    with pytest.raises(store.StoreFormatError) as info:
+        store.Store(tmp_path / "mine", create=False)
+    assert type(info.value) is store.StoreFormatError and info.value.code == "STORE_FORMAT"
+    assert str(info.value) == f"{tmp_path / 'mine'} is not a store: it holds notes.txt and no STORE marker"
+    assert os.listdir(tmp_path / "mine") == ["notes.txt"]
+    # a store being created (its folders, no marker yet) is still one that is not there yet
+    (tmp_path / "young" / "sessions").mkdir(parents=True)
+    with pytest.raises(store.StoreNotFoundError):
+        store.Store(tmp_path / "young", create=False)
+
+
+@pytest.mark.parametrize("content, reason", [
+    (b"\xc1garbage", "its 8 bytes are not msgpack (FormatError)"),
+    (b"", "it is empty"),
+    (b"\x92\x01", "its 2 bytes are not msgpack (Unpack failed: incomplete input)"),
+])
+def test_a_garbage_marker_says_what_is_wrong(tmp_path, content, reason):
+    """Issue c: a marker that does not decode ended its message with an empty reason."""
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "STORE").write_bytes(content)
+    for create in (True, False):
+        with pytest.raises(store.StoreFormatError) as info:
+            store.Store(tmp_path / "s", create=create)
+        assert str(info.value) == f"{tmp_path / 's' / 'STORE'} is unreadable: {reason}"
