@@ -18,7 +18,8 @@
     ├── RpcError                  UNKNOWN_RPC, NO_RUN, TURN_GONE, RPC_FAILED: a turn's request to its supervisor failed
     ├── WorkerHandshakeError      WORKER_HANDSHAKE: a new worker did not announce itself
     ├── WorkerStartError          WORKER_START_FAILED: a worker could not be launched, exited or hung before Ready (also RuntimeError)
-    └── RayUnavailableError       RAY_UNAVAILABLE: pool = "ray" without Ray, asyncio or a cluster
+    ├── RayUnavailableError       RAY_UNAVAILABLE: pool = "ray" without Ray, asyncio or a cluster
+    └── UsageError                USAGE: the command line does not parse (an unknown option, a bad value; also ValueError)
 
 The texts are part of the contract: programs and models read them, and
 tests pin them. A class with several texts offers one named constructor per
@@ -49,6 +50,7 @@ __all__ = [
     "WorkerHandshakeError",
     "WorkerStartError",
     "RayUnavailableError",
+    "UsageError",
     "duplicate_provider",
     "no_provider",
     "unsupported_capability",
@@ -376,3 +378,9 @@ class RayUnavailableError(SubagentError, RuntimeError):
     """
 
     code = "RAY_UNAVAILABLE"
+
+
+class UsageError(SubagentError, ValueError):
+    """Raised by the CLI's argument parser for a command line it cannot parse; the CLI exits 2."""
+
+    code = "USAGE"

@@ -3,7 +3,8 @@
 Exit codes: 0 success; 1 the command ran but found a failure (a run, or a
 turn ``send`` hosted, that did not complete; a corrupt session in ``fsck``);
 3 ``interrupt`` found no turn running (``control.EXIT_NO_TURN``);
-2 an error: one line ``error: <CODE>: <message>`` on stderr (``TIMEOUT`` when
+2 an error: one line ``error: <CODE>: <message>`` on stderr (``USAGE`` for a
+command line that does not parse; ``TIMEOUT`` when
 ``send`` or ``drain`` waited past ``--wait-s``; ``OS_ERROR`` for a failure of
 the system outside the store; ``INTERNAL``, with a traceback, only for a bug);
 130 interrupted; 141 stdout was closed (``subagents tree | head -1``), quietly,
@@ -27,6 +28,7 @@ import argcomplete
 from subagents.store.errors import SubagentError
 
 from ..config_loader import load_config
+from ..errors import UsageError
 from . import control, demo, listing, maintenance
 from .invocation import Invocation
 from .log_format import setup_logging
@@ -55,7 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argcomplete.autocomplete(parser)  # answers a shell's completion request and exits; otherwise returns at once
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as exc:
+        return _error(exc.code, exc.message)
     setup_logging(args.log_level, args.log_json)
     if not hasattr(args, "func"):
         getattr(args, "usage", parser).print_help(sys.stderr)

@@ -4,15 +4,18 @@ Each verb group module (``listing``, ``control``, ``demo``, ``maintenance``)
 has a ``register(verbs)`` that adds its verbs through ``Verbs.add``;
 ``main.build_parser`` calls them in turn, so a new verb goes in the module of
 its group. The global options are accepted before and after the verb name.
+A command line that does not parse raises ``UsageError`` (``USAGE``), which
+the CLI prints as every other refusal: one ``error: USAGE: ...`` line, exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from ..config_loader import env_variables
+from ..errors import UsageError
 from .invocation import Invocation
 
 __all__ = ["Verbs", "new_parser", "positive", "non_negative", "positive_float"]
@@ -59,6 +62,25 @@ def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     parser.add_argument("--log-json", action="store_true", default=default(False), help="log JSON lines to stderr")
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are ``UsageError``, not a usage block and ``SystemExit(2)``.
+
+    Its sub-command parsers are of this class too (argparse makes them with the
+    parent's class), so each names its own ``--help``.
+    """
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        """As argparse's, with arguments nobody took named against the verb that was given them."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            prog = getattr(parsed, "verb_prog", self.prog)
+            raise UsageError(f"unrecognized arguments: {' '.join(extras)} (see `{prog} --help`)")
+        return parsed
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
 class Verbs:
     """A group of sub-commands (the top level, ``store``, ``config``) that verb modules add to."""
 
@@ -74,7 +96,7 @@ class Verbs:
             epilog="example:\n" + "\n".join(f"  {line}" for line in example.splitlines()),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        sub.set_defaults(func=func)
+        sub.set_defaults(func=func, verb_prog=sub.prog)
         if json:
             sub.add_argument("--json", action="store_true", help="print one JSON document")
         return sub
@@ -89,7 +111,7 @@ class Verbs:
 def new_parser() -> tuple[argparse.ArgumentParser, Verbs]:
     """The top-level parser with the global options, and its (still empty) verbs."""
     variables = "\n".join(f"  {name:<32} {what}" for name, what in env_variables().items())
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="subagents",
         description="Child agents in worker processes over a durable, shared store.",
         epilog=f"environment (overrides the config files; unknown SUBAGENTS_* names are errors):\n{variables}",
@@ -97,6 +119,6 @@ def new_parser() -> tuple[argparse.ArgumentParser, Verbs]:
     )
     parser.add_argument("--version", action="version", version=f"subagents {importlib.metadata.version('subagents')}")
     _global_options(parser, top=True)
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     _global_options(common, top=False)
     return parser, Verbs(parser.add_subparsers(title="commands", metavar="COMMAND"), common)

@@ -248,3 +248,20 @@ def test_a_parent_whose_header_is_damaged_still_lists_its_children(tmp_path: Pat
         assert json.loads(done.stdout)["root"] == root, done.stdout
     else:
         assert [row["id"] for row in json.loads(done.stdout)] == [child], done.stdout
+
+
+# -- usage -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, message", [
+    (["ls", "--bogus"], "unrecognized arguments: --bogus (see `subagents ls --help`)"),
+    (["bogusverb"], "argument COMMAND: invalid choice: 'bogusverb' (choose from "),
+    (["store", "fsck", "--nope"], "unrecognized arguments: --nope (see `subagents store fsck --help`)"),
+    (["ls", "--limit", "many"], "argument --limit: invalid "),
+    (["send"], "the following arguments are required: "),
+])
+def test_a_usage_error_is_one_error_line_with_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
+    """Issue d: argparse's usage block and 'subagents: error: ...' became 'error: USAGE: message', exit 2."""
+    text = refused(cli(*args, cwd=tmp_path), "USAGE")
+    assert text.startswith(message), text
+    assert os.listdir(tmp_path) == []
