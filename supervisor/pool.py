@@ -83,6 +83,8 @@ class _Worker(WorkerSlot):
     process: Any
     conn: Any
     drained: anyio.Event = field(default_factory=anyio.Event)  # its pipe was read to the end (or failed)
+    watched: anyio.Event = field(default_factory=anyio.Event)  # ``_watch`` no longer waits on its sentinel
+    released: bool = False  # its process handle is closed (``_release``)
 
     def ref(self) -> WorkerRef:
         return WorkerRef(self.host, self.pid)
@@ -149,6 +151,7 @@ class WorkerPool(Dispatcher[_Worker]):
             process.kill()
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(process.join, 1.0)
+            _close_process(process)
             raise
         worker = _Worker(index, hello.pid, self._host, process, parent_conn)
         self._slots[index] = worker
@@ -188,6 +191,8 @@ class WorkerPool(Dispatcher[_Worker]):
                 self._send(worker, Shutdown())
         deadline = time.monotonic() + 2.0
         for worker in workers:
+            if worker.released:  # it died and could not be replaced: its crash was handled
+                continue
             with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
                 await worker.drained.wait()
             if worker.process.is_alive():
@@ -197,6 +202,9 @@ class WorkerPool(Dispatcher[_Worker]):
             worker.alive = False
             await anyio.to_thread.run_sync(worker.process.join, 1.0)
             worker.conn.close()
+            with anyio.move_on_after(1.0):  # its sentinel became readable at the exit: ``_watch`` returns
+                await worker.watched.wait()
+            self._release(worker)
             self._end_at_close(worker)
 
     # -- reaching a worker (the dispatcher's hooks) ----------------------------------
@@ -211,7 +219,8 @@ class WorkerPool(Dispatcher[_Worker]):
         self._send(worker, reply)
 
     def _kill_worker(self, worker: _Worker) -> None:
-        worker.process.kill()
+        if not worker.released:
+            worker.process.kill()
 
     def _send_withdraw(self, worker: _Worker, turn: Turn) -> None:
         self._send(worker, Withdraw(call_id=turn.call_id))
@@ -224,6 +233,11 @@ class WorkerPool(Dispatcher[_Worker]):
             log.warning("worker %s pipe closed while sending", worker.pid)
             return False
         return True
+
+    def _release(self, worker: _Worker) -> None:
+        """Close the handle of a worker whose process has exited and that nothing waits on any more (``_watch`` ended)."""
+        if not worker.released and worker.watched.is_set():
+            worker.released = _close_process(worker.process)
 
     # -- per-worker tasks -------------------------------------------------------
 
@@ -254,7 +268,10 @@ class WorkerPool(Dispatcher[_Worker]):
             self._tg.start_soon(self._serve_rpc, worker, worker.turns.get(msg.call_id), msg)
 
     async def _watch(self, worker: _Worker) -> None:
-        await anyio.wait_readable(worker.process.sentinel)
+        try:
+            await anyio.wait_readable(worker.process.sentinel)
+        finally:
+            worker.watched.set()
         if self._closing or not worker.alive:
             return
         with anyio.move_on_after(1.0):  # first what it sent before it died (a Started, a TurnDone)
@@ -268,8 +285,22 @@ class WorkerPool(Dispatcher[_Worker]):
         log.error("worker %s died: %s", worker.pid, describe_exit(code))
         self._end_resident(worker, str(WorkerCrashedError(worker.pid, code)))
         worker.conn.close()
+        self._release(worker)
         if not self._closing:
             await self._start_worker(worker.index)
+
+
+def _close_process(process: Any) -> bool:
+    """Close a worker's process handle once it has exited; whether it was closed (one still running is left).
+
+    Its sentinel and (forkserver) start pipe are closed now, not when the
+    cyclic GC frees the handle (the pool's tasks and the handle refer to each
+    other): 2 descriptors per worker per open supervisor otherwise.
+    """
+    if process.exitcode is None:
+        return False
+    process.close()
+    return True
 
 
 def _first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:

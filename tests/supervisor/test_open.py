@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import os
+
 import pytest
 
 from subagents.supervisor import RegistryError, Supervisor, SubagentRequest, SupervisorConfig
@@ -130,3 +133,33 @@ async def test_open_root_by_id_refuses_another_label(tmp_path):
             await sup.open_root(id=root.id, label="other")
         assert str(caught.value) == f'root "{root.id}" has "main", not "other"'
         assert (await sup.open_root(id=root.id, label="main")).label == "main"
+
+
+def _pipes_and_sockets() -> set[str]:
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # the listing's own fd, closed meanwhile
+        if target.startswith(("pipe:", "socket:")):
+            found.add(f"{fd} {target}")
+    return found
+
+
+@pytest.mark.parametrize("start_method", ["forkserver", "fork"])
+async def test_open_and_close_leave_no_descriptor_behind_without_the_cyclic_gc(tmp_path, start_method):
+    """Issue e: each open/close left 2 pipe fds per worker (its process sentinel and start pipe) until the cyclic GC ran."""
+    config = SupervisorConfig(pool_size=2, durability="none", start_method=start_method)
+    async with Supervisor.open(store=tmp_path / "st", config=config):
+        pass  # the first open may start the forkserver, which stays
+    gc.collect()
+    gc.disable()  # only reference counting frees now: what close leaves open stays visible
+    try:
+        before = _pipes_and_sockets()
+        for _ in range(3):
+            async with Supervisor.open(store=tmp_path / "st", config=config):
+                pass
+        assert _pipes_and_sockets() - before == set()
+    finally:
+        gc.enable()
