@@ -43,7 +43,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 
@@ -84,6 +84,10 @@ class ChildEntry:
 class DiagnosticEntry:
     id: str
     reason: DiagnosticReason
+    # the creation time its index entry records (its own header may not read): a listing sorted by
+    # creation keeps the row where the child was made, not first. Not part of what the row says
+    # (equality): a diagnostic is its id and its reason
+    created_at: float = field(default=0.0, compare=False)
     kind: Literal["diagnostic"] = "diagnostic"
 
 
@@ -114,6 +118,15 @@ def _entry(
     ``children`` is the child's own index when the caller has read it already (one read per node).
     Never raises: this is the guard that keeps one child's damage in its own row.
     """
+    row = _entry_or_damage(store, parent_id, indexed, owners, children)
+    if isinstance(row, DiagnosticEntry) and row.created_at == 0.0:
+        return replace(row, created_at=indexed.created_at)
+    return row
+
+
+def _entry_or_damage(
+    store: Store, parent_id: str, indexed: IndexEntry, owners: OwnerCache, children: list[IndexEntry] | None
+) -> ChildEntry | DiagnosticEntry | None:
     child_id = indexed.id
     try:
         settled = _settled_row(store, indexed, children)

@@ -324,10 +324,10 @@ def test_one_bad_child_never_hides_its_siblings(tree, name):
 
 
 def test_diagnostics_never_expose_descriptor_content(tree):
-    """A diagnostic row holds only the id and the reason."""
+    """A diagnostic row holds only the id, the reason and its index entry's creation time."""
     descriptor_child({"version": 99, "secret": "do-not-show"})(tree, "c2")
     row = store.list_children(tree, "r")[1]
-    assert row == store.DiagnosticEntry("c2", "unsupported") and set(vars(row)) == {"id", "reason", "kind"}
+    assert row == store.DiagnosticEntry("c2", "unsupported") and set(vars(row)) == {"id", "reason", "created_at", "kind"}
 
 
 def test_index_entries_not_proven_by_headers_are_not_listed(tree):

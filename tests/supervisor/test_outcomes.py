@@ -168,3 +168,22 @@ async def test_a_user_interrupt_of_a_turn_still_queued_reads_aborted_not_drained
         assert dropped["data"]["cause"] == "user"
         assert not turn_started(sup.store, child)
         await hog.dispose()
+
+
+async def test_a_damaged_child_keeps_its_place_in_creation_order(tmp_path) -> None:
+    """A child whose file no longer reads is listed where its index entry puts it (by its creation
+    time), not first with a creation time of 0: `ls PARENT` keeps the order the children were made in."""
+    async with open_supervisor(tmp_path, pool_size=1) as sup:
+        root = await sup.open_root(label="order")
+        made = []
+        for label in ("first", "second", "third"):
+            run = await sup.start("script", SubagentRequest(parent=root, prompt=S({"return": label}), label=label))
+            await run.result()
+            await run.dispose()
+            made.append(run.id)
+        store_path = str(sup.store.root)
+        last = sup.store.session_path(made[-1])
+    os.truncate(last, 100)  # cut inside its lease slots: the file no longer reads
+    listing = json.loads(cli(store_path, "ls", root.id, "--json"))
+    assert [row["id"] for row in listing] == made, listing
+    assert listing[-1]["kind"] == "diagnostic"
