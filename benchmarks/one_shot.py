@@ -287,10 +287,17 @@ def breakdown(sup: Supervisor, samples: list[tuple[str, float, float, float]]) -
 
 
 def exited(pid: int) -> bool:
-    """True once ``pid`` is a zombie or gone (its pipes are closed)."""
+    """True once ``pid`` is gone, or a zombie whose every thread has exited (its pipes are closed).
+
+    A worker has more than one thread (one waits for its supervisor's hang-up):
+    its main thread shows ``Z`` as soon as it exits, while another thread may
+    still hold the descriptors. A thread that has exited leaves ``task/``.
+    """
     try:
         with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+            if handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                return False
+        return len(os.listdir(f"/proc/{pid}/task")) <= 1
     except (FileNotFoundError, ProcessLookupError):  # gone between open and read
         return True
 
