@@ -219,9 +219,10 @@ class Builder:
         parent_session, projection, ts = self.unsettled.pop(session_id)
         with SessionFile.open(session_id, self.store.session_path(session_id), write=True) as file:
             file.write_lease(file.read_slots(), Lease(CREATOR, 1, "released", ts), synced=False)
+            end = file.data_start + projection.end_offset  # where its log's records end (the row's ``end``)
         verdict = outcome_of(projection, held=False)
         has_children = bool(self.index.get(session_id))  # every child the builder writes is a subagent
-        settled = Settled(verdict.outcome, verdict.error_code, verdict.error, projection.last_ts, has_children)
+        settled = Settled(verdict.outcome, verdict.error_code, verdict.error, projection.last_ts, has_children, end)
         entries = self.index[parent_session]
         entries.append(encode_record({"id": session_id, "state": "settled", **settled.to_record(), "seq": len(entries)}))
 

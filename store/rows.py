@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 
 from .descriptor import ContinuableDescriptor, OneShotDescriptor
 from .errors import CorruptSessionError, SubagentError
@@ -136,6 +137,8 @@ def row_problem(store: Store, entry: IndexEntry, header: SessionHeader, lease: L
     if lease is not None and lease.state != "released" and lease_live:
         return f"its row says settled, but a live owner holds its lease (epoch {lease.epoch}, {lease.state})"
     now = settled_row(store, header)
+    if now is not None and entry.settled.end is None:
+        now = replace(now, end=None)  # a row an earlier build wrote says nothing of where the log ended
     if now != entry.settled:
         return f"its settled row says {entry.settled}; its log says {now}"
     return None
