@@ -119,9 +119,7 @@ def _entry(
     Never raises: this is the guard that keeps one child's damage in its own row.
     """
     row = _entry_or_damage(store, parent_id, indexed, owners, children)
-    if isinstance(row, DiagnosticEntry) and row.created_at == 0.0:
-        return replace(row, created_at=indexed.created_at)
-    return row
+    return replace(row, created_at=indexed.created_at) if isinstance(row, DiagnosticEntry) else row
 
 
 def _entry_or_damage(

@@ -22,10 +22,9 @@ is then flagged for ``subagents store reindex`` (``fsck`` says so).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from .atomic import read_bytes, write_atomic
@@ -286,7 +285,7 @@ def reindex(store: Store) -> dict[str, list[str]]:
     if unreadable:
         for parent_id in os.listdir(store.children_index_dir):
             if is_valid_session_id(parent_id):
-                groups[parent_id] += [dataclasses.replace(e, settled=None) for e in read_children(store, parent_id)
+                groups[parent_id] += [replace(e, settled=None) for e in read_children(store, parent_id)
                                       if e.id in unreadable]
         groups = defaultdict(list, {parent: entries for parent, entries in groups.items() if entries})
     result: dict[str, list[str]] = {}

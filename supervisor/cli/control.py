@@ -164,11 +164,11 @@ async def _send(config: DeploymentConfig, child: str, message: str, parent: str,
             settled = True
         notices = await anyio.to_thread.run_sync(_settlement_notices, sup.store, parent, child, accepted_at)
         notice = notices[0] if notices and settled else None
-        taken = await _take_root_mail(sup, parent) if notice is not None else None
+        taken = (await _take_root_mail(sup, parent) or []) if notice is not None else []
+        # the root's other messages taken with the notice are printed too: taken means delivered
+        others = [m for m in taken if m.id != notice["id"]] if notice is not None else []
         doc.update(settled=settled, stop_reason=ends[0] if ends else None, notice=notice,
-                   # the root's other messages taken with the notice (printed too: taken means delivered)
-                   also_delivered=[_message_doc(m) for m in taken or [] if m.id != notice["id"]] if notice is not None else [],
-                   notice_taken=taken is not None and any(m.id == notice["id"] for m in taken) if notice is not None else False)
+                   also_delivered=[_message_doc(m) for m in others], notice_taken=len(others) < len(taken))
     return doc
 
 
