@@ -22,13 +22,14 @@ is then flagged for ``subagents store reindex`` (``fsck`` says so).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from .atomic import read_bytes, write_atomic
-from .appender import append_durably
+from .appender import append_durably, open_appendable
 from .framing import encode_record, scan_all
 from .ids import is_valid_session_id
 from .index_file import IndexFile, rebuilding
@@ -37,13 +38,15 @@ from .identity import read_identity
 from .index_writers import IndexWriters
 from .reader import read_header
 from .records import index_problem
-from .errors import SubagentError
+from .errors import SubagentError, UnavailableSessionError
 from .root import Store
 
 __all__ = [
-    "Settled", "IndexEntry", "IndexRead", "add_child", "add_children", "remove_child", "drop_index", "mark_active", "mark_all_active", "mark_settled",
+    "Settled", "IndexEntry", "IndexRead", "add_child", "add_children", "prepare_index", "remove_child", "drop_index", "mark_active", "mark_all_active", "mark_settled",
     "read_index", "read_children", "indexed_children", "reindex",
 ]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,22 @@ def add_child(store: Store, parent_id: str, child_id: str, *, created_at: float,
 def add_children(store: Store, parent_id: str, children: list[IndexEntry]) -> None:
     """``add_child`` for several children of one parent: one lock, one write, one fsync."""
     _append(store, parent_id, [c.creation_record() for c in children])
+
+
+def prepare_index(store: Store, parent_id: str) -> None:
+    """Create ``parent_id``'s children index, empty, if it has none: best effort.
+
+    Made with every root (a root exists to delegate), so that its first child's creation adds one
+    file, the child's own, like every later one. Not durable and not needed: when it is missing
+    (a failure here, a crash, a ``reindex``), the first append creates it, and that append reports
+    whatever keeps it from doing so.
+    """
+    try:
+        fd, _ = open_appendable(store.children_index_path(parent_id), owner=parent_id, key=f"index/children/{parent_id}")
+    except UnavailableSessionError as exc:
+        log.debug("children index of %s not prepared: %s", parent_id, exc)
+        return
+    os.close(fd)
 
 
 def remove_child(store: Store, parent_id: str, child_id: str, *, if_gone: bool = False) -> None:

@@ -34,7 +34,7 @@ from .framing import encode_record
 from .header import SessionHeader, parse_header
 from .ids import validate_session_id
 from .descriptor import ContinuableDescriptor, OneShotDescriptor
-from .index import IndexEntry, add_child, add_children, remove_child
+from .index import IndexEntry, add_child, add_children, drop_index, prepare_index, remove_child
 from .lease import Lease
 from .projection import Projection
 from .root import COMPANIONS, Store
@@ -205,7 +205,8 @@ def commit_sessions(
 
     One fsync of ``sessions/`` persists every new session's name; then one
     locked, fsynced index append per parent lists all of its new children
-    (a root is added to the roots index). A session is created — and may be
+    (a root is added to the roots index, and its children index is made, empty,
+    so that its first child adds one file like every later one). A session is created — and may be
     handed out — once this returns it; a shared step that fails rolls back
     exactly the sessions it covered and reports its error for each.
     """
@@ -239,6 +240,7 @@ def commit_sessions(
                     outcomes[i] = exc
                 else:
                     indexed.add(i)
+                    prepare_index(store, created.header.id)
         for parent, members in by_parent.items():
             entries = []
             for i in members:
@@ -353,4 +355,5 @@ def delete_session(store: Store, session_id: str, *, parent_session: str | None 
         remove_child(store, parent_session, session_id)
     elif root:
         remove_root(store, session_id)
+        drop_index(store, session_id)  # the empty one ``commit_sessions`` prepared
     _clear_companions(store, session_id)

@@ -285,6 +285,7 @@ def _damage_everything(st):
     events = [dict(e) for e in store.inspect(st, "evlist").events]
     events[1]["type"] = ["turn/start"]
     write_log(st, "evlist", records_blob(events)[0])
+    os.unlink(st.children_index_path("ldir"))  # the empty one made with the root
     os.mkdir(st.children_index_path("ldir"))
     store.create_session(st, "ctl")
     os.mkdir(st.path("ctl", "control"))
