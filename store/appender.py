@@ -32,6 +32,7 @@ import stat
 from typing import Any, Callable, Protocol, Sequence
 
 from .atomic import FILE_MODE, NOFOLLOW
+from .checkpoints import AppendCheckpoints
 from .errors import CorruptSessionError, SubagentError, UnavailableSessionError
 from .framing import FRAME, Check, encode_record, find_committed, scan, scan_all, zeros_from
 from .session_file import block_padding
@@ -83,13 +84,13 @@ def open_appendable(path: str, *, owner: str, key: str, in_place: bool = False) 
     return fd, info
 
 
-def append_record(fd: int, record: dict[str, Any], *, tails: dict[str, tuple[int, int]], key: str, owner: str, **how: Any) -> int:
+def append_record(fd: int, record: dict[str, Any], *, tails: AppendCheckpoints, key: str, owner: str, **how: Any) -> int:
     """Append ``record`` with the next contiguous ``seq``; returns that seq. The caller holds the lock."""
     return append_records(fd, [record], tails=tails, key=key, owner=owner, **how)
 
 
 def append_records(
-    fd: int, records: Sequence[dict[str, Any]], *, tails: dict[str, tuple[int, int]], key: str, owner: str,
+    fd: int, records: Sequence[dict[str, Any]], *, tails: AppendCheckpoints, key: str, owner: str,
     limit: int, check: Check | None = None, skip_damage: bool = False, too_large: str | None = None, size: int | None = None,
     padded: bool = False, refuse_damage: bool = False,
 ) -> int:
@@ -100,7 +101,7 @@ def append_records(
     file instead of cutting or stepping over what it cannot read (``index/roots``)."""
     if size is None:
         size = os.fstat(fd).st_size
-    offset, next_seq = tails.get(key, (0, 0))
+    offset, next_seq = tails.get(key) or (0, 0)
     if offset > size:
         offset, next_seq = 0, 0  # the file was rebuilt under us
     # nobody appended since our checkpoint (the usual case for a mailbox): nothing, or only its padding, to read;

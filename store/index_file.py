@@ -32,6 +32,7 @@ from types import TracebackType
 from typing import Iterator
 
 from .appender import open_appendable
+from .checkpoints import AppendCheckpoints
 from .locks import LOCK_TIMEOUT_S, flock_within
 
 __all__ = ["IndexFile", "rebuilding"]
@@ -48,7 +49,7 @@ class IndexFile:
     dropped, as it points into the old file.
     """
 
-    def __init__(self, path: str, *, owner: str, key: str, tails: dict[str, tuple[int, int]] | None = None) -> None:
+    def __init__(self, path: str, *, owner: str, key: str, tails: AppendCheckpoints | None = None) -> None:
         self.path = path
         self.owner = owner  # the session or "roots" an error names
         self.key = key  # the index's name in errors and in ``tails``

@@ -20,6 +20,7 @@ from typing import Any
 import msgpack
 
 from .atomic import make_dirs, read_bytes, write_atomic
+from .checkpoints import AppendCheckpoints
 from .durability import Durability, durability_policy
 from .errors import ReadOnlyStoreError, StoreFormatError, StoreNotFoundError
 from .framing import DEFAULT_RECORD_LIMIT, MAX_RECORD_BYTES
@@ -102,8 +103,8 @@ class Store:
         self.root = os.path.abspath(os.fspath(root))
         self.durability = durability if isinstance(durability, Durability) else durability_policy(durability)
         # where this handle's last append to each shared framed file (children index,
-        # mailbox) ended: (byte offset, next seq). Only a hint (store/appender.py).
-        self.index_tails: dict[str, tuple[int, int]] = {}
+        # mailbox, control) ended; only a hint, bounded (store/checkpoints.py)
+        self.index_tails = AppendCheckpoints()
         if max_record_bytes is not None and not 1024 <= max_record_bytes <= MAX_RECORD_BYTES:
             raise StoreFormatError(
                 f"max_record_bytes must be between 1024 and {MAX_RECORD_BYTES} (the format's ceiling), not {max_record_bytes}",
