@@ -74,7 +74,6 @@ from .lease import (
     read_lease,
     read_owner,
     register_owner,
-    reap_owners,
     release_lease,
     remove_owner,
     session_status,
@@ -85,6 +84,7 @@ from .mailbox import MailboxMessage, accept, pending, read_mailbox
 from .outcome import OUTCOMES, OutcomeVerdict, outcome_of
 from .prefix import MIN_PREFIX, resolve_id, short_ids
 from .projection import Projection, Timing
+from .reaper import OwnerReaper, reap_owners
 from .reader import Inspection, inspect, read_from, read_header
 from .root import STORE_FORMAT, STORE_VERSION, Store
 from .query import Page, Query
@@ -110,7 +110,7 @@ __all__ = [
     "IdGenerator", "is_valid_session_id", "new_id", "validate_session_id",
     "IndexEntry", "IndexRead", "add_child", "read_children", "read_index", "reindex",
     "Lease", "OwnerCache", "OwnerRecord", "acquire_lease", "check_lease", "heartbeat", "owner_alive", "owner_gone", "read_lease", "read_owner",
-    "reap_owners", "register_owner", "release_lease", "remove_owner", "session_status", "set_lease_state",
+    "OwnerReaper", "reap_owners", "register_owner", "release_lease", "remove_owner", "session_status", "set_lease_state",
     "LogWriter", "SeqMismatchError", "load_projection", "read_projection",
     "MailboxMessage", "accept", "pending", "read_mailbox",
     "OUTCOMES", "OutcomeVerdict", "outcome_of",

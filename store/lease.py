@@ -42,7 +42,6 @@ from .atomic import NOFOLLOW, write_atomic
 from .errors import CorruptSessionError, DurabilityError, FencedError, LeaseHeldError, SessionNotFoundError, UnavailableSessionError
 from .locks import pin_flock
 from .header import SessionHeader
-from .ids import is_valid_session_id
 from .index_writers import IndexWriters
 from .lease_record import Lease, LeaseState
 from .reader import open_session
@@ -64,7 +63,6 @@ __all__ = [
     "read_owner",
     "owner_alive",
     "owner_gone",
-    "reap_owners",
     "read_lease",
     "check_lease",
     "lease_of",
@@ -241,58 +239,6 @@ def owner_gone(record: OwnerRecord, *, host: str | None = None) -> bool:
     name, _, boot = record.host.rpartition("/")
     here_name, _, here_boot = here.rpartition("/")
     return name == here_name and bool(boot) and bool(here_boot) and boot != here_boot
-
-
-def reap_owners(store: Store, *, dry_run: bool = False) -> list[str]:
-    """Remove the records of owners gone for good (``owner_gone``) that no unreleased lease names; the ids removed.
-
-    Why only those: a live owner's record is its proof of life, and a dead
-    owner's record that a lease still names is how ``check_store`` tells a
-    crashed holder (harmless) from one that closed without releasing. A gone
-    owner never writes again, so its leases only move away from it: once a scan
-    of every lease finds none naming it, none ever will, and several processes
-    may reap at once (an unlink that finds the file gone is no error). Costs
-    one read of ``owners/``, and one lease read per session only when some
-    record is of a gone owner. A lease that cannot be read may name anyone:
-    then nothing is removed. ``dry_run``: what would be removed.
-    """
-    try:
-        names = sorted(os.listdir(store.owners_dir))
-    except FileNotFoundError:
-        return []
-    here = host_identity()
-    gone = []
-    for name in names:
-        if not is_valid_session_id(name):
-            continue  # a write in progress (``write_atomic``'s temporary), or not ours
-        record = read_owner(store, name)
-        if record is not None and not owner_alive(record, host=here) and owner_gone(record, host=here):
-            gone.append(name)
-    if not gone:
-        return []
-    holders = _lease_holders(store)
-    if holders is None:
-        return []
-    removed = [owner_id for owner_id in gone if owner_id not in holders]
-    if not dry_run:
-        for owner_id in removed:
-            remove_owner(store, owner_id)
-    return removed
-
-
-def _lease_holders(store: Store) -> set[str] | None:
-    """The owners named by an unreleased lease; ``None`` if a lease could not be read (it may name anyone)."""
-    holders: set[str] = set()
-    for session_id in store.session_ids():
-        try:
-            lease = check_lease(store, session_id)
-        except (SessionNotFoundError, CorruptSessionError):
-            continue  # collected meanwhile; or damaged, which proves no holder (``read_lease``)
-        except UnavailableSessionError:
-            return None
-        if lease is not None and lease.state != "released":
-            holders.add(lease.owner)
-    return holders
 
 
 class OwnerCache:

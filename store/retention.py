@@ -53,7 +53,8 @@ from .errors import InvalidQueryError, LockTimeoutError, SubagentError
 from .header import SessionHeader, parse_header
 from .ids import is_valid_session_id
 from .index import drop_index, indexed_children, mark_all_active, read_children, remove_child
-from .lease import check_lease, host_identity, owner_alive, process_start_time, read_owner, reap_owners
+from .lease import check_lease, host_identity, owner_alive, process_start_time, read_owner
+from .reaper import reap_owners
 from .locks import PinnedLock
 from .log import read_projection
 from .outcome import OUTCOMES, outcome_of

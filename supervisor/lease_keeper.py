@@ -6,7 +6,9 @@ take its sessions over; its next append is then fenced. It also removes the
 records crashed supervisors left (``reap_owners``: gone for good and holding
 no lease) once when it starts and once at close, after this supervisor may
 have taken their leases over; a record still holding a lease then waits for
-a later supervisor or ``store gc``.
+a later supervisor or ``store gc``. One ``OwnerReaper`` serves both passes:
+the first reads every lease when some owner is gone, the one at close only
+the leases that first found naming a gone owner.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from subagents.store import IdGenerator, OwnerRecord, Store, SubagentError, heartbeat, reap_owners, register_owner, remove_owner
+from subagents.store import IdGenerator, OwnerReaper, OwnerRecord, Store, SubagentError, heartbeat, register_owner, remove_owner
 
 __all__ = ["LeaseKeeper", "LeaseKeeperStatistics"]
 
@@ -28,6 +30,7 @@ class LeaseKeeperStatistics:
     owner_id: str
     heartbeats: int
     ttl_s: float
+    leases_read: int  # by the passes that remove crashed supervisors' records, so far
 
 
 class LeaseKeeper:
@@ -37,6 +40,8 @@ class LeaseKeeper:
         self.owner_id = ids.new()
         self._record: OwnerRecord | None = None
         self._beats = 0
+        self._reaper = OwnerReaper(store)
+        self._reaping = anyio.Lock()  # the reaper runs one pass at a time
 
     def start(self) -> None:
         self._record = register_owner(self.store, self.owner_id, ttl=self.ttl_s)
@@ -51,14 +56,15 @@ class LeaseKeeper:
             self._beats += 1
 
     async def reap(self) -> list[str]:
-        """Remove the records of owners gone for good that hold nothing (``reap_owners``); the ids removed.
+        """Remove the records of owners gone for good that hold nothing (``OwnerReaper``); the ids removed.
 
         Housekeeping, an isolation boundary: a failure (a store that cannot be
         read or written right now) is logged and leaves the records for a later
         pass; it never stops the supervisor.
         """
         try:
-            removed = await anyio.to_thread.run_sync(reap_owners, self.store)
+            async with self._reaping:
+                removed = await anyio.to_thread.run_sync(self._reaper.reap)
         except (SubagentError, OSError):
             log.warning("could not remove the records of crashed supervisors", exc_info=True)
             return []
@@ -70,4 +76,4 @@ class LeaseKeeper:
         remove_owner(self.store, self.owner_id)
 
     def statistics(self) -> LeaseKeeperStatistics:
-        return LeaseKeeperStatistics(self.owner_id, self._beats, self.ttl_s)
+        return LeaseKeeperStatistics(self.owner_id, self._beats, self.ttl_s, self._reaper.leases_read)

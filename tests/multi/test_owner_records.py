@@ -113,3 +113,28 @@ async def _open_and_wait_for(st: Store, removed: str, kept: set[str]) -> None:
     async with Supervisor.open(st.root, CONFIG):
         await poll(lambda: removed not in owner_files(st), what="the killed host's record removed")
         assert kept <= owner_files(st)
+
+
+async def test_a_later_pass_rereads_only_the_leases_that_named_a_dead_holder(tmp_path, hosts) -> None:
+    """A pass that finds a dead owner still holding leases remembers which; the supervisor's later passes (the one
+    at close among them) read those leases again, not every session's in the store."""
+    st = Store(tmp_path / "store", durability="none")
+    doomed = hosts.start(st.root, name="holder", lease_ttl_s=30.0)
+    root = await doomed.acall("open_root", label="kept")
+    await anyio.to_thread.run_sync(kill_all, [doomed])
+    async with Supervisor.open(st.root, CONFIG) as sup:
+        keeper = sup.lease_keeper
+        await poll(lambda: keeper.statistics().leases_read >= 1, what="the pass at open")
+        assert keeper.statistics().leases_read == 1  # the store's one session
+        for i in range(20):
+            await sup.open_root(label=f"other-{i}")
+        with anyio.fail_after(20):
+            assert await keeper.reap() == []
+        assert keeper.statistics().leases_read == 2  # the kept root's lease again, none of the 20 others
+        assert owner_files(st) == {doomed.owner, keeper.owner_id}
+        await sup.open_root(id=root)
+        assert read_lease(st, root).owner == keeper.owner_id
+    # at close: the kept root released, its lease read once more, and the record removed
+    assert keeper.statistics().leases_read == 3
+    assert owner_files(st) == set()
+    assert check_store(st).clean
