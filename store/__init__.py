@@ -61,7 +61,7 @@ from .framing import MAX_RECORD_BYTES, Damage, ScanResult, encode_record, scan
 from .header import SessionHeader, parse_header
 from .held import HeldSession, held_sessions
 from .ids import IdGenerator, is_valid_session_id, new_id, validate_session_id
-from .index import IndexEntry, IndexRead, add_child, read_children, read_index, reindex
+from .index import IndexEntry, IndexRead, ReindexReport, add_child, read_children, read_index, reindex
 from .lease import (
     Lease,
     OwnerCache,
@@ -108,7 +108,7 @@ __all__ = [
     "MAX_RECORD_BYTES", "Damage", "ScanResult", "encode_record", "scan",
     "SessionHeader", "parse_header",
     "IdGenerator", "is_valid_session_id", "new_id", "validate_session_id",
-    "IndexEntry", "IndexRead", "add_child", "read_children", "read_index", "reindex",
+    "IndexEntry", "IndexRead", "ReindexReport", "add_child", "read_children", "read_index", "reindex",
     "Lease", "OwnerCache", "OwnerRecord", "acquire_lease", "check_lease", "heartbeat", "owner_alive", "owner_gone", "read_lease", "read_owner",
     "OwnerReaper", "reap_owners", "register_owner", "release_lease", "remove_owner", "session_status", "set_lease_state",
     "LogWriter", "SeqMismatchError", "load_projection", "read_projection",

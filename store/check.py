@@ -15,7 +15,7 @@ in the mailbox) and before its lease (the lease epoch only grows), and each
 suspected index or lease finding is read again at the end of the pass; a
 discrepancy a creation still in flight explains is counted, not reported, and
 so is a child its creator died before indexing, if nothing ever used it (a
-creation nobody was told of, like a torn tail), and an entry of a session a gc
+creation nobody was told of, like a torn tail: ``store/acknowledgment.py``), and an entry of a session a gc
 moved to ``trash/`` (a collection under way or interrupted; the next gc ends it).
 Called by ``subagents.testing.check_store`` and ``subagents store check``.
 """
@@ -27,6 +27,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from .acknowledgment import evidence_of_use
 from .atomic import read_bytes
 from .descriptor import ContinuableDescriptor
 from .errors import SessionNotFoundError, SubagentError
@@ -136,7 +137,6 @@ class _Pass:
     headers: dict[str, SessionHeader] = field(default_factory=dict)
     owners: dict[str, OwnerRecord | None] = field(default_factory=dict)
     suspect_leases: list[str] = field(default_factory=list)
-    untouched: set[str] = field(default_factory=set)  # no turn, no message, no lease past the creator's
 
     def add(self, key: str, n: int = 1) -> None:
         self.counts[key] = self.counts.get(key, 0) + n
@@ -208,9 +208,6 @@ def _check_session(state: _Pass, session_id: str) -> None:
         return
     _check_lease_covers_log(state, session_id, own, lease)
     pending = _check_messages(state, found, own)
-    if (not any(e.get("type") == "turn/start" for e in own) and not os.path.exists(state.store.path(session_id, "mailbox"))
-            and (lease is None or lease.epoch <= 1)):
-        state.untouched.add(session_id)
     held = _check_lease(state, session_id, lease)
     if pending and not held and not _resumable(found):
         state.flag(session_id, "message-stranded", f"{pending} accepted message(s) pending, no live owner holds the "
@@ -454,7 +451,7 @@ def _confirm_missing(state: _Pass, parent: str, child: str, in_flight_s: float) 
     if time.time() - header.created_at < in_flight_s or creator_alive:
         state.add("in_flight")
         return
-    if child in state.untouched:
+    if evidence_of_use(state.store, child, has_children=any(h.parent_session == child for h in state.headers.values())) is None:
         # its creator died between publishing the header and indexing it: like a torn tail, a
         # creation nobody was told of (start returns after the index entry) and nothing used
         state.add("creations_interrupted")

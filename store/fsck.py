@@ -5,7 +5,10 @@ reported and left alone; torn tails are repaired only with ``repair=True``,
 through the resume path (``LogWriter.open``) under a lease the check takes
 for the moment (a session whose lease a live owner holds is skipped: that
 owner repairs on its own resume). Also reports index entries no header
-backs and headers the index misses (``reindex`` fixes both), index files
+backs and headers the index misses (``reindex`` fixes both) — but a header
+the index misses whose session was never used is ``unacknowledged``: a
+creation interrupted before its entry, whose id nobody was given
+(``store/acknowledgment.py``; ``reindex`` leaves it out) — index files
 with damaged records or that cannot be read (``reindex`` rewrites them),
 unreadable or undecodable leases and control files, mailboxes that no
 longer hold the messages their log consumed (``mailbox-damaged``), session files that
@@ -25,6 +28,7 @@ import os
 import stat
 from typing import Any
 
+from .acknowledgment import evidence_of_use
 from .control import INVALID, read_controls
 from .errors import LeaseHeldError, SubagentError
 from .ids import is_valid_session_id, new_id
@@ -224,6 +228,11 @@ def _index_findings(store: Store) -> list[dict[str, Any]]:
             findings.append({"id": parent, "kind": "index-damaged", "detail": f"children index of {parent}: {problem} (run `subagents store reindex`)"})
         indexed = {e.id for e in found.entries}
         for child in sorted(proven.get(parent, set()) - indexed):
+            if not found.needs_reindex and evidence_of_use(store, child, has_children=child in proven) is None:
+                findings.append({"id": child, "kind": "unacknowledged", "detail": f"child of {parent} by its header, absent from "
+                                 "the index and never used: a creation interrupted before its index entry, whose id was never "
+                                 "given out (harmless; `subagents store reindex` leaves it out, `--keep-unacknowledged` lists it)"})
+                continue
             findings.append({"id": child, "kind": "index-missing", "detail": f"child of {parent} by its header, absent from the index (run `subagents store reindex`)"})
         for child in sorted(indexed - proven.get(parent, set())):
             if store.in_trash(child):

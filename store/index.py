@@ -9,8 +9,9 @@ re-acquisition, ``settled`` (outcome, error, last activity) under the session
 lock of every release (``store/lease.py``). A child whose latest state record
 is ``settled`` is listed from this file alone; any other child from its own
 files (``store/catalog.py``). Headers and logs are the authority: ``check``
-compares every row with them, and ``reindex`` rebuilds every file from headers
-alone. Readers never write; a torn tail (a crash mid-append) reads as the
+compares every row with them, and ``reindex`` rebuilds every file from headers,
+listing a child the old index lacks only when its use proves it was given out
+(``store/acknowledgment.py``). Readers never write; a torn tail (a crash mid-append) reads as the
 valid prefix.
 
 A damaged record in the middle (bad bytes, or a CRC-valid record of the wrong
@@ -25,9 +26,10 @@ from __future__ import annotations
 import logging
 import os
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
+from .acknowledgment import evidence_of_use
 from .atomic import read_bytes, write_atomic
 from .appender import append_durably, open_appendable
 from .framing import encode_record, scan_all
@@ -38,12 +40,12 @@ from .identity import read_identity
 from .index_writers import IndexWriters
 from .reader import read_header
 from .records import index_problem
-from .errors import SubagentError, UnavailableSessionError
+from .errors import SessionNotFoundError, SubagentError, UnavailableSessionError
 from .root import Store
 
 __all__ = [
     "Settled", "IndexEntry", "IndexRead", "add_child", "add_children", "prepare_index", "remove_child", "drop_index", "mark_active", "mark_all_active", "mark_settled",
-    "read_index", "read_children", "indexed_children", "reindex",
+    "read_index", "read_children", "indexed_children", "ReindexReport", "reindex",
 ]
 
 log = logging.getLogger(__name__)
@@ -280,8 +282,54 @@ def indexed_children(store: Store) -> set[str]:
     return {e.id for name in names if is_valid_session_id(name) for e in read_children(store, name)}
 
 
-def reindex(store: Store) -> dict[str, list[str]]:
-    """Rebuild every index file from headers; returns parent → child ids in order.
+@dataclass(frozen=True)
+class ReindexReport:
+    """What ``reindex`` wrote, and what it decided for each child its headers prove but the index it
+    replaced did not list (``store/acknowledgment.py``). Every map is parent → child ids in
+    (created_at, id) order; a parent with nothing to report is absent."""
+
+    parents: dict[str, list[str]]  # every rebuilt index: its children, in order
+    # absent from the index, listed again: a use proves someone had the id (or the index was
+    # damaged, and a skipped record may have listed it)
+    put_back: dict[str, list[str]]
+    # absent from the index and never used: a creation nobody was told of, left unlisted
+    left_out: dict[str, list[str]]
+    # the same, listed anyway (``keep_unacknowledged``)
+    kept_unacknowledged: dict[str, list[str]]
+
+    @property
+    def children(self) -> int:
+        return sum(len(ids) for ids in self.parents.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"parents": self.parents, "children": self.children, "put_back": self.put_back, "left_out": self.left_out,
+                "kept_unacknowledged": self.kept_unacknowledged}
+
+
+@dataclass
+class _Rebuild:
+    """One parent's new index, decided under its lock."""
+
+    entries: list[IndexEntry] = field(default_factory=list)
+    put_back: list[IndexEntry] = field(default_factory=list)
+    left_out: list[IndexEntry] = field(default_factory=list)
+    kept_unacknowledged: list[IndexEntry] = field(default_factory=list)
+
+
+def reindex(store: Store, *, keep_unacknowledged: bool = False) -> ReindexReport:
+    """Rebuild every index file from headers and the index it replaces.
+
+    A child its header proves is listed when the current index lists it, or when something shows
+    it was used (``evidence_of_use``): its entry was lost, and its use proves someone was given its
+    id. A child never used that the index does not list is a creation whose creator died before
+    appending its entry, which therefore never returned the id: it is left out (and reported)
+    unless ``keep_unacknowledged``. A damaged index (a record skipped) may have listed any child,
+    so all of its parent's proven children are kept.
+
+    Each index is read again under its lock, just before it is replaced: an entry a creator
+    appended after the headers were read (its header published after the scan) is kept when its
+    header names this parent, and a creation still between its two steps is judged on what the
+    index says then (an append after the replacement lands in the new file).
 
     A subagent child's entry gets its row's static fields (mode, label) from its identity, when
     that reads as a valid descriptor; state records are not rebuilt (each child's next release
@@ -290,7 +338,7 @@ def reindex(store: Store) -> dict[str, list[str]]:
     A session whose header does not read keeps the entry the old index gave it (without its
     state records): that entry is all that still says where it belongs, and it keeps the
     damaged session listed, as a diagnostic, until its file is restored or removed."""
-    groups: dict[str, list[IndexEntry]] = defaultdict(list)
+    proven: dict[str, dict[str, IndexEntry]] = defaultdict(dict)
     unreadable: set[str] = set()
     for session_id in store.session_ids():
         try:
@@ -299,24 +347,68 @@ def reindex(store: Store) -> dict[str, list[str]]:
             unreadable.add(session_id)  # proves nothing, and is not to be lost either (below)
             continue
         if header.parent_session is not None:
-            mode, label = _static_fields(store, header)
-            groups[header.parent_session].append(IndexEntry(header.id, header.created_at, header.origin, mode, label))
-    if unreadable:
-        for parent_id in os.listdir(store.children_index_dir):
-            if is_valid_session_id(parent_id):
-                groups[parent_id] += [replace(e, settled=None) for e in read_children(store, parent_id)
-                                      if e.id in unreadable]
-        groups = defaultdict(list, {parent: entries for parent, entries in groups.items() if entries})
-    result: dict[str, list[str]] = {}
-    for parent_id, entries in groups.items():
-        entries.sort(key=lambda e: (e.created_at, e.id))
-        blob = b"".join(encode_record({"seq": i, **e.creation_record()}) for i, e in enumerate(entries))
+            proven[header.parent_session][header.id] = _entry_of(store, header)
+    parents = set(proven) | {name for name in os.listdir(store.children_index_dir) if is_valid_session_id(name)}
+    report = ReindexReport({}, {}, {}, {})
+    for parent_id in sorted(parents):
         with rebuilding(_index_file(store, parent_id)):
-            write_atomic(store.children_index_path(parent_id), blob, durable=store.durability.syncs_at_commit)
+            rebuilt = _rebuild(store, parent_id, proven.get(parent_id, {}), read_index(store, parent_id),
+                               unreadable=unreadable, parents=set(proven), keep_unacknowledged=keep_unacknowledged)
+            if rebuilt.entries:
+                blob = b"".join(encode_record({"seq": i, **e.creation_record()}) for i, e in enumerate(rebuilt.entries))
+                write_atomic(store.children_index_path(parent_id), blob, durable=store.durability.syncs_at_commit)
+            else:
+                os.unlink(store.children_index_path(parent_id))
             store.index_tails.pop(f"index/children/{parent_id}", None)
-        result[parent_id] = [e.id for e in entries]
-    for name in os.listdir(store.children_index_dir):
-        if is_valid_session_id(name) and name not in groups:
-            with rebuilding(_index_file(store, name)):
-                os.unlink(store.children_index_path(name))
-    return result
+        for into, entries in ((report.parents, rebuilt.entries), (report.put_back, rebuilt.put_back),
+                              (report.left_out, rebuilt.left_out), (report.kept_unacknowledged, rebuilt.kept_unacknowledged)):
+            if entries:
+                into[parent_id] = [e.id for e in entries]
+    for what, decided in (("put back", report.put_back), ("left out (never acknowledged)", report.left_out),
+                          ("kept (never acknowledged)", report.kept_unacknowledged)):
+        for parent_id, children in decided.items():
+            log.info("reindex: children of %s %s: %s", parent_id, what, ", ".join(children))
+    return report
+
+
+def _entry_of(store: Store, header: SessionHeader) -> IndexEntry:
+    mode, label = _static_fields(store, header)
+    return IndexEntry(header.id, header.created_at, header.origin, mode, label)
+
+
+def _rebuild(store: Store, parent_id: str, proven: dict[str, IndexEntry], current: IndexRead, *, unreadable: set[str],
+             parents: set[str], keep_unacknowledged: bool) -> _Rebuild:
+    """``parent_id``'s new entries from its proven children and its ``current`` index (read under its lock)."""
+    listed = {e.id: e for e in current.entries}
+    out = _Rebuild()
+    for child, entry in proven.items():
+        if child in listed:
+            out.entries.append(entry)
+        elif not store.exists(child):
+            continue  # rolled back since the scan (its file goes before its tombstone)
+        elif current.needs_reindex or evidence_of_use(store, child, has_children=child in parents) is not None:
+            out.entries.append(entry)
+            out.put_back.append(entry)
+        elif keep_unacknowledged:
+            out.entries.append(entry)
+            out.kept_unacknowledged.append(entry)
+        else:
+            out.left_out.append(entry)
+    for child, entry in listed.items():
+        if child in proven:
+            continue
+        if child in unreadable:
+            out.entries.append(replace(entry, settled=None))
+            continue
+        try:  # not seen by the scan: a creation since, whose header decides
+            header = read_header(store, child)
+        except SessionNotFoundError:
+            continue  # no header proves it: dropped
+        except SubagentError:
+            out.entries.append(replace(entry, settled=None))  # kept as one unreadable at the scan is
+            continue
+        if header.parent_session == parent_id:
+            out.entries.append(_entry_of(store, header))
+    for entries in (out.entries, out.put_back, out.left_out, out.kept_unacknowledged):
+        entries.sort(key=lambda e: (e.created_at, e.id))
+    return out

@@ -8,7 +8,7 @@ before anything is read.
 ``fsck`` is ``store/fsck.py`` (read-only unless ``--repair``, which only cuts
 torn tails); ``check`` is ``store/check.py`` (read-only, every invariant, safe
 while supervisors write; exit 1 on a violation); ``reindex`` rebuilds the derived children index from the
-headers; ``migrate`` converts a store of format version 1, 2 or 3 in place (``store/migrate.py``;
+headers, leaving out (and naming) children whose creation never returned (``--keep-unacknowledged`` keeps them); ``migrate`` converts a store of format version 1, 2 or 3 in place (``store/migrate.py``;
 it opens no ``Store``: the handle refuses that version); ``config show`` prints the layered configuration and never opens
 the store; ``completion`` prints a shell's completion code (argcomplete).
 """
@@ -48,7 +48,11 @@ def register(verbs: Verbs) -> None:
     fsck_cmd.add_argument("--repair", action="store_true", help="truncate torn tails (never touches corrupt sessions)")
     store.add("check", cmd_check, "check every invariant of the store (read-only; safe while it is written)",
               example="subagents store check --json")
-    store.add("reindex", cmd_reindex, "rebuild the children index and the roots index from the headers", example="subagents store reindex")
+    reindex_cmd = store.add("reindex", cmd_reindex, "rebuild the children index and the roots index from the headers",
+                            example="subagents store reindex\nsubagents store reindex --keep-unacknowledged")
+    reindex_cmd.add_argument("--keep-unacknowledged", action="store_true",
+                             help="also list children whose creation was interrupted before their index entry and that were "
+                                  "never used (by default they are left out: nobody was given their id)")
     store.add("migrate", cmd_migrate, "convert a store of format version 1, 2 or 3 to version 4 in place (stop its supervisors first)",
               example="subagents store migrate\nsubagents --store ./old-store store migrate --json")
 
@@ -99,9 +103,9 @@ def cmd_check(inv: Invocation) -> int:
 
 def cmd_reindex(inv: Invocation) -> int:
     store = inv.open_store(write=True)
-    parents = reindex(store)
+    report = reindex(store, keep_unacknowledged=inv.args.keep_unacknowledged)
     roots = rebuild_roots(store)
-    inv.emit({"parents": parents, "children": sum(len(v) for v in parents.values()), "roots": len(roots)}, render.render_reindex)
+    inv.emit({**report.to_dict(), "roots": len(roots)}, render.render_reindex)
     return 0
 
 

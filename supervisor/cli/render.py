@@ -316,7 +316,17 @@ def render_check(out: Output, doc: dict[str, Any]) -> None:
 def render_reindex(out: Output, doc: dict[str, Any]) -> None:
     for parent, children in doc["parents"].items():
         out.line(f"{parent}: {len(children)} {'child' if len(children) == 1 else 'children'}")
+    for key, what in (("put_back", "put back (absent from the index, but used)"),
+                      ("kept_unacknowledged", "kept (never acknowledged: --keep-unacknowledged)"),
+                      ("left_out", "left out (never acknowledged: a creation interrupted before its index entry, never used)")):
+        for parent, children in doc.get(key, {}).items():
+            for child in children:
+                out.line(f"{child}: child of {parent}, {what}")
     out.line(f"reindexed {len(doc['parents'])} parents, {doc['children']} children, {doc.get('roots', 0)} roots")
+    left_out = sum(len(v) for v in doc.get("left_out", {}).values())
+    if left_out:
+        out.line(f"{left_out} unacknowledged {'child' if left_out == 1 else 'children'} left out; "
+                 "`subagents store reindex --keep-unacknowledged` lists them")
 
 
 def render_migrate(out: Output, doc: dict[str, Any]) -> None:

@@ -84,7 +84,9 @@ def test_concurrent_creators_keep_the_index_complete_unique_ordered_and_rebuilda
     for seen in snapshots:
         assert is_subsequence(seen, final), "a listing during creation is not a subsequence of the final order"
 
-    rebuilt = reindex(st)
+    report = reindex(st)
+    assert report.left_out == {} and report.put_back == {}  # every child was acknowledged and listed
+    rebuilt = report.parents
     for parent in parents:
         assert rebuilt[parent] == listed[parent], parent  # the derived index equals the rebuild from headers
         assert [e.id for e in read_children(st, parent)] == listed[parent]

@@ -220,3 +220,16 @@ class Child:
                     pipe.close()
             except OSError:
                 pass
+
+
+def blocked_on(pid: int, path: str) -> bool:
+    """Whether process ``pid`` waits for a lock on the file ``path`` (a ``->`` line of ``/proc/locks``)."""
+    inode = os.stat(path).st_ino
+    with open("/proc/locks") as handle:
+        for line in handle:
+            fields = line.split()
+            if "->" in fields and "FLOCK" in fields:
+                at = fields.index("FLOCK")
+                if fields[at + 3] == str(pid) and fields[at + 4].endswith(f":{inode}"):
+                    return True
+    return False

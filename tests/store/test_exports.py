@@ -30,7 +30,7 @@ EXPECTED = {
     "SessionHeader", "parse_header",
     "IdGenerator", "is_valid_session_id", "new_id", "validate_session_id",
     # index, lease
-    "IndexEntry", "IndexRead", "add_child", "read_children", "read_index", "reindex",
+    "IndexEntry", "IndexRead", "ReindexReport", "add_child", "read_children", "read_index", "reindex",
     "Lease", "OwnerCache", "OwnerRecord", "acquire_lease", "check_lease", "heartbeat", "owner_alive", "owner_gone", "read_lease", "read_owner",
     "OwnerReaper", "reap_owners", "register_owner", "release_lease", "remove_owner", "session_status", "set_lease_state",
     # log, mailbox, projection, reader, root, session

@@ -540,7 +540,7 @@ def test_reindex_rebuilds_the_same_listing(tree):
     parents = ["r", "c1", "c2", "f1", "g1"]
     before = {p: store.list_children(st, p) for p in parents}
     before_desc = store.list_descendants(st, "r")
-    result = store.reindex(st)
+    result = store.reindex(st).parents
     assert result == {p: [e.id for e in store.read_children(st, p)] for p in result}
     assert result == {"r": ["f1", "c1", "c2"], "c1": ["g1"], "f1": ["g2"]}
     assert {p: store.list_children(st, p) for p in parents} == before
@@ -548,7 +548,11 @@ def test_reindex_rebuilds_the_same_listing(tree):
     assert all(not r.get("removed") for r in scan(read_file(st.children_index_path("r"))).records)
     for name in os.listdir(st.children_index_dir):
         os.unlink(os.path.join(st.children_index_dir, name))
-    assert store.reindex(st) == result
+    # every entry lost: the children that were used (a turn, children of their own) come back; g1 and
+    # g2 never ran, so nothing tells them from creations nobody was told of, unless asked to keep them
+    lost = store.reindex(st)
+    assert lost.put_back == {"r": ["f1", "c1", "c2"]} and lost.left_out == {"c1": ["g1"], "f1": ["g2"]}
+    assert store.reindex(st, keep_unacknowledged=True).parents == result
     assert {p: store.list_children(st, p) for p in parents} == before
 
 
@@ -558,7 +562,7 @@ def test_reindex_drops_files_of_parents_without_children(st):
     make_child(st, "r", "c1")
     store.delete_session(st, "c1", parent_session="r")
     assert os.path.exists(st.children_index_path("r"))
-    assert store.reindex(st) == {}
+    assert store.reindex(st).parents == {}
     assert not os.path.exists(st.children_index_path("r"))
 
 

@@ -388,7 +388,8 @@ def test_reindex_rebuilds_a_lost_index(demo_copy: DemoStore) -> None:
     report = json.loads(ok("--store", "st", "store", "fsck", "--json", cwd=demo_copy.cwd))
     assert sorted(f["id"] for f in report["findings"] if f["kind"] == "index-missing") == demo_copy.children
     doc = json.loads(ok("--store", "st", "store", "reindex", "--json", cwd=demo_copy.cwd))
-    assert doc == {"parents": {demo_copy.root: demo_copy.children}, "children": 4, "roots": 1}
+    assert doc == {"parents": {demo_copy.root: demo_copy.children}, "children": 4, "roots": 1,
+                   "put_back": {demo_copy.root: demo_copy.children}, "left_out": {}, "kept_unacknowledged": {}}
     assert [r["id"] for r in json.loads(ok("--store", "st", "ls", demo_copy.root, "--json", cwd=demo_copy.cwd))] == demo_copy.children
 
 
