@@ -17,12 +17,15 @@ the appends after it overwrite those zeros in place (``pwrite`` at the end of
 the data, so its descriptor is not ``O_APPEND``): their fsync then writes no
 size change. An all-zero remainder is the file's end, not damage.
 
-Damage at the end is a torn tail (an append that never returned) and is cut
-off. Damage followed by records that chain is, for a file read as a prefix
-(the mailbox: ``skip_damage=False``), corruption — accepted messages would be
-lost by cutting it — and raises ``CorruptSessionError``; for a file whose
-readers step over damage (control, children index: ``skip_damage=True``) the
-append goes on after the last record.
+For a file read as a prefix (the mailbox: ``skip_damage=False``), damage is
+cut off only when it is provably a torn tail (``framing.torn_tail``, the rule
+the session log uses, with every record a commit point: the cut-short last
+frame of one append, then zeros or the file's end, starting at or after the
+checkpoint); any other damage — a whole frame that fails, records after it,
+damage before the checkpoint — is corruption: cutting would lose accepted
+messages, so it raises ``CorruptSessionError`` and writes nothing. For a file
+whose readers step over damage (control, children index:
+``skip_damage=True``) the append goes on after the last record.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from typing import Any, Callable, Protocol, Sequence
 from .atomic import FILE_MODE, NOFOLLOW
 from .checkpoints import AppendCheckpoints
 from .errors import CorruptSessionError, SubagentError, UnavailableSessionError
-from .framing import FRAME, Check, encode_record, find_committed, scan, scan_all, zeros_from
+from .framing import FRAME, Check, encode_record, scan, scan_all, torn_tail, zeros_from
 from .session_file import block_padding
 from .root import Store
 
@@ -104,6 +107,7 @@ def append_records(
     offset, next_seq = tails.get(key) or (0, 0)
     if offset > size:
         offset, next_seq = 0, 0  # the file was rebuilt under us
+    committed_end = offset  # records reach this far: this process read or wrote them whole
     # nobody appended since our checkpoint (the usual case for a mailbox): nothing, or only its padding, to read;
     # in a padded file, a zero frame header at the checkpoint says so (a record's length is never 0)
     nothing_new = offset == size or (padded and offset and zeros_from(os.pread(fd, FRAME.size, offset)))
@@ -120,9 +124,9 @@ def append_records(
         if skip_damage:
             skim = scan_all(data, check=check)
             end, seq, cut = skim.end, skim.next_seq, skim.tail is not None
-        elif find_committed(data, result.damage.offset + 1, seq, lambda _payload: True, torn_reason=result.damage.reason,
-                            padded=padded) is not None:
-            raise CorruptSessionError(owner, f"{key}: {result.damage.reason} at byte {result.damage.offset} before valid records", offset=result.damage.offset)
+        elif not torn_tail(data, result.damage, seq, padded=padded, committed_end=committed_end):
+            raise CorruptSessionError(owner, f"{key}: {result.damage.reason} at byte {result.damage.offset} is no torn tail "
+                                      "(FORMAT.md §3.3): cutting it would drop accepted records", offset=result.damage.offset)
         else:
             cut = True
     blob = b"".join(frame_record({**record, "seq": seq + i}, limit, key, too_large) for i, record in enumerate(records))

@@ -10,8 +10,10 @@ lost committed records: the child is read, and listed as damaged; a
 Any other child — one that may be running, or one indexed by an older
 build — costs its header,
 its identity cache and its lease (plus its owner's heartbeat, read once per
-owner per query); only a child whose cache is missing or behind its gate has
-its log folded, in memory. A listing never writes a byte and never loads,
+owner per query), and a continuable one the messages its log has not
+consumed (O(pending): ``mailbox.require_consumed_prefix``, so a mailbox whose
+accepted messages are damaged makes the row a diagnostic); only a child whose
+cache is missing or behind its gate has its log folded, in memory. A listing never writes a byte and never loads,
 resumes or repairs anything.
 
 Rules (the reference's, with this project's statuses; docs/behaviour.md, "Catalog"):
@@ -51,6 +53,7 @@ from .errors import SessionNotFoundError, SubagentError, UnsupportedFormatError
 from .identity import DiagnosticReason, Identity, read_identity
 from .index import IndexEntry, read_index
 from .lease import Lease, OwnerCache, lease_of
+from .mailbox import require_consumed_prefix
 from .outcome import OUTCOMES, Outcome, outcome_of
 from .projection import Projection
 from .query import Query
@@ -202,6 +205,10 @@ def _row(
         descriptor = identity.descriptor
         if descriptor is None:
             return DiagnosticEntry(child_id, "corrupt")
+        if descriptor.mode == "continuable":
+            # messages sent to it and not yet taken by a turn: damage there (no torn tail) may have lost
+            # some, and refuses every acceptance (CorruptSessionError: the row is a diagnostic)
+            require_consumed_prefix(store, child_id, identity.projection)
         status = _status(lease_of(file), owners)
     verdict = outcome_of(identity.projection, held=status != "complete")
     return ChildEntry(

@@ -31,7 +31,7 @@ from .acknowledgment import evidence_of_use
 from .atomic import read_bytes
 from .descriptor import ContinuableDescriptor
 from .errors import SessionNotFoundError, SubagentError
-from .framing import find_later_record, scan
+from .framing import scan, torn_tail
 from .header import SessionHeader
 from .ids import is_valid_session_id
 from .index import IndexEntry, read_children
@@ -56,7 +56,7 @@ ViolationKind = Literal[
     "message-out-of-order",  # a message consumed before one accepted earlier
     "message-unknown",  # the log consumed a message its mailbox never accepted
     "message-stranded",  # pending messages that no live owner holds and nobody can resume
-    "mailbox-corrupt",  # damage followed by accepted messages in a mailbox
+    "mailbox-corrupt",  # damage in a mailbox that is no torn tail (accepted messages may lie in it)
     "index-missing",  # a header names a parent whose index lacks the child
     "index-stale",  # an index entry no header proves
     "index-row",  # a catalog row (static fields, settled state) that the child's log or lease contradicts
@@ -305,9 +305,11 @@ def _read_mailbox(state: _Pass, session_id: str) -> list[dict[str, Any]]:
     except FileNotFoundError:
         return []
     result = scan(data, padded=True)
-    if result.damage is not None and find_later_record(data, result.damage.offset + 1, lambda p: "id" in p) is not None:
-        state.flag(session_id, "mailbox-corrupt", f"{result.damage.reason} at byte {result.damage.offset}, and accepted "
-                   "messages follow it")
+    if result.damage is not None and not torn_tail(data, result.damage, len(result.records), padded=True):
+        # the rule the writers and readers use: anything but the cut-short last frame of an acceptance
+        # that never returned may hold accepted messages
+        state.flag(session_id, "mailbox-corrupt", f"{result.damage.reason} at byte {result.damage.offset} is no torn tail: "
+                   "accepted messages may lie in it or after it")
     return result.records
 
 

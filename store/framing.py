@@ -50,6 +50,7 @@ __all__ = [
     "scan_suffix",
     "find_later_record",
     "find_committed",
+    "torn_tail",
     "data_end",
     "zeros_from",
 ]
@@ -384,6 +385,47 @@ def find_committed(
                     return pos
         pos += 1
     return None
+
+
+def torn_tail(
+    data: bytes | memoryview,
+    damage: Damage,
+    expected_seq: int,
+    *,
+    commits: Callable[[dict[str, Any]], bool] | None = None,
+    padded: bool = False,
+    committed_end: int = 0,
+) -> bool:
+    """Whether ``damage`` (``scan``'s, where the valid prefix of ``data`` ends) is a torn tail, which
+    cutting loses nothing of, rather than damage to committed bytes (FORMAT.md §3.3): one rule for a
+    session log and a mailbox.
+
+    A write that never returned leaves a prefix of its bytes after the valid prefix, then what was
+    there before: the zero padding, or the file's end. So the damage is *not* a torn tail when the
+    bytes show a commit point in it:
+
+    * it starts before ``committed_end``, an offset the caller knows committed records reach (a
+      writer's checkpoint: bytes it read or wrote whole);
+    * a committed frame that chains follows it (``find_committed`` with ``commits``);
+    * every record is a commit point (``commits`` is ``None``: a mailbox, whose acceptances are
+      acknowledged one record per write) and the damaged frame is not the cut-short last frame of a
+      write (``short-header``, ``short-payload``): a frame whose announced bytes lie inside the
+      data was written whole, and a whole frame that fails is a committed record changed since.
+
+    A log's commit points are its ``turn/end`` records: a frame of a turn that never ended was
+    promised to nobody, so only a ``turn/end`` that chains after the damage makes it corruption.
+    """
+    if damage.offset < committed_end:
+        return False
+    if commits is None and damage.reason not in ("short-header", "short-payload"):
+        return False
+    committed = find_committed(data, damage.offset + 1, expected_seq, commits or _every_record, torn_reason=damage.reason,
+                               padded=padded)
+    return committed is None
+
+
+def _every_record(_payload: dict[str, Any]) -> bool:
+    return True
 
 
 def find_later_record(

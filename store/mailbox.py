@@ -18,9 +18,18 @@ Recovery therefore delivers each accepted message exactly once.
 
 Readers check every record (``store/records.py``): a record of the wrong
 shape is damage, and ends the valid prefix like a bad CRC — writers use the
-same check, so they never append after damage a reader would stop at. A
-message above the store's ``max_record_bytes`` is refused
-(``MESSAGE_TOO_LARGE``) before anything is written.
+same check, so they never append after damage a reader would stop at. Every
+record is an acknowledged message, so damage is read by the log's rule with
+every record a commit point (``framing.torn_tail``, FORMAT.md §3.3): only a
+provable torn tail (the cut-short last frame of an acceptance that never
+returned, then zeros or the file's end) is the mailbox's end, which readers
+stop at and the next acceptance cuts. Any other damage — a whole record that
+fails its CRC, records after the damage, damage before where this process
+knows records reach — may hold accepted messages: readers raise
+``CorruptSessionError`` instead of reporting fewer, and acceptances are
+refused before a byte is written. A message above the store's
+``max_record_bytes`` is refused (``MESSAGE_TOO_LARGE``) before anything is
+written.
 
 ``MailboxWriter`` accepts many messages into one mailbox through descriptors
 it keeps open (the session file's, for its lock, and the mailbox's): a
@@ -39,8 +48,9 @@ from typing import Any
 from .appender import WIDEST_SEQ, append_records, frame_record, open_appendable
 from .atomic import NOFOLLOW
 from .errors import CorruptSessionError
-from .framing import data_end, scan
+from .framing import Damage, data_end, scan, torn_tail
 from .ids import IdGenerator
+from .projection import Projection
 from .reader import inspect, read_session_file
 from .records import mailbox_problem
 from .root import Store
@@ -103,7 +113,8 @@ class MailboxWriter:
         self._own_lock = lock is None
         self._fd = -1
         self._file: tuple[int, int] | None = None  # (st_dev, st_ino) of the open mailbox
-        self._checked = False  # whether an acceptance found the mailbox holding what the log consumed
+        # the mailbox as our last acceptance left it (size, mtime, ctime): None until an acceptance checked it
+        self._seen: tuple[int, int, int] | None = None
 
     def accept(self, *, source: dict[str, Any], content: Any, ids: IdGenerator, wake: bool = True) -> str:
         """Durably append a message; returns its id once it is on stable storage (as ``accept``)."""
@@ -120,16 +131,16 @@ class MailboxWriter:
                     self._lock, self._own_lock = SessionLock(self.session_id, store.session_path(self.session_id)), True
                 self._lock.acquire()  # SessionNotFoundError when the session is gone
                 try:
-                    size = self._open_mailbox()
-                    tail = store.index_tails.get(self._key)
-                    if not self._checked or tail is None or tail[0] > size:
-                        # this writer's first acceptance, or the mailbox shrank since the last one
+                    info = self._open_mailbox()
+                    if self._seen is None or _state_of(info) != self._seen:
+                        # this writer's first acceptance, or another hand wrote the mailbox since our last one
+                        self._seen = None
                         require_consumed_prefix(store, self.session_id)
-                        self._checked = True
                     append_records(self._fd, [record], tails=store.index_tails, key=self._key, owner=self.session_id,
-                                   limit=store.max_record_bytes, check=mailbox_problem, too_large="MESSAGE_TOO_LARGE", size=size,
-                                   padded=True)
+                                   limit=store.max_record_bytes, check=mailbox_problem, too_large="MESSAGE_TOO_LARGE",
+                                   size=info.st_size, padded=True)
                     store.durability.commit_append(self._fd, self._what)
+                    self._seen = _state_of(os.fstat(self._fd))
                 finally:
                     self._lock.release()
             finally:
@@ -152,38 +163,44 @@ class MailboxWriter:
         self._fd, self._file, self._lock = -1, None, None
         return files
 
-    def _open_mailbox(self) -> int:
-        """Under the lock: the mailbox's size, (re)opening it unless the path still names the open file."""
+    def _open_mailbox(self) -> os.stat_result:
+        """Under the lock: the mailbox's ``stat``, (re)opening it unless the path still names the open file."""
         try:
             info = os.stat(self._path, follow_symlinks=False)
             if self._fd >= 0 and (info.st_dev, info.st_ino) == self._file:
-                return info.st_size
+                return info
         except OSError:
             pass  # absent (made by the first message) or unreadable: the open below says which
         if self._fd >= 0:
             os.close(self._fd)
             self._fd, self._file = -1, None
+        self._seen = None  # another file: checked afresh
         # in place: an acceptance writes over the padding (``pwrite`` on an ``O_APPEND`` descriptor would append)
         fd, info = open_appendable(self._path, owner=self.session_id, key=self._key, in_place=True)
         self._fd, self._file = fd, (info.st_dev, info.st_ino)
-        return info.st_size
+        return info
 
 
-def require_consumed_prefix(store: Store, session_id: str) -> None:
+def require_consumed_prefix(store: Store, session_id: str, projection: Projection | None = None) -> None:
     """Under the session lock, before an acceptance: ``CorruptSessionError`` unless the mailbox still
-    holds the messages its log consumed (``fsck`` asks too, of every mailbox there is).
+    holds the messages its log consumed, and the ones it has not consumed read without damage that
+    is no torn tail (``fsck`` and listings ask too; ``projection``: the log's, when the caller has it).
 
     A mailbox emptied, overwritten or cut short behind the store's back no longer lines up with the
     log: a message appended to it would be acknowledged and never taken by any turn (``pending``
-    refuses the disagreement). Checked at a writer's first acceptance (``accept`` makes a writer
-    each time) and whenever the file is shorter than where its last one ended, so a resident
-    writer's followups pay nothing for it: the log's projection, then ``pending`` from where the
-    log says the unconsumed messages start (the whole mailbox when that does not land on a record).
-    Not guaranteed: bytes replaced in place between two acceptances of one writer, without the
-    file shrinking, are found by the reader (and ``check``), not here."""
-    from .log import read_projection  # the log module sits above this one
+    refuses the disagreement). Damage among the unconsumed messages — with nothing consumed, in
+    the whole mailbox — would be cut as if torn, or a message appended after it where no reader
+    finds it (``pending`` refuses that too). Checked at a writer's first acceptance (``accept``
+    makes a writer each time) and whenever the file's size, mtime or ctime is not what the
+    writer's last acceptance left, so a resident writer's followups pay one ``fstat`` for it while
+    nobody else writes: the log's projection, then ``pending`` from where the log says the
+    unconsumed messages start (O(pending); the whole mailbox when that does not land on a record).
+    Not guaranteed: a change in place within the file system's timestamp granularity of a
+    writer's own acceptance is found by the readers (``pending``, ``check``), not by that writer."""
+    if projection is None:
+        from .log import read_projection  # the log module sits above this one
 
-    projection = read_projection(store, session_id)
+        projection = read_projection(store, session_id)
     consumed, last_id, mailbox_end = projection.consumed, projection.last_message_id, projection.mailbox_end
     if projection.seed_length and consumed:
         # a fork's seed holds what its source consumed from the source's own mailbox: only the
@@ -195,6 +212,7 @@ def require_consumed_prefix(store: Store, session_id: str) -> None:
         mailbox_end = own[-1].get("mailbox_end") if own else None
         mailbox_end = mailbox_end if isinstance(mailbox_end, int) and not isinstance(mailbox_end, bool) else None
     if not consumed:
+        pending(store, session_id, consumed=0, last_consumed_id=None)  # every message is unconsumed: all are read
         return
     try:
         size = os.lstat(store.path(session_id, "mailbox")).st_size
@@ -209,6 +227,11 @@ def require_consumed_prefix(store: Store, session_id: str) -> None:
             mailbox_end=mailbox_end)
 
 
+def _state_of(info: os.stat_result) -> tuple[int, int, int]:
+    """What changes when anyone writes the mailbox (an acceptance in place changes no size)."""
+    return info.st_size, info.st_mtime_ns, info.st_ctime_ns
+
+
 def _close(files: tuple[int, SessionLock | None] | None) -> None:
     if files is None:
         return
@@ -219,21 +242,37 @@ def _close(files: tuple[int, SessionLock | None] | None) -> None:
         lock.close()
 
 
-def _messages(data: bytes, *, start_seq: int = 0, base: int = 0) -> tuple[list[MailboxMessage], bool]:
+def _messages(store: Store, session_id: str, data: bytes, *, start_seq: int = 0, base: int = 0) -> tuple[list[MailboxMessage], bool]:
+    """The messages of ``data`` (the mailbox from byte ``base``, where record ``start_seq`` starts), and
+    whether ``base`` is no record's start (damage right there: the caller reads the whole mailbox);
+    ``CorruptSessionError`` for damage after them that is no torn tail."""
     result = scan(data, start_seq=start_seq, base_offset=base, check=mailbox_problem, padded=True)
+    damage = result.damage
+    if damage is not None and damage.offset == base and base > 0:
+        return [], True
+    if damage is not None:
+        local = Damage(damage.offset - base, damage.dropped, damage.reason, damage.detail)
+        checkpoint = store.index_tails.get(f"mailbox/{session_id}", (0, 0))[0]  # this process read or wrote that far
+        if not torn_tail(data, local, start_seq + len(result.records), padded=True, committed_end=checkpoint - base):
+            detail = f" ({damage.detail})" if damage.detail else ""
+            raise CorruptSessionError(
+                session_id, f"its mailbox is damaged: {damage.reason} at byte {damage.offset}{detail} is no torn tail "
+                "(FORMAT.md §3.3), and accepted messages may lie in it", offset=damage.offset,
+            )
     ends = result.offsets[1:] + [result.end]
     out = [
         MailboxMessage(r["id"], float(r["ts"]), r["source"], r.get("content"), r.get("wake", True), end)
         for r, end in zip(result.records, ends)
     ]
-    # damage right at ``base`` means ``base`` is not where record ``start_seq`` starts
-    return out, result.damage is not None and result.damage.offset == base and base > 0
+    return out, False
 
 
 def read_mailbox(store: Store, session_id: str) -> list[MailboxMessage]:
-    """The valid prefix of the mailbox; ``UnavailableSessionError`` when the file cannot be read."""
+    """The accepted messages: the mailbox's valid prefix, a torn tail left out (the next acceptance cuts it).
+    ``CorruptSessionError`` for any other damage (it may hide accepted messages: never fewer, silently);
+    ``UnavailableSessionError`` when the file cannot be read."""
     data = read_session_file(store, session_id, "mailbox")
-    return [] if data is None else _messages(data)[0]
+    return [] if data is None else _messages(store, session_id, data)[0]
 
 
 def pending(
@@ -245,11 +284,13 @@ def pending(
     in its ``message/accepted``), only the unconsumed suffix is read: O(pending),
     not O(every message ever accepted). Without it, or if it does not land on
     record ``consumed``, the whole mailbox is read and checked against the log.
+    ``CorruptSessionError`` as ``read_mailbox`` for damage in what is read that is
+    no torn tail, and when the mailbox and the log disagree.
     """
     if mailbox_end is not None and consumed > 0:
         suffix = read_session_file(store, session_id, "mailbox", offset=mailbox_end)
         if suffix is not None:
-            messages, misplaced = _messages(suffix, start_seq=consumed, base=mailbox_end)
+            messages, misplaced = _messages(store, session_id, suffix, start_seq=consumed, base=mailbox_end)
             if not misplaced and (messages or data_end(suffix) == 0):  # nothing after it, or only padding
                 return messages
     messages = read_mailbox(store, session_id)

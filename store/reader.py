@@ -30,7 +30,7 @@ from .errors import (
     UnsupportedFormatError,
 )
 from .events import unknown_type
-from .framing import Damage, ScanResult, find_committed, scan
+from .framing import Damage, ScanResult, scan, torn_tail
 from .header import SessionHeader, parse_header
 from .records import event_problem
 from .root import Store
@@ -104,11 +104,11 @@ def _is_turn_end(payload: dict[str, Any]) -> bool:
 
 
 def classify(data: bytes, damage: Damage | None, expected_seq: int = 0) -> LogStatus:
-    """``corrupt`` when a committed ``turn/end`` that chains (``framing.find_committed``) follows the damage."""
+    """``corrupt`` unless the damage is a torn tail by the rule the mailbox uses too (``framing.torn_tail``),
+    the log's commit points being its ``turn/end`` records: one that chains after the damage."""
     if damage is None:
         return "clean"
-    found = find_committed(data, damage.offset + 1, expected_seq, _is_turn_end, torn_reason=damage.reason, padded=True)
-    return "torn" if found is None else "corrupt"
+    return "torn" if torn_tail(data, damage, expected_seq, commits=_is_turn_end, padded=True) else "corrupt"
 
 
 def scan_events(data: bytes | memoryview, *, start_seq: int = 0, base_offset: int = 0) -> ScanResult:

@@ -349,20 +349,28 @@ def test_threads_sharing_a_writer_take_turns_in_the_critical_section(tmp_path):
     assert [m.content for m in store.read_mailbox(st, "s1")] == ["first", "second"] and len(made) == 2
 
 
-def test_stray_bytes_inside_the_padding_never_cost_an_accepted_message(s1):
-    """An acceptance trusts a zero frame header at its checkpoint (one 8-byte read, not the whole padding):
-    bytes that are not zeros further into the padding (damage) are written over or left after the
-    records, and every accepted message stays in the valid prefix, in order."""
+def test_stray_bytes_inside_the_padding_are_damage_that_is_never_cut(s1):
+    """Bytes that are not zeros further into the padding are no torn tail (an acceptance that never
+    returned leaves a prefix of its one frame, then zeros): they may be what is left of an accepted
+    message whose first bytes were zeroed. So they are neither written over nor cut: the acceptance
+    is refused before a byte is written, the reader says so, and the accepted message stays."""
+    from subagents.store.fsck import fsck
+
     ids = store.IdGenerator()
     path = s1.path("s1", "mailbox")
-    accepted = [accept(s1, "first", ids)]
+    accepted = accept(s1, "first", ids)
     end = scan(read_file(path), padded=True).end
     with open(path, "r+b") as handle:
         handle.seek(end + 300)
         handle.write(b"\x07stray")
-    accepted += [accept(s1, f"after {i}", ids) for i in range(4)]
-    assert [m.id for m in store.read_mailbox(s1, "s1")] == accepted
-    assert os.path.getsize(path) == 4096
+    data = read_file(path)
+    with pytest.raises(store.CorruptSessionError):
+        accept(s1, "after", ids)
+    assert read_file(path) == data and os.path.getsize(path) == 4096
+    with pytest.raises(store.CorruptSessionError):
+        store.read_mailbox(s1, "s1")
+    assert [f["kind"] for f in fsck(s1, repair=False, lease_ttl_s=5.0)["findings"] if f["id"] == "s1"] == ["mailbox-damaged"]
+    assert [r["id"] for r in scan(data, padded=True).records] == [accepted]
 
 
 @pytest.mark.parametrize("damage", ["empty", "garbage", "first-record-only"])
@@ -387,7 +395,9 @@ def test_an_acceptance_beside_a_mailbox_that_lost_consumed_messages_is_refused(s
                 accept(s1, "lost", ids)
             else:
                 writer.accept(source={"kind": "user"}, content="lost", ids=ids)
-        assert info.value.code == "CORRUPT_SESSION" and "mailbox and log disagree" in info.value.message
+        assert info.value.code == "CORRUPT_SESSION"
+        # garbage is damage in its own right (no torn tail) before it is a disagreement with the log
+        assert ("its mailbox is damaged" if damage == "garbage" else "mailbox and log disagree") in info.value.message
         assert read_file(path) == data
     found = fsck(s1, repair=False, lease_ttl_s=5.0)
     assert [f["kind"] for f in found["findings"] if f["id"] == "s1"] == ["mailbox-damaged"]
