@@ -27,8 +27,8 @@ __all__ = ["MailboxCounts", "SessionDescription", "describe_session", "mailbox_c
 
 @dataclass(frozen=True)
 class MailboxCounts:
-    accepted: int
-    pending: int | None  # None when log and mailbox disagree (then ``problem`` says how)
+    accepted: int | None  # None when the mailbox is damaged (no torn tail): how many it held is unknown
+    pending: int | None  # None when log and mailbox disagree or it is damaged (then ``problem`` says how)
     problem: str | None = None
 
 
@@ -52,6 +52,8 @@ def mailbox_counts(store: Store, session_id: str, projection: Projection) -> Mai
         messages = read_mailbox(store, session_id)
     except UnavailableSessionError as exc:  # a folder or a link in place of the mailbox
         return MailboxCounts(0, None, exc.message)
+    except CorruptSessionError as exc:  # damage that is no torn tail: accepted messages may lie in it
+        return MailboxCounts(None, None, exc.message)
     if not messages:
         return MailboxCounts(0, 0)  # a one-shot child's message is logged at creation, never mailed
     try:

@@ -145,3 +145,16 @@ def test_a_torn_tail_is_still_cut_and_nothing_accepted_is_lost(family, where, ha
     result = scan(read_file(path), padded=True)
     assert result.damage is None
     assert [(r["seq"], r["id"]) for r in result.records] == list(enumerate(accepted))
+
+
+@pytest.mark.parametrize("how", list(DAMAGE))
+def test_show_describes_the_damage_instead_of_raising(family, how):
+    """``describe_session`` (``subagents show``) says the mailbox does not read, and counts nothing it cannot
+    vouch for; the sibling is described as before."""
+    st = family
+    accept(st, "hello", store.IdGenerator(), session_id="sib")
+    damaged(st, how)
+    found = store.describe_session(st, "c")
+    assert found.mailbox.accepted is None and found.mailbox.pending is None
+    assert "no torn tail" in (found.mailbox.problem or "")
+    assert store.describe_session(st, "sib").mailbox == store.MailboxCounts(1, 1)
