@@ -293,12 +293,16 @@ def pending(
             messages, misplaced = _messages(store, session_id, suffix, start_seq=consumed, base=mailbox_end)
             if not misplaced and (messages or data_end(suffix) == 0):  # nothing after it, or only padding
                 return messages
-    messages = read_mailbox(store, session_id)
+    disagree = f"mailbox and log disagree: log consumed {consumed} message(s) ending at {last_consumed_id!r}"
+    try:
+        messages = read_mailbox(store, session_id)
+    except CorruptSessionError as exc:
+        if not consumed:
+            raise
+        # the consumed prefix does not read either: both said, the disagreement first (what refuses acceptances)
+        raise CorruptSessionError(session_id, f"{disagree}; {exc.fields['reason']}", offset=exc.fields.get("offset")) from None
     if consumed > len(messages) or (consumed and messages[consumed - 1].id != last_consumed_id):
-        raise CorruptSessionError(
-            session_id,
-            f"mailbox and log disagree: log consumed {consumed} message(s) ending at {last_consumed_id!r}",
-        )
+        raise CorruptSessionError(session_id, disagree)
     return messages[consumed:]
 
 

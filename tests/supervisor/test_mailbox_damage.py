@@ -1,0 +1,53 @@
+"""A child whose accepted, unconsumed messages were damaged behind the store's back refuses new ones.
+
+Audit defect: the acceptance read such damage as a torn tail and cut it (or, through the mailbox
+a resident child keeps open, appended after it where no reader finds the message), acknowledging
+the new message while accepted ones were lost. Now ``send`` and ``followup`` fail with
+``CORRUPT_SESSION`` and write nothing, and the listing gives that child — only that one — a
+diagnostic row; its sibling goes on as before.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from subagents.store import read_mailbox
+from subagents.store.catalog import ChildEntry, DiagnosticEntry
+from subagents.supervisor import SubagentError
+
+from .test_continuable import S, continuable_supervisor, start, turn_started
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_send_to_a_child_whose_queued_messages_are_damaged_fails_and_only_its_row_says_so(tmp_path):
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        victim, _ = await start(sup, root, S({"sleep": 60_000}), label="victim")
+        sibling, _ = await start(sup, root, S({"sleep": 60_000}), label="sibling")
+        await turn_started(sup, victim)
+        await turn_started(sup, sibling)
+        # queued behind the running turn: accepted, acknowledged, not consumed
+        for i in range(3):
+            await sup.followup(root, victim, S({"return": f"t{i}"}))
+        await sup.send(sibling, S({"return": "fine"}), parent=root.id)
+        path = Path(sup.store.path(victim, "mailbox"))
+        prompt, first_queued, *_ = read_mailbox(sup.store, victim)
+        data = bytearray(path.read_bytes())
+        data[prompt.end + 20] ^= 0x5A  # in place, inside the first queued message: the file keeps its size
+        path.write_bytes(bytes(data))
+
+        for deliver in (lambda: sup.send(victim, S({"return": "lost"}), parent=root.id),
+                        lambda: sup.followup(root, victim, S({"return": "lost"}))):
+            with pytest.raises(SubagentError) as info:
+                await deliver()
+            assert info.value.code == "CORRUPT_SESSION"
+            assert path.read_bytes() == bytes(data)
+
+        rows = {row.id: row for row in await sup.list_children(root.id)}
+        assert rows[victim] == DiagnosticEntry(victim, "corrupt")
+        assert isinstance(rows[sibling], ChildEntry) and rows[sibling].status == "running"
+        await sup.send(sibling, S({"return": "still fine"}), parent=root.id)
+        assert [m.content for m in read_mailbox(sup.store, sibling)][-2:] == [S({"return": "fine"}), S({"return": "still fine"})]
