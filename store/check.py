@@ -39,6 +39,7 @@ from .roots import indexed_roots, roots_index_problem
 from .lease import Lease, OwnerRecord, check_lease, host_identity, owner_alive, process_start_time, read_lease, read_owner
 from .projection import Projection
 from .reader import Inspection, inspect, read_header
+from .records import mailbox_problem
 from .root import Store
 from .rows import row_problem
 
@@ -304,7 +305,7 @@ def _read_mailbox(state: _Pass, session_id: str) -> list[dict[str, Any]]:
         data = read_bytes(state.store.path(session_id, "mailbox"))
     except FileNotFoundError:
         return []
-    result = scan(data, padded=True)
+    result = scan(data, padded=True, check=mailbox_problem)  # what the mailbox's readers and writers read
     if result.damage is not None and not torn_tail(data, result.damage, len(result.records), padded=True):
         # the rule the writers and readers use: anything but the cut-short last frame of an acceptance
         # that never returned may hold accepted messages

@@ -11,7 +11,8 @@ creation interrupted before its entry, whose id nobody was given
 (``store/acknowledgment.py``; ``reindex`` leaves it out) — index files
 with damaged records or that cannot be read (``reindex`` rewrites them),
 unreadable or undecodable leases and control files, mailboxes that no
-longer hold the messages their log consumed (``mailbox-damaged``), session files that
+longer hold the messages their log consumed or whose unconsumed messages hold
+damage that is no torn tail (``mailbox-damaged``: FORMAT.md §3.3), session files that
 are symbolic links (never followed), names in ``sessions/`` that are no
 session (a creation's leftover temporary file, a folder, an orphaned
 companion: ``no-header`` / ``stray``), index entries of sessions whose
