@@ -315,3 +315,43 @@ def test_frame_constant_is_two_le_u32():
     record = store.encode_record({"seq": 0})
     length, crc = struct.unpack("<II", record[:8])
     assert length == len(record) - 8 and crc == zlib.crc32(record[8:])
+
+
+# -- the torn-tail rule shared by the log and the mailbox (framing.torn_tail, FORMAT.md §3.3) ------------
+
+
+def _three_records() -> tuple[bytes, list[int]]:
+    return records_blob([{"seq": i, "type": "turn/end" if i == 1 else "note", "pad": "x" * 40} for i in range(3)])
+
+
+@pytest.mark.parametrize(
+    ("edit", "every_record", "torn"),
+    [
+        ("cut-last", True, True),  # a partial final frame, then the file's end
+        ("cut-last-into-padding", True, True),  # a partial final frame, then zeros
+        ("flip-last", True, False),  # a whole frame that fails: a committed record changed
+        ("flip-last", False, True),  # in a log, an event of a turn that never ended: promised to nobody
+        ("flip-first", True, False),  # records chain after it
+        ("flip-first", False, False),  # a turn/end chains after it
+        ("cut-last-before-checkpoint", True, False),  # the writer saw that record whole
+    ],
+)
+def test_torn_tail_is_one_rule_for_the_log_and_the_mailbox(edit, every_record, torn):
+    from subagents.store.framing import data_end, torn_tail
+
+    data, offsets = _three_records()
+    buf = bytearray(data)
+    committed_end = 0
+    if edit.startswith("cut-last"):
+        buf = buf[: len(buf) - 5]
+        if edit == "cut-last-into-padding":
+            buf += bytes(4096 - len(buf) % 4096)
+        if edit == "cut-last-before-checkpoint":
+            committed_end = len(data)
+    else:
+        buf[(offsets[2] if edit == "flip-last" else offsets[0]) + FRAME.size + 3] ^= 0x5A
+    result = scan(bytes(buf), padded=True)
+    assert result.damage is not None and data_end(bytes(buf)) > 0
+    commits = None if every_record else (lambda payload: payload.get("type") == "turn/end")
+    assert torn_tail(bytes(buf), result.damage, len(result.records), commits=commits, padded=True,
+                     committed_end=committed_end) is torn
