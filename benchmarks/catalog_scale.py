@@ -212,6 +212,8 @@ class Builder:
             # store/roots.py add_root: {"id", "created_at"} + "seq"
             self.roots.append(encode_record({"id": session_id, "created_at": header.created_at, "seq": len(self.roots)}))
             self.root_ids.append(session_id)
+            # store/index.py prepare_index: a root's children index is made, empty, with the root
+            self.index.setdefault(session_id, [])
         self.count += 1
 
     def settle(self, session_id: str) -> None:
