@@ -24,8 +24,10 @@ because the API costs several locks and fsyncs per child. Before the timing,
 a self-check builds a small tree both ways — through ``create_session`` +
 ``LogWriter`` + ``release_lease`` and through the fast builder, with the
 same ids and a frozen clock — and requires the two stores to be identical
-byte for byte (paths, modes, contents) and ``check_store`` to find every row
-true; the benchmark stores are then checked through ``store.list_children``.
+byte for byte (paths, modes, contents; a ``settled`` row's ``mtime_ns`` is
+compared as "the child's file's time", which no two builds share) and
+``check_store`` to find every row true; the benchmark stores are then checked
+through ``store.list_children``.
 
 Goals (issue 12): ``list_children`` of the 1,000 children in the large store
 (100,000 sessions) <= 25 ms (``large_ms``, ``goal_large_met``), and <= 1.2x
@@ -78,6 +80,7 @@ from subagents.store import (  # noqa: E402
     release_lease,
 )
 from subagents.store.check import check_store  # noqa: E402
+from subagents.store.framing import scan  # noqa: E402
 from subagents.store.roots import roots_index_path  # noqa: E402
 
 NAME = "catalog_scale"
@@ -222,9 +225,10 @@ class Builder:
         with SessionFile.open(session_id, self.store.session_path(session_id), write=True) as file:
             file.write_lease(file.read_slots(), Lease(CREATOR, 1, "released", ts), synced=False)
             end = file.data_start + projection.end_offset  # where its log's records end (the row's ``end``)
+            mtime_ns = os.fstat(file.fd).st_mtime_ns  # the file's time after the release's write (``mtime_ns``)
         verdict = outcome_of(projection, held=False)
         has_children = bool(self.index.get(session_id))  # every child the builder writes is a subagent
-        settled = Settled(verdict.outcome, verdict.error_code, verdict.error, projection.last_ts, has_children, end)
+        settled = Settled(verdict.outcome, verdict.error_code, verdict.error, projection.last_ts, has_children, end, mtime_ns)
         entries = self.index[parent_session]
         entries.append(encode_record({"id": session_id, "state": "settled", **settled.to_record(), "seq": len(entries)}))
 
@@ -386,7 +390,11 @@ def lease_family(store: Store, kids: list[str]) -> None:
 
 
 def snapshot(root: str) -> dict[str, tuple[str, int, bytes]]:
+    """Every path's kind, mode and bytes; in a children index, a ``settled`` row's ``mtime_ns`` (a
+    time two builds never share) must be its child's file's time, as the release leaves it (else no
+    listing takes the row), and is compared as that."""
     out = {}
+    children = os.path.join(root, "index", "children")
     for folder, dirs, files in os.walk(root):
         for name in dirs + files:
             path = os.path.join(folder, name)
@@ -396,8 +404,18 @@ def snapshot(root: str) -> dict[str, tuple[str, int, bytes]]:
             if kind == "file":
                 with open(path, "rb") as handle:
                     data = handle.read()
+                if folder == children:
+                    data = b"".join(encode_record(_timeless(root, record)) for record in scan(data).records)
             out[os.path.relpath(path, root)] = (kind, stat.S_IMODE(st.st_mode), data)
     return out
+
+
+def _timeless(root: str, record: dict[str, Any]) -> dict[str, Any]:
+    if "mtime_ns" not in record:
+        return record
+    if os.lstat(os.path.join(root, "sessions", record["id"])).st_mtime_ns != record["mtime_ns"]:
+        raise SystemExit(f"{NAME}: the settled row of {record['id']} names a time its file does not have: no listing takes it")
+    return {**record, "mtime_ns": "its file's time"}
 
 
 def self_check(base: str) -> str:

@@ -4,11 +4,16 @@ Cost is O(number of children), and for a settled child one ``lstat`` of its
 file: the children index holds each child's row (``store/index.py``, FORMAT.md
 §9). A child whose creation record carries the row's static fields and whose
 latest state record is ``settled`` is listed from the index alone, once the
-``lstat`` shows its file still as long as the row's ``end`` (a shorter one
-lost committed records: the child is read, and listed as damaged; a
-``settled`` record without ``has_children`` adds a read of its own index).
-Any other child — one that may be running, or one indexed by an older
-build — costs its header,
+``lstat`` shows its file still as long as the row's ``end`` and still with
+the modification time the release left (``mtime_ns``). A shorter file lost
+committed records: the child is read, and listed as damaged. A file written
+since (its time moved: bytes overwritten in place behind the store's back,
+or any write the row does not know of) is read, and listed as its files say:
+a diagnostic when they are damaged, else its current row — a changed time
+alone is no damage. A ``settled`` record without ``has_children`` adds a
+read of its own index; one without ``mtime_ns`` (an older build) is taken on
+type and length alone. Any other child — one that may be running, or one
+indexed by an older build — costs its header,
 its identity cache and its lease (plus its owner's heartbeat, read once per
 owner per query), and a continuable one the messages its log has not
 consumed (O(pending): ``mailbox.require_consumed_prefix``, so a mailbox whose
@@ -21,8 +26,10 @@ Rules (the reference's, with this project's statuses; docs/behaviour.md, "Catalo
   ``origin == "subagent"``) is a candidate; plain forks are walked by
   ``list_descendants`` but never listed. A row from the index is the
   creator's word for its header: the creator appends it only after the header
-  is durable, and a rollback tombstones it; a row that lies (a header or log
-  changed behind the store's back) is a finding of ``check``, not of every listing;
+  is durable, and a rollback tombstones it; a row that lies while its file
+  keeps the size and time the row names (an index edited by hand, a change
+  within the file system's timestamp granularity of the release) is a
+  finding of ``check``, not of every listing;
 * one bad child yields a ``DiagnosticEntry`` (``corrupt``, ``unsupported``,
   ``unavailable``) and never hides its siblings;
 * ``status`` is ``running`` / ``idle`` from a live owner's lease, else
@@ -64,6 +71,7 @@ from .session_file import HEADER_AT
 __all__ = ["ChildStatus", "DiagnosticReason", "ChildEntry", "DiagnosticEntry", "damage_reason", "DescendantRow", "Identity", "read_identity", "list_children", "list_descendants"]
 
 ChildStatus = Literal["running", "idle", "complete"]
+Since = Literal["unchanged", "written", "cut"]  # a settled child's file since its row was written (``_since_settled``)
 
 log = logging.getLogger(__name__)
 
@@ -131,14 +139,15 @@ def _entry_or_damage(
     child_id = indexed.id
     try:
         settled = _settled_row(store, indexed, children)
-        if settled is not None:
-            if _holds(store, indexed):
-                return settled
+        since = None if settled is None else _since_settled(store, indexed)
+        if settled is not None and since == "unchanged":
+            return settled
+        row = _row(store, parent_id, child_id, owners, children)
+        if since == "cut" and isinstance(row, ChildEntry):
             # its file lost bytes the row was written from: the file is the authority, and a
             # row read from a log cut short of its records is damage, whatever else it says
-            row = _row(store, parent_id, child_id, owners, children)
-            return DiagnosticEntry(child_id, "corrupt") if isinstance(row, ChildEntry) else row
-        return _row(store, parent_id, child_id, owners, children)
+            return DiagnosticEntry(child_id, "corrupt")
+        return row  # written since it settled (damaged in place, or a write the row does not know): its files say
     except SessionNotFoundError:
         return None  # a rolled-back or never-published creation
     except Exception as exc:
@@ -180,16 +189,26 @@ def _settled_row(store: Store, indexed: IndexEntry, children: list[IndexEntry] |
     )
 
 
-def _holds(store: Store, indexed: IndexEntry) -> bool:
-    """Whether the child's file still holds what its ``settled`` row was written from: one ``lstat``,
-    a regular file at least as long as the end of the log's records then (a row without ``end``:
-    long enough for a header). A file cut shorter behind the store's back is read instead."""
+def _since_settled(store: Store, indexed: IndexEntry) -> Since:
+    """What one ``lstat`` of the child's file says of its ``settled`` row.
+
+    ``cut``: not a regular file, or shorter than the end of the log's records then (a row without
+    ``end``: too short for a header), i.e. it lost bytes the row was written from. ``written``: its
+    modification time is not the one the release left (``mtime_ns``), so something wrote it since
+    — bytes overwritten in place behind the store's back, or a write the row does not know of; its
+    files say which. ``unchanged``: the row stands (a row without ``mtime_ns`` cannot tell a file
+    written since from one that was not)."""
+    settled = indexed.settled
     try:
         info = os.lstat(store.session_path(indexed.id))
     except OSError:
-        return False
-    end = indexed.settled.end if indexed.settled is not None else None
-    return stat.S_ISREG(info.st_mode) and info.st_size >= (HEADER_AT if end is None else max(end, HEADER_AT))
+        return "cut"
+    end = None if settled is None else settled.end
+    if not stat.S_ISREG(info.st_mode) or info.st_size < (HEADER_AT if end is None else max(end, HEADER_AT)):
+        return "cut"
+    if settled is not None and settled.mtime_ns is not None and info.st_mtime_ns != settled.mtime_ns:
+        return "written"
+    return "unchanged"
 
 
 def _row(

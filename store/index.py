@@ -66,6 +66,10 @@ class Settled:
     # records behind the store's back, and its listing reads the file instead of the row.
     # None: a record without the field (the listing then only needs a file that can hold a header)
     end: int | None = None
+    # the file's ``st_mtime_ns`` once the release had written it (its lease): a file whose time
+    # differs was written since, and its listing reads it instead of the row (a written file need
+    # not be damaged: its files then say what the child is). None: a record without the field
+    mtime_ns: int | None = None
 
     def to_record(self) -> dict[str, Any]:
         record: dict[str, Any] = {"outcome": self.outcome, "last_at": self.last_at}
@@ -73,6 +77,8 @@ class Settled:
             record["has_children"] = self.has_children
         if self.end is not None:
             record["end"] = self.end
+        if self.mtime_ns is not None:
+            record["mtime_ns"] = self.mtime_ns
         if self.error_code is not None:
             record["error_code"] = self.error_code
         if self.error is not None:
@@ -264,7 +270,7 @@ def _static_fields(store: Store, header: SessionHeader) -> tuple[str | None, str
 
 def _settled(record: dict[str, Any]) -> Settled:
     return Settled(record.get("outcome"), record.get("error_code"), record.get("error"), float(record.get("last_at", 0.0)),
-                   record.get("has_children"), record.get("end"))
+                   record.get("has_children"), record.get("end"), record.get("mtime_ns"))
 
 
 def read_children(store: Store, parent_id: str) -> list[IndexEntry]:

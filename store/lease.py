@@ -355,7 +355,8 @@ def _update_locked(store: Store, file: SessionFile, owner_id: str, epoch: int, s
         if state == "released":
             # the catalog row, still under the lock: after the release (a row that could not be
             # written then leaves the child listed from its files, never a settled row beside a held
-            # lease), before anyone may take the lease again (their ``active`` row comes after it)
+            # lease; and the release is the file's last write, whose time the row records),
+            # before anyone may take the lease again (their ``active`` row comes after it)
             note_settled(store, file)
     return lease
 
@@ -380,7 +381,8 @@ def write_released(
     that lock (``LogWriter.release_lease``). The catalog's ``settled`` row
     follows under the same lock, as in ``release_lease`` (``store/rows.py``),
     from the writer's ``header`` and ``projection`` when it gives them, through
-    ``writers`` when given (the parent's index kept open). Not durable, as
+    ``writers`` when given (the parent's index kept open); the row records the
+    file's time after the release's write, its last. Not durable, as
     every state change: a release lost in a crash reads as the dead owner's lease.
     """
     current = slots.lease

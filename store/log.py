@@ -40,7 +40,7 @@ from .events import EVENT_TYPES, closers
 from .framing import RecordEncoder
 from .header import SessionHeader
 from .projection import Projection, read_cache, write_cache
-from .reader import header_of, open_session, scan_events, scan_log
+from .reader import committed_damage, header_of, open_session, scan_events, scan_log
 from .root import Store
 from .session_file import LeaseSlots, SessionFile
 
@@ -100,11 +100,7 @@ def load_projection(store: Store, session_id: str, header: SessionHeader, file: 
     events, offsets, end, damage, status = scan_log(session_id, rest, start_seq=projection.next_seq, base_offset=base)
     if status == "corrupt":
         assert damage is not None
-        raise CorruptSessionError(
-            session_id,
-            f"{damage.reason} at byte {damage.offset} in the committed region ({damage.detail})".replace(" ()", ""),
-            offset=damage.offset,
-        )
+        raise committed_damage(session_id, damage)
     projection.fold(events, offsets, end)
     if not events and found is None:
         projection.end_offset = end

@@ -38,7 +38,7 @@ from .session_file import SessionFile
 
 __all__ = [
     "LogStatus", "Inspection", "read_session_file", "open_session", "header_of", "read_header", "read_log", "scan_events", "scan_log",
-    "classify", "inspect", "inspect_file", "read_from",
+    "classify", "committed_damage", "inspect", "inspect_file", "read_from",
 ]
 
 LogStatus = Literal["clean", "torn", "corrupt"]
@@ -109,6 +109,14 @@ def classify(data: bytes, damage: Damage | None, expected_seq: int = 0) -> LogSt
     if damage is None:
         return "clean"
     return "torn" if torn_tail(data, damage, expected_seq, commits=_is_turn_end, padded=True) else "corrupt"
+
+
+def committed_damage(session_id: str, damage: Damage) -> CorruptSessionError:
+    """The error of a log whose damage ``classify`` calls ``corrupt``: where and why, for a reader
+    that needs the whole log (a writer opening it, ``subagents show``), never its prefix alone."""
+    detail = f" ({damage.detail})" if damage.detail else ""
+    return CorruptSessionError(session_id, f"{damage.reason} at byte {damage.offset} in the committed region{detail}",
+                               offset=damage.offset)
 
 
 def scan_events(data: bytes | memoryview, *, start_seq: int = 0, base_offset: int = 0) -> ScanResult:

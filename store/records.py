@@ -98,12 +98,13 @@ class IndexFields(Checked):
     last_at: float = 0.0
     has_children: bool | None = None
     end: int | None = None
+    mtime_ns: int | None = None
 
 
 _INDEX_TYPES: dict[str, tuple[type, ...]] = {
     "id": (str,), "origin": (str, type(None)), "removed": (bool,), "mode": (str, type(None)), "label": (str, type(None)),
     "state": (str, type(None)), "outcome": (str, type(None)), "error_code": (str, type(None)), "error": (str, type(None)),
-    "has_children": (bool, type(None)), "end": (int, type(None)),
+    "has_children": (bool, type(None)), "end": (int, type(None)), "mtime_ns": (int, type(None)),
 }
 
 

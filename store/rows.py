@@ -15,8 +15,12 @@ Lock order: a session lock, then the parent's index lock (never the other
 way round). What is not guaranteed: a ``settled`` row is not fsync'd, and one
 that cannot be written (an unreadable header, identity or index) is skipped
 with a log line; either way the listing falls back to the child's own files,
-the authority. A row that lies (its files changed behind the store's back)
-is caught by ``check`` (``index-row``), not by every listing.
+the authority. The row records where the log ended and the file's
+modification time after the release (``end``, ``mtime_ns``): a listing
+whose ``lstat`` finds the file shorter, or written since, reads the file
+instead, so a file damaged in place behind the store's back lists as damaged.
+A row that lies while its file keeps its time (an index edited by hand) is
+caught by ``check`` (``index-row``), not by every listing.
 """
 
 from __future__ import annotations
@@ -47,7 +51,9 @@ def settled_row(
 ) -> Settled | None:
     """The row of a child no live owner holds, from its identity (or the fold of its whole log a
     writer holds, ``projection``); ``None`` when it would list as a diagnostic. ``file``: the
-    session's file when the caller has it open (its log's start gives the row's ``end``)."""
+    session's file when the caller has it open (its log's start gives the row's ``end``, its
+    ``fstat`` the row's ``mtime_ns``: a caller that is to write the row calls this after its last
+    write to the file, or the row names a time the file no longer has and never lists fast)."""
     if file is None:
         with open_session(store, header.id) as opened:
             return settled_row(store, header, projection, opened)
@@ -68,7 +74,7 @@ def settled_row(
     has_children = os.access(store.children_index_path(header.id), os.F_OK) and any(
         e.origin == "subagent" for e in read_index(store, header.id).entries)
     return Settled(verdict.outcome, verdict.error_code, verdict.error, projection.last_ts, has_children,
-                   file.data_start + projection.end_offset)
+                   file.data_start + projection.end_offset, os.fstat(file.fd).st_mtime_ns)
 
 
 def _child_header(store: Store, session_id: str) -> SessionHeader | None:
@@ -95,6 +101,9 @@ def note_settled(
     writers: IndexWriters | None = None,
 ) -> None:
     """Under the session lock, right after a lease was written released: the row as it stands from now on.
+
+    The release's write of the lease is the last write to the file before the row: the row's
+    ``mtime_ns`` is the file's time after it (``settled_row``), which a listing compares.
 
     A caller that holds the session's log writer passes its ``header`` and ``projection`` (the fold
     of the whole log): the row then costs no read of the child's files but its own index. ``writers``
@@ -137,8 +146,12 @@ def row_problem(store: Store, entry: IndexEntry, header: SessionHeader, lease: L
     if lease is not None and lease.state != "released" and lease_live:
         return f"its row says settled, but a live owner holds its lease (epoch {lease.epoch}, {lease.state})"
     now = settled_row(store, header)
-    if now is not None and entry.settled.end is None:
-        now = replace(now, end=None)  # a row an earlier build wrote says nothing of where the log ended
+    if now is not None:
+        # the file's time is no claim about the child: a file written since its release only costs
+        # listings a read of it, which its files answer (damage there is its session's finding)
+        now = replace(now, mtime_ns=entry.settled.mtime_ns)
+        if entry.settled.end is None:
+            now = replace(now, end=None)  # a row an earlier build wrote says nothing of where the log ended
     if now != entry.settled:
         return f"its settled row says {entry.settled}; its log says {now}"
     return None

@@ -4,7 +4,10 @@ Each verb calls one read-only view of ``subagents.store`` (the catalog,
 ``list_roots``, ``describe_session``, ``inspect`` / ``LogTail``,
 ``held_sessions``), shapes the result into plain data (what ``--json``
 prints) and hands it to ``render``. None of them writes a byte, starts a
-supervisor or creates a store.
+supervisor or creates a store. ``show`` of a session whose header or
+committed log is damaged prints the diagnostic (``CORRUPT_SESSION``, where
+and why) and exits 2, never a view of what still reads; ``log`` shows the
+valid records and the damage.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from subagents.store import (
 )
 
 from subagents.store.query import paginate
+from subagents.store.reader import committed_damage
 
 from . import columns, render
 from .filters import add_filters, add_paging, query_of
@@ -169,6 +173,10 @@ def cmd_show(inv: Invocation) -> int:
     session_id = inv.session(store, inv.args.id).id
     found = describe_session(store, session_id)
     header, projection, log = found.inspection.header, found.projection, found.inspection
+    if log.status == "corrupt" and log.damage is not None:
+        # the records before the damage would show as a session of their own (a crashed turn, an
+        # outcome it never had): the diagnostic instead, as a damaged header gives; `log` lists them
+        raise committed_damage(session_id, log.damage)
     ident = projection.identity
     descriptor = ident.model_dump(mode="json", exclude_none=True) if isinstance(ident, (OneShotDescriptor, ContinuableDescriptor)) else None
     mailbox = {"accepted": found.mailbox.accepted, "pending": found.mailbox.pending}

@@ -211,14 +211,15 @@ def test_state_records_of_unknown_or_removed_children_are_ignored(st, owner):
     assert store.list_children(st, "r") == []
 
 
-def test_a_damaged_child_with_a_settled_row_is_listed_from_the_row(st, owner):
-    """The documented trade: a settled row is the creator's word; damage after it is check's finding, not the listing's."""
+def test_a_damaged_child_with_a_settled_row_is_listed_as_a_diagnostic(st, owner):
+    """A header rewritten after the child settled: the file's time is not the one its row recorded, so
+    the listing reads the file and lists the damage (it once listed the row: tests/store/test_settled_mtime.py)."""
     store.create_session(st, "r", created_at=OLD)
     settled_child(st, "r", "c", owner)
     settled_child(st, "r", "d", owner)
     write_header(st, "c", b"\xc1not msgpack")
     rows = store.list_children(st, "r")
-    assert [(r.id, r.kind) for r in rows] == [("c", "child"), ("d", "child")]
+    assert [(r.id, r.kind) for r in rows] == [("c", "diagnostic"), ("d", "child")] and rows[0].reason == "corrupt"
     report = check_store(st)
     assert [v.kind for v in report.violations] == ["header-corrupt"]
 
