@@ -8,9 +8,10 @@ latest state record is ``settled`` is listed from the index alone, once the
 the modification time the release left (``mtime_ns``). A shorter file lost
 committed records: the child is read, and listed as damaged. A file written
 since (its time moved: bytes overwritten in place behind the store's back,
-or any write the row does not know of) is read, and listed as its files say:
-a diagnostic when they are damaged, else its current row — a changed time
-alone is no damage. A ``settled`` record without ``has_children`` adds a
+or any write the row does not know of) is read, its whole log folded (its
+identity cache vouches only for bytes its writer left), and listed as its
+files say: a diagnostic when they are damaged, else its current row — a
+changed time alone is no damage. A ``settled`` record without ``has_children`` adds a
 read of its own index; one without ``mtime_ns`` (an older build) is taken on
 type and length alone. Any other child — one that may be running, or one
 indexed by an older build — costs its header,
@@ -142,7 +143,9 @@ def _entry_or_damage(
         since = None if settled is None else _since_settled(store, indexed)
         if settled is not None and since == "unchanged":
             return settled
-        row = _row(store, parent_id, child_id, owners, children)
+        # a file written since it settled was written by none of the store's writers: the identity
+        # cache vouches for its bytes only as its writer left them, so its whole log is folded
+        row = _row(store, parent_id, child_id, owners, children, whole=since == "written")
         if since == "cut" and isinstance(row, ChildEntry):
             # its file lost bytes the row was written from: the file is the authority, and a
             # row read from a log cut short of its records is damage, whatever else it says
@@ -212,13 +215,15 @@ def _since_settled(store: Store, indexed: IndexEntry) -> Since:
 
 
 def _row(
-    store: Store, parent_id: str, child_id: str, owners: OwnerCache, children: list[IndexEntry] | None
+    store: Store, parent_id: str, child_id: str, owners: OwnerCache, children: list[IndexEntry] | None, *,
+    whole: bool = False,
 ) -> ChildEntry | DiagnosticEntry | None:
+    """The row from the child's own files; ``whole``: its log folded whole, its identity cache unused."""
     with open_session(store, child_id) as file:  # header, log and lease through one descriptor
         header = header_of(file)
         if header.parent_session != parent_id or header.origin != "subagent":
             return None
-        identity = read_identity(store, child_id, header.seed_length or 0, file)
+        identity = read_identity(store, child_id, header.seed_length or 0, file, use_cache=not whole)
         if identity.verdict is not None:
             return DiagnosticEntry(child_id, identity.verdict)
         descriptor = identity.descriptor

@@ -33,8 +33,14 @@ class Identity:
     projection: Projection
 
 
-def read_identity(store: Store, session_id: str, seed_length: int, file: SessionFile | None = None) -> Identity:
+def read_identity(
+    store: Store, session_id: str, seed_length: int, file: SessionFile | None = None, *, use_cache: bool = True,
+) -> Identity:
     """Identity from the cache when it passes its gate, else from an in-memory fold.
+
+    ``use_cache=False``: fold the whole log, whatever the cache says. For a file that was
+    written behind its writer's back (a settled child whose file's time moved, FORMAT.md §9):
+    the cache vouches for the bytes before its checkpoint only as its writer left them.
 
     ``file``: the session's file, when the caller has it open (a listing row reads
     header, lease and log through one descriptor); a log shorter than
@@ -44,7 +50,7 @@ def read_identity(store: Store, session_id: str, seed_length: int, file: Session
     an unreadable log, ``UnsupportedFormatError`` for unknown event types.
     """
     projection = None
-    if file is None or file.log_size() >= CACHE_LAG_BYTES:
+    if use_cache and (file is None or file.log_size() >= CACHE_LAG_BYTES):
         try:
             projection = read_cache(store.path(session_id, "identity"))
         except OSError:  # an unreadable cache is ignored: the log is the authority

@@ -139,3 +139,21 @@ def test_an_old_row_without_mtime_is_still_listed_from_the_row(st, family):
     os.utime(st.session_path("b"), ns=(0, 1_000_000_000))
     rewrite_rows(st, "r", lambda r: {**r, **LIE})
     assert [(r.kind, r.error_code) for r in store.list_children(st, "r")] == [("child", "MADE_UP")] * 3
+
+
+def test_a_long_log_damaged_before_its_cached_checkpoint_lists_as_corrupt(st, owner):
+    """A log of at least 64 KiB has an identity cache, which vouches for the bytes before its checkpoint
+    only as its writer left them: a settled child whose file was written since is folded whole."""
+    store.create_session(st, "r")
+    settle(st, "r", "a", owner, through_writer=True)
+    make_child(st, "r", "b", descriptor=ONE_SHOT, lease_owner=owner)
+    long_turn = [("turn/start", {})] + [("assistant/message", {"text": "x" * 2000})] * 40 + [("turn/end", {"stop_reason": "completed"})]
+    with store.LogWriter.open(st, "b", epoch=1) as writer:
+        writer.append(long_turn, commit=True)
+        writer.release_lease(owner, write_released)
+    assert os.path.exists(st.path("b", "identity")), "the log is long enough for an identity cache"
+    before = store.list_children(st, "r")
+    found = store.inspect(st, "b")
+    flip(st, "b", log_start(st, "b") + found.offsets[5] + FRAME.size + 4)
+    assert store.inspect(st, "b").status == "corrupt"
+    assert store.list_children(st, "r") == [before[0], store.DiagnosticEntry("b", "corrupt")]

@@ -150,6 +150,16 @@ def test_ls_json_equals_the_library_listing(demo: DemoStore) -> None:
     assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", r["created_at"]) for r in rows)
 
 
+def test_the_settled_rows_of_real_workers_name_their_files_times(demo: DemoStore) -> None:
+    """Each release by a real worker writes its ``settled`` row after its last write to the child's file:
+    the row's ``mtime_ns`` is the file's time, so a listing takes the row after one ``lstat``
+    (tests/store/test_settled_mtime.py). A row written before that write would never list fast."""
+    st = Store(demo.path, create=False)
+    settled = [e for e in store.read_children(st, demo.root) if e.settled is not None]
+    assert len(settled) == 4, store.read_children(st, demo.root)
+    assert [e.settled.mtime_ns for e in settled] == [os.lstat(st.session_path(e.id)).st_mtime_ns for e in settled]
+
+
 def test_ls_text_is_a_table_with_short_ids_and_outcomes(demo: DemoStore) -> None:
     """Plain ls PARENT: a header row, then per child a unique id prefix (taken back by `show`), status,
     outcome, mode, relative creation time and label (issues 13 and 15)."""
