@@ -28,18 +28,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from .acknowledgment import evidence_of_use
-from .atomic import read_bytes
 from .descriptor import ContinuableDescriptor
 from .errors import SessionNotFoundError, SubagentError
-from .framing import scan, torn_tail
 from .header import SessionHeader
 from .ids import is_valid_session_id
 from .index import IndexEntry, read_children
 from .roots import indexed_roots, roots_index_problem
+from .mailbox import scan_mailbox
 from .lease import Lease, OwnerRecord, check_lease, host_identity, owner_alive, process_start_time, read_lease, read_owner
 from .projection import Projection
 from .reader import Inspection, inspect, read_header
-from .records import mailbox_problem
 from .root import Store
 from .rows import row_problem
 
@@ -301,17 +299,15 @@ def _check_messages(state: _Pass, found: Inspection, own: list[dict[str, Any]]) 
 
 
 def _read_mailbox(state: _Pass, session_id: str) -> list[dict[str, Any]]:
-    try:
-        data = read_bytes(state.store.path(session_id, "mailbox"))
-    except FileNotFoundError:
+    found = scan_mailbox(state.store, session_id)  # what the mailbox's readers and writers read, by their rule
+    if found is None:
         return []
-    result = scan(data, padded=True, check=mailbox_problem)  # what the mailbox's readers and writers read
-    if result.damage is not None and not torn_tail(data, result.damage, len(result.records), padded=True):
-        # the rule the writers and readers use: anything but the cut-short last frame of an acceptance
-        # that never returned may hold accepted messages
-        state.flag(session_id, "mailbox-corrupt", f"{result.damage.reason} at byte {result.damage.offset} is no torn tail: "
+    damage = found.result.damage
+    if found.corrupt and damage is not None:
+        # anything but the cut-short last frame of an acceptance that never returned may hold accepted messages
+        state.flag(session_id, "mailbox-corrupt", f"{damage.reason} at byte {damage.offset} is no torn tail: "
                    "accepted messages may lie in it or after it")
-    return result.records
+    return found.result.records
 
 
 def _resumable(found: Inspection) -> bool:

@@ -48,7 +48,7 @@ from typing import Any
 from .appender import WIDEST_SEQ, append_records, frame_record, open_appendable
 from .atomic import NOFOLLOW
 from .errors import CorruptSessionError
-from .framing import Damage, data_end, scan, torn_tail
+from .framing import Damage, ScanResult, data_end, scan, torn_tail
 from .ids import IdGenerator
 from .projection import Projection
 from .reader import inspect, read_session_file
@@ -56,7 +56,10 @@ from .records import mailbox_problem
 from .root import Store
 from .session_file import BLOCK, SessionLock
 
-__all__ = ["MailboxMessage", "MailboxWriter", "accept", "mailbox_data_end", "read_mailbox", "pending", "require_consumed_prefix"]
+__all__ = [
+    "MailboxMessage", "MailboxScan", "MailboxWriter", "accept", "mailbox_data_end", "read_mailbox", "pending", "require_consumed_prefix",
+    "scan_mailbox",
+]
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,7 @@ class MailboxWriter:
                     if self._seen is None or _state_of(info) != self._seen:
                         # this writer's first acceptance, or another hand wrote the mailbox since our last one
                         self._seen = None
-                        require_consumed_prefix(store, self.session_id)
+                        require_consumed_prefix(store, self.session_id, locked=True)
                     append_records(self._fd, [record], tails=store.index_tails, key=self._key, owner=self.session_id,
                                    limit=store.max_record_bytes, check=mailbox_problem, too_large="MESSAGE_TOO_LARGE",
                                    size=info.st_size, padded=True)
@@ -181,8 +184,8 @@ class MailboxWriter:
         return info
 
 
-def require_consumed_prefix(store: Store, session_id: str, projection: Projection | None = None) -> None:
-    """Under the session lock, before an acceptance: ``CorruptSessionError`` unless the mailbox still
+def require_consumed_prefix(store: Store, session_id: str, projection: Projection | None = None, *, locked: bool = False) -> None:
+    """Before an acceptance, under the session lock (``locked``): ``CorruptSessionError`` unless the mailbox still
     holds the messages its log consumed, and the ones it has not consumed read without damage that
     is no torn tail (``fsck`` and listings ask too; ``projection``: the log's, when the caller has it).
 
@@ -212,7 +215,7 @@ def require_consumed_prefix(store: Store, session_id: str, projection: Projectio
         mailbox_end = own[-1].get("mailbox_end") if own else None
         mailbox_end = mailbox_end if isinstance(mailbox_end, int) and not isinstance(mailbox_end, bool) else None
     if not consumed:
-        pending(store, session_id, consumed=0, last_consumed_id=None)  # every message is unconsumed: all are read
+        pending(store, session_id, consumed=0, last_consumed_id=None, locked=locked)  # every message is unconsumed: all are read
         return
     try:
         size = os.lstat(store.path(session_id, "mailbox")).st_size
@@ -224,7 +227,7 @@ def require_consumed_prefix(store: Store, session_id: str, projection: Projectio
             f"{last_id!r}, at byte {mailbox_end} of a mailbox of {size} bytes",
         )
     pending(store, session_id, consumed=consumed, last_consumed_id=last_id if isinstance(last_id, str) else None,
-            mailbox_end=mailbox_end)
+            mailbox_end=mailbox_end, locked=locked)
 
 
 def _state_of(info: os.stat_result) -> tuple[int, int, int]:
@@ -242,41 +245,81 @@ def _close(files: tuple[int, SessionLock | None] | None) -> None:
         lock.close()
 
 
-def _messages(store: Store, session_id: str, data: bytes, *, start_seq: int = 0, base: int = 0) -> tuple[list[MailboxMessage], bool]:
-    """The messages of ``data`` (the mailbox from byte ``base``, where record ``start_seq`` starts), and
-    whether ``base`` is no record's start (damage right there: the caller reads the whole mailbox);
-    ``CorruptSessionError`` for damage after them that is no torn tail."""
+@dataclass(frozen=True)
+class MailboxScan:
+    """What one read of a mailbox (from ``base``, where record ``start_seq`` starts) found."""
+
+    base: int
+    data: bytes  # the bytes read, from ``base``
+    result: ScanResult
+    corrupt: bool  # the scan stopped at damage that is no torn tail, judged where no acceptance was in flight
+
+    @property
+    def misplaced(self) -> bool:
+        """Damage right at ``base`` (> 0): ``base`` is no record's start, the caller reads the whole mailbox."""
+        damage = self.result.damage
+        return damage is not None and damage.offset == self.base and self.base > 0
+
+
+def scan_mailbox(store: Store, session_id: str, *, base: int = 0, start_seq: int = 0, locked: bool = False) -> MailboxScan | None:
+    """Read and scan the mailbox from ``base``; ``None`` when there is none. ``UnavailableSessionError`` when unreadable.
+
+    An acceptance writes its record with one ``pwrite`` under the session lock, and a reader that does not hold
+    the lock may see part of it: a frame not all there yet, or bytes after where this process's checkpoint
+    (read after the bytes were) says records reach. That is an acknowledgment in flight, not damage. So damage
+    that is no torn tail is judged only where no acceptance can be in flight: a caller without the lock
+    (``locked`` false: every reader but an acceptance's own check) has it read again under the lock, taken
+    only then. A caller that holds it must say so: ``flock`` would wait for the caller's own descriptor.
+    """
+    checkpoint = store.index_tails.get(f"mailbox/{session_id}")  # before the read: records reached this far then
+    data = read_session_file(store, session_id, "mailbox", offset=base)
+    if data is None:
+        return None
     result = scan(data, start_seq=start_seq, base_offset=base, check=mailbox_problem, padded=True)
     damage = result.damage
-    if damage is not None and damage.offset == base and base > 0:
-        return [], True
-    if damage is not None:
-        local = Damage(damage.offset - base, damage.dropped, damage.reason, damage.detail)
-        checkpoint = store.index_tails.get(f"mailbox/{session_id}", (0, 0))[0]  # this process read or wrote that far
-        if not torn_tail(data, local, start_seq + len(result.records), padded=True, committed_end=checkpoint - base):
-            detail = f" ({damage.detail})" if damage.detail else ""
-            raise CorruptSessionError(
-                session_id, f"its mailbox is damaged: {damage.reason} at byte {damage.offset}{detail} is no torn tail "
-                "(FORMAT.md §3.3), and accepted messages may lie in it", offset=damage.offset,
-            )
+    if damage is None or (damage.offset == base and base > 0):
+        return MailboxScan(base, data, result, False)
+    local = Damage(damage.offset - base, damage.dropped, damage.reason, damage.detail)
+    committed_end = (checkpoint[0] if checkpoint else 0) - base
+    if torn_tail(data, local, start_seq + len(result.records), padded=True, committed_end=committed_end):
+        return MailboxScan(base, data, result, False)
+    if locked:
+        return MailboxScan(base, data, result, True)
+    lock = SessionLock(session_id, store.session_path(session_id))
+    try:
+        with lock:
+            return scan_mailbox(store, session_id, base=base, start_seq=start_seq, locked=True)
+    finally:
+        lock.close()
+
+
+def _messages(session_id: str, found: MailboxScan) -> list[MailboxMessage]:
+    """The messages ``found`` holds; ``CorruptSessionError`` when it stopped at damage that is no torn tail."""
+    result, damage = found.result, found.result.damage
+    if found.corrupt and damage is not None:
+        detail = f" ({damage.detail})" if damage.detail else ""
+        raise CorruptSessionError(
+            session_id, f"its mailbox is damaged: {damage.reason} at byte {damage.offset}{detail} is no torn tail "
+            "(FORMAT.md §3.3), and accepted messages may lie in it", offset=damage.offset,
+        )
     ends = result.offsets[1:] + [result.end]
-    out = [
+    return [
         MailboxMessage(r["id"], float(r["ts"]), r["source"], r.get("content"), r.get("wake", True), end)
         for r, end in zip(result.records, ends)
     ]
-    return out, False
 
 
-def read_mailbox(store: Store, session_id: str) -> list[MailboxMessage]:
+def read_mailbox(store: Store, session_id: str, *, locked: bool = False) -> list[MailboxMessage]:
     """The accepted messages: the mailbox's valid prefix, a torn tail left out (the next acceptance cuts it).
     ``CorruptSessionError`` for any other damage (it may hide accepted messages: never fewer, silently);
-    ``UnavailableSessionError`` when the file cannot be read."""
-    data = read_session_file(store, session_id, "mailbox")
-    return [] if data is None else _messages(store, session_id, data)[0]
+    ``UnavailableSessionError`` when the file cannot be read. ``locked``: the caller holds the session lock."""
+    found = scan_mailbox(store, session_id, locked=locked)
+    return [] if found is None else _messages(session_id, found)
 
 
 def pending(
-    store: Store, session_id: str, *, consumed: int, last_consumed_id: str | None, mailbox_end: int | None = None
+    store: Store, session_id: str, *, consumed: int, last_consumed_id: str | None, mailbox_end: int | None = None,
+    locked: bool = False,
 ) -> list[MailboxMessage]:
     """Accepted messages the log has not consumed, in FIFO order.
 
@@ -288,14 +331,14 @@ def pending(
     no torn tail, and when the mailbox and the log disagree.
     """
     if mailbox_end is not None and consumed > 0:
-        suffix = read_session_file(store, session_id, "mailbox", offset=mailbox_end)
-        if suffix is not None:
-            messages, misplaced = _messages(store, session_id, suffix, start_seq=consumed, base=mailbox_end)
-            if not misplaced and (messages or data_end(suffix) == 0):  # nothing after it, or only padding
+        found = scan_mailbox(store, session_id, base=mailbox_end, start_seq=consumed, locked=locked)
+        if found is not None and not found.misplaced:
+            messages = _messages(session_id, found)
+            if messages or data_end(found.data) == 0:  # nothing after it, or only padding
                 return messages
     disagree = f"mailbox and log disagree: log consumed {consumed} message(s) ending at {last_consumed_id!r}"
     try:
-        messages = read_mailbox(store, session_id)
+        messages = read_mailbox(store, session_id, locked=locked)
     except CorruptSessionError as exc:
         if not consumed:
             raise
