@@ -1,0 +1,71 @@
+"""Audit: ``check_store`` raises when a session it reads is collected while it confirms mailbox damage.
+
+``check_store`` "never raises for what it finds". Since 2c0bf43 it reads a mailbox with ``scan_mailbox``,
+which, at damage that is no torn tail, opens the session's lock and re-reads under it. ``gc`` collects a
+session under that same lock: it locks the session's file, renames it into the trash, and lets go. A
+check whose confirmation waited for that lock then finds the session gone: ``SessionLock.acquire`` raises
+``SessionNotFoundError``, which nothing in ``check`` catches (a session gone at ``inspect`` is counted as
+``vanished``). The gc below is the rename ``store/retention.py`` does, under the lock, done by hand.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from subagents import store
+from subagents.store.check import check_store
+from subagents.store.session_file import SessionLock
+
+from ._support import CONTINUABLE, make_child, read_file, write_file
+
+
+def _blocked_on_lock(path: str) -> bool:
+    """Whether some process waits for an ``flock`` on ``path``'s inode (``/proc/locks``: ``->`` lines)."""
+    info = os.stat(path)
+    inode = f":{info.st_ino} "
+    with open("/proc/locks") as handle:
+        return any("->" in line and inode in line + " " for line in handle)
+
+
+@pytest.mark.xfail(strict=True, reason="audit: scan_mailbox's confirmation under the session lock raises "
+                                       "SessionNotFoundError out of check_store when gc collects the session meanwhile")
+def test_check_store_does_not_raise_when_gc_collects_a_session_whose_mailbox_it_confirms(st):
+    store.create_session(st, "p")
+    make_child(st, "p", "c", descriptor=CONTINUABLE)
+    ids = store.IdGenerator()
+    for text in ("one", "two"):
+        store.accept(st, "c", source={"kind": "user"}, content=text, ids=ids)
+    mailbox = st.path("c", "mailbox")
+    data = bytearray(read_file(mailbox))
+    data[20] ^= 0x5A  # the first record's payload: a whole frame that fails, a record after it
+    write_file(mailbox, bytes(data))
+    session_path = st.session_path("c")
+    gc_lock = SessionLock("c", session_path)
+    gc_lock.acquire()
+    outcome: list[object] = []
+
+    def check() -> None:
+        try:
+            outcome.append(check_store(st))
+        except BaseException as exc:  # noqa: BLE001 - the finding
+            outcome.append(exc)
+
+    thread = threading.Thread(target=check)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not _blocked_on_lock(session_path) and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert thread.is_alive(), f"check ended without waiting for the session lock: {outcome}"
+    trash = os.path.join(st.trash_dir, "c." + "ab" * 4)
+    os.makedirs(trash)  # the folder gc renames into
+    os.rename(session_path, os.path.join(trash, "session"))  # gc: the session is gone from this rename on
+    gc_lock.release()
+    gc_lock.close()
+    thread.join(timeout=20)
+    assert not thread.is_alive()
+    [result] = outcome
+    assert not isinstance(result, BaseException), repr(result)
