@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import stat
 
 from .errors import DurabilityError
 
@@ -227,14 +228,24 @@ def read_bytes(path: str, *, offset: int = 0) -> bytes:
 
 
 def pread_all(fd: int, offset: int = 0) -> bytes:
-    """The bytes of the open file from ``offset`` to its end: one ``pread`` of the size ``fstat``
-    gives, then more until a read returns nothing (the file may grow meanwhile)."""
-    want = os.fstat(fd).st_size - offset
+    """The bytes of the open file from ``offset`` to where ``fstat`` says it ends: a snapshot.
+
+    Bytes appended after the ``fstat`` are not read. A reader without the file's lock that read on
+    until a read returned nothing would splice the part of an append that landed between two reads
+    onto the zeros (padding) the first read saw where that append begins: a ``turn/end`` after
+    damage, an append in flight read as a corrupt log. One ``pread`` of the size, repeated only for
+    a short read."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.pread(fd, 1, offset)  # a FIFO or a folder fails here, as the OS says (ESPIPE, EISDIR)
+        raise OSError(errno.EINVAL, "not a regular file")
+    want = info.st_size - offset
     chunks = []
-    while True:
-        chunk = os.pread(fd, max(want, 1 << 16), offset)
-        want = 0
+    while want > 0:
+        chunk = os.pread(fd, want, offset)
         if not chunk:
-            return b"".join(chunks)
+            break  # cut shorter meanwhile
         chunks.append(chunk)
         offset += len(chunk)
+        want -= len(chunk)
+    return b"".join(chunks)

@@ -145,7 +145,8 @@ def _entry_or_damage(
             return settled
         # a file written since it settled was written by none of the store's writers: the identity
         # cache vouches for its bytes only as its writer left them, so its whole log is folded
-        row = _row(store, parent_id, child_id, owners, children, whole=since == "written")
+        committed_end = indexed.settled.end if since == "written" and indexed.settled is not None else None
+        row = _row(store, parent_id, child_id, owners, children, whole=since == "written", committed_end=committed_end)
         if since == "cut" and isinstance(row, ChildEntry):
             # its file lost bytes the row was written from: the file is the authority, and a
             # row read from a log cut short of its records is damage, whatever else it says
@@ -216,16 +217,28 @@ def _since_settled(store: Store, indexed: IndexEntry) -> Since:
 
 def _row(
     store: Store, parent_id: str, child_id: str, owners: OwnerCache, children: list[IndexEntry] | None, *,
-    whole: bool = False,
+    whole: bool = False, committed_end: int | None = None,
 ) -> ChildEntry | DiagnosticEntry | None:
-    """The row from the child's own files; ``whole``: its log folded whole, its identity cache unused."""
+    """The row from the child's own files; ``whole``: its log folded whole, its identity cache unused.
+    ``committed_end``: where its ``settled`` row says the log's records ended; a log whose valid records
+    end before it lost committed ones (its last ``turn/end`` damaged in place reads like a torn tail)."""
     with open_session(store, child_id) as file:  # header, log and lease through one descriptor
         header = header_of(file)
         if header.parent_session != parent_id or header.origin != "subagent":
             return None
         identity = read_identity(store, child_id, header.seed_length or 0, file, use_cache=not whole)
+        if identity.verdict == "corrupt":
+            # an append in flight can read as damage to a reader without the lock (``reader.inspect``,
+            # ``confirm``): read again under it, taken on this descriptor only now, before saying so
+            file.lock()
+            try:
+                identity = read_identity(store, child_id, header.seed_length or 0, file, use_cache=not whole)
+            finally:
+                file.unlock()
         if identity.verdict is not None:
             return DiagnosticEntry(child_id, identity.verdict)
+        if committed_end is not None and file.data_start + identity.projection.end_offset < committed_end:
+            return DiagnosticEntry(child_id, "corrupt")
         descriptor = identity.descriptor
         if descriptor is None:
             return DiagnosticEntry(child_id, "corrupt")

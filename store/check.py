@@ -176,7 +176,7 @@ def _listed(store: Store) -> list[str]:
 
 def _check_session(state: _Pass, session_id: str) -> None:
     try:
-        found = inspect(state.store, session_id)  # the log first: see the module docstring
+        found = inspect(state.store, session_id, confirm=True)  # the log first: see the module docstring
     except SessionNotFoundError:
         state.add("vanished")
         return
@@ -299,7 +299,10 @@ def _check_messages(state: _Pass, found: Inspection, own: list[dict[str, Any]]) 
 
 
 def _read_mailbox(state: _Pass, session_id: str) -> list[dict[str, Any]]:
-    found = scan_mailbox(state.store, session_id)  # what the mailbox's readers and writers read, by their rule
+    try:
+        found = scan_mailbox(state.store, session_id)  # what the mailbox's readers and writers read, by their rule
+    except SessionNotFoundError:
+        return []  # collected while it waited for the lock to confirm damage: nothing left to check
     if found is None:
         return []
     damage = found.result.damage

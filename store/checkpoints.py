@@ -8,6 +8,12 @@ costs a read of the file from its start, never a wrong seq. So the map is
 bounded and forgets the least recently used file: a supervisor that lives for
 weeks and settles a million continuable children keeps the checkpoints of the
 files it is busy with, not one per child it ever touched.
+
+A checkpoint is also what a mailbox's torn-tail rule knows of records this
+process saw whole (FORMAT.md §3.3, rule 1: damage before it is never cut). A
+dropped one takes that knowledge with it, as a restart does: the file is then
+judged by the rules that need no memory (a committed record after the damage,
+a whole frame that fails), like any process that never saw it.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ def mailbox_counts(store: Store, session_id: str, projection: Projection) -> Mai
 
 def describe_session(store: Store, session_id: str) -> SessionDescription:
     """Everything the store knows about one session, read without writing."""
-    found = inspect(store, session_id)
+    found = inspect(store, session_id, confirm=True)
     projection = Projection(seed_length=found.header.seed_length or 0)
     projection.fold(found.events, found.offsets, found.end)
     lease = read_lease(store, session_id)

@@ -142,10 +142,25 @@ def scan_log(session_id: str, data: bytes, *, start_seq: int = 0, base_offset: i
     return result.records, result.offsets, result.end, result.damage, status
 
 
-def inspect(store: Store, session_id: str) -> Inspection:
-    """Header and valid prefix of a session, classified; read-only."""
+def inspect(store: Store, session_id: str, *, confirm: bool = False) -> Inspection:
+    """Header and valid prefix of a session, classified; read-only.
+
+    ``confirm``: for a caller that does not hold the session lock (a listing, ``show``, ``check``). An
+    append in flight is not all there to a reader without the lock (a ``pwrite`` seen in part, or a
+    read in two ``pread`` calls that splices bytes written between them onto zeros before them) and can
+    look like damage with a ``turn/end`` after it; so a log read as ``corrupt`` is read again under
+    the session lock, taken only then, where no append is in flight. A caller that holds the lock
+    must not ask: ``flock`` would wait for its own other descriptor.
+    """
     with open_session(store, session_id) as file:
-        return inspect_file(file)
+        found = inspect_file(file)
+        if confirm and found.status == "corrupt":
+            file.lock()
+            try:
+                found = inspect_file(file)
+            finally:
+                file.unlock()
+        return found
 
 
 def inspect_file(file: SessionFile) -> Inspection:

@@ -31,8 +31,6 @@ def _blocked_on_lock(path: str) -> bool:
         return any("->" in line and inode in line + " " for line in handle)
 
 
-@pytest.mark.xfail(strict=True, reason="audit: scan_mailbox's confirmation under the session lock raises "
-                                       "SessionNotFoundError out of check_store when gc collects the session meanwhile")
 def test_check_store_does_not_raise_when_gc_collects_a_session_whose_mailbox_it_confirms(st):
     store.create_session(st, "p")
     make_child(st, "p", "c", descriptor=CONTINUABLE)

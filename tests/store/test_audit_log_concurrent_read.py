@@ -31,7 +31,7 @@ BODY = "x" * 4200  # each turn's batch is longer than a block: every append exte
 
 
 def _corrupt_by_inspect(st: store.Store) -> str | None:
-    found = store.inspect(st, "c")
+    found = store.inspect(st, "c", confirm=True)  # a reader without the lock, as show and check read
     return f"inspect: {found.status} {found.damage}" if found.status == "corrupt" else None
 
 
@@ -47,8 +47,6 @@ def _corrupt_by_check(st: store.Store) -> str | None:
     return f"check_store: {bad}" if bad else None
 
 
-@pytest.mark.xfail(strict=True, reason="audit: lock-free log readers take an append in flight (pread_all's second read) "
-                                       "for committed damage; only mailbox readers confirm under the session lock")
 @pytest.mark.parametrize("read", [_corrupt_by_inspect, _corrupt_by_check], ids=["inspect", "check_store"])
 def test_log_readers_never_take_an_append_in_flight_for_damage(tmp_path, read: Callable[[store.Store], str | None]):
     writer_store = store.Store(tmp_path / "store", durability="none")
@@ -96,8 +94,6 @@ def test_log_readers_never_take_an_append_in_flight_for_damage(tmp_path, read: C
     assert time.monotonic() - started < 120
 
 
-@pytest.mark.xfail(strict=True, reason="audit: a listing reads a live child's short log (no identity cache) lock-free and "
-                                       "lists an append in flight as a corrupt diagnostic")
 def test_a_listing_never_takes_a_live_childs_append_in_flight_for_damage(tmp_path):
     """A listing reads a log through ``pread_all`` only while it is shorter than the identity cache's threshold
     (64 KiB; then it reads the suffix after the cache with one ``pread`` of a known length): so each child here

@@ -22,8 +22,6 @@ from ._support import ONE_SHOT
 from .test_settled_mtime import flip, settle
 
 
-@pytest.mark.xfail(strict=True, reason="audit: damage in a settled child's final turn/end reads as a torn tail; the "
-                                       "listing does not compare the fold's end with the row's end")
 @pytest.mark.parametrize("through_writer", [False, True], ids=["release_lease", "log writer"])
 def test_a_settled_child_whose_last_record_is_damaged_in_place_lists_as_corrupt(st, through_writer):
     owner = store.new_id()
