@@ -10,7 +10,7 @@ described, not raised (only a missing or unreadable header or log raises, as
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .catalog import ChildStatus, running_node
 from .errors import CorruptSessionError, UnavailableSessionError
@@ -18,7 +18,8 @@ from .lease import Lease, OwnerRecord, owner_alive, read_lease, read_owner, sess
 from .mailbox import pending, read_mailbox
 from .outcome import OutcomeVerdict, outcome_of
 from .projection import Projection
-from .reader import Inspection, inspect
+from .index import read_index
+from .reader import Inspection, inspect, open_session
 from .root import Store
 from .roots import subagent_count
 
@@ -63,9 +64,27 @@ def mailbox_counts(store: Store, session_id: str, projection: Projection) -> Mai
     return MailboxCounts(len(messages), waiting)
 
 
+def _lost_committed(store: Store, found: Inspection) -> bool:
+    """Whether a child's log reads torn where its ``settled`` row says committed records reached further.
+
+    Nothing appends to a settled child (its writers are fenced), so a valid prefix that ends before the
+    row's ``end`` lost committed records: its last ``turn/end`` changed in place reads like a torn tail
+    (FORMAT.md §3.3), and the row is what tells the two apart, as it does for a listing (§9)."""
+    parent = found.header.parent_session
+    if found.status != "torn" or parent is None:
+        return False
+    entry = next((e for e in read_index(store, parent).entries if e.id == found.header.id), None)
+    if entry is None or entry.settled is None or entry.settled.end is None:
+        return False
+    with open_session(store, found.header.id) as file:
+        return file.data_start + found.end < entry.settled.end
+
+
 def describe_session(store: Store, session_id: str) -> SessionDescription:
     """Everything the store knows about one session, read without writing."""
     found = inspect(store, session_id, confirm=True)
+    if _lost_committed(store, found):
+        found = replace(found, status="corrupt")
     projection = Projection(seed_length=found.header.seed_length or 0)
     projection.fold(found.events, found.offsets, found.end)
     lease = read_lease(store, session_id)
