@@ -230,7 +230,7 @@ def _row(
         if identity.verdict == "corrupt":
             # an append in flight can read as damage to a reader without the lock (``reader.inspect``,
             # ``confirm``): read again under it, taken on this descriptor only now, before saying so
-            file.lock()
+            file.lock(bounded=True)
             try:
                 identity = read_identity(store, child_id, header.seed_length or 0, file, use_cache=not whole)
             finally:

@@ -181,7 +181,7 @@ def _check_session(state: _Pass, session_id: str) -> None:
         state.add("vanished")
         return
     except SubagentError as exc:
-        kind: ViolationKind = {"UNSUPPORTED_FORMAT": "unsupported", "SESSION_UNAVAILABLE": "unreadable"}.get(exc.code, "header-corrupt")
+        kind: ViolationKind = {"UNSUPPORTED_FORMAT": "unsupported", "SESSION_UNAVAILABLE": "unreadable", "LOCK_TIMEOUT": "unreadable"}.get(exc.code, "header-corrupt")
         state.add("sessions")
         state.flag(session_id, kind, f"{exc.code}: {exc.message}")
         return

@@ -79,7 +79,7 @@ def fsck(store: Store, *, repair: bool, lease_ttl_s: float) -> dict[str, Any]:
         except SubagentError as exc:
             kind = "unsupported" if exc.code == "UNSUPPORTED_FORMAT" else "corrupt"
             counts[kind] += 1
-            finding_kind = {"UNSUPPORTED_FORMAT": "unsupported", "SESSION_UNAVAILABLE": "unreadable"}.get(exc.code, "header-corrupt")
+            finding_kind = {"UNSUPPORTED_FORMAT": "unsupported", "SESSION_UNAVAILABLE": "unreadable", "LOCK_TIMEOUT": "unreadable"}.get(exc.code, "header-corrupt")
             findings.append({"id": name, "kind": finding_kind, "detail": f"{exc.code}: {exc.message}"})
             continue
         findings.extend(_side_files(store, name))

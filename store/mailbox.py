@@ -287,8 +287,11 @@ def scan_mailbox(store: Store, session_id: str, *, base: int = 0, start_seq: int
         return MailboxScan(base, data, result, True)
     lock = SessionLock(session_id, store.session_path(session_id))
     try:
-        with lock:
+        lock.acquire(bounded=True)  # a stuck holder: LockTimeoutError, not a reader hung for good
+        try:
             return scan_mailbox(store, session_id, base=base, start_seq=start_seq, locked=True)
+        finally:
+            lock.release()
     finally:
         lock.close()
 

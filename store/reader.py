@@ -149,13 +149,14 @@ def inspect(store: Store, session_id: str, *, confirm: bool = False) -> Inspecti
     append in flight is not all there to a reader without the lock (a ``pwrite`` seen in part, or a
     read in two ``pread`` calls that splices bytes written between them onto zeros before them) and can
     look like damage with a ``turn/end`` after it; so a log read as ``corrupt`` is read again under
-    the session lock, taken only then, where no append is in flight. A caller that holds the lock
-    must not ask: ``flock`` would wait for its own other descriptor.
+    the session lock, taken only then, where no append is in flight (waited for under
+    ``LOCK_TIMEOUT_S``, then ``LockTimeoutError``). A caller that holds the lock must not ask:
+    ``flock`` would wait for its own other descriptor.
     """
     with open_session(store, session_id) as file:
         found = inspect_file(file)
         if confirm and found.status == "corrupt":
-            file.lock()
+            file.lock(bounded=True)  # a stuck holder: LockTimeoutError, not a reader hung for good
             try:
                 found = inspect_file(file)
             finally:

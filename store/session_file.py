@@ -53,7 +53,7 @@ from .atomic import NOFOLLOW, pread_all
 from .errors import CorruptSessionError, SessionNotFoundError, UnavailableSessionError
 from .framing import FRAME, MAX_RECORD_BYTES, encode_record, zeros_from
 from .lease_record import Lease
-from .locks import names_file
+from .locks import flock_within, names_file
 from .records import LeaseFields, unpack, validate
 
 __all__ = [
@@ -268,8 +268,13 @@ class SessionFile:
 
     # -- the lock --------------------------------------------------------------
 
-    def lock(self) -> None:
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
+    def lock(self, *, bounded: bool = False) -> None:
+        """``bounded``: polled under ``LOCK_TIMEOUT_S``, then ``LockTimeoutError`` (a reader's second look,
+        which must not wait forever for a stuck holder); else blocking in the kernel (the writers' hot path)."""
+        if bounded:
+            flock_within(self.fd, self.path)
+        else:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
 
     def unlock(self) -> None:
         fcntl.flock(self.fd, fcntl.LOCK_UN)
@@ -359,8 +364,12 @@ class SessionLock:
         except OSError as exc:
             raise UnavailableSessionError(session_id, f"its file cannot be opened ({exc.strerror or exc})") from None
 
-    def acquire(self) -> None:
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+    def acquire(self, *, bounded: bool = False) -> None:
+        """``bounded``: as ``SessionFile.lock``."""
+        if bounded:
+            flock_within(self._fd, self.path)
+        else:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
         if not names_file(self.path, self._fd):
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             raise SessionNotFoundError(self.session_id)
