@@ -133,10 +133,12 @@ def row_problem(store: Store, entry: IndexEntry, header: SessionHeader, lease: L
         from .identity import read_identity  # see settled_row
 
         identity = read_identity(store, header.id, header.seed_length or 0)
-        if identity.descriptor is None and identity.verdict == "corrupt" and inspect(store, header.id).status == "corrupt":
-            # a corrupt log is reported with its session; without an identity cache (short logs
-            # have none) the damage would otherwise read as a row naming the wrong identity too
-            raise CorruptSessionError(header.id, "its log is corrupt")
+        if identity.descriptor is None and identity.verdict == "corrupt":
+            if inspect(store, header.id, confirm=True).status == "corrupt":
+                # a corrupt log is reported with its session; without an identity cache (short logs
+                # have none) the damage would otherwise read as a row naming the wrong identity too
+                raise CorruptSessionError(header.id, "its log is corrupt")
+            identity = read_identity(store, header.id, header.seed_length or 0)  # an append was in flight
         named = None if identity.descriptor is None else (identity.descriptor.mode, identity.descriptor.label)
         if named != (entry.mode, entry.label):
             return f"its index entry says mode {entry.mode!r}, label {entry.label!r}; its log says " + (
