@@ -42,7 +42,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .appender import WIDEST_SEQ, append_records, frame_record, open_appendable
@@ -276,15 +276,15 @@ def scan_mailbox(store: Store, session_id: str, *, base: int = 0, start_seq: int
     if data is None:
         return None
     result = scan(data, start_seq=start_seq, base_offset=base, check=mailbox_problem, padded=True)
-    damage = result.damage
-    if damage is None or (damage.offset == base and base > 0):
-        return MailboxScan(base, data, result, False)
+    found, damage = MailboxScan(base, data, result, False), result.damage
+    if damage is None or found.misplaced:
+        return found
     local = Damage(damage.offset - base, damage.dropped, damage.reason, damage.detail)
     committed_end = (checkpoint[0] if checkpoint else 0) - base
     if torn_tail(data, local, start_seq + len(result.records), padded=True, committed_end=committed_end):
-        return MailboxScan(base, data, result, False)
+        return found
     if locked:
-        return MailboxScan(base, data, result, True)
+        return replace(found, corrupt=True)
     lock = SessionLock(session_id, store.session_path(session_id))
     try:
         lock.acquire(bounded=True)  # a stuck holder: LockTimeoutError, not a reader hung for good
