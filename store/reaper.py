@@ -9,23 +9,34 @@ Knowing that no lease names an owner costs a read of every session's lease.
 A gone owner never writes again, so the leases naming it only move away from
 it (a takeover, a collected session): once a complete scan has found where
 they are, a later pass need only read those again. ``OwnerReaper`` keeps that
-finding for the life of the object (a supervisor keeps one: its pass at open
-scans, its pass at close reads the few leases the scan found), and scans
-again only when an owner it has not seen gone turns up. Nothing of it is
-written: a new process scans once.
+finding in memory (a supervisor keeps one reaper: its pass at open reads, its
+pass at close reads the few leases the first found) and leaves it beside the
+record, ``owners/<id>.held`` (the session ids, msgpack; not durable: a hint),
+so a new process reads those leases too instead of every session's. A hint is
+only ever written from a complete scan made once the owner was gone, or from
+a narrowing of one, so it lists every lease that can still name its owner. A
+hint that does not read is ignored (a complete scan), and goes with its
+record; one whose record is gone is removed.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Iterable
 
+import msgpack
+
+from .atomic import read_bytes, write_atomic
 from .errors import CorruptSessionError, SessionNotFoundError, UnavailableSessionError
 from .ids import is_valid_session_id
 from .lease import check_lease, host_identity, owner_alive, owner_gone, read_owner, remove_owner
+from .records import unpack
 from .root import Store
 
-__all__ = ["OwnerReaper", "reap_owners"]
+__all__ = ["OwnerReaper", "reap_owners", "read_hint"]
+
+log = logging.getLogger(__name__)
 
 
 class OwnerReaper:
@@ -46,34 +57,46 @@ class OwnerReaper:
         session on the first pass that meets that owner, and one per session still naming it on later passes.
         A lease that cannot be read may name anyone: then nothing is removed.
         """
-        gone = self._gone_owners()
+        gone = self._gone_owners(dry_run)
         self._held = {owner: sessions for owner, sessions in self._held.items() if owner in gone}
         if not gone:
             return []
+        for owner in gone - self._held.keys():
+            hint = read_hint(self._store, owner)
+            if hint is not None:
+                self._held[owner] = hint
         if gone <= self._held.keys():
             holders = self._reread(set().union(*(self._held[owner] for owner in gone)))
         else:
             holders = self._scan()
         if holders is None:
             return []
-        self._held = {owner: holders.get(owner, set()) for owner in gone}
-        removed = sorted(owner for owner in gone if not self._held[owner])
+        found = {owner: holders.get(owner, set()) for owner in gone}
+        removed = sorted(owner for owner in gone if not found[owner])
         if not dry_run:
+            for owner_id in gone - set(removed):
+                if found[owner_id] != self._held.get(owner_id):
+                    write_hint(self._store, owner_id, found[owner_id])
             for owner_id in removed:
                 remove_owner(self._store, owner_id)
-                del self._held[owner_id]
+                remove_hint(self._store, owner_id)
+        self._held = {owner: sessions for owner, sessions in found.items() if dry_run or owner not in removed}
         return removed
 
-    def _gone_owners(self) -> set[str]:
+    def _gone_owners(self, dry_run: bool) -> set[str]:
+        """The owners gone for good; and (not ``dry_run``) the hints whose record is gone, removed."""
         try:
-            names = os.listdir(self._store.owners_dir)
+            names = set(os.listdir(self._store.owners_dir))
         except FileNotFoundError:
             return set()
         here = host_identity()
         gone = set()
         for name in names:
+            owner, dot, kind = name.partition(".")
+            if dot and kind == HINT and is_valid_session_id(owner) and owner not in names and not dry_run:
+                remove_hint(self._store, owner)  # its record went (a reaper that raced ours wrote it after)
             if not is_valid_session_id(name):
-                continue  # a write in progress (``write_atomic``'s temporary), or not ours
+                continue  # a hint, a write in progress (``write_atomic``'s temporary), or not ours
             record = read_owner(self._store, name)
             if record is not None and not owner_alive(record, host=here) and owner_gone(record, host=here):
                 gone.add(name)
@@ -96,6 +119,39 @@ class OwnerReaper:
             if lease is not None and lease.state != "released":
                 holders.setdefault(lease.owner, set()).add(session_id)
         return holders
+
+
+HINT = "held"  # ``owners/<id>.held``
+
+
+def _hint_path(store: Store, owner_id: str) -> str:
+    return f"{store.owner_path(owner_id)}.{HINT}"
+
+
+def read_hint(store: Store, owner_id: str) -> set[str] | None:
+    """The sessions a hint says may still name ``owner_id``; ``None`` when there is none or it does not read."""
+    try:
+        value = unpack(read_bytes(_hint_path(store, owner_id)))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(value, list) or not all(isinstance(one, str) and is_valid_session_id(one) for one in value):
+        return None
+    return set(value)
+
+
+def write_hint(store: Store, owner_id: str, sessions: set[str]) -> None:
+    """Best effort: a hint that is not written costs a later process a complete scan, nothing else."""
+    try:
+        write_atomic(_hint_path(store, owner_id), msgpack.packb(sorted(sessions)), durable=False)
+    except OSError:
+        log.debug("could not write the lease hint of owner %s", owner_id, exc_info=True)
+
+
+def remove_hint(store: Store, owner_id: str) -> None:
+    try:
+        os.unlink(_hint_path(store, owner_id))
+    except FileNotFoundError:
+        pass
 
 
 def reap_owners(store: Store, *, dry_run: bool = False) -> list[str]:

@@ -30,7 +30,8 @@ CONFIG = SupervisorConfig(pool_size=1, durability="none", start_method="fork", l
 
 
 def owner_files(st: Store) -> set[str]:
-    return set(os.listdir(st.owners_dir))
+    """The owner records (not their ``.held`` hints: ``store/reaper.py``)."""
+    return {name for name in os.listdir(st.owners_dir) if "." not in name}
 
 
 def kill_all(hosts_: list) -> None:
@@ -137,4 +138,25 @@ async def test_a_later_pass_rereads_only_the_leases_that_named_a_dead_holder(tmp
     # at close: the kept root released, its lease read once more, and the record removed
     assert keeper.statistics().leases_read == 3
     assert owner_files(st) == set()
+    assert check_store(st).clean
+
+
+async def test_a_new_supervisor_rereads_only_the_leases_an_earlier_one_found_naming_a_dead_holder(tmp_path, hosts) -> None:
+    """What a pass found is left beside the dead owner's record (``<id>.held``): the next supervisor, a new
+    process, reads those leases, not every session's; once the holder holds nothing, record and hint go."""
+    st = Store(tmp_path / "store", durability="none")
+    doomed = hosts.start(st.root, name="holder", lease_ttl_s=30.0)
+    root = await doomed.acall("open_root", label="kept")
+    await anyio.to_thread.run_sync(kill_all, [doomed])
+    async with Supervisor.open(st.root, CONFIG) as first:
+        await poll(lambda: first.lease_keeper.statistics().leases_read >= 1, what="the pass at open")
+        for i in range(20):
+            await first.open_root(label=f"other-{i}")
+    assert os.path.exists(st.owner_path(doomed.owner) + ".held")
+    async with Supervisor.open(st.root, CONFIG) as second:
+        keeper = second.lease_keeper
+        await poll(lambda: keeper.statistics().leases_read >= 1, what="the pass at open")
+        assert keeper.statistics().leases_read == 1  # the kept root's lease, not the 21 sessions'
+        await second.open_root(id=root)
+    assert sorted(os.listdir(st.owners_dir)) == []  # the record and its hint
     assert check_store(st).clean
