@@ -266,6 +266,8 @@ def _check_messages(state: _Pass, found: Inspection, own: list[dict[str, Any]]) 
     """FIFO, at-most-once consumption against the mailbox; returns the number pending."""
     session_id = found.header.id
     mailbox = _read_mailbox(state, session_id)
+    if mailbox is None:
+        return 0  # the session went while its mailbox was read: nothing of it is left to compare
     ids = [m.get("id") for m in mailbox]
     position = {message_id: i for i, message_id in enumerate(ids)}
     state.add("messages_accepted", len(ids))
@@ -298,11 +300,13 @@ def _check_messages(state: _Pass, found: Inspection, own: list[dict[str, Any]]) 
     return len(ids) - len(taken)
 
 
-def _read_mailbox(state: _Pass, session_id: str) -> list[dict[str, Any]]:
+def _read_mailbox(state: _Pass, session_id: str) -> list[dict[str, Any]] | None:
+    """The mailbox's records (``[]``: none); ``None`` when the session was collected while its damage was confirmed."""
     try:
         found = scan_mailbox(state.store, session_id)  # what the mailbox's readers and writers read, by their rule
     except SessionNotFoundError:
-        return []  # collected while it waited for the lock to confirm damage: nothing left to check
+        state.add("vanished")
+        return None
     if found is None:
         return []
     damage = found.result.damage

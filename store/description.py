@@ -14,12 +14,13 @@ from dataclasses import dataclass, replace
 
 from .catalog import ChildStatus, running_node
 from .errors import CorruptSessionError, UnavailableSessionError
+from .framing import Damage
 from .lease import Lease, OwnerRecord, owner_alive, read_lease, read_owner, session_status
 from .mailbox import pending, read_mailbox
 from .outcome import OutcomeVerdict, outcome_of
 from .projection import Projection
 from .index import read_index
-from .reader import Inspection, inspect, open_session
+from .reader import Inspection, inspect, open_session, read_header
 from .root import Store
 from .roots import subagent_count
 
@@ -47,10 +48,10 @@ class SessionDescription:
     node: str | None = None  # where its open turn runs while a live owner holds it (``turn/start``'s ``node``)
 
 
-def mailbox_counts(store: Store, session_id: str, projection: Projection) -> MailboxCounts:
-    """Accepted messages, and how many no turn has taken yet."""
+def mailbox_counts(store: Store, session_id: str, projection: Projection, *, locked: bool = False) -> MailboxCounts:
+    """Accepted messages, and how many no turn has taken yet. ``locked``: the caller holds the session lock."""
     try:
-        messages = read_mailbox(store, session_id)
+        messages = read_mailbox(store, session_id, locked=locked)
     except UnavailableSessionError as exc:  # a folder or a link in place of the mailbox
         return MailboxCounts(0, None, exc.message)
     except CorruptSessionError as exc:  # damage that is no torn tail: accepted messages may lie in it
@@ -58,33 +59,45 @@ def mailbox_counts(store: Store, session_id: str, projection: Projection) -> Mai
     if not messages:
         return MailboxCounts(0, 0)  # a one-shot child's message is logged at creation, never mailed
     try:
-        waiting = len(pending(store, session_id, consumed=projection.consumed, last_consumed_id=projection.last_message_id))
+        waiting = len(pending(store, session_id, consumed=projection.consumed, last_consumed_id=projection.last_message_id,
+                              locked=locked))
     except (CorruptSessionError, UnavailableSessionError) as exc:
         return MailboxCounts(len(messages), None, exc.message)
     return MailboxCounts(len(messages), waiting)
 
 
-def _lost_committed(store: Store, found: Inspection) -> bool:
-    """Whether a child's log reads torn where its ``settled`` row says committed records reached further.
+def _settled_end(store: Store, session_id: str) -> int | None:
+    """Where the ``settled`` row of a child says its committed records end (a file offset); ``None`` for a
+    session that is no child, has no such row, or one an older build wrote without ``end``."""
+    parent = read_header(store, session_id).parent_session
+    if parent is None:
+        return None
+    entry = next((e for e in read_index(store, parent).entries if e.id == session_id), None)
+    return None if entry is None or entry.settled is None else entry.settled.end
 
-    Nothing appends to a settled child (its writers are fenced), so a valid prefix that ends before the
-    row's ``end`` lost committed records: its last ``turn/end`` changed in place reads like a torn tail
-    (FORMAT.md §3.3), and the row is what tells the two apart, as it does for a listing (§9)."""
-    parent = found.header.parent_session
-    if found.status != "torn" or parent is None:
-        return False
-    entry = next((e for e in read_index(store, parent).entries if e.id == found.header.id), None)
-    if entry is None or entry.settled is None or entry.settled.end is None:
-        return False
+
+def _lost_committed(store: Store, found: Inspection, committed_end: int) -> Inspection:
+    """``found``, made ``corrupt`` when its valid records end before ``committed_end``.
+
+    Nothing appends to a settled child (its writers are fenced) and nothing cuts its records, so a valid
+    prefix that ends before its row's ``end`` lost committed records: its last ``turn/end`` changed in
+    place (it reads like a torn tail, FORMAT.md §3.3), zeroed (it reads like padding) or cut off. The
+    listing says so from the same row (§9)."""
     with open_session(store, found.header.id) as file:
-        return file.data_start + found.end < entry.settled.end
+        end = file.data_start + found.end
+    if found.status == "corrupt" or end >= committed_end:
+        return found
+    damage = found.damage or Damage(found.end, committed_end - end, "records-missing",
+                                    f"its settled row says its records end at byte {committed_end}")
+    return replace(found, status="corrupt", damage=damage)
 
 
 def describe_session(store: Store, session_id: str) -> SessionDescription:
     """Everything the store knows about one session, read without writing."""
+    committed_end = _settled_end(store, session_id)  # before the log: a resume since only makes the log longer
     found = inspect(store, session_id, confirm=True)
-    if _lost_committed(store, found):
-        found = replace(found, status="corrupt")
+    if committed_end is not None:
+        found = _lost_committed(store, found, committed_end)
     projection = Projection(seed_length=found.header.seed_length or 0)
     projection.fold(found.events, found.offsets, found.end)
     lease = read_lease(store, session_id)

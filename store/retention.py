@@ -174,8 +174,9 @@ class _Pass:
             return None
         return f"{session_id} is {lease.state} under supervisor {lease.owner} (lease epoch {lease.epoch})"
 
-    def examine(self, session_id: str) -> tuple[SkipReason | None, str, Projection | None]:
-        """What keeps the session, if anything (reason and text), and its projection when it reads."""
+    def examine(self, session_id: str, *, locked: bool = False) -> tuple[SkipReason | None, str, Projection | None]:
+        """What keeps the session, if anything (reason and text), and its projection when it reads.
+        ``locked``: the caller holds the session's lock (its mailbox is then read as its writers read it)."""
         try:
             projection = read_projection(self.store, session_id)
             held = self.holder(session_id)
@@ -184,7 +185,7 @@ class _Pass:
             return "unreadable", f"{session_id} does not read ({code}: {getattr(exc, 'message', exc)}); see `subagents store fsck`", None
         if held is not None:
             return "held", held, projection
-        mail = mailbox_counts(self.store, session_id, projection)
+        mail = mailbox_counts(self.store, session_id, projection, locked=locked)
         if mail.pending is None:
             return "unreadable", f"{session_id}: {mail.problem}", projection
         if mail.pending:
@@ -315,7 +316,7 @@ def _remove(store: Store, plan: _Plan, state: _Pass, limit: int, moved: list[tup
                 return SkippedRoot(root.id, root.label, session_id, "busy", exc.message)
             if not store.exists(session_id):
                 return SkippedRoot(root.id, root.label, session_id, "changed", f"{session_id} was removed meanwhile")
-            reason, detail, _ = state.examine(session_id)
+            reason, detail, _ = state.examine(session_id, locked=True)
             if reason is not None:
                 return SkippedRoot(root.id, root.label, session_id, reason, detail)
             if _activity(store, session_id)[0] >= state.cutoff:

@@ -28,8 +28,6 @@ from ._support import read_file
 from .test_retention import DAY, subtree
 
 
-@pytest.mark.xfail(strict=True, reason="gc reads a damaged mailbox under its own session lock without locked=True: "
-                   "it waits for itself, then raises LockTimeoutError instead of skipping the subtree")
 def test_gc_skips_a_subtree_whose_mailbox_reads_damaged_under_its_lock(st: Store, monkeypatch) -> None:
     monkeypatch.setattr(locks, "LOCK_TIMEOUT_S", 0.2)
     subtree(st, "rGc", children=1)

@@ -30,8 +30,6 @@ from ._support import CONTINUABLE, make_child
 from .test_settled_mtime import owner  # noqa: F401 - fixture
 
 
-@pytest.mark.xfail(strict=True, reason="describe_session reads the log, then the settled row; a row written "
-                   "in between (a resume and release) makes a healthy torn-then-repaired child read corrupt")
 def test_show_of_a_child_resumed_between_its_log_and_its_row_is_not_corrupt(st, owner):  # noqa: F811
     store.create_session(st, "r")
     make_child(st, "r", "c", descriptor=CONTINUABLE, lease_owner=owner)

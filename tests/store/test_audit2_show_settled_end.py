@@ -38,8 +38,6 @@ def _cut_at_last_record(st: store.Store, child: str) -> None:
     os.truncate(st.session_path(child), log_start(st, child) + found.offsets[-1])
 
 
-@pytest.mark.xfail(strict=True, reason="describe_session compares the settled row's end only for a torn log; "
-                   "a lost last record that reads clean is listed corrupt by ls but shown healthy")
 @pytest.mark.parametrize("lose", [_zero_last_record, _cut_at_last_record], ids=["zeroed", "cut"])
 def test_show_says_corrupt_where_ls_does_for_a_settled_child_that_lost_its_last_record(st, owner, lose):  # noqa: F811
     store.create_session(st, "r")

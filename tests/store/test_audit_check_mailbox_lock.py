@@ -23,12 +23,16 @@ from subagents.store.session_file import SessionLock
 from ._support import CONTINUABLE, make_child, read_file, write_file
 
 
-def _blocked_on_lock(path: str) -> bool:
-    """Whether some process waits for an ``flock`` on ``path``'s inode (``/proc/locks``: ``->`` lines)."""
-    info = os.stat(path)
-    inode = f":{info.st_ino} "
-    with open("/proc/locks") as handle:
-        return any("->" in line and inode in line + " " for line in handle)
+def _descriptors_on(path: str) -> int:
+    """How many descriptors of this process are open on ``path`` (a reader waiting for its lock keeps one:
+    the wait is polled, ``locks.flock_within``, so ``/proc/locks`` shows no waiter)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}") == path
+        except OSError:
+            pass
+    return count
 
 
 def test_check_store_does_not_raise_when_gc_collects_a_session_whose_mailbox_it_confirms(st):
@@ -55,8 +59,9 @@ def test_check_store_does_not_raise_when_gc_collects_a_session_whose_mailbox_it_
     thread = threading.Thread(target=check)
     thread.start()
     deadline = time.monotonic() + 20
-    while not _blocked_on_lock(session_path) and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    while _descriptors_on(session_path) < 2 and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)  # ours (gc's lock) and the one check waits on
+    time.sleep(0.05)  # past its first attempt at the lock
     assert thread.is_alive(), f"check ended without waiting for the session lock: {outcome}"
     trash = os.path.join(st.trash_dir, "c." + "ab" * 4)
     os.makedirs(trash)  # the folder gc renames into
