@@ -37,7 +37,7 @@ from .roots import indexed_roots, roots_index_problem
 from .mailbox import scan_mailbox
 from .lease import Lease, OwnerRecord, check_lease, host_identity, owner_alive, process_start_time, read_lease, read_owner
 from .projection import Projection
-from .reader import Inspection, inspect, read_header
+from .reader import Inspection, inspect, inspect_error_kind, read_header
 from .root import Store
 from .rows import row_problem
 
@@ -181,7 +181,7 @@ def _check_session(state: _Pass, session_id: str) -> None:
         state.add("vanished")
         return
     except SubagentError as exc:
-        kind: ViolationKind = {"UNSUPPORTED_FORMAT": "unsupported", "SESSION_UNAVAILABLE": "unreadable", "LOCK_TIMEOUT": "unreadable"}.get(exc.code, "header-corrupt")
+        kind: ViolationKind = inspect_error_kind(exc.code)
         state.add("sessions")
         state.flag(session_id, kind, f"{exc.code}: {exc.message}")
         return

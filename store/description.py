@@ -20,7 +20,7 @@ from .mailbox import pending, read_mailbox
 from .outcome import OutcomeVerdict, outcome_of
 from .projection import Projection
 from .index import read_index
-from .reader import Inspection, inspect, open_session, read_header
+from .reader import Inspection, header_of, inspect, open_session
 from .root import Store
 from .roots import subagent_count
 
@@ -67,28 +67,28 @@ def mailbox_counts(store: Store, session_id: str, projection: Projection, *, loc
 
 
 def _settled_end(store: Store, session_id: str) -> int | None:
-    """Where the ``settled`` row of a child says its committed records end (a file offset); ``None`` for a
-    session that is no child, has no such row, or one an older build wrote without ``end``."""
-    parent = read_header(store, session_id).parent_session
+    """Where the ``settled`` row of a child says its committed records end, counted in its log; ``None``
+    for a session that is no child, has no such row, or one an older build wrote without ``end``."""
+    with open_session(store, session_id) as file:
+        parent, data_start = header_of(file).parent_session, file.data_start
     if parent is None:
         return None
     entry = next((e for e in read_index(store, parent).entries if e.id == session_id), None)
-    return None if entry is None or entry.settled is None else entry.settled.end
+    end = None if entry is None or entry.settled is None else entry.settled.end
+    return None if end is None else end - data_start
 
 
-def _lost_committed(store: Store, found: Inspection, committed_end: int) -> Inspection:
-    """``found``, made ``corrupt`` when its valid records end before ``committed_end``.
+def _lost_committed(found: Inspection, committed_end: int) -> Inspection:
+    """``found``, made ``corrupt`` when its valid records end before ``committed_end`` (in its log).
 
     Nothing appends to a settled child (its writers are fenced) and nothing cuts its records, so a valid
     prefix that ends before its row's ``end`` lost committed records: its last ``turn/end`` changed in
     place (it reads like a torn tail, FORMAT.md §3.3), zeroed (it reads like padding) or cut off. The
     listing says so from the same row (§9)."""
-    with open_session(store, found.header.id) as file:
-        end = file.data_start + found.end
-    if found.status == "corrupt" or end >= committed_end:
+    if found.status == "corrupt" or found.end >= committed_end:
         return found
-    damage = found.damage or Damage(found.end, committed_end - end, "records-missing",
-                                    f"its settled row says its records end at byte {committed_end}")
+    damage = found.damage or Damage(found.end, committed_end - found.end, "records-missing",
+                                    f"its settled row says its records end at byte {committed_end} of its log")
     return replace(found, status="corrupt", damage=damage)
 
 
@@ -97,7 +97,7 @@ def describe_session(store: Store, session_id: str) -> SessionDescription:
     committed_end = _settled_end(store, session_id)  # before the log: a resume since only makes the log longer
     found = inspect(store, session_id, confirm=True)
     if committed_end is not None:
-        found = _lost_committed(store, found, committed_end)
+        found = _lost_committed(found, committed_end)
     projection = Projection(seed_length=found.header.seed_length or 0)
     projection.fold(found.events, found.offsets, found.end)
     lease = read_lease(store, session_id)

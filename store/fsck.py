@@ -37,7 +37,7 @@ from .index import read_index
 from .lease import acquire_lease, check_lease, owner_alive, read_lease, read_owner, register_owner, release_lease, remove_owner
 from .log import LogWriter
 from .mailbox import require_consumed_prefix
-from .reader import inspect, read_header
+from .reader import inspect, inspect_error_kind, read_header
 from .root import COMPANIONS, Store
 from .roots import indexed_roots, roots_index_problem
 
@@ -79,8 +79,7 @@ def fsck(store: Store, *, repair: bool, lease_ttl_s: float) -> dict[str, Any]:
         except SubagentError as exc:
             kind = "unsupported" if exc.code == "UNSUPPORTED_FORMAT" else "corrupt"
             counts[kind] += 1
-            finding_kind = {"UNSUPPORTED_FORMAT": "unsupported", "SESSION_UNAVAILABLE": "unreadable", "LOCK_TIMEOUT": "unreadable"}.get(exc.code, "header-corrupt")
-            findings.append({"id": name, "kind": finding_kind, "detail": f"{exc.code}: {exc.message}"})
+            findings.append({"id": name, "kind": inspect_error_kind(exc.code), "detail": f"{exc.code}: {exc.message}"})
             continue
         findings.extend(_side_files(store, name))
         counts[found.status] += 1

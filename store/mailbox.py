@@ -105,7 +105,7 @@ class MailboxWriter:
         self._store = store
         self.session_id = session_id
         self._path = store.path(session_id, "mailbox")
-        self._key = f"mailbox/{session_id}"
+        self._key = checkpoint_key(session_id)
         self._what = f"mailbox of {session_id}"
         self._mutex = threading.Lock()  # one acceptance at a time
         self._state = threading.Lock()  # guards what follows; never held across I/O
@@ -182,6 +182,11 @@ class MailboxWriter:
         fd, info = open_appendable(self._path, owner=self.session_id, key=self._key, in_place=True)
         self._fd, self._file = fd, (info.st_dev, info.st_ino)
         return info
+
+
+def checkpoint_key(session_id: str) -> str:
+    """The mailbox's name among a store handle's append checkpoints (``Store.index_tails``)."""
+    return f"mailbox/{session_id}"
 
 
 def require_consumed_prefix(store: Store, session_id: str, projection: Projection | None = None, *, locked: bool = False) -> None:
@@ -271,7 +276,7 @@ def scan_mailbox(store: Store, session_id: str, *, base: int = 0, start_seq: int
     (``locked`` false: every reader but an acceptance's own check) has it read again under the lock, taken
     only then. A caller that holds it must say so: ``flock`` would wait for the caller's own descriptor.
     """
-    checkpoint = store.index_tails.get(f"mailbox/{session_id}")  # before the read: records reached this far then
+    checkpoint = store.index_tails.get(checkpoint_key(session_id))  # before the read: records reached this far then
     data = read_session_file(store, session_id, "mailbox", offset=base)
     if data is None:
         return None

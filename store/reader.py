@@ -38,7 +38,7 @@ from .session_file import SessionFile
 
 __all__ = [
     "LogStatus", "Inspection", "read_session_file", "open_session", "header_of", "read_header", "read_log", "scan_events", "scan_log",
-    "classify", "committed_damage", "inspect", "inspect_file", "read_from",
+    "classify", "committed_damage", "inspect", "inspect_error_kind", "inspect_file", "read_from",
 ]
 
 LogStatus = Literal["clean", "torn", "corrupt"]
@@ -140,6 +140,17 @@ def scan_log(session_id: str, data: bytes, *, start_seq: int = 0, base_offset: i
         local = Damage(result.damage.offset - base_offset, result.damage.dropped, result.damage.reason, result.damage.detail)
         status = classify(data, local, start_seq + len(result.records))
     return result.records, result.offsets, result.end, result.damage, status
+
+
+def inspect_error_kind(code: str) -> Literal["unsupported", "unreadable", "header-corrupt"]:
+    """What an ``inspect`` error (its code) says of a session, as ``check`` and ``fsck`` report it: a format
+    this build does not know, a file that cannot be read now (or whose lock a stuck holder keeps), or a
+    damaged header."""
+    if code == "UNSUPPORTED_FORMAT":
+        return "unsupported"
+    if code in ("SESSION_UNAVAILABLE", "LOCK_TIMEOUT"):
+        return "unreadable"
+    return "header-corrupt"
 
 
 def inspect(store: Store, session_id: str, *, confirm: bool = False) -> Inspection:

@@ -7,8 +7,8 @@ records crashed supervisors left (``reap_owners``: gone for good and holding
 no lease) once when it starts and once at close, after this supervisor may
 have taken their leases over; a record still holding a lease then waits for
 a later supervisor or ``store gc``. One ``OwnerReaper`` serves both passes:
-the first reads every lease when some owner is gone, the one at close only
-the leases that first found naming a gone owner.
+the one at close reads only the leases the first found naming a gone owner,
+and the first, too, only those an earlier process found (``store/reaper.py``).
 """
 
 from __future__ import annotations
