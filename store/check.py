@@ -176,7 +176,7 @@ def _listed(store: Store) -> list[str]:
 
 def _check_session(state: _Pass, session_id: str) -> None:
     try:
-        found = inspect(state.store, session_id, confirm=True)  # the log first: see the module docstring
+        found = inspect(state.store, session_id)  # the log first: see the module docstring
     except SessionNotFoundError:
         state.add("vanished")
         return

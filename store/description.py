@@ -95,7 +95,7 @@ def _lost_committed(found: Inspection, committed_end: int) -> Inspection:
 def describe_session(store: Store, session_id: str) -> SessionDescription:
     """Everything the store knows about one session, read without writing."""
     committed_end = _settled_end(store, session_id)  # before the log: a resume since only makes the log longer
-    found = inspect(store, session_id, confirm=True)
+    found = inspect(store, session_id)
     if committed_end is not None:
         found = _lost_committed(found, committed_end)
     projection = Projection(seed_length=found.header.seed_length or 0)

@@ -75,7 +75,7 @@ def fsck(store: Store, *, repair: bool, lease_ttl_s: float) -> dict[str, Any]:
             continue  # a companion of a session that is here: read with its session
         checked += 1
         try:
-            found = inspect(store, name, confirm=True)
+            found = inspect(store, name)
         except SubagentError as exc:
             kind = "unsupported" if exc.code == "UNSUPPORTED_FORMAT" else "corrupt"
             counts[kind] += 1

@@ -213,7 +213,7 @@ def require_consumed_prefix(store: Store, session_id: str, projection: Projectio
     if projection.seed_length and consumed:
         # a fork's seed holds what its source consumed from the source's own mailbox: only the
         # fork's own suffix consumed from this one (a fork is rare; its log is read once here)
-        own = [e["data"] for e in inspect(store, session_id).events[projection.seed_length:]
+        own = [e["data"] for e in inspect(store, session_id, locked=locked).events[projection.seed_length:]
                if e["type"] in ("message/accepted", "message/discarded") and isinstance(e["data"], dict)]
         consumed = len(own)
         last_id = own[-1].get("message_id") if own else None

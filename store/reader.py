@@ -153,20 +153,20 @@ def inspect_error_kind(code: str) -> Literal["unsupported", "unreadable", "heade
     return "header-corrupt"
 
 
-def inspect(store: Store, session_id: str, *, confirm: bool = False) -> Inspection:
+def inspect(store: Store, session_id: str, *, locked: bool = False) -> Inspection:
     """Header and valid prefix of a session, classified; read-only.
 
-    ``confirm``: for a caller that does not hold the session lock (a listing, ``show``, ``check``). An
-    append in flight is not all there to a reader without the lock (a ``pwrite`` seen in part, or a
-    read in two ``pread`` calls that splices bytes written between them onto zeros before them) and can
-    look like damage with a ``turn/end`` after it; so a log read as ``corrupt`` is read again under
-    the session lock, taken only then, where no append is in flight (waited for under
-    ``LOCK_TIMEOUT_S``, then ``LockTimeoutError``). A caller that holds the lock must not ask:
-    ``flock`` would wait for its own other descriptor.
+    An append in flight is not all there to a reader without the session lock (a ``pwrite`` is
+    copied into the page cache while the reader copies out of it, and a reader overtaken by the
+    writer sees the batch's later bytes over zeros) and can look like damage with a ``turn/end``
+    after it. So a log read as ``corrupt`` is read again under the session lock, taken only then,
+    where no append is in flight (waited for under ``LOCK_TIMEOUT_S``, then ``LockTimeoutError``),
+    as the mailbox's readers do. ``locked``: the caller holds the session lock, and its first read
+    is final (``flock`` would wait for the caller's own other descriptor).
     """
     with open_session(store, session_id) as file:
         found = inspect_file(file)
-        if confirm and found.status == "corrupt":
+        if not locked and found.status == "corrupt":
             file.lock(bounded=True)  # a stuck holder: LockTimeoutError, not a reader hung for good
             try:
                 found = inspect_file(file)
@@ -183,11 +183,11 @@ def inspect_file(file: SessionFile) -> Inspection:
     return Inspection(header, events, offsets, end, len(data), status, damage)
 
 
-def read_from(store: Store, session_id: str, from_seq: int) -> list[dict[str, Any]]:
+def read_from(store: Store, session_id: str, from_seq: int, *, locked: bool = False) -> list[dict[str, Any]]:
     """The stored events with ``seq >= from_seq`` of the valid prefix; read-only.
 
-    Like ``inspect`` it never truncates nor appends closers: an open turn reads open.
+    Like ``inspect`` (``locked`` is its) it never truncates nor appends closers: an open turn reads open.
     """
     if from_seq < 0:
         raise ValueError("from_seq must be >= 0")
-    return inspect(store, session_id).events[from_seq:]
+    return inspect(store, session_id, locked=locked).events[from_seq:]

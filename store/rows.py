@@ -134,7 +134,7 @@ def row_problem(store: Store, entry: IndexEntry, header: SessionHeader, lease: L
 
         identity = read_identity(store, header.id, header.seed_length or 0)
         if identity.descriptor is None and identity.verdict == "corrupt":
-            if inspect(store, header.id, confirm=True).status == "corrupt":
+            if inspect(store, header.id).status == "corrupt":
                 # a corrupt log is reported with its session; without an identity cache (short logs
                 # have none) the damage would otherwise read as a row naming the wrong identity too
                 raise CorruptSessionError(header.id, "its log is corrupt")

@@ -230,7 +230,7 @@ def cmd_summary(inv: Invocation) -> int:
 def cmd_log(inv: Invocation) -> int:
     store, out = inv.open_store(), inv.out
     session_id = inv.session(store, inv.args.id).id
-    found = inspect(store, session_id, confirm=True)
+    found = inspect(store, session_id)
     doc = {"session": session_id, "log_status": found.status,
            "damage": dataclasses.asdict(found.damage) if found.damage else None, "events": found.events}
     if not inv.args.follow:

@@ -1,7 +1,7 @@
 """A reader's second look under the session lock never waits forever for a stuck holder.
 
 Readers without the lock read damage that may be an append in flight again under the session lock
-(``inspect(confirm=True)``, ``scan_mailbox``, a listing row). A holder that never lets go (a process
+(``inspect``, ``scan_mailbox``, a listing row). A holder that never lets go (a process
 stopped mid-append) must not hang ``show``, ``check`` or a listing: the wait is bounded like every
 lock wait of the store that reports a stuck peer (``LOCK_TIMEOUT_S``), then ``LockTimeoutError``
 (a listing row: a diagnostic).
@@ -72,7 +72,7 @@ def held_corrupt(st, monkeypatch):
 
 def test_inspect_gives_up_waiting_for_a_stuck_holder(held_corrupt):
     with pytest.raises(LockTimeoutError):
-        _within(10, lambda: store.inspect(held_corrupt, "c", confirm=True))
+        _within(10, lambda: store.inspect(held_corrupt, "c"))
 
 
 def test_a_mailbox_reader_gives_up_waiting_for_a_stuck_holder(held_corrupt):
