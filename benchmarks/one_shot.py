@@ -36,6 +36,13 @@ What is measured:
   namespace (``unshare -n``, loopback only) with usage stats off; the key is
   absent when Ray or the namespace is not available.
 
+``new_file_us_before`` / ``new_file_us_after``: what one new empty file
+cost in this file system just before and just after the children ran
+(``_common.new_file_us``). A child makes one file, and on an ext4 without a
+journal (this machine's) a new file costs several times more for minutes
+after many files were deleted anywhere near it (a test run, an earlier
+benchmark's clean-up): read a low ``children_per_s`` beside these.
+
 ``sessions_per_commit``: children created per group commit (one fsync of
 ``sessions/`` and one index append), from ``Supervisor.statistics()``.
 
@@ -61,7 +68,7 @@ import tempfile
 import time
 from typing import Any
 
-from _common import percentile, temp_base  # noqa: E402  (first: puts the repository on sys.path)
+from _common import new_file_us, percentile, temp_base  # noqa: E402  (first: puts the repository on sys.path)
 from _syscounts import TRACED_SYSCALLS, begin_marker, count_trace, end_marker, strace_available  # noqa: E402
 
 import anyio  # noqa: E402
@@ -358,9 +365,11 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
             warm_root = await sup.open_root(label="warm-up")
             await run_children(sup, warm_root, 20, args.concurrency)
             root = await sup.open_root(label="bench")
+            disk_before = new_file_us(base)
             cpu0 = tree_cpu_s(os.getpid())
             got = await run_children(sup, root, n, args.concurrency)
             cpu_ms_per_child = (tree_cpu_s(os.getpid()) - cpu0) * 1000 / n
+            disk_after = new_file_us(base)
             if got["failures"]:
                 raise RuntimeError(f"{len(got['failures'])} children failed, e.g. {got['failures'][0]}")
             phases = breakdown(sup, got["samples"])
@@ -403,6 +412,8 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
         met["children_vs_ray"] = figures["children_vs_ray"] >= 1.0
     print(f"children: {n} in {got['elapsed']:.2f} s = {figures['children_per_s']:,.1f}/s "
           f"(first half {got['first_half_per_s']:,.1f}/s, second half {got['second_half_per_s']:,.1f}/s)")
+    print(f"the disk: a new empty file took {disk_before:.1f} us before the children and {disk_after:.1f} us after "
+          "(~10-40 us on a quiet disk here; several times that while it is slow to allocate inodes, and every figure above with it)")
     print(f"with turns_per_worker=4: {got4['per_s']:,.1f}/s")
     print(f"start->result latency: p50 {figures['p50_ms']:.1f} ms, p99 {figures['p99_ms']:.1f} ms, max {max(lat_ms):.1f} ms")
     print("one child, median per phase (sampled):")
@@ -440,6 +451,8 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
         "first_half_children_per_s": round(got["first_half_per_s"], 1),
         "second_half_children_per_s": round(got["second_half_per_s"], 1),
         "store_dir": args.dir or "repository file system",
+        "new_file_us_before": round(disk_before, 1),
+        "new_file_us_after": round(disk_after, 1),
         "phase_ms": {k: round(v, 2) for k, v in phases.items()},
         **extra,
         "goals_met": met,
