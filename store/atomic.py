@@ -96,15 +96,19 @@ def write_new(path: str, data: bytes, *, durable: bool) -> None:
 def publish_new(path: str, data: bytes, *, durable: bool) -> None:
     """Make ``path`` a new file holding ``data``; ``FileExistsError`` (nothing made) if the name is taken.
 
-    ``write_unnamed``, then (when ``durable``) ``NewFile.sync``, then
-    ``NewFile.publish``: one file at a time. The name is durable only once
-    the caller fsyncs the folder (``fsync_dir``).
+    ``write_unnamed``, then ``NewFile.publish``, then (when ``durable``)
+    ``NewFile.sync``: one file at a time. The name is durable only once the
+    caller fsyncs the folder (``fsync_dir``).
     """
     new_file = write_unnamed(path, data)
     try:
-        if durable:
-            new_file.sync()
         new_file.publish()
+        if durable:
+            try:
+                new_file.sync()
+            except BaseException:
+                os.unlink(path)
+                raise
     finally:
         new_file.discard()
 
@@ -113,10 +117,13 @@ class NewFile:
     """A file written whole that does not have its name yet (``write_unnamed``).
 
     Split in steps so a caller making several files can write them all,
-    sync them all, and only then name them (``store/session.py``): a name
-    always stands for a file already on disk, and a crash before the name
-    leaves nothing anyone lists. ``discard`` closes what is left open; after
-    ``publish`` the file stays, otherwise it goes.
+    name them all, then sync them all (``store/session.py``): a crash before
+    the name leaves nothing anyone lists. ``sync`` after ``publish``, never
+    before: an unnamed file's inode has a link count of 0, an fsync before the
+    link writes it so, and on a file system without a journal nothing writes
+    the link's count before a power loss but the file's own next fsync (the
+    name then points at a deleted inode). ``discard`` closes what is left
+    open; after ``publish`` the file stays, otherwise it goes.
     """
 
     def __init__(self, path: str, fd: int, temp_path: str | None) -> None:
@@ -125,7 +132,7 @@ class NewFile:
         self._temp_path = temp_path
 
     def sync(self) -> None:
-        """fsync the file's data and size (``DurabilityError`` if it fails, never retried)."""
+        """fsync the file's data and inode (``DurabilityError`` if it fails, never retried)."""
         try:
             os.fsync(self._fd)
         except OSError as exc:
@@ -140,6 +147,8 @@ class NewFile:
             os.link(f"/proc/self/fd/{self._fd}", self.path, src_dir_fd=self._fd, follow_symlinks=True)
         else:
             os.link(self._temp_path, self.path)
+            os.unlink(self._temp_path)  # before ``sync``, which then writes a link count of 1
+            self._temp_path = None
 
     def discard(self) -> None:
         """Close the file and remove its temporary name, if it has one (idempotent)."""

@@ -4,12 +4,23 @@ Creation is all-or-nothing: a session exists exactly when its file
 ``sessions/<id>`` does (``store/session_file.py``). The whole file — header,
 lease (when created held), initial log (descriptor and policy events at epoch
 0) — is written unnamed (or under a temporary name where the system has no
-unnamed files), fsync'd, and published by an exclusive ``link`` to its name
-(two creators of one id cannot both win; ``atomic.NewFile``): one inode
-per session, none freed. The index entry follows. A crash before the link
-leaves no name, or a temporary file that nothing lists (``subagents store
-fsck`` reports it); a failure after it unlinks the session and tombstones the
-index entry.
+unnamed files), published by an exclusive ``link`` to its name (two creators
+of one id cannot both win; ``atomic.NewFile``), then fsync'd: one inode per
+session, none freed. The index entry follows. A crash before the link leaves
+no name, or a temporary file that nothing lists (``subagents store fsck``
+reports it); a failure after it unlinks the session and tombstones the index
+entry.
+
+The fsync follows the link, not the other way round: an unnamed file's inode
+has a link count of 0, and an fsync before the link writes it so; the link's
+count then stays in memory (the folder's fsync writes the folder, not the
+file's inode). On a file system without a journal (ext4 made without one)
+nothing else wrote that inode before a power loss, and the sessions created
+last pointed at a deleted inode afterwards: unreadable, and cleared by
+``e2fsck`` (``tests/crash/test_power_loss.py`` copies a loop device's image to
+see what a power loss leaves). The price of the order: a power loss between a
+link and its fsync — a creation that has not returned, that nobody was given
+— can leave a name whose file is empty (``fsck`` reports it).
 
 ``create_sessions`` creates several sessions as one batch, with the same
 order for each, and shares what a batch can share: one fsync of the
@@ -142,13 +153,9 @@ def create_sessions(store: Store, requests: Sequence[NewSession]) -> list[Sessio
 def publish_sessions(store: Store, requests: Sequence[NewSession]) -> list[CreatedSession | BaseException]:
     """The first half of ``create_sessions``: each session's file and header, published.
 
-    In three passes over the batch: write every file unnamed, fsync each,
-    then name each. A name never stands for a file that is not on disk, as
-    with one file at a time, but no fsync waits behind another file's write
-    or link. Measured with 4,000 echo children on an ext4 disk, where a new
-    file's fsync takes ~0.5 ms while workers fsync their turns: +3% children/s
-    on average over 13 alternating runs (within the machine's ±10% noise run
-    to run), and 10–20 µs less system CPU per child.
+    In three passes over the batch: write every file unnamed, name each,
+    then fsync each (after its link: see the module docstring), so no fsync
+    waits behind another file's write or link.
 
     Not yet durable as a whole: the names in ``sessions/`` are not fsynced and
     no index lists the new sessions until ``commit_sessions`` ran over these
@@ -168,15 +175,7 @@ def publish_sessions(store: Store, requests: Sequence[NewSession]) -> list[Creat
                 outcomes[i] = exc
                 continue
             written.append((i, new_file, CreatedSession(header, projection)))
-        if store.durability.syncs_at_commit:
-            for i, new_file, _ in written:
-                try:
-                    new_file.sync()  # the folder fsync of commit_sessions persists the name
-                except Exception as exc:
-                    outcomes[i] = exc
         for i, new_file, created in written:
-            if outcomes[i] is not None:
-                continue
             try:
                 _publish(store, requests[i], new_file)
             except Exception as exc:
@@ -184,6 +183,16 @@ def publish_sessions(store: Store, requests: Sequence[NewSession]) -> list[Creat
             else:
                 outcomes[i] = created
                 published.append(i)
+        if store.durability.syncs_at_commit:
+            for i, new_file, _ in written:
+                if i not in published:
+                    continue
+                try:
+                    new_file.sync()  # data and inode, its link count included; commit_sessions' folder fsync, the name
+                except Exception as exc:
+                    published.remove(i)
+                    _rollback(store, requests[i], indexed=False)
+                    outcomes[i] = exc
     except BaseException:
         # an interrupt, not a failure of one request: nothing of the batch is
         # reported created, so nothing of it may stay

@@ -476,10 +476,11 @@ def test_batch_creation_fails_per_request_and_shares_the_index_append(st, monkey
 
 
 @pytest.mark.parametrize("unnamed", [True, False], ids=["unnamed-file", "temporary-name"])
-def test_batch_creation_syncs_every_file_before_naming_any_and_fails_alone_on_a_failed_fsync(st, monkeypatch, unnamed):
-    """A batch writes its files, fsyncs each, and only then names them (no fsync waits behind
-    a name): a name never stands for a file not on disk. A file whose fsync fails is never
-    named, its request reports ``DurabilityError``, and the rest of the batch is created."""
+def test_batch_creation_names_every_file_then_syncs_each_and_fails_alone_on_a_failed_fsync(st, monkeypatch, unnamed):
+    """A batch writes its files, names each, then fsyncs each: after its link, so that the fsync
+    writes the file's link count (``tests/crash/test_power_loss.py``). A file whose fsync fails
+    loses its name again, its request reports ``DurabilityError``, and the rest of the batch is
+    created."""
     store.create_session(st, "r")
     steps: list[str] = []
     real_fsync, real_link = os.fsync, os.link
@@ -505,7 +506,7 @@ def test_batch_creation_syncs_every_file_before_naming_any_and_fails_alone_on_a_
     requests = [store.session.NewSession(f"c{n}", parent_session="r", origin="subagent", created_at=float(n), events=desc) for n in (1, 2, 3)]
     outcomes = store.session.publish_sessions(st, requests)
     monkeypatch.undo()
-    assert steps == ["sync", "sync", "sync", "link c1", "link c3"]
+    assert steps == ["link c1", "link c2", "link c3", "sync", "sync", "sync"]
     assert [type(o).__name__ for o in outcomes] == ["CreatedSession", "DurabilityError", "CreatedSession"]
     outcomes = store.session.commit_sessions(st, requests, outcomes)
     assert ids(store.list_children(st, "r")) == ["c1", "c3"]

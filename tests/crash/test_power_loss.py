@@ -1,0 +1,138 @@
+"""A power loss right after creations returned: every created session is still there, and reads.
+
+A ``kill -9`` leaves the page cache, so it never tests what reached the disk. This does: the store
+lives on an ext4 file system without a journal (as on the machine CI runs on) in a file attached
+as a loop device; right after the creations return, the file is copied — the copy holds exactly
+what the file system had written to its device, which is what a machine that lost power would
+find. The copy is then attached (read-only) as a second file system and read with the store's own
+readers, as it is (a host that reboots without a check) and after ``e2fsck -y`` (one that checks).
+
+The defect this found: a session file is written as an unnamed file (``O_TMPFILE``) and named with
+``linkat``. It was fsync'd *before* the link, which wrote its inode with a link count of 0; the
+link's new count stayed in memory, and the folder's fsync writes the folder, not the file's inode.
+Without a journal nothing else wrote that inode, so after the power loss the last sessions created
+had a name that pointed at a deleted inode (``e2fsck`` clears the name; the kernel refuses to open
+it). The fsync now follows the link, and writes the inode with its count.
+
+Needs root, ``losetup``, ``mkfs.ext4``, ``e2fsck`` and a kernel that lets this process mount a loop
+device; skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from subagents import store
+from subagents.store.session import NewSession, create_sessions
+
+TOOLS = ("losetup", "mkfs.ext4", "e2fsck", "mount", "umount", "sync")
+IMAGE_MB = 64
+
+
+def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=60, check=check)
+
+
+class LoopFs:
+    """An ext4 without a journal in ``image``, attached and mounted at ``mount``; ``close`` undoes both."""
+
+    def __init__(self, image: Path, mount: Path, *, read_only: bool = False) -> None:
+        self.image, self.mount = image, mount
+        mount.mkdir(exist_ok=True)
+        args = ["losetup", "-f", "--show"] + (["-r"] if read_only else []) + [str(image)]
+        self.device = _run(*args).stdout.strip()
+        self.mounted = False
+        try:
+            _run("mount", "-o", "ro" if read_only else "rw", self.device, str(mount))
+            self.mounted = True
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.mounted:
+            _run("umount", str(self.mount), check=False)
+            self.mounted = False
+        _run("losetup", "-d", self.device, check=False)
+
+
+def _loop_mounts_work(tmp: Path) -> str | None:
+    """Why this test cannot run here, or ``None`` when it can."""
+    if os.geteuid() != 0:
+        return "needs root (mount)"
+    missing = [tool for tool in TOOLS if shutil.which(tool) is None]
+    if missing:
+        return f"missing {', '.join(missing)}"
+    return None
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Iterator[LoopFs]:
+    reason = _loop_mounts_work(tmp_path)
+    if reason is not None:
+        pytest.skip(reason)
+    image = tmp_path / "disk.img"
+    with open(image, "wb") as handle:
+        handle.truncate(IMAGE_MB << 20)
+    _run("mkfs.ext4", "-q", "-F", "-O", "^has_journal", str(image))
+    try:
+        fs = LoopFs(image, tmp_path / "mnt")
+    except subprocess.CalledProcessError as exc:
+        pytest.skip(f"cannot mount a loop device here: {exc.stderr.strip()}")
+    try:
+        yield fs
+    finally:
+        fs.close()
+
+
+def _power_loss_copy(fs: LoopFs, name: str) -> Path:
+    """What the device holds now: a copy of the image, taken while the file system stays mounted."""
+    copy = fs.image.with_name(name)
+    shutil.copyfile(fs.image, copy)
+    return copy
+
+
+def _read_back(copy: Path, mount: Path, created: list[str]) -> dict[str, str]:
+    """Each created session's problem in the copy (none: absent from the result)."""
+    fs = LoopFs(copy, mount, read_only=True)
+    try:
+        st = store.Store(str(mount / "store"), create=False)
+        problems = {}
+        for session_id in created:
+            try:
+                found = store.inspect(st, session_id, locked=True)  # read-only file system: nobody writes
+            except store.SubagentError as exc:
+                problems[session_id] = f"{exc.code}: {exc.message}"
+                continue
+            if found.header.id != session_id or found.status != "clean":
+                problems[session_id] = f"{found.header.id} {found.status} {found.damage}"
+        return problems
+    finally:
+        fs.close()
+
+
+def test_sessions_created_before_a_power_loss_are_all_there(disk: LoopFs):
+    st = store.Store(str(disk.mount / "store"))
+    store.create_session(st, "root")
+    _run("sync", "-f", str(disk.mount))  # the store and its root are on the device before the creations
+    created = ["alone"]
+    store.create_session(st, "alone", parent_session="root")
+    batch = [NewSession(f"b{i}", parent_session="root") for i in range(5)]
+    outcomes = create_sessions(st, batch)
+    assert not [o for o in outcomes if isinstance(o, BaseException)]
+    created += [request.session_id for request in batch]
+    store.create_session(st, "last", parent_session="root")
+    created.append("last")
+
+    copy = _power_loss_copy(disk, "after-power-loss.img")
+    checked = _power_loss_copy(disk, "checked.img")
+    assert _read_back(copy, disk.image.with_name("ro"), created) == {}, "as the device holds them"
+    fsck = _run("e2fsck", "-fy", str(checked), check=False)
+    assert fsck.returncode in (0, 1), fsck.stdout + fsck.stderr  # 1: errors corrected
+    assert _read_back(checked, disk.image.with_name("ro-checked"), created) == {}, "after e2fsck -y:\n" + fsck.stdout
