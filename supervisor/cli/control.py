@@ -13,7 +13,6 @@ running (exit ``EXIT_NO_TURN``).
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import anyio
@@ -27,7 +26,7 @@ from ..models import InterruptResult, UserAuthority
 from ..service import Supervisor
 from . import render
 from .invocation import Invocation
-from .parser import Verbs, positive_float
+from .parser import Verbs, positive_float, text_or_stdin, utf8_text
 
 __all__ = ["register", "CONTROL_POLL_S", "WAIT_S", "INTERRUPT_WAIT_S", "EXIT_NO_TURN"]
 
@@ -43,7 +42,7 @@ def register(verbs: Verbs) -> None:
     send = verbs.add("send", cmd_send, "send CHILD its next turn as the host user (cold-resumes it when nobody hosts it)",
                      example='subagents send 01M8MW1K3J5T0000000000000B "and summarise it in one line" --parent 01M8MVY0PZ9RKY15DPNHER70WX')
     send.add_argument("child", metavar="CHILD", help="the continuable child that takes the message")
-    send.add_argument("message", metavar="MESSAGE", help="the message ('-' reads stdin)")
+    send.add_argument("message", metavar="MESSAGE", type=utf8_text, help="the message ('-' reads stdin)")
     send.add_argument("--parent", required=True, metavar="ROOT", help="the root session CHILD belongs to (checked against its header)")
     send.add_argument("--wait-s", type=positive_float, default=WAIT_S,
                       help=f"when CHILD was resumed here: how long to wait for it to settle (default {WAIT_S:.0f})")
@@ -110,7 +109,7 @@ def cmd_send(inv: Invocation) -> int:
     store = inv.open_store(write=True)  # a control command never creates a store
     args.child = inv.session(store, args.child).id  # SESSION_NOT_FOUND before any supervisor starts
     args.parent = inv.session(store, args.parent).id
-    message = sys.stdin.read() if args.message == "-" else args.message
+    message = text_or_stdin(args.message)
     doc = anyio.run(_send, inv.config, args.child, message, args.parent, args.wait_s, out)
     if out.json_mode:
         out.json(doc)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import time
 from typing import Any, Sequence
 
@@ -27,7 +26,7 @@ from ..models import Capabilities, ContinuableSpec, Provider, SubagentRequest
 from ..service import Supervisor
 from . import render
 from .invocation import Invocation
-from .parser import Verbs, non_negative, positive
+from .parser import Verbs, non_negative, positive, text_or_stdin, utf8_text
 
 __all__ = ["register", "QUICK_CHILDREN", "QUICK_CPU_MS"]
 
@@ -52,8 +51,8 @@ def register(verbs: Verbs) -> None:
     run = verbs.add("run", cmd_run, "run one one-shot child of PROGRAM under a new root",
                     example='subagents run echo --prompt "hello"\nsubagents run myprog:hello   # myprog.py in the working folder')
     run.add_argument("program", metavar="PROGRAM", help='a built-in program (echo, script) or "package.module:function"')
-    run.add_argument("--prompt", default="", help="the child's message ('-' reads stdin)")
-    run.add_argument("--label", default=None, help="the child's label")
+    run.add_argument("--prompt", type=utf8_text, default="", help="the child's message ('-' reads stdin)")
+    run.add_argument("--label", type=utf8_text, default=None, help="the child's label")
 
 
 def _register_providers(sup: Supervisor, config: DeploymentConfig, own: Provider) -> None:
@@ -212,8 +211,8 @@ async def _demo_conversation(sup: Supervisor, root: Any, results: list[dict[str,
 def cmd_run(inv: Invocation) -> int:
     args = inv.args
     load_program(args.program)  # PROGRAM_LOAD_FAILED before the store, a root or a child is written
+    prompt = text_or_stdin(args.prompt)  # USAGE for input that is not UTF-8, before the store is made
     inv.open_store(create=True, write=True)
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     doc = anyio.run(_run, inv.config, args.program, prompt, args.label)
     inv.emit(doc, render.render_run)
     return 0 if doc["stop_reason"] == "completed" else 1

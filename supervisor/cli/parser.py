@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import sys
 from typing import Any, Callable, NoReturn
 
 from ..config_loader import env_variables
 from ..errors import UsageError
 from .invocation import Invocation
 
-__all__ = ["Verbs", "new_parser", "positive", "non_negative", "positive_float"]
+__all__ = ["Verbs", "new_parser", "positive", "non_negative", "positive_float", "utf8_text", "text_or_stdin"]
 
 Command = Callable[[Invocation], int]
 
@@ -48,6 +49,28 @@ def positive_float(value: str) -> float:
     if not number > 0:
         raise argparse.ArgumentTypeError("must be more than 0")
     return number
+
+
+def utf8_text(value: str) -> str:
+    """Text a record will hold. Python keeps argv bytes that are not UTF-8 as lone surrogates,
+    which msgpack cannot encode: refused here, before a root, a lease or a row is written."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError(f"{value.encode('utf-8', 'surrogateescape')!r} is not valid UTF-8") from None
+    return value
+
+
+def text_or_stdin(value: str) -> str:
+    """``value``, or all of stdin when it is ``-``: read as bytes and decoded strictly, so input
+    that is not UTF-8 is a ``USAGE`` error whatever the locale's stdin error handler is."""
+    if value != "-":
+        return value
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"stdin is not valid UTF-8 (byte {exc.start} of {len(data)})") from None
 
 
 def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:

@@ -1,0 +1,78 @@
+"""Trust at the edges, through the real ``subagents`` CLI: bad input refused in one line, damage kept to its session.
+
+A black-box audit ran every verb against missing, file, unreadable and empty
+store folders; malformed and unknown ids; one session file damaged beside
+healthy ones (truncated, garbage, zero-length, a folder, a symbolic link, a
+FIFO); and bad option values. Each test here is a case that printed a
+traceback, exited 0 on an error, or reported a damaged session as healthy.
+Stores are made by the real CLI (``demo --quick``) and damaged in a private
+copy; healthy sessions are compared byte for byte after every command.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .test_cli import FAST, cli, snapshot
+from .test_cli_mistakes import refused
+
+
+@pytest.fixture(scope="module")
+def demo_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, list[str]]:
+    """``demo --quick`` once: its store, its root, and its four children (the last one continuable)."""
+    cwd = tmp_path_factory.mktemp("edge")
+    done = cli("--store", "st", "demo", "--quick", cwd=cwd, env=FAST)
+    assert done.returncode == 0, done.stderr
+    root = re.search(r"^demo root (\S+):", done.stdout, re.M)
+    assert root is not None, done.stdout
+    children = sorted(name for name in os.listdir(cwd / "st" / "sessions") if "." not in name and name != root.group(1))
+    assert len(children) == 4, children
+    return cwd / "st", root.group(1), children
+
+
+@pytest.fixture
+def copy(demo_store: tuple[Path, str, list[str]], tmp_path: Path) -> tuple[Path, str, list[str]]:
+    """A private copy of the demo store in ``tmp_path/st``, for tests that write or damage it."""
+    path, root, children = demo_store
+    shutil.copytree(path, tmp_path / "st", symlinks=True)
+    return tmp_path / "st", root, children
+
+
+def raw_cli(*args: str | bytes, cwd: Path, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    """The CLI with arguments as bytes (what a shell passes when they are not UTF-8)."""
+    return subprocess.run([sys.executable, "-m", "subagents.supervisor.cli", *args], cwd=cwd, env=FAST, input=stdin,
+                          capture_output=True, timeout=90.0)
+
+
+def text(done: subprocess.CompletedProcess[bytes]) -> subprocess.CompletedProcess[str]:
+    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(errors="replace"),
+                                       done.stderr.decode(errors="replace"))
+
+
+# -- text that is not UTF-8 ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", ["run --prompt", "run --label", "run --prompt -", "send MESSAGE", "send -"])
+def test_text_that_is_not_utf8_is_refused_before_anything_is_written(copy: tuple[Path, str, list[str]], case: str) -> None:
+    """Undecodable bytes in a prompt, label or message (argv or stdin) were an INTERNAL traceback from
+    msgpack; ``send`` had by then taken the child's lease and written its row, ``run`` left an empty root."""
+    path, root, children = copy
+    before = snapshot(path)
+    bad = b"caf\xe9"
+    args: list[str | bytes] = {
+        "run --prompt": ["run", "echo", "--prompt", bad],
+        "run --label": ["run", "echo", "--prompt", "hi", "--label", bad],
+        "run --prompt -": ["run", "echo", "--prompt", "-"],
+        "send MESSAGE": ["send", children[-1], bad, "--parent", root],
+        "send -": ["send", children[-1], "-", "--parent", root],
+    }[case]
+    done = text(raw_cli("--store", "st", *args, cwd=path.parent, stdin=bad if "-" in args else b""))
+    assert "not valid UTF-8" in refused(done, "USAGE")
+    assert snapshot(path) == before
