@@ -11,6 +11,7 @@ copy; healthy sessions are compared byte for byte after every command.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -76,3 +77,34 @@ def test_text_that_is_not_utf8_is_refused_before_anything_is_written(copy: tuple
     done = text(raw_cli("--store", "st", *args, cwd=path.parent, stdin=bad if "-" in args else b""))
     assert "not valid UTF-8" in refused(done, "USAGE")
     assert snapshot(path) == before
+
+
+# -- a session file that is no regular file ------------------------------------------------------
+
+
+def _replace(path: Path, session_id: str, kind: str) -> None:
+    """Put a folder, a dangling symbolic link or a FIFO where ``session_id``'s file was."""
+    where = path / "sessions" / session_id
+    where.unlink()
+    if kind == "folder":
+        where.mkdir()
+    elif kind == "symlink":
+        where.symlink_to("/nonexistent/session")
+    else:
+        os.mkfifo(where)
+
+
+@pytest.mark.parametrize("which", ["child", "root"])
+@pytest.mark.parametrize("kind", ["folder", "symlink", "fifo"])
+def test_store_check_reports_a_session_that_is_no_regular_file(copy: tuple[Path, str, list[str]], kind: str, which: str) -> None:
+    """``ls`` lists such a session as a diagnostic, but ``store check`` read only regular files
+    (``Store.session_ids``) and called the store clean, exit 0."""
+    path, root, children = copy
+    bad = children[1] if which == "child" else root
+    _replace(path, bad, kind)
+    healthy = {k: v for k, v in snapshot(path).items() if not k.startswith(f"sessions/{bad}")}
+    done = cli("--store", "st", "store", "check", "--json", cwd=path.parent)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    report = json.loads(done.stdout)
+    assert [(v["session_id"], v["kind"]) for v in report["violations"]] == [(bad, "unreadable")], report["violations"]
+    assert {k: v for k, v in snapshot(path).items() if not k.startswith(f"sessions/{bad}")} == healthy
