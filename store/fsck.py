@@ -69,6 +69,7 @@ def fsck(store: Store, *, repair: bool, lease_ttl_s: float) -> dict[str, Any]:
         if finding_of_name is not None:
             kind, detail = finding_of_name
             counts["corrupt"] += kind == "unreadable"
+            checked += kind == "unreadable"  # a link in a session's place: a session, counted as it is reported
             findings.append({"id": name, "kind": kind, "detail": detail})
             continue
         if "." in name:
@@ -100,7 +101,7 @@ def fsck(store: Store, *, repair: bool, lease_ttl_s: float) -> dict[str, Any]:
                 finding["repair"] = f"not repaired: {exc.code}: {exc.message}"
             finding["repaired"] = finding["repair"].startswith("repaired")
         findings.append(finding)
-    findings.extend(_index_findings(store))
+    findings.extend(_index_findings(store, [name for name in names if is_valid_session_id(name)]))
     return {
         "store": store.root,
         "sessions": checked,
@@ -190,13 +191,15 @@ def _repair_torn(store: Store, session_id: str, lease_ttl_s: float) -> str:
     return f"repaired under lease epoch {taken.epoch}" + (f", {closed} closing events appended" if closed else "")
 
 
-def _index_findings(store: Store) -> list[dict[str, Any]]:
+def _index_findings(store: Store, session_ids: list[str]) -> list[dict[str, Any]]:
     """Index entries the headers do not back, headers the index misses (roots too), and damaged index
-    files, ``index/roots`` included (``store reindex`` fixes all three)."""
+    files, ``index/roots`` included (``store reindex`` fixes all three). ``session_ids``: every id in
+    ``sessions/`` whatever its file type: a folder, a link or a FIFO in a session's place has a header
+    that does not read, and ``reindex`` keeps its entry as it keeps a damaged file's."""
     proven: dict[str, set[str]] = {}
     tops: set[str] = set()
     unreadable: set[str] = set()
-    for session_id in store.session_ids():
+    for session_id in session_ids:
         try:
             header = read_header(store, session_id)
         except SubagentError:

@@ -108,3 +108,21 @@ def test_store_check_reports_a_session_that_is_no_regular_file(copy: tuple[Path,
     report = json.loads(done.stdout)
     assert [(v["session_id"], v["kind"]) for v in report["violations"]] == [(bad, "unreadable")], report["violations"]
     assert {k: v for k, v in snapshot(path).items() if not k.startswith(f"sessions/{bad}")} == healthy
+
+
+@pytest.mark.parametrize("kind", ["folder", "symlink", "fifo"])
+def test_fsck_says_reindex_keeps_the_entry_of_a_session_that_is_no_regular_file(copy: tuple[Path, str, list[str]], kind: str) -> None:
+    """fsck called the child's index entry ``index-stale`` ("harmless; reindex drops it"), but reindex keeps
+    it (its header does not read: ``index-unproven``); and a link was counted corrupt but not checked
+    ("checked 4 sessions: 4 clean, ..., 1 corrupt")."""
+    path, root, children = copy
+    bad = children[1]
+    _replace(path, bad, kind)
+    done = cli("--store", "st", "store", "fsck", "--json", cwd=path.parent)
+    report = json.loads(done.stdout)
+    assert report["sessions"] == sum(report["counts"].values()), report
+    about = {f["kind"] for f in report["findings"] if f["id"] == bad}
+    assert "index-unproven" in about and "index-stale" not in about, report["findings"]
+    assert cli("--store", "st", "store", "reindex", cwd=path.parent).returncode == 0
+    rows = {row["id"]: row for row in json.loads(cli("--store", "st", "ls", root, "--json", cwd=path.parent).stdout)}
+    assert set(rows) == {*children} and rows[bad]["kind"] == "diagnostic", rows
