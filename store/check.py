@@ -166,10 +166,9 @@ def check_store(store: Store | str | os.PathLike[str], *, in_flight_s: float = I
 
 def _listed(store: Store) -> list[str]:
     """Every session id in ``sessions/``, whatever its file type: a folder, a link or a FIFO in a
-    session's place is damage that ``inspect`` reports (listings show it as a diagnostic), not a
-    name to pass over as ``Store.session_ids`` does."""
+    session's place is damage that ``inspect`` reports (listings show it as a diagnostic)."""
     try:
-        return sorted(name for name in os.listdir(store.sessions_dir) if is_valid_session_id(name))
+        return store.session_ids(any_type=True)
     except FileNotFoundError:
         return []
 

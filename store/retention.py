@@ -208,11 +208,12 @@ def _activity(store: Store, session_id: str) -> tuple[float, int]:
 
 def _lineage(store: Store) -> tuple[dict[str, SessionHeader], dict[str, list[str]], dict[str, str]]:
     """Every readable header, parent → children by headers (the authority; the index is derived),
-    and why each session whose header does not read does not (``fsck`` reports them too)."""
+    and why each session whose header does not read does not (``fsck`` reports them too): a folder,
+    link or FIFO in a session's place among them, so a root of that kind is reported kept."""
     headers: dict[str, SessionHeader] = {}
     children: dict[str, list[str]] = defaultdict(list)
     damaged: dict[str, str] = {}
-    for session_id in store.session_ids():
+    for session_id in store.session_ids(any_type=True):
         try:
             header = read_header(store, session_id)
         except (SubagentError, OSError) as exc:

@@ -237,15 +237,16 @@ class Store:
         """Whether ``sessions/<id>`` exists (a session is published exactly when its file is)."""
         return os.path.lexists(self.session_path(session_id))
 
-    def session_ids(self) -> list[str]:
+    def session_ids(self, *, any_type: bool = False) -> list[str]:
         """Every published session, sorted (ids are time-ordered). Names with a dot are companion
         files or a creation's temporary file, never a session, and neither is any other name that
         is not a valid id (``subagents store fsck`` reports those); a link in a session's place is
-        left out."""
+        left out. ``any_type``: a folder, a link or a FIFO named by an id is listed too, for the
+        checks that must report it as a damaged session (listings show it as a diagnostic)."""
         found = []
         with os.scandir(self.sessions_dir) as entries:
             for entry in entries:
-                if is_valid_session_id(entry.name) and entry.is_file(follow_symlinks=False):
+                if is_valid_session_id(entry.name) and (any_type or entry.is_file(follow_symlinks=False)):
                     found.append(entry.name)
         return sorted(found)
 

@@ -126,3 +126,20 @@ def test_fsck_says_reindex_keeps_the_entry_of_a_session_that_is_no_regular_file(
     assert cli("--store", "st", "store", "reindex", cwd=path.parent).returncode == 0
     rows = {row["id"]: row for row in json.loads(cli("--store", "st", "ls", root, "--json", cwd=path.parent).stdout)}
     assert set(rows) == {*children} and rows[bad]["kind"] == "diagnostic", rows
+
+
+@pytest.mark.parametrize("kind", ["folder", "symlink", "fifo"])
+def test_gc_names_a_root_that_is_no_regular_file(copy: tuple[Path, str, list[str]], kind: str) -> None:
+    """gc read headers of regular files only: a root whose file is a folder, link or FIFO was in no
+    row of its report ("would delete 0 subtrees; kept 0"), while a zero-length one is kept as
+    unreadable, with why. Its healthy children stay either way."""
+    path, root, children = copy
+    _replace(path, root, kind)
+    healthy = {k: v for k, v in snapshot(path).items() if not k.startswith(f"sessions/{root}")}
+    for dry in (["--dry-run"], []):
+        done = cli("--store", "st", "gc", "--older-than", "0s", *dry, "--json", cwd=path.parent)
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        assert [(s["id"], s["reason"]) for s in report["skipped"]] == [(root, "unreadable")], report
+        assert report["collected"] == []
+    assert {k: v for k, v in snapshot(path).items() if not k.startswith(f"sessions/{root}") and not k.startswith("trash")} == healthy
