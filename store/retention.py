@@ -76,6 +76,9 @@ _BATCH_SESSIONS = 512
 # descriptors kept free while a subtree's locks are held (each lock is one open file)
 _FD_MARGIN = 64
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+# the longest age parse_age takes: older than any store, and short enough that the cutoff is a
+# date a report can print (an age of 2,000 years puts it before the year 1)
+MAX_AGE_S = 1000 * 365.25 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,8 @@ def parse_age(text: str) -> float:
         value = math.nan
     if not math.isfinite(value) or value < 0:
         raise InvalidQueryError(f"{text!r} is not an age such as 30s, 15m, 12h, 7d or 2w")
+    if value * _UNITS[unit] > MAX_AGE_S:
+        raise InvalidQueryError(f"{text!r} is longer than 1000 years")
     return value * _UNITS[unit]
 
 

@@ -143,3 +143,18 @@ def test_gc_names_a_root_that_is_no_regular_file(copy: tuple[Path, str, list[str
         assert [(s["id"], s["reason"]) for s in report["skipped"]] == [(root, "unreadable")], report
         assert report["collected"] == []
     assert {k: v for k, v in snapshot(path).items() if not k.startswith(f"sessions/{root}") and not k.startswith("trash")} == healthy
+
+
+# -- option values -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dry", [["--dry-run"], []])
+def test_gc_refuses_an_age_longer_than_any_date(copy: tuple[Path, str, list[str]], dry: list[str]) -> None:
+    """``--older-than 99999999999w`` passed parse_age, ran the whole gc, then its report's cutoff (a year
+    before 1) did not format: INTERNAL with a traceback, after the pass. Now INVALID_QUERY, before it."""
+    path, _, _ = copy
+    before = snapshot(path)
+    for age in ("99999999999w", "1e15s"):
+        message = refused(cli("--store", "st", "gc", "--older-than", age, *dry, cwd=path.parent), "INVALID_QUERY")
+        assert message.startswith(f"--older-than: '{age}' is longer than"), message
+    assert snapshot(path) == before
