@@ -19,6 +19,9 @@ from .ids import is_valid_session_id
 __all__ = ["HEADER_VERSION", "SessionHeader", "parse_header"]
 
 HEADER_VERSION = 1
+# 10000-01-01T00:00:00Z: a creation time is a date a reader can print (ISO 8601's four-digit years,
+# Python's datetime); a header dated after it was written by no clock, and is damage
+LATEST_CREATED_AT = 253402300800.0
 
 
 class SessionHeader(BaseModel):
@@ -48,6 +51,8 @@ class SessionHeader(BaseModel):
             raise ValueError("created_at must be a number of seconds")
         if not math.isfinite(value) or value < 0:
             raise ValueError("created_at must be a non-negative finite number")
+        if value >= LATEST_CREATED_AT:
+            raise ValueError("created_at must be a time before the year 10000")
         return float(value)
 
     @field_validator("delegation_depth", "seed_length")

@@ -158,3 +158,33 @@ def test_gc_refuses_an_age_longer_than_any_date(copy: tuple[Path, str, list[str]
         message = refused(cli("--store", "st", "gc", "--older-than", age, *dry, cwd=path.parent), "INVALID_QUERY")
         assert message.startswith(f"--older-than: '{age}' is longer than"), message
     assert snapshot(path) == before
+
+
+# -- a header from no writer ------------------------------------------------------------------------
+
+
+def test_a_header_created_after_the_year_9999_is_one_damaged_session(copy: tuple[Path, str, list[str]]) -> None:
+    """A child's header saying it was created in the year 31690708 (a valid frame and CRC) passed the
+    header rules (finite, non-negative), and ``ls --json`` / ``tree --json`` of the whole store ended in an
+    INTERNAL traceback formatting it. Now it is header-corrupt: a diagnostic row, the others listed."""
+    from subagents.store import Store
+
+    from ..session_bytes import header_map, write_header_value
+
+    path, root, children = copy
+    bad = children[1]
+    st = Store(path, create=False)
+    header = header_map(st, bad)
+    assert isinstance(header, dict)
+    write_header_value(st, bad, {**header, "created_at": 1e15})
+    healthy = {k: v for k, v in snapshot(path).items() if not k.startswith(f"sessions/{bad}")}
+    listed = cli("--store", "st", "ls", root, "--json", cwd=path.parent)
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["id"]: row for row in json.loads(listed.stdout)}
+    assert set(rows) == set(children) and rows[bad]["kind"] == "diagnostic", rows
+    tree = cli("--store", "st", "tree", "--json", cwd=path.parent)
+    assert tree.returncode == 0, tree.stderr
+    assert "created_at" in refused(cli("--store", "st", "show", bad, "--json", cwd=path.parent), "CORRUPT_SESSION")
+    done = cli("--store", "st", "store", "check", "--json", cwd=path.parent)
+    assert [(v["session_id"], v["kind"]) for v in json.loads(done.stdout)["violations"]] == [(bad, "header-corrupt")]
+    assert {k: v for k, v in snapshot(path).items() if not k.startswith(f"sessions/{bad}")} == healthy
