@@ -103,9 +103,14 @@ def to_json(doc: Any, *, compact: bool = False) -> str:
 
 
 def fmt_time(ts: float | None, *, date: bool = True) -> str:
+    """Local time with milliseconds. A record's time only has to be finite: one the platform's
+    clock cannot convert (``1e20``: a record no writer made) is printed as the number it is."""
     if ts is None:
         return "-"
-    local = time.localtime(ts)
+    try:
+        local = time.localtime(ts)
+    except (OverflowError, OSError, ValueError):
+        return f"{ts:g}"
     millis = int((ts % 1) * 1000)
     return time.strftime("%Y-%m-%d %H:%M:%S" if date else "%H:%M:%S", local) + f".{millis:03d}"
 

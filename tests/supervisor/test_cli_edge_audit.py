@@ -188,3 +188,20 @@ def test_a_header_created_after_the_year_9999_is_one_damaged_session(copy: tuple
     done = cli("--store", "st", "store", "check", "--json", cwd=path.parent)
     assert [(v["session_id"], v["kind"]) for v in json.loads(done.stdout)["violations"]] == [(bad, "header-corrupt")]
     assert {k: v for k, v in snapshot(path).items() if not k.startswith(f"sessions/{bad}")} == healthy
+
+
+def test_log_prints_an_event_whose_time_no_clock_gives(copy: tuple[Path, str, list[str]]) -> None:
+    """An event with ``ts`` 1e20 (finite, as the record rules ask) made ``log``'s text an INTERNAL traceback
+    (``time.localtime`` overflows); ``--json`` printed it. The text now prints the number as it is."""
+    from subagents.store import Store, inspect
+    from subagents.store.framing import encode_record
+
+    from ..session_bytes import append_log
+
+    path, root, _ = copy
+    st = Store(path, create=False)
+    events = inspect(st, root).events
+    append_log(st, root, encode_record({**events[-1], "seq": len(events), "ts": 1e20}))
+    done = cli("--store", "st", "log", root, cwd=path.parent)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.stdout.splitlines()[-1].split()[:2] == [str(len(events)), "1e+20"], done.stdout
