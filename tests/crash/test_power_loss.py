@@ -5,7 +5,8 @@ lives on an ext4 file system without a journal (as on the machine CI runs on) in
 as a loop device; right after the creations return, the file is copied — the copy holds exactly
 what the file system had written to its device, which is what a machine that lost power would
 find. The copy is then attached (read-only) as a second file system and read with the store's own
-readers, as it is (a host that reboots without a check) and after ``e2fsck -y`` (one that checks).
+readers, as it is (a host that reboots without a check) and after ``e2fsck -p`` (the check a boot runs
+on a file system that was not cleanly unmounted).
 
 The defect this found: a session file is written as an unnamed file (``O_TMPFILE``) and named with
 ``linkat``. It was fsync'd *before* the link, which wrote its inode with a link count of 0; the
@@ -133,6 +134,37 @@ def test_sessions_created_before_a_power_loss_are_all_there(disk: LoopFs):
     copy = _power_loss_copy(disk, "after-power-loss.img")
     checked = _power_loss_copy(disk, "checked.img")
     assert _read_back(copy, disk.image.with_name("ro"), created) == {}, "as the device holds them"
-    fsck = _run("e2fsck", "-fy", str(checked), check=False)
-    assert fsck.returncode in (0, 1), fsck.stdout + fsck.stderr  # 1: errors corrected
-    assert _read_back(checked, disk.image.with_name("ro-checked"), created) == {}, "after e2fsck -y:\n" + fsck.stdout
+    fsck = _run("e2fsck", "-p", str(checked), check=False)
+    assert fsck.returncode in (0, 1), fsck.stdout + fsck.stderr  # 1: errors corrected; 4: a boot stops and asks
+    assert _read_back(checked, disk.image.with_name("ro-checked"), created) == {}, "after e2fsck -p:\n" + fsck.stdout
+
+
+def test_acceptances_and_committed_turns_before_a_power_loss_are_all_there(disk: LoopFs):
+    """A message ``accept`` returned (its mailbox made by the first) and a turn whose commit
+    returned, in a session created before, survive the power loss: as the device holds them and
+    after ``e2fsck -p``."""
+    st = store.Store(str(disk.mount / "store"))
+    store.create_session(st, "root")
+    store.create_session(st, "c", parent_session="root")
+    _run("sync", "-f", str(disk.mount))
+    ids = store.IdGenerator()
+    accepted = [store.accept(st, "c", source={"kind": "user"}, content=f"m{i}", ids=ids) for i in range(3)]
+    with store.LogWriter.open(st, "c", epoch=0) as writer:
+        writer.append([("turn/start", {}), ("assistant/message", {"text": "x" * 6000}), ("turn/end", {"stop_reason": "completed"})],
+                      commit=True)
+    store.create_session(st, "d", parent_session="root")
+
+    for name, check in (("as-is.img", None), ("checked.img", "-p")):
+        copy = _power_loss_copy(disk, name)
+        if check is not None:
+            fsck = _run("e2fsck", check, str(copy), check=False)
+            assert fsck.returncode in (0, 1), fsck.stdout + fsck.stderr
+        fs = LoopFs(copy, disk.image.with_name(f"ro-{name}"), read_only=True)
+        try:
+            seen = store.Store(str(fs.mount / "store"), create=False)
+            assert [m.id for m in store.read_mailbox(seen, "c", locked=True)] == accepted, name
+            found = store.inspect(seen, "c", locked=True)
+            assert found.status == "clean" and found.events[-1]["type"] == "turn/end", name
+            assert store.inspect(seen, "d", locked=True).header.id == "d", name
+        finally:
+            fs.close()
