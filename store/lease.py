@@ -142,10 +142,21 @@ class OwnerRecord:
 
 def register_owner(store: Store, owner_id: str, *, ttl: float) -> OwnerRecord:
     pid = os.getpid()
-    now = time.time()
+    now_ns = time.time_ns()
+    now = now_ns / 1e9
     record = OwnerRecord(owner_id, host_identity(), pid, process_start_time(pid), now, now, float(ttl))
-    write_atomic(store.owner_path(owner_id), msgpack.packb(record.to_record()), durable=False)
+    _write_owner(store.owner_path(owner_id), record, now_ns)
     return record
+
+
+def _write_owner(path: str, record: OwnerRecord, beat_ns: int) -> None:
+    """Write the owner file whole, its time set to ``beat_ns`` (the record's ``heartbeat_at``).
+
+    Readers take the later of the record's time and the file's; a new file's time is the clock's
+    coarse tick at the write, which can follow ``beat_ns`` (a tick between the two), and the
+    writer's record would then not be the one its readers read."""
+    write_atomic(path, msgpack.packb(record.to_record()), durable=False)
+    os.utime(path, ns=(beat_ns, beat_ns), follow_symlinks=False)
 
 
 def heartbeat(store: Store, record: OwnerRecord) -> OwnerRecord:
@@ -163,7 +174,7 @@ def heartbeat(store: Store, record: OwnerRecord) -> OwnerRecord:
     try:
         os.utime(path, ns=(now_ns, now_ns), follow_symlinks=False)
     except FileNotFoundError:
-        write_atomic(path, msgpack.packb(fresh.to_record()), durable=False)
+        _write_owner(path, fresh, now_ns)
     return fresh
 
 

@@ -263,3 +263,19 @@ def test_an_owner_record_without_the_renewal_key_is_judged_by_its_own_time(st):
     assert read.heartbeat_at == old and not store.owner_alive(read)
     write_file(st.owner_path("o1"), msgpack.packb({**record, "renewal": "mtime"}))
     assert store.owner_alive(store.read_owner(st, "o1"))  # renewed through its file time: fresh
+
+
+def test_a_written_owner_file_reads_back_as_the_record_its_writer_returned(st):
+    """``register_owner`` and a heartbeat that writes a removed file again return the record a
+    reader then reads. Readers take the later of the record's time and the file's, and a new
+    file's time is the clock's coarse tick at its write, which can follow the record's reading of
+    the fine clock (a tick between the two; under load, often): the writer sets the file's time
+    to the record's. Many rounds, as the window is a tick's fraction."""
+    for round_ in range(500):
+        owner = f"o{round_}"
+        record = store.register_owner(st, owner, ttl=30.0)
+        assert store.read_owner(st, owner) == record, round_
+        os.unlink(st.owner_path(owner))
+        again = store.heartbeat(st, record)
+        assert store.read_owner(st, owner) == again, round_
+        store.remove_owner(st, owner)
