@@ -451,7 +451,7 @@ def collect(
             # every folder and index gc writes, before anything moves: a gc that could not record
             # its deletions would leave the trash and stale index entries behind
             store.require_writable(store.index_dir, roots_index_path(store), store.trash_dir)
-            make_dirs(store.trash_dir)
+            make_dirs(store.trash_dir, durable=store.durability.syncs_at_commit)
             stack.enter_context(PinnedLock(os.path.join(store.trash_dir, ".lock")))
             finished = _finish(store)
         headers, children, damaged = _lineage(store)

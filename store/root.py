@@ -125,10 +125,10 @@ class Store:
                     f"{self.root} is not empty and has no STORE marker: refusing to make it a store", path=self.root
                 )
             try:
-                make_dirs(self.root)
-                # "index" is listed on its own: makedirs gives intermediate folders the umask's mode, not 0700
+                durable = self.durability.syncs_at_commit
+                make_dirs(self.root, durable=durable)
                 for sub in ("sessions", "owners", "index", os.path.join("index", "children")):
-                    make_dirs(os.path.join(self.root, sub))
+                    make_dirs(os.path.join(self.root, sub), durable=durable)
             except (NotADirectoryError, FileExistsError) as exc:
                 raise StoreFormatError(
                     f"cannot make a store at {self.root}: {_file_above(self.root)} is a file, not a folder", path=self.root
