@@ -33,8 +33,8 @@ import pytest
 from subagents import store
 from subagents.store.session import NewSession, create_sessions
 
-TOOLS = ("losetup", "mkfs.ext4", "e2fsck", "mount", "umount", "sync")
-IMAGE_MB = 64
+TOOLS = ("losetup", "mkfs.ext4", "e2fsck", "mount", "umount", "sync", "cp")
+IMAGE_MB = 16
 
 
 def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -96,7 +96,7 @@ def disk(tmp_path: Path) -> Iterator[LoopFs]:
 def _power_loss_copy(fs: LoopFs, name: str) -> Path:
     """What the device holds now: a copy of the image, taken while the file system stays mounted."""
     copy = fs.image.with_name(name)
-    shutil.copyfile(fs.image, copy)
+    _run("cp", "--sparse=always", str(fs.image), str(copy))  # only the blocks the file system wrote
     return copy
 
 
