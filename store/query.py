@@ -64,7 +64,7 @@ class Query:
     def matches(self, row: Any) -> bool:
         if self.empty:
             return True
-        if _get(row, "kind") == "diagnostic" or _get(row, "diagnostic"):
+        if _get(row, "kind") == "diagnostic":
             return False  # a damaged session has no status, outcome, label or time to match
         if self.status and _get(row, "status") not in self.status:
             return False

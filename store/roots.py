@@ -19,11 +19,11 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from .appender import append_durably
 from .atomic import NOFOLLOW, read_bytes, write_atomic
-from .catalog import ChildStatus, DiagnosticReason, damage_reason
+from .catalog import ChildStatus, DiagnosticEntry, damage_reason
 from .errors import CorruptSessionError, SessionNotFoundError, SubagentError
 from .framing import encode_record, scan_all, scan_suffix
 from .ids import is_valid_session_id
@@ -63,9 +63,10 @@ class RootEntry:
     outcome: Outcome | None = None  # store/outcome.py; None for a root that never ran a turn
     error_code: str | None = None
     error: str | None = None
-    # set when the root's header or files no longer read: the row keeps its place (id and the
-    # index's creation time) so damage never makes a session vanish; `store fsck` says why
-    diagnostic: DiagnosticReason | None = None
+    kind: Literal["root"] = "root"
+
+
+Row = RootEntry | DiagnosticEntry  # a top-level listing's row: a root, or one whose files do not read
 
 
 def roots_index_path(store: Store) -> str:
@@ -265,10 +266,12 @@ def _read_suffix(store: Store, size: int) -> tuple[list[tuple[float, str]], bool
 # -- listing -----------------------------------------------------------------------------
 
 
-def _entry(store: Store, session_id: str, owners: OwnerCache, created_at: float) -> RootEntry | None:
+def _entry(store: Store, session_id: str, owners: OwnerCache, created_at: float) -> Row | None:
     """The row of one indexed root (``created_at`` per the index); ``None`` when it is gone (a
     rolled-back or deleted root) or its header names a parent (a stale entry ``store check`` reports).
-    Never raises: a root whose files do not read is a diagnostic row, as a damaged child is."""
+    Never raises: a root whose files do not read is the ``DiagnosticEntry`` a damaged child is — it
+    keeps its place (its id and the index's creation time), and has no status: a status beside
+    it would read as a session that ran and ended."""
     try:
         header = read_header(store, session_id)
         if header.parent_session is not None:
@@ -280,20 +283,15 @@ def _entry(store: Store, session_id: str, owners: OwnerCache, created_at: float)
     except SessionNotFoundError:
         return None
     except Exception as exc:
-        reason = damage_reason(exc, session_id)
-    try:  # the lease may still say whether a supervisor holds it
-        status = session_status(store, session_id, owners)
-    except Exception:
-        status = "complete"
-    return RootEntry(session_id, None, created_at, status, subagent_count(store, session_id), diagnostic=reason)
+        return DiagnosticEntry(session_id, damage_reason(exc, session_id), created_at=created_at)
 
 
-def list_roots(store: Store, query: Query | None = None) -> list[RootEntry]:
+def list_roots(store: Store, query: Query | None = None) -> list[Row]:
     """Every top-level session ``query`` keeps, oldest first."""
     return _rows(store, _read_suffix(store, 1 << 62), query)
 
 
-def _rows(store: Store, found: tuple[list[tuple[float, str]], bool] | None, query: Query | None) -> list[RootEntry]:
+def _rows(store: Store, found: tuple[list[tuple[float, str]], bool] | None, query: Query | None) -> list[Row]:
     """The rows of ``found`` (``_read_suffix`` of the whole index; ``None``: every header), oldest first."""
     owners = OwnerCache(store)
     roots = sorted(found[0]) if found is not None else _root_headers(store)
@@ -304,7 +302,7 @@ def _rows(store: Store, found: tuple[list[tuple[float, str]], bool] | None, quer
 def find_roots(
     store: Store, *, query: Query | None = None, sort: str = "created", newest_first: bool = True,
     limit: int | None = DEFAULT_ROOT_LIMIT, cursor: str | None = None,
-) -> Page[RootEntry]:
+) -> Page[Row]:
     """A page of top-level sessions, with the cursor of the next one.
 
     Newest first by creation (the default) reads the end of ``index/roots``
@@ -316,14 +314,14 @@ def find_roots(
     key = sort_key(sort)
     after = decode_cursor(cursor, sort, True) if cursor is not None else None
     owners = OwnerCache(store)
-    built: dict[str, RootEntry | None] = {}
+    built: dict[str, Row | None] = {}
     size = _FIRST_WINDOW
     while True:
         found = _read_suffix(store, size)
         if found is None:  # no index yet, or a damaged one: every header
             return paginate(_rows(store, None, None), query=query, sort=sort, reverse=True, limit=limit, cursor=cursor)
         entries, whole = found
-        page: list[RootEntry] = []
+        page: list[Row] = []
         for ts, sid in entries:
             if after is not None and not [ts, sid] < list(after):
                 continue

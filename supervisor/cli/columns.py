@@ -71,12 +71,13 @@ def children_table(rows: Sequence[Mapping[str, Any]], shorts: Mapping[str, str],
 
 
 def roots_table(rows: Sequence[Mapping[str, Any]], shorts: Mapping[str, str], now: float) -> list[str]:
-    """Top-level sessions: id, status, outcome (or ``corrupt`` / ``unsupported`` / ``unavailable`` for a
-    root whose files no longer read), children, created, label."""
+    """Top-level sessions: id, status, outcome, children, created, label; a root whose files no longer
+    read is a diagnostic row, as a child is (``children_table``)."""
     if not rows:
         return ["(no sessions)"]
-    cells = [[shorts.get(r["id"], r["id"]), r["status"], r.get("diagnostic") or state(r), str(r["children"]),
-              relative(r.get("created_at"), now), r.get("label") or ""] for r in rows]
+    cells = [[shorts.get(r["id"], r["id"]), "diagnostic", r["reason"], "", "", ""] if r.get("kind") == "diagnostic" else
+             [shorts.get(r["id"], r["id"]), r["status"], state(r), str(r["children"]), relative(r.get("created_at"), now),
+              r.get("label") or ""] for r in rows]
     return aligned(("ID", "STATUS", "OUTCOME", "CHILDREN", "CREATED", "LABEL"), cells)
 
 

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from subagents.store import (
     ContinuableDescriptor,
+    DiagnosticEntry,
     LogTail,
     OneShotDescriptor,
     summarize,
@@ -158,8 +159,10 @@ def cmd_tree(inv: Invocation) -> int:
             _more(inv.out, cursor, "subagents")
         return 0
     page = find_roots(store, limit=args.limit or DEFAULT_ROOT_LIMIT, cursor=args.cursor)
-    forest = [{"root": r.id, "label": r.label, "descendants": render.descendant_rows(list_descendants(store, r.id, query))}
-              for r in page.rows]
+    # a root whose files do not read heads its tree as the diagnostic `ls` lists; its children still read
+    forest = [{"root": r.id, "label": getattr(r, "label", None),
+               **({"kind": r.kind, "reason": r.reason} if isinstance(r, DiagnosticEntry) else {}),
+               "descendants": render.descendant_rows(list_descendants(store, r.id, query))} for r in page.rows]
     if inv.out.json_mode:
         inv.out.json([{**tree, "descendants": _iso_rows(tree["descendants"])} for tree in forest])
     else:

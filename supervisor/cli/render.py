@@ -164,7 +164,8 @@ def render_tree(out: Output, forest: Sequence[dict[str, Any]], shorts: Mapping[s
     for tree in forest:
         rows = tree["descendants"]
         label = f" — {tree['label']}" if tree.get("label") else ""
-        lines = [f"{names.get(tree['root'], tree['root'])} (root){label}"]
+        damage = f" [diagnostic: {tree['reason']}]" if tree.get("kind") == "diagnostic" else ""
+        lines = [f"{names.get(tree['root'], tree['root'])} (root){damage}{label}"]
         lines += ["  " * row["depth"] + columns.tree_line(row, names.get(row["id"], row["id"])) for row in rows]
         if not rows:
             lines.append("  (no subagents)")

@@ -464,6 +464,6 @@ def test_rebuilding_the_roots_index_keeps_a_root_whose_header_does_not_read(st):
         store.create_session(st, rid, created_at=float(rid[1]))
     write_header(st, "r1", b"\xc1 not msgpack")
     before = store.find_roots(st, limit=None).rows
-    assert [(r.id, r.diagnostic) for r in before] == [("r2", None), ("r1", "corrupt")]
+    assert [(r.id, r.kind, getattr(r, "reason", None)) for r in before] == [("r2", "root", None), ("r1", "diagnostic", "corrupt")]
     store.rebuild_roots(st)
     assert store.find_roots(st, limit=None).rows == before

@@ -205,3 +205,82 @@ def test_log_prints_an_event_whose_time_no_clock_gives(copy: tuple[Path, str, li
     done = cli("--store", "st", "log", root, cwd=path.parent)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert done.stdout.splitlines()[-1].split()[:2] == [str(len(events)), "1e+20"], done.stdout
+
+
+# -- a damaged root ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_roots(demo_store: tuple[Path, str, list[str]], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
+    """The demo store and a second, newer root (``run echo``): its store, the demo root and the new root."""
+    path, root, _ = demo_store
+    cwd = tmp_path_factory.mktemp("roots")
+    shutil.copytree(path, cwd / "st", symlinks=True)
+    done = cli("--store", "st", "run", "echo", "--prompt", "hi", cwd=cwd, env=FAST)
+    assert done.returncode == 0, done.stderr
+    newer = re.search(r"\(root (\S+)\)", done.stdout)
+    assert newer is not None, done.stdout
+    return cwd / "st", root, newer.group(1)
+
+
+@pytest.fixture
+def roots_copy(two_roots: tuple[Path, str, str], tmp_path: Path) -> tuple[Path, str, str]:
+    path, root, newer = two_roots
+    shutil.copytree(path, tmp_path / "st", symlinks=True)
+    return tmp_path / "st", root, newer
+
+
+def _named(short: str, *ids: str) -> str:
+    """The id among ``ids`` that a table's short id starts."""
+    [found] = [i for i in ids if i.startswith(short)]
+    return found
+
+
+ROOT_DAMAGE = ["truncated", "zero-length", "garbage", "header"]
+
+
+def _damage(path: Path, session_id: str, how: str) -> None:
+    """Cut ``session_id``'s file inside its header, empty it, fill it with text, or flip a header byte."""
+    from ..session_bytes import HEADER_AT
+
+    where = path / "sessions" / session_id
+    if how == "truncated":
+        os.truncate(where, HEADER_AT + 8)
+    elif how == "zero-length":
+        os.truncate(where, 0)
+    elif how == "garbage":
+        where.write_bytes(b"this is not a session file\n" * 200)
+    else:
+        raw = bytearray(where.read_bytes())
+        raw[HEADER_AT + 11] ^= 0xFF
+        where.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("how", ROOT_DAMAGE)
+def test_ls_and_tree_show_a_damaged_root_as_a_diagnostic_row(roots_copy: tuple[Path, str, str], how: str) -> None:
+    """``ls`` of the top-level sessions showed a damaged root as ``complete`` with outcome ``corrupt``
+    (``diagnostic`` beside a status in ``--json``), and ``tree`` as a plain root; a damaged child is a
+    ``diagnostic`` row. Now the root's row is that same diagnostic, and the healthy root stays listed."""
+    path, root, newer = roots_copy
+    _damage(path, root, how)
+    listed = cli("--store", "st", "ls", "--json", cwd=path.parent)
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)["roots"]
+    assert [r["id"] for r in rows] == [newer, root], rows
+    assert {k: v for k, v in rows[1].items() if k != "created_at"} == {"id": root, "reason": "corrupt", "kind": "diagnostic"}, rows
+    assert (rows[0]["kind"], rows[0]["status"], rows[0]["label"]) == ("root", "complete", "run"), rows
+    text = cli("--store", "st", "ls", cwd=path.parent)
+    assert text.returncode == 0, text.stderr
+    cells = {_named(line.split()[0], root, newer): line.split()[1:] for line in text.stdout.splitlines()[1:]}
+    assert cells[root] == ["diagnostic", "corrupt"], text.stdout
+    assert cells[newer][0] == "complete", text.stdout
+
+    tree = cli("--store", "st", "tree", "--json", cwd=path.parent)
+    assert tree.returncode == 0, tree.stderr
+    forest = {t["root"]: t for t in json.loads(tree.stdout)}
+    assert (forest[root]["kind"], forest[root]["reason"]) == ("diagnostic", "corrupt"), forest[root]
+    assert len(forest[root]["descendants"]) == 4 and "kind" not in forest[newer], forest
+    drawn = cli("--store", "st", "tree", cwd=path.parent)
+    assert drawn.returncode == 0, drawn.stderr
+    heads = {_named(line.split()[0], root, newer): line for line in drawn.stdout.splitlines() if "(root)" in line}
+    assert heads[root].endswith(" (root) [diagnostic: corrupt]") and "diagnostic" not in heads[newer], drawn.stdout

@@ -166,7 +166,7 @@ def test_a_root_whose_header_is_damaged_is_listed_as_a_diagnostic(st: Store) -> 
     doc = json.loads(ok(st, "ls", "--json"))
     rows = {r["id"][:2]: r for r in doc["roots"]}
     assert list(rows) == ["r4", "r3", "r2", "r1", "r0"]
-    assert rows["r2"]["diagnostic"] == "corrupt" and rows["r3"]["diagnostic"] is None
+    assert (rows["r2"]["kind"], rows["r2"]["reason"]) == ("diagnostic", "corrupt") and rows["r3"]["kind"] == "root"
     line = [line for line in ok(st, "ls").splitlines() if line.startswith("r2AAAAAA")][0]
     assert "corrupt" in line.split()
 
