@@ -37,11 +37,15 @@ class Summary:
     by_status: dict[str, int] = field(default_factory=dict)  # subagents by running / idle / complete
     by_outcome: dict[str, int] = field(default_factory=dict)  # subagents by outcome ("none": no turn finished yet)
     diagnostics: dict[str, int] = field(default_factory=dict)  # subagents that do not read, by reason
+    root_diagnostics: dict[str, int] = field(default_factory=dict)  # top-level sessions that do not read, by reason
     supervisors: list[SupervisorCount] = field(default_factory=list)  # live owners holding sessions in scope
 
 
 def summarize(store: Store, root: str | None = None) -> Summary:
-    roots = [root] if root is not None else [r.id for r in list_roots(store)]
+    tops = [] if root is not None else list_roots(store)
+    roots = [root] if root is not None else [r.id for r in tops]
+    # a damaged root is a session too: counted, or a store whose roots no longer read sums up as healthy
+    damaged_roots = Counter(r.reason for r in tops if isinstance(r, DiagnosticEntry))
     status: Counter[str] = Counter()
     outcome: Counter[str] = Counter()
     damaged: Counter[str] = Counter()
@@ -66,4 +70,4 @@ def summarize(store: Store, root: str | None = None) -> Summary:
         counts[0 if held.status == "running" else 1] += 1
         meta[held.owner] = (held.owner_pid, held.owner_host)
     supervisors = [SupervisorCount(o, meta[o][0], meta[o][1], c[0], c[1]) for o, c in sorted(owners.items())]
-    return Summary(root, len(roots), count, dict(status), dict(outcome), dict(damaged), supervisors)
+    return Summary(root, len(roots), count, dict(status), dict(outcome), dict(damaged), dict(damaged_roots), supervisors)

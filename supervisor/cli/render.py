@@ -267,6 +267,8 @@ def render_summary(out: Output, doc: dict[str, Any]) -> None:
     out.line(f"outcome   {_counts(doc['by_outcome'])}")
     if doc["diagnostics"]:
         out.line(f"damaged   {_counts(doc['diagnostics'])}")
+    if doc["root_diagnostics"]:
+        out.line(f"damaged   top-level: {_counts(doc['root_diagnostics'])}")
     if not doc["supervisors"]:
         out.line("live      no supervisor holds any of them")
     for sup in doc["supervisors"]:

@@ -284,3 +284,20 @@ def test_ls_and_tree_show_a_damaged_root_as_a_diagnostic_row(roots_copy: tuple[P
     assert drawn.returncode == 0, drawn.stderr
     heads = {_named(line.split()[0], root, newer): line for line in drawn.stdout.splitlines() if "(root)" in line}
     assert heads[root].endswith(" (root) [diagnostic: corrupt]") and "diagnostic" not in heads[newer], drawn.stdout
+
+
+@pytest.mark.parametrize("how", ["zero-length", "header"])
+def test_summary_counts_a_damaged_root(roots_copy: tuple[Path, str, str], how: str) -> None:
+    """``summary`` counted damaged subagents but said nothing of a damaged top-level session: a store whose
+    root no longer reads summed up as healthy. It counts it now, by reason, as it counts a damaged child."""
+    path, root, newer = roots_copy
+    _damage(path, root, how)
+    done = cli("--store", "st", "summary", "--json", cwd=path.parent)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert (doc["roots"], doc["subagents"], doc["diagnostics"], doc["root_diagnostics"]) == (2, 5, {}, {"corrupt": 1}), doc
+    text = cli("--store", "st", "summary", cwd=path.parent)
+    assert text.returncode == 0, text.stderr
+    assert re.search(r"^damaged\s+top-level: 1 corrupt$", text.stdout, re.M), text.stdout
+    healthy = json.loads(cli("--store", "st", "summary", newer, "--json", cwd=path.parent).stdout)
+    assert healthy["root_diagnostics"] == {}, healthy
