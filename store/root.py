@@ -54,13 +54,19 @@ def _creating(name: str) -> bool:
     return name.startswith(".") or name in _LAYOUT or name.startswith("STORE.tmp.")
 
 
+def _a_file(root: str) -> StoreFormatError:
+    return StoreFormatError(f"{root} is a file, not a store folder", path=root)
+
+
 def missing_marker(root: str) -> StoreFormatError:
     """The error for ``root`` without a ``STORE`` marker, to open without creating.
 
     Nothing there, an empty folder, or a store still being created (only its
-    layout): ``StoreNotFoundError``. A folder holding anything else exists but
-    is not a store: ``StoreFormatError`` naming what it holds.
+    layout): ``StoreNotFoundError``. A file, or a folder holding anything else,
+    exists but is not a store: ``StoreFormatError`` saying what is there.
     """
+    if os.path.exists(root) and not os.path.isdir(root):
+        return _a_file(root)
     try:
         others = sorted(n for n in os.listdir(root) if not _creating(n))
     except (NotADirectoryError, FileNotFoundError):
@@ -116,7 +122,7 @@ class Store:
     def _open(self, create: bool, max_record_bytes: int | None) -> None:
         marker = os.path.join(self.root, "STORE")
         if os.path.exists(self.root) and not os.path.isdir(self.root):
-            raise StoreFormatError(f"{self.root} is a file, not a store folder", path=self.root)
+            raise _a_file(self.root)
         if not os.path.exists(marker):
             if not create:
                 raise missing_marker(self.root)

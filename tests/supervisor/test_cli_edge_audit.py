@@ -301,3 +301,16 @@ def test_summary_counts_a_damaged_root(roots_copy: tuple[Path, str, str], how: s
     assert re.search(r"^damaged\s+top-level: 1 corrupt$", text.stdout, re.M), text.stdout
     healthy = json.loads(cli("--store", "st", "summary", newer, "--json", cwd=path.parent).stdout)
     assert healthy["root_diagnostics"] == {}, healthy
+
+
+# -- a store path that is a file --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("verb", [["store", "migrate"], ["store", "check"], ["ls"]])
+def test_store_migrate_says_a_file_is_no_store_folder_as_every_verb_does(tmp_path: Path, verb: list[str]) -> None:
+    """``store migrate`` at a regular file said ``STORE_NOT_FOUND: there is no store at ...`` while every other
+    verb says ``STORE_FORMAT: ... is a file, not a store folder``; the file is left as it was."""
+    (tmp_path / "st").write_bytes(b"notes\n")
+    message = refused(cli("--store", "st", *verb, cwd=tmp_path), "STORE_FORMAT")
+    assert message == f"{tmp_path / 'st'} is a file, not a store folder", message
+    assert (tmp_path / "st").read_bytes() == b"notes\n"
