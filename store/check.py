@@ -70,6 +70,14 @@ ViolationKind = Literal[
 IN_FLIGHT_S = 2.0
 
 
+def _in_flight(now: float, created_at: float, in_flight_s: float) -> bool:
+    """Whether a discrepancy of a session dated ``created_at`` may be its creation (or rollback) still
+    under way: less than ``in_flight_s`` old. A date ahead of ``now`` is allowed as much (the clock
+    of the host that wrote it may be ahead of this one): one further ahead is in flight on no clock,
+    and would be counted so on every check until that date, instead of reported."""
+    return -in_flight_s <= now - created_at < in_flight_s
+
+
 @dataclass(frozen=True)
 class Violation:
     """One broken invariant: the session it concerns, its kind and what shows it."""
@@ -153,7 +161,8 @@ def check_store(store: Store | str | os.PathLike[str], *, in_flight_s: float = I
     """Check every invariant of the store at ``store``; never raises for what it finds in it.
 
     ``in_flight_s``: an index discrepancy of a session created (or indexed) less
-    than this long ago is a creation still under way, counted in ``in_flight``.
+    than this long ago, or dated at most this far ahead, is a creation still
+    under way, counted in ``in_flight``.
     """
     handle = store if isinstance(store, Store) else Store(store, create=False)
     state = _Pass(handle, time.time(), host_identity())
@@ -414,7 +423,7 @@ def _check_roots(state: _Pass, in_flight_s: float) -> None:
     if missing:
         missing -= indexed_roots(store) or set()  # read again: a creation may have appended meanwhile
     for root in sorted(missing):
-        if state.now - state.headers[root].created_at < in_flight_s:
+        if _in_flight(state.now, state.headers[root].created_at, in_flight_s):
             state.add("in_flight")
             continue
         state.flag(root, "index-missing", "a top-level session absent from index/roots: listings that read the index miss it")
@@ -456,7 +465,7 @@ def _confirm_missing(state: _Pass, parent: str, child: str, in_flight_s: float) 
         return
     lease = read_lease(state.store, child)
     creator_alive = lease is not None and lease.epoch == 1 and owner_alive(read_owner(state.store, lease.owner))
-    if time.time() - header.created_at < in_flight_s or creator_alive:
+    if _in_flight(time.time(), header.created_at, in_flight_s) or creator_alive:
         state.add("in_flight")
         return
     if evidence_of_use(state.store, child, has_children=any(h.parent_session == child for h in state.headers.values())) is None:
@@ -479,7 +488,7 @@ def _confirm_stale(state: _Pass, parent: str, child: str, indexed_at: float, in_
     if header is None and state.store.in_trash(child):
         state.add("collecting")  # a gc under way, or interrupted: the next gc drops the entry
         return
-    if header is None and time.time() - indexed_at < in_flight_s:
+    if header is None and _in_flight(time.time(), indexed_at, in_flight_s):
         state.add("in_flight")  # a creation rolling back: its file removed, tombstone not yet appended
         return
     names = "no header" if header is None else f"a header naming parent {header.parent_session}"

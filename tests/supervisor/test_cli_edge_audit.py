@@ -314,3 +314,47 @@ def test_store_migrate_says_a_file_is_no_store_folder_as_every_verb_does(tmp_pat
     message = refused(cli("--store", "st", *verb, cwd=tmp_path), "STORE_FORMAT")
     assert message == f"{tmp_path / 'st'} is a file, not a store folder", message
     assert (tmp_path / "st").read_bytes() == b"notes\n"
+
+
+# -- store check and the clock ----------------------------------------------------------------------
+
+
+def test_store_check_reports_an_unbacked_index_entry_dated_in_the_future(copy: tuple[Path, str, list[str]]) -> None:
+    """A children-index entry with no session file and a ``created_at`` an hour ahead was "a creation in
+    flight" (its age, negative, is below ``in_flight_s``) on every run, forever: ``store check`` said clean.
+    A creation is in flight only for a bounded time after it: such an entry is the stale entry it is."""
+    import time
+
+    from subagents.store import Store, add_child, check_store, new_id
+
+    path, root, _ = copy
+    ghost = new_id()
+    add_child(Store(path, create=False), root, ghost, created_at=time.time() + 3600.0, origin="subagent")
+    for _ in range(2):
+        done = cli("--store", "st", "store", "check", "--json", cwd=path.parent)
+        assert done.returncode == 1, (done.stdout, done.stderr)
+        report = json.loads(done.stdout)
+        assert [(v["session_id"], v["kind"]) for v in report["violations"]] == [(ghost, "index-stale")], report
+        assert report["counts"]["in_flight"] == 0, report
+    # within the allowance for clocks that disagree (as long as a creation may be in flight), it still is in flight
+    near = check_store(Store(path, create=False), in_flight_s=7200.0)
+    assert near.clean and near.counts.in_flight == 1, str(near)
+
+
+def test_store_check_reports_a_root_missing_from_the_index_dated_in_the_future(copy: tuple[Path, str, list[str]]) -> None:
+    """The same for a top-level header dated an hour ahead that ``index/roots`` does not list: counted in
+    flight on every run, where it is a root the listings miss (``index-missing``)."""
+    import time
+
+    from subagents.store import Store, create_session, new_id
+    from subagents.store.roots import remove_root
+
+    path, _, _ = copy
+    st = Store(path, create=False)
+    ahead = new_id()
+    create_session(st, ahead, created_at=time.time() + 3600.0)
+    remove_root(st, ahead)
+    done = cli("--store", "st", "store", "check", "--json", cwd=path.parent)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    report = json.loads(done.stdout)
+    assert [(v["session_id"], v["kind"]) for v in report["violations"]] == [(ahead, "index-missing")], report
