@@ -44,7 +44,6 @@ def percentile(samples: list[int] | list[float], q: float) -> float:
     return float(ordered[max(1, math.ceil(q * len(ordered))) - 1])
 
 
-
 # A new file's cost on a quiet ext4 of this machine is ~10-40 us; after many deletions in the last
 # minutes, an ext4 without a journal scans past every recently freed inode for each new one (its
 # ``recently_deleted`` check), and the same file costs several times that. One child makes one file.

@@ -4,9 +4,9 @@ Files are created 0600 and folders 0700 (the store may hold transcripts).
 ``write_atomic`` is tmp file + optional fsync + rename + optional fsync of the
 folder: a reader sees the old bytes or the new bytes, never a mix. What is
 *not* guaranteed without ``durable=True``: that the new bytes survive a power
-loss (the rename may be lost; the old file then remains). ``publish_new``
-(``write_unnamed``, then ``NewFile``'s steps) makes a file that must not exist
-yet, whole or not at all, from an unnamed file where the system has them.
+loss (the rename may be lost; the old file then remains). ``write_unnamed``
+and ``NewFile``'s steps make a file that must not exist yet, whole or not at
+all, from an unnamed file where the system has them.
 
 Every open here passes ``O_NOFOLLOW``: a link planted in place of a store
 file is refused (``ELOOP``), never read or written through.
@@ -22,7 +22,7 @@ import stat
 from .errors import DurabilityError
 
 __all__ = [
-    "FILE_MODE", "DIR_MODE", "NOFOLLOW", "make_dirs", "write_atomic", "write_new", "publish_new", "NewFile", "write_unnamed",
+    "FILE_MODE", "DIR_MODE", "NOFOLLOW", "make_dirs", "write_atomic", "write_new", "NewFile", "write_unnamed",
     "fsync_dir", "read_bytes", "pread_all",
 ]
 
@@ -32,32 +32,34 @@ DIR_MODE = 0o700
 NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def make_dirs(path: str, *, durable: bool = False) -> None:
-    """``path`` and every missing folder above it, 0700. ``durable``: each folder this call made is
-    fsync'd, then the folder it was made in, deepest first, so a power loss leaves them whole.
+def make_dirs(*paths: str, durable: bool = False) -> None:
+    """Each of ``paths`` and every missing folder above it, 0700. ``durable``: each folder this call
+    made is fsync'd, then the folder it was made in, deepest first and each once, so a power loss
+    leaves them whole.
 
     A new folder's own fsync is what writes its first block (``.`` and ``..``) and its inode; the
     parent's writes its name. Without a journal nothing else writes them before writeback, and a
     name whose folder block never reached the disk is one that the boot's ``e2fsck -p`` stops at
     ("directory corrupted", run fsck manually)."""
     made: list[str] = []
-    current = os.path.abspath(path)
-    while not os.path.isdir(current):
-        made.append(current)
-        parent = os.path.dirname(current)
-        if parent == current:
-            break
-        current = parent
-    for folder in reversed(made):
-        try:
-            os.mkdir(folder, DIR_MODE)
-        except FileExistsError:
-            if not os.path.isdir(folder):
-                raise
-            made.remove(folder)  # another process made it: its maker syncs it
+    for path in paths:
+        missing: list[str] = []
+        current = os.path.abspath(path)
+        while not os.path.isdir(current) and os.path.dirname(current) != current:
+            missing.append(current)
+            current = os.path.dirname(current)
+        for folder in reversed(missing):
+            try:
+                os.mkdir(folder, DIR_MODE)
+            except FileExistsError:
+                if not os.path.isdir(folder):
+                    raise
+                continue  # another process made it: its maker syncs it
+            made.append(folder)
     if durable:
-        # deepest first: each folder's own block, then its parent's entry for it (once each)
-        for folder in dict.fromkeys(f for made_one in made for f in (made_one, os.path.dirname(made_one))):
+        # deeper folders first: each one's own block, then its parent's entry for it
+        synced = {f for folder in made for f in (folder, os.path.dirname(folder))}
+        for folder in sorted(synced, key=lambda f: f.count(os.sep), reverse=True):
             fsync_dir(folder)
 
 
@@ -116,26 +118,6 @@ def write_new(path: str, data: bytes, *, durable: bool) -> None:
         _write_whole(fd, data, path, durable=durable)
     finally:
         os.close(fd)
-
-
-def publish_new(path: str, data: bytes, *, durable: bool) -> None:
-    """Make ``path`` a new file holding ``data``; ``FileExistsError`` (nothing made) if the name is taken.
-
-    ``write_unnamed``, then ``NewFile.publish``, then (when ``durable``)
-    ``NewFile.sync``: one file at a time. The name is durable only once the
-    caller fsyncs the folder (``fsync_dir``).
-    """
-    new_file = write_unnamed(path, data)
-    try:
-        new_file.publish()
-        if durable:
-            try:
-                new_file.sync()
-            except BaseException:
-                os.unlink(path)
-                raise
-    finally:
-        new_file.discard()
 
 
 class NewFile:

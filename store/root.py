@@ -131,10 +131,8 @@ class Store:
                     f"{self.root} is not empty and has no STORE marker: refusing to make it a store", path=self.root
                 )
             try:
-                durable = self.durability.syncs_at_commit
-                make_dirs(self.root, durable=durable)
-                for sub in ("sessions", "owners", "index", os.path.join("index", "children")):
-                    make_dirs(os.path.join(self.root, sub), durable=durable)
+                subs = ("sessions", "owners", os.path.join("index", "children"))
+                make_dirs(*(os.path.join(self.root, sub) for sub in subs), durable=self.durability.syncs_at_commit)
             except (NotADirectoryError, FileExistsError) as exc:
                 raise StoreFormatError(
                     f"cannot make a store at {self.root}: {_file_above(self.root)} is a file, not a folder", path=self.root

@@ -21,6 +21,7 @@ device; skipped otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -64,7 +65,7 @@ class LoopFs:
         _run("losetup", "-d", self.device, check=False)
 
 
-def _loop_mounts_work(tmp: Path) -> str | None:
+def _loop_mounts_work() -> str | None:
     """Why this test cannot run here, or ``None`` when it can."""
     if os.geteuid() != 0:
         return "needs root (mount)"
@@ -76,7 +77,7 @@ def _loop_mounts_work(tmp: Path) -> str | None:
 
 @pytest.fixture
 def disk(tmp_path: Path) -> Iterator[LoopFs]:
-    reason = _loop_mounts_work(tmp_path)
+    reason = _loop_mounts_work()
     if reason is not None:
         pytest.skip(reason)
     image = tmp_path / "disk.img"
@@ -93,30 +94,39 @@ def disk(tmp_path: Path) -> Iterator[LoopFs]:
         fs.close()
 
 
-def _power_loss_copy(fs: LoopFs, name: str) -> Path:
-    """What the device holds now: a copy of the image, taken while the file system stays mounted."""
+@contextlib.contextmanager
+def after_power_loss(fs: LoopFs, name: str, fsck: str | None = None) -> Iterator[Path]:
+    """What the device holds now, mounted read-only: a copy of the image taken while the file system
+    stays mounted, checked first with ``e2fsck fsck`` when given (which must fix or find nothing:
+    exit 0 or 1; 4 is a boot that stops and asks). Yields the copy's mount point."""
     copy = fs.image.with_name(name)
     _run("cp", "--sparse=always", str(fs.image), str(copy))  # only the blocks the file system wrote
-    return copy
-
-
-def _read_back(copy: Path, mount: Path, created: list[str]) -> dict[str, str]:
-    """Each created session's problem in the copy (none: absent from the result)."""
-    fs = LoopFs(copy, mount, read_only=True)
+    if fsck is not None:
+        checked = _run("e2fsck", fsck, str(copy), check=False)
+        assert checked.returncode in (0, 1), checked.stdout + checked.stderr
+    mounted = LoopFs(copy, fs.image.with_name(f"ro-{name}"), read_only=True)
     try:
-        st = store.Store(str(mount / "store"), create=False)
-        problems = {}
-        for session_id in created:
-            try:
-                found = store.inspect(st, session_id, locked=True)  # read-only file system: nobody writes
-            except store.SubagentError as exc:
-                problems[session_id] = f"{exc.code}: {exc.message}"
-                continue
-            if found.header.id != session_id or found.status != "clean":
-                problems[session_id] = f"{found.header.id} {found.status} {found.damage}"
-        return problems
+        yield mounted.mount
     finally:
-        fs.close()
+        mounted.close()
+
+
+def _problems(st: store.Store, created: list[str]) -> dict[str, str]:
+    """Each created session's problem in ``st`` (none: absent from the result)."""
+    problems = {}
+    for session_id in created:
+        try:
+            found = store.inspect(st, session_id, locked=True)  # read-only file system: nobody writes
+        except store.SubagentError as exc:
+            problems[session_id] = f"{exc.code}: {exc.message}"
+            continue
+        if found.header.id != session_id or found.status != "clean":
+            problems[session_id] = f"{found.header.id} {found.status} {found.damage}"
+    return problems
+
+
+def _seen(mount: Path, *parts: str) -> store.Store:
+    return store.Store(str(mount.joinpath(*parts, "store")), create=False)
 
 
 def test_sessions_created_before_a_power_loss_are_all_there(disk: LoopFs):
@@ -132,12 +142,9 @@ def test_sessions_created_before_a_power_loss_are_all_there(disk: LoopFs):
     store.create_session(st, "last", parent_session="root")
     created.append("last")
 
-    copy = _power_loss_copy(disk, "after-power-loss.img")
-    checked = _power_loss_copy(disk, "checked.img")
-    assert _read_back(copy, disk.image.with_name("ro"), created) == {}, "as the device holds them"
-    fsck = _run("e2fsck", "-p", str(checked), check=False)
-    assert fsck.returncode in (0, 1), fsck.stdout + fsck.stderr  # 1: errors corrected; 4: a boot stops and asks
-    assert _read_back(checked, disk.image.with_name("ro-checked"), created) == {}, "after e2fsck -p:\n" + fsck.stdout
+    for name, fsck in (("as-is.img", None), ("checked.img", "-p")):
+        with after_power_loss(disk, name, fsck) as mount:
+            assert _problems(_seen(mount), created) == {}, name
 
 
 def test_acceptances_and_committed_turns_before_a_power_loss_are_all_there(disk: LoopFs):
@@ -155,20 +162,13 @@ def test_acceptances_and_committed_turns_before_a_power_loss_are_all_there(disk:
                       commit=True)
     store.create_session(st, "d", parent_session="root")
 
-    for name, check in (("as-is.img", None), ("checked.img", "-p")):
-        copy = _power_loss_copy(disk, name)
-        if check is not None:
-            fsck = _run("e2fsck", check, str(copy), check=False)
-            assert fsck.returncode in (0, 1), fsck.stdout + fsck.stderr
-        fs = LoopFs(copy, disk.image.with_name(f"ro-{name}"), read_only=True)
-        try:
-            seen = store.Store(str(fs.mount / "store"), create=False)
+    for name, fsck in (("as-is.img", None), ("checked.img", "-p")):
+        with after_power_loss(disk, name, fsck) as mount:
+            seen = _seen(mount)
             assert [m.id for m in store.read_mailbox(seen, "c", locked=True)] == accepted, name
             found = store.inspect(seen, "c", locked=True)
             assert found.status == "clean" and found.events[-1]["type"] == "turn/end", name
-            assert store.inspect(seen, "d", locked=True).header.id == "d", name
-        finally:
-            fs.close()
+            assert _problems(seen, ["d"]) == {}, name
 
 
 def test_a_store_made_just_before_a_power_loss_is_whole_after_it(disk: LoopFs):
@@ -178,16 +178,10 @@ def test_a_store_made_just_before_a_power_loss_is_whole_after_it(disk: LoopFs):
     st = store.Store(str(disk.mount / "deep" / "er" / "store"))
     store.create_session(st, "root")
     store.create_session(st, "c", parent_session="root")
-    copy = _power_loss_copy(disk, "made.img")
-    fsck = _run("e2fsck", "-p", str(copy), check=False)
-    assert fsck.returncode in (0, 1), fsck.stdout + fsck.stderr
-    fs = LoopFs(copy, disk.image.with_name("ro-made"), read_only=True)
-    try:
-        seen = store.Store(str(fs.mount / "deep" / "er" / "store"), create=False)
-        assert [store.inspect(seen, s, locked=True).header.id for s in ("root", "c")] == ["root", "c"]
-        assert store.read_children(seen, "root")[0].id == "c"
-    finally:
-        fs.close()
+    with after_power_loss(disk, "made.img", "-p") as mount:
+        seen = _seen(mount, "deep", "er")
+        assert _problems(seen, ["root", "c"]) == {}
+        assert [e.id for e in store.read_children(seen, "root")] == ["c"]
 
 
 def test_a_gc_just_before_a_power_loss_loses_nothing_it_kept(disk: LoopFs):
@@ -213,14 +207,8 @@ def test_a_gc_just_before_a_power_loss_loses_nothing_it_kept(disk: LoopFs):
     _run("sync", "-f", str(disk.mount))
     report = store.collect(st, 600.0)
     assert [c.id for c in report.collected] == ["old"], report
-    copy = _power_loss_copy(disk, "gc.img")
-    fsck = _run("e2fsck", "-fy", str(copy), check=False)
-    assert fsck.returncode in (0, 1), fsck.stdout + fsck.stderr
-    fs = LoopFs(copy, disk.image.with_name("ro-gc"), read_only=True)
-    try:
-        seen = store.Store(str(fs.mount / "store"), create=False)
+    with after_power_loss(disk, "gc.img", "-fy") as mount:
+        seen = _seen(mount)
         assert [s for s in made["old"] if seen.exists(s)] == []
-        assert [store.inspect(seen, s, locked=True).header.id for s in made["kept"]] == made["kept"]
+        assert _problems(seen, made["kept"]) == {}
         assert [e.id for e in store.read_children(seen, "kept")] == made["kept"][1:]
-    finally:
-        fs.close()

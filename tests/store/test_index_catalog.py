@@ -421,8 +421,12 @@ def test_creation_publishes_one_name_and_refuses_a_taken_one(st, monkeypatch, un
     before = read_file(st.session_path("c1"))
     with pytest.raises(store.SessionExistsError):
         store.create_session(st, "c1", parent_session="r", origin="subagent")
-    with pytest.raises(FileExistsError):  # the link itself refuses a taken name (two creators racing)
-        store.atomic.publish_new(st.session_path("c1"), b"another file", durable=True)
+    other = store.atomic.write_unnamed(st.session_path("c1"), b"another file")
+    try:
+        with pytest.raises(FileExistsError):  # the link itself refuses a taken name (two creators racing)
+            other.publish()
+    finally:
+        other.discard()
     assert read_file(st.session_path("c1")) == before
     assert sorted(os.listdir(st.sessions_dir)) == ["c1", "r"]
     assert ids(store.list_children(st, "r")) == ["c1"]
