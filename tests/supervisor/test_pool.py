@@ -41,17 +41,33 @@ async def no_rpc(method, args):
 
 
 def block_until_dead(pid: int) -> None:
-    """Block the event loop (on purpose) until ``pid`` has exited: the pool cannot notice it meanwhile."""
+    """Block the event loop (on purpose) until ``pid`` has exited: the pool cannot notice it meanwhile.
+
+    Every thread of it, not only its main one: a worker has threads, its main thread shows ``Z`` as
+    soon as it exits, and its descriptors (its end of the pipe) close only with the last thread. A
+    turn sent in between was taken by the pipe of a process still dying, and ended ``error``."""
     deadline = time.monotonic() + DEADLINE_S
     while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as handle:
-                if handle.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                    return
-        except (FileNotFoundError, ProcessLookupError):  # gone between open and read
+        if all(state in ("Z", "X", None) for state in _thread_states(pid)):
             return
         time.sleep(0.001)
     pytest.fail(f"process {pid} did not die")
+
+
+def _thread_states(pid: int) -> list[str | None]:
+    """The state letter of each thread of ``pid`` (``None``: gone while read); none once it is reaped."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return []
+    states: list[str | None] = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as handle:
+                states.append(handle.read().rsplit(")", 1)[1].split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            states.append(None)
+    return states
 
 
 @pytest.fixture
