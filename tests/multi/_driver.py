@@ -22,7 +22,7 @@ Commands (``args`` in brackets; prompts given as maps or lists are sent as JSON)
 ``info``; ``open_root [label, id]``; ``start_continuable [parent, prompt, label,
 provider]``; ``followup [parent, child, prompt]``; ``start [parent, prompt, label,
 provider, wait]``; ``interrupt [child, parent, wait_s]``; ``dispose [child]``; ``list_children [parent]``;
-``list_descendants [root]``; ``activations``; ``take_messages [root]``;
+``list_descendants [root]``; ``activations``; ``drain [root]``; ``take_messages [root]``;
 ``burst [parent, count, concurrency, barrier]`` (one-shot children, started once
 the ``barrier`` file exists); ``chaos [...]`` (the stress workload, see
 ``_chaos``); ``exit``.
@@ -525,6 +525,9 @@ class _Host:
             cid: {"epoch": act.epoch, "state": act.lease_state.value, "parent": act.parent_id}
             for cid, act in self.sup.continuation.activations.items()
         }
+
+    async def op_drain(self, root: str) -> None:
+        await self.sup.drain([root])
 
     async def op_take_messages(self, root: str) -> list[dict[str, Any]]:
         return [{"id": m.id, "source": m.source, "content": m.content} for m in await self.sup.take_messages(root)]
