@@ -30,6 +30,12 @@ write ``sessions/.<id>.v2`` whole and fsync it; rename the folder to ``.<id>.v1`
 ``.<id>.v2`` to ``<id>``; rename the companions out. Then one fsync of ``sessions/``, and
 only then every ``.<id>.v1`` is removed.
 
+**Removals:** a folder removed from ``sessions/`` (a ``.<id>.v1``, or a crashed creation's
+``<id>``) is held open until the fsync of ``sessions/`` that follows its removal, and the
+files a version-1 trash entry drops until the fsync of that entry. Without a journal a removed
+name comes back after a power loss until its folder is fsync'd, while the inode it named is free
+for any new file at once: the name must not come back naming someone else's inode.
+
 **Crash states:** the marker says ``migrating: 4`` (``migrating: 2`` or ``3`` when a build of
 version 2 or 3 started the conversion: this one finishes it the same way) from the first change to the last
 (``Store`` refuses it, naming this command); a stray ``.<id>.v2`` is rewritten or removed;
@@ -54,7 +60,7 @@ from typing import Any, Iterator
 
 import msgpack
 
-from .atomic import fsync_dir, read_bytes, write_atomic, write_new
+from .atomic import NOFOLLOW, fsync_dir, read_bytes, write_atomic, write_new
 from .durability import Durability, durability_policy
 from .errors import ReadOnlyStoreError, StoreFormatError, SubagentError
 from .framing import scan
@@ -72,6 +78,8 @@ log = logging.getLogger(__name__)
 KILL_AFTER_ENV = "SUBAGENTS_MIGRATE_KILL_AFTER"
 _DROPPED = ("header", "log", "lease", ".lock", ".lock.queue")  # what a v1 trash entry loses once converted
 _TRASHED_FILE = "session"  # a session's file in a v2 trash entry (store/retention.py)
+# an open that only keeps an inode allocated after its name is removed, whatever the file is
+_HOLD = os.O_PATH | NOFOLLOW
 # the ``migrating`` values of a conversion of version-1 folders under way: 2 or 3 when a build of
 # version 2 or 3 started it (its steps are this build's), 4 when this one did
 _LAYOUT_CONVERSIONS = (2, 3, STORE_VERSION)
@@ -259,17 +267,14 @@ class _Migration:
         if self.sync:
             fsync_dir(self.sessions)  # every converted file under its name before any v1 folder goes
         for aside in self.aside:
-            shutil.rmtree(aside)
-            self.steps.done()
+            self._remove(aside)
         if os.path.isdir(self.trash_dir):
             for name in sorted(os.listdir(self.trash_dir)):
                 folder = os.path.join(self.trash_dir, name)
                 if not name.startswith(".") and os.path.isdir(folder) and not os.path.islink(folder):
                     self._trash_entry(folder)
-        if self.sync:
-            fsync_dir(self.sessions)
-            if os.path.isdir(self.trash_dir):
-                fsync_dir(self.trash_dir)
+        if self.sync and os.path.isdir(self.trash_dir):
+            fsync_dir(self.trash_dir)
         removed = _remove_index_locks(self.root, self.steps, sync=self.sync)
         self._marker(final)
         return MigrationReport(self.root, 1, self.converted, self.already, self.debris, self.trash, self.rebuilt, resumed,
@@ -306,9 +311,8 @@ class _Migration:
 
     def _convert(self, session_id: str, source: str) -> None:
         if not os.path.exists(os.path.join(source, "header")):
-            shutil.rmtree(source)  # a creation that crashed before publishing: no session
+            self._remove(source)  # a creation that crashed before publishing: no session
             self.debris += 1
-            self.steps.done()
             return
         blob = self._v2_bytes(session_id, source)
         temp = os.path.join(self.sessions, f".{session_id}.v2")
@@ -324,6 +328,24 @@ class _Migration:
         self.steps.done()
         self._finish(session_id, aside)
         self.converted += 1
+
+    def _remove(self, folder: str) -> None:
+        """Delete a folder of ``sessions/``, its removal durable before its inode can be reused.
+
+        Without a journal, the folder's name stays on the disk until ``sessions/`` is fsync'd, while
+        its inode is free for any new file or folder once removed: a power loss in between would
+        leave ``sessions/<id>`` (a crashed creation) or ``.<id>.v1`` naming a stranger's file, which
+        the next run would take for a converted session or a folder to empty. So the folder is
+        held open (its inode stays allocated) until that fsync; then it is closed and the step is done.
+        """
+        fd = os.open(folder, _HOLD | os.O_DIRECTORY)
+        try:
+            shutil.rmtree(folder)
+            if self.sync:
+                fsync_dir(self.sessions)
+        finally:
+            os.close(fd)
+        self.steps.done()
 
     def _finish(self, session_id: str, aside: str) -> None:
         """Move the companions out of the folder set aside; it is removed at the end of the run."""
@@ -348,11 +370,23 @@ class _Migration:
                 fsync_dir(folder)  # the new file under its name before the header goes
             self.steps.done()
             self.trash += 1
-        for name in _DROPPED:
-            try:
-                os.unlink(os.path.join(folder, name))
-            except FileNotFoundError:
-                continue
+        # held open until the folder's fsync, as in ``_remove``: a name that comes back after a power
+        # loss must not name a stranger's file (a ``header`` there would be converted again)
+        held = []
+        try:
+            for name in _DROPPED:
+                path = os.path.join(folder, name)
+                try:
+                    held.append(os.open(path, _HOLD))
+                except FileNotFoundError:
+                    continue
+                os.unlink(path)
+            if held and self.sync:
+                fsync_dir(folder)
+        finally:
+            for fd in held:
+                os.close(fd)
+        for _ in held:
             self.steps.done()
 
     def _v2_bytes(self, session_id: str, folder: str) -> bytes:

@@ -164,7 +164,7 @@ def test_a_power_loss_at_any_step_of_migrate_leaves_a_store_the_next_run_finishe
                 with pytest.raises(store.StoreFormatError) as caught:
                     store.Store(path, create=False)
                 assert "subagents store migrate" in caught.value.message, n
-            migrate(path)
+            migrate(path, durability="none")  # what it finishes is checked, not its own fsyncs (slow on a loop device)
             found = snapshot(path)
             if found != expected:
                 wrong[n] = sorted(set(found.items()) ^ set(expected.items()))
