@@ -42,7 +42,7 @@ from subagents.store.session_file import SessionFile
 
 from tests.store._v1_store import build_sample, snapshot, v3_store
 
-from ._power_loss import LoopFs, after_power_loss, run, seen
+from ._power_loss import LoopFs, after_power_loss, problems, run, seen
 from .test_migrate_crash import run_killed
 
 SAMPLE = ("c1", "c2", "c3", "r1", "r2")
@@ -355,15 +355,81 @@ def test_a_release_lost_in_a_power_loss_reads_as_held_only_until_its_owner_is_de
 # -- removals ---------------------------------------------------------------------------------
 
 
-def test_a_rolled_back_child_stays_unlisted_after_a_power_loss(disk: LoopFs):
-    """``delete_session`` (a creation rolled back) unlinks the file without an fsync of ``sessions/``
-    and appends a durable tombstone: the file may come back, its listing may not."""
+def other_files(disk: LoopFs, count: int) -> None:
+    """Files made and fsync'd on the same file system by someone else (another store): they take the
+    inodes the store just freed, as any process writing there may."""
+    other = store.Store(str(disk.mount / "other"))
+    for i in range(count):
+        store.create_session(other, f"o{i}")
+
+
+def test_a_rolled_back_child_is_gone_after_a_power_loss(disk: LoopFs):
+    """``delete_session`` (a creation rolled back) unlinks the session's file and appends a durable
+    tombstone. Then other files take the freed inode. After the power loss the child is neither
+    listed nor present: its name does not come back, least of all naming someone else's file
+    (a folder or a file in a session's place reads as a damaged session, which holds ``gc`` back)."""
     st = store.Store(str(disk.mount / "store"))
     store.create_session(st, "p")
     store.create_session(st, "c", parent_session="p")
     store.create_session(st, "d", parent_session="p")
     run("sync", "-f", str(disk.mount))
     store.delete_session(st, "c", parent_session="p")
-    for name, fsck in (("as-is.img", None), ("checked.img", "-p")):
+    other_files(disk, 4)
+    for name, fsck in (("as-is.img", None), ("checked.img", "-fy")):
         with after_power_loss(disk, name, fsck) as mount:
-            assert [e.id for e in store.read_children(seen(mount), "p")] == ["d"], name
+            found = seen(mount)
+            assert [e.id for e in store.read_children(found, "p")] == ["d"], name
+            assert found.session_ids() == ["d", "p"] and not found.exists("c"), name
+
+
+def test_a_gc_before_a_power_loss_leaves_no_trash_naming_a_file_made_after_it(disk: LoopFs):
+    """gc deletes its trash folders last; new sessions made right after take the inodes it freed.
+    After the power loss ``trash/`` holds nothing a later gc would read (a folder name there that
+    names a new session's file made the next gc fail, ``NotADirectoryError``, on every run), and
+    the next gc runs and keeps every session."""
+    st = store.Store(str(disk.mount / "store"))
+    for root in ("old", "kept"):
+        store.create_session(st, root)
+        for i in range(3):
+            store.create_session(st, f"{root}{i}", parent_session=root)
+    hour_ago = time.time() - 3600
+    for session_id in ("old", "old0", "old1", "old2"):
+        os.utime(st.session_path(session_id), (hour_ago, hour_ago))
+    run("sync", "-f", str(disk.mount))
+    assert [c.id for c in store.collect(st, 600.0).collected] == ["old"]
+    made = ["new"] + [f"new{i}" for i in range(6)]
+    store.create_session(st, "new")
+    for sid in made[1:]:
+        store.create_session(st, sid, parent_session="new")
+    kept = made + ["kept", "kept0", "kept1", "kept2"]
+    with after_power_loss(disk, "as-is.img") as mount:
+        assert os.listdir(mount / "store" / "trash") == [".lock"]
+        assert problems(seen(mount), kept) == {}
+    with rebooted(disk, "checked.img") as mount:
+        assert os.listdir(mount / "store" / "trash") == [".lock"]
+        found = store.Store(str(mount / "store"), create=False)
+        report = store.collect(found, 600.0)
+        assert (report.collected, report.finished) == ([], 0), report
+        assert problems(found, kept) == {}
+        assert sorted(found.session_ids()) == sorted(kept)
+
+
+def test_a_reindex_that_removed_an_index_before_a_power_loss_lets_its_parent_list_children_again(disk: LoopFs):
+    """``reindex`` removes the index of a parent its headers leave without children (here the child's
+    file was lost). Other files take the freed inode. After the power loss the parent's index is
+    absent, not a name for someone else's file: a new child is created and listed."""
+    st = store.Store(str(disk.mount / "store"))
+    store.create_session(st, "p")
+    store.create_session(st, "c", parent_session="p")
+    os.unlink(st.session_path("c"))
+    run("sync", "-f", str(disk.mount))
+    store.reindex(st)
+    assert not os.path.lexists(st.children_index_path("p"))
+    other_files(disk, 4)
+    with after_power_loss(disk, "as-is.img") as mount:
+        assert not os.path.lexists(seen(mount).children_index_path("p"))
+    with rebooted(disk, "checked.img") as mount:
+        found = store.Store(str(mount / "store"), create=False)
+        assert not os.path.lexists(found.children_index_path("p"))
+        store.create_session(found, "e", parent_session="p")
+        assert [e.id for e in store.read_children(found, "p")] == ["e"]
