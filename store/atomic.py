@@ -6,7 +6,9 @@ folder: a reader sees the old bytes or the new bytes, never a mix. What is
 *not* guaranteed without ``durable=True``: that the new bytes survive a power
 loss (the rename may be lost; the old file then remains). ``write_unnamed``
 and ``NewFile``'s steps make a file that must not exist yet, whole or not at
-all, from an unnamed file where the system has them.
+all, from an unnamed file where the system has them. ``remove_durably``
+deletes files and folders so that their names cannot come back naming
+someone else's inode after a power loss.
 
 Every open here passes ``O_NOFOLLOW``: a link planted in place of a store
 file is refused (``ELOOP``), never read or written through.
@@ -17,19 +19,23 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import shutil
 import stat
+from typing import Iterable
 
 from .errors import DurabilityError
 
 __all__ = [
     "FILE_MODE", "DIR_MODE", "NOFOLLOW", "make_dirs", "write_atomic", "write_new", "NewFile", "write_unnamed",
-    "fsync_dir", "read_bytes", "pread_all",
+    "fsync_dir", "remove_durably", "read_bytes", "pread_all",
 ]
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
 # added to the flags of every open of a store file (atomic.py, log.py, locks.py, ...)
 NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+# removals held open at once by ``remove_durably`` (one fsync of their folders per group)
+_HELD_AT_ONCE = 64
 
 
 def make_dirs(*paths: str, durable: bool = False) -> None:
@@ -71,6 +77,46 @@ def fsync_dir(path: str) -> None:
         raise DurabilityError(f"fsync of folder {path} failed: {exc}", path=path) from exc
     finally:
         os.close(fd)
+
+
+def remove_durably(paths: Iterable[str], *, durable: bool, ignore_errors: bool = False) -> int:
+    """Remove each of ``paths`` (a folder with everything in it), then fsync the folders they were in
+    (``durable``); how many it removed (a path already gone is skipped).
+
+    Each one is held open (``O_PATH``: its inode stays allocated) until that fsync. Without a
+    journal a removed name reaches the disk only with its folder's fsync, while its inode is free
+    for any new file or folder at once: a power loss in between would bring the name back naming
+    someone else's, which the store would read as its own (a session, an index, a trash folder).
+    Names inside a removed folder are not held: once its removal is durable nothing reaches them,
+    and before that they are links the next removal takes away again. ``ignore_errors``: a path
+    that cannot be removed is left (a failed fsync still raises ``DurabilityError``)."""
+    paths = list(paths)
+    removed = 0
+    for start in range(0, len(paths), _HELD_AT_ONCE):
+        group = paths[start:start + _HELD_AT_ONCE]
+        held: list[int] = []
+        try:
+            for path in group:
+                try:
+                    held.append(os.open(path, os.O_PATH | NOFOLLOW))
+                    if stat.S_ISDIR(os.fstat(held[-1]).st_mode):
+                        shutil.rmtree(path)
+                    else:
+                        os.unlink(path)
+                except FileNotFoundError:
+                    continue
+                except OSError:
+                    if not ignore_errors:
+                        raise
+                    continue
+                removed += 1
+            if durable and held:
+                for folder in sorted({os.path.dirname(path) for path in group}):
+                    fsync_dir(folder)
+        finally:
+            for fd in held:
+                os.close(fd)
+    return removed
 
 
 def write_atomic(path: str, data: bytes, *, durable: bool, exclusive: bool = False, sync_dir: bool = True) -> None:

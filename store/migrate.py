@@ -31,10 +31,10 @@ write ``sessions/.<id>.v2`` whole and fsync it; rename the folder to ``.<id>.v1`
 only then every ``.<id>.v1`` is removed.
 
 **Removals:** a folder removed from ``sessions/`` (a ``.<id>.v1``, or a crashed creation's
-``<id>``) is held open until the fsync of ``sessions/`` that follows its removal, and the
-files a version-1 trash entry drops until the fsync of that entry. Without a journal a removed
-name comes back after a power loss until its folder is fsync'd, while the inode it named is free
-for any new file at once: the name must not come back naming someone else's inode.
+``<id>``) and the files a version-1 trash entry drops are removed with ``remove_durably``, each
+its own step: without a journal a removed name comes back after a power loss until its folder
+is fsync'd, while the inode it named is free for any new file at once, and the next run must not
+find such a name naming someone else's inode.
 
 **Crash states:** the marker says ``migrating: 4`` (``migrating: 2`` or ``3`` when a build of
 version 2 or 3 started the conversion: this one finishes it the same way) from the first change to the last
@@ -53,14 +53,13 @@ import dataclasses
 import fcntl
 import logging
 import os
-import shutil
 import signal
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import msgpack
 
-from .atomic import NOFOLLOW, fsync_dir, read_bytes, write_atomic, write_new
+from .atomic import fsync_dir, read_bytes, remove_durably, write_atomic, write_new
 from .durability import Durability, durability_policy
 from .errors import ReadOnlyStoreError, StoreFormatError, SubagentError
 from .framing import scan
@@ -78,8 +77,6 @@ log = logging.getLogger(__name__)
 KILL_AFTER_ENV = "SUBAGENTS_MIGRATE_KILL_AFTER"
 _DROPPED = ("header", "log", "lease", ".lock", ".lock.queue")  # what a v1 trash entry loses once converted
 _TRASHED_FILE = "session"  # a session's file in a v2 trash entry (store/retention.py)
-# an open that only keeps an inode allocated after its name is removed, whatever the file is
-_HOLD = os.O_PATH | NOFOLLOW
 # the ``migrating`` values of a conversion of version-1 folders under way: 2 or 3 when a build of
 # version 2 or 3 started it (its steps are this build's), 4 when this one did
 _LAYOUT_CONVERSIONS = (2, 3, STORE_VERSION)
@@ -330,21 +327,10 @@ class _Migration:
         self.converted += 1
 
     def _remove(self, folder: str) -> None:
-        """Delete a folder of ``sessions/``, its removal durable before its inode can be reused.
-
-        Without a journal, the folder's name stays on the disk until ``sessions/`` is fsync'd, while
-        its inode is free for any new file or folder once removed: a power loss in between would
-        leave ``sessions/<id>`` (a crashed creation) or ``.<id>.v1`` naming a stranger's file, which
-        the next run would take for a converted session or a folder to empty. So the folder is
-        held open (its inode stays allocated) until that fsync; then it is closed and the step is done.
-        """
-        fd = os.open(folder, _HOLD | os.O_DIRECTORY)
-        try:
-            shutil.rmtree(folder)
-            if self.sync:
-                fsync_dir(self.sessions)
-        finally:
-            os.close(fd)
+        """Delete a folder of ``sessions/``, durably before its inode can be reused, as one step: a
+        power loss must not leave ``sessions/<id>`` (a crashed creation) or ``.<id>.v1`` naming a
+        stranger's file, which the next run would take for a converted session or a folder to empty."""
+        remove_durably([folder], durable=self.sync)
         self.steps.done()
 
     def _finish(self, session_id: str, aside: str) -> None:
@@ -370,23 +356,8 @@ class _Migration:
                 fsync_dir(folder)  # the new file under its name before the header goes
             self.steps.done()
             self.trash += 1
-        # held open until the folder's fsync, as in ``_remove``: a name that comes back after a power
-        # loss must not name a stranger's file (a ``header`` there would be converted again)
-        held = []
-        try:
-            for name in _DROPPED:
-                path = os.path.join(folder, name)
-                try:
-                    held.append(os.open(path, _HOLD))
-                except FileNotFoundError:
-                    continue
-                os.unlink(path)
-            if held and self.sync:
-                fsync_dir(folder)
-        finally:
-            for fd in held:
-                os.close(fd)
-        for _ in held:
+        # durably, as in ``_remove``: a ``header`` that came back naming a stranger's file would be converted again
+        for _ in range(remove_durably([os.path.join(folder, name) for name in _DROPPED], durable=self.sync)):
             self.steps.done()
 
     def _v2_bytes(self, session_id: str, folder: str) -> bytes:
