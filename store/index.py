@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from .acknowledgment import evidence_of_use
-from .atomic import read_bytes, write_atomic
+from .atomic import read_bytes, remove_durably, write_atomic
 from .appender import append_durably, open_appendable
 from .framing import encode_record, scan_all
 from .ids import is_valid_session_id
@@ -363,8 +363,8 @@ def reindex(store: Store, *, keep_unacknowledged: bool = False) -> ReindexReport
             if rebuilt.entries:
                 blob = b"".join(encode_record({"seq": i, **e.creation_record()}) for i, e in enumerate(rebuilt.entries))
                 write_atomic(store.children_index_path(parent_id), blob, durable=store.durability.syncs_at_commit)
-            else:
-                os.unlink(store.children_index_path(parent_id))
+            else:  # durably: a name that came back after a power loss could name a file made since
+                remove_durably([store.children_index_path(parent_id)], durable=store.durability.syncs_at_commit)
             store.index_tails.pop(f"index/children/{parent_id}", None)
         for into, entries in ((report.parents, rebuilt.entries), (report.put_back, rebuilt.put_back),
                               (report.left_out, rebuilt.left_out), (report.kept_unacknowledged, rebuilt.kept_unacknowledged)):

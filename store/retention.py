@@ -41,13 +41,12 @@ import math
 import os
 import resource
 import secrets
-import shutil
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Literal
 
-from .atomic import DIR_MODE, fsync_dir, make_dirs
+from .atomic import DIR_MODE, fsync_dir, make_dirs, remove_durably
 from .description import mailbox_counts
 from .errors import InvalidQueryError, LockTimeoutError, SubagentError
 from .header import SessionHeader, parse_header
@@ -380,8 +379,9 @@ def _forget(store: Store, moved: Iterable[tuple[str, str]]) -> None:
             # only after a crash mid-subtree: its parent is still there (and is collected next)
             remove_child(store, header.parent_session, session_id, if_gone=True)
     remove_roots(store, roots, if_gone=True)
-    for _, folder in moved:
-        shutil.rmtree(folder, ignore_errors=True)
+    # held until trash/ is fsync'd: a folder name that came back naming a new session's file would
+    # fail every later gc, and one naming a new folder would have that folder emptied
+    remove_durably((folder for _, folder in moved), durable=store.durability.syncs_at_commit, ignore_errors=True)
 
 
 def _trashed(store: Store) -> list[tuple[str, str]]:

@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .atomic import NewFile, fsync_dir, write_unnamed
+from .atomic import NewFile, fsync_dir, remove_durably, write_unnamed
 from .errors import SessionExistsError
 from .framing import encode_record
 from .header import SessionHeader, parse_header
@@ -356,10 +356,9 @@ def _rollback(store: Store, request: NewSession, *, indexed: bool) -> None:
 def delete_session(store: Store, session_id: str, *, parent_session: str | None = None, root: bool = False) -> None:
     """Remove a session that was never handed out (rollback); tombstones its index entry
     (the parent's, or with ``root`` the roots index)."""
-    try:
-        os.unlink(store.session_path(session_id))  # unpublish first: from here nothing lists it
-    except FileNotFoundError:
-        pass
+    # unpublish first: from here nothing lists it; durably, or after a power loss the name could come
+    # back naming whatever file took the inode since (a damaged session in the way of gc)
+    remove_durably([store.session_path(session_id)], durable=store.durability.syncs_at_commit)
     if parent_session is not None:
         remove_child(store, parent_session, session_id)
     elif root:

@@ -409,7 +409,7 @@ def test_a_gc_before_a_power_loss_leaves_no_trash_naming_a_file_made_after_it(di
         assert os.listdir(mount / "store" / "trash") == [".lock"]
         found = store.Store(str(mount / "store"), create=False)
         report = store.collect(found, 600.0)
-        assert (report.collected, report.finished) == ([], 0), report
+        assert (report.collected, report.finished) == ((), 0), report
         assert problems(found, kept) == {}
         assert sorted(found.session_ids()) == sorted(kept)
 

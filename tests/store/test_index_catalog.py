@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import sys
 
 import pytest
@@ -491,6 +492,9 @@ def test_batch_creation_names_every_file_then_syncs_each_and_fails_alone_on_a_fa
     syncing = set()
 
     def spying_fsync(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            steps.append("sync folder")
+            return real_fsync(fd)
         steps.append("sync")
         if len(syncing) == 1:  # the batch's second file
             syncing.add(fd)
@@ -510,7 +514,8 @@ def test_batch_creation_names_every_file_then_syncs_each_and_fails_alone_on_a_fa
     requests = [store.session.NewSession(f"c{n}", parent_session="r", origin="subagent", created_at=float(n), events=desc) for n in (1, 2, 3)]
     outcomes = store.session.publish_sessions(st, requests)
     monkeypatch.undo()
-    assert steps == ["link c1", "link c2", "link c3", "sync", "sync", "sync"]
+    # the failed file's removal is made durable at once (FORMAT.md §1, removals)
+    assert steps == ["link c1", "link c2", "link c3", "sync", "sync", "sync folder", "sync"]
     assert [type(o).__name__ for o in outcomes] == ["CreatedSession", "DurabilityError", "CreatedSession"]
     outcomes = store.session.commit_sessions(st, requests, outcomes)
     assert ids(store.list_children(st, "r")) == ["c1", "c3"]
