@@ -8,7 +8,9 @@ loss (the rename may be lost; the old file then remains). ``write_unnamed``
 and ``NewFile``'s steps make a file that must not exist yet, whole or not at
 all, from an unnamed file where the system has them. ``remove_durably``
 deletes files and folders so that their names cannot come back naming
-someone else's inode after a power loss.
+someone else's inode after a power loss, and writes a deleted file's inode
+as deleted (so does ``write_atomic`` for the file it replaces): the boot's
+``e2fsck -p`` of a file system without a journal then has nothing to ask.
 
 Every open here passes ``O_NOFOLLOW``: a link planted in place of a store
 file is refused (``ELOOP``), never read or written through.
@@ -17,6 +19,7 @@ file is refused (``ELOOP``), never read or written through.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import secrets
 import shutil
@@ -80,16 +83,17 @@ def fsync_dir(path: str) -> None:
 
 
 def remove_durably(paths: Iterable[str], *, durable: bool, ignore_errors: bool = False) -> int:
-    """Remove each of ``paths`` (a folder with everything in it), then fsync the folders they were in
-    (``durable``); how many it removed (a path already gone is skipped).
+    """Remove each of ``paths`` (a folder with everything in it), then fsync the folders they were in,
+    then each removed file (``durable``); how many it removed (a path already gone is skipped).
 
-    Each one is held open (``O_PATH``: its inode stays allocated) until that fsync. Without a
-    journal a removed name reaches the disk only with its folder's fsync, while its inode is free
-    for any new file or folder at once: a power loss in between would bring the name back naming
-    someone else's, which the store would read as its own (a session, an index, a trash folder).
-    Names inside a removed folder are not held: once its removal is durable nothing reaches them,
-    and before that they are links the next removal takes away again. ``ignore_errors``: a path
-    that cannot be removed is left (a failed fsync still raises ``DurabilityError``)."""
+    Each one is held open (its inode stays allocated) until those fsyncs. Without a journal a
+    removed name reaches the disk only with its folder's fsync, while its inode is free for any
+    new file or folder at once: a power loss in between would bring the name back naming someone
+    else's, which the store would read as its own (a session, an index, a trash folder). Names
+    inside a removed folder are not held: once its removal is durable nothing reaches them, and
+    before that they are links the next removal takes away again. A removed file's own fsync,
+    after its folder's, is ``_sync_unlinked``'s. ``ignore_errors``: a path that cannot be removed
+    is left (a failed fsync still raises ``DurabilityError``)."""
     paths = list(paths)
     removed = 0
     for start in range(0, len(paths), _HELD_AT_ONCE):
@@ -98,13 +102,14 @@ def remove_durably(paths: Iterable[str], *, durable: bool, ignore_errors: bool =
         try:
             for path in group:
                 try:
-                    held.append(os.open(path, os.O_PATH | NOFOLLOW))
-                    if stat.S_ISDIR(os.fstat(held[-1]).st_mode):
+                    fd = _hold(path)
+                    if fd is None:
+                        continue
+                    held.append(fd)
+                    if stat.S_ISDIR(os.fstat(fd).st_mode):
                         shutil.rmtree(path)
                     else:
                         os.unlink(path)
-                except FileNotFoundError:
-                    continue
                 except OSError:
                     if not ignore_errors:
                         raise
@@ -113,10 +118,39 @@ def remove_durably(paths: Iterable[str], *, durable: bool, ignore_errors: bool =
             if durable and held:
                 for folder in sorted({os.path.dirname(path) for path in group}):
                     fsync_dir(folder)
+                for fd in held:
+                    _sync_unlinked(fd)
         finally:
             for fd in held:
                 os.close(fd)
     return removed
+
+
+def _hold(path: str) -> int | None:
+    """A descriptor that keeps the inode ``path`` names allocated after the name goes (``None``: no
+    such name): read-only where it can be (a regular file's can then be fsync'd), ``O_PATH`` for
+    a link, a socket or a file it may not read. ``O_NONBLOCK``: a FIFO does not block the open."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return os.open(path, os.O_PATH | NOFOLLOW)
+
+
+def _sync_unlinked(fd: int) -> None:
+    """fsync a regular file held open whose last name is gone, that removal already durable (its
+    folder fsync'd): this writes its inode with a link count of 0. Without a journal nothing else
+    writes a freed inode before writeback, and one still written as in use that no folder names
+    is an "unattached inode" the boot's ``e2fsck -p`` stops at for an operator; one written with
+    no link is a deleted inode it clears itself. Anything else held (a folder, whose files were
+    unlinked unheld; a descriptor that cannot be fsync'd) is left as it is."""
+    if not stat.S_ISREG(os.fstat(fd).st_mode) or fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_PATH:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        raise DurabilityError(f"fsync of a removed file failed: {exc}") from exc
 
 
 def write_atomic(path: str, data: bytes, *, durable: bool, exclusive: bool = False, sync_dir: bool = True) -> None:
@@ -127,28 +161,40 @@ def write_atomic(path: str, data: bytes, *, durable: bool, exclusive: bool = Fal
 
     ``exclusive`` refuses to replace an existing file (``FileExistsError``),
     using ``link`` instead of ``rename`` so two creators cannot both win.
+
+    ``durable``, with the folder's fsync: the file replaced is held open
+    until then and fsync'd after it (``remove_durably``'s reasons: its inode
+    is not reused while the old name may still come back, and is written
+    as deleted for the boot's ``e2fsck -p``).
     """
     folder = os.path.dirname(path)
-    tmp = f"{path}.tmp.{os.getpid()}.{id(data):x}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, FILE_MODE)
+    old = _hold(path) if durable and sync_dir and not exclusive else None
     try:
+        tmp = f"{path}.tmp.{os.getpid()}.{id(data):x}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, FILE_MODE)
         try:
-            _write_whole(fd, data, path, durable=durable)
-        finally:
-            os.close(fd)
-        if exclusive:
-            os.link(tmp, path)
-            os.unlink(tmp)
-        else:
-            os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    if durable and sync_dir:
-        fsync_dir(folder)
+            try:
+                _write_whole(fd, data, path, durable=durable)
+            finally:
+                os.close(fd)
+            if exclusive:
+                os.link(tmp, path)
+                os.unlink(tmp)
+            else:
+                os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        if durable and sync_dir:
+            fsync_dir(folder)
+            if old is not None:
+                _sync_unlinked(old)
+    finally:
+        if old is not None:
+            os.close(old)
 
 
 def write_new(path: str, data: bytes, *, durable: bool) -> None:
