@@ -91,10 +91,11 @@ def test_a_gc_just_before_a_power_loss_loses_nothing_it_kept(disk: LoopFs):
     once ``e2fsck -fy`` has run, the collected sessions are gone from ``sessions/``, the kept root
     and its children read, and the store opens.
 
-    Not asked of a journal-less file system: that the boot's ``e2fsck -p`` passes alone. Deleting
-    files there leaves on-disk states (an inode still in use that no folder names any more, a
-    trash folder's block that never reached the disk) that preen mode refuses to fix without an
-    operator, whatever the program that deleted them did short of a ``syncfs``."""
+    Not asked of a journal-less file system: that the boot's ``e2fsck -p`` passes alone. The files
+    inside each deleted trash folder are unlinked without an fsync of each (one per file), so their
+    inodes can still be written as in use while no folder names them, which preen mode leaves to an
+    operator. A single file that the store replaces or removes is fsync'd as deleted, and ``-p``
+    passes after that (``test_power_loss_rewrites.py``)."""
     st = store.Store(str(disk.mount / "store"))
     made = {}
     for root in ("old", "kept"):
