@@ -88,14 +88,13 @@ def test_a_store_made_just_before_a_power_loss_is_whole_after_it(disk: LoopFs):
 def test_a_gc_just_before_a_power_loss_loses_nothing_it_kept(disk: LoopFs):
     """``gc`` moves each collected session into a trash folder, makes the moves durable (its
     ``sessions/`` and ``trash/`` folders fsync'd), then forgets them. A power loss right after it:
-    once ``e2fsck -fy`` has run, the collected sessions are gone from ``sessions/``, the kept root
-    and its children read, and the store opens.
+    the boot's ``e2fsck -p`` passes alone, the collected sessions are gone from ``sessions/``, the
+    kept root and its children read, and the store opens.
 
-    Not asked of a journal-less file system: that the boot's ``e2fsck -p`` passes alone. The files
-    inside each deleted trash folder are unlinked without an fsync of each (one per file), so their
-    inodes can still be written as in use while no folder names them, which preen mode leaves to an
-    operator. A single file that the store replaces or removes is fsync'd as deleted, and ``-p``
-    passes after that (``test_power_loss_rewrites.py``)."""
+    What ``-p`` found here: the files inside each deleted trash folder, and the folder itself, were
+    unlinked without being written as deleted, so their inodes stayed written as in use while no
+    folder named them ("Unattached inode", which preen mode leaves to an operator). Every removed
+    file and folder is now held open until its folder's fsync, then fsync'd (``atomic.Removal``)."""
     st = store.Store(str(disk.mount / "store"))
     made = {}
     for root in ("old", "kept"):
@@ -109,7 +108,7 @@ def test_a_gc_just_before_a_power_loss_loses_nothing_it_kept(disk: LoopFs):
     run("sync", "-f", str(disk.mount))
     report = store.collect(st, 600.0)
     assert [c.id for c in report.collected] == ["old"], report
-    with after_power_loss(disk, "gc.img", "-fy") as mount:
+    with after_power_loss(disk, "gc.img", "-p") as mount:
         found_store = seen(mount)
         assert [s for s in made["old"] if found_store.exists(s)] == []
         assert problems(found_store, made["kept"]) == {}

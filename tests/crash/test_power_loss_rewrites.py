@@ -8,17 +8,14 @@ again (and by ``fsck --repair``), the lease rewritten in place, and a rolled-bac
 lost power right after it returned would (the harness of ``_power_loss.py``): as it is, and after
 the boot's check.
 
-That check is ``e2fsck -p``, the boot's, wherever the store can make it pass: it passes after
-a file is created, appended to, truncated or written in place, and after one is replaced by a
-rename or unlinked once the store writes the inode it freed (an fsync of it, held open, after
-its folder's: see ``atomic.py``). Where the operation deletes *folders* (``migrate`` from version
-1, ``gc``) the check is ``e2fsck -fy``, documented: on an ext4 without a journal the removal of
-a folder's name reaches the disk with its parent's fsync while the folder's inode and those of
-the files in it, still written as in use, do not, and preen mode stops at an "unconnected
-directory" or an "unattached inode" for an operator (as the gc test of ``test_power_loss.py``
-documents), short of an fsync of every inode removed or a ``syncfs``. What is promised and
-asserted there: the device read as it is, and after ``e2fsck -fy``, holds exactly what the
-store held when the operation returned.
+That check is ``e2fsck -p``, the boot's, and it passes alone after every operation here: a file
+created, appended to, truncated or written in place; a file replaced by a rename or unlinked;
+and folders deleted with everything in them (``migrate`` from version 1, ``gc``'s trash
+folders), because the store writes each inode it frees as deleted (every removed file and folder
+held open until its folder's fsync, then fsync'd: ``atomic.Removal``). Without that, on an ext4
+without a journal, the removal of a name reaches the disk with its folder's fsync while the
+inode it named stays written as in use, and preen mode stops at an "unattached inode" or an
+"unconnected directory" for an operator (what these tests found before).
 
 A removal is also made durable before the inode it freed can be reused (``remove_durably``):
 otherwise a power loss after another file took that inode brings the old name back naming it.
@@ -41,6 +38,7 @@ from typing import Any, Iterator
 import pytest
 
 from subagents import store
+from subagents.store.atomic import remove_durably
 from subagents.store.framing import encode_record, scan
 from subagents.store.fsck import fsck as store_fsck
 from subagents.store.lease import host_identity
@@ -56,7 +54,7 @@ SAMPLE = ("c1", "c2", "c3", "r1", "r2")
 
 
 @contextlib.contextmanager
-def rebooted(fs: LoopFs, name: str, fsck: str = "-fy") -> Iterator[Path]:
+def rebooted(fs: LoopFs, name: str, fsck: str = "-p") -> Iterator[Path]:
     """What the device holds now, checked with ``e2fsck fsck`` and mounted read-write: the machine
     booted again, for what the store must finish after it. Yields the copy's mount point."""
     copy = fs.image.with_name(name)
@@ -118,7 +116,7 @@ def test_a_store_migrated_from_version_1_reads_whole_after_a_power_loss(disk: Lo
     migrate(root)
     expected = reading(store.Store(root, create=False), SAMPLE)
     files = names(root)
-    for name, fsck in (("as-is.img", None), ("checked.img", "-fy")):
+    for name, fsck in (("as-is.img", None), ("checked.img", "-p")):
         with after_power_loss(disk, name, fsck) as mount:
             assert names(mount / "store") == files, name
             assert reading(seen(mount), SAMPLE) == expected, name
@@ -145,9 +143,9 @@ def test_a_power_loss_at_any_step_of_migrate_leaves_a_store_the_next_run_finishe
     killed right after its step N, one after the other, and the power is lost once, after the last.
     What the kills left in memory and never wrote is lost, as a machine that lost power within the
     writeback delay loses it, and the conversions that ran after a kill reused the inodes it had
-    freed, as any process on the file system may. Once ``e2fsck -fy`` ran, each copy is refused
-    (naming ``migrate``) until its run is finished, and a run finishes it to the bytes an
-    uninterrupted run writes."""
+    freed, as any process on the file system may. The boot's ``e2fsck -p`` passes alone (each step
+    ends once what it removed is written as deleted), each copy is refused (naming ``migrate``)
+    until its run is finished, and a run finishes it to the bytes an uninterrupted run writes."""
     template = tmp_path / "template"
     build_sample(template)
     reference = tmp_path / "reference"
@@ -229,7 +227,7 @@ def test_gc_rewrites_the_roots_index_before_a_power_loss_and_it_lists_the_kept_r
     run("sync", "-f", str(disk.mount))
     assert [c.id for c in store.collect(st, 600.0).collected] == ["old"]
     compacted = (disk.mount / "store" / "index" / "roots").read_bytes()
-    for name, fsck in (("as-is.img", None), ("checked.img", "-fy")):
+    for name, fsck in (("as-is.img", None), ("checked.img", "-p")):
         with after_power_loss(disk, name, fsck) as mount:
             assert (mount / "store" / "index" / "roots").read_bytes() == compacted, name
             assert [r.id for r in store.list_roots(seen(mount))] == ["kept"], name
@@ -419,6 +417,80 @@ def test_a_gc_before_a_power_loss_leaves_no_trash_naming_a_file_made_after_it(di
         assert sorted(found.session_ids()) == sorted(kept)
 
 
+def test_a_gc_before_a_power_loss_leaves_no_index_of_a_collected_parent_naming_a_new_session(disk: LoopFs):
+    """gc drops the children index of each collected parent (``drop_index``); a session created
+    right after, in ``sessions/``, takes the inode the index freed (nothing else fsyncs
+    ``index/children/`` meanwhile). After the power loss, as the device holds it and after the
+    boot's ``e2fsck -p``, the collected parent has no index: not its old one back, least of all a
+    name for the new session's file (which ``read_children`` would read as an index, and an append
+    for a parent of that id would write into)."""
+    st = store.Store(str(disk.mount / "store"))
+    for root in ("old", "kept"):
+        store.create_session(st, root)
+        for i in range(3):
+            store.create_session(st, f"{root}{i}", parent_session=root)
+    hour_ago = time.time() - 3600
+    for session_id in ("old", "old0", "old1", "old2"):
+        os.utime(st.session_path(session_id), (hour_ago, hour_ago))
+    run("sync", "-f", str(disk.mount))
+    assert [c.id for c in store.collect(st, 600.0).collected] == ["old"]
+    made = [f"new{i}" for i in range(6)]
+    for sid in made:  # children of a parent whose index exists: no new file in index/children/
+        store.create_session(st, sid, parent_session="kept")
+    kept = ["kept", "kept0", "kept1", "kept2", *made]
+    for name, fsck in (("as-is.img", None), ("checked.img", "-p")):
+        with after_power_loss(disk, name, fsck) as mount:
+            found = seen(mount)
+            assert not os.path.lexists(found.children_index_path("old")), name
+            assert problems(found, kept) == {}, name
+            assert [e.id for e in store.read_children(found, "kept")] == kept[1:], name
+
+
+def test_a_creation_that_cleared_a_former_sessions_companions_leaves_them_deleted_after_a_power_loss(disk: LoopFs):
+    """A gc killed between moving a session's file and its companions leaves the companions in
+    ``sessions/``; creating a session of that id again removes them (``_clear_companions``). After
+    the power loss the new session reads with no mail, the old mailbox's name does not come back,
+    and the boot's ``e2fsck -p`` passes alone: an inode still written as in use that no folder
+    names stops it for an operator. Files made after the mailbox (``filler``) keep any inode
+    written after the removal from sharing its inode-table block, which would write it as
+    deleted by chance. (The name itself cannot come back naming another file once the creation
+    returned: the creation's fsync of ``sessions/`` follows the removal.)"""
+    st = store.Store(str(disk.mount / "store"))
+    store.create_session(st, "c")
+    ids = store.IdGenerator()
+    for i in range(3):
+        store.accept(st, "c", source={"kind": "user"}, content="m" * 3000 + str(i), ids=ids)
+    (disk.mount / "filler").mkdir()
+    for i in range(32):
+        (disk.mount / "filler" / str(i)).write_bytes(b"f")
+    os.rename(st.session_path("c"), disk.mount / "filler" / "moved")  # what the killed gc moved into its trash
+    assert os.path.getsize(st.path("c", "mailbox")) > 0
+    run("sync", "-f", str(disk.mount))
+    store.create_session(st, "c")
+    for name, fsck in (("as-is.img", None), ("checked.img", "-p")):
+        with after_power_loss(disk, name, fsck) as mount:
+            found = seen(mount)
+            assert not os.path.lexists(found.path("c", "mailbox")), name
+            assert problems(found, ["c"]) == {}, name
+            assert store.read_mailbox(found, "c", locked=True) == [], name
+
+
+def test_a_folder_of_many_files_removed_before_a_power_loss_is_gone_and_deleted(disk: LoopFs):
+    """``remove_durably`` of a folder holding more files than it holds open at once, and a folder
+    inside it: the removal is settled as it goes. Other files then take the freed inodes. After
+    the power loss the folder is gone and the boot's ``e2fsck -p`` passes alone."""
+    top = disk.mount / "big"
+    (top / "inner").mkdir(parents=True)
+    for i in range(150):
+        (top / ("inner" if i % 3 == 0 else ".") / f"f{i}").write_bytes(b"x" * 2000)
+    run("sync", "-f", str(disk.mount))
+    assert remove_durably([str(top)], durable=True) == 1
+    other_files(disk, 4)
+    for name, fsck in (("as-is.img", None), ("checked.img", "-p")):
+        with after_power_loss(disk, name, fsck) as mount:
+            assert not os.path.lexists(mount / "big"), name
+
+
 def test_a_reindex_that_removed_an_index_before_a_power_loss_lets_its_parent_list_children_again(disk: LoopFs):
     """``reindex`` removes the index of a parent its headers leave without children (here the child's
     file was lost). Other files take the freed inode. After the power loss the parent's index is
@@ -433,7 +505,7 @@ def test_a_reindex_that_removed_an_index_before_a_power_loss_lets_its_parent_lis
     other_files(disk, 4)
     with after_power_loss(disk, "as-is.img") as mount:
         assert not os.path.lexists(seen(mount).children_index_path("p"))
-    with rebooted(disk, "checked.img", "-p") as mount:
+    with rebooted(disk, "checked.img") as mount:
         found = store.Store(str(mount / "store"), create=False)
         assert not os.path.lexists(found.children_index_path("p"))
         store.create_session(found, "e", parent_session="p")
