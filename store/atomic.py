@@ -6,10 +6,11 @@ folder: a reader sees the old bytes or the new bytes, never a mix. What is
 *not* guaranteed without ``durable=True``: that the new bytes survive a power
 loss (the rename may be lost; the old file then remains). ``write_unnamed``
 and ``NewFile``'s steps make a file that must not exist yet, whole or not at
-all, from an unnamed file where the system has them. ``remove_durably``
-deletes files and folders so that their names cannot come back naming
-someone else's inode after a power loss, and writes a deleted file's inode
-as deleted (so does ``write_atomic`` for the file it replaces): the boot's
+all, from an unnamed file where the system has them. ``Removal`` (and
+``remove_durably``) deletes files and folders so that their names cannot
+come back naming someone else's inode after a power loss, and writes the
+inode of every file and folder it deletes, inside a deleted folder too, as
+deleted (so does ``write_atomic`` for the file it replaces): the boot's
 ``e2fsck -p`` of a file system without a journal then has nothing to ask.
 
 Every open here passes ``O_NOFOLLOW``: a link planted in place of a store
@@ -22,7 +23,6 @@ import errno
 import fcntl
 import os
 import secrets
-import shutil
 import stat
 from typing import Iterable
 
@@ -30,14 +30,14 @@ from .errors import DurabilityError
 
 __all__ = [
     "FILE_MODE", "DIR_MODE", "NOFOLLOW", "make_dirs", "write_atomic", "write_new", "NewFile", "write_unnamed",
-    "fsync_dir", "remove_durably", "read_bytes", "pread_all",
+    "fsync_dir", "remove_durably", "Removal", "read_bytes", "pread_all",
 ]
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
 # added to the flags of every open of a store file (atomic.py, log.py, locks.py, ...)
 NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
-# removals held open at once by ``remove_durably`` (one fsync of their folders per group)
+# removed inodes a ``Removal`` holds open at once (one fsync of their folders per group)
 _HELD_AT_ONCE = 64
 
 
@@ -83,69 +83,143 @@ def fsync_dir(path: str) -> None:
 
 
 def remove_durably(paths: Iterable[str], *, durable: bool, ignore_errors: bool = False) -> int:
-    """Remove each of ``paths`` (a folder with everything in it), then fsync the folders they were in,
-    then each removed file (``durable``); how many it removed (a path already gone is skipped).
-
-    Each one is held open (its inode stays allocated) until those fsyncs. Without a journal a
-    removed name reaches the disk only with its folder's fsync, while its inode is free for any
-    new file or folder at once: a power loss in between would bring the name back naming someone
-    else's, which the store would read as its own (a session, an index, a trash folder). Names
-    inside a removed folder are not held: once its removal is durable nothing reaches them, and
-    before that they are links the next removal takes away again. A removed file's own fsync,
-    after its folder's, is ``_sync_unlinked``'s. ``ignore_errors``: a path that cannot be removed
-    is left (a failed fsync still raises ``DurabilityError``)."""
-    paths = list(paths)
+    """Remove each of ``paths`` (a folder with everything in it) with one ``Removal``; how many it
+    removed (a path already gone is skipped). ``ignore_errors``: a path that cannot be removed
+    is left, and what was removed of it still settles (a failed fsync still raises
+    ``DurabilityError``)."""
     removed = 0
-    for start in range(0, len(paths), _HELD_AT_ONCE):
-        group = paths[start:start + _HELD_AT_ONCE]
-        held: list[int] = []
-        try:
-            for path in group:
-                try:
-                    fd = _hold(path)
-                    if fd is None:
-                        continue
-                    held.append(fd)
-                    if stat.S_ISDIR(os.fstat(fd).st_mode):
-                        shutil.rmtree(path)
-                    else:
-                        os.unlink(path)
-                except OSError:
-                    if not ignore_errors:
-                        raise
-                    continue
-                removed += 1
-            if durable and held:
-                for folder in sorted({os.path.dirname(path) for path in group}):
-                    fsync_dir(folder)
-                for fd in held:
-                    _sync_unlinked(fd)
-        finally:
-            for fd in held:
-                os.close(fd)
+    with Removal(durable=durable) as removal:
+        for path in paths:
+            try:
+                removed += removal.remove(path)
+            except DurabilityError:
+                raise
+            except OSError:
+                if not ignore_errors:
+                    raise
     return removed
 
 
-def _hold(path: str) -> int | None:
+class Removal:
+    """Removals made durable together: ``remove`` holds open and removes a file or a folder with
+    everything in it; ``settle`` (also on leaving the ``with`` block without an error) makes the
+    removals durable, ``durable``, then lets go of what it held.
+
+    Every file and folder removed, inside a removed folder too, is held open (its inode stays
+    allocated) until the settle. Without a journal a removed name reaches the disk only with its
+    folder's fsync, while its inode is free for any new file or folder at once: a power loss in
+    between would bring the name back naming someone else's, which the store would read as its
+    own (a session, an index, a trash folder). The settle fsyncs first every folder that lost a
+    name and is still there, then each removed folder, outer before inner, then each removed file
+    (``_sync_unlinked``: that writes its inode as deleted, with no link; one still written as in
+    use that no folder names is an "unattached inode" or an "unconnected directory", the boot's
+    ``e2fsck -p`` stops at it for an operator). Each inode is written as deleted only after the
+    folder that named it: at no instant does the disk hold a name of a deleted inode, which a
+    host booted without a check could not open (``ESTALE``) and would keep seeing. A power loss
+    before the settle ends may still leave an inode written as in use with no name (for
+    ``e2fsck -y``); once it returned, ``-p`` has nothing to ask. At most ``_HELD_AT_ONCE``
+    removed inodes are held: a folder with more is settled as it goes (the folder, still there,
+    fsync'd with the names it lost so far), so the descriptors one removal takes stay bounded.
+    Two removals of one path must not run at once (the callers hold a lock: gc the trash's,
+    migrate the store's, ``drop_index`` the index's)."""
+
+    def __init__(self, *, durable: bool) -> None:
+        self.durable = durable
+        self._lost_names: dict[str, None] = {}  # folders still there that lost a name (ordered set)
+        self._folders: list[int] = []  # removed folders, held, each after the folders it held
+        self._files: list[int] = []  # every other removed inode, held
+
+    def __enter__(self) -> Removal:
+        return self
+
+    def __exit__(self, kind: object, *rest: object) -> None:
+        try:
+            if kind is None:
+                self.settle()
+        finally:
+            self.close()
+
+    def remove(self, path: str) -> bool:
+        """Remove ``path``, a folder with everything in it; whether it was there. ``OSError`` as the
+        OS says; what was removed before the error stays held and settles with the rest."""
+        fd = _hold(path)
+        if fd is None:
+            return False
+        self._take(fd, path, None)
+        return True
+
+    def _take(self, fd: int, path: str, parent_fd: int | None) -> None:
+        """Remove the inode ``fd`` holds, named ``path`` (relative to ``parent_fd`` when given, by
+        its last part); a folder after everything in it. Closes ``fd`` if it is not removed."""
+        name = os.path.basename(path) if parent_fd is not None else path
+        try:
+            if _is_folder(fd):
+                for child in os.listdir(fd):
+                    child_fd = _hold(child, dir_fd=fd)
+                    if child_fd is not None:
+                        self._take(child_fd, os.path.join(path, child), fd)
+                os.rmdir(name, dir_fd=parent_fd)
+                self._lost_names.pop(path, None)  # removed: its own fsync writes it as deleted
+                self._folders.append(fd)
+            else:
+                os.unlink(name, dir_fd=parent_fd)
+                self._files.append(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._lost_names[os.path.dirname(path) or os.curdir] = None
+        if len(self._folders) + len(self._files) >= _HELD_AT_ONCE:
+            self.settle()
+
+    def settle(self) -> None:
+        """The fsyncs (``durable``), then let go of every removed inode held so far."""
+        try:
+            if self.durable:
+                for folder in self._lost_names:
+                    try:
+                        fsync_dir(folder)
+                    except FileNotFoundError:
+                        continue  # removed by someone else, whose removal it is
+                for fd in [*reversed(self._folders), *self._files]:  # each folder before what it named
+                    _sync_unlinked(fd)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Let go of every removed inode held, without an fsync; idempotent."""
+        held, self._folders, self._files = self._folders + self._files, [], []
+        self._lost_names.clear()
+        for fd in held:
+            os.close(fd)
+
+
+def _is_folder(fd: int) -> bool:
+    """Whether ``fd`` holds a folder it can list (not an ``O_PATH`` descriptor)."""
+    return stat.S_ISDIR(os.fstat(fd).st_mode) and not fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_PATH
+
+
+def _hold(path: str, *, dir_fd: int | None = None) -> int | None:
     """A descriptor that keeps the inode ``path`` names allocated after the name goes (``None``: no
-    such name): read-only where it can be (a regular file's can then be fsync'd), ``O_PATH`` for
-    a link, a socket or a file it may not read. ``O_NONBLOCK``: a FIFO does not block the open."""
+    such name): read-only where it can be (a regular file's or a folder's can then be fsync'd),
+    ``O_PATH`` for a link, a socket or a file it may not read. ``O_NONBLOCK``: a FIFO does not
+    block the open."""
     try:
-        return os.open(path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
+        return os.open(path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError:
-        return os.open(path, os.O_PATH | NOFOLLOW)
+        return os.open(path, os.O_PATH | NOFOLLOW, dir_fd=dir_fd)
 
 
 def _sync_unlinked(fd: int) -> None:
-    """fsync a regular file held open whose last name is gone, that removal already durable (its
-    folder fsync'd): this writes its inode with a link count of 0. Without a journal nothing else
-    writes a freed inode before writeback, and one still written as in use that no folder names
-    is an "unattached inode" the boot's ``e2fsck -p`` stops at for an operator; one written with
-    no link is a deleted inode it clears itself. Anything else held (a folder, whose files were
-    unlinked unheld; a descriptor that cannot be fsync'd) is left as it is."""
-    if not stat.S_ISREG(os.fstat(fd).st_mode) or fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_PATH:
+    """fsync a regular file or a folder held open whose last name is gone, that removal already
+    durable (its folder fsync'd): this writes its inode with a link count of 0. Without a journal
+    nothing else writes a freed inode before writeback, and one still written as in use that no
+    folder names is an "unattached inode" (or an "unconnected directory") the boot's ``e2fsck -p``
+    stops at for an operator; one written with no link is a deleted inode it clears itself.
+    Anything else held (a link, a FIFO, a descriptor that cannot be fsync'd) is left as it is."""
+    mode = os.fstat(fd).st_mode
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)) or fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_PATH:
         return
     try:
         os.fsync(fd)
