@@ -87,17 +87,8 @@ def remove_durably(paths: Iterable[str], *, durable: bool, ignore_errors: bool =
     removed (a path already gone is skipped). ``ignore_errors``: a path that cannot be removed
     is left, and what was removed of it still settles (a failed fsync still raises
     ``DurabilityError``)."""
-    removed = 0
     with Removal(durable=durable) as removal:
-        for path in paths:
-            try:
-                removed += removal.remove(path)
-            except DurabilityError:
-                raise
-            except OSError:
-                if not ignore_errors:
-                    raise
-    return removed
+        return removal.remove_each(paths, ignore_errors=ignore_errors)
 
 
 class Removal:
@@ -147,6 +138,20 @@ class Removal:
             return False
         self._take(fd, path, None)
         return True
+
+    def remove_each(self, paths: Iterable[str], *, ignore_errors: bool = False) -> int:
+        """``remove`` each of ``paths``; how many were there and went. ``ignore_errors``: a path that
+        cannot be removed is left (a failed fsync of a settle still raises ``DurabilityError``)."""
+        removed = 0
+        for path in paths:
+            try:
+                removed += self.remove(path)
+            except DurabilityError:
+                raise
+            except OSError:
+                if not ignore_errors:
+                    raise
+        return removed
 
     def _take(self, fd: int, path: str, parent_fd: int | None) -> None:
         """Remove the inode ``fd`` holds, named ``path`` (relative to ``parent_fd`` when given, by

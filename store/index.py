@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from .acknowledgment import evidence_of_use
-from .atomic import read_bytes, remove_durably, write_atomic
+from .atomic import Removal, read_bytes, remove_durably, write_atomic
 from .appender import append_durably, open_appendable
 from .framing import encode_record, scan_all
 from .ids import is_valid_session_id
@@ -171,13 +171,16 @@ def remove_child(store: Store, parent_id: str, child_id: str, *, if_gone: bool =
     _append(store, parent_id, {"id": child_id, "removed": True}, keep=keep)
 
 
-def drop_index(store: Store, parent_id: str) -> bool:
+def drop_index(store: Store, parent_id: str, *, removal: Removal | None = None) -> bool:
     """Remove the index file of a parent that no longer exists; whether it did.
 
     For ``gc``, once ``parent_id`` and all of its children are in the trash. Checked under the
     index's lock: a parent re-created with the same id keeps its index, and an appender that
     waited for the lock finds the file it locked unlinked and appends to a new one
-    (``store/index_file.py``).
+    (``store/index_file.py``). Durably (FORMAT.md §1, Removals), with ``removal`` when given
+    (``gc`` settles one for all it removes) or at once: a session made right after takes the
+    freed inode in ``sessions/``, and nothing else fsyncs ``index/children/``, so after a power
+    loss the parent's index came back naming that session's file.
     """
     path = store.children_index_path(parent_id)
     if not os.path.lexists(path):
@@ -186,11 +189,15 @@ def drop_index(store: Store, parent_id: str) -> bool:
         if store.exists(parent_id):
             return False
         try:
-            os.unlink(path)
+            if removal is not None:
+                removed = removal.remove(path)
+            else:
+                removed = remove_durably([path], durable=store.durability.syncs_at_commit) == 1
         except FileNotFoundError:
             return False
-        store.index_tails.pop(f"index/children/{parent_id}", None)
-        return True
+        if removed:
+            store.index_tails.pop(f"index/children/{parent_id}", None)
+        return removed
 
 
 def mark_active(store: Store, parent_id: str, child_id: str) -> None:

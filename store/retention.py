@@ -46,7 +46,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Literal
 
-from .atomic import DIR_MODE, fsync_dir, make_dirs, remove_durably
+from .atomic import DIR_MODE, Removal, fsync_dir, make_dirs
 from .description import mailbox_counts
 from .errors import InvalidQueryError, LockTimeoutError, SubagentError
 from .header import SessionHeader, parse_header
@@ -365,23 +365,28 @@ def _trash_header(session_id: str, folder: str) -> SessionHeader | None:
 
 
 def _forget(store: Store, moved: Iterable[tuple[str, str]]) -> None:
-    """The index updates of sessions now in the trash, then their trash folders; each step idempotent."""
+    """The index updates of sessions now in the trash, then their trash folders; each step idempotent.
+
+    Their indexes and trash folders are removed with one ``Removal`` (one fsync of ``index/children/``
+    and of ``trash/`` per group, then one of each inode removed): held until those fsyncs, since a
+    folder name that came back naming a new session's file would fail every later gc, one naming a
+    new folder would have that folder emptied, and an index that came back would be read as the
+    collected parent's (or be another file's)."""
     moved = list(moved)
     roots: list[str] = []
-    for session_id, folder in moved:
-        header = _trash_header(session_id, folder)
-        drop_index(store, session_id)
-        if header is None:
-            continue
-        if header.parent_session is None:
-            roots.append(session_id)
-        elif store.exists(header.parent_session):
-            # only after a crash mid-subtree: its parent is still there (and is collected next)
-            remove_child(store, header.parent_session, session_id, if_gone=True)
-    remove_roots(store, roots, if_gone=True)
-    # held until trash/ is fsync'd: a folder name that came back naming a new session's file would
-    # fail every later gc, and one naming a new folder would have that folder emptied
-    remove_durably((folder for _, folder in moved), durable=store.durability.syncs_at_commit, ignore_errors=True)
+    with Removal(durable=store.durability.syncs_at_commit) as removal:
+        for session_id, folder in moved:
+            header = _trash_header(session_id, folder)
+            drop_index(store, session_id, removal=removal)
+            if header is None:
+                continue
+            if header.parent_session is None:
+                roots.append(session_id)
+            elif store.exists(header.parent_session):
+                # only after a crash mid-subtree: its parent is still there (and is collected next)
+                remove_child(store, header.parent_session, session_id, if_gone=True)
+        remove_roots(store, roots, if_gone=True)
+        removal.remove_each((folder for _, folder in moved), ignore_errors=True)
 
 
 def _trashed(store: Store) -> list[tuple[str, str]]:

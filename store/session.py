@@ -318,12 +318,11 @@ def _publish(store: Store, request: NewSession, new_file: NewFile) -> None:
 def _clear_companions(store: Store, session_id: str) -> None:
     """Remove companion files an earlier session of this id left (a ``gc`` that crashed between
     moving a session and its companions): a new session starts with none. Nothing else can
-    have made them yet: the id is not handed out before creation returns."""
-    for name in COMPANIONS:
-        try:
-            os.unlink(store.path(session_id, name))
-        except FileNotFoundError:
-            pass
+    have made them yet: the id is not handed out before creation returns. Durably (FORMAT.md
+    §1, Removals): the creation's own fsync of ``sessions/`` made the removal durable, but not
+    the inode it freed, still written as in use with no name (the boot's ``e2fsck -p`` stopped
+    at it). Costs nothing when there is none (the usual case): no fsync without a removal."""
+    remove_durably([store.path(session_id, name) for name in COMPANIONS], durable=store.durability.syncs_at_commit)
 
 
 def _row_fields(created: CreatedSession) -> tuple[str | None, str | None]:
