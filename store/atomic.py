@@ -133,6 +133,7 @@ class Removal:
     def remove(self, path: str) -> bool:
         """Remove ``path``, a folder with everything in it; whether it was there. ``OSError`` as the
         OS says; what was removed before the error stays held and settles with the rest."""
+        path = os.path.normpath(path)  # ``a/b/`` is named in ``a``: its parent is that of ``a/b``
         fd = _hold(path)
         if fd is None:
             return False

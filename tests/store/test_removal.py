@@ -134,3 +134,13 @@ def test_what_a_failed_removal_took_away_still_settles(tmp_path: Path, monkeypat
             assert synced == [os.lstat(folder).st_ino, *removed]
         else:
             assert synced == []  # an error raised out of the block: nothing settled, every hold let go
+
+
+def test_a_folder_named_with_a_trailing_slash_has_its_parent_fsynced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """``trash/t1/``: the folder that loses the name is ``trash``, not ``trash/t1`` (gone by then,
+    so its removal would never be made durable)."""
+    tree(tmp_path)
+    t1 = os.lstat(tmp_path / "trash" / "t1").st_ino
+    synced = spy_fsyncs(monkeypatch)
+    assert remove_durably([str(tmp_path / "trash" / "t1") + os.sep], durable=True) == 1
+    assert synced[:2] == [os.lstat(tmp_path / "trash").st_ino, t1] and len(synced) == 5  # then a, b, c
