@@ -309,20 +309,29 @@ def _publish(store: Store, request: NewSession, new_file: NewFile) -> None:
     if request.fresh_id:
         return
     try:
-        _clear_companions(store, request.session_id)
+        _clear_companions(store, request.session_id, new_file)
     except BaseException:
         _rollback(store, request, indexed=False)
         raise
 
 
-def _clear_companions(store: Store, session_id: str) -> None:
+def _clear_companions(store: Store, session_id: str, new_file: NewFile | None = None) -> None:
     """Remove companion files an earlier session of this id left (a ``gc`` that crashed between
     moving a session and its companions): a new session starts with none. Nothing else can
-    have made them yet: the id is not handed out before creation returns. Durably (FORMAT.md
-    §1, Removals): the creation's own fsync of ``sessions/`` made the removal durable, but not
-    the inode it freed, still written as in use with no name (the boot's ``e2fsck -p`` stopped
-    at it). Costs nothing when there is none (the usual case): no fsync without a removal."""
-    remove_durably([store.path(session_id, name) for name in COMPANIONS], durable=store.durability.syncs_at_commit)
+    have made them yet: the id is not handed out before creation returns.
+
+    Durably (FORMAT.md §1, Removals): the creation's own fsync of ``sessions/`` made the removal
+    durable, but not the inode it freed, still written as in use with no name (the boot's
+    ``e2fsck -p`` stopped at it). That removal's fsync of ``sessions/`` also writes the name of
+    ``new_file``, the new session's file just published: it is fsync'd first (its inode with its
+    link count), as ``publish_sessions`` would after, so no power loss leaves that name naming an
+    inode never written. Costs nothing when there is no companion (the usual case)."""
+    found = [path for path in (store.path(session_id, name) for name in COMPANIONS) if os.path.lexists(path)]
+    if not found:
+        return
+    if new_file is not None and store.durability.syncs_at_commit:
+        new_file.sync()
+    remove_durably(found, durable=store.durability.syncs_at_commit)
 
 
 def _row_fields(created: CreatedSession) -> tuple[str | None, str | None]:

@@ -454,6 +454,28 @@ def test_creation_clears_the_companions_a_former_session_of_its_id_left(st, monk
     assert outcome.id == fresh and ids(store.list_children(st, "r")) == ["c1", fresh]
 
 
+def test_a_creation_that_clears_companions_fsyncs_its_file_before_sessions(st, monkeypatch):
+    """Clearing a former session's companions fsyncs ``sessions/`` (a durable removal), which also
+    writes the new session's name: its file is fsync'd first, so that no power loss leaves that
+    name on the disk before the inode it names (a name of an unwritten inode: cleared by
+    ``e2fsck``, unreadable without it, a damaged session that holds ``gc`` back)."""
+    store.create_session(st, "r")
+    write_file(st.path("c1", "mailbox"), b"a former session's")
+    sessions = os.lstat(st.sessions_dir).st_ino
+    synced = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        synced.append(os.fstat(fd).st_ino)
+        return real_fsync(fd)
+
+    monkeypatch.setattr(store.atomic.os, "fsync", fsync)
+    make_child(st, "r", "c1")
+    assert not os.path.lexists(st.path("c1", "mailbox"))
+    child = os.lstat(st.session_path("c1")).st_ino
+    assert child in synced and synced.index(child) < synced.index(sessions)
+
+
 def test_batch_creation_fails_per_request_and_shares_the_index_append(st, monkeypatch):
     """``create_sessions``: a bad id or a taken id fails alone and leaves nothing; the rest is
     created, durable and listed in order, with one index append for all children of a parent."""
