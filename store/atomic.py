@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import secrets
 import stat
@@ -35,6 +36,8 @@ __all__ = [
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
+log = logging.getLogger(__name__)
+
 # added to the flags of every open of a store file (atomic.py, log.py, locks.py, ...)
 NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 # removed inodes a ``Removal`` holds open at once (one fsync of their folders per group)
@@ -85,7 +88,7 @@ def fsync_dir(path: str) -> None:
 def remove_durably(paths: Iterable[str], *, durable: bool, ignore_errors: bool = False) -> int:
     """Remove each of ``paths`` (a folder with everything in it) with one ``Removal``; how many it
     removed (a path already gone is skipped). ``ignore_errors``: a path that cannot be removed
-    is left, and what was removed of it still settles (a failed fsync still raises
+    is left, and what was removed of it still settles (a failed fsync of a folder still raises
     ``DurabilityError``)."""
     with Removal(durable=durable) as removal:
         return removal.remove_each(paths, ignore_errors=ignore_errors)
@@ -142,7 +145,7 @@ class Removal:
 
     def remove_each(self, paths: Iterable[str], *, ignore_errors: bool = False) -> int:
         """``remove`` each of ``paths``; how many were there and went. ``ignore_errors``: a path that
-        cannot be removed is left (a failed fsync of a settle still raises ``DurabilityError``)."""
+        cannot be removed is left (a failed fsync of a folder in a settle still raises ``DurabilityError``)."""
         removed = 0
         for path in paths:
             try:
@@ -223,14 +226,19 @@ def _sync_unlinked(fd: int) -> None:
     nothing else writes a freed inode before writeback, and one still written as in use that no
     folder names is an "unattached inode" (or an "unconnected directory") the boot's ``e2fsck -p``
     stops at for an operator; one written with no link is a deleted inode it clears itself.
-    Anything else held (a link, a FIFO, a descriptor that cannot be fsync'd) is left as it is."""
+    Anything else held (a link, a FIFO, a descriptor that cannot be fsync'd) is left as it is.
+
+    A failure is logged, never raised: the removal (or the replacement) it follows is already
+    durable, and this fsync only spares the boot's check a question; reporting the call failed
+    would have its caller undo or retry work that is done."""
     mode = os.fstat(fd).st_mode
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)) or fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_PATH:
         return
     try:
         os.fsync(fd)
     except OSError as exc:
-        raise DurabilityError(f"fsync of a removed file failed: {exc}") from exc
+        log.warning("a removed inode was not written as deleted (fsync failed: %s); after a power loss "
+                    "the boot's e2fsck -p may stop at it as unattached", exc)
 
 
 def write_atomic(path: str, data: bytes, *, durable: bool, exclusive: bool = False, sync_dir: bool = True) -> None:

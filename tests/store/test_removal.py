@@ -8,6 +8,8 @@ a removed folder too, is fsync'd once after the folder that named it, and no mor
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 from pathlib import Path
 
@@ -144,3 +146,54 @@ def test_a_folder_named_with_a_trailing_slash_has_its_parent_fsynced(tmp_path: P
     synced = spy_fsyncs(monkeypatch)
     assert remove_durably([str(tmp_path / "trash" / "t1") + os.sep], durable=True) == 1
     assert synced[:2] == [os.lstat(tmp_path / "trash").st_ino, t1] and len(synced) == 5  # then a, b, c
+
+
+def fail_fsync_of(monkeypatch: pytest.MonkeyPatch, inodes: set[int]) -> list[int]:
+    """``os.fsync`` fails with EIO for a descriptor of one of ``inodes``; the failed inodes, in order."""
+    failed: list[int] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        inode = os.fstat(fd).st_ino
+        if inode in inodes:
+            failed.append(inode)
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return failed
+
+
+def test_a_failed_fsync_of_a_replaced_file_leaves_the_write_done(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  caplog: pytest.LogCaptureFixture):
+    """The new bytes are durable (written, fsync'd, renamed, folder fsync'd) before the replaced
+    inode is written as deleted, which only spares the boot's ``e2fsck -p`` a question: its failure
+    is logged, and the write is not reported failed (its caller would undo or retry work that is done)."""
+    path = tmp_path / "index"
+    path.write_bytes(b"old")
+    failed = fail_fsync_of(monkeypatch, {os.lstat(path).st_ino})
+    with caplog.at_level(logging.WARNING, logger="subagents.store.atomic"):
+        atomic.write_atomic(str(path), b"new", durable=True)
+    assert path.read_bytes() == b"new"
+    assert len(failed) == 1
+    assert "written as deleted" in caplog.text
+
+
+def test_a_failed_fsync_of_a_removed_file_leaves_the_removal_done(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   caplog: pytest.LogCaptureFixture):
+    named_in = tree(tmp_path)
+    removed_files = {ino for ino in named_in if ino not in set(named_in.values())}
+    failed = fail_fsync_of(monkeypatch, removed_files)
+    with caplog.at_level(logging.WARNING, logger="subagents.store.atomic"):
+        assert remove_durably([str(tmp_path / "trash" / "t1"), str(tmp_path / "trash" / "t2")], durable=True) == 2
+    assert os.listdir(tmp_path / "trash") == []
+    assert sorted(failed) == sorted(removed_files)
+    assert "written as deleted" in caplog.text
+
+
+def test_a_failed_fsync_of_a_folder_that_lost_a_name_fails_the_removal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """That fsync is what makes the removal durable: its failure is the removal's."""
+    tree(tmp_path)
+    fail_fsync_of(monkeypatch, {os.lstat(tmp_path / "trash").st_ino})
+    with pytest.raises(atomic.DurabilityError):
+        remove_durably([str(tmp_path / "trash" / "t1")], durable=True)
