@@ -85,16 +85,21 @@ def journal_less_disk(tmp_path: Path) -> Iterator[LoopFs]:
 
 
 @contextlib.contextmanager
-def after_power_loss(fs: LoopFs, name: str, fsck: str | None = None) -> Iterator[Path]:
+def after_power_loss(fs: LoopFs, name: str, fsck: str | None = None, *, writable: bool = False,
+                     source: Path | None = None) -> Iterator[Path]:
     """What the device holds now, mounted read-only: a copy of the image taken while the file system
     stays mounted, checked first with ``e2fsck fsck`` when given (which must fix or find nothing:
-    exit 0 or 1; 4 is a boot that stops and asks). Yields the copy's mount point."""
+    exit 0 or 1; 4 is a boot that stops and asks). Yields the copy's mount point.
+
+    ``writable``: mounted read-write, the machine booted again, for what a restarted host or the
+    next run must finish. ``source``: a copy taken earlier (the instant of that power loss)
+    instead of the device now."""
     copy = fs.image.with_name(name)
-    run("cp", "--sparse=always", str(fs.image), str(copy))  # only the blocks the file system wrote
+    run("cp", "--sparse=always", str(source or fs.image), str(copy))  # only the blocks the file system wrote
     if fsck is not None:
         checked = run("e2fsck", fsck, str(copy), check=False)
         assert checked.returncode in (0, 1), checked.stdout + checked.stderr
-    mounted = LoopFs(copy, fs.image.with_name(f"ro-{name}"), read_only=True)
+    mounted = LoopFs(copy, fs.image.with_name(f"{'rw' if writable else 'ro'}-{name}"), read_only=not writable)
     try:
         yield mounted.mount
     finally:

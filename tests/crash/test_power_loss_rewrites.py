@@ -27,13 +27,12 @@ finished by the next run, on the checked file system, to the very bytes of an un
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -51,21 +50,6 @@ from ._power_loss import LoopFs, after_power_loss, problems, run, seen
 from .test_migrate_crash import run_killed
 
 SAMPLE = ("c1", "c2", "c3", "r1", "r2")
-
-
-@contextlib.contextmanager
-def rebooted(fs: LoopFs, name: str, fsck: str = "-p") -> Iterator[Path]:
-    """What the device holds now, checked with ``e2fsck fsck`` and mounted read-write: the machine
-    booted again, for what the store must finish after it. Yields the copy's mount point."""
-    copy = fs.image.with_name(name)
-    run("cp", "--sparse=always", str(fs.image), str(copy))
-    checked = run("e2fsck", fsck, str(copy), check=False)
-    assert checked.returncode in (0, 1), checked.stdout + checked.stderr
-    mounted = LoopFs(copy, fs.image.with_name(f"rw-{name}"))
-    try:
-        yield mounted.mount
-    finally:
-        mounted.close()
 
 
 def reading(st: store.Store, session_ids: tuple[str, ...]) -> dict[str, Any]:
@@ -160,7 +144,7 @@ def test_a_power_loss_at_any_step_of_migrate_leaves_a_store_the_next_run_finishe
     died = run_killed(jobs)
     assert set(died.values()) == {signal.SIGKILL}
     wrong = {}
-    with rebooted(disk, "killed.img") as mount:
+    with after_power_loss(disk, "killed.img", "-p", writable=True) as mount:
         for _, n in jobs:
             path = mount / f"k{n}"
             if n < steps:
@@ -408,7 +392,7 @@ def test_a_gc_before_a_power_loss_leaves_no_trash_naming_a_file_made_after_it(di
     with after_power_loss(disk, "as-is.img") as mount:
         assert os.listdir(mount / "store" / "trash") == [".lock"]
         assert problems(seen(mount), kept) == {}
-    with rebooted(disk, "checked.img") as mount:
+    with after_power_loss(disk, "checked.img", "-p", writable=True) as mount:
         assert os.listdir(mount / "store" / "trash") == [".lock"]
         found = store.Store(str(mount / "store"), create=False)
         report = store.collect(found, 600.0)
@@ -505,7 +489,7 @@ def test_a_reindex_that_removed_an_index_before_a_power_loss_lets_its_parent_lis
     other_files(disk, 4)
     with after_power_loss(disk, "as-is.img") as mount:
         assert not os.path.lexists(seen(mount).children_index_path("p"))
-    with rebooted(disk, "checked.img") as mount:
+    with after_power_loss(disk, "checked.img", "-p", writable=True) as mount:
         found = store.Store(str(mount / "store"), create=False)
         assert not os.path.lexists(found.children_index_path("p"))
         store.create_session(found, "e", parent_session="p")

@@ -70,15 +70,8 @@ def power_loss(disk: LoopFs, *hosts: Driver) -> Iterator[tuple[Path, Path]]:
     with after_power_loss(disk, "lost.img") as as_is:
         for host in hosts:
             host.kill()
-        checked = disk.image.with_name("checked.img")
-        run("cp", "--sparse=always", str(disk.image.with_name("lost.img")), str(checked))
-        fsck = run("e2fsck", "-p", str(checked), check=False)
-        assert fsck.returncode in (0, 1), fsck.stdout + fsck.stderr  # 4: a boot that stops and asks
-        mounted = LoopFs(checked, disk.image.with_name("ro-checked"), read_only=True)
-        try:
-            yield as_is, mounted.mount
-        finally:
-            mounted.close()
+        with after_power_loss(disk, "checked.img", "-p", source=disk.image.with_name("lost.img")) as checked:
+            yield as_is, checked
 
 
 def written_back(disk: LoopFs, what: str, files: dict[str, list[str]] | None = None) -> None:
@@ -96,17 +89,10 @@ def written_back(disk: LoopFs, what: str, files: dict[str, list[str]] | None = N
             os.close(fd)
 
 
-@contextlib.contextmanager
-def rebooted(disk: LoopFs) -> Iterator[Path]:
+def rebooted(disk: LoopFs) -> contextlib.AbstractContextManager[Path]:
     """A writable copy of the last ``power_loss`` image after its ``e2fsck -p``: the disk a
     restarted host mounts."""
-    image = disk.image.with_name("rebooted.img")
-    run("cp", "--sparse=always", str(disk.image.with_name("checked.img")), str(image))
-    fs = LoopFs(image, disk.image.with_name("rw-rebooted"))
-    try:
-        yield fs.mount
-    finally:
-        fs.close()
+    return after_power_loss(disk, "rebooted.img", writable=True, source=disk.image.with_name("checked.img"))
 
 
 @contextlib.asynccontextmanager
