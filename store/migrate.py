@@ -53,14 +53,13 @@ import dataclasses
 import fcntl
 import logging
 import os
-import signal
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import msgpack
 
 from .atomic import fsync_dir, read_bytes, remove_durably, write_atomic, write_new
-from .durability import Durability, durability_policy
+from .durability import Durability, Steps, durability_policy
 from .errors import ReadOnlyStoreError, StoreFormatError, SubagentError
 from .framing import scan
 from .ids import is_valid_session_id
@@ -106,19 +105,6 @@ class MigrationReport:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-class _Steps:
-    """Counts the changes; with ``KILL_AFTER_ENV=N`` the process SIGKILLs itself after the N-th."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.kill_after = int(os.environ.get(KILL_AFTER_ENV) or 0)
-
-    def done(self) -> None:
-        self.count += 1
-        if self.count == self.kill_after:
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _read_marker(root: str) -> dict[str, Any]:
@@ -192,7 +178,7 @@ def _marker_only(root: str, info: dict[str, Any], policy: Durability) -> Migrati
     supervisor of an older version that opened the store meanwhile gets its marker
     back (``STORE_IN_USE``); one that opens it from now on is refused by the new marker.
     """
-    steps = _Steps()
+    steps = Steps(KILL_AFTER_ENV)
     removed = _remove_index_locks(root, steps, sync=policy.syncs_at_commit)
     marker = os.path.join(root, "STORE")
     write_atomic(marker, msgpack.packb(_final_marker(info)), durable=policy.syncs_at_commit)
@@ -207,7 +193,7 @@ def _marker_only(root: str, info: dict[str, Any], policy: Durability) -> Migrati
     return MigrationReport(root, version, 0, len(_published(root)), 0, 0, 0, False, steps.count, index_locks_removed=removed)
 
 
-def _remove_index_locks(root: str, steps: _Steps, *, sync: bool) -> int:
+def _remove_index_locks(root: str, steps: Steps, *, sync: bool) -> int:
     """Remove the lock files versions 1 to 3 kept beside each index (``<name>.lock``, and the
     ``<name>.lock.queue`` of early version-1 builds); idempotent; how many it removed. Nothing
     else in ``index/`` has a name ending so."""
@@ -242,7 +228,7 @@ class _Migration:
         self.sync = policy.syncs_at_commit
         self.sessions = os.path.join(root, "sessions")
         self.trash_dir = os.path.join(root, "trash")
-        self.steps = _Steps()
+        self.steps = Steps(KILL_AFTER_ENV)
         self.converted = self.already = self.debris = self.trash = self.rebuilt = 0
         self.aside: list[str] = []  # v1 folders whose session is converted: removed after the fsync of sessions/
 

@@ -48,6 +48,7 @@ from typing import Iterable, Literal
 
 from .atomic import DIR_MODE, Removal, fsync_dir, make_dirs
 from .description import mailbox_counts
+from .durability import Steps
 from .errors import InvalidQueryError, LockTimeoutError, SubagentError
 from .header import SessionHeader, parse_header
 from .ids import is_valid_session_id
@@ -63,9 +64,12 @@ from .root import COMPANIONS, Store
 from .session_file import SessionFile
 from .roots import compact_roots, indexed_roots, remove_roots, roots_index_path
 
-__all__ = ["SkipReason", "CollectedRoot", "SkippedRoot", "GcReport", "collect", "parse_age"]
+__all__ = ["SkipReason", "CollectedRoot", "SkippedRoot", "GcReport", "collect", "parse_age", "KILL_AFTER_ENV"]
 
 log = logging.getLogger(__name__)
+
+# test-only: SIGKILL this process right after its N-th change (``Steps``), so crash tests can stop it at every step
+KILL_AFTER_ENV = "SUBAGENTS_GC_KILL_AFTER"
 
 SkipReason = Literal["held", "mail", "unreadable", "busy", "changed", "too-large"]
 
@@ -303,7 +307,7 @@ def _trash_name(session_id: str) -> str:
 
 
 def _remove(store: Store, plan: _Plan, state: _Pass, limit: int, moved: list[tuple[str, str]],
-            headers: dict[str, SessionHeader]) -> SkippedRoot | None:
+            headers: dict[str, SessionHeader], steps: Steps) -> SkippedRoot | None:
     """Lock, re-check and rename one planned subtree into the trash, child-first, adding each
     (id, trash folder) to ``moved`` as it goes; the reason when the subtree stays."""
     root = plan.root
@@ -336,18 +340,22 @@ def _remove(store: Store, plan: _Plan, state: _Pass, limit: int, moved: list[tup
             rows = [e.id for e in read_children(store, session_id) if e.settled is not None and e.id in planned]
             if rows:
                 mark_all_active(store, session_id, rows)
+                steps.done()
         for session_id in reversed(plan.order):
             target = os.path.join(store.trash_dir, _trash_name(session_id))
             os.mkdir(target, DIR_MODE)
+            steps.done()
             # the session's file first: from that rename on it is gone (its companions are only
             # read beside it; a crash before they follow leaves them unread, and a new session
             # of this id clears them at its creation)
             os.rename(store.session_path(session_id), os.path.join(target, _TRASHED_FILE))
+            steps.done()
             for name in COMPANIONS:
                 try:
                     os.rename(store.path(session_id, name), os.path.join(target, name))
                 except FileNotFoundError:
-                    pass
+                    continue
+                steps.done()
             moved.append((session_id, target))
     return None
 
@@ -364,7 +372,7 @@ def _trash_header(session_id: str, folder: str) -> SessionHeader | None:
         return None
 
 
-def _forget(store: Store, moved: Iterable[tuple[str, str]]) -> None:
+def _forget(store: Store, moved: Iterable[tuple[str, str]], steps: Steps) -> None:
     """The index updates of sessions now in the trash, then their trash folders; each step idempotent.
 
     Their indexes and trash folders are removed with one ``Removal`` (one fsync of ``index/children/``
@@ -377,7 +385,8 @@ def _forget(store: Store, moved: Iterable[tuple[str, str]]) -> None:
     with Removal(durable=store.durability.syncs_at_commit) as removal:
         for session_id, folder in moved:
             header = _trash_header(session_id, folder)
-            drop_index(store, session_id, removal=removal)
+            if drop_index(store, session_id, removal=removal):
+                steps.done()
             if header is None:
                 continue
             if header.parent_session is None:
@@ -385,8 +394,13 @@ def _forget(store: Store, moved: Iterable[tuple[str, str]]) -> None:
             elif store.exists(header.parent_session):
                 # only after a crash mid-subtree: its parent is still there (and is collected next)
                 remove_child(store, header.parent_session, session_id, if_gone=True)
+                steps.done()
         remove_roots(store, roots, if_gone=True)
-        removal.remove_each((folder for _, folder in moved), ignore_errors=True)
+        steps.done()
+        for _, folder in moved:
+            if removal.remove_each([folder], ignore_errors=True):
+                steps.done()
+    steps.done()
 
 
 def _trashed(store: Store) -> list[tuple[str, str]]:
@@ -403,18 +417,18 @@ def _trashed(store: Store) -> list[tuple[str, str]]:
     return entries
 
 
-def _finish(store: Store) -> int:
+def _finish(store: Store, steps: Steps) -> int:
     """Complete what an interrupted gc left in the trash; the number of folders emptied."""
     entries = _trashed(store)
     if entries:
         log.info("finishing an interrupted gc: %d folder(s) in %s", len(entries), store.trash_dir)
         for session_id, folder in entries:
-            _follow(store, session_id, folder)
-        _forget(store, entries)
+            _follow(store, session_id, folder, steps)
+        _forget(store, entries, steps)
     return len(entries)
 
 
-def _follow(store: Store, session_id: str, folder: str) -> None:
+def _follow(store: Store, session_id: str, folder: str, steps: Steps) -> None:
     """Move the companions a gc killed after moving a session's file left in ``sessions/`` into its
     trash folder; not when a session of that id exists again (they are its own: its creation
     removed the old ones)."""
@@ -424,7 +438,8 @@ def _follow(store: Store, session_id: str, folder: str) -> None:
         try:
             os.rename(store.path(session_id, name), os.path.join(folder, name))
         except FileNotFoundError:
-            pass
+            continue
+        steps.done()
 
 
 def _lock_budget() -> int:
@@ -450,6 +465,7 @@ def collect(
         raise InvalidQueryError(f"older_than_s must be a non-negative number of seconds, not {older_than_s!r}")
     cutoff = (time.time() if now is None else now) - older_than_s
     state = _Pass(store, cutoff)
+    steps = Steps(KILL_AFTER_ENV)
     finished = len(_trashed(store)) if dry_run else 0
     with contextlib.ExitStack() as stack:
         if not dry_run:
@@ -458,7 +474,7 @@ def collect(
             store.require_writable(store.index_dir, roots_index_path(store), store.trash_dir)
             make_dirs(store.trash_dir, durable=store.durability.syncs_at_commit)
             stack.enter_context(PinnedLock(os.path.join(store.trash_dir, ".lock")))
-            finished = _finish(store)
+            finished = _finish(store, steps)
         headers, children, damaged = _lineage(store)
         damaged_roots, unplaced = _placed(store, damaged)
         plans: list[_Plan] = []
@@ -493,10 +509,11 @@ def collect(
         else:
             # the children indexes of the sessions about to go: gc appends to them and drops them
             store.require_writable(*(store.children_index_path(sid) for plan in plans for sid in plan.order))
-            collected, late = _delete(store, plans, state, headers)
+            collected, late = _delete(store, plans, state, headers, steps)
             skipped += late
             if collected or finished:
                 compact_roots(store)
+                steps.done()
         # last: a collected session no longer names its crashed owner
         owners_removed = len(reap_owners(store, dry_run=dry_run))
     return GcReport(store.root, float(older_than_s), cutoff, dry_run, tuple(sorted(wanted)), tuple(collected), tuple(skipped),
@@ -507,7 +524,8 @@ def _collected(plan: _Plan) -> CollectedRoot:
     return CollectedRoot(plan.root.id, plan.root.label, plan.outcome, len(plan.order), plan.bytes, plan.last_active)
 
 
-def _delete(store: Store, plans: list[_Plan], state: _Pass, headers: dict[str, SessionHeader]) -> tuple[list[CollectedRoot], list[SkippedRoot]]:
+def _delete(store: Store, plans: list[_Plan], state: _Pass, headers: dict[str, SessionHeader],
+            steps: Steps) -> tuple[list[CollectedRoot], list[SkippedRoot]]:
     """Rename batches of subtrees into the trash, make the renames durable, then forget them."""
     collected: list[CollectedRoot] = []
     skipped: list[SkippedRoot] = []
@@ -515,24 +533,25 @@ def _delete(store: Store, plans: list[_Plan], state: _Pass, headers: dict[str, S
     batch: list[tuple[str, str]] = []
     try:
         for plan in plans:
-            kept = _remove(store, plan, state, limit, batch, headers)
+            kept = _remove(store, plan, state, limit, batch, headers, steps)
             if kept is not None:
                 skipped.append(kept)
                 continue
             collected.append(_collected(plan))
             if len(batch) >= _BATCH_SESSIONS:
-                _settle(store, batch)
+                _settle(store, batch, steps)
                 batch = []
     finally:
         if batch:  # also after a failure: what is in the trash is gone, its index entries go too
-            _settle(store, batch)
+            _settle(store, batch, steps)
     return collected, skipped
 
 
-def _settle(store: Store, batch: list[tuple[str, str]]) -> None:
+def _settle(store: Store, batch: list[tuple[str, str]], steps: Steps) -> None:
     if store.durability.syncs_at_commit:
         # the renames reach the disk before any index forgets them: a power loss never leaves
         # a session whose index entry is gone
         fsync_dir(store.sessions_dir)
         fsync_dir(store.trash_dir)
-    _forget(store, batch)
+    steps.done()
+    _forget(store, batch, steps)

@@ -287,7 +287,7 @@ def test_a_crash_mid_subtree_never_lists_a_removed_child_from_its_settled_row(st
     assert isinstance(plan, retention._Plan)
     moved: list[tuple[str, str]] = []
     os.makedirs(st.trash_dir)
-    assert retention._remove(st, plan, state, 100, moved, headers) is None
+    assert retention._remove(st, plan, state, 100, moved, headers, retention.Steps(retention.KILL_AFTER_ENV)) is None
     root_id, root_folder = moved[-1]
     assert root_id == "rRows"  # undo the root's move: as if killed just before it
     os.rename(os.path.join(root_folder, "session"), st.session_path("rRows"))
