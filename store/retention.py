@@ -41,6 +41,7 @@ import math
 import os
 import resource
 import secrets
+import stat
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -380,12 +381,14 @@ def _forget(store: Store, moved: Iterable[tuple[str, str]], steps: Steps) -> Non
     folder name that came back naming a new session's file would fail every later gc, one naming a
     new folder would have that folder emptied, and an index that came back would be read as the
     collected parent's (or be another file's)."""
-    moved = list(moved)
+    moved = [(session_id, folder) for session_id, folder in moved if not _foreign(store, folder, trash=True)]
     roots: list[str] = []
     with Removal(durable=store.durability.syncs_at_commit) as removal:
         for session_id, folder in moved:
             header = _trash_header(session_id, folder)
-            if drop_index(store, session_id, removal=removal):
+            if _foreign(store, store.children_index_path(session_id), trash=False):
+                pass
+            elif drop_index(store, session_id, removal=removal):
                 steps.done()
             if header is None:
                 continue
@@ -401,6 +404,41 @@ def _forget(store: Store, moved: Iterable[tuple[str, str]], steps: Steps) -> Non
             if removal.remove_each([folder], ignore_errors=True):
                 steps.done()
     steps.done()
+
+
+def _foreign(store: Store, path: str, *, trash: bool) -> bool:
+    """Whether ``path``, a trash folder (``trash``) or a children index gc is about to remove,
+    names a folder no gc or index writer made: then it is moved to ``trash/.foreign.<name>.<hex>``
+    (which no gc lists) and left there, with a warning, for an operator.
+
+    Such a folder is another program's. A gc killed inside a ``Removal`` frees the inodes it
+    held at once, while their names are still on the disk until the folders that held them are
+    fsync'd; a folder made meanwhile anywhere on the file system may take one of those inodes, and
+    after a power loss the boot's ``e2fsck -y`` keeps one of the two names of that folder, which
+    may be this one. Deleting it, as the next gc did (or failing on it, on every run), would
+    delete that program's files. A name of a file (not a folder) is removed as usual: ``e2fsck``
+    counts both of its names, and only this one goes."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(info.st_mode):
+        return False
+    if trash:
+        try:
+            names = os.listdir(path)
+        except OSError:
+            return False  # unreadable: removed as the removal can, or left with its error
+        if set(names) <= {_TRASHED_FILE, *COMPANIONS}:
+            return False
+    aside = os.path.join(store.trash_dir, f".foreign.{os.path.basename(path)}.{secrets.token_hex(4)}")
+    os.rename(path, aside)
+    if store.durability.syncs_at_commit:
+        fsync_dir(os.path.dirname(path))
+        fsync_dir(store.trash_dir)
+    log.warning("%s named a folder no gc made (another program's, after a power loss and e2fsck -y): moved to %s, "
+                "not deleted", path, aside)
+    return True
 
 
 def _trashed(store: Store) -> list[tuple[str, str]]:
@@ -432,8 +470,8 @@ def _follow(store: Store, session_id: str, folder: str, steps: Steps) -> None:
     """Move the companions a gc killed after moving a session's file left in ``sessions/`` into its
     trash folder; not when a session of that id exists again (they are its own: its creation
     removed the old ones)."""
-    if not is_valid_session_id(session_id) or store.exists(session_id):
-        return
+    if not is_valid_session_id(session_id) or store.exists(session_id) or not os.path.isdir(folder) or os.path.islink(folder):
+        return  # a name of a file in the trash: a stale name (``_foreign``), removed as it is
     for name in COMPANIONS:
         try:
             os.rename(store.path(session_id, name), os.path.join(folder, name))
