@@ -171,3 +171,54 @@ def everything(top: Path, prefix: str) -> dict[str, bytes]:
                 for file in files:
                     out[os.path.join(folder, file)] = Path(folder, file).read_bytes()
     return out
+
+
+# -- what an append that returned promises, commit point or not -------------------------------------
+
+
+TURN = [("turn/start", {}), ("assistant/message", {"text": "a" * 300}), ("tool/call", {"name": "t", "args": {"n": 1}}),
+        ("assistant/message", {"text": "b" * 20000})]  # the last outgrows the log's padding: the file's size changes
+
+
+def logged(records: list[dict]) -> list[tuple[int, str, object]]:
+    return [(r["seq"], r["type"], r["data"]) for r in records]
+
+
+def test_under_strict_every_append_that_returned_survives_a_power_loss_without_a_commit(disk: LoopFs):
+    """``durability="strict"`` fsyncs every append (README, "Key settings"): four appends, none a
+    commit point, the writer still open (no close, no commit), then the power is lost. Every
+    record reads, as the device holds them and after the boot's ``e2fsck -p``."""
+    st = store.Store(str(disk.mount / "store"), durability="strict")
+    store.create_session(st, "s")
+    run("sync", "-f", str(disk.mount))
+    with store.LogWriter.open(st, "s", epoch=0) as writer:
+        written = [r for kind, data in TURN for r in writer.append([(kind, data)])]
+        for name, fsck in (("as-is.img", None), ("checked.img", "-p")):
+            with after_power_loss(disk, name, fsck) as mount:
+                found = store.inspect(seen(mount), "s", locked=True)
+                assert found.status != "corrupt", name
+                assert logged(found.events)[-len(written):] == logged(written), name
+
+
+def test_under_batched_a_commit_point_keeps_everything_before_it(disk: LoopFs):
+    """``batched`` fsyncs at commit points (turn end, acceptance, creation: README, "Key settings"):
+    a turn appended in three batches, the last a commit, then two appends without one, and the
+    power is lost. What is promised, and asserted: every record up to the commit reads, and the log
+    is a prefix of what was written (the uncommitted appends may be there, in part, or not at all;
+    a cut one is a torn tail, never damage)."""
+    st = store.Store(str(disk.mount / "store"), durability="batched")
+    store.create_session(st, "s")
+    run("sync", "-f", str(disk.mount))
+    with store.LogWriter.open(st, "s", epoch=0) as writer:
+        committed = [r for kind, data in TURN[:3] for r in writer.append([(kind, data)])]
+        committed += writer.append([("turn/end", {"stop_reason": "completed"})], commit=True)
+        after = [r for kind, data in TURN for r in writer.append([(kind, data)])]
+        for name, fsck in (("as-is.img", None), ("checked.img", "-p")):
+            with after_power_loss(disk, name, fsck) as mount:
+                found = store.inspect(seen(mount), "s", locked=True)
+                assert found.status in ("clean", "torn"), (name, found.status, found.damage)
+                events = logged(found.events)
+                start = events.index(logged(committed)[0])
+                assert events[start:start + len(committed)] == logged(committed), name
+                rest = events[start + len(committed):]
+                assert rest == logged(after)[:len(rest)], name
