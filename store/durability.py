@@ -14,12 +14,11 @@ would report a false success (the fsyncgate lesson).
 from __future__ import annotations
 
 import os
-import signal
 from typing import Literal
 
 from .errors import DurabilityError
 
-__all__ = ["DurabilityName", "Durability", "Strict", "Batched", "NoSync", "durability_policy", "Steps"]
+__all__ = ["DurabilityName", "Durability", "Strict", "Batched", "NoSync", "durability_policy"]
 
 DurabilityName = Literal["strict", "batched", "none"]
 
@@ -90,18 +89,3 @@ def durability_policy(name: str) -> Durability:
     except KeyError:
         raise ValueError(f"unknown durability policy {name!r} (strict, batched or none)") from None
 
-
-class Steps:
-    """Counts the changes a multi-step operation (``migrate``, ``gc``) makes; with the environment
-    variable ``env`` set to N the process SIGKILLs itself right after the N-th. Test-only: the
-    crash tests stop a run at every one of its steps, which a kill at a random moment would reach
-    only by chance."""
-
-    def __init__(self, env: str) -> None:
-        self.count = 0
-        self.kill_after = int(os.environ.get(env) or 0)
-
-    def done(self) -> None:
-        self.count += 1
-        if self.count == self.kill_after:
-            os.kill(os.getpid(), signal.SIGKILL)

@@ -59,7 +59,8 @@ from typing import Any, Iterator
 import msgpack
 
 from .atomic import fsync_dir, read_bytes, remove_durably, write_atomic, write_new
-from .durability import Durability, Steps, durability_policy
+from .durability import Durability, durability_policy
+from .steps import Steps
 from .errors import ReadOnlyStoreError, StoreFormatError, SubagentError
 from .framing import scan
 from .ids import is_valid_session_id

@@ -49,7 +49,7 @@ from typing import Iterable, Literal
 
 from .atomic import DIR_MODE, Removal, fsync_dir, make_dirs
 from .description import mailbox_counts
-from .durability import Steps
+from .steps import Steps
 from .errors import InvalidQueryError, LockTimeoutError, SubagentError
 from .header import SessionHeader, parse_header
 from .ids import is_valid_session_id
