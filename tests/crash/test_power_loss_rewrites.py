@@ -52,6 +52,22 @@ from .test_migrate_crash import run_killed
 SAMPLE = ("c1", "c2", "c3", "r1", "r2")
 
 
+def collected_old_tree(disk: LoopFs) -> store.Store:
+    """A store on ``disk`` with two trees, ``old`` and ``kept`` (3 children each), on the device;
+    then a gc that collects ``old`` (an hour old) and returns. The store."""
+    st = store.Store(str(disk.mount / "store"))
+    for root in ("old", "kept"):
+        store.create_session(st, root)
+        for i in range(3):
+            store.create_session(st, f"{root}{i}", parent_session=root)
+    hour_ago = time.time() - 3600
+    for session_id in ("old", "old0", "old1", "old2"):
+        os.utime(st.session_path(session_id), (hour_ago, hour_ago))
+    run("sync", "-f", str(disk.mount))
+    assert [c.id for c in store.collect(st, 600.0).collected] == ["old"]
+    return st
+
+
 def reading(st: store.Store, session_ids: tuple[str, ...]) -> dict[str, Any]:
     """What the store's readers say of ``session_ids``: to compare a store with itself after a power loss."""
     found: dict[str, Any] = {"ids": st.session_ids(), "roots": [r.id for r in store.list_roots(st)]}
@@ -374,16 +390,7 @@ def test_a_gc_before_a_power_loss_leaves_no_trash_naming_a_file_made_after_it(di
     After the power loss ``trash/`` holds nothing a later gc would read (a folder name there that
     names a new session's file made the next gc fail, ``NotADirectoryError``, on every run), and
     the next gc runs and keeps every session."""
-    st = store.Store(str(disk.mount / "store"))
-    for root in ("old", "kept"):
-        store.create_session(st, root)
-        for i in range(3):
-            store.create_session(st, f"{root}{i}", parent_session=root)
-    hour_ago = time.time() - 3600
-    for session_id in ("old", "old0", "old1", "old2"):
-        os.utime(st.session_path(session_id), (hour_ago, hour_ago))
-    run("sync", "-f", str(disk.mount))
-    assert [c.id for c in store.collect(st, 600.0).collected] == ["old"]
+    st = collected_old_tree(disk)
     made = ["new"] + [f"new{i}" for i in range(6)]
     store.create_session(st, "new")
     for sid in made[1:]:
@@ -408,16 +415,7 @@ def test_a_gc_before_a_power_loss_leaves_no_index_of_a_collected_parent_naming_a
     boot's ``e2fsck -p``, the collected parent has no index: not its old one back, least of all a
     name for the new session's file (which ``read_children`` would read as an index, and an append
     for a parent of that id would write into)."""
-    st = store.Store(str(disk.mount / "store"))
-    for root in ("old", "kept"):
-        store.create_session(st, root)
-        for i in range(3):
-            store.create_session(st, f"{root}{i}", parent_session=root)
-    hour_ago = time.time() - 3600
-    for session_id in ("old", "old0", "old1", "old2"):
-        os.utime(st.session_path(session_id), (hour_ago, hour_ago))
-    run("sync", "-f", str(disk.mount))
-    assert [c.id for c in store.collect(st, 600.0).collected] == ["old"]
+    st = collected_old_tree(disk)
     made = [f"new{i}" for i in range(6)]
     for sid in made:  # children of a parent whose index exists: no new file in index/children/
         store.create_session(st, sid, parent_session="kept")
