@@ -88,4 +88,3 @@ def durability_policy(name: str) -> Durability:
         return policies[name]()
     except KeyError:
         raise ValueError(f"unknown durability policy {name!r} (strict, batched or none)") from None
-

@@ -386,9 +386,8 @@ def _forget(store: Store, moved: Iterable[tuple[str, str]], steps: Steps) -> Non
     with Removal(durable=store.durability.syncs_at_commit) as removal:
         for session_id, folder in moved:
             header = _trash_header(session_id, folder)
-            if _foreign(store, store.children_index_path(session_id), trash=False):
-                pass
-            elif drop_index(store, session_id, removal=removal):
+            index = store.children_index_path(session_id)
+            if not _foreign(store, index, trash=False) and drop_index(store, session_id, removal=removal):
                 steps.done()
             if header is None:
                 continue
@@ -418,11 +417,7 @@ def _foreign(store: Store, path: str, *, trash: bool) -> bool:
     may be this one. Deleting it, as the next gc did (or failing on it, on every run), would
     delete that program's files. A name of a file (not a folder) is removed as usual: ``e2fsck``
     counts both of its names, and only this one goes."""
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return False
-    if not stat.S_ISDIR(info.st_mode):
+    if not _is_folder(path):
         return False
     if trash:
         try:
@@ -470,7 +465,7 @@ def _follow(store: Store, session_id: str, folder: str, steps: Steps) -> None:
     """Move the companions a gc killed after moving a session's file left in ``sessions/`` into its
     trash folder; not when a session of that id exists again (they are its own: its creation
     removed the old ones)."""
-    if not is_valid_session_id(session_id) or store.exists(session_id) or not os.path.isdir(folder) or os.path.islink(folder):
+    if not is_valid_session_id(session_id) or store.exists(session_id) or not _is_folder(folder):
         return  # a name of a file in the trash: a stale name (``_foreign``), removed as it is
     for name in COMPANIONS:
         try:
@@ -478,6 +473,14 @@ def _follow(store: Store, session_id: str, folder: str, steps: Steps) -> None:
         except FileNotFoundError:
             continue
         steps.done()
+
+
+def _is_folder(path: str) -> bool:
+    """A folder itself (not a link to one); False when nothing is there."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 def _lock_budget() -> int:

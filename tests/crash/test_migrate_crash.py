@@ -85,13 +85,19 @@ def whole_once(root: Path, companions: dict[str, bytes]) -> None:
     assert (entry / "header").is_file() or (entry / "session").is_file()
 
 
-def test_a_kill_after_any_step_leaves_a_store_the_next_run_finishes(tmp_path):
+def migrated_sample(tmp_path: Path) -> tuple[Path, int, dict[str, bytes | None]]:
+    """The version-1 sample store (``template``), and what an uninterrupted ``migrate`` of a copy of
+    it does: its number of steps and the snapshot of what it leaves."""
     template = tmp_path / "template"
     build_sample(template)
     reference = tmp_path / "reference"
     shutil.copytree(template, reference)
     steps = migrate(reference).steps
-    expected = snapshot(reference)
+    return template, steps, snapshot(reference)
+
+
+def test_a_kill_after_any_step_leaves_a_store_the_next_run_finishes(tmp_path):
+    template, steps, expected = migrated_sample(tmp_path)
     before = snapshot(template)
     companions = {f"{sid}/{kind}": before[f"sessions/{sid}/{kind}"] for sid in SESSIONS for kind in ("identity", "mailbox", "control")
                   if f"sessions/{sid}/{kind}" in before}

@@ -47,7 +47,7 @@ from subagents.store.session_file import SessionFile
 from tests.store._v1_store import build_sample, snapshot, v3_store
 
 from ._power_loss import LoopFs, after_power_loss, problems, run, seen
-from .test_migrate_crash import run_killed
+from .test_migrate_crash import migrated_sample, run_killed
 
 SAMPLE = ("c1", "c2", "c3", "r1", "r2")
 
@@ -146,12 +146,7 @@ def test_a_power_loss_at_any_step_of_migrate_leaves_a_store_the_next_run_finishe
     freed, as any process on the file system may. The boot's ``e2fsck -p`` passes alone (each step
     ends once what it removed is written as deleted), each copy is refused (naming ``migrate``)
     until its run is finished, and a run finishes it to the bytes an uninterrupted run writes."""
-    template = tmp_path / "template"
-    build_sample(template)
-    reference = tmp_path / "reference"
-    shutil.copytree(template, reference)
-    steps = migrate(reference).steps
-    expected = snapshot(reference)
+    template, steps, expected = migrated_sample(tmp_path)
     jobs = []
     for n in range(1, steps + 1):
         jobs.append((disk.mount / f"k{n}", n))
