@@ -55,7 +55,6 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from typing import Any

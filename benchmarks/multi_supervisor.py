@@ -32,10 +32,8 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
-from typing import Any
 
 from _common import temp_base  # noqa: E402  (first: puts the repository on sys.path)
 

@@ -39,7 +39,6 @@ import os
 import shutil
 import signal
 import statistics
-import sys
 import tempfile
 import time
 from typing import Any

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 
-import anyio
 import pytest
 
 from subagents.store import Store, inspect, read_lease, read_mailbox, session_status

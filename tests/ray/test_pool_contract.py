@@ -13,7 +13,6 @@ import pytest
 
 from subagents.store import read_lease
 from subagents.supervisor import SubagentRequest
-from subagents.supervisor.ray_cluster import SimulatedCluster
 
 from ..conftest import DEADLINE_S, events_of, last_turn_end, said, wait_until
 from ._pools import open_pool_supervisor

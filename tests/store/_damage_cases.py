@@ -28,7 +28,6 @@ import atexit
 import dataclasses
 import functools
 import logging
-import math
 import os
 import random
 import shutil

@@ -19,7 +19,6 @@ import sys
 import threading
 from typing import Any
 
-import pytest
 
 from subagents import store
 from subagents.store import Store, collect, description, locks

@@ -18,7 +18,6 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import pytest
 
 from subagents import store
 from subagents.store import index

@@ -14,7 +14,6 @@ import os
 import threading
 import time
 
-import pytest
 
 from subagents import store
 from subagents.store.check import check_store

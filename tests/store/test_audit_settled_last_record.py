@@ -18,7 +18,6 @@ from subagents.store.check import check_store
 from subagents.store.framing import FRAME
 
 from ..session_bytes import log_start
-from ._support import ONE_SHOT
 from .test_settled_mtime import flip, settle
 
 

@@ -187,7 +187,7 @@ def test_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     st = Store(path, durability="none")
     for _ in range(300):  # more output than a pipe buffer holds
         create_session(st, store.new_id(), parent_session=root, origin="subagent", delegation_depth=1)
-    done = subprocess.run(["bash", "-c", f'set -o pipefail; "$@" | head -1', "sh", *CLI, "--store", "st", "tree"],
+    done = subprocess.run(["bash", "-c", 'set -o pipefail; "$@" | head -1', "sh", *CLI, "--store", "st", "tree"],
                           cwd=tmp_path, env=FAST, capture_output=True, text=True, timeout=DEADLINE_S)
     assert done.stdout.count("\n") == 1
     assert done.stderr == ""
@@ -241,7 +241,7 @@ def test_a_parent_whose_header_is_damaged_still_lists_its_children(tmp_path: Pat
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     [warning] = done.stderr.strip().splitlines()
-    assert warning.startswith(f"warning: CORRUPT_SESSION: ") and root in warning, warning
+    assert warning.startswith("warning: CORRUPT_SESSION: ") and root in warning, warning
     if verb == "summary":
         assert json.loads(done.stdout)["subagents"] == 1, done.stdout
     elif verb == "drain":  # its one child is a finished one-shot: nothing to tear down, and no refusal

@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 
-import anyio
 import pytest
 
 from subagents.store import Store, inspect
