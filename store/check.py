@@ -106,6 +106,7 @@ class CheckCounts:
     creations_interrupted: int = 0  # headers whose creator died before indexing them, before anyone used them
     vanished: int = 0  # sessions removed between the listing and their reading
     collecting: int = 0  # index entries of sessions a gc moved to trash/ and has not forgotten yet (store/retention.py)
+    set_aside: int = 0  # other programs' folders a gc found in its way and left in trash/ (``Store.set_aside``)
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,7 @@ def check_store(store: Store | str | os.PathLike[str], *, in_flight_s: float = I
         _check_session(state, session_id)
     _check_index(state, in_flight_s)
     _recheck_leases(state)
+    state.add("set_aside", len(handle.set_aside()))
     return CheckReport(handle.root, state.now, CheckCounts(**state.counts), tuple(state.violations))
 
 

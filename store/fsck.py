@@ -18,7 +18,8 @@ session (a creation's leftover temporary file, a folder, an orphaned
 companion: ``no-header`` / ``stray``), index entries of sessions whose
 header does not read (``index-unproven``: kept, the only record of where the
 damaged session belongs), and index entries of sessions an
-interrupted ``gc`` left in ``trash/`` (``collecting``: harmless, the next gc ends it). Every read goes through the store's
+interrupted ``gc`` left in ``trash/`` (``collecting``: harmless, the next gc ends it), and folders
+a gc moved aside in ``trash/`` rather than delete (``set-aside``: another program's). Every read goes through the store's
 defensive readers, so a damaged file is a finding about its own session.
 """
 
@@ -102,6 +103,9 @@ def fsck(store: Store, *, repair: bool, lease_ttl_s: float) -> dict[str, Any]:
             finding["repaired"] = finding["repair"].startswith("repaired")
         findings.append(finding)
     findings.extend(_index_findings(store, [name for name in names if is_valid_session_id(name)]))
+    findings.extend({"id": name, "kind": "set-aside", "detail": "a folder gc found where it was about to delete (another "
+                     "program's: a name a power loss and `e2fsck -y` left after an interrupted gc) and moved to trash/ "
+                     "instead; no gc touches it: look inside and remove it by hand"} for name in store.set_aside())
     return {
         "store": store.root,
         "sessions": checked,

@@ -61,7 +61,7 @@ from .log import read_projection
 from .outcome import OUTCOMES, outcome_of
 from .projection import Projection
 from .reader import read_header
-from .root import COMPANIONS, Store
+from .root import COMPANIONS, SET_ASIDE_PREFIX, Store
 from .session_file import SessionFile
 from .roots import compact_roots, indexed_roots, remove_roots, roots_index_path
 
@@ -120,6 +120,7 @@ class GcReport:
     young: int = 0  # roots kept: their subtree was active after the cutoff
     other_outcome: int = 0  # old roots kept: their outcome was not asked for
     finished: int = 0  # trash folders an interrupted gc left, emptied first (a dry run: that are there)
+    set_aside: int = 0  # other programs' folders gc found in its way and left in trash/ (``Store.set_aside``)
     owners_removed: int = 0  # records of crashed supervisors that held nothing (``reap_owners``; a dry run: that would go)
     elapsed_s: float = 0.0
 
@@ -426,7 +427,7 @@ def _foreign(store: Store, path: str, *, trash: bool) -> bool:
             return False  # unreadable: removed as the removal can, or left with its error
         if set(names) <= {_TRASHED_FILE, *COMPANIONS}:
             return False
-    aside = os.path.join(store.trash_dir, f".foreign.{os.path.basename(path)}.{secrets.token_hex(4)}")
+    aside = os.path.join(store.trash_dir, f"{SET_ASIDE_PREFIX}{os.path.basename(path)}.{secrets.token_hex(4)}")
     os.rename(path, aside)
     if store.durability.syncs_at_commit:
         fsync_dir(os.path.dirname(path))
@@ -558,7 +559,7 @@ def collect(
         # last: a collected session no longer names its crashed owner
         owners_removed = len(reap_owners(store, dry_run=dry_run))
     return GcReport(store.root, float(older_than_s), cutoff, dry_run, tuple(sorted(wanted)), tuple(collected), tuple(skipped),
-                    young, other, finished, owners_removed, time.monotonic() - started)
+                    young, other, finished, len(store.set_aside()), owners_removed, time.monotonic() - started)
 
 
 def _collected(plan: _Plan) -> CollectedRoot:

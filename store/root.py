@@ -26,13 +26,15 @@ from .errors import ReadOnlyStoreError, StoreFormatError, StoreNotFoundError
 from .framing import DEFAULT_RECORD_LIMIT, MAX_RECORD_BYTES
 from .ids import is_valid_session_id, validate_session_id
 
-__all__ = ["STORE_FORMAT", "STORE_VERSION", "MIGRATE_HINT", "COMPANIONS", "Store", "missing_marker", "read_marker"]
+__all__ = ["STORE_FORMAT", "STORE_VERSION", "MIGRATE_HINT", "COMPANIONS", "SET_ASIDE_PREFIX", "Store", "missing_marker", "read_marker"]
 
 STORE_FORMAT = "subagents-store"
 STORE_VERSION = 4
 # what a store of an older version (or one whose conversion was interrupted) is told to run
 MIGRATE_HINT = "run `subagents store migrate` to convert it"
 # the names a session's lazily made companion files take beside its file (``sessions/<id>.<name>``)
+# the names of folders gc moved aside rather than delete (``Store.set_aside``)
+SET_ASIDE_PREFIX = ".foreign."
 COMPANIONS = ("mailbox", "control", "identity")
 
 # What a store folder holds while a creator is between its first sub-folder and its marker
@@ -215,6 +217,16 @@ class Store:
         except (FileNotFoundError, NotADirectoryError):
             return False
         return any(name.partition(".")[0] == session_id for name in names if not name.startswith("."))
+
+    def set_aside(self) -> list[str]:
+        """The names in ``trash/`` of folders gc found where it was about to delete and moved aside
+        (``trash/.foreign.<name>.<hex>``, ``store/retention.py``): another program's, for an
+        operator to look at. No gc lists or deletes them; ``fsck`` and ``check`` report them."""
+        try:
+            names = os.listdir(self.trash_dir)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted(name for name in names if name.startswith(SET_ASIDE_PREFIX))
 
     def session_path(self, session_id: str) -> str:
         """``sessions/<id>``: the session's one file (``store/session_file.py``).

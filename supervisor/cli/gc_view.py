@@ -32,6 +32,7 @@ def gc_doc(report: GcReport) -> dict[str, Any]:
         "young": report.young,
         "other_outcome": report.other_outcome,
         "finished": report.finished,
+        "set_aside": report.set_aside,
         "owners_removed": report.owners_removed,
         "sessions": report.sessions,
         "bytes": report.bytes,
@@ -63,6 +64,9 @@ def render_gc(out: Output, doc: dict[str, Any]) -> None:
         out.line(f"an interrupted gc left {_plural(doc['finished'], 'folder')} in trash/: gc empties them first")
     elif doc["finished"]:
         out.line(f"finished an interrupted gc: {_plural(doc['finished'], 'folder')} emptied from trash/")
+    if doc["set_aside"]:
+        out.line(f"warning: {_plural(doc['set_aside'], 'folder')} of another program left in trash/.foreign.*, never "
+                 "deleted by gc: see `subagents store fsck`")
     if doc["owners_removed"]:
         owners = _plural(doc["owners_removed"], "record")
         out.line(f"{'would remove' if doc['dry_run'] else 'removed'} {owners} of crashed supervisors that held nothing (owners/)")

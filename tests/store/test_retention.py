@@ -424,3 +424,32 @@ def test_a_root_whose_header_does_not_read_is_reported_not_passed_over(st: Store
     assert [(s.id, s.session, s.reason) for s in report.skipped] == [("rBad", "rBad", "unreadable")]
     assert "fsck" in report.skipped[0].detail
     assert all(os.path.isfile(st.session_path(sid)) for sid in bad)
+
+
+def test_a_strangers_folder_in_the_trash_or_in_an_index_is_set_aside_and_reported(st: Store) -> None:
+    """After a gc killed mid-removal and a power loss, ``e2fsck -y`` may leave a name gc is about to
+    delete (a trash folder, a children index) naming another program's folder. gc moves it to
+    ``trash/.foreign.*`` and deletes nothing in it; the report, ``fsck`` and ``check`` say so on
+    every run until an operator removes it, and later gcs leave it where it is."""
+    subtree(st, "rOld", children=1)
+    subtree(st, "rTwo", children=1)
+    to_trash(st, "rTwoc0g")
+    stranger = os.path.join(st.trash_dir, "rTwoc0g.0badcafe")
+    with open(os.path.join(stranger, "notes.txt"), "w") as handle:
+        handle.write("theirs")  # the trash folder now also holds a stranger's file
+    index = st.children_index_path("rOldc0g")
+    os.makedirs(os.path.join(index, "photos"))  # a stranger's folder where gc will drop the index
+    report = collect(st, 7 * DAY)
+    assert sorted(c.id for c in report.collected) == ["rOld", "rTwo"] and report.set_aside == 2, report
+    aside = sorted(n for n in os.listdir(st.trash_dir) if n.startswith(".foreign."))
+    assert [n.rsplit(".", 1)[0] for n in aside] == [".foreign.rOldc0g", ".foreign.rTwoc0g.0badcafe"]
+    assert read_file(os.path.join(st.trash_dir, aside[1], "notes.txt")) == b"theirs"
+    assert os.path.isdir(os.path.join(st.trash_dir, aside[0], "photos"))
+    found = fsck(st, repair=False, lease_ttl_s=5.0)
+    set_aside = [f for f in found["findings"] if f["kind"] == "set-aside"]
+    assert sorted(f["id"] for f in set_aside) == aside and all("by hand" in f["detail"] for f in set_aside), found
+    checked = check_store(st)
+    assert checked.clean and checked.counts.set_aside == 2, str(checked)
+    again = collect(st, 7 * DAY)
+    assert again.set_aside == 2 and again.finished == 0
+    assert sorted(n for n in os.listdir(st.trash_dir) if n.startswith(".foreign.")) == aside

@@ -259,3 +259,17 @@ async def test_supervisor_gc_keeps_its_own_roots(tmp_path: Path) -> None:
         assert [(s.id, s.reason) for s in report.skipped] == [(mine.id, "held")] and st.exists(mine.id)
         dry = await sup.gc(0.0, dry_run=True)
         assert dry.dry_run and not dry.collected and st.exists(mine.id)
+
+
+def test_gc_and_fsck_name_a_strangers_folder_gc_set_aside(st: Store) -> None:
+    """A folder of another program where gc was about to delete (what ``e2fsck -y`` can leave after
+    an interrupted gc and a power loss) is moved to ``trash/.foreign.*``: ``gc`` warns of it on every
+    run and ``store fsck`` names it, until an operator removes it."""
+    subtree(st, "rOld")
+    os.makedirs(os.path.join(st.children_index_path("rOldc1"), "photos"))
+    first = ok(st, "gc", "--older-than", "7d")
+    assert "warning: 1 folder of another program left in trash/.foreign.*" in first, first
+    assert json.loads(ok(st, "gc", "--older-than", "7d", "--json"))["set_aside"] == 1
+    (name,) = st.set_aside()
+    assert os.path.isdir(os.path.join(st.trash_dir, name, "photos"))
+    assert f"set-aside       {name}  a folder gc found" in ok(st, "store", "fsck")
