@@ -23,6 +23,7 @@ import errno
 import fcntl
 import logging
 import os
+import re
 import secrets
 import stat
 from typing import Iterable
@@ -31,7 +32,8 @@ from .errors import DurabilityError
 
 __all__ = [
     "FILE_MODE", "DIR_MODE", "NOFOLLOW", "make_dirs", "write_atomic", "write_new", "NewFile", "write_unnamed",
-    "fsync_dir", "remove_durably", "Removal", "read_bytes", "pread_all",
+    "fsync_dir", "remove_durably", "Removal", "read_bytes", "pread_all", "temporary_writer", "TEMPORARY_INFIX",
+    "CREATION_INFIX",
 ]
 
 FILE_MODE = 0o600
@@ -241,6 +243,22 @@ def _sync_unlinked(fd: int) -> None:
                     "the boot's e2fsck -p may stop at it as unattached", exc)
 
 
+# The temporary names of a write under way: ``write_atomic``'s ``<name>.tmp.<pid>.<hex>`` and
+# ``write_unnamed``'s fallback ``.<name>.new.<pid>.<hex>``. A writer killed before its rename leaves
+# one for good; ``temporary_writer`` tells them from every other name (``store/leftovers.py``).
+TEMPORARY_INFIX = ".tmp."
+CREATION_INFIX = ".new."
+_TEMPORARY = re.compile(r"(?P<stem>[A-Za-z0-9_-]+)\.tmp\.(?P<pid>[0-9]{1,10})\.[0-9a-f]{1,16}")
+_CREATION = re.compile(r"\.(?P<stem>[A-Za-z0-9_-]+)\.new\.(?P<pid>[0-9]{1,10})\.[0-9a-f]{1,16}")
+
+
+def temporary_writer(name: str) -> int | None:
+    """The pid of the process that wrote ``name``, if it is the temporary name of one of this
+    module's writes (``write_atomic``, ``write_unnamed``); ``None`` for every other name."""
+    found = _TEMPORARY.fullmatch(name) or _CREATION.fullmatch(name)
+    return int(found["pid"]) if found else None
+
+
 def write_atomic(path: str, data: bytes, *, durable: bool, exclusive: bool = False, sync_dir: bool = True) -> None:
     """Replace ``path`` with ``data`` atomically.
 
@@ -258,7 +276,7 @@ def write_atomic(path: str, data: bytes, *, durable: bool, exclusive: bool = Fal
     folder = os.path.dirname(path)
     old = _hold(path) if durable and sync_dir and not exclusive else None
     try:
-        tmp = f"{path}.tmp.{os.getpid()}.{id(data):x}"
+        tmp = f"{path}{TEMPORARY_INFIX}{os.getpid()}.{id(data):x}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, FILE_MODE)
         try:
             try:
@@ -367,7 +385,7 @@ def write_unnamed(path: str, data: bytes) -> NewFile:
     fd = _open_unnamed(os.path.dirname(path))
     if fd is None:
         folder, name = os.path.split(path)
-        temp_path = os.path.join(folder, f".{name}.new.{os.getpid()}.{secrets.token_hex(4)}")
+        temp_path = os.path.join(folder, f".{name}{CREATION_INFIX}{os.getpid()}.{secrets.token_hex(4)}")
         fd = _open_temporary(temp_path)
     new_file = NewFile(path, fd, temp_path)
     try:

@@ -35,6 +35,7 @@ from .ids import is_valid_session_id
 from .index import IndexEntry, read_children
 from .roots import indexed_roots, roots_index_problem
 from .mailbox import scan_mailbox
+from .leftovers import find_leftovers
 from .lease import Lease, OwnerRecord, check_lease, host_identity, owner_alive, process_start_time, read_lease, read_owner
 from .projection import Projection
 from .reader import Inspection, inspect, inspect_error_kind, read_header
@@ -107,6 +108,7 @@ class CheckCounts:
     vanished: int = 0  # sessions removed between the listing and their reading
     collecting: int = 0  # index entries of sessions a gc moved to trash/ and has not forgotten yet (store/retention.py)
     set_aside: int = 0  # other programs' folders a gc found in its way and left in trash/ (``Store.set_aside``)
+    interrupted_writes: int = 0  # temporary names of writes a kill interrupted; gc removes them (store/leftovers.py)
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,7 @@ def check_store(store: Store | str | os.PathLike[str], *, in_flight_s: float = I
     _check_index(state, in_flight_s)
     _recheck_leases(state)
     state.add("set_aside", len(handle.set_aside()))
+    state.add("interrupted_writes", len(find_leftovers(handle)))
     return CheckReport(handle.root, state.now, CheckCounts(**state.counts), tuple(state.violations))
 
 

@@ -19,7 +19,8 @@ companion: ``no-header`` / ``stray``), index entries of sessions whose
 header does not read (``index-unproven``: kept, the only record of where the
 damaged session belongs), and index entries of sessions an
 interrupted ``gc`` left in ``trash/`` (``collecting``: harmless, the next gc ends it), and folders
-a gc moved aside in ``trash/`` rather than delete (``set-aside``: another program's). Every read goes through the store's
+a gc moved aside in ``trash/`` rather than delete (``set-aside``: another program's), and the
+temporary files of rewrites a kill interrupted (``interrupted-write``: ``store/leftovers.py``). Every read goes through the store's
 defensive readers, so a damaged file is a finding about its own session.
 """
 
@@ -35,6 +36,7 @@ from .control import INVALID, read_controls
 from .errors import LeaseHeldError, SubagentError
 from .ids import is_valid_session_id, new_id
 from .index import read_index
+from .leftovers import find_leftovers
 from .lease import acquire_lease, check_lease, owner_alive, read_lease, read_owner, register_owner, release_lease, remove_owner
 from .log import LogWriter
 from .mailbox import require_consumed_prefix
@@ -103,6 +105,10 @@ def fsck(store: Store, *, repair: bool, lease_ttl_s: float) -> dict[str, Any]:
             finding["repaired"] = finding["repair"].startswith("repaired")
         findings.append(finding)
     findings.extend(_index_findings(store, [name for name in names if is_valid_session_id(name)]))
+    findings.extend({"id": one.name, "kind": "interrupted-write", "detail": f"the temporary file of a rewrite whose "
+                     f"process (pid {one.pid}) was killed before renaming it: harmless, never read; the next "
+                     f"`subagents gc` removes it" + ("" if one.removable else " once it is a minute old and its process gone")}
+                    for one in find_leftovers(store) if os.path.dirname(one.path) != store.sessions_dir)
     findings.extend({"id": name, "kind": "set-aside", "detail": "a folder gc found where it was about to delete (another "
                      "program's: a name a power loss and `e2fsck -y` left after an interrupted gc) and moved to trash/ "
                      "instead; no gc touches it: look inside and remove it by hand"} for name in store.set_aside())
@@ -130,7 +136,7 @@ def _name_finding(name: str, path: str, present: set[str]) -> tuple[str, str] | 
             return "stray", "a folder, not a session file (a store of format 1 is converted by `subagents store migrate`)"
         return None
     if not stem and ".new." in name:
-        return "no-header", "a creation that never published its file (nothing lists or resumes it)"
+        return "no-header", "a creation that never published its file (nothing lists or resumes it; the next `subagents gc` removes it)"
     if is_valid_session_id(stem) and suffix in COMPANIONS:
         if stem in present:
             return None

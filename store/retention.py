@@ -55,6 +55,7 @@ from .header import SessionHeader, parse_header
 from .ids import is_valid_session_id
 from .index import drop_index, indexed_children, mark_all_active, read_children, remove_child
 from .lease import check_lease, host_identity, owner_alive, process_start_time, read_owner
+from .leftovers import remove_leftovers
 from .reaper import reap_owners
 from .locks import PinnedLock
 from .log import read_projection
@@ -122,6 +123,7 @@ class GcReport:
     finished: int = 0  # trash folders an interrupted gc left, emptied first (a dry run: that are there)
     set_aside: int = 0  # other programs' folders gc found in its way and left in trash/ (``Store.set_aside``)
     owners_removed: int = 0  # records of crashed supervisors that held nothing (``reap_owners``; a dry run: that would go)
+    leftovers_removed: int = 0  # temporary names of writes a kill interrupted (``store/leftovers.py``; a dry run: that would go)
     elapsed_s: float = 0.0
 
     @property
@@ -558,8 +560,10 @@ def collect(
                 steps.done()
         # last: a collected session no longer names its crashed owner
         owners_removed = len(reap_owners(store, dry_run=dry_run))
+        leftovers_removed = remove_leftovers(store, dry_run=dry_run)
     return GcReport(store.root, float(older_than_s), cutoff, dry_run, tuple(sorted(wanted)), tuple(collected), tuple(skipped),
-                    young, other, finished, len(store.set_aside()), owners_removed, time.monotonic() - started)
+                    young, other, finished, len(store.set_aside()), owners_removed, leftovers_removed,
+                    time.monotonic() - started)
 
 
 def _collected(plan: _Plan) -> CollectedRoot:

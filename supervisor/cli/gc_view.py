@@ -34,6 +34,7 @@ def gc_doc(report: GcReport) -> dict[str, Any]:
         "finished": report.finished,
         "set_aside": report.set_aside,
         "owners_removed": report.owners_removed,
+        "leftovers_removed": report.leftovers_removed,
         "sessions": report.sessions,
         "bytes": report.bytes,
         "elapsed_s": round(report.elapsed_s, 3),
@@ -70,6 +71,9 @@ def render_gc(out: Output, doc: dict[str, Any]) -> None:
     if doc["owners_removed"]:
         owners = _plural(doc["owners_removed"], "record")
         out.line(f"{'would remove' if doc['dry_run'] else 'removed'} {owners} of crashed supervisors that held nothing (owners/)")
+    if doc["leftovers_removed"]:
+        files = _plural(doc["leftovers_removed"], "temporary file")
+        out.line(f"{'would remove' if doc['dry_run'] else 'removed'} {files} of writes a kill interrupted")
     total = (f"{verb} {_plural(len(doc['collected']), 'subtree')}, {_plural(doc['sessions'], 'session')}, "
              f"{_size(doc['bytes'])} in {doc['elapsed_s']:.2f} s")
     kept = [f"{doc['young']} active within {_age(doc['older_than_s'])}"]

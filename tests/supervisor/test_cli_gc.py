@@ -273,3 +273,16 @@ def test_gc_and_fsck_name_a_strangers_folder_gc_set_aside(st: Store) -> None:
     (name,) = st.set_aside()
     assert os.path.isdir(os.path.join(st.trash_dir, name, "photos"))
     assert f"set-aside       {name}  a folder gc found" in ok(st, "store", "fsck")
+
+
+def test_gc_says_it_removed_the_temporary_file_of_an_interrupted_write(st: Store) -> None:
+    subtree(st, "rOld")
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    left = os.path.join(st.children_index_dir, f"rOld.tmp.{int(done.stdout)}.7f00")  # its writer has exited
+    with open(left, "wb"):
+        pass
+    os.utime(left, (1e9, 1e9))
+    assert "interrupted-write" in ok(st, "store", "fsck")
+    assert "would remove 1 temporary file of writes a kill interrupted" in ok(st, "gc", "--older-than", "7d", "--dry-run")
+    assert "removed 1 temporary file of writes a kill interrupted" in ok(st, "gc", "--older-than", "7d")
+    assert not os.path.exists(left)
