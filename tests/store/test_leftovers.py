@@ -30,6 +30,7 @@ KILLED_AT_RENAME = """
 import os, signal, sys
 from subagents import store
 from subagents.store.lease import register_owner
+from subagents.store.reaper import write_hint
 from subagents.store.roots import compact_roots
 
 def die(*args, **kwargs):
@@ -42,6 +43,8 @@ if what == "reindex":
     store.reindex(st)
 elif what == "owner":
     register_owner(st, "ownerKilled", ttl=5.0)
+elif what == "hint":
+    write_hint(st, "ownerGone", {"rKept"})
 elif what == "roots":
     compact_roots(st)
 """
@@ -74,7 +77,7 @@ def st(tmp_path) -> Store:
     return st
 
 
-@pytest.mark.parametrize("what, where", [("reindex", "index/children"), ("owner", "owners"), ("roots", "index")])
+@pytest.mark.parametrize("what, where", [("reindex", "index/children"), ("owner", "owners"), ("hint", "owners"), ("roots", "index")])
 def test_a_rewrite_killed_before_its_rename_leaves_a_name_fsck_reports_and_gc_removes(st: Store, what: str, where: str) -> None:
     left = killed_at_rename(st, what)
     assert os.path.dirname(os.path.relpath(left, st.root)) == where and ".tmp." in left
