@@ -243,9 +243,10 @@ def _sync_unlinked(fd: int) -> None:
                     "the boot's e2fsck -p may stop at it as unattached", exc)
 
 
-# The temporary names of a write under way: ``write_atomic``'s ``<name>.tmp.<pid>.<hex>`` and
-# ``write_unnamed``'s fallback ``.<name>.new.<pid>.<hex>`` (a name may have one suffix: ``<owner>.held``). A writer killed before its rename leaves
-# one for good; ``temporary_writer`` tells them from every other name (``store/leftovers.py``).
+# The temporary names of a write under way: ``write_atomic``'s ``<name>.tmp.<pid>.<hex>`` (a name
+# may have one suffix: ``<owner>.held``) and ``write_unnamed``'s fallback ``.<name>.new.<pid>.<hex>``.
+# A writer killed before its rename leaves one for good; ``temporary_writer`` tells them from every
+# other name (``store/leftovers.py``).
 TEMPORARY_INFIX = ".tmp."
 CREATION_INFIX = ".new."
 _TEMPORARY = re.compile(r"(?P<stem>[A-Za-z0-9_-]+(?:\.[a-z]+)?)\.tmp\.(?P<pid>[0-9]{1,10})\.[0-9a-f]{1,16}")
