@@ -32,8 +32,7 @@ from .errors import DurabilityError
 
 __all__ = [
     "FILE_MODE", "DIR_MODE", "NOFOLLOW", "make_dirs", "write_atomic", "write_new", "NewFile", "write_unnamed",
-    "fsync_dir", "remove_durably", "Removal", "read_bytes", "pread_all", "temporary_writer", "TEMPORARY_INFIX",
-    "CREATION_INFIX",
+    "fsync_dir", "remove_durably", "Removal", "read_bytes", "pread_all", "temporary_writer",
 ]
 
 FILE_MODE = 0o600
