@@ -177,9 +177,18 @@ def append_durably(
     if index is not None:
         try:
             index.acquire()
-            return _append_held(store, index.fd, index.size, records, key=key, owner=owner, what=what, check=check,
-                                skip_damage=skip_damage, too_large=too_large, durable=durable, keep=keep,
-                                refuse_damage=refuse_damage)
+            try:
+                seq = _append_held(store, index.fd, index.size, records, key=key, owner=owner, what=what, check=check,
+                                   skip_damage=skip_damage, too_large=too_large, durable=False, keep=keep,
+                                   refuse_damage=refuse_damage)
+            finally:
+                index.release()
+            # the fsync after the lock, as a log's commit (FORMAT.md §11): the write fixed the records'
+            # place, and other appenders (a worker's settled row, the next creation batch) need not
+            # wait for this device flush; it covers every byte before them, so a crash still leaves a prefix
+            if durable and seq is not None:
+                store.durability.commit_append(index.fd, what)
+            return seq
         finally:
             index.close()
     assert lock is not None, "append_durably needs the caller's lock or an index file"
