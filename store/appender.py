@@ -36,7 +36,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from .atomic import FILE_MODE, NOFOLLOW
 from .checkpoints import AppendCheckpoints
-from .errors import CorruptSessionError, SubagentError, UnavailableSessionError
+from .errors import CorruptSessionError, DurabilityError, SubagentError, UnavailableSessionError
 from .framing import FRAME, Check, encode_record, scan, scan_all, torn_tail, zeros_from
 from .session_file import block_padding
 from .root import Store
@@ -133,13 +133,31 @@ def append_records(
     if cut:
         os.ftruncate(fd, end)  # a torn tail of an append that never returned
     if padded and end + len(blob) <= size and not cut:
-        os.pwrite(fd, blob, end)  # over the padding
+        whole = blob  # over the padding
     elif padded:
-        os.pwrite(fd, blob + block_padding(end + len(blob)), end)  # extends the file: new padding after it
+        whole = blob + block_padding(end + len(blob))  # extends the file: new padding after it
     else:
-        os.write(fd, blob)
+        whole = blob
+    try:
+        written = os.pwrite(fd, whole, end) if padded else os.write(fd, whole)
+        if written != len(whole):
+            raise OSError(f"short write: {written} of {len(whole)} bytes (the disk is full, or the file at its size limit)")
+    except OSError as exc:
+        _cut_back(fd, end)
+        raise DurabilityError(f"append to {key} failed: {exc}; nothing was appended", key=key) from exc
     tails[key] = (end + len(blob), seq + len(records))
     return seq
+
+
+def _cut_back(fd: int, end: int) -> None:
+    """After a failed write: the file ends where the records it holds end, as before the append (a
+    file may end without padding), so the part of a record the file system took is not read as a
+    record, nor as damage that refuses every later append. Cutting needs no space; if even that
+    fails the append still fails, and ``fsck`` reports what it left."""
+    try:
+        os.ftruncate(fd, end)
+    except OSError:
+        pass
 
 
 # msgpack's widest integer (9 bytes): a record framed with it is at least as long as with its real seq

@@ -1,0 +1,94 @@
+"""A full disk: every write the store cannot make whole is refused with ``DURABILITY_FAILED``, and
+nothing is lost or left behind; once space is freed, the same supervisor goes on.
+
+A real ext4 (the ``disk`` fixture: 16 MiB in a loop-attached file) filled to its last block and
+inode by a file of another program. Found this way: a ``followup`` of a large message on a full
+disk returned as if accepted, the mailbox then held the first 4 KiB of it, and every later
+message to that child was refused (its mailbox read as damaged).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from subagents import store
+from subagents.store.fsck import fsck
+from subagents.supervisor import ContinuableSpec, Provider, SubagentRequest, Supervisor, SupervisorConfig
+
+from ._power_loss import LoopFs
+
+pytestmark = pytest.mark.anyio
+
+
+def fill(mount: Path) -> Path:
+    """Take every free block and inode of the file system at ``mount`` (as root: the reserved ones
+    too). Rounds of writes until one stores nothing: an fsync gives back the blocks ext4 held in
+    reserve for the delayed allocation of the writes before it."""
+    big = mount / "other-program.bin"
+    (mount / "others").mkdir()
+    fd = os.open(big, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while True:
+            before = os.fstat(fd).st_size
+            for size in (1 << 20, 1 << 16, 1 << 12, 1 << 9, 1):
+                try:
+                    while True:
+                        os.write(fd, b"x" * size)
+                except OSError:
+                    continue
+            os.fsync(fd)
+            if os.fstat(fd).st_size == before:
+                break
+    finally:
+        os.close(fd)
+    for n in range(100_000):
+        try:
+            (mount / "others" / str(n)).touch()
+        except OSError:
+            break
+    return big
+
+
+def script(*actions: dict) -> str:
+    return json.dumps({"script": list(actions)})
+
+
+async def test_a_full_disk_refuses_starts_and_messages_and_loses_nothing(disk: LoopFs) -> None:
+    root_dir = disk.mount / "store"
+    config = SupervisorConfig(pool_size=1, durability="batched")
+    async with Supervisor.open(store=str(root_dir), config=config) as sup:
+        sup.register_provider(Provider(name="script", program="script", continuable=True))
+        root = await sup.open_root(label="main")
+        first = await sup.start("script", SubagentRequest(parent=root, prompt=script({"return": "before"})))
+        assert (await first.result()).output == "before"
+        child, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="script", label="helper",
+                                                               prompt=script({"return": "ready"})))
+        await sup.wait_for_message(root, timeout_s=30)
+        sessions = sorted(os.listdir(root_dir / "sessions"))
+        big = fill(disk.mount)
+
+        with pytest.raises(store.SubagentError) as refused:
+            await sup.start("script", SubagentRequest(parent=root, prompt=script({"return": "never"})))
+        assert refused.value.code == "DURABILITY_FAILED"
+        with pytest.raises(store.SubagentError) as refused:
+            await sup.followup(root, child, script({"say": "y" * 200_000}, {"return": "big"}))
+        assert refused.value.code == "DURABILITY_FAILED"
+        assert sorted(os.listdir(root_dir / "sessions")) == sessions  # no session, no companion half made
+
+        big.unlink()
+        await sup.followup(root, child, script({"return": "after"}))
+        notice = await sup.wait_for_message(root, timeout_s=30)
+        assert any("after" in str(m.content) for m in notice), notice
+        again = await sup.start("script", SubagentRequest(parent=root, prompt=script({"return": "again"})))
+        assert (await again.result()).output == "again"
+        rows = {r.id: (r.status, r.outcome) for r in await sup.list_children(root.id)}
+        assert rows[first.id] == rows[child] == rows[again.id] == ("complete", "completed"), rows
+    st = store.Store(str(root_dir), create=False)
+    report = store.check_store(st)
+    assert report.clean, str(report)
+    assert fsck(st, repair=False, lease_ttl_s=5.0)["findings"] == []
+
