@@ -31,6 +31,8 @@ there is found by ``inspect`` / ``subagents store fsck``, not by resume.
 
 from __future__ import annotations
 
+import errno
+import logging
 import time
 from typing import Any, Callable, Sequence
 
@@ -46,12 +48,16 @@ from .session_file import LeaseSlots, SessionFile
 
 __all__ = ["SeqMismatchError", "LogWriter", "ReleaseWriter", "load_projection", "read_projection"]
 
+log = logging.getLogger(__name__)
+
 
 # A commit point leaves the identity cache alone until the log has grown this far past it
 # (unless identity or turn count changed): the most a reader folds after the cache. A log
 # shorter than this has no cache at all (readers fold it whole): most children never pay
 # the cache's inode.
 CACHE_LAG_BYTES = 64 * 1024
+# the failures of a write that only ran out of room: cut back, the log is whole and the writer goes on
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 ReleaseWriter = Callable[..., None]  # ``store.lease.write_released``: the released lease and its catalog row
@@ -293,10 +299,13 @@ class LogWriter:
         blob = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         try:
             if not self._file.write_log(blob, self.projection.end_offset):
-                raise OSError(f"short write of {len(blob)} bytes")
+                raise OSError(errno.ENOSPC, f"short write of {len(blob)} bytes (the disk is full, or the file at its size limit)")
         except OSError as exc:
-            self._broken = exc
-            self._cut_back(self.projection.end_offset)
+            # out of space, the log cut back to where it was: whole, and the writer goes on (a turn
+            # can still close with the error, in the block the log already has); any other failure
+            # leaves the file's state unknown, and breaks it
+            if not (self._cut_back(self.projection.end_offset) and exc.errno in _NO_SPACE):
+                self._broken = exc
             raise DurabilityError(f'append to session "{self.session_id}" failed: {exc}', session_id=self.session_id) from exc
         return records, chunks
 
@@ -331,11 +340,13 @@ class LogWriter:
             apply(record, offset, stop)
             offset = stop
 
-    def _cut_back(self, length: int) -> None:
+    def _cut_back(self, length: int) -> bool:
+        """Cut the log back to ``length`` bytes; whether that worked (else the torn tail is repaired on the next open)."""
         try:
             self._file.truncate_log(length)
         except OSError:
-            pass  # the writer is broken either way; the torn tail is repaired on the next open
+            return False
+        return True
 
     def _truncate(self, end: int) -> None:
         try:
@@ -403,8 +414,15 @@ class LogWriter:
         )
 
     def _refresh_cache(self) -> None:
+        """Rewrite the identity cache. A cache that cannot be written (the disk is full) fails nothing:
+        it is derived, and one left half written does not read (a framed, CRC'd record), so readers
+        fold the log instead; the next commit point tries again."""
         projection = self.projection
-        write_cache(self.store.path(self.session_id, "identity"), projection)
+        try:
+            write_cache(self.store.path(self.session_id, "identity"), projection)
+        except OSError as exc:
+            log.warning("identity cache of %s not written: %s", self.session_id, exc, extra={"session": self.session_id})
+            return
         self._cache_mark = (projection.identity_seq, projection.turns, projection.end_offset)
 
     def release_lease(self, owner_id: str, write_released: ReleaseWriter) -> None:

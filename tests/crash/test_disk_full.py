@@ -92,3 +92,28 @@ async def test_a_full_disk_refuses_starts_and_messages_and_loses_nothing(disk: L
     assert report.clean, str(report)
     assert fsck(st, repair=False, lease_ttl_s=5.0)["findings"] == []
 
+
+async def test_a_turn_whose_output_does_not_fit_ends_as_an_error_not_a_crash(disk: LoopFs, tmp_path: Path) -> None:
+    """The disk fills while a turn runs; its 200 KB message cannot be written. The append is cut
+    back whole and the turn ends ``error`` with the reason (its closing record fits where the log's
+    last block already is), instead of leaving an open turn that lists as a crash."""
+    root_dir = disk.mount / "store"
+    gate = tmp_path / "gate"  # off the full disk: opening it needs no space there
+    async with Supervisor.open(store=str(root_dir), config=SupervisorConfig(pool_size=1, durability="batched")) as sup:
+        sup.register_provider(Provider(name="script", program="script"))
+        root = await sup.open_root(label="main")
+        run = await sup.start("script", SubagentRequest(parent=root, prompt=script({"hold": str(gate)}, {"say": "y" * 200_000},
+                                                                                      {"return": "big"})))
+        big = fill(disk.mount)
+        gate.touch()
+        result = await run.result()
+
+        assert result.stop_reason == "error" and "DURABILITY_FAILED" in (result.diagnostic or ""), result
+        [row] = await sup.list_children(root.id)
+        assert (row.status, row.outcome) == ("complete", "error") and "DURABILITY_FAILED" in (row.error or ""), row
+        big.unlink()
+        after = await sup.start("script", SubagentRequest(parent=root, prompt=script({"return": "after"})))
+        assert (await after.result()).output == "after"
+    st = store.Store(str(root_dir), create=False)
+    assert store.check_store(st).clean
+    assert fsck(st, repair=False, lease_ttl_s=5.0)["findings"] == []

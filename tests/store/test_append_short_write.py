@@ -9,6 +9,11 @@ stored (found with a full disk: ``followup`` returned, then the child's
 turn failed on a mailbox whose last record was cut). The short writes here
 are the kernel's own: a process whose file size limit (``RLIMIT_FSIZE``)
 falls inside the record.
+
+A log's writer goes on after such a failure (the log is whole again, cut
+back): the turn can still close, with the error, instead of leaving an open
+turn that lists as a crash. Any other failed write, or a failed fsync,
+still breaks it (``test_log.py``).
 """
 
 from __future__ import annotations
@@ -85,3 +90,32 @@ def test_an_index_entry_cut_short_fails_its_creation_and_leaves_the_index_whole(
     assert [e.id for e in store.read_children(st, "p")][-1] == "cLater"
     assert store.check_store(st).clean
 
+
+LOG_LIMITED = """
+import json, os, resource, signal, sys
+from subagents import store
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+st = store.Store(sys.argv[1], create=False, durability="batched")
+with store.LogWriter.open(st, "s1", epoch=0) as writer:
+    writer.append([("turn/start", {})])
+    _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(st.session_path("s1")) + 100, hard))
+    try:
+        writer.append([("assistant/message", {"text": "y" * 200_000})])
+        print(json.dumps({"ok": True}))
+    except store.SubagentError as exc:
+        print(json.dumps({"code": exc.code, "message": exc.message}))
+    writer.append([("turn/end", {"stop_reason": "error", "diagnostic": "DURABILITY_FAILED"})], commit=True)
+"""
+
+
+def test_a_log_append_cut_short_is_refused_and_the_writer_closes_the_turn(tmp_path) -> None:
+    st = Store(tmp_path / "store", durability="batched")
+    store.create_session(st, "s1")
+    done = subprocess.run([sys.executable, "-c", LOG_LIMITED, st.root], cwd=REPO_ROOT, timeout=60,
+                          env={**os.environ, "PYTHONPATH": REPO_ROOT}, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.splitlines()[-1])
+    assert got["code"] == "DURABILITY_FAILED" and "short write" in got["message"], got
+    found = store.inspect(st, "s1")
+    assert found.status == "clean" and [e["type"] for e in found.events] == ["turn/start", "turn/end"]
