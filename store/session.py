@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .atomic import NewFile, fsync_dir, remove_durably, write_unnamed
-from .errors import SessionExistsError
+from .errors import DurabilityError, SessionExistsError, SubagentError
 from .framing import encode_record
 from .header import SessionHeader, parse_header
 from .ids import validate_session_id
@@ -202,9 +202,19 @@ def publish_sessions(store: Store, requests: Sequence[NewSession]) -> list[Creat
     finally:
         for _, new_file, _ in written:
             new_file.discard()
-    done = [o for o in outcomes if o is not None]
+    done = [_reported(requests[i], o) for i, o in enumerate(outcomes) if o is not None]
     assert len(done) == len(requests), "every request has an outcome"
     return done
+
+
+def _reported(request: NewSession, outcome: CreatedSession | BaseException) -> CreatedSession | BaseException:
+    """A creation's outcome as its caller gets it: a file system's refusal (no space, no inode left)
+    as ``DurabilityError`` naming the session, not a bare ``OSError``; the store's own errors as they are."""
+    if isinstance(outcome, OSError) and not isinstance(outcome, SubagentError):
+        failure = DurabilityError(f'creating session "{request.session_id}" failed: {outcome}', session_id=request.session_id)
+        failure.__cause__ = outcome
+        return failure
+    return outcome
 
 
 def commit_sessions(
@@ -275,7 +285,7 @@ def commit_sessions(
             if not isinstance(outcomes[i], BaseException):
                 _rollback(store, requests[i], indexed=i in indexed)
         raise
-    return outcomes
+    return [_reported(request, outcome) for request, outcome in zip(requests, outcomes)]
 
 
 def _encode_new_session(store: Store, request: NewSession, header: SessionHeader) -> tuple[Projection, bytes]:

@@ -117,3 +117,35 @@ async def test_a_turn_whose_output_does_not_fit_ends_as_an_error_not_a_crash(dis
     st = store.Store(str(root_dir), create=False)
     assert store.check_store(st).clean
     assert fsck(st, repair=False, lease_ttl_s=5.0)["findings"] == []
+
+
+async def test_no_inode_left_refuses_a_creation_with_its_code(disk: LoopFs) -> None:
+    """Blocks free but every inode taken: a new session's file cannot be made. ``start`` and
+    ``open_root`` fail with ``DURABILITY_FAILED`` (not a bare ``OSError``) and leave nothing."""
+    root_dir = disk.mount / "store"
+    async with Supervisor.open(store=str(root_dir), config=SupervisorConfig(pool_size=1, durability="batched")) as sup:
+        sup.register_provider(Provider(name="script", program="script"))
+        root = await sup.open_root(label="main")
+        sessions = sorted(os.listdir(root_dir / "sessions"))
+        others = disk.mount / "others"
+        others.mkdir()
+        made = 0
+        while True:
+            try:
+                (others / str(made)).touch()
+            except OSError:
+                break
+            made += 1
+        assert os.statvfs(disk.mount).f_bfree > 1000  # blocks are left: only the inodes ran out
+        with pytest.raises(store.SubagentError) as refused:
+            await sup.start("script", SubagentRequest(parent=root, prompt=script({"return": "never"})))
+        assert refused.value.code == "DURABILITY_FAILED" and "No space left" in refused.value.message
+        with pytest.raises(store.SubagentError) as refused:
+            await sup.open_root(label="another")
+        assert refused.value.code == "DURABILITY_FAILED"
+        assert sorted(os.listdir(root_dir / "sessions")) == sessions
+        for n in range(10):
+            (others / str(n)).unlink()
+        again = await sup.start("script", SubagentRequest(parent=root, prompt=script({"return": "again"})))
+        assert (await again.result()).output == "again"
+    assert store.check_store(store.Store(str(root_dir), create=False)).clean
