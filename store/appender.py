@@ -30,6 +30,7 @@ whose readers step over damage (control, children index:
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from typing import Any, Callable, Protocol, Sequence
@@ -68,14 +69,21 @@ class SelfLocked(Protocol):
     def close(self) -> None: ...
 
 
+# an open that failed for want of an inode or of room in the folder: no file was in the way
+_NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
 def open_appendable(path: str, *, owner: str, key: str, in_place: bool = False) -> tuple[int, os.stat_result]:
     """Open (creating) a framed file to append to: its descriptor and ``fstat``. ``UnavailableSessionError``
     for a link, a loop, a folder or anything else that is not a regular file in its place, so nothing is
-    ever appended through one. ``in_place``: not ``O_APPEND`` (a padded file is written over its padding)."""
+    ever appended through one; ``DurabilityError`` when the file system has no inode or room left to make it.
+    ``in_place``: not ``O_APPEND`` (a padded file is written over its padding)."""
     flags = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | NOFOLLOW | (0 if in_place else os.O_APPEND)
     try:
         fd = os.open(path, flags, FILE_MODE)
     except OSError as exc:
+        if exc.errno in _NO_ROOM:  # the disk, not the session's files: nothing is in the way
+            raise DurabilityError(f"{key} cannot be created ({exc.strerror or exc})", key=key) from exc
         raise UnavailableSessionError(owner, f"{key} cannot be opened ({exc.strerror or exc})") from None
     try:
         info = os.fstat(fd)

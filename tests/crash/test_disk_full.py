@@ -149,3 +149,49 @@ async def test_no_inode_left_refuses_a_creation_with_its_code(disk: LoopFs) -> N
         again = await sup.start("script", SubagentRequest(parent=root, prompt=script({"return": "again"})))
         assert (await again.result()).output == "again"
     assert store.check_store(store.Store(str(root_dir), create=False)).clean
+
+
+def take_every_inode(mount: Path) -> None:
+    others = mount / "others"
+    others.mkdir()
+    made = 0
+    while True:
+        try:
+            (others / str(made)).touch()
+        except OSError:
+            break
+        made += 1
+    assert os.statvfs(mount).f_bfree > 1000  # blocks are left: only the inodes ran out
+
+
+@pytest.mark.parametrize("what", ["mailbox", "control"])
+def test_a_first_message_or_control_request_with_no_inode_left_is_a_durability_failure(disk: LoopFs, what: str) -> None:
+    """A session's mailbox and control file are made by their first record; with no inode left that
+    record is refused with ``DURABILITY_FAILED`` (the disk), not ``SESSION_UNAVAILABLE`` (which
+    says the session's files are damaged or in the way), and the session reads as it did."""
+    st = store.Store(str(disk.mount / "store"), durability="batched")
+    store.create_session(st, "s1")
+    take_every_inode(disk.mount)
+    with pytest.raises(store.SubagentError) as refused:
+        if what == "mailbox":
+            store.accept(st, "s1", source={"kind": "user"}, content="hello", ids=store.IdGenerator())
+        else:
+            store.request(st, "s1", "interrupt", {}, ids=store.IdGenerator())
+    assert refused.value.code == "DURABILITY_FAILED", refused.value
+    assert sorted(os.listdir(st.sessions_dir)) == ["s1"] and store.inspect(st, "s1").status == "clean"
+
+
+def test_a_root_made_with_the_last_inode_is_created_without_its_empty_index(disk: LoopFs) -> None:
+    """A root's empty children index is made with it, best effort: with one inode left, the root's
+    own file takes it and the root is created all the same; its first child then fails on the disk."""
+    st = store.Store(str(disk.mount / "store"), durability="batched")
+    store.create_session(st, "first")  # index/roots exists from here
+    take_every_inode(disk.mount)
+    (disk.mount / "others" / "0").unlink()  # one inode free
+    store.create_session(st, "root")
+    assert st.exists("root") and not os.path.exists(st.children_index_path("root"))
+    assert sorted(r.id for r in store.list_roots(st)) == ["first", "root"]
+    with pytest.raises(store.SubagentError) as refused:
+        store.create_session(st, "child", parent_session="root")
+    assert refused.value.code == "DURABILITY_FAILED"
+    assert not st.exists("child") and store.check_store(st).clean
