@@ -42,6 +42,7 @@ from .reader import read_header
 from .records import index_problem
 from .errors import DurabilityError, SessionNotFoundError, SubagentError, UnavailableSessionError
 from .root import Store
+from .steps import Steps
 
 __all__ = [
     "Settled", "IndexEntry", "IndexRead", "add_child", "add_children", "prepare_index", "remove_child", "drop_index", "mark_active", "mark_all_active", "mark_settled",
@@ -49,6 +50,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+# crash tests: ``reindex`` SIGKILLs itself right after its N-th change (``store/steps.py``)
+KILL_AFTER_ENV = "SUBAGENTS_REINDEX_KILL_AFTER"
 
 
 @dataclass(frozen=True)
@@ -363,6 +367,7 @@ def reindex(store: Store, *, keep_unacknowledged: bool = False) -> ReindexReport
             proven[header.parent_session][header.id] = _entry_of(store, header)
     parents = set(proven) | {name for name in os.listdir(store.children_index_dir) if is_valid_session_id(name)}
     report = ReindexReport({}, {}, {}, {})
+    steps = Steps(KILL_AFTER_ENV)
     for parent_id in sorted(parents):
         with rebuilding(_index_file(store, parent_id)):
             rebuilt = _rebuild(store, parent_id, proven.get(parent_id, {}), read_index(store, parent_id),
@@ -373,6 +378,7 @@ def reindex(store: Store, *, keep_unacknowledged: bool = False) -> ReindexReport
             else:  # durably: a name that came back after a power loss could name a file made since
                 remove_durably([store.children_index_path(parent_id)], durable=store.durability.syncs_at_commit)
             store.index_tails.pop(f"index/children/{parent_id}", None)
+        steps.done()
         for into, entries in ((report.parents, rebuilt.entries), (report.put_back, rebuilt.put_back),
                               (report.left_out, rebuilt.left_out), (report.kept_unacknowledged, rebuilt.kept_unacknowledged)):
             if entries:

@@ -1,4 +1,4 @@
-"""Crash points of the store's multi-step operations (``migrate``, ``gc``), for the crash tests.
+"""Crash points of the store's multi-step operations (``migrate``, ``gc``, ``reindex``), for the crash tests.
 
 Each change such an operation makes (a folder made, a rename, an index append, a removal) is one
 step; the crash tests stop a run right after every one of them in turn, which a kill at a random
