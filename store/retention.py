@@ -36,6 +36,7 @@ best in one place.)
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import math
 import os
@@ -50,7 +51,7 @@ from typing import Iterable, Literal
 from .atomic import DIR_MODE, Removal, fsync_dir, make_dirs
 from .description import mailbox_counts
 from .steps import Steps
-from .errors import InvalidQueryError, LockTimeoutError, SubagentError
+from .errors import DurabilityError, InvalidQueryError, LockTimeoutError, SubagentError
 from .header import SessionHeader, parse_header
 from .ids import is_valid_session_id
 from .index import drop_index, indexed_children, mark_all_active, read_children, remove_child
@@ -498,8 +499,23 @@ def collect(
 
     ``outcomes`` keeps only roots with these outcomes (``OUTCOMES`` and ``"none"``, as ``ls --outcome``);
     ``dry_run`` changes nothing and reports what would go; ``now`` is the moment ages are taken from.
-    Invalid arguments raise ``InvalidQueryError`` before anything is read.
+    Invalid arguments raise ``InvalidQueryError`` before anything is read. A disk without room for
+    gc's trash folders (one per session collected) is ``DurabilityError``: what gc moved so far
+    is whole, and the next gc, with a little space free, finishes it.
     """
+    try:
+        return _collect(store, older_than_s, outcomes=outcomes, dry_run=dry_run, now=now)
+    except OSError as exc:
+        if isinstance(exc, SubagentError) or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise DurabilityError(f"gc found no room on the disk for its trash folders (one per session it collects; "
+                              f"{exc.strerror}): free some space and run it again, the next gc finishes what this "
+                              f"one began", path=getattr(exc, "filename", None)) from exc
+
+
+def _collect(
+    store: Store, older_than_s: float, *, outcomes: Iterable[str], dry_run: bool, now: float | None,
+) -> GcReport:
     started = time.monotonic()
     wanted = frozenset(outcomes)
     bad = sorted(wanted - {*OUTCOMES, "none"})

@@ -195,3 +195,25 @@ def test_a_root_made_with_the_last_inode_is_created_without_its_empty_index(disk
         store.create_session(st, "child", parent_session="root")
     assert refused.value.code == "DURABILITY_FAILED"
     assert not st.exists("child") and store.check_store(st).clean
+
+
+def test_gc_on_a_full_disk_says_it_needs_room_and_the_next_one_collects(disk: LoopFs) -> None:
+    """gc moves each session it collects into a trash folder of its own (an inode and a block): on a
+    full disk it cannot, and says so with ``DURABILITY_FAILED`` and what to do, changing nothing it
+    cannot finish; once a little space is free the next gc collects the subtree."""
+    st = store.Store(str(disk.mount / "store"), durability="batched")
+    store.create_session(st, "old")
+    for i in range(3):
+        store.create_session(st, f"old{i}", parent_session="old")
+    then = 1e9  # 2001: older than any age asked for
+    for sid in ("old", "old0", "old1", "old2"):
+        os.utime(st.session_path(sid), (then, then))
+    big = fill(disk.mount)
+    with pytest.raises(store.SubagentError) as refused:
+        store.collect(st, 7 * 86400.0)
+    assert refused.value.code == "DURABILITY_FAILED" and "free some space" in refused.value.message, refused.value
+    assert st.session_ids() == ["old", "old0", "old1", "old2"] and store.check_store(st).clean
+    big.unlink()
+    report = store.collect(st, 7 * 86400.0)
+    assert [c.id for c in report.collected] == ["old"] and st.session_ids() == []
+    assert store.check_store(st).clean
