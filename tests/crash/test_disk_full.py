@@ -45,12 +45,26 @@ def fill(mount: Path) -> Path:
                 break
     finally:
         os.close(fd)
-    for n in range(100_000):
-        try:
-            (mount / "others" / str(n)).touch()
-        except OSError:
-            break
+    take_inodes(mount / "others")
     return big
+
+
+def take_inodes(folder: Path) -> None:
+    """Make empty files in ``folder`` (which exists) until the file system refuses one."""
+    made = 0
+    while True:
+        try:
+            (folder / str(made)).touch()
+        except OSError:
+            return
+        made += 1
+
+
+def take_every_inode(mount: Path) -> None:
+    """Every inode of the file system at ``mount``, its blocks left free."""
+    (mount / "others").mkdir()
+    take_inodes(mount / "others")
+    assert os.statvfs(mount).f_bfree > 1000  # blocks are left: only the inodes ran out
 
 
 def script(*actions: dict) -> str:
@@ -127,16 +141,7 @@ async def test_no_inode_left_refuses_a_creation_with_its_code(disk: LoopFs) -> N
         sup.register_provider(Provider(name="script", program="script"))
         root = await sup.open_root(label="main")
         sessions = sorted(os.listdir(root_dir / "sessions"))
-        others = disk.mount / "others"
-        others.mkdir()
-        made = 0
-        while True:
-            try:
-                (others / str(made)).touch()
-            except OSError:
-                break
-            made += 1
-        assert os.statvfs(disk.mount).f_bfree > 1000  # blocks are left: only the inodes ran out
+        take_every_inode(disk.mount)
         with pytest.raises(store.SubagentError) as refused:
             await sup.start("script", SubagentRequest(parent=root, prompt=script({"return": "never"})))
         assert refused.value.code == "DURABILITY_FAILED" and "No space left" in refused.value.message
@@ -145,23 +150,10 @@ async def test_no_inode_left_refuses_a_creation_with_its_code(disk: LoopFs) -> N
         assert refused.value.code == "DURABILITY_FAILED"
         assert sorted(os.listdir(root_dir / "sessions")) == sessions
         for n in range(10):
-            (others / str(n)).unlink()
+            (disk.mount / "others" / str(n)).unlink()
         again = await sup.start("script", SubagentRequest(parent=root, prompt=script({"return": "again"})))
         assert (await again.result()).output == "again"
     assert store.check_store(store.Store(str(root_dir), create=False)).clean
-
-
-def take_every_inode(mount: Path) -> None:
-    others = mount / "others"
-    others.mkdir()
-    made = 0
-    while True:
-        try:
-            (others / str(made)).touch()
-        except OSError:
-            break
-        made += 1
-    assert os.statvfs(mount).f_bfree > 1000  # blocks are left: only the inodes ran out
 
 
 @pytest.mark.parametrize("what", ["mailbox", "control"])

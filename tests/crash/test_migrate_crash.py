@@ -18,12 +18,9 @@ forked from one driver process (one interpreter start for every kill).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -33,35 +30,14 @@ import msgpack
 from subagents.store import STORE_VERSION, Store, StoreFormatError
 from subagents.store.migrate import migrate
 from subagents.store.session_file import SessionFile
-from tests.store._support import REPO_ROOT
+from ._killed import run_killed_after
 from tests.store._v1_store import build_sample, snapshot, v3_store
 
 SESSIONS = ("c1", "c2", "c3", "r1", "r2")
 
-# reads "<store> <kill after>" lines; migrates each store in a forked child that kills itself after that step
-DRIVER = r"""
-import json, os, sys
-from subagents.store.migrate import KILL_AFTER_ENV, migrate
-for line in sys.stdin:
-    path, after = line.split()
-    pid = os.fork()
-    if pid == 0:
-        os.environ[KILL_AFTER_ENV] = after
-        try:
-            migrate(path)
-        finally:
-            os._exit(0)
-    _, status = os.waitpid(pid, 0)
-    print(json.dumps([path, os.WTERMSIG(status) if os.WIFSIGNALED(status) else None]), flush=True)
-"""
-
-
 def run_killed(jobs: list[tuple[Path, int]]) -> dict[str, int | None]:
     """Migrate each store in a process killed after its given step; the signal each died of (None: it finished)."""
-    done = subprocess.run([sys.executable, "-c", DRIVER], input="".join(f"{p} {n}\n" for p, n in jobs), capture_output=True,
-                          text=True, timeout=120, cwd=REPO_ROOT)
-    assert done.returncode == 0, done.stderr
-    return dict(json.loads(line) for line in done.stdout.splitlines())
+    return run_killed_after(jobs, imports="from subagents.store.migrate import KILL_AFTER_ENV, migrate", call="migrate(path)")
 
 
 def whole_once(root: Path, companions: dict[str, bytes]) -> None:

@@ -11,36 +11,16 @@ boot's ``e2fsck -p``). The processes are forked from one driver (one interpreter
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 from subagents import store
 from subagents.store.fsck import fsck
 
+from ._killed import run_killed_after
 from ._power_loss import LoopFs, after_power_loss, run
 from .test_power_loss_rewrites import corrupt_record, other_files
-from tests.store._support import REPO_ROOT
-
-DRIVER = r"""
-import json, os, sys
-from subagents import store
-from subagents.store.index import KILL_AFTER_ENV
-for line in sys.stdin:
-    path, after = line.split()
-    pid = os.fork()
-    if pid == 0:
-        os.environ[KILL_AFTER_ENV] = after
-        try:
-            store.reindex(store.Store(path, create=False))
-        finally:
-            os._exit(0)
-    _, status = os.waitpid(pid, 0)
-    print(json.dumps([path, os.WTERMSIG(status) if os.WIFSIGNALED(status) else None]), flush=True)
-"""
 
 OLD = {"p": ["c0", "c2"], "q": ["d0", "d1", "ghost"], "r": ["e"]}  # what each damaged index lists
 NEW = {"p": ["c0", "c1", "c2"], "q": ["d0", "d1"], "r": None}  # after a reindex (r: no index at all)
@@ -76,10 +56,8 @@ def test_a_reindex_killed_after_any_change_then_a_power_loss_is_finished_by_the_
         shutil.copytree(tmp_path / "template", disk.mount / f"k{n}" / "store")
         jobs.append((disk.mount / f"k{n}" / "store", n))
     run("sync", "-f", str(disk.mount))
-    done = subprocess.run([sys.executable, "-c", DRIVER], input="".join(f"{p} {n}\n" for p, n in jobs), capture_output=True,
-                          text=True, timeout=120, cwd=REPO_ROOT)
-    assert done.returncode == 0, done.stderr
-    died = dict(json.loads(line) for line in done.stdout.splitlines())
+    died = run_killed_after(jobs, imports="from subagents import store\nfrom subagents.store.index import KILL_AFTER_ENV",
+                            call="store.reindex(store.Store(path, create=False))")
     assert [died[str(p)] for p, _ in jobs] == [9, 9, 9, None], died
     other_files(disk, 8)  # another program takes whatever the kills freed
     with after_power_loss(disk, "checked.img", "-p", writable=True) as mount:
