@@ -30,14 +30,13 @@ whose readers step over damage (control, children index:
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 from typing import Any, Callable, Protocol, Sequence
 
 from .atomic import FILE_MODE, NOFOLLOW
 from .checkpoints import AppendCheckpoints
-from .errors import CorruptSessionError, DurabilityError, SubagentError, UnavailableSessionError
+from .errors import NO_ROOM, CorruptSessionError, DurabilityError, SubagentError, UnavailableSessionError
 from .framing import FRAME, Check, encode_record, scan, scan_all, torn_tail, zeros_from
 from .session_file import block_padding
 from .root import Store
@@ -69,10 +68,6 @@ class SelfLocked(Protocol):
     def close(self) -> None: ...
 
 
-# an open that failed for want of an inode or of room in the folder: no file was in the way
-_NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})
-
-
 def open_appendable(path: str, *, owner: str, key: str, in_place: bool = False) -> tuple[int, os.stat_result]:
     """Open (creating) a framed file to append to: its descriptor and ``fstat``. ``UnavailableSessionError``
     for a link, a loop, a folder or anything else that is not a regular file in its place, so nothing is
@@ -82,7 +77,7 @@ def open_appendable(path: str, *, owner: str, key: str, in_place: bool = False) 
     try:
         fd = os.open(path, flags, FILE_MODE)
     except OSError as exc:
-        if exc.errno in _NO_ROOM:  # the disk, not the session's files: nothing is in the way
+        if exc.errno in NO_ROOM:  # the disk, not the session's files: nothing is in the way
             raise DurabilityError(f"{key} cannot be created ({exc.strerror or exc})", key=key) from exc
         raise UnavailableSessionError(owner, f"{key} cannot be opened ({exc.strerror or exc})") from None
     try:

@@ -248,8 +248,8 @@ def _sync_unlinked(fd: int) -> None:
 # other name (``store/leftovers.py``).
 TEMPORARY_INFIX = ".tmp."
 CREATION_INFIX = ".new."
-_TEMPORARY = re.compile(r"(?P<stem>[A-Za-z0-9_-]+(?:\.[a-z]+)?)\.tmp\.(?P<pid>[0-9]{1,10})\.[0-9a-f]{1,16}")
-_CREATION = re.compile(r"\.(?P<stem>[A-Za-z0-9_-]+)\.new\.(?P<pid>[0-9]{1,10})\.[0-9a-f]{1,16}")
+_TEMPORARY = re.compile(rf"(?P<stem>[A-Za-z0-9_-]+(?:\.[a-z]+)?){re.escape(TEMPORARY_INFIX)}(?P<pid>[0-9]{{1,10}})\.[0-9a-f]{{1,16}}")
+_CREATION = re.compile(rf"\.(?P<stem>[A-Za-z0-9_-]+){re.escape(CREATION_INFIX)}(?P<pid>[0-9]{{1,10}})\.[0-9a-f]{{1,16}}")
 
 
 def temporary_writer(name: str) -> int | None:

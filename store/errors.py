@@ -29,6 +29,7 @@ rebuilt as the same class, so every subclass keeps its fields in ``fields``.
 
 from __future__ import annotations
 
+import errno
 from typing import Any, ClassVar
 
 __all__ = [
@@ -263,6 +264,11 @@ class FencedError(SubagentError):
             epoch=epoch,
             current_epoch=current_epoch,
         )
+
+
+# the errnos of a file system with no room left (no block, no inode, over quota, or a file at its
+# size limit): the disk refused, nothing of the store's is damaged or in the way
+NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 class DurabilityError(SubagentError, OSError):

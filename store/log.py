@@ -37,7 +37,7 @@ import time
 from typing import Any, Callable, Sequence
 
 
-from .errors import CorruptSessionError, DurabilityError, FencedError, SubagentError, UnavailableSessionError, UnsupportedFormatError
+from .errors import NO_ROOM, CorruptSessionError, DurabilityError, FencedError, SubagentError, UnavailableSessionError, UnsupportedFormatError
 from .events import EVENT_TYPES, closers
 from .framing import RecordEncoder
 from .header import SessionHeader
@@ -56,8 +56,6 @@ log = logging.getLogger(__name__)
 # shorter than this has no cache at all (readers fold it whole): most children never pay
 # the cache's inode.
 CACHE_LAG_BYTES = 64 * 1024
-# the failures of a write that only ran out of room: cut back, the log is whole and the writer goes on
-_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 ReleaseWriter = Callable[..., None]  # ``store.lease.write_released``: the released lease and its catalog row
@@ -304,7 +302,7 @@ class LogWriter:
             # out of space, the log cut back to where it was: whole, and the writer goes on (a turn
             # can still close with the error, in the block the log already has); any other failure
             # leaves the file's state unknown, and breaks it
-            if not (self._cut_back(self.projection.end_offset) and exc.errno in _NO_SPACE):
+            if not (self._cut_back(self.projection.end_offset) and exc.errno in NO_ROOM):
                 self._broken = exc
             raise DurabilityError(f'append to session "{self.session_id}" failed: {exc}', session_id=self.session_id) from exc
         return records, chunks

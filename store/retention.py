@@ -36,7 +36,6 @@ best in one place.)
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import math
 import os
@@ -51,7 +50,7 @@ from typing import Iterable, Literal
 from .atomic import DIR_MODE, Removal, fsync_dir, make_dirs
 from .description import mailbox_counts
 from .steps import Steps
-from .errors import DurabilityError, InvalidQueryError, LockTimeoutError, SubagentError
+from .errors import NO_ROOM, DurabilityError, InvalidQueryError, LockTimeoutError, SubagentError
 from .header import SessionHeader, parse_header
 from .ids import is_valid_session_id
 from .index import drop_index, indexed_children, mark_all_active, read_children, remove_child
@@ -506,7 +505,7 @@ def collect(
     try:
         return _collect(store, older_than_s, outcomes=outcomes, dry_run=dry_run, now=now)
     except OSError as exc:
-        if isinstance(exc, SubagentError) or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        if isinstance(exc, SubagentError) or exc.errno not in NO_ROOM:
             raise
         raise DurabilityError(f"gc found no room on the disk for its trash folders (one per session it collects; "
                               f"{exc.strerror}): free some space and run it again, the next gc finishes what this "
