@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextvars
 import json
 import threading
+import time
 
 import anyio
 import pytest
@@ -28,6 +29,25 @@ async def test_calls_run_on_one_long_lived_thread_off_the_loop() -> None:
         assert len(set(idents)) == 1 and idents[0] != threading.get_ident()
         assert await st.run(lambda a, b: a + b, 2, 3) == 5
         assert st.statistics().calls == 6 and st.statistics().overflow == 0
+    finally:
+        await st.aclose()
+
+
+async def test_the_statistics_count_the_time_spent_in_calls_apart_from_the_hand_over() -> None:
+    """``busy_s`` is the calls' own time on the thread: a call that sleeps 50 ms adds at least that, and
+    a call that returns at once adds far less than its caller waited for it."""
+    st = StoreThread()
+    try:
+        assert st.statistics().busy_s == 0.0
+        await st.run(time.sleep, 0.05)
+        slept = st.statistics().busy_s
+        assert 0.05 <= slept < 1.0
+        waited = time.perf_counter()
+        for _ in range(20):
+            await st.run(lambda: None)
+        waited = time.perf_counter() - waited
+        assert st.statistics().calls == 21
+        assert st.statistics().busy_s - slept < waited / 2
     finally:
         await st.aclose()
 
