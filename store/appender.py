@@ -30,13 +30,14 @@ whose readers step over damage (control, children index:
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from typing import Any, Callable, Protocol, Sequence
 
 from .atomic import FILE_MODE, NOFOLLOW
 from .checkpoints import AppendCheckpoints
-from .errors import NO_ROOM, CorruptSessionError, DurabilityError, SubagentError, UnavailableSessionError
+from .errors import NO_ROOM, CorruptSessionError, DurabilityError, NoRoomError, SubagentError, UnavailableSessionError
 from .framing import FRAME, Check, encode_record, scan, scan_all, torn_tail, zeros_from
 from .session_file import block_padding
 from .root import Store
@@ -144,10 +145,11 @@ def append_records(
     try:
         written = os.pwrite(fd, whole, end) if padded else os.write(fd, whole)
         if written != len(whole):
-            raise OSError(f"short write: {written} of {len(whole)} bytes (the disk is full, or the file at its size limit)")
+            raise OSError(errno.ENOSPC, f"short write: {written} of {len(whole)} bytes (the disk is full, or the file at its size limit)")
     except OSError as exc:
         _cut_back(fd, end)
-        raise DurabilityError(f"append to {key} failed: {exc}; nothing was appended", key=key) from exc
+        failed = NoRoomError if exc.errno in NO_ROOM else DurabilityError
+        raise failed(f"append to {key} failed: {exc}; nothing was appended", key=key) from exc
     tails[key] = (end + len(blob), seq + len(records))
     return seq
 

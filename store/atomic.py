@@ -28,7 +28,7 @@ import secrets
 import stat
 from typing import Iterable
 
-from .errors import DurabilityError
+from .errors import NO_ROOM, DurabilityError, NoRoomError
 
 __all__ = [
     "FILE_MODE", "DIR_MODE", "NOFOLLOW", "make_dirs", "write_atomic", "write_new", "NewFile", "write_unnamed",
@@ -421,14 +421,20 @@ def _open_unnamed(folder: str) -> int | None:
 
 
 def _write_whole(fd: int, data: bytes, path: str, *, durable: bool) -> None:
+    """Every byte of ``data``, then (``durable``) an fsync. A write the disk has no room for is
+    ``NoRoomError`` (every caller removes the new file then), a failed fsync ``DurabilityError``."""
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
-        if durable:
-            os.fsync(fd)
     except OSError as exc:
-        raise DurabilityError(f"write of {path} failed: {exc}", path=path) from exc
+        failed = NoRoomError if exc.errno in NO_ROOM else DurabilityError
+        raise failed(f"write of {path} failed: {exc}", path=path) from exc
+    if durable:
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            raise DurabilityError(f"write of {path} failed: {exc}", path=path) from exc
 
 
 def read_bytes(path: str, *, offset: int = 0) -> bytes:

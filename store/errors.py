@@ -49,6 +49,8 @@ __all__ = [
     "UnsupportedFormatError",
     "FencedError",
     "DurabilityError",
+    "NoRoomError",
+    "out_of_room",
     "LeaseHeldError",
     "LockTimeoutError",
     "DescriptorError",
@@ -279,6 +281,20 @@ class DurabilityError(SubagentError, OSError):
     """
 
     code = "DURABILITY_FAILED"
+
+
+class NoRoomError(DurabilityError):
+    """A write the disk had no room for (``NO_ROOM``, or a short write), cut back: nothing of it was
+    written, so unlike a failed fsync it may be tried again once there is room (``gc`` does)."""
+
+
+def out_of_room(exc: BaseException) -> bool:
+    """Whether ``exc`` is the disk having no room for a write that left nothing behind: a
+    ``NoRoomError``, or the OS's own error of a call that makes a name or an inode (``mkdir``,
+    ``open`` with ``O_CREAT``). Never a failed fsync, which is not to be tried again."""
+    if isinstance(exc, NoRoomError):
+        return True
+    return isinstance(exc, OSError) and not isinstance(exc, SubagentError) and exc.errno in NO_ROOM
 
 
 class LeaseHeldError(SubagentError):

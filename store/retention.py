@@ -45,30 +45,33 @@ import stat
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable, Literal
+from typing import Callable, Iterable, Literal, TypeVar
 
 from .atomic import DIR_MODE, Removal, fsync_dir, make_dirs
 from .description import mailbox_counts
 from .steps import Steps
-from .errors import NO_ROOM, DurabilityError, InvalidQueryError, LockTimeoutError, SubagentError
+from .errors import DurabilityError, InvalidQueryError, LockTimeoutError, SubagentError, out_of_room
 from .header import SessionHeader, parse_header
 from .ids import is_valid_session_id
 from .index import drop_index, indexed_children, mark_all_active, read_children, remove_child
 from .lease import check_lease, host_identity, owner_alive, process_start_time, read_owner
 from .leftovers import remove_leftovers
 from .reaper import reap_owners
+from .reserve import keep_reserve, reserve_path, spend_reserve
 from .locks import PinnedLock
 from .log import read_projection
 from .outcome import OUTCOMES, outcome_of
 from .projection import Projection
 from .reader import read_header
-from .root import COMPANIONS, SET_ASIDE_PREFIX, Store
+from .root import COMPANIONS, GC_LOCK_NAME, SET_ASIDE_PREFIX, Store
 from .session_file import SessionFile
 from .roots import compact_roots, indexed_roots, remove_roots, roots_index_path
 
 __all__ = ["SkipReason", "CollectedRoot", "SkippedRoot", "GcReport", "collect", "parse_age", "KILL_AFTER_ENV"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # test-only: SIGKILL this process right after its N-th change (``Steps``), so crash tests can stop it at every step
 KILL_AFTER_ENV = "SUBAGENTS_GC_KILL_AFTER"
@@ -78,6 +81,9 @@ SkipReason = Literal["held", "mail", "unreadable", "busy", "changed", "too-large
 # sessions renamed to the trash before one fsync of the two folders, the index updates and the
 # removal of their trash folders: bounds the trash a crash leaves, and shares the fsyncs
 _BATCH_SESSIONS = 512
+# with the store's reserve spent (the disk had no room), sessions moved before their deletion: it
+# frees their space while the reserve still holds room for the deletion's own index appends
+_LOW_ROOM_BATCH = 16
 # descriptors kept free while a subtree's locks are held (each lock is one open file)
 _FD_MARGIN = 64
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
@@ -124,6 +130,8 @@ class GcReport:
     set_aside: int = 0  # other programs' folders gc found in its way and left in trash/ (``Store.set_aside``)
     owners_removed: int = 0  # records of crashed supervisors that held nothing (``reap_owners``; a dry run: that would go)
     leftovers_removed: int = 0  # temporary names of writes a kill interrupted (``store/leftovers.py``; a dry run: that would go)
+    reserve_spent: bool = False  # the disk had no room left: this gc spent the store's reserve (``store/reserve.py``)
+    reserve_kept: bool = False  # the reserve is there at the end (made again when the disk had room to spare)
     elapsed_s: float = 0.0
 
     @property
@@ -310,19 +318,66 @@ def _trash_name(session_id: str) -> str:
     return f"{session_id}.{secrets.token_hex(4)}"
 
 
-def _remove(store: Store, plan: _Plan, state: _Pass, limit: int, moved: list[tuple[str, str]],
-            headers: dict[str, SessionHeader], steps: Steps) -> SkippedRoot | None:
+class _Room:
+    """What gc does when the disk has no room for its next trash folder or index append: first
+    delete what it moved so far (``_settle``: their files' space comes back), else spend the store's
+    reserve (``store/reserve.py``); neither left, the error stands (``collect`` says to free some
+    space). Once the reserve is spent, what was moved is deleted every ``_LOW_ROOM_BATCH``
+    sessions, so that deletion's own index appends still find room. Deleting in the middle of a
+    subtree keeps the rule that one is collected whole or not at all: the subtree's locks are held
+    throughout, and what is deleted first is its deepest sessions, as a crash would leave them."""
+
+    def __init__(self, store: Store, steps: Steps) -> None:
+        self._store = store
+        self.batch: list[tuple[str, str]] = []  # (id, trash folder) moved and not deleted yet
+        self._steps = steps
+        self.spent = False  # the reserve, by this gc
+
+    def attempt(self, action: Callable[[], T]) -> T:
+        """``action()``, made room for and tried again as long as room can be made."""
+        while True:
+            try:
+                return action()
+            except OSError as exc:
+                if not out_of_room(exc) or not self._make():
+                    raise
+
+    def moved(self) -> None:
+        """A session is in the trash: with the reserve spent, delete the batch while room is left."""
+        if self.spent and len(self.batch) >= _LOW_ROOM_BATCH:
+            self.settle()
+
+    def settle(self) -> None:
+        """Delete what was moved (``_settle``), if anything."""
+        if self.batch:
+            _settle(self._store, self.batch, self._steps)
+            self.batch.clear()
+
+    def _make(self) -> bool:
+        if self.batch:
+            self.settle()
+            return True
+        if not self.spent and spend_reserve(self._store):
+            self.spent = True
+            return True
+        return False
+
+
+def _remove(store: Store, plan: _Plan, state: _Pass, limit: int, headers: dict[str, SessionHeader], steps: Steps,
+            room: _Room) -> SkippedRoot | None:
     """Lock, re-check and rename one planned subtree into the trash, child-first, adding each
-    (id, trash folder) to ``moved`` as it goes; the reason when the subtree stays."""
+    (id, trash folder) to ``room.batch`` as it goes (``room`` may delete them meanwhile); the
+    reason when the subtree stays."""
     root = plan.root
     if len(plan.order) > limit:
         return SkippedRoot(root.id, root.label, root.id, "too-large",
                            f"{len(plan.order)} sessions: more locks than this process may hold at once (raise `ulimit -n`)")
     planned = set(plan.order)
+    held: dict[str, PinnedLock] = {}
     with contextlib.ExitStack() as locks:
         for session_id in plan.order:
             try:
-                locks.enter_context(PinnedLock(store.session_path(session_id), create=False))
+                held[session_id] = locks.enter_context(PinnedLock(store.session_path(session_id), create=False))
             except FileNotFoundError:
                 return SkippedRoot(root.id, root.label, session_id, "changed", f"{session_id} was removed meanwhile")
             except LockTimeoutError as exc:
@@ -343,11 +398,11 @@ def _remove(store: Store, plan: _Plan, state: _Pass, limit: int, moved: list[tup
         for session_id in plan.order:
             rows = [e.id for e in read_children(store, session_id) if e.settled is not None and e.id in planned]
             if rows:
-                mark_all_active(store, session_id, rows)
+                room.attempt(lambda: mark_all_active(store, session_id, rows))  # noqa: B023 (called at once)
                 steps.done()
         for session_id in reversed(plan.order):
             target = os.path.join(store.trash_dir, _trash_name(session_id))
-            os.mkdir(target, DIR_MODE)
+            room.attempt(lambda: os.mkdir(target, DIR_MODE))  # noqa: B023 (called at once)
             steps.done()
             # the session's file first: from that rename on it is gone (its companions are only
             # read beside it; a crash before they follow leaves them unread, and a new session
@@ -360,7 +415,13 @@ def _remove(store: Store, plan: _Plan, state: _Pass, limit: int, moved: list[tup
                 except FileNotFoundError:
                     continue
                 steps.done()
-            moved.append((session_id, target))
+            # its lock goes with it: nothing can lock a session gone from ``sessions/``, and the lock's
+            # descriptor would keep its file's inode and block in use (and its trash folder's: the
+            # file's name pins its folder) until the whole subtree is moved, while ``room`` may need
+            # them back to go on
+            held.pop(session_id).release()
+            room.batch.append((session_id, target))
+            room.moved()
     return None
 
 
@@ -499,17 +560,21 @@ def collect(
     ``outcomes`` keeps only roots with these outcomes (``OUTCOMES`` and ``"none"``, as ``ls --outcome``);
     ``dry_run`` changes nothing and reports what would go; ``now`` is the moment ages are taken from.
     Invalid arguments raise ``InvalidQueryError`` before anything is read. A disk without room for
-    gc's trash folders (one per session collected) is ``DurabilityError``: what gc moved so far
-    is whole, and the next gc, with a little space free, finishes it.
+    gc's trash folders (one per session collected) or its index appends is met by deleting what
+    was moved so far, then by spending the store's reserve (``store/reserve.py``); with neither
+    left it is ``DurabilityError``: what gc moved so far is whole, and the next gc, with a little
+    space free, finishes it. The reserve is made again at the end when the disk has room to spare.
     """
     try:
         return _collect(store, older_than_s, outcomes=outcomes, dry_run=dry_run, now=now)
     except OSError as exc:
-        if isinstance(exc, SubagentError) or exc.errno not in NO_ROOM:
+        if not out_of_room(exc):
             raise
+        why = exc.message if isinstance(exc, SubagentError) else exc.strerror
         raise DurabilityError(f"gc found no room on the disk for its trash folders (one per session it collects; "
-                              f"{exc.strerror}): free some space and run it again, the next gc finishes what this "
-                              f"one began", path=getattr(exc, "filename", None)) from exc
+                              f"{why}) and the store's reserve for it is spent or was never made: free some space "
+                              f"and run it again, the next gc finishes what this one began",
+                              path=getattr(exc, "filename", None)) from exc
 
 
 def _collect(
@@ -525,6 +590,7 @@ def _collect(
     cutoff = (time.time() if now is None else now) - older_than_s
     state = _Pass(store, cutoff)
     steps = Steps(KILL_AFTER_ENV)
+    room = _Room(store, steps)
     finished = len(_trashed(store)) if dry_run else 0
     with contextlib.ExitStack() as stack:
         if not dry_run:
@@ -532,7 +598,8 @@ def _collect(
             # its deletions would leave the trash and stale index entries behind
             store.require_writable(store.index_dir, roots_index_path(store), store.trash_dir)
             make_dirs(store.trash_dir, durable=store.durability.syncs_at_commit)
-            stack.enter_context(PinnedLock(os.path.join(store.trash_dir, ".lock")))
+            # gc's lock, made with the reserve (or by the first gc: on a full disk, from the reserve)
+            room.attempt(lambda: stack.enter_context(PinnedLock(os.path.join(store.trash_dir, GC_LOCK_NAME))))
             finished = _finish(store, steps)
         headers, children, damaged = _lineage(store)
         damaged_roots, unplaced = _placed(store, damaged)
@@ -568,17 +635,29 @@ def _collect(
         else:
             # the children indexes of the sessions about to go: gc appends to them and drops them
             store.require_writable(*(store.children_index_path(sid) for plan in plans for sid in plan.order))
-            collected, late = _delete(store, plans, state, headers, steps)
+            collected, late = _delete(store, plans, state, headers, steps, room)
             skipped += late
             if collected or finished:
-                compact_roots(store)
+                _compact(store)
                 steps.done()
         # last: a collected session no longer names its crashed owner
         owners_removed = len(reap_owners(store, dry_run=dry_run))
         leftovers_removed = remove_leftovers(store, dry_run=dry_run)
+        reserve_kept = os.path.lexists(reserve_path(store)) if dry_run else keep_reserve(store)
     return GcReport(store.root, float(older_than_s), cutoff, dry_run, tuple(sorted(wanted)), tuple(collected), tuple(skipped),
                     young, other, finished, len(store.set_aside()), owners_removed, leftovers_removed,
-                    time.monotonic() - started)
+                    room.spent, reserve_kept, time.monotonic() - started)
+
+
+def _compact(store: Store) -> None:
+    """``compact_roots``, which rewrites the roots index whole; on a disk with no room for that
+    copy the index keeps its tombstones (listings read past them) until a gc with room."""
+    try:
+        compact_roots(store)
+    except OSError as exc:
+        if not out_of_room(exc):
+            raise
+        log.warning("the roots index was not compacted: no room on the disk for its copy (%s)", exc)
 
 
 def _collected(plan: _Plan) -> CollectedRoot:
@@ -586,25 +665,22 @@ def _collected(plan: _Plan) -> CollectedRoot:
 
 
 def _delete(store: Store, plans: list[_Plan], state: _Pass, headers: dict[str, SessionHeader],
-            steps: Steps) -> tuple[list[CollectedRoot], list[SkippedRoot]]:
+            steps: Steps, room: _Room) -> tuple[list[CollectedRoot], list[SkippedRoot]]:
     """Rename batches of subtrees into the trash, make the renames durable, then forget them."""
     collected: list[CollectedRoot] = []
     skipped: list[SkippedRoot] = []
     limit = _lock_budget()
-    batch: list[tuple[str, str]] = []
     try:
         for plan in plans:
-            kept = _remove(store, plan, state, limit, batch, headers, steps)
+            kept = _remove(store, plan, state, limit, headers, steps, room)
             if kept is not None:
                 skipped.append(kept)
                 continue
             collected.append(_collected(plan))
-            if len(batch) >= _BATCH_SESSIONS:
-                _settle(store, batch, steps)
-                batch = []
+            if len(room.batch) >= _BATCH_SESSIONS:
+                room.settle()
     finally:
-        if batch:  # also after a failure: what is in the trash is gone, its index entries go too
-            _settle(store, batch, steps)
+        room.settle()  # also after a failure: what is in the trash is gone, its index entries go too
     return collected, skipped
 
 

@@ -32,9 +32,11 @@ STORE_FORMAT = "subagents-store"
 STORE_VERSION = 4
 # what a store of an older version (or one whose conversion was interrupted) is told to run
 MIGRATE_HINT = "run `subagents store migrate` to convert it"
-# the names a session's lazily made companion files take beside its file (``sessions/<id>.<name>``)
 # the names of folders gc moved aside rather than delete (``Store.set_aside``)
 SET_ASIDE_PREFIX = ".foreign."
+# gc's lock in ``trash/``: one gc at a time on a store
+GC_LOCK_NAME = ".lock"
+# the names a session's lazily made companion files take beside its file (``sessions/<id>.<name>``)
 COMPANIONS = ("mailbox", "control", "identity")
 
 # What a store folder holds while a creator is between its first sub-folder and its marker

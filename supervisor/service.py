@@ -45,6 +45,7 @@ from subagents.store import (
     release_lease,
 )
 from subagents.store.errors import FencedError
+from subagents.store.reserve import keep_reserve
 from subagents.worker.protocol import TurnSpec
 
 from .agents import LiveAgents
@@ -149,6 +150,8 @@ class Supervisor:
             async with anyio.create_task_group() as tg:
                 sup = cls(handle, cfg, tg)
                 sup.lease_keeper.start()
+                # space only gc spends, so a disk this store fills can still be collected (store/reserve.py)
+                await sup.runtime.store_thread.run(keep_reserve, handle)
                 tg.start_soon(sup.lease_keeper.run)
                 tg.start_soon(sup.continuation.watch_store, cfg.control_poll_s)
                 tg.start_soon(sup.runtime.control.run, cfg.control_poll_s)

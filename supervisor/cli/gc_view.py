@@ -35,6 +35,8 @@ def gc_doc(report: GcReport) -> dict[str, Any]:
         "set_aside": report.set_aside,
         "owners_removed": report.owners_removed,
         "leftovers_removed": report.leftovers_removed,
+        "reserve_spent": report.reserve_spent,
+        "reserve_kept": report.reserve_kept,
         "sessions": report.sessions,
         "bytes": report.bytes,
         "elapsed_s": round(report.elapsed_s, 3),
@@ -74,6 +76,9 @@ def render_gc(out: Output, doc: dict[str, Any]) -> None:
     if doc["leftovers_removed"]:
         files = _plural(doc["leftovers_removed"], "temporary file")
         out.line(f"{'would remove' if doc['dry_run'] else 'removed'} {files} of writes a kill interrupted")
+    if doc["reserve_spent"]:
+        again = "made again: the disk has room" if doc["reserve_kept"] else "made again by the next start or gc with room to spare"
+        out.line(f"the disk had no room left: gc spent the store's reserve (trash/.reserve) to begin; {again}")
     total = (f"{verb} {_plural(len(doc['collected']), 'subtree')}, {_plural(doc['sessions'], 'session')}, "
              f"{_size(doc['bytes'])} in {doc['elapsed_s']:.2f} s")
     kept = [f"{doc['young']} active within {_age(doc['older_than_s'])}"]

@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from subagents import store
 from subagents.store.fsck import fsck
+from subagents.store.reserve import RESERVE_BYTES, keep_reserve, reserve_path, spend_reserve
 from subagents.supervisor import ContinuableSpec, Provider, SubagentRequest, Supervisor, SupervisorConfig
 
+from ..conftest import REPO_ROOT
 from ._power_loss import LoopFs
 
 pytestmark = pytest.mark.anyio
@@ -189,10 +194,11 @@ def test_a_root_made_with_the_last_inode_is_created_without_its_empty_index(disk
     assert not st.exists("child") and store.check_store(st).clean
 
 
-def test_gc_on_a_full_disk_says_it_needs_room_and_the_next_one_collects(disk: LoopFs) -> None:
+def test_gc_on_a_full_disk_without_a_reserve_says_it_needs_room_and_the_next_one_collects(disk: LoopFs) -> None:
     """gc moves each session it collects into a trash folder of its own (an inode and a block): on a
-    full disk it cannot, and says so with ``DURABILITY_FAILED`` and what to do, changing nothing it
-    cannot finish; once a little space is free the next gc collects the subtree."""
+    full disk, with no reserve to spend (a store no supervisor opened, made with none), it cannot, and
+    says so with ``DURABILITY_FAILED`` and what to do, changing nothing it cannot finish; once a little
+    space is free the next gc collects the subtree, and makes the reserve."""
     st = store.Store(str(disk.mount / "store"), durability="batched")
     store.create_session(st, "old")
     for i in range(3):
@@ -205,7 +211,96 @@ def test_gc_on_a_full_disk_says_it_needs_room_and_the_next_one_collects(disk: Lo
         store.collect(st, 7 * 86400.0)
     assert refused.value.code == "DURABILITY_FAILED" and "free some space" in refused.value.message, refused.value
     assert st.session_ids() == ["old", "old0", "old1", "old2"] and store.check_store(st).clean
+    assert not os.path.exists(reserve_path(st))
     big.unlink()
     report = store.collect(st, 7 * 86400.0)
     assert [c.id for c in report.collected] == ["old"] and st.session_ids() == []
     assert store.check_store(st).clean
+    assert not report.reserve_spent and report.reserve_kept and os.path.getsize(reserve_path(st)) == RESERVE_BYTES
+
+
+def old_subtrees(st: store.Store, roots: int, children: int) -> list[str]:
+    """``roots`` top-level sessions with ``children`` children each, every child run and released by an
+    owner (its release writes the ``settled`` row gc clears first: an index append), all of it old."""
+    store.register_owner(st, "owner", ttl=60.0)
+    ids = []
+    for r in range(roots):
+        root = f"old{r}"
+        store.create_session(st, root)
+        ids.append(root)
+        for c in range(children):
+            child = f"{root}c{c}"
+            store.create_session(st, child, parent_session=root, origin="subagent", delegation_depth=1,
+                                 events=[("subagent/descriptor", {"kind": "one-shot", "provider": "echo", "label": None})])
+            lease = store.acquire_lease(st, child, "owner")
+            with store.LogWriter.open(st, child, epoch=lease.epoch) as writer:
+                writer.append([("turn/start", {}), ("turn/end", {"stop_reason": "completed"})], commit=True)
+            store.release_lease(st, child, "owner", lease.epoch)
+            ids.append(child)
+    then = 1e9  # 2001: older than any age asked for
+    for sid in ids:
+        for name in os.listdir(st.sessions_dir):
+            if name == sid or name.startswith(f"{sid}."):
+                os.utime(os.path.join(st.sessions_dir, name), (then, then))
+    return ids
+
+
+@pytest.mark.parametrize("full", ["every-block", "every-inode"])
+def test_gc_on_a_full_disk_spends_the_reserve_and_collects_everything(disk: LoopFs, full: str) -> None:
+    """The store's reserve (made by a supervisor's start, ``keep_reserve``) is what lets gc begin on a
+    disk with no block or no inode left: it spends it on its first trash folders and index appends,
+    then deletes what it moved whenever room runs out again (each session deleted frees more than its
+    trash folder took), so one reserve collects 48 sessions in one run. Nothing is left behind; once
+    the other program's file is gone, the next gc makes the reserve again."""
+    st = store.Store(str(disk.mount / "store"), durability="batched")
+    ids = old_subtrees(st, roots=6, children=7)
+    assert keep_reserve(st) and os.path.getsize(reserve_path(st)) == RESERVE_BYTES
+    big = fill(disk.mount) if full == "every-block" else None
+    if big is None:
+        take_every_inode(disk.mount)
+    report = store.collect(st, 7 * 86400.0)
+    assert sorted(c.id for c in report.collected) == [f"old{r}" for r in range(6)] and report.sessions == len(ids) == 48
+    assert report.reserve_spent and not report.reserve_kept and not os.path.exists(reserve_path(st))
+    assert st.session_ids() == [] and sorted(os.listdir(st.trash_dir)) == [".lock"]
+    assert store.check_store(st).clean
+    found = fsck(st, repair=False, lease_ttl_s=5.0)
+    assert not [f for f in found["findings"] if f["kind"] != "clean"], found["findings"]
+    if big is not None:
+        big.unlink()
+    else:
+        shutil.rmtree(disk.mount / "others")
+    again = store.collect(st, 7 * 86400.0)
+    assert again.collected == () and again.reserve_kept and os.path.getsize(reserve_path(st)) == RESERVE_BYTES
+
+
+def test_the_reserve_is_made_only_with_room_to_spare_and_never_fails_its_caller(disk: LoopFs) -> None:
+    """A supervisor's start makes it; on a disk without room to spare it is not made (it must never be
+    what fills a disk), and nothing fails; a folder of another program in its place is never deleted."""
+    st = store.Store(str(disk.mount / "store"), durability="batched")
+    store.create_session(st, "s1")
+    big = fill(disk.mount)
+    assert not keep_reserve(st) and not os.path.exists(reserve_path(st))
+    big.unlink()
+    assert keep_reserve(st) and keep_reserve(st)  # the second finds it there
+    os.unlink(reserve_path(st))
+    os.makedirs(os.path.join(reserve_path(st), "theirs"))
+    assert not spend_reserve(st) and os.path.isdir(os.path.join(reserve_path(st), "theirs"))
+
+
+def test_the_cli_says_when_gc_spent_the_reserve(disk: LoopFs) -> None:
+    """``subagents gc`` on a full disk collects, and says it spent the reserve and that the next start or
+    gc with room makes it again; ``--json`` carries ``reserve_spent`` and ``reserve_kept``."""
+    st = store.Store(str(disk.mount / "store"), durability="batched")
+    old_subtrees(st, roots=2, children=2)
+    assert keep_reserve(st)
+    fill(disk.mount)
+    done = subprocess.run([sys.executable, "-m", "subagents.supervisor.cli", "--store", st.root, "gc", "--older-than", "7d"],
+                          cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": REPO_ROOT}, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert ("the disk had no room left: gc spent the store's reserve (trash/.reserve) to begin; made again by the next "
+            "start or gc with room to spare") in done.stdout, done.stdout
+    assert "deleted 2 subtrees, 6 sessions" in done.stdout, done.stdout
+    doc = json.loads(subprocess.run([sys.executable, "-m", "subagents.supervisor.cli", "--store", st.root, "gc", "--older-than",
+                                     "7d", "--json"], cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": REPO_ROOT},
+                                    capture_output=True, text=True, timeout=60, check=True).stdout)
+    assert doc["collected"] == [] and doc["reserve_spent"] is False and doc["reserve_kept"] is False

@@ -122,7 +122,7 @@ def test_old_settled_subtrees_go_and_young_ones_stay(st: Store) -> None:
     assert done.sessions == 4 and done.bytes > 0 and done.last_active < time.time() - 7 * DAY
     assert gone(st, old)
     assert all(st.exists(sid) for sid in young + mixed)
-    assert os.listdir(st.trash_dir) == [".lock"]
+    assert sorted(os.listdir(st.trash_dir)) == [".lock", ".reserve"]
     assert_clean(st)
 
 
@@ -240,7 +240,7 @@ def test_an_interrupted_gc_reads_clean_and_the_next_one_finishes(st: Store) -> N
     assert collect(st, 7 * DAY, dry_run=True).finished == 2 and tree_state(st.root) == before
     second = collect(st, 7 * DAY)
     assert second.finished == 2 and [c.id for c in second.collected] == ["rHalf"]
-    assert gone(st, ids) and os.listdir(st.trash_dir) == [".lock"]
+    assert gone(st, ids) and sorted(os.listdir(st.trash_dir)) == [".lock", ".reserve"]
     assert_clean(st)
 
 
@@ -262,7 +262,7 @@ def test_a_gc_killed_before_the_companions_followed_is_finished_by_the_next(st: 
     assert ("rCompc0.mailbox", "stray") in {(f["id"], f["kind"]) for f in found["findings"]}
     report = collect(st, 7 * DAY)
     assert [c.id for c in report.collected] == ["rComp"] and report.finished == 2
-    assert gone(st, ids) and os.listdir(st.trash_dir) == [".lock"]
+    assert gone(st, ids) and sorted(os.listdir(st.trash_dir)) == [".lock", ".reserve"]
     assert_clean(st)
 
 
@@ -285,10 +285,11 @@ def test_a_crash_mid_subtree_never_lists_a_removed_child_from_its_settled_row(st
     headers, children, _ = retention._lineage(st)
     plan = retention._plan(state, headers["rRows"], children, headers, frozenset())
     assert isinstance(plan, retention._Plan)
-    moved: list[tuple[str, str]] = []
+    steps = retention.Steps(retention.KILL_AFTER_ENV)
+    room = retention._Room(st, steps)
     os.makedirs(st.trash_dir)
-    assert retention._remove(st, plan, state, 100, moved, headers, retention.Steps(retention.KILL_AFTER_ENV)) is None
-    root_id, root_folder = moved[-1]
+    assert retention._remove(st, plan, state, 100, headers, steps, room) is None
+    root_id, root_folder = room.batch[-1]
     assert root_id == "rRows"  # undo the root's move: as if killed just before it
     os.rename(os.path.join(root_folder, "session"), st.session_path("rRows"))
     for name in os.listdir(root_folder):
@@ -334,7 +335,7 @@ def test_a_lease_taken_first_wins_over_gc(st: Store) -> None:
     worker.join(30)
     (report,) = result
     assert [(s.session, s.reason) for s in report.skipped] == [("rRacec1", "held")]
-    assert all(st.exists(sid) for sid in ids) and os.listdir(st.trash_dir) == [".lock"]
+    assert all(st.exists(sid) for sid in ids) and sorted(os.listdir(st.trash_dir)) == [".lock", ".reserve"]
 
 
 def test_a_lease_taken_after_gc_finds_the_session_gone(st: Store) -> None:
@@ -375,7 +376,7 @@ def test_many_roots_are_collected_in_batches(st: Store, monkeypatch: pytest.Monk
         subtree(quick, f"r{i:03d}", children=2)
     report = collect(st, 7 * DAY)
     assert len(report.collected) == 12 and report.sessions == 12 * 4
-    assert st.session_ids() == [] and os.listdir(st.trash_dir) == [".lock"]
+    assert st.session_ids() == [] and sorted(os.listdir(st.trash_dir)) == [".lock", ".reserve"]
     assert list_roots(st) == []
     assert_clean(st)
 
@@ -453,3 +454,22 @@ def test_a_strangers_folder_in_the_trash_or_in_an_index_is_set_aside_and_reporte
     again = collect(st, 7 * DAY)
     assert again.set_aside == 2 and again.finished == 0
     assert sorted(n for n in os.listdir(st.trash_dir) if n.startswith(".foreign.")) == aside
+
+
+def test_a_roots_index_with_no_room_for_its_rewrite_keeps_its_tombstones(st: Store, monkeypatch, caplog) -> None:
+    """The last step of a gc rewrites ``index/roots`` whole (a copy as large as the index): on a disk
+    with room for the deletions but not for that copy, gc still returns its report, with a warning;
+    the tombstones it appended hide the removed roots until a gc with room compacts them."""
+    from subagents.store import retention
+    from subagents.store.errors import NoRoomError
+
+    ids = subtree(st, "rOld")
+
+    def no_room(_store: Store) -> None:
+        raise NoRoomError("write of index/roots failed: [Errno 28] No space left on device")
+
+    monkeypatch.setattr(retention, "compact_roots", no_room)
+    report = collect(st, 7 * DAY)
+    assert [c.id for c in report.collected] == ["rOld"] and gone(st, ids)
+    assert "the roots index was not compacted: no room on the disk" in caplog.text
+    assert [r.id for r in list_roots(st)] == [] and check_store(st).clean

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from subagents import store
-from subagents.store import Store, create_session
+from subagents.store import Store, check_store, create_session
 
 from ..conftest import REPO_ROOT
 from ..session_bytes import age, files_of
@@ -143,7 +143,7 @@ def test_old_roots_go_young_stay_outcome_filters_and_listings_stay_clean(st: Sto
     assert fsck["corrupt"] == [] and fsck["findings"] == []
     check = json.loads(ok(st, "store", "check", "--json"))
     assert check["clean"], check
-    assert os.listdir(st.trash_dir) == [".lock"]
+    assert sorted(os.listdir(st.trash_dir)) == [".lock", ".reserve"]
     again = ok(st, "gc", "--older-than", "7d")
     assert again.splitlines() == [again.splitlines()[-1]] and again.startswith("deleted 0 subtrees")
 
@@ -259,6 +259,23 @@ async def test_supervisor_gc_keeps_its_own_roots(tmp_path: Path) -> None:
         assert [(s.id, s.reason) for s in report.skipped] == [(mine.id, "held")] and st.exists(mine.id)
         dry = await sup.gc(0.0, dry_run=True)
         assert dry.dry_run and not dry.collected and st.exists(mine.id)
+
+
+@pytest.mark.anyio
+async def test_a_supervisor_start_makes_the_reserve_gc_spends_on_a_full_disk(tmp_path: Path) -> None:
+    """The reserve (store/reserve.py) must be there before a disk fills, so every start makes it when
+    the disk has room, with gc's lock beside it; a second start finds both. (Spending it on a full
+    disk: ``tests/crash/test_disk_full.py``.)"""
+    from subagents.store.reserve import RESERVE_BYTES, reserve_path
+
+    from ..conftest import open_supervisor
+
+    async with open_supervisor(tmp_path) as sup:
+        assert os.path.getsize(reserve_path(sup.store)) == RESERVE_BYTES
+        assert sorted(os.listdir(sup.store.trash_dir)) == [".lock", ".reserve"]
+    async with open_supervisor(tmp_path) as sup:
+        assert sorted(os.listdir(sup.store.trash_dir)) == [".lock", ".reserve"]
+    assert check_store(Store(tmp_path / "store")).clean
 
 
 def test_gc_and_fsck_name_a_strangers_folder_gc_set_aside(st: Store) -> None:
