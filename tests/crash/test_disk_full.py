@@ -304,3 +304,58 @@ def test_the_cli_says_when_gc_spent_the_reserve(disk: LoopFs) -> None:
                                      "7d", "--json"], cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": REPO_ROOT},
                                     capture_output=True, text=True, timeout=60, check=True).stdout)
     assert doc["collected"] == [] and doc["reserve_spent"] is False and doc["reserve_kept"] is False
+
+
+KILLED_GC = """
+import os, sys
+from subagents import store
+from subagents.store.retention import KILL_AFTER_ENV
+os.environ[KILL_AFTER_ENV] = sys.argv[2]
+store.collect(store.Store(sys.argv[1], create=False, durability="batched"), 7 * 86400.0)
+"""
+MAX_STEPS = 120
+
+
+def test_gc_killed_at_any_step_on_a_disk_with_no_inode_left_leaves_a_store_the_next_gc_finishes(disk: LoopFs, tmp_path: Path) -> None:
+    """The reserve's path (spend it, delete what was moved in the middle of a subtree, go on) cut at
+    each of its steps (``SUBAGENTS_GC_KILL_AFTER``), each on its own copy of one full file system:
+    every session is whole or gone, ``store check`` is clean, and once the other program's files are
+    gone the next gc collects the rest and leaves nothing behind but its lock and a new reserve."""
+    st = store.Store(str(disk.mount / "store"), durability="batched")
+    ids = old_subtrees(st, roots=2, children=3)
+    assert keep_reserve(st)
+    take_every_inode(disk.mount)
+    os.sync()
+    finished = None
+    for n in range(1, MAX_STEPS + 1):
+        copy = tmp_path / f"k{n}.img"
+        shutil.copyfile(disk.image, copy)
+        fs = LoopFs(copy, tmp_path / f"k{n}")
+        try:
+            where = fs.mount / "store"
+            done = subprocess.run([sys.executable, "-c", KILLED_GC, str(where), str(n)], cwd=REPO_ROOT,
+                                  env={**os.environ, "PYTHONPATH": REPO_ROOT}, capture_output=True, text=True, timeout=60)
+            copied = store.Store(str(where), create=False)
+            if done.returncode == 0:
+                finished = n
+            else:
+                assert done.returncode == -9, done.stderr
+            present = copied.session_ids()
+            assert set(present) <= set(ids)
+            for sid in present:
+                assert store.inspect(copied, sid).status == "clean", (n, sid)
+            assert store.check_store(copied).clean, (n, str(store.check_store(copied)))
+            shutil.rmtree(fs.mount / "others")
+            report = store.collect(copied, 7 * 86400.0)
+            assert copied.session_ids() == [] and report.reserve_kept, n
+            assert sorted(os.listdir(copied.trash_dir)) == [".lock", ".reserve"], n
+            assert store.check_store(copied).clean
+            found = fsck(copied, repair=False, lease_ttl_s=5.0)
+            assert not [f for f in found["findings"] if f["kind"] != "clean"], (n, found["findings"])
+        finally:
+            fs.close()
+            copy.unlink()
+        if finished is not None:
+            break
+    assert finished is not None, f"gc makes more than {MAX_STEPS} changes: raise MAX_STEPS"
+    assert finished > 20  # the reserve spent, and more than one deletion in the middle of a subtree
