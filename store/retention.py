@@ -600,7 +600,7 @@ def _collect(
             make_dirs(store.trash_dir, durable=store.durability.syncs_at_commit)
             # gc's lock, made with the reserve (or by the first gc: on a full disk, from the reserve)
             room.attempt(lambda: stack.enter_context(PinnedLock(os.path.join(store.trash_dir, GC_LOCK_NAME))))
-            finished = _finish(store, steps)
+            finished = room.attempt(lambda: _finish(store, steps))  # each of its steps can be done again
         headers, children, damaged = _lineage(store)
         damaged_roots, unplaced = _placed(store, damaged)
         plans: list[_Plan] = []

@@ -319,8 +319,9 @@ MAX_STEPS = 120
 def test_gc_killed_at_any_step_on_a_disk_with_no_inode_left_leaves_a_store_the_next_gc_finishes(disk: LoopFs, tmp_path: Path) -> None:
     """The reserve's path (spend it, delete what was moved in the middle of a subtree, go on) cut at
     each of its steps (``SUBAGENTS_GC_KILL_AFTER``), each on its own copy of one full file system:
-    every session is whole or gone, ``store check`` is clean, and once the other program's files are
-    gone the next gc collects the rest and leaves nothing behind but its lock and a new reserve."""
+    every session is whole or gone and ``store check`` is clean; the next gc, on the disk still
+    full, finishes what the killed one began and collects the rest; once the other program's files
+    are gone, the next leaves nothing behind but its lock and a new reserve."""
     st = store.Store(str(disk.mount / "store"), durability="batched")
     ids = old_subtrees(st, roots=2, children=3)
     assert keep_reserve(st)
@@ -345,9 +346,14 @@ def test_gc_killed_at_any_step_on_a_disk_with_no_inode_left_leaves_a_store_the_n
             for sid in present:
                 assert store.inspect(copied, sid).status == "clean", (n, sid)
             assert store.check_store(copied).clean, (n, str(store.check_store(copied)))
+            # the disk still full, the reserve spent (by the killed gc, or now): the next gc finishes
+            # what the killed one began, which frees the inodes to go on, and collects everything
+            store.collect(copied, 7 * 86400.0)
+            assert copied.session_ids() == [] and not os.path.exists(reserve_path(copied)), n
+            assert store.check_store(copied).clean, (n, str(store.check_store(copied)))
             shutil.rmtree(fs.mount / "others")
             report = store.collect(copied, 7 * 86400.0)
-            assert copied.session_ids() == [] and report.reserve_kept, n
+            assert report.collected == () and report.reserve_kept, n
             assert sorted(os.listdir(copied.trash_dir)) == [".lock", ".reserve"], n
             assert store.check_store(copied).clean
             found = fsck(copied, repair=False, lease_ttl_s=5.0)
