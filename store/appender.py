@@ -79,7 +79,7 @@ def open_appendable(path: str, *, owner: str, key: str, in_place: bool = False) 
         fd = os.open(path, flags, FILE_MODE)
     except OSError as exc:
         if exc.errno in NO_ROOM:  # the disk, not the session's files: nothing is in the way
-            raise DurabilityError(f"{key} cannot be created ({exc.strerror or exc})", key=key) from exc
+            raise NoRoomError(f"{key} cannot be created ({exc.strerror or exc})", key=key) from exc
         raise UnavailableSessionError(owner, f"{key} cannot be opened ({exc.strerror or exc})") from None
     try:
         info = os.fstat(fd)

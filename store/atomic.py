@@ -277,7 +277,13 @@ def write_atomic(path: str, data: bytes, *, durable: bool, exclusive: bool = Fal
     old = _hold(path) if durable and sync_dir and not exclusive else None
     try:
         tmp = f"{path}{TEMPORARY_INFIX}{os.getpid()}.{id(data):x}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, FILE_MODE)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, FILE_MODE)
+        except OSError as exc:
+            if exc.errno not in NO_ROOM:
+                raise
+            # the disk, not the store: as a write it has no room for (no inode here), never a bare OSError
+            raise NoRoomError(f"write of {path} failed: {exc.strerror} (no room on the disk for its new copy)", path=path) from exc
         try:
             try:
                 _write_whole(fd, data, path, durable=durable)

@@ -25,7 +25,7 @@ import logging
 import os
 import stat
 
-from .errors import NO_ROOM, SubagentError
+from .errors import SubagentError, out_of_room
 from .atomic import FILE_MODE, NOFOLLOW, fsync_dir, make_dirs, remove_durably, write_unnamed
 from .root import GC_LOCK_NAME, Store
 
@@ -71,7 +71,7 @@ def keep_reserve(store: Store) -> bool:
     except FileExistsError:
         return True  # another supervisor made it meanwhile
     except (OSError, SubagentError) as exc:
-        quiet = isinstance(exc, OSError) and exc.errno in (*NO_ROOM, errno.EROFS, errno.EACCES)
+        quiet = out_of_room(exc) or (isinstance(exc, OSError) and exc.errno in (errno.EROFS, errno.EACCES))
         log.log(logging.INFO if quiet else logging.WARNING, "the store's reserve for gc was not made in %s: %s", store.trash_dir, exc)
         return os.path.lexists(path)
     return True

@@ -24,6 +24,7 @@ from subagents.store.reserve import RESERVE_BYTES, keep_reserve, reserve_path, s
 from subagents.supervisor import ContinuableSpec, Provider, SubagentRequest, Supervisor, SupervisorConfig
 
 from ..conftest import REPO_ROOT
+from ..store._v1_store import build_sample, snapshot
 from ._power_loss import LoopFs
 
 pytestmark = pytest.mark.anyio
@@ -365,3 +366,31 @@ def test_gc_killed_at_any_step_on_a_disk_with_no_inode_left_leaves_a_store_the_n
             break
     assert finished is not None, f"gc makes more than {MAX_STEPS} changes: raise MAX_STEPS"
     assert finished > 20  # the reserve spent, and more than one deletion in the middle of a subtree
+
+
+@pytest.mark.parametrize("full", ["every-block", "every-inode"])
+def test_migrate_on_a_full_disk_refuses_changing_nothing_and_finishes_once_there_is_room(disk: LoopFs, full: str) -> None:
+    """``subagents store migrate`` of a version-1 store on a disk with no room: ``DURABILITY_FAILED``
+    (exit 2, no traceback) before any file of the store changed; once space is freed the same command
+    converts it and ``store check`` is clean."""
+    root = disk.mount / "store"
+    build_sample(root)
+    before = snapshot(root)
+    if full == "every-block":
+        big = fill(disk.mount)
+    else:
+        take_every_inode(disk.mount)
+    cli = [sys.executable, "-m", "subagents.supervisor.cli", "--store", str(root), "store"]
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT}
+    refused = subprocess.run([*cli, "migrate"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert refused.stderr.startswith("error: DURABILITY_FAILED: ") and "No space left on device" in refused.stderr, refused.stderr
+    assert snapshot(root) == before
+    if full == "every-block":
+        big.unlink()
+    else:
+        shutil.rmtree(disk.mount / "others")
+    done = subprocess.run([*cli, "migrate"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "converted to format version 4" in done.stdout, done.stderr
+    checked = subprocess.run([*cli, "check"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0 and ": clean;" in checked.stdout, checked.stdout + checked.stderr
