@@ -394,3 +394,26 @@ def test_migrate_on_a_full_disk_refuses_changing_nothing_and_finishes_once_there
     assert done.returncode == 0 and "converted to format version 4" in done.stdout, done.stderr
     checked = subprocess.run([*cli, "check"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert checked.returncode == 0 and ": clean;" in checked.stdout, checked.stdout + checked.stderr
+
+
+@pytest.mark.parametrize("command", [["store", "reindex"], ["demo"]])
+@pytest.mark.parametrize("full", ["every-block", "every-inode"])
+def test_reindex_and_a_supervisor_start_on_a_full_disk_refuse_changing_nothing(disk: LoopFs, full: str, command: list[str]) -> None:
+    """``store reindex`` (which rewrites every index) and a supervisor's start (``demo``: its owner
+    record comes first) on a disk with no room: ``DURABILITY_FAILED``, exit 2, no traceback, and not
+    one file of the store changed; listings still read."""
+    st = store.Store(str(disk.mount / "store"), durability="batched")
+    old_subtrees(st, roots=2, children=2)
+    before = snapshot(st.root)
+    if full == "every-block":
+        fill(disk.mount)
+    else:
+        take_every_inode(disk.mount)
+    cli = [sys.executable, "-m", "subagents.supervisor.cli", "--store", st.root]
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT}
+    refused = subprocess.run([*cli, *command], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert refused.stderr.startswith("error: DURABILITY_FAILED: "), refused.stderr
+    assert snapshot(st.root) == before
+    listed = subprocess.run([*cli, "ls"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and "old0" in listed.stdout and "old1" in listed.stdout, listed.stderr
