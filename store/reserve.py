@@ -9,9 +9,11 @@ supervisor's start and every ``gc`` that finds the disk with room to spare
 (``ROOM_TO_SPARE_BYTES`` free, ``ROOM_TO_SPARE_INODES`` inodes). A ``gc``
 that meets a disk with no room removes it (``spend_reserve``): that frees an
 inode and 64 blocks, enough for its first trash folders and index appends;
-each session it then deletes frees more than that (its folder, its file and
-its companions), so one reserve lets it collect however much there is. The
-next start or ``gc`` with room makes it again.
+each session it then deletes frees more than its trash folder took (the
+folder, the session's file and its companions), so one reserve lets it
+collect however much there is. The next start or ``gc`` with room makes it
+again, and gc's lock file with it (on a disk with no inode left, the
+reserve's one inode must go to gc's first trash folder, not to its lock).
 
 The reserve is made as a session's file is (written unnamed, linked, then
 fsync'd, then its folder), so a power loss leaves it whole or absent; its
