@@ -36,6 +36,7 @@ best in one place.)
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -398,11 +399,11 @@ def _remove(store: Store, plan: _Plan, state: _Pass, limit: int, headers: dict[s
         for session_id in plan.order:
             rows = [e.id for e in read_children(store, session_id) if e.settled is not None and e.id in planned]
             if rows:
-                room.attempt(lambda: mark_all_active(store, session_id, rows))  # noqa: B023 (called at once)
+                room.attempt(functools.partial(mark_all_active, store, session_id, rows))
                 steps.done()
         for session_id in reversed(plan.order):
             target = os.path.join(store.trash_dir, _trash_name(session_id))
-            room.attempt(lambda: os.mkdir(target, DIR_MODE))  # noqa: B023 (called at once)
+            room.attempt(functools.partial(os.mkdir, target, DIR_MODE))
             steps.done()
             # the session's file first: from that rename on it is gone (its companions are only
             # read beside it; a crash before they follow leaves them unread, and a new session
