@@ -37,7 +37,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from .atomic import FILE_MODE, NOFOLLOW
 from .checkpoints import AppendCheckpoints
-from .errors import NO_ROOM, CorruptSessionError, DurabilityError, NoRoomError, SubagentError, UnavailableSessionError
+from .errors import NO_ROOM, CorruptSessionError, NoRoomError, SubagentError, UnavailableSessionError, write_failed
 from .framing import FRAME, Check, encode_record, scan, scan_all, torn_tail, zeros_from
 from .session_file import block_padding
 from .root import Store
@@ -148,8 +148,7 @@ def append_records(
             raise OSError(errno.ENOSPC, f"short write: {written} of {len(whole)} bytes (the disk is full, or the file at its size limit)")
     except OSError as exc:
         _cut_back(fd, end)
-        failed = NoRoomError if exc.errno in NO_ROOM else DurabilityError
-        raise failed(f"append to {key} failed: {exc}; nothing was appended", key=key) from exc
+        raise write_failed(f"append to {key} failed: {exc}; nothing was appended", exc, key=key) from exc
     tails[key] = (end + len(blob), seq + len(records))
     return seq
 

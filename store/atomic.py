@@ -28,7 +28,7 @@ import secrets
 import stat
 from typing import Iterable
 
-from .errors import NO_ROOM, DurabilityError, NoRoomError
+from .errors import NO_ROOM, DurabilityError, NoRoomError, write_failed
 
 __all__ = [
     "FILE_MODE", "DIR_MODE", "NOFOLLOW", "make_dirs", "write_atomic", "write_new", "NewFile", "write_unnamed",
@@ -434,8 +434,7 @@ def _write_whole(fd: int, data: bytes, path: str, *, durable: bool) -> None:
         while view:
             view = view[os.write(fd, view):]
     except OSError as exc:
-        failed = NoRoomError if exc.errno in NO_ROOM else DurabilityError
-        raise failed(f"write of {path} failed: {exc}", path=path) from exc
+        raise write_failed(f"write of {path} failed: {exc}", exc, path=path) from exc
     if durable:
         try:
             os.fsync(fd)

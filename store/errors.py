@@ -51,6 +51,7 @@ __all__ = [
     "DurabilityError",
     "NoRoomError",
     "out_of_room",
+    "write_failed",
     "LeaseHeldError",
     "LockTimeoutError",
     "DescriptorError",
@@ -286,6 +287,12 @@ class DurabilityError(SubagentError, OSError):
 class NoRoomError(DurabilityError):
     """A write the disk had no room for (``NO_ROOM``, or a short write), cut back: nothing of it was
     written, so unlike a failed fsync it may be tried again once there is room (``gc`` does)."""
+
+
+def write_failed(message: str, exc: OSError, **fields: Any) -> DurabilityError:
+    """The error of a write the OS refused (``exc``): ``NoRoomError`` when the disk had no room
+    (``NO_ROOM``), else ``DurabilityError``."""
+    return (NoRoomError if exc.errno in NO_ROOM else DurabilityError)(message, **fields)
 
 
 def out_of_room(exc: BaseException) -> bool:

@@ -108,7 +108,7 @@ def fsck(store: Store, *, repair: bool, lease_ttl_s: float) -> dict[str, Any]:
     findings.extend({"id": one.name, "kind": "interrupted-write", "detail": f"the temporary file of a rewrite whose "
                      f"process (pid {one.pid}) was killed before renaming it: harmless, never read; the next "
                      f"`subagents gc` removes it" + ("" if one.removable else " once it is a minute old and its process gone")}
-                    for one in find_leftovers(store) if os.path.dirname(one.path) != store.sessions_dir)
+                    for one in find_leftovers(store, sessions=False))  # those in sessions/: ``no-header`` above
     findings.extend({"id": name, "kind": "set-aside", "detail": "a folder gc found where it was about to delete (another "
                      "program's: a name a power loss and `e2fsck -y` left after an interrupted gc) and moved to trash/ "
                      "instead; no gc touches it: look inside and remove it by hand"} for name in store.set_aside())

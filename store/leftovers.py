@@ -49,11 +49,13 @@ class Leftover:
     removable: bool  # old enough, and its writer runs no process here
 
 
-def find_leftovers(store: Store, *, now: float | None = None) -> list[Leftover]:
-    """Every temporary name of a write in the store's own folders, oldest first."""
+def find_leftovers(store: Store, *, now: float | None = None, sessions: bool = True) -> list[Leftover]:
+    """Every temporary name of a write in the store's own folders, oldest first. ``sessions=False``
+    leaves out ``sessions/`` (its listing is the longest), for a caller that reads its names itself."""
     now = time.time() if now is None else now
     found: list[Leftover] = []
-    for folder in (store.root, store.sessions_dir, store.index_dir, store.children_index_dir, store.owners_dir):
+    folders = (store.root, store.sessions_dir, store.index_dir, store.children_index_dir, store.owners_dir)
+    for folder in folders if sessions else tuple(f for f in folders if f != store.sessions_dir):
         try:
             entries = list(os.scandir(folder))
         except OSError:

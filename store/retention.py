@@ -325,8 +325,9 @@ class _Room:
     reserve (``store/reserve.py``); neither left, the error stands (``collect`` says to free some
     space). Once the reserve is spent, what was moved is deleted every ``_LOW_ROOM_BATCH``
     sessions, so that deletion's own index appends still find room. Deleting in the middle of a
-    subtree keeps the rule that one is collected whole or not at all: the subtree's locks are held
-    throughout, and what is deleted first is its deepest sessions, as a crash would leave them."""
+    subtree keeps the rule that one is collected whole or not at all: the locks of its sessions not
+    yet moved are held throughout, and what is deleted first is its deepest sessions, as a crash
+    would leave them."""
 
     def __init__(self, store: Store, steps: Steps) -> None:
         self._store = store
