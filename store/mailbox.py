@@ -34,7 +34,9 @@ written.
 ``MailboxWriter`` accepts many messages into one mailbox through descriptors
 it keeps open (the session file's, for its lock, and the mailbox's): a
 resident child's followups pay no ``open``/``close`` each. ``accept`` is one
-such writer used once.
+such writer used once. Given a ``ChangeWatch`` (``store/changes.py``), a held
+writer learns from the kernel whether anyone else touched its mailbox, and
+pays no ``stat`` while nobody did.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from typing import Any
 
 from .appender import WIDEST_SEQ, append_records, frame_record, open_appendable
 from .atomic import NOFOLLOW
+from .changes import ChangeWatch, Watched
 from .errors import CorruptSessionError
 from .framing import Damage, ScanResult, data_end, scan, torn_tail
 from .ids import IdGenerator
@@ -94,14 +97,19 @@ class MailboxWriter:
     renames a session away under its lock: ``SessionNotFoundError``, nothing is
     accepted beside a session that is gone) and that the mailbox path still
     names the open mailbox (else it is opened again), so a kept descriptor never
-    appends to a file nobody reads. Acceptances are serialised by a mutex:
+    appends to a file nobody reads. With ``changes`` (its owner's inotify instance, shared by its
+    writers and closed by the owner) the open mailbox is watched: while no event came since the
+    writer's own last write, the path still names it and nobody else wrote it, and the acceptance
+    makes no ``stat`` (whose reading of the timestamps costs the next fsync the inode's write,
+    ``store/changes.py``); without, or when the kernel gives no watch, it compares the ``stat``'s
+    size, mtime and ctime with what its last acceptance left. Acceptances are serialised by a mutex:
     ``flock`` belongs to an open file description, so two threads sharing one
     descriptor would not exclude each other. ``close`` never waits: an
     acceptance in progress closes the descriptors when it ends, and one made
     after ``close`` opens and closes its own.
     """
 
-    def __init__(self, store: Store, session_id: str, *, lock: SessionLock | None = None) -> None:
+    def __init__(self, store: Store, session_id: str, *, lock: SessionLock | None = None, changes: ChangeWatch | None = None) -> None:
         self._store = store
         self.session_id = session_id
         self._path = store.path(session_id, "mailbox")
@@ -116,8 +124,11 @@ class MailboxWriter:
         self._own_lock = lock is None
         self._fd = -1
         self._file: tuple[int, int] | None = None  # (st_dev, st_ino) of the open mailbox
-        # the mailbox as our last acceptance left it (size, mtime, ctime): None until an acceptance checked it
-        self._seen: tuple[int, int, int] | None = None
+        self._changes = changes  # the owner's; None: compare timestamps
+        self._watched: Watched | None = None  # the open mailbox's watch in ``changes``: None, timestamps
+        # the mailbox as our last acceptance left it (``_state_of``; nothing when watched, the watch says what
+        # changed): None until an acceptance checked it
+        self._seen: tuple[int, ...] | None = None
 
     def accept(self, *, source: dict[str, Any], content: Any, ids: IdGenerator, wake: bool = True) -> str:
         """Durably append a message; returns its id once it is on stable storage (as ``accept``)."""
@@ -134,16 +145,19 @@ class MailboxWriter:
                     self._lock, self._own_lock = SessionLock(self.session_id, store.session_path(self.session_id)), True
                 self._lock.acquire()  # SessionNotFoundError when the session is gone
                 try:
-                    info = self._open_mailbox()
-                    if self._seen is None or _state_of(info) != self._seen:
+                    size, untouched = self._open_mailbox()
+                    if not untouched:
                         # this writer's first acceptance, or another hand wrote the mailbox since our last one
                         self._seen = None
                         require_consumed_prefix(store, self.session_id, locked=True)
                     append_records(self._fd, [record], tails=store.index_tails, key=self._key, owner=self.session_id,
                                    limit=store.max_record_bytes, check=mailbox_problem, too_large="MESSAGE_TOO_LARGE",
-                                   size=info.st_size, padded=True)
+                                   size=size, padded=True)
+                    watched = self._watched
+                    if watched is not None:
+                        self._changes.settle(watched)  # at once: what the kernel counted so far was this write
                     store.durability.commit_append(self._fd, self._what)
-                    self._seen = _state_of(os.fstat(self._fd))
+                    self._seen = () if watched is not None else _state_of(os.fstat(self._fd))
                 finally:
                     self._lock.release()
             finally:
@@ -160,28 +174,37 @@ class MailboxWriter:
             files = None if self._busy else self._detach()
         _close(files)
 
-    def _detach(self) -> tuple[int, SessionLock | None]:
+    def _detach(self) -> _Held:
         """Under ``_state``: take the descriptors to close, leaving none held."""
-        files = (self._fd, self._lock if self._own_lock else None)
-        self._fd, self._file, self._lock = -1, None, None
+        files = _Held(self._fd, self._lock if self._own_lock else None, self._changes, self._watched)
+        self._fd, self._file, self._lock, self._watched = -1, None, None, None
         return files
 
-    def _open_mailbox(self) -> os.stat_result:
-        """Under the lock: the mailbox's ``stat``, (re)opening it unless the path still names the open file."""
+    def _open_mailbox(self) -> tuple[int, bool]:
+        """Under the lock: the open mailbox's size, and whether nobody touched it since our last acceptance
+        (False for a first one), (re)opening it unless the path still names it.
+
+        A watched mailbox with no event since our last write is the file its path names (unlinking it,
+        renaming it, putting another file in its place all change its links) and nobody changed it: its
+        size is our descriptor's end, and no ``stat`` reads the timestamps (``store/changes.py``)."""
+        watched = self._watched
+        if watched is not None and self._seen is not None and not self._changes.changed(watched):
+            return os.lseek(self._fd, 0, os.SEEK_END), True
         try:
             info = os.stat(self._path, follow_symlinks=False)
             if self._fd >= 0 and (info.st_dev, info.st_ino) == self._file:
-                return info
+                return info.st_size, watched is None and self._seen == _state_of(info)
         except OSError:
             pass  # absent (made by the first message) or unreadable: the open below says which
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd, self._file = -1, None
+        _close(_Held(self._fd, None, self._changes, watched))
+        self._fd, self._file, self._watched = -1, None, None
         self._seen = None  # another file: checked afresh
         # in place: an acceptance writes over the padding (``pwrite`` on an ``O_APPEND`` descriptor would append)
         fd, info = open_appendable(self._path, owner=self.session_id, key=self._key, in_place=True)
         self._fd, self._file = fd, (info.st_dev, info.st_ino)
-        return info
+        if self._changes is not None:
+            self._watched = self._changes.watch(fd)  # before the check this first acceptance makes
+        return info.st_size, False
 
 
 def checkpoint_key(session_id: str) -> str:
@@ -199,12 +222,14 @@ def require_consumed_prefix(store: Store, session_id: str, projection: Projectio
     refuses the disagreement). Damage among the unconsumed messages — with nothing consumed, in
     the whole mailbox — would be cut as if torn, or a message appended after it where no reader
     finds it (``pending`` refuses that too). Checked at a writer's first acceptance (``accept``
-    makes a writer each time) and whenever the file's size, mtime or ctime is not what the
-    writer's last acceptance left, so a resident writer's followups pay one ``fstat`` for it while
-    nobody else writes: the log's projection, then ``pending`` from where the log says the
-    unconsumed messages start (O(pending); the whole mailbox when that does not land on a record).
-    Not guaranteed: a change in place within the file system's timestamp granularity of a
-    writer's own acceptance is found by the readers (``pending``, ``check``), not by that writer."""
+    makes a writer each time) and whenever another hand touched the file since the writer's last
+    acceptance (its watch had an event, or, unwatched, the file's size, mtime or ctime is not what
+    that acceptance left), so a resident writer's followups pay nothing for it while nobody else
+    writes: the log's projection, then ``pending`` from where the log says the unconsumed messages
+    start (O(pending); the whole mailbox when that does not land on a record). Not guaranteed: a
+    change in place made during a writer's own acceptance (between its write and its look at the
+    file), through a shared memory mapping of a watched mailbox, or from another machine, is found
+    by the readers (``pending``, ``check``), not by that writer."""
     if projection is None:
         from .log import read_projection  # the log module sits above this one
 
@@ -236,27 +261,36 @@ def require_consumed_prefix(store: Store, session_id: str, projection: Projectio
 
 
 def _state_of(info: os.stat_result) -> tuple[int, int, int]:
-    """What changes when anyone writes the mailbox (an acceptance in place changes no size).
+    """What changes when anyone writes an unwatched mailbox (an acceptance in place changes no size).
 
-    The timestamps are the only trace of bytes changed in place by a program outside the store
-    (every writer of the store appends: its acceptance shows in the size or over the padding).
-    Reading them has a price on kernels with multigrain timestamps (Linux 6.13 on, ext4 among
-    them): the next write after a read of a file's mtime or ctime is stamped with a fine-grained
-    time, which dirties the inode, so each acceptance's fsync writes the inode besides the data.
-    Measured on the repository disk, alternating in one process: followup p50 0.37 against 0.31 ms,
-    0.46 against 0.37, had the held writer asked only for sizes (``statx``). Kept on purpose: a
-    message must not be acknowledged into a mailbox whose queued messages another program damaged."""
+    Without a watch, the timestamps are the only trace of bytes changed in place by a program
+    outside the store (every writer of the store appends: its acceptance shows in the size or over
+    the padding). Reading them costs each acceptance's fsync the inode's write on kernels with
+    multigrain timestamps (``store/changes.py``), which is why a supervisor's held writers are
+    watched instead: a message must not be acknowledged into a mailbox whose queued messages
+    another program damaged, and this is how a writer without a watch keeps that promise."""
     return info.st_size, info.st_mtime_ns, info.st_ctime_ns
 
 
-def _close(files: tuple[int, SessionLock | None] | None) -> None:
+@dataclass(frozen=True)
+class _Held:
+    """What a writer keeps open, taken from it to close."""
+
+    fd: int
+    lock: SessionLock | None
+    changes: ChangeWatch | None
+    watched: Watched | None
+
+
+def _close(files: _Held | None) -> None:
     if files is None:
         return
-    fd, lock = files
-    if fd >= 0:
-        os.close(fd)
-    if lock is not None:
-        lock.close()
+    if files.watched is not None and files.changes is not None:
+        files.changes.unwatch(files.watched)
+    if files.fd >= 0:
+        os.close(files.fd)
+    if files.lock is not None:
+        files.lock.close()
 
 
 @dataclass(frozen=True)

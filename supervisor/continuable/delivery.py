@@ -26,6 +26,7 @@ from subagents.store import accept, read_header
 from subagents.store.errors import SubagentError
 from subagents.store.ids import validate_session_id
 from subagents.store.lease import owner_alive, read_lease, read_owner
+from subagents.store.changes import ChangeWatch
 from subagents.store.mailbox import MailboxWriter
 
 from ..errors import ActivationClosingError, InvalidRequestError, NotResumableError, ParentUnavailableError, UnauthorizedError
@@ -52,6 +53,8 @@ class Delivery:
         self._admission = admission
         self._materializer = materializer
         self._writers: OrderedDict[str, MailboxWriter] = OrderedDict()  # resident children's open mailboxes, least recent first
+        self._changes: ChangeWatch | None = None  # their watch for other programs' writes, made with the first
+        self._changes_tried = False
 
     async def followup(self, parent_id: str, child_id: str, content: Any, *, source: dict[str, Any] | None = None) -> str:
         """The next FIFO turn for a child of the live ``parent_id``; cold-resumes it when nobody hosts it."""
@@ -101,8 +104,10 @@ class Delivery:
             self._writers.move_to_end(child_id)
             return await self._rt.store_thread.run_uncancellable(lambda: writer.accept(source=source, content=text, ids=ids, wake=wake))
 
+        changes = self._change_watch()
+
         def first() -> tuple[MailboxWriter, str]:
-            made = MailboxWriter(store, child_id)  # SessionNotFoundError
+            made = MailboxWriter(store, child_id, changes=changes)  # SessionNotFoundError
             try:
                 return made, made.accept(source=source, content=text, ids=ids, wake=wake)
             except BaseException:
@@ -118,6 +123,13 @@ class Delivery:
             made.close()
         return message_id
 
+    def _change_watch(self) -> ChangeWatch | None:
+        """The inotify instance the held mailboxes share, opened once (None where there is none: timestamps)."""
+        if not self._changes_tried:
+            self._changes_tried = True
+            self._changes = ChangeWatch.open()
+        return self._changes
+
     def open_mailboxes(self) -> int:
         """How many resident children's mailboxes are held open now (at most ``MAX_OPEN_MAILBOXES``)."""
         return len(self._writers)
@@ -126,6 +138,8 @@ class Delivery:
         """Close every open mailbox (the supervisor is closing)."""
         while self._writers:
             self._writers.popitem()[1].close()
+        if self._changes is not None:
+            self._changes.close()  # a writer still accepting (closed, not yet done) sees every file as changed
 
     def forget(self, child_id: str) -> None:
         """The child is disposed: close its open mailbox (at once, or after an acceptance in progress)."""

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
 from subagents import store
 import subagents.store.durability
 from subagents.store.framing import scan
+from subagents.store.changes import ChangeWatch
 from subagents.store.mailbox import MailboxWriter, mailbox_data_end
 
 from ._support import ONE_SHOT, read_file
@@ -225,17 +228,29 @@ def _open_fds() -> set[str]:
     return set(os.listdir("/proc/self/fd"))
 
 
-def _writer(st):
-    from subagents.store.mailbox import MailboxWriter
+@pytest.fixture(params=["timestamps", "watched"])
+def changes(request):
+    """How a held writer learns that another hand touched its mailbox: a ``stat`` of the path at every
+    acceptance, or an inotify watch (``store/changes.py``) and a ``stat`` only after an event."""
+    if request.param == "timestamps":
+        yield None
+        return
+    watch = ChangeWatch.open()
+    if watch is None:
+        pytest.skip("no inotify here")
+    yield watch
+    watch.close()
 
-    return MailboxWriter(st, "s1")
+
+def _writer(st, changes=None):
+    return MailboxWriter(st, "s1", changes=changes)
 
 
-def test_a_writer_accepts_many_messages_through_descriptors_it_keeps(s1):
+def test_a_writer_accepts_many_messages_through_descriptors_it_keeps(s1, changes):
     """Two descriptors (the session's file, the mailbox) from the first acceptance to ``close``, none per message."""
     ids = store.IdGenerator()
     before = _open_fds()
-    writer = _writer(s1)
+    writer = _writer(s1, changes)
     first = writer.accept(source={"kind": "user"}, content="m0", ids=ids)
     held = _open_fds()
     assert len(held - before) == 2
@@ -247,11 +262,11 @@ def test_a_writer_accepts_many_messages_through_descriptors_it_keeps(s1):
     assert [m.id for m in store.read_mailbox(s1, "s1")] == [first, *rest]
 
 
-def test_a_writer_refuses_a_session_gc_moved_away(st, tmp_path):
+def test_a_writer_refuses_a_session_gc_moved_away(st, tmp_path, changes):
     """``gc`` renames a session's file (and then its companions) away under its lock: a held writer
     accepts nothing more, and no mailbox appears beside the session that is gone."""
     store.create_session(st, "s1", events=[("subagent/descriptor", ONE_SHOT)])
-    writer = _writer(st)
+    writer = _writer(st, changes)
     writer.accept(source={}, content="before", ids=store.IdGenerator())
     trash = tmp_path / "trash"
     trash.mkdir()
@@ -264,10 +279,10 @@ def test_a_writer_refuses_a_session_gc_moved_away(st, tmp_path):
     assert [r["content"] for r in scan(read_file(str(trash / "mailbox"))).records] == ["before"]
 
 
-def test_a_writer_appends_to_the_mailbox_its_path_names(s1):
+def test_a_writer_appends_to_the_mailbox_its_path_names(s1, changes):
     """A mailbox replaced under a held writer (removed here) is opened again: nothing goes to a file nobody reads."""
     ids = store.IdGenerator()
-    writer = _writer(s1)
+    writer = _writer(s1, changes)
     writer.accept(source={}, content="old", ids=ids)
     os.unlink(s1.path("s1", "mailbox"))
     mid = writer.accept(source={}, content="new", ids=ids)
@@ -275,7 +290,79 @@ def test_a_writer_appends_to_the_mailbox_its_path_names(s1):
     assert [(m.id, m.content) for m in store.read_mailbox(s1, "s1")] == [(mid, "new")]
 
 
-def test_close_never_waits_for_an_acceptance_in_progress(st):
+def test_a_writer_appends_to_the_file_renamed_over_its_mailbox(s1, changes):
+    """Another file put at the mailbox's path (renamed over it, as a restore from a backup would) is the
+    mailbox from then on: the held writer checks it and appends there, never to the file it replaced."""
+    ids = store.IdGenerator()
+    writer = _writer(s1, changes)
+    writer.accept(source={}, content="old", ids=ids)
+    path = s1.path("s1", "mailbox")
+    os.link(path, path + ".backup")
+    writer.accept(source={}, content="after the backup", ids=ids)
+    os.rename(path + ".backup", path)  # its inode is the held one: nothing to reopen, the writer goes on
+    os.rename(path, path + ".kept")
+    restored = read_file(path + ".kept")
+    with open(path + ".restored", "wb") as out:
+        out.write(restored)
+    os.rename(path + ".restored", path)  # another inode now
+    mid = writer.accept(source={}, content="new", ids=ids)
+    writer.close()
+    assert [m.content for m in store.read_mailbox(s1, "s1")] == ["old", "after the backup", "new"]
+    assert read_file(path + ".kept") == restored  # the replaced file got nothing more
+    assert store.read_mailbox(s1, "s1")[-1].id == mid
+
+
+def test_a_watched_writer_reads_no_timestamps_while_only_it_writes(s1, monkeypatch):
+    """The point of the watch: no ``stat`` (which would read the timestamps and make the next fsync write the
+    inode, ``store/changes.py``) and no check of the log while nobody else touches the mailbox; the first
+    acceptance after another process wrote it in place makes both again."""
+    watch = ChangeWatch.open()
+    if watch is None:
+        pytest.skip("no inotify here")
+    from subagents.store import mailbox as mailbox_module
+
+    stats: list[str] = []
+    checks: list[str] = []
+    real_check = mailbox_module.require_consumed_prefix
+
+    class SpyOS:
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        def stat(self, *args, **kwargs):
+            stats.append("stat")
+            return os.stat(*args, **kwargs)
+
+        def fstat(self, fd):
+            stats.append("fstat")
+            return os.fstat(fd)
+
+    monkeypatch.setattr(mailbox_module, "os", SpyOS())
+    monkeypatch.setattr(mailbox_module, "require_consumed_prefix", lambda *a, **k: (checks.append("check"), real_check(*a, **k)))
+    ids = store.IdGenerator()
+    writer = _writer(s1, watch)
+    try:
+        writer.accept(source={}, content="first", ids=ids)
+        assert checks == ["check"]
+        stats.clear()
+        for i in range(5):
+            writer.accept(source={}, content=f"m{i}", ids=ids)
+        assert stats == [] and checks == ["check"]
+        path = s1.path("s1", "mailbox")
+        subprocess.run([sys.executable, "-c", f"import os; fd = os.open({path!r}, os.O_RDWR); os.pwrite(fd, os.pread(fd, 1, 0), 0)"],
+                       check=True, timeout=60)  # the same byte written back: nothing damaged, but touched
+        writer.accept(source={}, content="after", ids=ids)
+        assert checks == ["check", "check"] and stats
+        stats.clear()
+        writer.accept(source={}, content="quiet again", ids=ids)
+        assert stats == [] and checks == ["check", "check"]
+    finally:
+        writer.close()
+        watch.close()
+    assert [m.content for m in store.read_mailbox(s1, "s1")][-2:] == ["after", "quiet again"]
+
+
+def test_close_never_waits_for_an_acceptance_in_progress(st, changes):
     """``close`` returns at once while an acceptance waits for the lock; that acceptance completes and closes the descriptors."""
     import threading
 
@@ -283,7 +370,7 @@ def test_close_never_waits_for_an_acceptance_in_progress(st):
 
     store.create_session(st, "s1", events=[("subagent/descriptor", ONE_SHOT)])
     before = _open_fds()
-    writer = _writer(st)
+    writer = _writer(st, changes)
     other = SessionLock("s1", st.session_path("s1"))
     other.acquire()  # another process's critical section
     out: list[str] = []
@@ -301,10 +388,10 @@ def test_close_never_waits_for_an_acceptance_in_progress(st):
     assert _open_fds() == before
 
 
-def test_a_closed_writer_still_accepts_and_keeps_nothing_open(s1):
+def test_a_closed_writer_still_accepts_and_keeps_nothing_open(s1, changes):
     """An acceptance racing a disposal (after ``close``) is still durable, and opens and closes its own descriptors."""
     before = _open_fds()
-    writer = _writer(s1)
+    writer = _writer(s1, changes)
     writer.close()
     mid = writer.accept(source={}, content="late", ids=store.IdGenerator())
     assert _open_fds() == before

@@ -24,6 +24,7 @@ from subagents.store.catalog import DiagnosticEntry, list_children
 from subagents.store.check import check_store
 from subagents.store.framing import encode_record, scan
 from subagents.store.fsck import fsck
+from subagents.store.changes import ChangeWatch
 from subagents.store.mailbox import MailboxWriter
 
 from ._support import CONTINUABLE, make_child, read_file, write_file
@@ -74,12 +75,15 @@ def damaged(st, how: str) -> tuple[list[str], bytes]:
 
 
 @pytest.mark.parametrize("how", list(DAMAGE))
-@pytest.mark.parametrize("handle", ["same-store", "fresh-store", "held-writer"])
+@pytest.mark.parametrize("handle", ["same-store", "fresh-store", "held-writer", "held-writer-watched"])
 def test_an_acceptance_beside_damaged_unconsumed_messages_is_refused(family, how, handle):
     """Every acceptance path raises CORRUPT_SESSION and leaves the mailbox byte for byte as it was: the
     process that wrote the messages (its checkpoint), a fresh process, and a writer held open since."""
     st = family
-    writer = MailboxWriter(st, "c") if handle == "held-writer" else None
+    watch = ChangeWatch.open() if handle == "held-writer-watched" else None
+    if handle == "held-writer-watched" and watch is None:
+        pytest.skip("no inotify here")
+    writer = MailboxWriter(st, "c", changes=watch) if handle.startswith("held-writer") else None
     if writer is not None:
         writer.accept(source=SOURCE, content="before", ids=store.IdGenerator())
     _, data = damaged(st, how)
@@ -96,6 +100,8 @@ def test_an_acceptance_beside_damaged_unconsumed_messages_is_refused(family, how
         assert read_file(path) == data
     if writer is not None:
         writer.close()
+    if watch is not None:
+        watch.close()
 
 
 @pytest.mark.parametrize("how", list(DAMAGE))

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextvars
 import json
+import os
 import threading
 import time
 
 import anyio
 import pytest
 
+from subagents.store.changes import ChangeWatch
 from subagents.store.errors import SessionNotFoundError
 from subagents.supervisor import ContinuableSpec
 from subagents.store import read_mailbox
@@ -228,3 +230,45 @@ async def test_open_mailboxes_are_bounded(tmp_path, monkeypatch) -> None:
         assert [len(read_mailbox(sup.store, child)) for child in children] == [3, 3]
         await sup.drain_children(root, children)
         assert sup.statistics().open_mailboxes == 0
+
+
+def _inotify_descriptors() -> set[str]:
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify":
+                found.add(fd)
+        except OSError:
+            continue  # the listing's own descriptor, closed meanwhile
+    return found
+
+
+async def test_held_mailboxes_share_one_change_watch_which_closing_the_supervisor_closes(tmp_path) -> None:
+    """The watch that spares a held mailbox a ``stat`` per followup (``store/changes.py``) is one inotify
+    instance per supervisor, opened with the first held mailbox, with a kernel watch per held mailbox
+    removed with its child's disposal, and closed with the supervisor."""
+    probe = ChangeWatch.open()
+    if probe is None:
+        pytest.skip("no inotify here: held mailboxes compare timestamps")
+    probe.close()
+    before = _inotify_descriptors()
+    async with continuable_supervisor(tmp_path, pool_size=2, durability="none") as sup:
+        root = await sup.open_root()
+        children = await _busy_children(sup, root, 2)
+        assert _inotify_descriptors() == before
+        for child in children:
+            for i in range(3):
+                await sup.followup(root, child, f"queued {i}")
+        opened = _inotify_descriptors() - before
+        assert len(opened) == 1
+        (fd,) = opened
+
+        def watches() -> int:
+            with open(f"/proc/self/fdinfo/{fd}") as info:
+                return sum(line.startswith("inotify wd:") for line in info)
+
+        assert watches() == 2
+        assert [m.content for m in read_mailbox(sup.store, children[0])][1:] == [f"queued {i}" for i in range(3)]
+        await sup.drain_children(root, children)
+        assert watches() == 0
+    assert _inotify_descriptors() == before
