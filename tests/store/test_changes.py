@@ -1,18 +1,26 @@
-"""``ChangeWatch``: another process's writes and renames of a file a writer keeps open, seen through inotify.
+"""``ChangeWatch``: another process's writes and renames of a file a writer keeps open, seen through inotify;
+and a mailbox writer held open with it, against every kind of touch another hand can make.
 
-Real files, real writes from a child process (a different process is what the
-watch is for), real renames; no timestamps involved.
+Real files, real writes (from a child process where a different process is
+the point), real renames; no timestamps involved.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hst
 
+from subagents import store
 from subagents.store.changes import ChangeWatch
+from subagents.store.mailbox import MailboxWriter
+
+from ._support import CONTINUABLE, read_file
 
 pytestmark = pytest.mark.skipif(ChangeWatch.open() is None, reason="no inotify here: writers compare timestamps")
 
@@ -123,3 +131,79 @@ def test_a_closed_watch_sees_every_file_as_changed_and_watches_no_more(watch, he
     assert watch.changed(watched)
     assert watch.watch(fd) is None
     watch.unwatch(watched)  # after close: nothing to remove, no error
+
+
+OPS = ["accept", "accept", "another-writer", "touch", "damage", "repair", "replace", "relink"]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(ops=hst.lists(hst.sampled_from(OPS), min_size=1, max_size=16), seed=hst.integers(0, 2**32 - 1))
+def test_a_watched_writer_never_acknowledges_a_message_beside_damage_another_hand_made(tmp_path_factory, ops, seed):
+    """Whatever another hand does between a held writer's acceptances — writes the same bytes back,
+    damages a queued message in place and repairs it, appends through another writer of the store,
+    puts a copy in the mailbox's place, moves its name and back — the writer refuses exactly while a
+    queued message is damaged (changing nothing), and every message it acknowledged reads back."""
+    rng = random.Random(seed)
+    st = store.Store(tmp_path_factory.mktemp("watched") / "store", durability="none")
+    store.create_session(st, "s1", events=[("subagent/descriptor", CONTINUABLE)])
+    path = st.path("s1", "mailbox")
+    watch = ChangeWatch.open()
+    writer = MailboxWriter(st, "s1", changes=watch)
+    ids = store.IdGenerator()
+    accepted: list[str] = []
+    damage: tuple[int, bytes] | None = None  # (offset, the byte that was there)
+    try:
+        for number, op in enumerate(["accept", *ops]):
+            content = f"m{number}"
+            if op in ("accept", "another-writer"):
+                before = read_file(path) if os.path.exists(path) else None
+                if damage is not None:
+                    with pytest.raises(store.CorruptSessionError):
+                        if op == "accept":
+                            writer.accept(source={}, content=content, ids=ids)
+                        else:
+                            store.accept(st, "s1", source={}, content=content, ids=ids)
+                    assert read_file(path) == before
+                else:
+                    if op == "accept":
+                        writer.accept(source={}, content=content, ids=ids)
+                    else:
+                        store.accept(st, "s1", source={}, content=content, ids=ids)
+                    accepted.append(content)
+            elif op == "touch":
+                with open(path, "r+b") as handle:
+                    first = handle.read(1)
+                    handle.seek(0)
+                    handle.write(first)  # the same byte: touched, not changed
+            elif op == "damage" and damage is None:
+                ends = [0] + [m.end for m in store.read_mailbox(st, "s1")]
+                which = rng.randrange(len(ends) - 1)
+                offset = rng.randrange(ends[which] + 8, ends[which + 1])  # past the frame's header: its CRC fails
+                original = read_file(path)[offset:offset + 1]
+                with open(path, "r+b") as handle:
+                    handle.seek(offset)
+                    handle.write(bytes([original[0] ^ 0x5A]))
+                damage = (offset, original)
+            elif op == "repair" and damage is not None:
+                with open(path, "r+b") as handle:
+                    handle.seek(damage[0])
+                    handle.write(damage[1])
+                damage = None
+            elif op == "replace":
+                copy = path + ".copy"
+                with open(copy, "wb") as handle:
+                    handle.write(read_file(path))
+                os.rename(copy, path)
+            elif op == "relink":
+                os.link(path, path + ".link")
+                os.unlink(path)
+                os.rename(path + ".link", path)
+        if damage is not None:
+            with open(path, "r+b") as handle:
+                handle.seek(damage[0])
+                handle.write(damage[1])
+        assert [m.content for m in store.read_mailbox(st, "s1")] == accepted
+    finally:
+        writer.close()
+        watch.close()
