@@ -148,8 +148,8 @@ class MailboxWriter:
                     size, untouched = self._open_mailbox()
                     if not untouched:
                         # this writer's first acceptance, or another hand wrote the mailbox since our last one
-                        self._seen = None
                         require_consumed_prefix(store, self.session_id, locked=True)
+                    self._seen = None  # until this acceptance is whole: one that failed is followed by a check
                     append_records(self._fd, [record], tails=store.index_tails, key=self._key, owner=self.session_id,
                                    limit=store.max_record_bytes, check=mailbox_problem, too_large="MESSAGE_TOO_LARGE",
                                    size=size, padded=True)

@@ -23,10 +23,10 @@ from collections import OrderedDict
 from typing import Any
 
 from subagents.store import accept, read_header
+from subagents.store.changes import ChangeWatch
 from subagents.store.errors import SubagentError
 from subagents.store.ids import validate_session_id
 from subagents.store.lease import owner_alive, read_lease, read_owner
-from subagents.store.changes import ChangeWatch
 from subagents.store.mailbox import MailboxWriter
 
 from ..errors import ActivationClosingError, InvalidRequestError, NotResumableError, ParentUnavailableError, UnauthorizedError

@@ -362,6 +362,48 @@ def test_a_watched_writer_reads_no_timestamps_while_only_it_writes(s1, monkeypat
     assert [m.content for m in store.read_mailbox(s1, "s1")][-2:] == ["after", "quiet again"]
 
 
+def test_an_acceptance_after_one_that_failed_checks_the_mailbox_again(tmp_path, changes, monkeypatch):
+    """A failed acceptance (its fsync refused here) leaves the writer trusting nothing it saw: the next one
+    checks the mailbox against the log again, as a first acceptance does, and both messages read back
+    (the failed one is there, unacknowledged: the caller was told it may not be durable)."""
+    import errno
+
+    from subagents.store import mailbox as mailbox_module
+
+    st = store.Store(tmp_path / "store", durability="strict")
+    store.create_session(st, "s1", events=[("subagent/descriptor", ONE_SHOT)])
+    checks: list[str] = []
+    real_check = mailbox_module.require_consumed_prefix
+    monkeypatch.setattr(mailbox_module, "require_consumed_prefix", lambda *a, **k: (checks.append("check"), real_check(*a, **k)))
+
+    class FsyncFailsOnce:
+        armed = True
+
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        def fsync(self, fd):
+            if FsyncFailsOnce.armed:
+                FsyncFailsOnce.armed = False
+                raise OSError(errno.EIO, "injected fsync failure")
+            return os.fsync(fd)
+
+    ids = store.IdGenerator()
+    writer = _writer(st, changes)
+    try:
+        writer.accept(source={}, content="first", ids=ids)
+        writer.accept(source={}, content="second", ids=ids)
+        assert checks == ["check"]
+        monkeypatch.setattr(store.durability, "os", FsyncFailsOnce())
+        with pytest.raises(store.DurabilityError):
+            writer.accept(source={}, content="unsure", ids=ids)
+        writer.accept(source={}, content="after", ids=ids)
+        assert checks == ["check", "check"]
+    finally:
+        writer.close()
+    assert [m.content for m in store.read_mailbox(st, "s1")] == ["first", "second", "unsure", "after"]
+
+
 def test_close_never_waits_for_an_acceptance_in_progress(st, changes):
     """``close`` returns at once while an acceptance waits for the lock; that acceptance completes and closes the descriptors."""
     import threading
