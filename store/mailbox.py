@@ -409,13 +409,19 @@ def mailbox_data_end(store: Store, session_id: str) -> int:
     its mtime is too coarse to order two writes, so a watcher compares this. One
     ``pread`` of the file's last 8 KiB (the padding is under 4 KiB); the whole
     file only when those are all zeros (a file of nothing but zeros).
+
+    ``OSError`` for anything but a file in the mailbox's place, at once: the open does not wait
+    for a FIFO's writer (the supervisor's watcher asks on its event loop), and a FIFO has no end
+    to seek to, nor a folder bytes to read. The size is where the descriptor seeks to, not an
+    ``fstat``: a watcher asks every poll, and reading the file's timestamps would make the next
+    acceptance's fsync write the inode too (``store/changes.py``).
     """
     try:
-        fd = os.open(store.path(session_id, "mailbox"), os.O_RDONLY | NOFOLLOW)
+        fd = os.open(store.path(session_id, "mailbox"), os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
     except FileNotFoundError:
         return 0
     try:
-        size = os.fstat(fd).st_size
+        size = os.lseek(fd, 0, os.SEEK_END)
         window = min(size, 2 * BLOCK)
         tail = os.pread(fd, window, size - window)
         end = data_end(tail)

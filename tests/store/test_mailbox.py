@@ -540,3 +540,38 @@ def test_an_acceptance_after_consumed_messages_still_goes_through(s1):
     later = store.accept(fresh, "s1", source={"kind": "user"}, content="later", ids=ids)
     projection = store.read_projection(s1, "s1")
     assert [m.id for m in store.pending(s1, "s1", consumed=projection.consumed, last_consumed_id=projection.last_message_id)] == [later]
+
+
+def _returns_within(fn, seconds: float, release: str):
+    """``fn()``'s outcome, or a failure if it is still blocked after ``seconds`` (then the FIFO at
+    ``release`` is opened for writing, which lets a reader blocked in its ``open`` go)."""
+    import threading
+
+    outcome: list[object] = []
+
+    def run():
+        try:
+            outcome.append(("returned", fn()))
+        except Exception as exc:  # what it raised is the outcome
+            outcome.append(("raised", exc))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        os.close(os.open(release, os.O_WRONLY | os.O_NONBLOCK))  # a blocked reader now has its writer
+        thread.join(10)
+        pytest.fail(f"blocked for more than {seconds} s on the FIFO at {release}")
+    return outcome[0]
+
+
+@pytest.mark.parametrize("what", ["fifo", "folder"])
+def test_a_fifo_in_the_mailbox_s_place_is_no_data_end_and_blocks_nobody(s1, what):
+    """The supervisor's watcher asks every poll where each resident child's mailbox ends, on its event
+    loop: a FIFO put in a mailbox's place made that ``open`` wait for a writer, forever, and the
+    whole supervisor with it. It is unreadable (``OSError``, which the watcher skips) at once, as a
+    folder in its place is."""
+    path = s1.path("s1", "mailbox")
+    os.mkfifo(path, 0o600) if what == "fifo" else os.mkdir(path)
+    kind, value = _returns_within(lambda: mailbox_data_end(s1, "s1"), 5, path)
+    assert kind == "raised" and isinstance(value, OSError), value

@@ -51,3 +51,50 @@ async def test_send_to_a_child_whose_queued_messages_are_damaged_fails_and_only_
         assert isinstance(rows[sibling], ChildEntry) and rows[sibling].status == "running"
         await sup.send(sibling, S({"return": "still fine"}), parent=root.id)
         assert [m.content for m in read_mailbox(sup.store, sibling)][-2:] == [S({"return": "fine"}), S({"return": "still fine"})]
+
+
+async def test_a_fifo_put_in_a_resident_child_s_mailbox_never_stalls_the_supervisor(tmp_path):
+    """The store watcher looks at every resident child's mailbox each poll, on the event loop; its
+    ``open`` of a FIFO put there waited for a writer, and the whole supervisor with it (no timer,
+    no other child, no request ran). Now that child's mailbox is unreadable and skipped, and the
+    supervisor goes on: its sibling still takes messages, and the loop never stalls."""
+    import os
+    import threading
+    import time
+
+    import anyio
+
+    async with continuable_supervisor(tmp_path, control_poll_s=0.02) as sup:
+        root = await sup.open_root()
+        victim, _ = await start(sup, root, S({"sleep": 60_000}), label="victim")
+        sibling, _ = await start(sup, root, S({"sleep": 60_000}), label="sibling")
+        await turn_started(sup, victim)
+        await turn_started(sup, sibling)
+        path = sup.store.path(victim, "mailbox")
+        os.replace(path, path + ".kept")
+        os.mkfifo(path, 0o600)
+        released = threading.Event()
+
+        def release_after(seconds: float) -> None:
+            # a loop stuck in the FIFO's open cannot time itself out: its writer frees it, and the test fails
+            if not released.wait(seconds):
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+
+        watchdog = threading.Thread(target=release_after, args=(10,), daemon=True)
+        watchdog.start()
+        try:
+            longest = 0.0
+            until = time.monotonic() + 1.0  # many watcher polls
+            while time.monotonic() < until:
+                began = time.monotonic()
+                await anyio.sleep(0.01)
+                longest = max(longest, time.monotonic() - began)
+            await sup.send(sibling, S({"return": "fine"}), parent=root.id)
+        finally:
+            released.set()
+            watchdog.join()
+        assert longest < 5, f"the event loop stalled for {longest:.1f} s"
+        assert [m.content for m in read_mailbox(sup.store, sibling)][-1] == S({"return": "fine"})
+        os.unlink(path)
+        os.replace(path + ".kept", path)
+        await sup.drain_children(root, [victim, sibling])
