@@ -237,7 +237,7 @@ def _read_suffix(store: Store, size: int) -> tuple[list[tuple[float, str]], bool
     that is damage, not a torn tail): the caller scans headers.
     """
     try:
-        fd = os.open(roots_index_path(store), os.O_RDONLY | NOFOLLOW)
+        fd = os.open(roots_index_path(store), os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)  # a FIFO in its place: no wait
     except OSError:
         return None
     try:

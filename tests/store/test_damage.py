@@ -467,3 +467,27 @@ def test_rebuilding_the_roots_index_keeps_a_root_whose_header_does_not_read(st):
     assert [(r.id, r.kind, getattr(r, "reason", None)) for r in before] == [("r2", "root", None), ("r1", "diagnostic", "corrupt")]
     store.rebuild_roots(st)
     assert store.find_roots(st, limit=None).rows == before
+
+
+def test_a_fifo_in_the_roots_index_s_place_blocks_no_listing(st):
+    """A listing of roots opened ``index/roots`` without ``O_NONBLOCK``: a FIFO in its place made it wait
+    for a writer, forever (``subagents ls`` hung, and a supervisor's listing on its store thread). Now the
+    index is unreadable at once and the listing reads the headers, as for any index it cannot read."""
+    import threading
+
+    from subagents.store.roots import roots_index_path
+
+    for rid in ("r1", "r2"):
+        store.create_session(st, rid, created_at=float(rid[1]))
+    path = roots_index_path(st)
+    os.unlink(path)
+    os.mkfifo(path, 0o600)
+    found: list[list[str]] = []
+    thread = threading.Thread(target=lambda: found.append(roots_of(st)), daemon=True)
+    thread.start()
+    thread.join(5)
+    if thread.is_alive():
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))  # its writer: the blocked open goes on
+        thread.join(10)
+        pytest.fail("the listing blocked on the FIFO in index/roots")
+    assert found == [["r2", "r1"]]
