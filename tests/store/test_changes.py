@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import subprocess
 import sys
 
@@ -58,6 +59,27 @@ def test_own_writes_settled_are_no_change_and_another_process_s_write_in_place_i
     assert watch.changed(watched)  # asking again changes nothing: only a settle does
     watch.settle(watched)
     assert not watch.changed(watched)
+
+
+TOOLS = {  # util-linux and coreutils: bytes zeroed in place without a write(2), and a write around the page cache
+    "punch-hole": lambda path: ["fallocate", "--punch-hole", "--offset", "0", "--length", "4096", str(path)],
+    "zero-range": lambda path: ["fallocate", "--zero-range", "--offset", "100", "--length", "200", str(path)],
+    "direct-io": lambda path: ["dd", "if=/dev/zero", f"of={path}", "bs=4096", "count=1", "conv=notrunc", "oflag=direct",
+                               "status=none"],
+}
+
+
+@pytest.mark.parametrize("how", list(TOOLS))
+def test_bytes_changed_in_place_by_a_tool_are_a_change(watch, held, how):
+    path, fd = held
+    command = TOOLS[how](path)
+    if shutil.which(command[0]) is None:
+        pytest.skip(f"no {command[0]} here")
+    watched = watch.watch(fd)
+    done = subprocess.run(command, capture_output=True, timeout=60)
+    if done.returncode != 0:
+        pytest.skip(f"{command[0]} cannot do this here: {done.stderr.decode().strip()}")  # e.g. O_DIRECT on tmpfs
+    assert watch.changed(watched)
 
 
 @pytest.mark.parametrize("how", ["truncate", "unlink", "rename-away", "renamed-over", "hard-link", "rewrite-whole"])
