@@ -21,7 +21,11 @@ What is measured:
   is what an acceptance fsync'd off the loop cannot go below here.
   ``accept_call_mean_ms`` is the mean time the store thread spent in each
   acceptance (``StoreThreadStatistics.busy_s``), ``accept_handoff_mean_ms``
-  the rest of ``accept_mean_ms``: the hand-over and the loop's own part. The
+  the rest of ``accept_mean_ms``: the hand-over and the loop's own part.
+  ``fsync_in_place_p50_ms`` is the same blob written in place over a
+  zero-filled file and fsync'd (as an acceptance writes over its mailbox's
+  padding: no new size for the fsync to write), sampled right after the
+  append baseline, and ``accept_floor_in_place_ms`` the floor with it. The
   no-op round trip understates the hand-over of a real acceptance: on this
   machine's two virtual CPUs each of the two thread wake-ups crosses CPUs,
   and the woken thread runs colder.
@@ -91,23 +95,39 @@ EVENTS_PER_TURN = 6
 
 
 class FsyncBaseline:
-    """``os.write`` + ``os.fsync`` of one record-sized blob appended to a file, timed in ms."""
+    """``os.write`` + ``os.fsync`` of one record-sized blob appended to a file, timed in ms; and the same
+    blob written in place over a zero-filled file (as an acceptance writes over a mailbox's padding),
+    whose fsync writes no new size: ``samples`` and ``in_place``, one of each per ``sample``."""
+
+    SPAN = 1024 * 4096  # the in-place file: written round, never grown
 
     def __init__(self, folder: str, size: int = 240) -> None:
         self.path = os.path.join(folder, "fsync-baseline")
         self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self.blob = b"x" * size
         self.samples: list[float] = []
+        self.in_place_path = os.path.join(folder, "fsync-baseline-in-place")
+        self.in_place_fd = os.open(self.in_place_path, os.O_WRONLY | os.O_CREAT, 0o600)
+        os.write(self.in_place_fd, b"\0" * self.SPAN)
+        os.fsync(self.in_place_fd)
+        self.offset = 0
+        self.in_place: list[float] = []
 
     def sample(self) -> None:
         t0 = time.perf_counter()
         os.write(self.fd, self.blob)
         os.fsync(self.fd)
         self.samples.append((time.perf_counter() - t0) * 1000)
+        t0 = time.perf_counter()
+        os.pwrite(self.in_place_fd, self.blob, self.offset)
+        os.fsync(self.in_place_fd)
+        self.in_place.append((time.perf_counter() - t0) * 1000)
+        self.offset = (self.offset + len(self.blob)) % (self.SPAN - len(self.blob))
 
     def close(self) -> None:
-        os.close(self.fd)
-        os.unlink(self.path)
+        for fd, path in ((self.fd, self.path), (self.in_place_fd, self.in_place_path)):
+            os.close(fd)
+            os.unlink(path)
 
 
 def craft_session(store: Store, ids: IdGenerator, parent_id: str, turns: int) -> str:
@@ -251,9 +271,11 @@ async def run(args: argparse.Namespace, folder: str) -> dict[str, Any]:
         finally:
             baseline.close()
         fsync_p50, hop_p50 = percentile(baseline.samples, 0.5), percentile(hops, 0.5)
+        in_place_p50 = percentile(baseline.in_place, 0.5)
         print(f"accept: {accepts} followups to a busy resident child, record ~{record_size} B; "
               f"p50 {percentile(accept, 0.5):.3f} ms, p99 {percentile(accept, 0.99):.3f} ms "
-              f"(write+fsync baseline p50 {fsync_p50:.3f} ms, store-thread round trip p50 {hop_p50:.3f} ms)")
+              f"(write+fsync baseline p50 {fsync_p50:.3f} ms, in place {in_place_p50:.3f} ms; "
+              f"store-thread round trip p50 {hop_p50:.3f} ms)")
         await sup.take_messages(root)
 
         turn = await measure_turns(sup, root, settlements, turns)
@@ -285,6 +307,9 @@ async def run(args: argparse.Namespace, folder: str) -> dict[str, Any]:
         "accept_over_fsync": round(percentile(accept, 0.5) / fsync_p50, 2) if fsync_p50 else None,
         "hop_p50_ms": round(hop_p50, 3),
         "accept_floor_ms": round(fsync_p50 + hop_p50, 3),
+        # the same with the fsync of a write in place, as an acceptance's is (no new size to write)
+        "fsync_in_place_p50_ms": round(in_place_p50, 3),
+        "accept_floor_in_place_ms": round(in_place_p50 + hop_p50, 3),
         # where an acceptance's time goes, as means: its call on the store thread (lock, append, fsync)
         # and the rest, the hand-over between the loop and that thread and the loop's own part
         "accept_mean_ms": round(statistics.fmean(accept), 3),
