@@ -59,6 +59,7 @@ _READ_SIZE = 64 * 1024
 
 
 def _libc() -> Any:
+    """The C library with its inotify calls typed, or None where it has none (writers compare timestamps)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
