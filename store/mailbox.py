@@ -41,6 +41,7 @@ pays no ``stat`` while nobody did.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
@@ -407,8 +408,8 @@ def mailbox_data_end(store: Store, session_id: str) -> int:
     but every record begins with a non-zero length, so each acceptance moves
     it. An acceptance into the padding leaves the file's size as it was, and
     its mtime is too coarse to order two writes, so a watcher compares this. One
-    ``pread`` of the file's last 8 KiB (the padding is under 4 KiB); the whole
-    file only when those are all zeros (a file of nothing but zeros).
+    ``pread`` of the file's last 8 KiB (the padding is under 4 KiB); when those
+    are all zeros, the file's data extents backwards (``_last_data_end``).
 
     ``OSError`` for anything but a file in the mailbox's place, at once: the open does not wait
     for a FIFO's writer (the supervisor's watcher asks on its event loop), and a FIFO has no end
@@ -427,6 +428,45 @@ def mailbox_data_end(store: Store, session_id: str) -> int:
         end = data_end(tail)
         if end or window == size:
             return size - window + end
-        return data_end(os.pread(fd, size, 0))
+        return _last_data_end(fd, size - window)
     finally:
         os.close(fd)
+
+
+_SCAN_CHUNK = 1 << 20  # one read of a run of zeros: a bounded buffer, whatever the file's size
+
+
+def _last_data_end(fd: int, stop: int) -> int:
+    """Where the last non-zero byte before ``stop`` ends (0: there is none), for a file whose end is zeros
+    beyond its padding: extended behind the store's back (``truncate``, ``fallocate``, a file system's
+    recovery), or a last message that ends in zeros. Its data extents from the last, each read backwards
+    a bounded chunk at a time; holes are skipped unread, so a file extended by a GiB of holes costs a few
+    calls, not a GiB of reading. Zeros written out as data are still read, a chunk at a time."""
+    for start, end in reversed(_data_extents(fd, stop)):
+        while end > start:
+            low = max(start, end - _SCAN_CHUNK)
+            found = data_end(os.pread(fd, end - low, low))
+            if found:
+                return low + found
+            end = low
+    return 0
+
+
+def _data_extents(fd: int, stop: int) -> list[tuple[int, int]]:
+    """The file's data extents below ``stop``, as ``[start, end)`` (``SEEK_DATA``/``SEEK_HOLE``); the whole
+    range where the file system cannot tell holes from data."""
+    extents: list[tuple[int, int]] = []
+    pos = 0
+    while pos < stop:
+        try:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # no data from pos on
+                break
+            return [(0, stop)]  # EINVAL: holes unknown here
+        if start >= stop:
+            break
+        end = min(os.lseek(fd, start, os.SEEK_HOLE), stop)
+        extents.append((start, end))
+        pos = end
+    return extents
