@@ -26,7 +26,7 @@ import os
 import re
 import secrets
 import stat
-from typing import Iterable
+from typing import Callable, Iterable
 
 from .errors import NO_ROOM, DurabilityError, NoRoomError, write_failed
 
@@ -442,18 +442,21 @@ def _write_whole(fd: int, data: bytes, path: str, *, durable: bool) -> None:
             raise DurabilityError(f"write of {path} failed: {exc}", path=path) from exc
 
 
-def read_bytes(path: str, *, offset: int = 0) -> bytes:
-    """The file's bytes from ``offset``; ``OSError`` (``ELOOP`` for a link, ``EISDIR`` ...) as the OS says."""
+def read_bytes(path: str, *, offset: int = 0, stop: Callable[[int], int] | None = None) -> bytes:
+    """The file's bytes from ``offset``; ``OSError`` (``ELOOP`` for a link, ``EISDIR`` ...) as the OS says.
+    ``stop``: given the open descriptor, where reading may end (a caller that knows its format can tell
+    where data ends, and need not read the zeros behind it)."""
     # O_NONBLOCK: a FIFO planted in place of a file fails the read instead of blocking the open
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
     try:
-        return pread_all(fd, offset)
+        return pread_all(fd, offset, stop=None if stop is None else stop(fd))
     finally:
         os.close(fd)
 
 
-def pread_all(fd: int, offset: int = 0) -> bytes:
-    """The bytes of the open file from ``offset`` to where ``fstat`` says it ends: a snapshot.
+def pread_all(fd: int, offset: int = 0, *, stop: int | None = None) -> bytes:
+    """The bytes of the open file from ``offset`` to where ``fstat`` says it ends (or ``stop``, when
+    that is sooner): a snapshot.
 
     Bytes appended after the ``fstat`` are not read. A reader without the file's lock that read on
     until a read returned nothing would splice the part of an append that landed between two reads
@@ -464,7 +467,7 @@ def pread_all(fd: int, offset: int = 0) -> bytes:
     if not stat.S_ISREG(info.st_mode):
         os.pread(fd, 1, offset)  # a FIFO or a folder fails here, as the OS says (ESPIPE, EISDIR)
         raise OSError(errno.EINVAL, "not a regular file")
-    want = info.st_size - offset
+    want = (info.st_size if stop is None else min(info.st_size, stop)) - offset
     chunks = []
     while want > 0:
         chunk = os.pread(fd, want, offset)

@@ -52,7 +52,7 @@ from .appender import WIDEST_SEQ, append_records, frame_record, open_appendable
 from .atomic import NOFOLLOW
 from .changes import ChangeWatch, Watched
 from .errors import CorruptSessionError
-from .framing import Damage, ScanResult, data_end, scan, torn_tail
+from .framing import FRAME, Damage, ScanResult, data_end, scan, torn_tail
 from .ids import IdGenerator
 from .projection import Projection
 from .reader import inspect, read_session_file
@@ -150,6 +150,9 @@ class MailboxWriter:
                     if not untouched:
                         # this writer's first acceptance, or another hand wrote the mailbox since our last one
                         require_consumed_prefix(store, self.session_id, locked=True)
+                        # without a checkpoint the append reads from the start: to the data's reach, not
+                        # through zeros someone extended the file with (``_reach``); they stay zeros
+                        size = min(size, _reach(self._fd, store.max_record_bytes))
                     self._seen = None  # until this acceptance is whole: one that failed is followed by a check
                     append_records(self._fd, [record], tails=store.index_tails, key=self._key, owner=self.session_id,
                                    limit=store.max_record_bytes, check=mailbox_problem, too_large="MESSAGE_TOO_LARGE",
@@ -311,7 +314,8 @@ class MailboxScan:
 
 
 def scan_mailbox(store: Store, session_id: str, *, base: int = 0, start_seq: int = 0, locked: bool = False) -> MailboxScan | None:
-    """Read and scan the mailbox from ``base``; ``None`` when there is none. ``UnavailableSessionError`` when unreadable.
+    """Read and scan the mailbox from ``base`` (as far as its data reaches, ``_reach``: never through zeros
+    the file was extended with); ``None`` when there is none. ``UnavailableSessionError`` when unreadable.
 
     An acceptance writes its record with one ``pwrite`` under the session lock, and a reader that does not hold
     the lock may see part of it: a frame not all there yet, or bytes after where this process's checkpoint
@@ -321,7 +325,7 @@ def scan_mailbox(store: Store, session_id: str, *, base: int = 0, start_seq: int
     only then. A caller that holds it must say so: ``flock`` would wait for the caller's own descriptor.
     """
     checkpoint = store.index_tails.get(checkpoint_key(session_id))  # before the read: records reached this far then
-    data = read_session_file(store, session_id, "mailbox", offset=base)
+    data = read_session_file(store, session_id, "mailbox", offset=base, stop=lambda fd: _reach(fd, store.max_record_bytes))
     if data is None:
         return None
     result = scan(data, start_seq=start_seq, base_offset=base, check=mailbox_problem, padded=True)
@@ -422,15 +426,27 @@ def mailbox_data_end(store: Store, session_id: str) -> int:
     except FileNotFoundError:
         return 0
     try:
-        size = os.lseek(fd, 0, os.SEEK_END)
-        window = min(size, 2 * BLOCK)
-        tail = os.pread(fd, window, size - window)
-        end = data_end(tail)
-        if end or window == size:
-            return size - window + end
-        return _last_data_end(fd, size - window)
+        return _sized_data_end(fd)[1]
     finally:
         os.close(fd)
+
+
+def _sized_data_end(fd: int) -> tuple[int, int]:
+    """The open mailbox's size and where its data ends (``mailbox_data_end``)."""
+    size = os.lseek(fd, 0, os.SEEK_END)
+    window = min(size, 2 * BLOCK)
+    end = data_end(os.pread(fd, window, size - window))
+    if end or window == size:
+        return size, size - window + end
+    return size, _last_data_end(fd, size - window)
+
+
+def _reach(fd: int, limit: int) -> int:
+    """Where a read of the open mailbox may stop: the file's end, or, when more zeros follow its data than
+    padding explains (extended behind the store's back), as far past the data's end as a record that
+    starts before it can reach (a frame of the store's ``limit``, and a block); only zeros lie beyond."""
+    size, end = _sized_data_end(fd)
+    return min(size, end + FRAME.size + limit + BLOCK)
 
 
 _SCAN_CHUNK = 1 << 20  # one read of a run of zeros: a bounded buffer, whatever the file's size

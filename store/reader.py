@@ -20,7 +20,7 @@ unreadable file (a folder or a link in its place) is ``UnavailableSessionError``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from .atomic import read_bytes
 from .errors import (
@@ -59,11 +59,13 @@ class Inspection:
         return len(self.events)
 
 
-def read_session_file(store: Store, session_id: str, name: str, *, offset: int = 0) -> bytes | None:
+def read_session_file(
+    store: Store, session_id: str, name: str, *, offset: int = 0, stop: Callable[[int], int] | None = None,
+) -> bytes | None:
     """The bytes of the companion file ``sessions/<id>.<name>`` (``None`` when absent);
-    ``UnavailableSessionError`` when unreadable."""
+    ``UnavailableSessionError`` when unreadable. ``stop`` as ``read_bytes``."""
     try:
-        return read_bytes(store.path(session_id, name), offset=offset)
+        return read_bytes(store.path(session_id, name), offset=offset, stop=stop)
     except FileNotFoundError:
         return None
     except OSError as exc:

@@ -616,3 +616,44 @@ def test_the_data_end_of_a_mailbox_extended_with_zeros_reads_only_around_its_dat
     monkeypatch.setattr(mailbox_module, "os", CountingOS())
     assert mailbox_data_end(s1, "s1") == grown
     assert max(read) <= 1 << 20
+
+
+def test_readers_of_a_mailbox_extended_with_zeros_read_its_data_not_its_size(tmp_path, monkeypatch):
+    """``read_mailbox`` and ``pending`` (every turn's, and every acceptance's check) read the mailbox
+    from where they start to the file's end: all of a mailbox extended with zeros behind the store's
+    back, at every turn, into memory. They stop where a record that starts before the last non-zero
+    byte could still reach now, and find the same messages."""
+    from subagents.store import atomic
+
+    st = store.Store(tmp_path / "store", durability="none")
+    store.create_session(st, "s1", events=[("subagent/descriptor", ONE_SHOT)])
+    ids = store.IdGenerator()
+    for i in range(3):
+        store.accept(st, "s1", source={}, content=f"m{i}" + "\0" * 5000 * i, ids=ids)  # the last ends in zeros
+    before = store.read_mailbox(st, "s1")
+    consumed = before[0]
+    os.truncate(st.path("s1", "mailbox"), 256 << 20)
+    read: list[int] = []
+
+    class CountingOS:
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        def pread(self, fd, length, offset):
+            read.append(length)
+            return os.pread(fd, length, offset)
+
+    monkeypatch.setattr(atomic, "os", CountingOS())
+    assert store.read_mailbox(st, "s1") == before
+    assert store.pending(st, "s1", consumed=1, last_consumed_id=consumed.id, mailbox_end=consumed.end) == before[1:]
+    assert sum(read) <= 2 * (st.max_record_bytes + (64 << 10)), f"read {sum(read)} bytes of a 256 MiB mailbox"
+    # an acceptance by a process that has no checkpoint for it reads from the start: as far as the data
+    from subagents.store import appender
+
+    read.clear()
+    monkeypatch.setattr(appender, "os", CountingOS())
+    fresh = store.Store(st.root, durability="none")
+    store.accept(fresh, "s1", source={}, content="after", ids=ids)
+    assert sum(read) <= 3 * (st.max_record_bytes + (64 << 10)), f"read {sum(read)} bytes of a 256 MiB mailbox"
+    monkeypatch.undo()
+    assert [m.content for m in store.read_mailbox(st, "s1")] == [m.content for m in before] + ["after"]
