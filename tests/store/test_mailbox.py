@@ -577,6 +577,20 @@ def test_a_fifo_in_the_mailbox_s_place_is_no_data_end_and_blocks_nobody(s1, what
     assert kind == "raised" and isinstance(value, OSError), value
 
 
+class PreadCounter:
+    """``os`` for a module under test, with each ``pread``'s length noted in ``lengths``."""
+
+    def __init__(self, lengths: list[int]) -> None:
+        self.lengths = lengths
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def pread(self, fd, length, offset):
+        self.lengths.append(length)
+        return os.pread(fd, length, offset)
+
+
 def test_the_data_end_of_a_mailbox_extended_with_zeros_reads_only_around_its_data(tmp_path, monkeypatch):
     """A mailbox made longer with zeros behind the store's back (``truncate``, ``fallocate``: holes, or
     a file system's recovery) ends where its last non-zero byte is, and acceptances still go in
@@ -594,15 +608,7 @@ def test_the_data_end_of_a_mailbox_extended_with_zeros_reads_only_around_its_dat
     os.truncate(path, 256 << 20)
     read: list[int] = []
 
-    class CountingOS:
-        def __getattr__(self, name):
-            return getattr(os, name)
-
-        def pread(self, fd, length, offset):
-            read.append(length)
-            return os.pread(fd, length, offset)
-
-    monkeypatch.setattr(mailbox_module, "os", CountingOS())
+    monkeypatch.setattr(mailbox_module, "os", PreadCounter(read))
     assert mailbox_data_end(s1, "s1") == end
     assert sum(read) <= 1 << 20, f"read {sum(read)} bytes of a 256 MiB file"
     monkeypatch.undo()
@@ -613,7 +619,7 @@ def test_the_data_end_of_a_mailbox_extended_with_zeros_reads_only_around_its_dat
         handle.seek(grown)
         handle.write(b"\0" * (8 << 20))
     read.clear()
-    monkeypatch.setattr(mailbox_module, "os", CountingOS())
+    monkeypatch.setattr(mailbox_module, "os", PreadCounter(read))
     assert mailbox_data_end(s1, "s1") == grown
     assert max(read) <= 1 << 20
 
@@ -635,15 +641,7 @@ def test_readers_of_a_mailbox_extended_with_zeros_read_its_data_not_its_size(tmp
     os.truncate(st.path("s1", "mailbox"), 256 << 20)
     read: list[int] = []
 
-    class CountingOS:
-        def __getattr__(self, name):
-            return getattr(os, name)
-
-        def pread(self, fd, length, offset):
-            read.append(length)
-            return os.pread(fd, length, offset)
-
-    monkeypatch.setattr(atomic, "os", CountingOS())
+    monkeypatch.setattr(atomic, "os", PreadCounter(read))
     assert store.read_mailbox(st, "s1") == before
     assert store.pending(st, "s1", consumed=1, last_consumed_id=consumed.id, mailbox_end=consumed.end) == before[1:]
     assert sum(read) <= 2 * (st.max_record_bytes + (64 << 10)), f"read {sum(read)} bytes of a 256 MiB mailbox"
@@ -651,7 +649,7 @@ def test_readers_of_a_mailbox_extended_with_zeros_read_its_data_not_its_size(tmp
     from subagents.store import appender
 
     read.clear()
-    monkeypatch.setattr(appender, "os", CountingOS())
+    monkeypatch.setattr(appender, "os", PreadCounter(read))
     fresh = store.Store(st.root, durability="none")
     store.accept(fresh, "s1", source={}, content="after", ids=ids)
     assert sum(read) <= 3 * (st.max_record_bytes + (64 << 10)), f"read {sum(read)} bytes of a 256 MiB mailbox"
