@@ -325,7 +325,7 @@ def scan_mailbox(store: Store, session_id: str, *, base: int = 0, start_seq: int
     only then. A caller that holds it must say so: ``flock`` would wait for the caller's own descriptor.
     """
     checkpoint = store.index_tails.get(checkpoint_key(session_id))  # before the read: records reached this far then
-    data = read_session_file(store, session_id, "mailbox", offset=base, stop=lambda fd: _reach(fd, store.max_record_bytes))
+    data = read_session_file(store, session_id, "mailbox", offset=base, stop=lambda fd: _reach(fd, store.max_record_bytes, base))
     if data is None:
         return None
     result = scan(data, start_seq=start_seq, base_offset=base, check=mailbox_problem, padded=True)
@@ -441,12 +441,17 @@ def _sized_data_end(fd: int) -> tuple[int, int]:
     return size, _last_data_end(fd, size - window)
 
 
-def _reach(fd: int, limit: int) -> int:
-    """Where a read of the open mailbox may stop: the file's end, or, when more zeros follow its data than
-    padding explains (extended behind the store's back), as far past the data's end as a record that
-    starts before it can reach (a frame of the store's ``limit``, and a block); only zeros lie beyond."""
+def _reach(fd: int, limit: int, start: int = 0) -> int:
+    """Where a read of the open mailbox from ``start`` may stop: the file's end, or, when more zeros follow
+    its data than padding explains (extended behind the store's back), as far past the data's end as a
+    record that starts before it can reach (a frame of the store's ``limit``, and a block); only zeros lie
+    beyond. One ``lseek`` when the read is no longer than that bound anyway (every turn's ``pending``)."""
+    slack = FRAME.size + limit + BLOCK
+    size = os.lseek(fd, 0, os.SEEK_END)
+    if size - start <= slack:
+        return size
     size, end = _sized_data_end(fd)
-    return min(size, end + FRAME.size + limit + BLOCK)
+    return min(size, end + slack)
 
 
 _SCAN_CHUNK = 1 << 20  # one read of a run of zeros: a bounded buffer, whatever the file's size
