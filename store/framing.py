@@ -34,6 +34,7 @@ import msgpack
 from .errors import RecordTooLargeError
 
 __all__ = [
+    "BLOCK",
     "FRAME",
     "MAX_RECORD_BYTES",
     "DEFAULT_RECORD_LIMIT",
@@ -63,6 +64,8 @@ MAX_RECORD_BYTES = 64 * 1024 * 1024
 # message or tool result a model produces, small enough that a reader folding a log
 # never holds more than this per record.
 DEFAULT_RECORD_LIMIT = 16 * 1024 * 1024
+# A padded file (a session's log, a mailbox) is padded with zeros to a multiple of this many bytes (a page, a block).
+BLOCK = 4096
 
 # A record's typed check (store/records.py): the problem as text, or None when valid.
 Check = Callable[[dict[str, Any]], "str | None"]

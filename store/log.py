@@ -94,7 +94,7 @@ def load_projection(store: Store, session_id: str, header: SessionHeader, file: 
 
     Raises ``CorruptSessionError`` for committed damage (see ``store/reader.py``).
     """
-    size = file.log_size()
+    size = file.log_reach()  # its size, unless extended with zeros: as far as its data reaches
     found = _from_cache(store, session_id, header, file, size) if use_cache else None
     if found is None:
         projection = Projection(seed_length=header.seed_length or 0)
@@ -266,8 +266,8 @@ class LogWriter:
 
     def _sync_tail(self) -> None:
         """Fold records another writer of the same epoch appended since our last write (into the padding or after it)."""
-        size = self._file.log_size()
         end = self.projection.end_offset
+        size = self._file.log_reach(end)
         if size < end:
             raise CorruptSessionError(self.session_id, f"log shrank under its writer ({size} < {end} bytes)")
         data = self._file.read_log(end, size - end)

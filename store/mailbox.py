@@ -41,7 +41,6 @@ pays no ``stat`` while nobody did.
 
 from __future__ import annotations
 
-import errno
 import os
 import threading
 import time
@@ -52,13 +51,14 @@ from .appender import WIDEST_SEQ, append_records, frame_record, open_appendable
 from .atomic import NOFOLLOW
 from .changes import ChangeWatch, Watched
 from .errors import CorruptSessionError
-from .framing import FRAME, Damage, ScanResult, data_end, scan, torn_tail
+from .extent import reach, sized_data_end
+from .framing import Damage, ScanResult, data_end, scan, torn_tail
 from .ids import IdGenerator
 from .projection import Projection
 from .reader import inspect, read_session_file
 from .records import mailbox_problem
 from .root import Store
-from .session_file import BLOCK, SessionLock
+from .session_file import SessionLock
 
 __all__ = [
     "MailboxMessage", "MailboxScan", "MailboxWriter", "accept", "mailbox_data_end", "read_mailbox", "pending", "require_consumed_prefix",
@@ -151,8 +151,8 @@ class MailboxWriter:
                         # this writer's first acceptance, or another hand wrote the mailbox since our last one
                         require_consumed_prefix(store, self.session_id, locked=True)
                         # without a checkpoint the append reads from the start: to the data's reach, not
-                        # through zeros someone extended the file with (``_reach``); they stay zeros
-                        size = min(size, _reach(self._fd, store.max_record_bytes))
+                        # through zeros someone extended the file with (``extent.reach``); they stay zeros
+                        size = min(size, reach(self._fd, store.max_record_bytes))
                     self._seen = None  # until this acceptance is whole: one that failed is followed by a check
                     append_records(self._fd, [record], tails=store.index_tails, key=self._key, owner=self.session_id,
                                    limit=store.max_record_bytes, check=mailbox_problem, too_large="MESSAGE_TOO_LARGE",
@@ -314,7 +314,7 @@ class MailboxScan:
 
 
 def scan_mailbox(store: Store, session_id: str, *, base: int = 0, start_seq: int = 0, locked: bool = False) -> MailboxScan | None:
-    """Read and scan the mailbox from ``base`` (as far as its data reaches, ``_reach``: never through zeros
+    """Read and scan the mailbox from ``base`` (as far as its data reaches, ``extent.reach``: never through zeros
     the file was extended with); ``None`` when there is none. ``UnavailableSessionError`` when unreadable.
 
     An acceptance writes its record with one ``pwrite`` under the session lock, and a reader that does not hold
@@ -325,7 +325,7 @@ def scan_mailbox(store: Store, session_id: str, *, base: int = 0, start_seq: int
     only then. A caller that holds it must say so: ``flock`` would wait for the caller's own descriptor.
     """
     checkpoint = store.index_tails.get(checkpoint_key(session_id))  # before the read: records reached this far then
-    data = read_session_file(store, session_id, "mailbox", offset=base, stop=lambda fd: _reach(fd, store.max_record_bytes, base))
+    data = read_session_file(store, session_id, "mailbox", offset=base, stop=lambda fd: reach(fd, store.max_record_bytes, base))
     if data is None:
         return None
     result = scan(data, start_seq=start_seq, base_offset=base, check=mailbox_problem, padded=True)
@@ -413,7 +413,7 @@ def mailbox_data_end(store: Store, session_id: str) -> int:
     it. An acceptance into the padding leaves the file's size as it was, and
     its mtime is too coarse to order two writes, so a watcher compares this. One
     ``pread`` of the file's last 8 KiB (the padding is under 4 KiB); when those
-    are all zeros, the file's data extents backwards (``_last_data_end``).
+    are all zeros, the file's data extents backwards (``store/extent.py``).
 
     ``OSError`` for anything but a file in the mailbox's place, at once: the open does not wait
     for a FIFO's writer (the supervisor's watcher asks on its event loop), and a FIFO has no end
@@ -426,68 +426,6 @@ def mailbox_data_end(store: Store, session_id: str) -> int:
     except FileNotFoundError:
         return 0
     try:
-        return _sized_data_end(fd)[1]
+        return sized_data_end(fd)[1]
     finally:
         os.close(fd)
-
-
-def _sized_data_end(fd: int) -> tuple[int, int]:
-    """The open mailbox's size and where its data ends (``mailbox_data_end``)."""
-    size = os.lseek(fd, 0, os.SEEK_END)
-    window = min(size, 2 * BLOCK)
-    end = data_end(os.pread(fd, window, size - window))
-    if end or window == size:
-        return size, size - window + end
-    return size, _last_data_end(fd, size - window)
-
-
-def _reach(fd: int, limit: int, start: int = 0) -> int:
-    """Where a read of the open mailbox from ``start`` may stop: the file's end, or, when more zeros follow
-    its data than padding explains (extended behind the store's back), as far past the data's end as a
-    record that starts before it can reach (a frame of the store's ``limit``, and a block); only zeros lie
-    beyond. One ``lseek`` when the read is no longer than that bound anyway (every turn's ``pending``)."""
-    slack = FRAME.size + limit + BLOCK
-    size = os.lseek(fd, 0, os.SEEK_END)
-    if size - start <= slack:
-        return size
-    size, end = _sized_data_end(fd)
-    return min(size, end + slack)
-
-
-_SCAN_CHUNK = 1 << 20  # one read of a run of zeros: a bounded buffer, whatever the file's size
-
-
-def _last_data_end(fd: int, stop: int) -> int:
-    """Where the last non-zero byte before ``stop`` ends (0: there is none), for a file whose end is zeros
-    beyond its padding: extended behind the store's back (``truncate``, ``fallocate``, a file system's
-    recovery), or a last message that ends in zeros. Its data extents from the last, each read backwards
-    a bounded chunk at a time; holes are skipped unread, so a file extended by a GiB of holes costs a few
-    calls, not a GiB of reading. Zeros written out as data are still read, a chunk at a time."""
-    for start, end in reversed(_data_extents(fd, stop)):
-        while end > start:
-            low = max(start, end - _SCAN_CHUNK)
-            found = data_end(os.pread(fd, end - low, low))
-            if found:
-                return low + found
-            end = low
-    return 0
-
-
-def _data_extents(fd: int, stop: int) -> list[tuple[int, int]]:
-    """The file's data extents below ``stop``, as ``[start, end)`` (``SEEK_DATA``/``SEEK_HOLE``); the whole
-    range where the file system cannot tell holes from data."""
-    extents: list[tuple[int, int]] = []
-    pos = 0
-    while pos < stop:
-        try:
-            start = os.lseek(fd, pos, os.SEEK_DATA)
-        except OSError as exc:
-            if exc.errno == errno.ENXIO:  # no data from pos on
-                break
-            return [(0, stop)]  # EINVAL: holes unknown here
-        if start >= stop:
-            break
-        end = min(os.lseek(fd, start, os.SEEK_HOLE), stop)
-        extents.append((start, end))
-        pos = end
-    return extents

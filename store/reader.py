@@ -74,7 +74,7 @@ def read_session_file(
 
 def open_session(store: Store, session_id: str, *, write: bool = False) -> SessionFile:
     """The session's file, its preamble read (``store/session_file.py`` says what it raises)."""
-    return SessionFile.open(session_id, store.session_path(session_id), write=write)
+    return SessionFile.open(session_id, store.session_path(session_id), write=write, record_limit=store.max_record_bytes)
 
 
 def header_of(file: SessionFile) -> SessionHeader:
@@ -182,7 +182,8 @@ def inspect_file(file: SessionFile) -> Inspection:
     header = header_of(file)
     data = read_log(file)
     events, offsets, end, damage, status = scan_log(file.session_id, data)
-    return Inspection(header, events, offsets, end, len(data), status, damage)
+    # the log's size, not what was read: a file extended with zeros is read only as far as its data reaches
+    return Inspection(header, events, offsets, end, max(len(data), file.log_size()), status, damage)
 
 
 def read_from(store: Store, session_id: str, from_seq: int, *, locked: bool = False) -> list[dict[str, Any]]:

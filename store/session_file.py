@@ -51,7 +51,8 @@ from typing import Any
 
 from .atomic import NOFOLLOW, pread_all
 from .errors import CorruptSessionError, SessionNotFoundError, UnavailableSessionError
-from .framing import FRAME, MAX_RECORD_BYTES, encode_record, zeros_from
+from .extent import reach
+from .framing import BLOCK, FRAME, MAX_RECORD_BYTES, encode_record, zeros_from
 from .lease_record import Lease
 from .locks import flock_within, names_file
 from .records import LeaseFields, unpack, validate
@@ -69,8 +70,6 @@ HEADER_AT = SLOTS_AT + 2 * SLOT_SIZE  # 520
 # what a reader takes in its first read: the preamble, the lease slots and any usual header
 FIRST_READ = 4096
 _EMPTY_SLOT = bytes(SLOT_SIZE)
-# the log region is padded with zeros to a multiple of this many bytes of the file (a page, a block)
-BLOCK = 4096
 _ZEROS = bytes(BLOCK)
 # above any gen or epoch a store reaches: the next one (+1) must still pack as a msgpack integer
 _COUNTER_LIMIT = 2**63
@@ -217,20 +216,23 @@ class SessionFile:
 
     ``open`` reads the preamble once; afterwards every log offset is relative
     to its ``data_start``. ``lock``/``unlock`` are ``flock`` on this
-    descriptor: the session's one lock (FORMAT.md §7).
+    descriptor: the session's one lock (FORMAT.md §7). ``record_limit`` is
+    the store's largest record: how far past the log's last non-zero byte a
+    reader may have to read (``log_reach``).
     """
 
-    def __init__(self, session_id: str, path: str, fd: int, preamble: Preamble) -> None:
+    def __init__(self, session_id: str, path: str, fd: int, preamble: Preamble, *, record_limit: int = MAX_RECORD_BYTES) -> None:
         self.session_id = session_id
         self.path = path
         self.fd = fd
+        self.record_limit = record_limit
         self.data_start = preamble.data_start
         self.header_map = preamble.header
         self._slots_raw = b""  # the slots last read, and what they said (``read_slots``)
         self._slots: LeaseSlots | None = None
 
     @classmethod
-    def open(cls, session_id: str, path: str, *, write: bool = False) -> "SessionFile":
+    def open(cls, session_id: str, path: str, *, write: bool = False, record_limit: int = MAX_RECORD_BYTES) -> "SessionFile":
         """``SessionNotFoundError`` without the file, ``UnavailableSessionError`` when it cannot be
         read (a link, a folder, a FIFO in its place), ``CorruptSessionError`` for a bad preamble."""
         flags = (os.O_RDWR if write else os.O_RDONLY) | os.O_NONBLOCK | NOFOLLOW
@@ -248,8 +250,8 @@ class SessionFile:
             try:
                 blob = os.pread(fd, FIRST_READ, 0)
                 found = parse_preamble(blob)
-                if found == "short" and len(blob) == FIRST_READ:
-                    blob = pread_all(fd)
+                if found == "short" and len(blob) == FIRST_READ:  # a header longer than that: read it whole, not the log
+                    blob = os.pread(fd, _START.unpack_from(blob, 4)[0], 0)
                     found = parse_preamble(blob)
             except OSError as exc:
                 raise UnavailableSessionError(session_id, f"its file cannot be read ({exc.strerror or exc})") from None
@@ -264,7 +266,7 @@ class SessionFile:
         except BaseException:
             os.close(fd)
             raise
-        return cls(session_id, path, fd, found)
+        return cls(session_id, path, fd, found, record_limit=record_limit)
 
     # -- the lock --------------------------------------------------------------
 
@@ -307,6 +309,12 @@ class SessionFile:
         """The bytes of the log region, its zero padding included (``log_ends_at`` tells where its data ends)."""
         return max(0, os.fstat(self.fd).st_size - self.data_start)
 
+    def log_reach(self, offset: int = 0) -> int:
+        """The bytes of the log region worth reading from ``offset``: its size, unless the file was extended
+        with zeros behind the store's back; then as far past its last non-zero byte as a record could
+        reach (``store/extent.py``). Every reader of the log to its end stops here."""
+        return max(0, reach(self.fd, self.record_limit, self.data_start + offset) - self.data_start)
+
     def log_ends_at(self, end: int) -> bool:
         """Whether the log holds ``end`` bytes and nothing but zero padding (or nothing) after them.
 
@@ -319,9 +327,9 @@ class SessionFile:
         return len(raw) >= 1 and zeros_from(raw, 1)
 
     def read_log(self, offset: int = 0, length: int | None = None) -> bytes:
-        """``length`` bytes of the log from ``offset``; without ``length``, to its end."""
+        """``length`` bytes of the log from ``offset``; without ``length``, as far as it reaches (``log_reach``)."""
         if length is None:
-            return pread_all(self.fd, self.data_start + offset)
+            return pread_all(self.fd, self.data_start + offset, stop=self.data_start + self.log_reach(offset))
         return os.pread(self.fd, length, self.data_start + offset)
 
     def write_log(self, blob: bytes, offset: int) -> bool:

@@ -18,6 +18,7 @@ import os
 from typing import Any
 
 from .atomic import NOFOLLOW, pread_all
+from .extent import reach
 from .framing import zeros_from
 from .reader import Inspection, inspect, open_session, scan_events
 from .root import Store
@@ -62,6 +63,6 @@ class LogTail:
         try:
             if os.fstat(fd).st_size < offset:
                 return None
-            return pread_all(fd, offset)
+            return pread_all(fd, offset, stop=reach(fd, self._store.max_record_bytes, offset))  # not through zeros
         finally:
             os.close(fd)

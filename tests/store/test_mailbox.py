@@ -597,7 +597,7 @@ def test_the_data_end_of_a_mailbox_extended_with_zeros_reads_only_around_its_dat
     there. ``mailbox_data_end``, which the supervisor's watcher calls on its event loop every poll,
     read the whole file whenever its last 8 KiB were zeros: 5.6 s and 1.5 GiB of memory for one
     GiB, each poll. It skips the holes now, and reads a bounded window at a time."""
-    from subagents.store import mailbox as mailbox_module
+    from subagents.store import extent
 
     s1 = store.Store(tmp_path / "store", durability="none")
     store.create_session(s1, "s1", events=[("subagent/descriptor", ONE_SHOT)])
@@ -608,7 +608,7 @@ def test_the_data_end_of_a_mailbox_extended_with_zeros_reads_only_around_its_dat
     os.truncate(path, 256 << 20)
     read: list[int] = []
 
-    monkeypatch.setattr(mailbox_module, "os", PreadCounter(read))
+    monkeypatch.setattr(extent, "os", PreadCounter(read))
     assert mailbox_data_end(s1, "s1") == end
     assert sum(read) <= 1 << 20, f"read {sum(read)} bytes of a 256 MiB file"
     monkeypatch.undo()
@@ -619,7 +619,7 @@ def test_the_data_end_of_a_mailbox_extended_with_zeros_reads_only_around_its_dat
         handle.seek(grown)
         handle.write(b"\0" * (8 << 20))
     read.clear()
-    monkeypatch.setattr(mailbox_module, "os", PreadCounter(read))
+    monkeypatch.setattr(extent, "os", PreadCounter(read))
     assert mailbox_data_end(s1, "s1") == grown
     assert max(read) <= 1 << 20
 
