@@ -233,3 +233,17 @@ def blocked_on(pid: int, path: str) -> bool:
                 if fields[at + 3] == str(pid) and fields[at + 4].endswith(f":{inode}"):
                     return True
     return False
+
+
+class PreadCounter:
+    """``os`` for a module under test, with each ``pread``'s length noted in ``lengths``."""
+
+    def __init__(self, lengths: list[int]) -> None:
+        self.lengths = lengths
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def pread(self, fd, length, offset):
+        self.lengths.append(length)
+        return os.pread(fd, length, offset)

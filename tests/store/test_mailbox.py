@@ -14,7 +14,7 @@ from subagents.store.framing import scan
 from subagents.store.changes import ChangeWatch
 from subagents.store.mailbox import MailboxWriter, mailbox_data_end
 
-from ._support import ONE_SHOT, read_file
+from ._support import ONE_SHOT, PreadCounter, read_file
 
 
 @pytest.fixture
@@ -575,20 +575,6 @@ def test_a_fifo_in_the_mailbox_s_place_is_no_data_end_and_blocks_nobody(s1, what
     os.mkfifo(path, 0o600) if what == "fifo" else os.mkdir(path)
     kind, value = _returns_within(lambda: mailbox_data_end(s1, "s1"), 5, path)
     assert kind == "raised" and isinstance(value, OSError), value
-
-
-class PreadCounter:
-    """``os`` for a module under test, with each ``pread``'s length noted in ``lengths``."""
-
-    def __init__(self, lengths: list[int]) -> None:
-        self.lengths = lengths
-
-    def __getattr__(self, name):
-        return getattr(os, name)
-
-    def pread(self, fd, length, offset):
-        self.lengths.append(length)
-        return os.pread(fd, length, offset)
 
 
 def test_the_data_end_of_a_mailbox_extended_with_zeros_reads_only_around_its_data(tmp_path, monkeypatch):

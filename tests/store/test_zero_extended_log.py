@@ -18,7 +18,7 @@ import os
 from subagents import store
 from subagents.store import atomic, session_file
 
-from .test_mailbox import PreadCounter
+from ._support import PreadCounter
 
 LIMIT = 64 << 10  # the store's record limit: what a reader may read past the data's end
 EXTENDED = 64 << 20
@@ -84,15 +84,18 @@ def test_a_writer_reopens_and_appends_over_the_zeros(tmp_path, monkeypatch):
 
 def test_follow_polls_read_the_new_bytes_not_the_zeros(tmp_path, monkeypatch):
     st, before = make(tmp_path)
-    events = before.events
     data = os.path.getsize(st.session_path("s1"))
-    tail = store.LogTail(st, "s1", store.inspect(st, "s1"))
-    assert tail.poll() == []
+    tail = store.LogTail(st, "s1", before)
     os.truncate(st.session_path("s1"), EXTENDED)
     lengths = counted(monkeypatch)
     for _ in range(3):
         assert tail.poll() == []
     bounded(lengths, data)
+    with store.LogWriter.open(st, "s1", epoch=0) as writer:  # over the zeros: the next poll finds it
+        writer.append([("turn/start", {}), ("assistant/message", {"text": "y" * 30000})])
+    lengths.clear()
+    assert [e["type"] for e in tail.poll()][-2:] == ["turn/start", "assistant/message"]
+    bounded(lengths, data + 40000)
 
 
 def test_a_header_longer_than_the_first_read_is_read_alone_not_with_the_log(tmp_path, monkeypatch):
