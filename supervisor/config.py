@@ -20,7 +20,7 @@ __all__ = ["RayConfig", "SupervisorConfig"]
 class RayConfig(BaseModel):
     """How a supervisor with ``pool = "ray"`` joins its cluster (the ``[ray]`` table)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     # "auto" joins the cluster this host runs (``ray start`` wrote its address); "host:port"
     # names a head's GCS; "ray://host:10001" goes through Ray Client
@@ -32,11 +32,17 @@ class RayConfig(BaseModel):
     store_resource: str = Field(default="subagents_store", min_length=1)
 
 
+# workers one supervisor starts: far above any host's cores or a cluster's actors a store serves,
+# low enough that a typo (``1e9``) is refused instead of forking until the host falls over
+MAX_POOL_SIZE = 4096
+
+
 class SupervisorConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # ``inf`` or ``nan`` seconds mean no deployment (a lease that never expires lets no host take over)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     pool: Literal["local", "ray"] = "local"
-    pool_size: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
+    pool_size: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, le=MAX_POOL_SIZE)
     start_method: Literal["forkserver", "spawn", "fork"] = "forkserver"
     # running turns one worker process takes at once: 1 for CPU-bound programs; more for
     # programs that mostly await I/O (LLM calls), which then share a worker's event loop

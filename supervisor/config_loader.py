@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from subagents.store.errors import SubagentError
 
@@ -110,6 +111,17 @@ class StoreSettings(BaseModel):
 
     path: str = "./.subagents"
 
+    @field_validator("path")
+    @classmethod
+    def _a_folder_name(cls, value: str) -> str:
+        """An empty path is the working folder itself (a store's folders made among the user's files),
+        and a NUL byte no path the OS takes: both are mistakes, named with their layer."""
+        if not value:
+            raise ValueError("must name a folder, not be empty")
+        if "\0" in value:
+            raise ValueError("must not hold a NUL byte")
+        return value
+
 
 _CAPABILITY_NAMES = tuple(Capabilities.model_fields)
 
@@ -119,7 +131,7 @@ class ProviderSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str
+    name: str = Field(min_length=1)
     program: str
     continuable: bool = False
     inherits_parent_context: bool = False
@@ -271,12 +283,26 @@ def _parse(text: str, source: str) -> dict[str, Any]:
         raise ConfigError(f"{source} is not valid TOML: {exc}", source=source) from None
 
 
+# a deployment file is a few dozen lines: anything this large is not one (a device, a log named by mistake)
+MAX_CONFIG_BYTES = 1 << 20
+
+
 def _read_file(path: str) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
+    """The file's TOML and its keys' lines. Only a regular file is read (a FIFO's open would wait
+    for a writer, a device such as ``/dev/zero`` never ends), and no more than ``MAX_CONFIG_BYTES``."""
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ConfigError(f"config file {path} is not a regular file", source=path)
+            with os.fdopen(fd, "rb", closefd=False) as handle:
+                raw = handle.read(MAX_CONFIG_BYTES + 1)
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}", source=path) from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes: not a deployment file", source=path)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:

@@ -85,7 +85,8 @@ def register(verbs: Verbs) -> None:
     summary.add_argument("root", metavar="ROOT", nargs="?", help="count below this root only, its id or a unique prefix (default: the whole store)")
 
     top = verbs.add("top", cmd_top, "running and idle sessions across processes (live on a terminal)",
-                    example="subagents top\nsubagents top --once --json")
+                    example="subagents top\nsubagents top --once --json",
+                    json_help="print JSON: one document with --once, else one compact list per refresh, a line each, until interrupted")
     top.epilog = COLUMNS_HELP + ("\n\n" + top.epilog if top.epilog else "")
     top.add_argument("--once", action="store_true", help="print one snapshot and exit")
     top.add_argument("--interval", type=positive_float, default=TOP_INTERVAL_S, metavar="S",

@@ -15,6 +15,7 @@ import importlib.metadata
 import sys
 from typing import Any, Callable, NoReturn
 
+from ...store import MAX_RECORD_BYTES, RecordTooLargeError, SubagentError
 from ..config_loader import env_variables
 from ..errors import UsageError
 from .invocation import Invocation
@@ -63,14 +64,27 @@ def utf8_text(value: str) -> str:
 
 def text_or_stdin(value: str) -> str:
     """``value``, or all of stdin when it is ``-``: read as bytes and decoded strictly, so input
-    that is not UTF-8 is a ``USAGE`` error whatever the locale's stdin error handler is."""
+    that is not UTF-8 is a ``USAGE`` error whatever the locale's stdin error handler is. Read up
+    to the largest record any store accepts (``MAX_RECORD_BYTES``) and no further: more is
+    ``RECORD_TOO_LARGE`` at once, not an endless stream held in memory (the store's own, lower
+    limit is checked where the message is written)."""
     if value != "-":
         return value
-    data = sys.stdin.buffer.read()
+    data = sys.stdin.buffer.read(MAX_RECORD_BYTES + 1)
+    if len(data) > MAX_RECORD_BYTES:
+        raise SubagentError(f"stdin holds more than {MAX_RECORD_BYTES} bytes: no store accepts a record that large "
+                            "(max_record_bytes is at most that)", code=RecordTooLargeError.code, limit=MAX_RECORD_BYTES)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UsageError(f"stdin is not valid UTF-8 (byte {exc.start} of {len(data)})") from None
+
+
+def _folder(value: str) -> str:
+    """``--store``'s folder: an empty one would be the working folder itself (or, taken as absent, not what was typed)."""
+    if not value:
+        raise argparse.ArgumentTypeError("must name a folder, not be empty")
+    return value
 
 
 def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
@@ -79,7 +93,7 @@ def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     def default(value: Any) -> Any:
         return value if top else argparse.SUPPRESS
 
-    parser.add_argument("--store", default=default(None), help="the store folder (default: from the config, ./.subagents)")
+    parser.add_argument("--store", type=_folder, default=default(None), help="the store folder (default: from the config, ./.subagents)")
     parser.add_argument("--config", default=default(None), help="a deployment TOML file (default: $SUBAGENTS_CONFIG)")
     parser.add_argument("--log-level", type=_log_level, default=default("WARNING"), help="DEBUG, INFO, WARNING (default), ERROR")
     parser.add_argument("--log-json", action="store_true", default=default(False), help="log JSON lines to stderr")
@@ -111,9 +125,10 @@ class Verbs:
         self._group = group
         self._common = common
 
-    def add(self, name: str, func: Command, help: str, *, example: str, json: bool = True) -> argparse.ArgumentParser:
-        """A verb running ``func``; ``json`` adds ``--json``; ``example`` (one or more command lines,
-        ``subagents ...``) ends its ``--help``."""
+    def add(self, name: str, func: Command, help: str, *, example: str, json: bool = True,
+            json_help: str = "print one JSON document") -> argparse.ArgumentParser:
+        """A verb running ``func``; ``json`` adds ``--json`` (``json_help`` says what it prints); ``example``
+        (one or more command lines, ``subagents ...``) ends its ``--help``."""
         sub = self._group.add_parser(
             name, parents=[self._common], help=help, description=help,
             epilog="example:\n" + "\n".join(f"  {line}" for line in example.splitlines()),
@@ -121,7 +136,7 @@ class Verbs:
         )
         sub.set_defaults(func=func, verb_prog=sub.prog)
         if json:
-            sub.add_argument("--json", action="store_true", help="print one JSON document")
+            sub.add_argument("--json", action="store_true", help=json_help)
         return sub
 
     def group(self, name: str, help: str) -> "Verbs":

@@ -1,0 +1,80 @@
+"""Bad input found by a black-box probe of the CLI: each case hung, ate memory or printed a traceback.
+
+Each is refused now in one line with its code, before anything is written.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from subagents.supervisor.config_loader import ConfigError, load_config
+
+from .test_cli import FAST, cli
+from .test_cli_mistakes import refused
+
+
+def test_a_prompt_from_an_endless_stdin_is_refused_at_the_formats_ceiling(tmp_path: Path) -> None:
+    """``--prompt -`` read all of stdin before anything looked at its size: ``< /dev/zero`` took 10 GB in
+    30 s and never ended. Stdin is read up to the largest record any store accepts, and no further."""
+    with open("/dev/zero", "rb") as endless:
+        done = subprocess.run([sys.executable, "-m", "subagents.supervisor.cli", "--store", "st", "run", "echo", "--prompt", "-"],
+                              cwd=tmp_path, env=FAST, stdin=endless, capture_output=True, text=True, timeout=60)
+    assert "stdin" in refused(done, "RECORD_TOO_LARGE")
+    assert not (tmp_path / "st").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder"])
+def test_a_config_that_is_no_regular_file_is_refused_at_once(tmp_path: Path, kind: str) -> None:
+    """``--config`` naming a FIFO waited for a writer forever; ``/dev/zero`` was read until memory ran out."""
+    path = {"fifo": tmp_path / "fifo", "device": Path("/dev/zero"), "folder": tmp_path}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_config(path, env={})
+
+
+def test_a_config_file_over_a_mebibyte_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "big.toml"
+    path.write_text("# " + "x" * (1 << 20) + "\n")
+    with pytest.raises(ConfigError, match="larger than"):
+        load_config(path, env={})
+
+
+@pytest.mark.parametrize("value", ['""', '"a\\u0000b"'])
+def test_an_empty_or_nul_store_path_is_a_config_error(tmp_path: Path, value: str) -> None:
+    """``path = ""`` made a store in the working folder itself; a NUL byte was a ``ValueError`` traceback."""
+    config = tmp_path / "deploy.toml"
+    config.write_text(f"[store]\npath = {value}\n")
+    with pytest.raises(ConfigError, match="store.path"):
+        load_config(config, env={})
+    done = cli("--config", str(config), "ls", cwd=tmp_path, env=FAST)
+    assert "store.path" in refused(done, "CONFIG_INVALID")
+    assert os.listdir(tmp_path) == ["deploy.toml"]
+
+
+def test_an_empty_store_flag_or_variable_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="SUBAGENTS_STORE"):
+        load_config(None, env={"SUBAGENTS_STORE": ""})
+    done = cli("--store", "", "run", "echo", "--prompt", "hi", cwd=tmp_path, env=FAST)
+    assert "--store" in refused(done, "USAGE")
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("line", ["lease_ttl_s = inf", "lease_ttl_s = nan", "control_poll_s = inf", "pool_size = 1e9"])
+def test_values_no_deployment_can_mean_are_config_errors(tmp_path: Path, line: str) -> None:
+    config = tmp_path / "deploy.toml"
+    config.write_text(f"[supervisor]\n{line}\n")
+    with pytest.raises(ConfigError, match=line.split(" ")[0]):
+        load_config(config, env={})
+
+
+def test_a_provider_without_a_name_is_a_config_error(tmp_path: Path) -> None:
+    config = tmp_path / "deploy.toml"
+    config.write_text('[[providers]]\nname = ""\nprogram = "echo"\n')
+    with pytest.raises(ConfigError, match="name"):
+        load_config(config, env={})
