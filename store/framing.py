@@ -50,7 +50,6 @@ __all__ = [
     "SkimResult",
     "scan_all",
     "scan_suffix",
-    "find_later_record",
     "find_committed",
     "torn_tail",
     "data_end",
@@ -455,31 +454,6 @@ def torn_tail(
 
 def _every_record(_payload: dict[str, Any]) -> bool:
     return True
-
-
-def find_later_record(
-    data: bytes | memoryview, start: int, predicate: Callable[[dict[str, Any]], bool]
-) -> int | None:
-    """The offset of the first valid frame at or after ``start`` whose payload matches (no chain rule).
-
-    Scans byte by byte; frames whose CRC does not match are skipped cheaply
-    before any decode. Tests use it to locate records; damage classification
-    uses ``find_committed``.
-    """
-    total = len(data)
-    pos = start
-    while pos + FRAME.size <= total:
-        length, crc = FRAME.unpack_from(data, pos)
-        end = pos + FRAME.size + length
-        if length <= MAX_RECORD_BYTES and end <= total and zlib.crc32(data[pos + FRAME.size : end]) == crc:
-            try:
-                payload = decode_payload(data[pos + FRAME.size : end])
-            except Exception:  # garbage that happened to match a CRC
-                payload = None
-            if isinstance(payload, dict) and predicate(payload):
-                return pos
-        pos += 1
-    return None
 
 
 def scan_suffix(data: bytes | memoryview, *, check: Check | None = None) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
 from subagents import store
-from subagents.store.framing import FRAME, MAX_RECORD_BYTES, find_later_record, scan
+from subagents.store.framing import FRAME, MAX_RECORD_BYTES, scan
 
 from ..session_bytes import log_bytes, log_data, write_log
 from ._support import read_file, records_blob, refit_crc, write_file
@@ -176,15 +176,6 @@ def test_valid_records_after_damage_are_not_in_the_prefix():
     result = scan(bytes(buf))
     assert result.records == []
     assert result.damage is not None and result.damage.offset == 0 and result.damage.dropped == len(blob)
-
-
-def test_find_later_record():
-    """The forward search finds the next valid frame matching a predicate, skipping garbage."""
-    blob, offsets = records_blob([{"seq": 0, "type": "a"}, {"seq": 1, "type": "turn/end"}])
-    data = b"\x00garbage" + blob
-    assert find_later_record(data, 0, lambda p: p.get("type") == "turn/end") == 8 + offsets[1]
-    assert find_later_record(data, 9 + offsets[1], lambda p: p.get("type") == "turn/end") is None
-    assert find_later_record(data, 0, lambda p: p.get("type") == "nope") is None
 
 
 def test_format_md_worked_example_matches_encode_record():
