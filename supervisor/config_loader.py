@@ -288,13 +288,16 @@ MAX_CONFIG_BYTES = 1 << 20
 
 
 def _read_file(path: str) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
-    """The file's TOML and its keys' lines. Only a regular file is read (a FIFO's open would wait
-    for a writer, a device such as ``/dev/zero`` never ends), and no more than ``MAX_CONFIG_BYTES``."""
+    """The file's TOML and its keys' lines, read up to ``MAX_CONFIG_BYTES``. A regular file, or a pipe
+    (``--config <(...)``): a device such as ``/dev/zero`` never ends, a folder has no text. The open
+    never waits: a named FIFO nobody writes reads as empty, not as a hang."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise ConfigError(f"config file {path} is not a regular file", source=path)
+            mode = os.fstat(fd).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+                raise ConfigError(f"config file {path} is not a regular file or a pipe", source=path)
+            os.set_blocking(fd, True)  # a pipe's writer may not have written yet: wait for its text, or its end
             with os.fdopen(fd, "rb", closefd=False) as handle:
                 raw = handle.read(MAX_CONFIG_BYTES + 1)
         finally:
