@@ -246,6 +246,17 @@ class RecordTooLargeError(SubagentError, ValueError):
         )
 
 
+class InvalidRecordError(SubagentError, ValueError):
+    """Raised before anything is written when a record cannot be stored: a value msgpack cannot encode
+    (an object, a lone surrogate, an integer beyond 64 bits), or a field its readers would refuse
+    (a message whose ``source`` is not a map), which would read back as damage."""
+
+    code = "INVALID_RECORD"
+
+    def __init__(self, what: str, problem: str) -> None:
+        super().__init__(f"{what} cannot be stored: {problem}", what=what, problem=problem)
+
+
 class UnsupportedFormatError(SubagentError):
     """Raised when a record or file was written by a format this build does not read."""
 

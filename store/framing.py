@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import msgpack
 
-from .errors import RecordTooLargeError
+from .errors import InvalidRecordError, RecordTooLargeError
 
 __all__ = [
     "BLOCK",
@@ -75,9 +75,21 @@ def _refuse(body: bytes, limit: int, what: str) -> None:
     raise RecordTooLargeError(what, size=len(body), limit=limit)
 
 
+def _unencodable(exc: Exception, what: str) -> InvalidRecordError:
+    return InvalidRecordError(what, f"{type(exc).__name__}: {exc}")
+
+
+# what msgpack raises for a value it cannot encode (an object, a set, a lone surrogate, an int over 64 bits)
+_ENCODE_ERRORS = (TypeError, ValueError, OverflowError)
+
+
 def encode_record(payload: dict[str, Any], *, limit: int = MAX_RECORD_BYTES, what: str = "record") -> bytes:
-    """Frame ``payload``; ``RecordTooLargeError`` (nothing framed) when it is above ``limit``."""
-    body = msgpack.packb(payload, use_bin_type=True)
+    """Frame ``payload``; ``RecordTooLargeError`` (nothing framed) when it is above ``limit``,
+    ``InvalidRecordError`` when msgpack cannot encode it."""
+    try:
+        body = msgpack.packb(payload, use_bin_type=True)
+    except _ENCODE_ERRORS as exc:
+        raise _unencodable(exc, what) from None
     if len(body) > limit:
         _refuse(body, limit, what)
     return FRAME.pack(len(body), zlib.crc32(body)) + body
@@ -104,7 +116,11 @@ class RecordEncoder:
         self.limit = limit
 
     def __call__(self, payload: dict[str, Any]) -> bytes:
-        body = self._pack(payload)
+        try:
+            body = self._pack(payload)
+        except _ENCODE_ERRORS as exc:
+            kind = payload.get("type")
+            raise _unencodable(exc, f'a "{kind}" event' if isinstance(kind, str) else "a record") from None
         if len(body) > self.limit:  # the message is built only here: the hot path pays one comparison
             kind = payload.get("type")
             _refuse(body, self.limit, f'a "{kind}" event' if isinstance(kind, str) else "a record")

@@ -50,7 +50,7 @@ from typing import Any
 from .appender import WIDEST_SEQ, append_records, frame_record, open_appendable
 from .atomic import NOFOLLOW
 from .changes import ChangeWatch, Watched
-from .errors import CorruptSessionError
+from .errors import CorruptSessionError, InvalidRecordError
 from .extent import reach, sized_data_end
 from .framing import Damage, ScanResult, data_end, scan, torn_tail
 from .ids import IdGenerator
@@ -136,8 +136,13 @@ class MailboxWriter:
         store = self._store
         message_id = ids.new()
         record = {"id": message_id, "ts": time.time(), "source": source, "content": content, "wake": wake}
-        # refused before the lock or the file are touched; the widest seq bounds the size
-        frame_record({**record, "seq": WIDEST_SEQ}, store.max_record_bytes, self._key, "MESSAGE_TOO_LARGE")
+        # refused before the lock or the file are touched: what its readers would refuse as damage (a
+        # ``source`` that is no map), what msgpack cannot encode, what is too large (the widest seq bounds it)
+        widest = {**record, "seq": WIDEST_SEQ}
+        problem = mailbox_problem(widest)
+        if problem is not None:
+            raise InvalidRecordError(f"a message for {self.session_id}", problem)
+        frame_record(widest, store.max_record_bytes, self._key, "MESSAGE_TOO_LARGE")
         with self._mutex:
             with self._state:
                 self._busy = True

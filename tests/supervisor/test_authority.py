@@ -212,3 +212,20 @@ async def test_a_grandparent_cannot_follow_up_a_grandchild(tmp_path):
         with anyio.fail_after(DEADLINE_S):
             await sup.interrupt(grand_id, authority=AncestorAuthority(root))
         await settled(sup, root, child_id)
+
+
+@pytest.mark.parametrize("source", ["notadict", 5])
+async def test_a_followup_whose_source_is_no_map_is_refused_and_the_child_runs_on(tmp_path, source):
+    """Such a followup was acknowledged and written; every reader then refused the record as damage:
+    the child never ran again, and every later followup was ``CORRUPT_SESSION``."""
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        child_id, _ = await sleeping_child(sup, root)
+        before = len(read_mailbox(sup.store, child_id))
+        with pytest.raises(SubagentError) as caught:
+            await sup.followup(root, child_id, "x", source=source)
+        assert caught.value.code == "INVALID_RECORD"
+        assert len(read_mailbox(sup.store, child_id)) == before
+        await sup.followup(root, child_id, S({"say": "still here"}))
+        await sup.interrupt(child_id, authority=UserAuthority(root.id))
+        await wait_until(lambda: "still here" in said(sup.store, child_id))
