@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 from pydantic import ValidationError
 
 from subagents.store import Store, ToolFilter, read_header
@@ -76,6 +77,11 @@ def _output_schema(schema: Any) -> None:
         return
     if not isinstance(schema, dict) or schema.get("type") != "object":
         raise InvalidRequestError("output_schema must be an object-rooted JSON schema ({\"type\": \"object\", ...})")
+    try:  # the schema travels to the worker and into its records as JSON-shaped msgpack: checked before the child is made
+        json.dumps(schema, allow_nan=False)
+        msgpack.packb(schema)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidRequestError(f"output_schema must be a JSON document ({type(exc).__name__}: {exc})") from None
 
 
 def _tool_filter(raw: Any) -> ToolFilter | None:

@@ -143,6 +143,19 @@ async def test_non_object_output_schema(tmp_path, schema):
         assert disk_snapshot(sup.store) == before
 
 
+@pytest.mark.parametrize("value", [object(), float("nan"), 2**70, "\ud800"])
+async def test_an_output_schema_that_is_no_json_is_refused_before_the_child_is_made(tmp_path, value):
+    """A schema holding an object was a bare ``TypeError`` from the worker pipe, after the child's
+    session was made: an orphan listed ``not-started``. ``NaN`` was taken."""
+    async with open_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        before = disk_snapshot(sup.store)
+        with pytest.raises(InvalidRequestError) as info:
+            await sup.start("echo", SubagentRequest(parent=root, prompt="x", output_schema={"type": "object", "title": value}))
+        assert info.value.code == "INVALID_REQUEST" and "output_schema" in str(info.value)
+        assert disk_snapshot(sup.store) == before
+
+
 async def test_invalid_tool_filter(tmp_path):
     """A tool filter must declare allow and/or deny."""
     async with open_supervisor(tmp_path) as sup:
