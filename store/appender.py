@@ -37,7 +37,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from .atomic import FILE_MODE, NOFOLLOW
 from .checkpoints import AppendCheckpoints
-from .errors import NO_ROOM, CorruptSessionError, NoRoomError, SubagentError, UnavailableSessionError, write_failed
+from .errors import NO_ROOM, CorruptSessionError, NoRoomError, RecordTooLargeError, UnavailableSessionError, write_failed
 from .framing import FRAME, Check, encode_record, scan, scan_all, torn_tail, zeros_from
 from .session_file import block_padding
 from .root import Store
@@ -169,9 +169,10 @@ WIDEST_SEQ = 2**64 - 1
 
 
 def frame_record(record: dict[str, Any], limit: int, key: str, too_large: str | None) -> bytes:
+    """The framed record; a record above ``limit`` is ``RecordTooLargeError`` with the code ``too_large`` (when given)."""
     try:
         return encode_record(record, limit=limit, what=f"a record of {key}")
-    except SubagentError as exc:
+    except RecordTooLargeError as exc:
         if too_large is not None:
             exc.code = too_large  # type: ignore[misc]
         raise

@@ -123,8 +123,13 @@ def place_child(agents: LiveAgents, store: Store, parent_id: str, *, max_depth: 
 
 
 def prompt_text(prompt: Any) -> str:
-    """A prompt as the child's message: text as is, anything else as JSON."""
-    return prompt if isinstance(prompt, str) else json.dumps(prompt)
+    """A prompt as the child's message: text as is, anything else as JSON (``INVALID_REQUEST`` when it is none)."""
+    if isinstance(prompt, str):
+        return prompt
+    try:
+        return json.dumps(prompt, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequestError(f"a prompt or message must be text or a JSON document ({type(exc).__name__}: {exc})") from None
 
 
 def delegation_events(sandbox: str | None, descriptor: OneShotDescriptor | ContinuableDescriptor) -> list[tuple[str, Any]]:

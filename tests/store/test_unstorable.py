@@ -45,3 +45,14 @@ def test_a_value_msgpack_cannot_encode_is_an_invalid_record(value):
     assert caught.value.code == "INVALID_RECORD" and "a test record" in str(caught.value)
     with pytest.raises(SubagentError):
         store.framing.RecordEncoder()({"seq": 0, "type": "x", "data": value})
+
+
+def test_a_message_msgpack_cannot_encode_keeps_its_code(tmp_path):
+    """The mailbox's size check renamed every error of the framing ``MESSAGE_TOO_LARGE``."""
+    st = store.Store(tmp_path / "store", durability="none")
+    store.create_session(st, "s1", events=[("subagent/descriptor", ONE_SHOT)])
+    for content, source, code in (("\ud800", {}, "INVALID_RECORD"), ("x", {"k": object()}, "INVALID_RECORD"),
+                                  ("x" * (st.max_record_bytes + 1), {}, "MESSAGE_TOO_LARGE")):
+        with pytest.raises(SubagentError) as caught:
+            store.accept(st, "s1", source=source, content=content, ids=store.IdGenerator())
+        assert caught.value.code == code

@@ -266,3 +266,14 @@ async def test_cancel_set_before_start(tmp_path):
         assert disk_snapshot(sup.store) == before
         assert seen == []
         assert sup.statistics().runs_live == 0
+
+
+@pytest.mark.parametrize("prompt", [object(), {1, 2}, float("nan")])
+async def test_a_prompt_that_is_no_text_nor_json_is_invalid_request(tmp_path, prompt):
+    async with open_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        before = disk_snapshot(sup.store)
+        with pytest.raises(InvalidRequestError) as info:
+            await sup.start("echo", SubagentRequest(parent=root, prompt=prompt))
+        assert info.value.code == "INVALID_REQUEST"
+        assert disk_snapshot(sup.store) == before
