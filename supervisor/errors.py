@@ -28,6 +28,9 @@ text, so each is written once.
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from subagents.store.errors import SubagentError
 from subagents.worker.errors import describe_exit
 
@@ -115,6 +118,20 @@ class InvalidRequestError(SubagentError, ValueError):
         """``open_root(id=..., label=...)`` with a label that is not the root's own."""
         shown = f'"{stored}"' if stored is not None else "no label"
         return cls(f'root "{session_id}" has {shown}, not "{asked}"', session_id=session_id, label=stored)
+
+    @classmethod
+    def require(cls, value: Any, kinds: type | tuple[type, ...], name: str) -> None:
+        """An argument of the wrong type (``None`` for a request, a string for a query) is this error at
+        the public boundary, not an ``AttributeError`` from deep inside."""
+        if not isinstance(value, kinds):
+            wanted = " or ".join(k.__name__ for k in (kinds if isinstance(kinds, tuple) else (kinds,)))
+            raise cls(f"{name} must be {wanted.replace('NoneType', 'None')}, not {type(value).__name__}", field=name)
+
+    @classmethod
+    def require_seconds(cls, value: Any, name: str) -> None:
+        """``None`` or a finite, non-negative number of seconds."""
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0):
+            raise cls(f"{name} must be None or a finite number of seconds >= 0, not {value!r}", field=name)
 
     @classmethod
     def wrong_fields(cls, model: str, problems: list[tuple[str, str]]) -> "InvalidRequestError":

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 import anyio
 
@@ -53,8 +53,9 @@ log = logging.getLogger(__name__)
 _STOP_REASONS = ("completed", "aborted", "error", "max-tokens", "refusal", "budget-exhausted")
 
 
+@runtime_checkable
 class CancelToken(Protocol):
-    """Anything with ``is_set()`` and ``await wait()`` (e.g. ``anyio.Event``)."""
+    """Anything with ``is_set()`` and ``await wait()`` (e.g. ``anyio.Event``); checked by shape at ``start``."""
 
     def is_set(self) -> bool: ...
 

@@ -280,6 +280,8 @@ class Supervisor:
     async def start(self, provider: str, request: SubagentRequest, *, cancel: CancelToken | None = None) -> SubagentRun:
         """Start a one-shot child; returns once it is published (the caller must dispose it)."""
         self._check_open()
+        InvalidRequestError.require(request, SubagentRequest, "request")
+        InvalidRequestError.require(cancel, (CancelToken, type(None)), "cancel")
         return await self.runs.start(provider, request, cancel=cancel)
 
     # -- continuable children (ContinuationManager) ---------------------------------------
@@ -287,6 +289,7 @@ class Supervisor:
     async def start_continuable(self, spec: ContinuableSpec) -> tuple[str, str]:
         """Start a continuable child; returns ``(child_id, message_id)`` once the prompt is durably accepted."""
         self._check_open()
+        InvalidRequestError.require(spec, ContinuableSpec, "spec")
         return await self.continuation.start_continuable(spec)
 
     async def followup(self, parent: AgentRef | str, child_id: str, content: Any, *, source: dict[str, Any] | None = None) -> str:
@@ -308,6 +311,7 @@ class Supervisor:
         nothing was stopped. An ``AncestorAuthority`` reaches continuable
         activations held here only (as a turn's ``ctx.interrupt`` does).
         """
+        InvalidRequestError.require(authority, (UserAuthority, AncestorAuthority), "authority")
         return await self.interrupts.interrupt(child_id, authority, wait_s=wait_s)
 
     async def send(self, child_id: str, content: Any, *, parent: AgentRef | str, source: dict[str, Any] | None = None) -> str:
@@ -330,6 +334,7 @@ class Supervisor:
 
     async def drain(self, parents: list[AgentRef | str]) -> None:
         """Close admission below ``parents`` and dispose their continuable descendants child-first."""
+        InvalidRequestError.require(parents, (list, tuple), "parents")
         await self.continuation.drain(parents)
 
     async def drain_remote(self, root: AgentRef | str) -> list[str]:
@@ -368,6 +373,7 @@ class Supervisor:
         code ``WAIT_TIMEOUT``) or with a cancel scope of your own
         (``anyio.fail_after``). The mailbox is polled every 20 ms.
         """
+        InvalidRequestError.require_seconds(timeout_s, "timeout_s")
         with anyio.move_on_after(math.inf if timeout_s is None else timeout_s):
             while True:
                 got = await self.take_messages(root)
@@ -380,10 +386,12 @@ class Supervisor:
 
     async def list_children(self, parent_id: str, query: Query | None = None) -> list[ChildEntry | DiagnosticEntry]:
         """Direct children in creation order; ``query`` filters by status, outcome, label glob and time."""
+        InvalidRequestError.require(query, (Query, type(None)), "query")
         return await anyio.to_thread.run_sync(list_children, self.store, parent_id, query)
 
     async def list_descendants(self, root_id: str, query: Query | None = None) -> list[DescendantRow]:
         """Every descendant in pre-order; ``query`` keeps the matching rows."""
+        InvalidRequestError.require(query, (Query, type(None)), "query")
         return await anyio.to_thread.run_sync(list_descendants, self.store, root_id, query)
 
     async def gc(self, older_than_s: float, *, outcomes: tuple[str, ...] = (), dry_run: bool = False) -> GcReport:

@@ -277,3 +277,29 @@ async def test_a_prompt_that_is_no_text_nor_json_is_invalid_request(tmp_path, pr
             await sup.start("echo", SubagentRequest(parent=root, prompt=prompt))
         assert info.value.code == "INVALID_REQUEST"
         assert disk_snapshot(sup.store) == before
+
+
+WRONG_TYPES = {
+    "start(None)": lambda sup, root: sup.start("echo", None),
+    "start(cancel=5)": lambda sup, root: sup.start("echo", SubagentRequest(parent=root, prompt="x"), cancel=5),
+    "start_continuable(None)": lambda sup, root: sup.start_continuable(None),
+    "interrupt(authority=None)": lambda sup, root: sup.interrupt(root.id, authority=None),
+    "list_children(query='x')": lambda sup, root: sup.list_children(root.id, "x"),
+    "list_descendants(query='x')": lambda sup, root: sup.list_descendants(root.id, "x"),
+    "drain(None)": lambda sup, root: sup.drain(None),
+    "wait_for_message(timeout_s=nan)": lambda sup, root: sup.wait_for_message(root, timeout_s=float("nan")),
+    "wait_for_message(timeout_s='1')": lambda sup, root: sup.wait_for_message(root, timeout_s="1"),
+    "wait_for_message(timeout_s=-1)": lambda sup, root: sup.wait_for_message(root, timeout_s=-1),
+}
+
+
+@pytest.mark.parametrize("case", list(WRONG_TYPES))
+async def test_an_argument_of_the_wrong_type_is_invalid_request(tmp_path, case):
+    """Each was a bare ``AttributeError``, ``TypeError`` or ``ValueError`` from deep inside the call."""
+    async with open_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        before = disk_snapshot(sup.store)
+        with pytest.raises(InvalidRequestError) as info:
+            await WRONG_TYPES[case](sup, root)
+        assert info.value.code == "INVALID_REQUEST"
+        assert disk_snapshot(sup.store) == before
