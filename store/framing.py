@@ -389,13 +389,10 @@ def find_committed(
     committed record, reads as torn. ``padded`` (a session log): "the very
     end of the file" is the end of its data, before an all-zero remainder.
 
-    About one pass over the region whatever it holds (zeros extended behind
-    the store's back, a garbled block): a candidate offset is one where a
-    payload could begin (a non-empty map's first byte, found by ``re``), and
-    its CRC is computed only when it could chain (a plausible frame follows
-    it) or end the data. Trying every offset, a CRC for every length that
-    fitted, made a run of zeros an empty frame decoded at every byte and
-    random bytes quadratic: a minute's listing for a few MB.
+    About one pass over the region whatever it holds (zeros, a garbled block): a candidate is an
+    offset where a payload could begin (a non-empty map's first byte, found by ``re``), its CRC
+    computed only when it could chain (a plausible frame follows) or end the data. Every offset
+    with a CRC for every length that fitted was quadratic: minutes of listing for a few MB.
     """
     total = len(data)
     inside_cut = torn_reason in ("short-payload", "short-header")
