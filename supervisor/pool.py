@@ -85,6 +85,8 @@ class _Worker(WorkerSlot):
     drained: anyio.Event = field(default_factory=anyio.Event)  # its pipe was read to the end (or failed)
     watched: anyio.Event = field(default_factory=anyio.Event)  # ``_watch`` no longer waits on its sentinel
     released: bool = False  # its process handle is closed (``_release``)
+    # the reader's own scope: shielded from the caller's cancellation, ended by ``aclose`` only
+    reading: anyio.CancelScope = field(default_factory=lambda: anyio.CancelScope(shield=True))
 
     def ref(self) -> WorkerRef:
         return WorkerRef(self.host, self.pid)
@@ -199,6 +201,7 @@ class WorkerPool(Dispatcher[_Worker]):
                 worker.process.kill()
             with anyio.move_on_after(1.0):  # the end of file follows the kill
                 await worker.drained.wait()
+            worker.reading.cancel()  # no answer is left to read
             worker.alive = False
             await anyio.to_thread.run_sync(worker.process.join, 1.0)
             worker.conn.close()
@@ -250,7 +253,11 @@ class WorkerPool(Dispatcher[_Worker]):
             return worker.alive
 
         try:
-            await serve_pipe(worker.conn.fileno(), received)
+            # shielded: a caller's deadline around ``Supervisor.open`` cancels the pool's tasks with the body,
+            # and a close that then waited for the workers' last answers with nobody reading them waited out
+            # its bounds (``cancel_grace_s + 10`` s). The pipe's end of file ends it, or ``aclose``.
+            with worker.reading:
+                await serve_pipe(worker.conn.fileno(), received)
         finally:
             worker.drained.set()
 

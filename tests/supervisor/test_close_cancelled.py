@@ -1,0 +1,44 @@
+"""A supervisor closed by its caller's cancellation closes as fast as one closed by an error.
+
+``Supervisor.open`` runs its own tasks (the pool's pipe readers among them)
+inside the caller's scope. When the caller's deadline fired around the
+``async with`` while a one-shot child ran, those readers were cancelled
+first: the shielded close then waited for workers' answers nobody read, out
+to its bounds (``cancel_grace_s + 10`` s: 16 s with a grace of 6 s), against
+0.02 s when the body raised. The readers now outlive the caller's
+cancellation until the close has the workers' last answers.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import anyio
+import pytest
+
+from subagents.store import check_store
+from subagents.supervisor import SubagentRequest
+
+from ..conftest import open_supervisor
+
+pytestmark = pytest.mark.anyio
+
+GRACE_S = 6.0
+
+
+async def test_a_cancelled_caller_closes_the_supervisor_without_waiting_out_its_bounds(tmp_path):
+    left = None
+    with anyio.move_on_after(30) as outer:  # the caller's deadline
+        async with open_supervisor(tmp_path, cancel_grace_s=GRACE_S) as sup:
+            root = await sup.open_root()
+            run = await sup.start("script", SubagentRequest(parent=root, prompt=json.dumps({"script": [{"sleep": 60_000}]})))
+            await anyio.sleep(0.3)  # its turn runs in the worker
+            try:
+                outer.cancel()
+                await run.result()
+            finally:
+                left = time.monotonic()
+    closed_in = time.monotonic() - left
+    assert closed_in < GRACE_S, f"the close took {closed_in:.2f} s"
+    assert not check_store(tmp_path / "store").violations
