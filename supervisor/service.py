@@ -311,6 +311,7 @@ class Supervisor:
         nothing was stopped. An ``AncestorAuthority`` reaches continuable
         activations held here only (as a turn's ``ctx.interrupt`` does).
         """
+        self._check_open()
         InvalidRequestError.require(authority, (UserAuthority, AncestorAuthority), "authority")
         return await self.interrupts.interrupt(child_id, authority, wait_s=wait_s)
 
@@ -334,19 +335,23 @@ class Supervisor:
 
     async def drain(self, parents: list[AgentRef | str]) -> None:
         """Close admission below ``parents`` and dispose their continuable descendants child-first."""
+        self._check_open()
         InvalidRequestError.require(parents, (list, tuple), "parents")
         await self.continuation.drain(parents)
 
     async def drain_remote(self, root: AgentRef | str) -> list[str]:
         """Ask other supervisors to tear down the continuable descendants of ``root`` they host
         (durable ``drain`` control records); returns the ids asked."""
+        self._check_open()
         return await self.continuation.drain_remote(root.id if isinstance(root, AgentRef) else root)
 
     async def drain_children(self, parent: AgentRef | str, child_ids: list[str]) -> None:
+        self._check_open()
         await self.continuation.drain_children(parent, child_ids)
 
     async def take_messages(self, root: AgentRef | str) -> list[MailboxMessage]:
         """Messages delivered to a root (reports, settlement notices), consumed durably into its log."""
+        self._check_open()
         root_id = root.id if isinstance(root, AgentRef) else root
         epoch = self._root_epochs.get(root_id)
         if epoch is None:
@@ -373,6 +378,7 @@ class Supervisor:
         code ``WAIT_TIMEOUT``) or with a cancel scope of your own
         (``anyio.fail_after``). The mailbox is polled every 20 ms.
         """
+        self._check_open()
         InvalidRequestError.require_seconds(timeout_s, "timeout_s")
         with anyio.move_on_after(math.inf if timeout_s is None else timeout_s):
             while True:

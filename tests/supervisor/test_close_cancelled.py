@@ -42,3 +42,20 @@ async def test_a_cancelled_caller_closes_the_supervisor_without_waiting_out_its_
     closed_in = time.monotonic() - left
     assert closed_in < GRACE_S, f"the close took {closed_in:.2f} s"
     assert not check_store(tmp_path / "store").violations
+
+
+async def test_calls_after_close_say_the_supervisor_is_closed(tmp_path):
+    """``take_messages`` and ``wait_for_message`` said ``FENCED`` (the root's lease was released at close);
+    ``interrupt`` and the drains went on as if it were open."""
+    from subagents.supervisor import SubagentError, UserAuthority
+
+    async with open_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+    calls = [
+        sup.take_messages(root), sup.wait_for_message(root, timeout_s=0.1), sup.interrupt(root.id, authority=UserAuthority(root.id)),
+        sup.drain([root]), sup.drain_remote(root), sup.drain_children(root, []),
+    ]
+    for call in calls:
+        with pytest.raises(SubagentError) as caught:
+            await call
+        assert caught.value.code == "SUPERVISOR_CLOSED"
