@@ -256,6 +256,11 @@ class InvalidRecordError(SubagentError, ValueError):
     def __init__(self, what: str, problem: str) -> None:
         super().__init__(f"{what} cannot be stored: {problem}", what=what, problem=problem)
 
+    @classmethod
+    def unencodable(cls, what: str, exc: Exception) -> "InvalidRecordError":
+        """What msgpack raised for a value it cannot encode."""
+        return cls(what, f"{type(exc).__name__}: {exc}")
+
 
 class UnsupportedFormatError(SubagentError):
     """Raised when a record or file was written by a format this build does not read."""

@@ -24,20 +24,21 @@ import os
 
 from .framing import BLOCK, FRAME, data_end
 
-__all__ = ["sized_data_end", "reach", "last_data_end"]
+__all__ = ["data_end_of", "reach", "last_data_end"]
 
 _SCAN_CHUNK = 1 << 20  # one read of a run of zeros: a bounded buffer, whatever the file's size
 
 
-def sized_data_end(fd: int) -> tuple[int, int]:
-    """The open file's size and where its data ends: one ``pread`` of its last two blocks (its padding
-    is under one) when they hold data, else ``last_data_end``."""
-    size = os.lseek(fd, 0, os.SEEK_END)
+def data_end_of(fd: int, size: int | None = None) -> int:
+    """Where the open file's data ends (``size``: its size, when the caller has it): one ``pread`` of its
+    last two blocks (its padding is under one) when they hold data, else ``last_data_end``."""
+    if size is None:
+        size = os.lseek(fd, 0, os.SEEK_END)
     window = min(size, 2 * BLOCK)
     end = data_end(os.pread(fd, window, size - window))
     if end or window == size:
-        return size, size - window + end
-    return size, last_data_end(fd, size - window)
+        return size - window + end
+    return last_data_end(fd, size - window)
 
 
 def reach(fd: int, limit: int, start: int = 0) -> int:
@@ -49,8 +50,7 @@ def reach(fd: int, limit: int, start: int = 0) -> int:
     size = os.lseek(fd, 0, os.SEEK_END)
     if size - start <= slack:
         return size
-    size, end = sized_data_end(fd)
-    return min(size, end + slack)
+    return min(size, data_end_of(fd, size) + slack)
 
 
 def last_data_end(fd: int, stop: int) -> int:

@@ -75,10 +75,6 @@ def _refuse(body: bytes, limit: int, what: str) -> None:
     raise RecordTooLargeError(what, size=len(body), limit=limit)
 
 
-def _unencodable(exc: Exception, what: str) -> InvalidRecordError:
-    return InvalidRecordError(what, f"{type(exc).__name__}: {exc}")
-
-
 # what msgpack raises for a value it cannot encode (an object, a set, a lone surrogate, an int over 64 bits)
 _ENCODE_ERRORS = (TypeError, ValueError, OverflowError)
 
@@ -89,7 +85,7 @@ def encode_record(payload: dict[str, Any], *, limit: int = MAX_RECORD_BYTES, wha
     try:
         body = msgpack.packb(payload, use_bin_type=True)
     except _ENCODE_ERRORS as exc:
-        raise _unencodable(exc, what) from None
+        raise InvalidRecordError.unencodable(what, exc) from None
     if len(body) > limit:
         _refuse(body, limit, what)
     return FRAME.pack(len(body), zlib.crc32(body)) + body
@@ -119,12 +115,15 @@ class RecordEncoder:
         try:
             body = self._pack(payload)
         except _ENCODE_ERRORS as exc:
-            kind = payload.get("type")
-            raise _unencodable(exc, f'a "{kind}" event' if isinstance(kind, str) else "a record") from None
+            raise InvalidRecordError.unencodable(_event_what(payload), exc) from None
         if len(body) > self.limit:  # the message is built only here: the hot path pays one comparison
-            kind = payload.get("type")
-            _refuse(body, self.limit, f'a "{kind}" event' if isinstance(kind, str) else "a record")
+            _refuse(body, self.limit, _event_what(payload))
         return FRAME.pack(len(body), zlib.crc32(body)) + body
+
+
+def _event_what(payload: dict[str, Any]) -> str:
+    kind = payload.get("type")
+    return f'a "{kind}" event' if isinstance(kind, str) else "a record"
 
 
 def decode_payload(body: bytes | memoryview) -> Any:

@@ -51,7 +51,7 @@ from .appender import WIDEST_SEQ, append_records, frame_record, open_appendable
 from .atomic import NOFOLLOW
 from .changes import ChangeWatch, Watched
 from .errors import CorruptSessionError, InvalidRecordError
-from .extent import reach, sized_data_end
+from .extent import data_end_of, reach
 from .framing import Damage, ScanResult, data_end, scan, torn_tail
 from .ids import IdGenerator
 from .projection import Projection
@@ -431,6 +431,6 @@ def mailbox_data_end(store: Store, session_id: str) -> int:
     except FileNotFoundError:
         return 0
     try:
-        return sized_data_end(fd)[1]
+        return data_end_of(fd)
     finally:
         os.close(fd)
