@@ -8,16 +8,44 @@ how to join that cluster. Ray itself is imported only when ``pool = "ray"``.
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from subagents.store import MAX_RECORD_BYTES
 
-__all__ = ["RayConfig", "SupervisorConfig"]
+from .errors import ConfigError
+
+__all__ = ["RayConfig", "SupervisorConfig", "first_problem"]
 
 
-class RayConfig(BaseModel):
+def first_problem(exc: ValidationError) -> tuple[tuple[str, ...], str, str]:
+    """The first value a model refused: its path, pydantic's error kind and what is wrong.
+
+    A nested settings model has already turned its own refusal into a ``ConfigError``
+    (``_Settings``), which pydantic wraps as a value error at the nested field: its path and
+    problem are read back, so the outer message names the whole dotted key, not "Value error".
+    """
+    first = exc.errors()[0]
+    loc = tuple(str(part) for part in first["loc"])
+    inner = first.get("ctx", {}).get("error")
+    if isinstance(inner, ConfigError) and "path" in inner.fields:
+        return loc + tuple(inner.fields["path"]), inner.fields["kind"], inner.fields["problem"]
+    return loc, first["type"], first["msg"].removeprefix("Value error, ")
+
+
+class _Settings(BaseModel):
+    """A configuration model a caller may build in code: a refused value is ``CONFIG_INVALID``,
+    as the same value in a deployment file or the environment is, not pydantic's bare error."""
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise ConfigError.refused(*first_problem(exc), type(self).__name__) from None
+
+
+class RayConfig(_Settings):
     """How a supervisor with ``pool = "ray"`` joins its cluster (the ``[ray]`` table)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -37,7 +65,7 @@ class RayConfig(BaseModel):
 MAX_POOL_SIZE = 4096
 
 
-class SupervisorConfig(BaseModel):
+class SupervisorConfig(_Settings):
     # ``inf`` or ``nan`` seconds mean no deployment (a lease that never expires lets no host take over)
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 

@@ -21,9 +21,9 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from subagents.store.errors import SubagentError
 
-from .config import RayConfig, SupervisorConfig
+from .config import RayConfig, SupervisorConfig, first_problem
+from .errors import ConfigError
 from .models import Capabilities, Provider
 
 __all__ = [
@@ -98,12 +98,6 @@ name = "script"
 program = "script"
 capabilities = ["all"]
 """
-
-
-class ConfigError(SubagentError, ValueError):
-    """Raised when a configuration layer is unreadable, names an unknown key or holds a bad value."""
-
-    code = "CONFIG_INVALID"
 
 
 class StoreSettings(BaseModel):
@@ -372,23 +366,11 @@ def _validate(merged: dict[str, Any], origins: dict[tuple[str, ...], str]) -> De
 
 
 def _config_error(exc: ValidationError, origins: dict[tuple[str, ...], str]) -> ConfigError:
-    first = exc.errors()[0]
-    loc = tuple(str(p) for p in first["loc"])
+    loc, kind, problem = first_problem(exc)
     if loc[:2] == ("supervisor", "ray"):
         loc = loc[1:]  # the [ray] table, as the file names it
-    key = _dotted(loc)
     source = origins.get(loc[:2]) or origins.get(loc[:1]) or "the merged configuration"
-    if first["type"] == "extra_forbidden":
-        return ConfigError(f'unknown key "{key}" in {source}', key=key, source=source)
-    message = first["msg"].removeprefix("Value error, ")
-    return ConfigError(f'invalid value for "{key}" in {source}: {message}', key=key, source=source)
-
-
-def _dotted(loc: tuple[str, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if part.isdigit() else (f".{part}" if out else part)
-    return out or "(top level)"
+    return ConfigError.refused(loc, kind, problem, source)
 
 
 # -- rendering ------------------------------------------------------------------

@@ -19,6 +19,7 @@
     ├── WorkerHandshakeError      WORKER_HANDSHAKE: a new worker did not announce itself
     ├── WorkerStartError          WORKER_START_FAILED: a worker could not be launched, exited or hung before Ready (also RuntimeError)
     ├── RayUnavailableError       RAY_UNAVAILABLE: pool = "ray" without Ray, asyncio or a cluster
+    ├── ConfigError               CONFIG_INVALID: a configuration (a layer, or a model built in code) is refused (also ValueError)
     └── UsageError                USAGE: the command line does not parse (an unknown option, a bad value; also ValueError)
 
 The texts are part of the contract: programs and models read them, and
@@ -53,6 +54,7 @@ __all__ = [
     "WorkerHandshakeError",
     "WorkerStartError",
     "RayUnavailableError",
+    "ConfigError",
     "UsageError",
     "duplicate_provider",
     "no_provider",
@@ -395,6 +397,23 @@ class RayUnavailableError(SubagentError, RuntimeError):
     """
 
     code = "RAY_UNAVAILABLE"
+
+
+class ConfigError(SubagentError, ValueError):
+    """Raised when a configuration layer is unreadable, names an unknown key or holds a bad value, and
+    when a configuration model built in code (``SupervisorConfig(...)``) is given one."""
+
+    code = "CONFIG_INVALID"
+
+    @classmethod
+    def refused(cls, path: tuple[str, ...], kind: str, problem: str, source: str) -> "ConfigError":
+        """The first value ``source`` (a layer, or the model's name) gives that its model refuses: at ``path``
+        (``("providers", "0", "model")`` reads ``providers[0].model``), of pydantic's error ``kind``."""
+        key = "".join(f"[{part}]" if part.isdigit() else f".{part}" for part in path).lstrip(".") or "(top level)"
+        fields = {"key": key, "source": source, "path": list(path), "kind": kind, "problem": problem}
+        if kind == "extra_forbidden":
+            return cls(f'unknown key "{key}" in {source}', **fields)
+        return cls(f'invalid value for "{key}" in {source}: {problem}', **fields)
 
 
 class UsageError(SubagentError, ValueError):

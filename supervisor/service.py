@@ -141,6 +141,10 @@ class Supervisor:
     @classmethod
     @asynccontextmanager
     async def open(cls, store: str | os.PathLike[str] = "./.subagents", config: SupervisorConfig | None = None) -> AsyncIterator["Supervisor"]:
+        InvalidRequestError.require(store, (str, os.PathLike), "store")
+        if store == "":  # the working folder itself: the store's folders made among the caller's files
+            raise InvalidRequestError("store must name a folder, not the empty path", field="store")
+        InvalidRequestError.require(config, (SupervisorConfig, type(None)), "config")
         cfg = config or SupervisorConfig()
         if cfg.pool == "ray":
             require_ray()  # before anything exists: Ray installed, asyncio loop
@@ -392,11 +396,13 @@ class Supervisor:
 
     async def list_children(self, parent_id: str, query: Query | None = None) -> list[ChildEntry | DiagnosticEntry]:
         """Direct children in creation order; ``query`` filters by status, outcome, label glob and time."""
+        self._check_open()
         InvalidRequestError.require(query, (Query, type(None)), "query")
         return await anyio.to_thread.run_sync(list_children, self.store, parent_id, query)
 
     async def list_descendants(self, root_id: str, query: Query | None = None) -> list[DescendantRow]:
         """Every descendant in pre-order; ``query`` keeps the matching rows."""
+        self._check_open()
         InvalidRequestError.require(query, (Query, type(None)), "query")
         return await anyio.to_thread.run_sync(list_descendants, self.store, root_id, query)
 

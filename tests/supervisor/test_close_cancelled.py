@@ -46,7 +46,7 @@ async def test_a_cancelled_caller_closes_the_supervisor_without_waiting_out_its_
 
 async def test_calls_after_close_say_the_supervisor_is_closed(tmp_path):
     """``take_messages`` and ``wait_for_message`` said ``FENCED`` (the root's lease was released at close);
-    ``interrupt`` and the drains went on as if it were open."""
+    ``interrupt`` and the drains went on as if it were open, and the listings still read the store."""
     from subagents.supervisor import SubagentError, UserAuthority
 
     async with open_supervisor(tmp_path) as sup:
@@ -54,6 +54,7 @@ async def test_calls_after_close_say_the_supervisor_is_closed(tmp_path):
     calls = [
         sup.take_messages(root), sup.wait_for_message(root, timeout_s=0.1), sup.interrupt(root.id, authority=UserAuthority(root.id)),
         sup.drain([root]), sup.drain_remote(root), sup.drain_children(root, []),
+        sup.list_children(root.id), sup.list_descendants(root.id),
     ]
     for call in calls:
         with pytest.raises(SubagentError) as caught:

@@ -220,3 +220,35 @@ def test_max_record_bytes_is_a_bounded_supervisor_key(tmp_path: Path) -> None:
     path = write(tmp_path, f"[supervisor]\nmax_record_bytes = {MAX_RECORD_BYTES + 1}\n")
     with pytest.raises(ConfigError, match="max_record_bytes"):
         load_config(path, env={})
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: SupervisorConfig(pool_size=0), 'invalid value for "pool_size" in SupervisorConfig: Input should be greater than or equal to 1'),
+        (lambda: SupervisorConfig(lease_ttl_s=float("inf")), 'invalid value for "lease_ttl_s" in SupervisorConfig: Input should be a finite number'),
+        (lambda: SupervisorConfig(durability="sometimes"), 'invalid value for "durability" in SupervisorConfig: Input should be \'strict\', \'batched\' or \'none\''),
+        (lambda: SupervisorConfig(pool_sise=2), 'unknown key "pool_sise" in SupervisorConfig'),
+        (lambda: SupervisorConfig(ray={"worker_num_cpus": 0}), 'invalid value for "ray.worker_num_cpus" in SupervisorConfig: Input should be greater than 0'),
+        (lambda: RayConfig(address=""), 'invalid value for "address" in RayConfig: String should have at least 1 character'),
+    ],
+)
+def test_a_config_built_in_code_with_a_bad_value_is_config_invalid(build, message) -> None:
+    """Found by an API probe: ``SupervisorConfig(pool_size=0)`` raised pydantic's ``ValidationError`` (no ``code``),
+    while the same value in a file or the environment is ``CONFIG_INVALID``. Still a ``ValueError``."""
+    with pytest.raises(ConfigError) as info:
+        build()
+    assert (info.value.code, info.value.message) == ("CONFIG_INVALID", message)
+    assert isinstance(info.value, ValueError)
+
+
+def test_a_nested_bad_value_in_a_layer_still_names_its_key_and_source(tmp_path: Path) -> None:
+    """The loader's messages keep the dotted key and the layer, whatever the models raise inside."""
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, "[supervisor]\npool_size = 0\n"), env={})
+    assert info.value.message.startswith('invalid value for "supervisor.pool_size" in ')
+    assert info.value.message.endswith("deploy.toml: Input should be greater than or equal to 1")
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, "[ray]\nworker_num_cpus = 0\n"), env={})
+    assert info.value.message.startswith('invalid value for "ray.worker_num_cpus" in ')
+    assert info.value.message.endswith("deploy.toml: Input should be greater than 0")

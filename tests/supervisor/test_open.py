@@ -35,6 +35,22 @@ async def test_a_group_raised_by_the_body_stays_a_group(tmp_path):
             raise ExceptionGroup("mine", [ValueError("a"), KeyError("b")])
 
 
+@pytest.mark.parametrize("store, config, name", [
+    (None, None, "store"), (3, None, "store"), (b"st", None, "store"), ("", None, "store"), ("st", {"pool_size": 1}, "config"),
+])
+async def test_open_with_an_argument_of_the_wrong_type_is_an_invalid_request(tmp_path, monkeypatch, store, config, name):
+    """Found by an API probe: ``Supervisor.open(store=None)`` was a bare ``TypeError`` from ``os.fspath``, and a
+    dict for ``config`` an ``AttributeError``; both are ``INVALID_REQUEST`` naming the argument, and nothing is made."""
+    from subagents.supervisor import SubagentError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SubagentError) as caught:
+        async with Supervisor.open(store=store, config=config):
+            pass
+    assert caught.value.code == "INVALID_REQUEST" and name in caught.value.message
+    assert list(tmp_path.iterdir()) == []
+
+
 async def test_wait_for_message_waits_as_long_as_it_takes_unless_bounded(tmp_path):
     """No hidden 30 s default: ``timeout_s`` is None (wait) unless the caller bounds it (issue 13)."""
     import inspect

@@ -303,3 +303,20 @@ async def test_an_argument_of_the_wrong_type_is_invalid_request(tmp_path, case):
             await WRONG_TYPES[case](sup, root)
         assert info.value.code == "INVALID_REQUEST"
         assert disk_snapshot(sup.store) == before
+
+
+async def test_a_one_shot_may_start_under_a_root_another_supervisor_holds(tmp_path):
+    """The documented rule (README, choices): a one-shot ``start`` takes any parent session the store holds;
+    the child is listed under it with its depth, while ``start_continuable`` needs the exact live parent."""
+    async with open_supervisor(tmp_path) as first, open_supervisor(tmp_path) as second:
+        root = await first.open_root(label="held by the first")
+        run = await second.start("echo", SubagentRequest(parent=root.id, prompt="hi"))
+        with anyio.fail_after(20):
+            assert (await run.result()).output == "hi"
+        await run.dispose()
+        [row] = await first.list_children(root.id)
+        assert row.id == run.id
+        second.register_provider(Provider(name="cont", program="script", capabilities=Capabilities.all(), continuable=True))
+        with pytest.raises(SubagentError) as info:
+            await second.start_continuable(ContinuableSpec(parent=root.id, provider="cont", prompt="[]", label="w"))
+        assert info.value.code == "UNAUTHORIZED"
