@@ -37,7 +37,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from .atomic import FILE_MODE, NOFOLLOW
 from .checkpoints import AppendCheckpoints
-from .errors import NO_ROOM, CorruptSessionError, NoRoomError, RecordTooLargeError, UnavailableSessionError, write_failed
+from .errors import NO_ROOM, REFUSED, CorruptSessionError, NoRoomError, ReadOnlyStoreError, RecordTooLargeError, UnavailableSessionError, write_failed
 from .framing import FRAME, Check, encode_record, scan, scan_all, torn_tail, zeros_from
 from .session_file import block_padding
 from .root import Store
@@ -80,6 +80,8 @@ def open_appendable(path: str, *, owner: str, key: str, in_place: bool = False) 
     except OSError as exc:
         if exc.errno in NO_ROOM:  # the disk, not the session's files: nothing is in the way
             raise NoRoomError(f"{key} cannot be created ({exc.strerror or exc})", key=key) from exc
+        if exc.errno in REFUSED:  # another user's file or folder, a read-only mount: a write refused
+            raise ReadOnlyStoreError.cannot_write(owner, key, exc) from None
         raise UnavailableSessionError(owner, f"{key} cannot be opened ({exc.strerror or exc})") from None
     try:
         info = os.fstat(fd)

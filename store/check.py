@@ -17,7 +17,8 @@ discrepancy a creation still in flight explains is counted, not reported, and
 so is a child its creator died before indexing, if nothing ever used it (a
 creation nobody was told of, like a torn tail: ``store/acknowledgment.py``), and an entry of a session a gc
 moved to ``trash/`` (a collection under way or interrupted; the next gc ends it).
-Called by ``subagents.testing.check_store`` and ``subagents store check``.
+Called by ``subagents.testing.check_store`` and ``subagents store check``. About 500 lines, on
+purpose: the checks share one pass and its reading order, which splitting them would hide.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any, Literal
 
 from .acknowledgment import evidence_of_use
 from .descriptor import ContinuableDescriptor
-from .errors import SessionNotFoundError, SubagentError
+from .errors import SessionNotFoundError, SubagentError, UnavailableSessionError
 from .header import SessionHeader
 from .ids import is_valid_session_id
 from .index import IndexEntry, read_children
@@ -48,7 +49,7 @@ ViolationKind = Literal[
     "log-corrupt",  # damage inside the committed region of a log
     "header-corrupt",  # a header that does not decode or breaks the header rules
     "unsupported",  # a header version or event type this build cannot read
-    "unreadable",  # a session file the operating system refuses to read
+    "unreadable",  # a session's file or mailbox the operating system refuses to read
     "epoch-regressed",  # an event written at a lower epoch than an earlier one
     "epoch-unleased",  # an event written at an epoch no lease of the session ever had
     "turn-overlap",  # a turn started while another was open: two writers in one log
@@ -317,11 +318,14 @@ def _check_messages(state: _Pass, found: Inspection, own: list[dict[str, Any]]) 
 
 
 def _read_mailbox(state: _Pass, session_id: str) -> list[dict[str, Any]] | None:
-    """The mailbox's records (``[]``: none); ``None`` when the session was collected while its damage was confirmed."""
+    """The mailbox's records (``[]``: none); ``None`` when the session went meanwhile, or its mailbox does not read."""
     try:
         found = scan_mailbox(state.store, session_id)  # what the mailbox's readers and writers read, by their rule
     except SessionNotFoundError:
         state.add("vanished")
+        return None
+    except UnavailableSessionError as exc:
+        state.flag(session_id, "unreadable", f"{exc.code}: {exc.message}")
         return None
     if found is None:
         return []

@@ -9,6 +9,7 @@ the code, never on the message)::
     ├── StoreFormatError                the folder is not a store of our format/version
     │   └── StoreNotFoundError          there is no store at that path (also FileNotFoundError)
     ├── ReadOnlyStoreError              the store cannot be written by this process (also PermissionError)
+    ├── UnreadableStoreError            the store's folder cannot be entered by this process (also PermissionError)
     ├── SessionNotFoundError            no such session (also LookupError)
     │   └── AmbiguousIdError            bad input: an id prefix that names several sessions
     ├── InvalidQueryError               bad input: a listing's filter, sort, limit or cursor (also ValueError)
@@ -39,6 +40,8 @@ __all__ = [
     "StoreFormatError",
     "StoreNotFoundError",
     "ReadOnlyStoreError",
+    "REFUSED",
+    "UnreadableStoreError",
     "SessionNotFoundError",
     "AmbiguousIdError",
     "InvalidQueryError",
@@ -168,10 +171,30 @@ class StoreNotFoundError(StoreFormatError, FileNotFoundError):
     code = "STORE_NOT_FOUND"
 
 
+# what the kernel answers a process the file's mode, its owner or a read-only mount turns away
+REFUSED = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+
+
 class ReadOnlyStoreError(SubagentError, PermissionError):
     """Raised when a process that must write to a store cannot (a read-only mount, missing write permission)."""
 
     code = "STORE_READ_ONLY"
+
+    @classmethod
+    def cannot_write(cls, session_id: str, what: str, exc: OSError) -> "ReadOnlyStoreError":
+        """A file of a session this process may read and not write (another user's, a read-only mount): a
+        refused write, not a file that no longer reads (``UnavailableSessionError``)."""
+        return cls(f"{what} cannot be written by this process ({exc.strerror or exc})", session_id=session_id)
+
+
+class UnreadableStoreError(SubagentError, PermissionError):
+    """Raised when a store's folder cannot be entered by this process (another user's store, a folder that
+    lists but does not let its files be opened): nothing of it can be read, so it is not called another format."""
+
+    code = "STORE_UNREADABLE"
+
+    def __init__(self, root: str, exc: OSError) -> None:
+        super().__init__(f"the store at {root} cannot be read by this process ({exc.strerror or exc})", path=root)
 
 
 class SessionNotFoundError(SubagentError, LookupError):

@@ -22,7 +22,7 @@ import msgpack
 from .atomic import make_dirs, read_bytes, write_atomic
 from .checkpoints import AppendCheckpoints
 from .durability import Durability, durability_policy
-from .errors import ReadOnlyStoreError, StoreFormatError, StoreNotFoundError
+from .errors import REFUSED, ReadOnlyStoreError, StoreFormatError, StoreNotFoundError, UnreadableStoreError
 from .framing import DEFAULT_RECORD_LIMIT, MAX_RECORD_BYTES
 from .ids import is_valid_session_id, validate_session_id
 
@@ -81,6 +81,20 @@ def missing_marker(root: str) -> StoreFormatError:
     return StoreFormatError(f"{root} is not a store: it holds {shown} and no STORE marker", path=root)
 
 
+def _present(root: str, marker: str) -> bool:
+    """Whether the marker exists; ``UnreadableStoreError`` when the folder keeps this process out
+    (``os.path.exists`` says False then, and another user's store read as "no store here")."""
+    try:
+        os.stat(marker)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as exc:
+        if exc.errno in REFUSED:
+            raise UnreadableStoreError(root, exc) from None
+        # anything else in its place (a link loop): there, and ``read_marker`` says what it is
+    return True
+
+
 def read_marker(root: str) -> Any:
     """The decoded ``STORE`` marker of ``root`` (any msgpack value; the caller checks it).
 
@@ -127,7 +141,7 @@ class Store:
         marker = os.path.join(self.root, "STORE")
         if os.path.exists(self.root) and not os.path.isdir(self.root):
             raise _a_file(self.root)
-        if not os.path.exists(marker):
+        if not _present(self.root, marker):
             if not create:
                 raise missing_marker(self.root)
             if os.path.isdir(self.root) and not all(_creating(n) for n in os.listdir(self.root)):

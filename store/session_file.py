@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .atomic import NOFOLLOW, pread_all
-from .errors import CorruptSessionError, SessionNotFoundError, UnavailableSessionError
+from .errors import REFUSED, CorruptSessionError, ReadOnlyStoreError, SessionNotFoundError, UnavailableSessionError
 from .extent import reach
 from .framing import BLOCK, FRAME, MAX_RECORD_BYTES, encode_record, zeros_from
 from .lease_record import Lease
@@ -241,6 +241,8 @@ class SessionFile:
         except FileNotFoundError:
             raise SessionNotFoundError(session_id) from None
         except OSError as exc:
+            if write and exc.errno in REFUSED and os.access(path, os.R_OK, follow_symlinks=False):
+                raise ReadOnlyStoreError.cannot_write(session_id, "its file", exc) from None  # another user's, a read-only mount
             why = "it is a symbolic link (refused: nothing is read or written through it)" if exc.errno == errno.ELOOP else (
                 f"its file cannot be opened ({exc.strerror or exc})")
             raise UnavailableSessionError(session_id, why) from None

@@ -149,6 +149,7 @@ class Supervisor:
         if cfg.pool == "ray":
             require_ray()  # before anything exists: Ray installed, asyncio loop
         handle = Store(store, durability=cfg.durability, max_record_bytes=cfg.max_record_bytes)
+        handle.require_writable()  # a supervisor writes from its first step (its owner record): STORE_READ_ONLY now
         own_error: BaseException | None = None  # what the pool's start or the body raised
         try:
             async with anyio.create_task_group() as tg:

@@ -24,6 +24,7 @@ SAMPLES = [
     store.LeaseHeldError("s1", owner="o1", epoch=3),
     store.DescriptorError("persisted subagent descriptor payload must be an object"),
     store.SeqMismatchError("append seq mismatch", session_id="s1"),
+    store.UnreadableStoreError("/st", PermissionError(13, "Permission denied")),
 ]
 
 
@@ -36,13 +37,15 @@ def test_codes_are_stable_and_distinct():
         "SessionNotFoundError": "SESSION_NOT_FOUND", "SessionExistsError": "SESSION_EXISTS", "CorruptSessionError": "CORRUPT_SESSION",
         "UnsupportedFormatError": "UNSUPPORTED_FORMAT", "FencedError": "FENCED", "DurabilityError": "DURABILITY_FAILED",
         "LeaseHeldError": "LEASE_HELD", "DescriptorError": "INVALID_DESCRIPTOR", "SeqMismatchError": "SEQ_MISMATCH",
+        "UnreadableStoreError": "STORE_UNREADABLE",
     }
     assert all(isinstance(e, store.SubagentError) for e in SAMPLES)
 
 
 @pytest.mark.parametrize("cls, base", [(store.InvalidSessionIdError, ValueError), (store.InvalidHeaderError, ValueError),
                                        (store.SessionNotFoundError, LookupError), (store.DurabilityError, OSError),
-                                       (store.StoreNotFoundError, FileNotFoundError), (store.StoreNotFoundError, store.StoreFormatError),
+                                       (store.StoreNotFoundError, FileNotFoundError),
+                                       (store.UnreadableStoreError, PermissionError), (store.StoreNotFoundError, store.StoreFormatError),
                                        (store.ReadOnlyStoreError, PermissionError),
                                        (store.DescriptorError, ValueError), (store.SeqMismatchError, ValueError)])
 def test_builtin_bases(cls, base):

@@ -22,7 +22,7 @@ EXPECTED = {
     # errors
     "CorruptSessionError", "DescriptorError", "DurabilityError", "FencedError", "InvalidHeaderError",
     "InvalidSessionIdError", "LeaseHeldError", "LockTimeoutError", "RecordTooLargeError", "InvalidRecordError", "SessionExistsError",
-    "SessionNotFoundError", "AmbiguousIdError", "StoreFormatError", "StoreNotFoundError", "ReadOnlyStoreError", "SubagentError",
+    "SessionNotFoundError", "AmbiguousIdError", "StoreFormatError", "StoreNotFoundError", "ReadOnlyStoreError", "UnreadableStoreError", "SubagentError",
     "UnavailableSessionError", "UnsupportedFormatError",
     # events, framing, header, ids
     "EVENT_TYPES", "closers",

@@ -179,3 +179,29 @@ async def test_open_and_close_leave_no_descriptor_behind_without_the_cyclic_gc(t
         assert _pipes_and_sockets() - before == set()
     finally:
         gc.enable()
+
+
+def test_open_on_a_store_this_user_may_read_but_not_write_is_store_read_only(tmp_path):
+    """Found by a probe run as another user: the open wrote its owner record first and came out as
+    ``ExceptionGroup(PermissionError)``; it is ``STORE_READ_ONLY`` before anything is written."""
+    import anyio
+
+    from subagents import store as st
+
+    from ..other_user import as_nobody, shared_folder
+
+    async def open_it() -> None:
+        async with Supervisor.open(store=path, config=SupervisorConfig(pool_size=1)):
+            pass
+
+    with shared_folder() as folder:
+        path = os.path.join(folder, "store")
+        st.create_session(st.Store(path), st.new_id())
+        for sub, _, files in os.walk(path):
+            os.chmod(sub, 0o755)
+            for name in files:
+                os.chmod(os.path.join(sub, name), 0o644)
+        before = sorted(os.walk(path))
+        outcome = as_nobody(lambda: anyio.run(open_it))
+        assert outcome[0] == "error" and outcome[1][:2] == ("ReadOnlyStoreError", "STORE_READ_ONLY"), outcome
+        assert sorted(os.walk(path)) == before

@@ -1,0 +1,105 @@
+"""A store, or some of its files, that this process may not read or write: named as such, one session at a time.
+
+Found by a probe run as an unprivileged user (earlier probes ran as root, whom no
+permission bit stops): another user's store was a bare ``PermissionError``, a
+store folder that can be listed but not entered read as "no STORE marker", a
+write refused by a file's owner was ``SESSION_UNAVAILABLE`` (which says a file
+no longer reads), and one unreadable mailbox ended ``store check`` without a
+report. Each test runs the store's call as ``nobody`` (``tests/other_user.py``).
+"""
+
+from __future__ import annotations
+
+import os
+
+from subagents import store
+from subagents.store.check import check_store
+
+from ..other_user import as_nobody, shared_folder
+from ._support import CONTINUABLE, make_child
+
+
+def _tree(root_folder: str) -> tuple[store.Store, str, str]:
+    st = store.Store(os.path.join(root_folder, "store"))
+    root = store.new_id()
+    store.create_session(st, root)
+    child = store.new_id()
+    make_child(st, root, child, descriptor=CONTINUABLE)
+    store.accept(st, child, source={"kind": "user"}, content="hi", ids=store.IdGenerator())
+    return st, root, child
+
+
+def _open_to_all(st: store.Store) -> None:
+    """Every folder of the store readable and enterable by all, every file readable (what a shared store looks like)."""
+    for folder, _, files in os.walk(st.root):
+        os.chmod(folder, 0o755)
+        for name in files:
+            os.chmod(os.path.join(folder, name), 0o644)
+
+
+def test_a_store_only_its_owner_may_enter_is_unreadable_not_a_bare_permission_error():
+    with shared_folder() as folder:
+        st, _, _ = _tree(folder)
+        os.chmod(st.root, 0o700)
+        for create in (False, True):
+            outcome = as_nobody(lambda: store.Store(st.root, create=create))
+            assert outcome[0] == "error"
+            name, code, message = outcome[1]
+            assert (name, code) == ("UnreadableStoreError", "STORE_UNREADABLE"), outcome
+            assert st.root in message and "Permission denied" in message
+
+
+def test_a_store_folder_that_lists_but_cannot_be_entered_is_unreadable_not_another_format():
+    """``chmod 744``: its names read, its files do not; it was "not a store: it holds trash and no STORE marker"."""
+    with shared_folder() as folder:
+        st, _, _ = _tree(folder)
+        os.chmod(st.root, 0o744)
+        outcome = as_nobody(lambda: store.Store(st.root, create=False))
+        assert outcome[0] == "error" and outcome[1][:2] == ("UnreadableStoreError", "STORE_UNREADABLE"), outcome
+
+
+def test_a_message_to_a_mailbox_another_user_owns_is_a_read_only_store():
+    """The folders writable by all, the mailbox root's 0644: the acceptance is refused as a write, not as a file that
+    does not read (``SESSION_UNAVAILABLE``), and nothing is written."""
+    with shared_folder() as folder:
+        st, _, child = _tree(folder)
+        _open_to_all(st)
+        for sub, _, _ in os.walk(st.root):
+            os.chmod(sub, 0o777)
+        mailbox = st.path(child, "mailbox")
+        before = open(mailbox, "rb").read()
+        outcome = as_nobody(lambda: store.accept(store.Store(st.root), child, source={"kind": "user"}, content="x",
+                                                 ids=store.IdGenerator()))
+        assert outcome[0] == "error" and outcome[1][:2] == ("ReadOnlyStoreError", "STORE_READ_ONLY"), outcome
+        assert "cannot be written" in outcome[1][2]
+        assert open(mailbox, "rb").read() == before
+
+
+def test_a_log_another_user_owns_is_a_read_only_store_for_its_writer():
+    """Taking a session's lease opens its file to write: refused as a write."""
+    with shared_folder() as folder:
+        st, _, child = _tree(folder)
+        _open_to_all(st)
+        for sub, _, _ in os.walk(st.root):
+            os.chmod(sub, 0o777)
+
+        def take() -> None:
+            mine = store.Store(st.root)
+            owner = store.new_id()
+            store.register_owner(mine, owner, ttl=30.0)
+            store.acquire_lease(mine, child, owner)
+
+        outcome = as_nobody(take)
+        assert outcome[0] == "error" and outcome[1][:2] == ("ReadOnlyStoreError", "STORE_READ_ONLY"), outcome
+
+
+def test_an_unreadable_mailbox_is_one_violation_of_its_session_not_the_end_of_the_check():
+    with shared_folder() as folder:
+        st, root, child = _tree(folder)
+        _open_to_all(st)
+        os.chmod(st.path(child, "mailbox"), 0o600)
+        outcome = as_nobody(lambda: check_store(st.root).to_dict())
+        assert outcome[0] == "ok", outcome
+        report = outcome[1]
+        assert [(v["session_id"], v["kind"]) for v in report["violations"]] == [(child, "unreadable")], report
+        assert report["counts"]["sessions"] == 2
