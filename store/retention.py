@@ -51,7 +51,7 @@ from typing import Callable, Iterable, Literal, TypeVar
 from .atomic import DIR_MODE, Removal, fsync_dir, make_dirs
 from .description import mailbox_counts
 from .steps import Steps
-from .errors import DurabilityError, InvalidQueryError, LockTimeoutError, SubagentError, out_of_room
+from .errors import REFUSED, DurabilityError, InvalidQueryError, LockTimeoutError, SubagentError, out_of_room
 from .header import SessionHeader, parse_header
 from .ids import is_valid_session_id
 from .index import drop_index, indexed_children, mark_all_active, read_children, remove_child
@@ -77,7 +77,7 @@ T = TypeVar("T")
 # test-only: SIGKILL this process right after its N-th change (``Steps``), so crash tests can stop it at every step
 KILL_AFTER_ENV = "SUBAGENTS_GC_KILL_AFTER"
 
-SkipReason = Literal["held", "mail", "unreadable", "busy", "changed", "too-large"]
+SkipReason = Literal["held", "mail", "unreadable", "unwritable", "busy", "changed", "too-large"]
 
 # sessions renamed to the trash before one fsync of the two folders, the index updates and the
 # removal of their trash folders: bounds the trash a crash leaves, and shares the fsyncs
@@ -375,6 +375,10 @@ def _remove(store: Store, plan: _Plan, state: _Pass, limit: int, headers: dict[s
         return SkippedRoot(root.id, root.label, root.id, "too-large",
                            f"{len(plan.order)} sessions: more locks than this process may hold at once (raise `ulimit -n`)")
     planned = set(plan.order)
+    for session_id in plan.order:  # gc appends to these indexes and drops them: another user's file keeps its subtree
+        index = store.children_index_path(session_id)
+        if os.path.lexists(index) and not os.access(index, os.W_OK):
+            return _unwritable(plan, session_id, f"the children index of {session_id}", index)
     held: dict[str, PinnedLock] = {}
     with contextlib.ExitStack() as locks:
         for session_id in plan.order:
@@ -384,6 +388,10 @@ def _remove(store: Store, plan: _Plan, state: _Pass, limit: int, headers: dict[s
                 return SkippedRoot(root.id, root.label, session_id, "changed", f"{session_id} was removed meanwhile")
             except LockTimeoutError as exc:
                 return SkippedRoot(root.id, root.label, session_id, "busy", exc.message)
+            except OSError as exc:
+                if exc.errno not in REFUSED:
+                    raise
+                return _unwritable(plan, session_id, f"the file of {session_id}", store.session_path(session_id))
             if not store.exists(session_id):
                 return SkippedRoot(root.id, root.label, session_id, "changed", f"{session_id} was removed meanwhile")
             reason, detail, _ = state.examine(session_id, locked=True)
@@ -635,8 +643,6 @@ def _collect(
         if dry_run:
             collected = [_collected(p) for p in plans]
         else:
-            # the children indexes of the sessions about to go: gc appends to them and drops them
-            store.require_writable(*(store.children_index_path(sid) for plan in plans for sid in plan.order))
             collected, late = _delete(store, plans, state, headers, steps, room)
             skipped += late
             if collected or finished:
@@ -660,6 +666,17 @@ def _compact(store: Store) -> None:
         if not out_of_room(exc):
             raise
         log.warning("the roots index was not compacted: no room on the disk for its copy (%s)", exc)
+
+
+def _unwritable(plan: _Plan, session_id: str, what: str, path: str) -> SkippedRoot:
+    """A subtree with a file this process may read and not write: another user's (a ``sudo`` run left it),
+    or one mounted read-only on its own."""
+    try:
+        mounted = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        mounted = False
+    why = "it is on a read-only file system" if mounted else "give the store's files back to its user to collect it"
+    return SkippedRoot(plan.root.id, plan.root.label, session_id, "unwritable", f"{what} cannot be written by this process; {why}")
 
 
 def _collected(plan: _Plan) -> CollectedRoot:

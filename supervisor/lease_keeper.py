@@ -49,10 +49,24 @@ class LeaseKeeper:
     async def run(self) -> None:
         """Remove the records of crashed owners, then renew the heartbeat until cancelled."""
         await self.reap()
+        failing = False
         while True:
             await anyio.sleep(self.ttl_s / 3)
             assert self._record is not None
-            self._record = await anyio.to_thread.run_sync(heartbeat, self.store, self._record)
+            try:
+                self._record = await anyio.to_thread.run_sync(heartbeat, self.store, self._record)
+            except (SubagentError, OSError):
+                # A store that takes no write now (remounted read-only, its modes changed): the
+                # supervisor goes on, and once the TTL passes others may take its sessions over, which
+                # fences its next appends. Said once per failing streak, tried again every beat.
+                if not failing:
+                    log.warning("could not renew this supervisor's heartbeat; its leases lapse after %.1f s unless "
+                                "a later beat succeeds", self.ttl_s, exc_info=True)
+                failing = True
+                continue
+            if failing:
+                log.warning("this supervisor's heartbeat is renewed again")
+            failing = False
             self._beats += 1
 
     async def reap(self) -> list[str]:
@@ -73,7 +87,11 @@ class LeaseKeeper:
         return removed
 
     def stop(self) -> None:
-        remove_owner(self.store, self.owner_id)
+        """Remove the owner record; one the store refuses to remove reads as a closed owner's once its heartbeat is old."""
+        try:
+            remove_owner(self.store, self.owner_id)
+        except (SubagentError, OSError):
+            log.warning("could not remove this supervisor's owner record", exc_info=True)
 
     def statistics(self) -> LeaseKeeperStatistics:
         return LeaseKeeperStatistics(self.owner_id, self._beats, self.ttl_s, self._reaper.leases_read)

@@ -341,6 +341,11 @@ class OneShotRuns:
                     await anyio.to_thread.run_sync(release_lease, rt.store, spec.session_id, rt.owner_id, epoch)
                 except FencedError:
                     log.warning("lease of %s was taken over before release", spec.session_id, extra=fields)
+                except (SubagentError, OSError):
+                    # the store refuses writes now (a read-only mount, its files' modes): what the turn
+                    # committed stands, and the lease reads as free once this supervisor's heartbeat stops
+                    log.warning("could not release the lease of %s; it lapses with this supervisor", spec.session_id,
+                                extra=fields, exc_info=True)
         self._finish(state, spec, info, result)
 
     def _finish(self, state: _RunState, spec: TurnSpec, info: dict[str, Any], result: SubagentResult) -> None:

@@ -31,6 +31,7 @@ from subagents.store import (
     GcReport,
     IdGenerator,
     Store,
+    SubagentError,
     acquire_lease,
     collect,
     create_session,
@@ -224,6 +225,8 @@ class Supervisor:
                 await anyio.to_thread.run_sync(release_lease, self.store, root_id, self.lease_keeper.owner_id, epoch)
             except FencedError:
                 log.warning("root %s was taken over before close", root_id)
+            except (SubagentError, OSError):  # a store that takes no write now: the lease lapses with us
+                log.warning("could not release the lease of root %s at close", root_id, exc_info=True)
         await self.runtime.store_thread.aclose()  # last: everything above may still call it
         with anyio.move_on_after(5):  # the leases of crashed owners this supervisor took over are released now
             await self.lease_keeper.reap()

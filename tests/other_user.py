@@ -38,6 +38,13 @@ def shared_folder() -> Iterator[str]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def _described(exc: BaseException) -> str:
+    """The message, and for a group each exception in it (what a test failing on one needs to see)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return f"{exc}: " + "; ".join(f"{type(e).__name__}: {_described(e)}" for e in exc.exceptions)
+    return str(exc)
+
+
 def as_nobody(fn: Callable[[], Any], *, timeout_s: float = 30.0) -> tuple[str, Any]:
     """``("ok", value)`` or ``("error", (class name, code or None, message))`` of ``fn()`` run as nobody."""
     read, write = os.pipe()
@@ -51,7 +58,7 @@ def as_nobody(fn: Callable[[], Any], *, timeout_s: float = 30.0) -> tuple[str, A
             try:
                 outcome: tuple[str, Any] = ("ok", fn())
             except BaseException as exc:  # noqa: BLE001 - reported to the parent as data
-                outcome = ("error", (type(exc).__name__, getattr(exc, "code", None), str(exc)))
+                outcome = ("error", (type(exc).__name__, getattr(exc, "code", None), _described(exc)))
             os.write(write, pickle.dumps(outcome))
         finally:
             os._exit(0)

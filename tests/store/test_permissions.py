@@ -15,7 +15,7 @@ import os
 from subagents import store
 from subagents.store.check import check_store
 
-from ..other_user import as_nobody, shared_folder
+from ..other_user import NOBODY, as_nobody, shared_folder
 from ._support import CONTINUABLE, make_child
 
 
@@ -103,3 +103,30 @@ def test_an_unreadable_mailbox_is_one_violation_of_its_session_not_the_end_of_th
         report = outcome[1]
         assert [(v["session_id"], v["kind"]) for v in report["violations"]] == [(child, "unreadable")], report
         assert report["counts"]["sessions"] == 2
+
+
+def test_gc_keeps_a_subtree_it_may_not_write_and_collects_the_others():
+    """A store its user owns, where one child's file is root's (a ``sudo subagents run`` left it): gc stopped at
+    that file with ``PermissionError`` (after deleting the subtrees before it, and reporting none of them); it
+    keeps that subtree, saying why, and collects the rest."""
+    from .test_retention import DAY, subtree
+
+    with shared_folder() as folder:
+        st = store.Store(os.path.join(folder, "store"))
+        ids = {root: subtree(st, root) for root in ("rA", "rB", "rC")}
+        for sub, _, files in os.walk(st.root):
+            os.chown(sub, NOBODY, NOBODY)
+            for name in files:
+                os.chown(os.path.join(sub, name), NOBODY, NOBODY)
+        os.chown(st.session_path("rBc1"), 0, 0)
+        os.chmod(st.session_path("rBc1"), 0o644)  # it reads (listings show it), it does not lock or move
+        os.chown(st.children_index_path("rCc0"), 0, 0)  # an index gc would have to write: it refused the whole gc
+        os.chmod(st.children_index_path("rCc0"), 0o644)
+
+        def gc() -> tuple[list[str], list[tuple[str, str, str]]]:
+            report = store.collect(store.Store(st.root), 7 * DAY)
+            return [c.id for c in report.collected], [(s.id, s.session, s.reason) for s in report.skipped]
+
+        outcome = as_nobody(gc)
+        assert outcome == ("ok", (["rA"], [("rB", "rBc1", "unwritable"), ("rC", "rCc0", "unwritable")])), outcome
+        assert all(st.exists(sid) for sid in ids["rB"] + ids["rC"]) and not any(st.exists(sid) for sid in ids["rA"])
