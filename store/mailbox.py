@@ -151,10 +151,14 @@ class MailboxWriter:
                     self._lock, self._own_lock = SessionLock(self.session_id, store.session_path(self.session_id)), True
                 self._lock.acquire()  # SessionNotFoundError when the session is gone
                 try:
+                    fresh = self._fd < 0  # checked before the open, which may make the file: a refusal leaves none
+                    if fresh:
+                        require_consumed_prefix(store, self.session_id, locked=True)
                     size, untouched = self._open_mailbox()
                     if not untouched:
                         # this writer's first acceptance, or another hand wrote the mailbox since our last one
-                        require_consumed_prefix(store, self.session_id, locked=True)
+                        if not fresh:
+                            require_consumed_prefix(store, self.session_id, locked=True)
                         # without a checkpoint the append reads from the start: to the data's reach, not
                         # through zeros someone extended the file with (``extent.reach``); they stay zeros
                         size = min(size, reach(self._fd, store.max_record_bytes))

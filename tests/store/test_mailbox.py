@@ -641,3 +641,23 @@ def test_readers_of_a_mailbox_extended_with_zeros_read_its_data_not_its_size(tmp
     assert sum(read) <= 3 * (st.max_record_bytes + (64 << 10)), f"read {sum(read)} bytes of a 256 MiB mailbox"
     monkeypatch.undo()
     assert [m.content for m in store.read_mailbox(st, "s1")] == [m.content for m in before] + ["after"]
+
+
+def test_a_refused_first_acceptance_leaves_no_mailbox_behind(st):
+    """A one-shot child's prompt is in its log, never in a mailbox: a message to it is refused (its log consumed
+    a message no mailbox holds). The refusal used to leave an empty mailbox, which ``fsck`` then reported as
+    damage of a session nobody had touched."""
+    from subagents.store.fsck import fsck
+
+    from ._support import ONE_SHOT
+
+    root, child = store.new_id(), store.new_id()
+    store.create_session(st, root)
+    store.create_session(st, child, parent_session=root, origin="subagent", delegation_depth=1, events=[
+        ("subagent/descriptor", dict(ONE_SHOT)),
+        ("message/accepted", {"message_id": store.new_id(), "source": {"kind": "user"}, "content": "the prompt"}),
+    ])
+    with pytest.raises(store.CorruptSessionError):
+        store.accept(st, child, source={"kind": "user"}, content="late", ids=store.IdGenerator())
+    assert not os.path.lexists(st.path(child, "mailbox"))
+    assert [f for f in fsck(st, repair=False, lease_ttl_s=5.0)["findings"] if f["kind"] != "clean"] == []

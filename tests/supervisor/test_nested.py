@@ -116,3 +116,47 @@ async def test_disposed_runs_are_not_kept(tmp_path):
                 await run.result()
                 await run.dispose()
         assert sup.runs.runs == {}
+
+
+@pytest.mark.parametrize("parent_running", [False, True], ids=["parent-finished", "parent-still-running"])
+async def test_a_settlement_notice_to_a_one_shot_parent_is_dropped_not_written_as_damage(tmp_path, caplog, parent_running):
+    """Found by a README probe: a one-shot child starts a continuable grandchild and returns; when the grandchild
+    settles, its notice was accepted into the one-shot's mailbox, which has none (its prompt is in its log, never in
+    a mailbox): the acceptance failed ``CORRUPT_SESSION`` with a traceback and left an empty mailbox that ``store
+    fsck`` then called damaged. A one-shot takes no message after its turn: the notice is dropped and said so."""
+    import logging
+
+    from subagents.store import check_store
+    from subagents.store.fsck import fsck
+    from subagents.supervisor import Capabilities, Provider
+
+    def script(*actions):
+        return json.dumps({"script": list(actions)})
+
+    caplog.set_level(logging.INFO, logger="subagents")
+    async with open_supervisor(tmp_path, pool_size=2) as sup:
+        sup.register_provider(Provider(name="cont", program="script", capabilities=Capabilities.all(), continuable=True))
+        root = await sup.open_root()
+        kid_gate, parent_gate = tmp_path / "kid-gate", tmp_path / "parent-gate"
+        kid = script({"hold": str(kid_gate)}, {"return": "late"})
+        actions = [{"start_continuable": {"prompt": kid, "label": "kid", "provider": "cont"}}]
+        if parent_running:  # the grandchild settles while the one-shot's turn still runs
+            actions.append({"hold": str(parent_gate)})
+        run = await sup.start("cont", SubagentRequest(parent=root, prompt=script(*actions, {"return": "parent done"}), label="one-shot"))
+        if not parent_running:
+            with anyio.fail_after(20):
+                assert (await run.result()).output == "parent done"
+        [kid] = await wait_until(lambda: sup.list_children(run.id), what="the grandchild")
+        kid_gate.write_text("")
+        await wait_until(lambda: any(e["type"] == "turn/end" for e in inspect(sup.store, kid.id).events), what="the grandchild's turn")
+        await wait_until(lambda: any("one-shot" in r.getMessage() and kid.id in r.getMessage() for r in caplog.records),
+                         what="the dropped notice's log line")
+        parent_gate.write_text("")
+        with anyio.fail_after(20):
+            assert (await run.result()).output == "parent done"
+        await run.dispose()
+        store = sup.store
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "notice" in r.getMessage()]
+    assert not __import__("os").path.lexists(store.path(run.id, "mailbox"))
+    assert check_store(store).clean
+    assert [f for f in fsck(store, repair=False, lease_ttl_s=5.0)["findings"] if f["kind"] != "clean"] == []
