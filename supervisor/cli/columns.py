@@ -37,6 +37,35 @@ def iso(ts: float | None) -> str | None:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
+# keys whose numbers are moments (seconds since the epoch), in every document ``--json`` prints
+MOMENT_KEYS = frozenset({"created_at", "active_since", "active_through", "pending_since", "acquired_at", "started_at",
+                         "heartbeat_at", "checked_at", "ts", "last_active", "cutoff"})
+# what a record or a message carries of its own (an event's data, a message's content, a result): as written
+PAYLOAD_KEYS = frozenset({"data", "content", "result", "output", "structured", "descriptor"})
+
+
+def iso_moments(doc: Any) -> Any:
+    """``doc`` with every moment in ISO 8601, so each ``--json`` document gives its times one way (durations,
+    ``settled_ms`` or ``ttl``, stay numbers). A moment the platform cannot convert (``1e20``, a record no
+    writer made) stays the number it is."""
+    if isinstance(doc, list):
+        return [iso_moments(item) for item in doc]
+    if not isinstance(doc, dict):
+        return doc
+    out = {}
+    for key, value in doc.items():
+        if key in PAYLOAD_KEYS:
+            out[key] = value
+        elif key in MOMENT_KEYS and isinstance(value, (int, float)) and not isinstance(value, bool):
+            try:
+                out[key] = iso(value)
+            except (OverflowError, ValueError, OSError):
+                out[key] = value
+        else:
+            out[key] = iso_moments(value)
+    return out
+
+
 def aligned(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     table = [list(header), *(list(r) for r in rows)]
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]

@@ -36,7 +36,7 @@ from subagents.store import (
 from subagents.store.query import paginate
 from subagents.store.reader import committed_damage
 
-from . import columns, render
+from . import render
 from .filters import add_filters, add_paging, query_of
 from .invocation import Invocation
 from .parser import Verbs, positive_float
@@ -94,14 +94,6 @@ def register(verbs: Verbs) -> None:
     add_filters(top, times=False)
 
 
-_TIME_KEYS = ("created_at", "active_since")
-
-
-def _iso_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows as ``--json`` prints them: times in ISO 8601 (UTC)."""
-    return [{k: (columns.iso(v) if k in _TIME_KEYS and isinstance(v, (int, float)) else v) for k, v in row.items()} for row in rows]
-
-
 def _ids_in(rows: list[dict[str, Any]], *extra: str) -> list[str]:
     return [*extra, *(r["id"] for r in rows)]
 
@@ -124,7 +116,7 @@ def cmd_ls(inv: Invocation) -> int:
                           limit=args.limit or DEFAULT_ROOT_LIMIT, cursor=args.cursor)
         roots = [dataclasses.asdict(r) for r in page.rows]
         if inv.out.json_mode:
-            inv.out.json({"roots": _iso_rows(roots), "next_cursor": page.next_cursor})
+            inv.out.json({"roots": roots, "next_cursor": page.next_cursor})
         else:
             render.render_roots(inv.out, roots, short_ids(store, _ids_in(roots)))
             _more(inv.out, page.next_cursor, "sessions")
@@ -133,7 +125,7 @@ def cmd_ls(inv: Invocation) -> int:
     listed = paginate(list_children(store, parent, query), sort=args.sort, limit=args.limit, cursor=args.cursor)
     rows = render.entry_rows(listed.rows)
     if inv.out.json_mode:
-        inv.out.json({"rows": _iso_rows(rows), "next_cursor": listed.next_cursor} if _paged(args) else _iso_rows(rows))
+        inv.out.json({"rows": rows, "next_cursor": listed.next_cursor} if _paged(args) else rows)
     else:
         render.render_listing(inv.out, rows, short_ids(store, _ids_in(rows)))
         _more(inv.out, listed.next_cursor, "subagents")
@@ -154,7 +146,7 @@ def cmd_tree(inv: Invocation) -> int:
             cursor = None
         rows = render.descendant_rows(found)
         if inv.out.json_mode:
-            inv.out.json({"rows": _iso_rows(rows), "next_cursor": cursor} if _paged(args) else _iso_rows(rows))
+            inv.out.json({"rows": rows, "next_cursor": cursor} if _paged(args) else rows)
         else:
             render.render_tree(inv.out, [{"root": root, "descendants": rows}], short_ids(store, _ids_in(rows, root)))
             _more(inv.out, cursor, "subagents")
@@ -165,7 +157,7 @@ def cmd_tree(inv: Invocation) -> int:
                **({"kind": r.kind, "reason": r.reason} if isinstance(r, DiagnosticEntry) else {}),
                "descendants": render.descendant_rows(list_descendants(store, r.id, query))} for r in page.rows]
     if inv.out.json_mode:
-        inv.out.json([{**tree, "descendants": _iso_rows(tree["descendants"])} for tree in forest])
+        inv.out.json(forest)
     else:
         ids = [i for tree in forest for i in _ids_in(tree["descendants"], tree["root"])]
         render.render_tree(inv.out, forest, short_ids(store, ids))
@@ -269,7 +261,7 @@ def cmd_top(inv: Invocation) -> int:
     if inv.args.once:
         rows = snapshot()
         if inv.out.json_mode:
-            inv.out.json(_iso_rows(rows))
+            inv.out.json(rows)
         else:
             render_top(inv.out, rows, shorts(rows))
         return 0
@@ -278,7 +270,7 @@ def cmd_top(inv: Invocation) -> int:
         with TopView(inv.out) as view:
             while True:
                 rows = snapshot()
-                view.update(_iso_rows(rows) if inv.out.json_mode else rows, time.time(), shorts(rows))
+                view.update(rows if inv.out.json_mode else rows, time.time(), shorts(rows))
                 time.sleep(inv.args.interval)
     except KeyboardInterrupt:
         return 0

@@ -75,7 +75,7 @@ class Output:
         self.stream.flush()
 
     def json(self, doc: Any, *, compact: bool = False) -> None:
-        self.line(to_json(doc, compact=compact))
+        self.line(to_json(columns.iso_moments(doc), compact=compact))
 
 
 def entry_rows(entries: Sequence[ChildEntry | DiagnosticEntry]) -> list[dict[str, Any]]:

@@ -150,6 +150,27 @@ def test_ls_json_equals_the_library_listing(demo: DemoStore) -> None:
     assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", r["created_at"]) for r in rows)
 
 
+ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
+
+
+def test_every_json_document_gives_its_times_in_iso_8601(demo: DemoStore) -> None:
+    """Found by a README probe ("--json gives ... ISO 8601 times in UTC"): ``show``, ``log`` and ``store check``
+    gave seconds since the epoch where listings gave ISO. Every moment is ISO now; what a record's ``data``
+    holds is the record's own and stays as written; durations stay numbers."""
+    child = demo.children[0]
+    shown = json.loads(ok("--store", "st", "show", child, "--json", cwd=demo.cwd))
+    moments = [shown["header"]["created_at"], shown["lease"]["acquired_at"]]
+    moments += [m for m in (shown["timing"]["active_since"], shown["timing"]["active_through"]) if m is not None]
+    if shown["owner"] is not None:
+        moments += [shown["owner"]["started_at"], shown["owner"]["heartbeat_at"]]
+    assert all(isinstance(m, str) and ISO.fullmatch(m) for m in moments), moments
+    assert isinstance(shown["timing"]["settled_ms"], (int, float))
+    events = json.loads(ok("--store", "st", "log", child, "--json", cwd=demo.cwd))["events"]
+    assert events and all(ISO.fullmatch(e["ts"]) for e in events)
+    checked = json.loads(ok("--store", "st", "store", "check", "--json", cwd=demo.cwd))
+    assert ISO.fullmatch(checked["checked_at"]), checked["checked_at"]
+
+
 def test_the_settled_rows_of_real_workers_name_their_files_times(demo: DemoStore) -> None:
     """Each release by a real worker writes its ``settled`` row after its last write to the child's file:
     the row's ``mtime_ns`` is the file's time, so a listing takes the row after one ``lstat``
@@ -253,7 +274,7 @@ def test_commands_refuse_a_folder_that_is_not_a_store(tmp_path: Path) -> None:
 
 
 def test_log(demo: DemoStore) -> None:
-    """log ID prints one line per event (seq, time, type, data); --json carries the events."""
+    """log ID prints one line per event (seq, time, type, data); --json carries the events, their times in ISO 8601."""
     child = demo.children[1]
     found = inspect(Store(demo.path, create=False), child)
     lines = ok("--store", "st", "log", child, cwd=demo.cwd).splitlines()
@@ -261,7 +282,7 @@ def test_log(demo: DemoStore) -> None:
     assert lines[-1].split()[2] == "turn/end"
     doc = json.loads(ok("--store", "st", "log", child, "--json", cwd=demo.cwd))
     assert doc["log_status"] == "clean"
-    assert doc["events"] == json.loads(json.dumps(found.events))
+    assert doc["events"] == json.loads(json.dumps([{**e, "ts": columns.iso(e["ts"])} for e in found.events]))
 
 
 class _Lines:

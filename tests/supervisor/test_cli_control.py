@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -24,7 +25,7 @@ from typing import Any, Callable
 import pytest
 
 from subagents.store import IdGenerator, Store, accept, inspect, mailbox_counts, read_lease, read_mailbox, read_projection
-from subagents.supervisor.cli import render, top_view
+from subagents.supervisor.cli import columns, render, top_view
 
 REPO = str(Path(__file__).resolve().parents[2])
 DEADLINE_S = 60.0
@@ -207,6 +208,7 @@ def test_send_json_after_a_cold_resume(host) -> None:
     assert doc["hosted"] == "here" and doc["settled"] and doc["epoch"] == 2 and doc["stop_reason"] == "completed"
     notice = doc["notice"]
     assert notice["content"].endswith("Its closing message:\njson")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", notice["ts"]), notice["ts"]  # as every --json time
     assert notice["id"] in [m.id for m in read_mailbox(Store(store_path, create=False), ids["root"])]
 
 
@@ -274,6 +276,7 @@ def test_drain_tears_down_a_child_hosted_elsewhere(host) -> None:
     doc = json.loads(ok(store_path, "drain", ids["root"], "--json"))
     assert doc["drained"] == [ids["child"]] and doc["settled"]
     assert [(c["id"], c["status"]) for c in doc["children"]] == [(ids["child"], "complete")]
+    assert all(c["created_at"].endswith("Z") for c in doc["children"])  # ISO, as the same rows in `tree --json`
     assert stop_reasons(store_path, ids["child"]) == ["aborted"]
     assert proc.poll() is None  # the host lives on; only its child was drained
 
@@ -375,4 +378,4 @@ def test_top_on_a_terminal_is_a_rich_table_and_refreshes_live(monkeypatch: pytes
     plain = io.StringIO()
     with top_view.TopView(render.Output(plain, json_mode=True)) as view:
         view.update([row], time.time())
-    assert json.loads(plain.getvalue()) == [row]
+    assert json.loads(plain.getvalue()) == [{**row, "active_since": columns.iso(row["active_since"])}]  # ISO, as every --json time
