@@ -238,14 +238,16 @@ def _read_suffix(store: Store, size: int) -> tuple[list[tuple[float, str]], bool
     """
     try:
         fd = os.open(roots_index_path(store), os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)  # a FIFO in its place: no wait
-    except OSError:
+    except FileNotFoundError:
         return None
+    except OSError as exc:
+        return _read_around(exc)
     try:
         total = os.fstat(fd).st_size
         start = max(0, total - size)
         data = os.pread(fd, total - start, start)
-    except OSError:
-        return None
+    except OSError as exc:
+        return _read_around(exc)
     finally:
         os.close(fd)
     if start > 0:
@@ -261,6 +263,13 @@ def _read_suffix(store: Store, size: int) -> tuple[list[tuple[float, str]], bool
                     "run `subagents store reindex`", damage.reason if damage else "damage", damage.offset if damage else 0)
         return None
     return _live(skim.records), True
+
+
+def _read_around(exc: OSError) -> None:
+    """An index the listing reads around (every header instead), said as damage is: a user's listing
+    that suddenly scans every session should say why."""
+    log.warning("index/roots cannot be read (%s); listing from the session headers: run `subagents store reindex`",
+                exc.strerror or exc)
 
 
 # -- listing -----------------------------------------------------------------------------

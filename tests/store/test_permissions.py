@@ -130,3 +130,30 @@ def test_gc_keeps_a_subtree_it_may_not_write_and_collects_the_others():
         outcome = as_nobody(gc)
         assert outcome == ("ok", (["rA"], [("rB", "rBc1", "unwritable"), ("rC", "rCc0", "unwritable")])), outcome
         assert all(st.exists(sid) for sid in ids["rB"] + ids["rC"]) and not any(st.exists(sid) for sid in ids["rA"])
+
+
+def test_a_roots_index_that_does_not_read_is_said_once_and_read_around():
+    """An unreadable ``index/roots`` was read around in silence (a garbled one is warned about): the listing
+    is whole from the headers, and a warning names the file and the fix, as for damage."""
+    import logging
+
+    from subagents.store.roots import list_roots, roots_index_path
+
+    with shared_folder() as folder:
+        st, root, _ = _tree(folder)
+        _open_to_all(st)
+        os.chmod(roots_index_path(st), 0o600)
+
+        def listing() -> tuple[list[str], list[str]]:
+            said: list[str] = []
+            handler = logging.Handler()
+            handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+            logging.getLogger("subagents").addHandler(handler)
+            rows = list_roots(store.Store(st.root, create=False))
+            return [r.id for r in rows], said
+
+        outcome = as_nobody(listing)
+        assert outcome[0] == "ok", outcome
+        ids, said = outcome[1]
+        assert ids == [root]
+        assert len(said) == 1 and "index/roots cannot be read" in said[0] and "store reindex" in said[0], said
