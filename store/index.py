@@ -366,6 +366,8 @@ def reindex(store: Store, *, keep_unacknowledged: bool = False) -> ReindexReport
         if header.parent_session is not None:
             proven[header.parent_session][header.id] = _entry_of(store, header)
     parents = set(proven) | {name for name in os.listdir(store.children_index_dir) if is_valid_session_id(name)}
+    # every index it rewrites, before the first: one it may not write (another user's) would stop it halfway
+    store.require_writable(*(store.children_index_path(parent_id) for parent_id in parents))
     report = ReindexReport({}, {}, {}, {})
     steps = Steps(KILL_AFTER_ENV)
     for parent_id in sorted(parents):

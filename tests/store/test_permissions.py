@@ -157,3 +157,25 @@ def test_a_roots_index_that_does_not_read_is_said_once_and_read_around():
         ids, said = outcome[1]
         assert ids == [root]
         assert len(said) == 1 and "index/roots cannot be read" in said[0] and "store reindex" in said[0], said
+
+
+def test_reindex_refuses_before_it_rewrites_anything_when_an_index_is_not_its_to_write():
+    """One root's children index is root's (a ``sudo`` run left it): reindex rewrote the indexes sorted before it,
+    then failed on it. It refuses first (``STORE_READ_ONLY``), every index as it was."""
+    with shared_folder() as folder:
+        st = store.Store(os.path.join(folder, "store"))
+        roots = sorted(store.new_id() for _ in range(3))
+        for root in roots:
+            store.create_session(st, root)
+            make_child(st, root, store.new_id(), descriptor=CONTINUABLE)
+        for sub, _, files in os.walk(st.root):
+            os.chown(sub, NOBODY, NOBODY)
+            for name in files:
+                os.chown(os.path.join(sub, name), NOBODY, NOBODY)
+        theirs = st.children_index_path(roots[-1])
+        os.chown(theirs, 0, 0)
+        os.chmod(theirs, 0o644)
+        before = {root: open(st.children_index_path(root), "rb").read() for root in roots}
+        outcome = as_nobody(lambda: store.reindex(store.Store(st.root, create=False)))
+        assert outcome[0] == "error" and outcome[1][:2] == ("ReadOnlyStoreError", "STORE_READ_ONLY"), outcome
+        assert {root: open(st.children_index_path(root), "rb").read() for root in roots} == before
