@@ -194,7 +194,13 @@ class UnreadableStoreError(SubagentError, PermissionError):
     code = "STORE_UNREADABLE"
 
     def __init__(self, root: str, exc: OSError) -> None:
-        super().__init__(f"the store at {root} cannot be read by this process ({exc.strerror or exc})", path=root)
+        where = f": {exc.filename}" if exc.filename is not None and str(exc.filename) != str(root) else ""
+        super().__init__(f"the store at {root} cannot be read by this process ({exc.strerror or exc}{where})", path=root)
+
+    @classmethod
+    def of(cls, root: str, exc: OSError) -> OSError:
+        """What to raise for ``exc``: this error for what the kernel turned away (``REFUSED``), else ``exc``."""
+        return cls(root, exc) if exc.errno in REFUSED else exc
 
 
 class SessionNotFoundError(SubagentError, LookupError):

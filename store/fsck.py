@@ -33,7 +33,7 @@ from typing import Any
 
 from .acknowledgment import evidence_of_use
 from .control import INVALID, read_controls
-from .errors import LeaseHeldError, SubagentError
+from .errors import LeaseHeldError, SubagentError, UnreadableStoreError
 from .ids import is_valid_session_id, new_id
 from .index import read_index
 from .leftovers import find_leftovers
@@ -61,6 +61,8 @@ def fsck(store: Store, *, repair: bool, lease_ttl_s: float) -> dict[str, Any]:
     findings: list[dict[str, Any]] = []
     try:
         names = sorted(os.listdir(store.sessions_dir))
+    except PermissionError as exc:  # nothing of the store can be checked: not "0 sessions, every index entry stale"
+        raise UnreadableStoreError.of(store.root, exc) from None
     except OSError as exc:
         names = []
         findings.append({"id": "sessions", "kind": "unreadable", "detail": f"the sessions folder cannot be listed: {exc}"})

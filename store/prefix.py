@@ -15,7 +15,7 @@ import bisect
 import os
 from typing import Iterable
 
-from .errors import AmbiguousIdError
+from .errors import AmbiguousIdError, UnreadableStoreError
 from .ids import is_valid_session_id
 from .root import Store
 
@@ -32,6 +32,8 @@ def _names(store: Store) -> list[str]:
             return sorted(e.name for e in entries if is_valid_session_id(e.name))
     except FileNotFoundError:
         return []
+    except PermissionError as exc:
+        raise UnreadableStoreError.of(store.root, exc) from None
 
 
 def _common(a: str, b: str) -> int:

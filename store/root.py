@@ -276,10 +276,13 @@ class Store:
         left out. ``any_type``: a folder, a link or a FIFO named by an id is listed too, for the
         checks that must report it as a damaged session (listings show it as a diagnostic)."""
         found = []
-        with os.scandir(self.sessions_dir) as entries:
-            for entry in entries:
-                if is_valid_session_id(entry.name) and (any_type or entry.is_file(follow_symlinks=False)):
-                    found.append(entry.name)
+        try:
+            with os.scandir(self.sessions_dir) as entries:
+                for entry in entries:
+                    if is_valid_session_id(entry.name) and (any_type or entry.is_file(follow_symlinks=False)):
+                        found.append(entry.name)
+        except PermissionError as exc:  # a folder this process may enter and not list: no reader can go on
+            raise UnreadableStoreError.of(self.root, exc) from None
         return sorted(found)
 
     def __repr__(self) -> str:

@@ -179,3 +179,26 @@ def test_reindex_refuses_before_it_rewrites_anything_when_an_index_is_not_its_to
         outcome = as_nobody(lambda: store.reindex(store.Store(st.root, create=False)))
         assert outcome[0] == "error" and outcome[1][:2] == ("ReadOnlyStoreError", "STORE_READ_ONLY"), outcome
         assert {root: open(st.children_index_path(root), "rb").read() for root in roots} == before
+
+
+def test_a_sessions_folder_that_cannot_be_listed_makes_the_store_unreadable_for_every_reader():
+    """``sessions/`` at 0711 (entered, not listed): ``ls`` said STORE_READ_ONLY (a read-only label for a read),
+    ``store check`` raised a bare PermissionError, and ``fsck`` checked 0 sessions and advised reindexing every
+    index entry away as stale. Each is STORE_UNREADABLE, naming the folder."""
+    from subagents.store.fsck import fsck
+    from subagents.store.prefix import short_ids
+
+    with shared_folder() as folder:
+        st, root, child = _tree(folder)
+        _open_to_all(st)
+        os.chmod(st.sessions_dir, 0o711)
+        calls = {
+            "session_ids": lambda: store.Store(st.root, create=False).session_ids(),
+            "short_ids": lambda: short_ids(store.Store(st.root, create=False), [root, child]),
+            "check": lambda: check_store(st.root),
+            "fsck": lambda: fsck(store.Store(st.root, create=False), repair=False, lease_ttl_s=5.0),
+        }
+        for name, call in calls.items():
+            outcome = as_nobody(call)
+            assert outcome[0] == "error" and outcome[1][:2] == ("UnreadableStoreError", "STORE_UNREADABLE"), (name, outcome)
+            assert st.sessions_dir in outcome[1][2], (name, outcome)
