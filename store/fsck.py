@@ -57,7 +57,9 @@ def fsck(store: Store, *, repair: bool, lease_ttl_s: float) -> dict[str, Any]:
     still believes it owns the session. A lease held by a live owner is left
     alone (that owner repairs on its own resume). Corrupt logs are never touched.
     """
-    counts = {"clean": 0, "torn": 0, "corrupt": 0, "unsupported": 0}
+    # ``unreadable``: files this process cannot read now (another user's, a link in a session's place, a lock a
+    # stuck holder keeps), which say nothing of damage
+    counts = {"clean": 0, "torn": 0, "corrupt": 0, "unsupported": 0, "unreadable": 0}
     findings: list[dict[str, Any]] = []
     try:
         names = sorted(os.listdir(store.sessions_dir))
@@ -73,7 +75,7 @@ def fsck(store: Store, *, repair: bool, lease_ttl_s: float) -> dict[str, Any]:
         finding_of_name = _name_finding(name, path, present)
         if finding_of_name is not None:
             kind, detail = finding_of_name
-            counts["corrupt"] += kind == "unreadable"
+            counts["unreadable"] += kind == "unreadable"
             checked += kind == "unreadable"  # a link in a session's place: a session, counted as it is reported
             findings.append({"id": name, "kind": kind, "detail": detail})
             continue
@@ -83,9 +85,9 @@ def fsck(store: Store, *, repair: bool, lease_ttl_s: float) -> dict[str, Any]:
         try:
             found = inspect(store, name)
         except SubagentError as exc:
-            kind = "unsupported" if exc.code == "UNSUPPORTED_FORMAT" else "corrupt"
-            counts[kind] += 1
-            findings.append({"id": name, "kind": inspect_error_kind(exc.code), "detail": f"{exc.code}: {exc.message}"})
+            kind = inspect_error_kind(exc.code)
+            counts["corrupt" if kind == "header-corrupt" else kind] += 1
+            findings.append({"id": name, "kind": kind, "detail": f"{exc.code}: {exc.message}"})
             continue
         findings.extend(_side_files(store, name))
         counts[found.status] += 1

@@ -301,7 +301,7 @@ def render_fsck(out: Output, report: dict[str, Any]) -> None:
     counts = report["counts"]
     out.line(
         f"checked {report['sessions']} sessions in {report['store']}: "
-        + ", ".join(f"{counts[k]} {k}" for k in ("clean", "torn", "corrupt", "unsupported"))
+        + ", ".join(f"{counts[k]} {k}" for k in ("clean", "torn", "corrupt", "unsupported", "unreadable"))
     )
     for finding in report["findings"]:
         line = f"{finding['kind']:<15} {finding['id']}  {finding['detail']}"
@@ -310,6 +310,8 @@ def render_fsck(out: Output, report: dict[str, Any]) -> None:
         out.line(line)
     if counts["corrupt"]:
         out.line("corrupt sessions are never repaired automatically: their committed work would be lost")
+    if counts["unreadable"]:
+        out.line("unreadable sessions were not checked: this process cannot read their files now (see each line)")
 
 
 def render_check(out: Output, doc: dict[str, Any]) -> None:

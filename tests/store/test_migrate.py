@@ -61,7 +61,7 @@ def test_every_session_reads_as_it_did(tmp_path):
     assert rows[2].outcome == "crashed"  # a turn open under a dead owner, as version 1 listed it
     assert [r.id for r in store.list_roots(st)] == ["r1", "r2"]
     assert store.check_store(st).clean
-    assert fsck(st, repair=False, lease_ttl_s=10.0)["counts"] == {"clean": 4, "torn": 1, "corrupt": 0, "unsupported": 0}
+    assert fsck(st, repair=False, lease_ttl_s=10.0)["counts"] == {"clean": 4, "torn": 1, "corrupt": 0, "unsupported": 0, "unreadable": 0}
     # nothing of version 1 is left beside the sessions
     assert sorted(os.listdir(st.sessions_dir)) == sorted([
         "c1", "c1.identity", "c2", "c2.identity", "c2.mailbox", "c2.control", "c3", "c3.identity", "r1", "r1.identity", "r2"])

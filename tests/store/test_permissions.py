@@ -202,3 +202,25 @@ def test_a_sessions_folder_that_cannot_be_listed_makes_the_store_unreadable_for_
             outcome = as_nobody(call)
             assert outcome[0] == "error" and outcome[1][:2] == ("UnreadableStoreError", "STORE_UNREADABLE"), (name, outcome)
             assert st.sessions_dir in outcome[1][2], (name, outcome)
+
+
+def test_fsck_counts_a_session_it_may_not_read_as_unreadable_not_corrupt():
+    """A child's file root's and 0600 (a ``sudo`` run): fsck counted it ``corrupt`` and the CLI said its committed
+    work would be lost if repaired. Nothing of it is known to be damaged: it is counted ``unreadable``."""
+    from subagents.store.fsck import fsck
+    from subagents.supervisor.cli import render
+
+    with shared_folder() as folder:
+        st, root, child = _tree(folder)
+        _open_to_all(st)
+        os.chmod(st.session_path(child), 0o600)
+        outcome = as_nobody(lambda: fsck(store.Store(st.root, create=False), repair=False, lease_ttl_s=5.0))
+        assert outcome[0] == "ok", outcome
+        report = outcome[1]
+        assert report["counts"] == {"clean": 1, "torn": 0, "corrupt": 0, "unsupported": 0, "unreadable": 1}, report
+        assert [(f["id"], f["kind"]) for f in report["findings"]] == [(child, "unreadable"), (child, "index-unproven")]
+        import io
+
+        text = io.StringIO()
+        render.render_fsck(render.Output(text), report)
+        assert "1 unreadable" in text.getvalue() and "committed work would be lost" not in text.getvalue()

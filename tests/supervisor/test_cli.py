@@ -346,7 +346,7 @@ def test_fsck_clean_store(demo_copy: DemoStore) -> None:
     done = cli("--store", "st", "store", "fsck", "--json", cwd=demo_copy.cwd)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    assert report["counts"] == {"clean": 5, "torn": 0, "corrupt": 0, "unsupported": 0}
+    assert report["counts"] == {"clean": 5, "torn": 0, "corrupt": 0, "unsupported": 0, "unreadable": 0}
     assert report["findings"] == []
 
 
