@@ -111,8 +111,9 @@ def roots_table(rows: Sequence[Mapping[str, Any]], shorts: Mapping[str, str], no
 
 
 def tree_line(row: Mapping[str, Any], short: str) -> str:
-    """``<id> [<status>, <outcome>] — <label>`` and ``: <error>`` for a failure."""
+    """``<id> [<status>, <outcome>] — <label>`` (no dash without a label) and `` (<error>)`` for a failure."""
     if row.get("kind") == "diagnostic":
         return f"{short} [diagnostic: {row['reason']}]"
+    label = f" — {row['label']}" if row.get("label") else ""
     error = f" ({row['error']})" if row.get("error") else ""
-    return f"{short} [{row['status']}, {state(row)}] — {row.get('label') or ''}{error}"
+    return f"{short} [{row['status']}, {state(row)}]{label}{error}"

@@ -26,7 +26,7 @@ from ..models import InterruptResult, UserAuthority
 from ..service import Supervisor
 from . import render
 from .invocation import Invocation
-from .parser import Verbs, positive_float, text_or_stdin, utf8_text
+from .parser import Verbs, positive_float, seconds, text_or_stdin, utf8_text
 
 __all__ = ["register", "CONTROL_POLL_S", "WAIT_S", "INTERRUPT_WAIT_S", "EXIT_NO_TURN"]
 
@@ -53,8 +53,8 @@ def register(verbs: Verbs) -> None:
                           example="subagents interrupt 01M8MW1K3J5T0000000000000B --parent 01M8MVY0PZ9RKY15DPNHER70WX")
     interrupt.add_argument("child", metavar="CHILD", help="the child whose current turn to cancel")
     interrupt.add_argument("--parent", required=True, metavar="ROOT", help="the session CHILD's header names as its parent")
-    interrupt.add_argument("--wait-s", type=positive_float, default=INTERRUPT_WAIT_S,
-                           help=f"when another process runs CHILD: how long to wait for it to confirm the turn ended (default {INTERRUPT_WAIT_S:.0f})")
+    interrupt.add_argument("--wait-s", type=seconds, default=INTERRUPT_WAIT_S,
+                           help=f"when another process runs CHILD: how long to wait for it to confirm the turn ended (default {INTERRUPT_WAIT_S:.0f}; 0: deliver, do not wait)")
 
     drain = verbs.add("drain", cmd_drain, "tear down every continuable descendant of ROOT, whichever process hosts it",
                       example="subagents drain 01M8MVY0PZ9RKY15DPNHER70WX --wait-s 30")

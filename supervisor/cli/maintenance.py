@@ -42,7 +42,8 @@ def register(verbs: Verbs) -> None:
                     help="only roots with these outcomes (repeatable; the values of `ls --outcome`, none included)")
     gc.add_argument("--dry-run", action="store_true", help="list what would be deleted; change nothing")
 
-    store = verbs.group("store", "store maintenance (fsck, check, reindex, migrate)")
+    store = verbs.group("store", "store maintenance (fsck, check, reindex, migrate)",
+                         example="subagents store check\nsubagents store fsck --repair")
     fsck_cmd = store.add("fsck", cmd_fsck, "check every session; report torn and corrupt logs",
                          example="subagents store fsck\nsubagents store fsck --repair")
     fsck_cmd.add_argument("--repair", action="store_true", help="truncate torn tails (never touches corrupt sessions)")
@@ -61,7 +62,7 @@ def register(verbs: Verbs) -> None:
                                                 "subagents completion fish > ~/.config/fish/completions/subagents.fish")
     completion.add_argument("shell", metavar="SHELL", choices=SHELLS, help=f"the shell to complete in: {', '.join(SHELLS)}")
 
-    config = verbs.group("config", "configuration")
+    config = verbs.group("config", "configuration", example="subagents config show --json")
     config.add("show", cmd_config_show, "the effective configuration (default, file, environment, --store)",
                example="subagents config show\nSUBAGENTS_POOL_SIZE=4 subagents --config deploy.toml config show --json")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import math
 import sys
 from typing import Any, Callable, NoReturn
 
@@ -42,6 +43,14 @@ def non_negative(value: str) -> int:
     number = int(value)
     if number < 0:
         raise argparse.ArgumentTypeError("must be at least 0")
+    return number
+
+
+def seconds(value: str) -> float:
+    """A finite number of seconds, 0 included (``--wait-s 0``: do not wait)."""
+    number = float(value)
+    if not (math.isfinite(number) and number >= 0):
+        raise argparse.ArgumentTypeError("must be a finite number of seconds, at least 0")
     return number
 
 
@@ -139,9 +148,11 @@ class Verbs:
             sub.add_argument("--json", action="store_true", help=json_help)
         return sub
 
-    def group(self, name: str, help: str) -> "Verbs":
-        """A verb that only groups others (``subagents store fsck``); alone it prints its usage."""
-        parser = self._group.add_parser(name, help=help, description=help)
+    def group(self, name: str, help: str, *, example: str) -> "Verbs":
+        """A verb that only groups others (``subagents store fsck``); alone it prints its usage. Its ``--help``
+        ends with ``example``, as every verb's does."""
+        parser = self._group.add_parser(name, help=help, description=help, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                        epilog="example:\n" + "\n".join(f"  {line}" for line in example.splitlines()))
         parser.set_defaults(usage=parser)
         return Verbs(parser.add_subparsers(title=f"{name} commands", metavar="COMMAND"), self._common)
 

@@ -63,6 +63,15 @@ def test_every_verb_documents_its_arguments_with_an_example(tmp_path: Path, verb
     assert f"subagents {' '.join(verb)}" in example, text
 
 
+@pytest.mark.parametrize("group", ["store", "config"])
+def test_a_group_of_verbs_ends_its_help_with_an_example_too(tmp_path: Path, group: str) -> None:
+    """Found by a README probe ("every verb's --help ends with an example"): `subagents store --help` and
+    `subagents config --help` ended with their list of commands."""
+    done = run(group, "--help", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "example:" in done.stdout and f"subagents {group} " in done.stdout[done.stdout.index("example:") :], done.stdout
+
+
 @pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
 def test_completion_prints_a_script_for_the_shell(tmp_path: Path, shell: str) -> None:
     """`subagents completion SHELL` prints the script that shell sources to complete `subagents`."""

@@ -92,3 +92,12 @@ def test_a_provider_without_a_name_is_a_config_error(tmp_path: Path) -> None:
     config.write_text('[[providers]]\nname = ""\nprogram = "echo"\n')
     with pytest.raises(ConfigError, match="name"):
         load_config(config, env={})
+
+
+def test_a_tree_line_without_a_label_has_no_dangling_dash() -> None:
+    """Found by a README probe: an unlabelled child's ``tree`` line read ``— `` then two spaces."""
+    from subagents.supervisor.cli.columns import tree_line
+
+    row = {"status": "complete", "outcome": "error", "error": "boom", "error_code": "X", "label": None}
+    assert tree_line(row, "01ABC") == "01ABC [complete, error] (boom)"
+    assert tree_line({**row, "label": "part-1"}, "01ABC") == "01ABC [complete, error] — part-1 (boom)"
