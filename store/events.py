@@ -48,6 +48,7 @@ def unknown_type(event: dict[str, Any]) -> str | None:
 
 def closers(
     open_turn: int | None, open_step: int | None, open_calls: dict[str, int], *, cause: str | None = None,
+    crash: str | None = None,
 ) -> list[tuple[str, dict[str, Any]]]:
     """Events that close a turn a crash left open (the resume path's crash repair, store/FORMAT.md).
 
@@ -55,7 +56,9 @@ def closers(
     (``TOOL_OUTCOME_UNKNOWN``: it may or may not have run), then the open step
     gets ``step/end``, then the turn gets ``turn/end`` ``interrupted``, with
     ``cause`` when the repairer knows the worker died because the turn was
-    being stopped (a cancel it ignored): the log then says who stopped it.
+    being stopped (a cancel it ignored): the log then says who stopped it. ``crash``: how the worker
+    died, when the repairer saw it (``worker process 1234 exited with code 3``), in the diagnostic, so
+    a listing says what its caller was told.
     """
     if open_turn is None:
         return []
@@ -74,7 +77,8 @@ def closers(
         )
     if open_step is not None:
         out.append(("step/end", {"repaired": True}))
-    end: dict[str, Any] = {"stop_reason": "interrupted", "diagnostic": "the turn was interrupted by a crash"}
+    end: dict[str, Any] = {"stop_reason": "interrupted", "diagnostic": "the turn was interrupted by a crash"
+                           + (f" ({crash})" if crash else "")}
     if cause is not None:
         end["cause"] = cause
     out.append(("turn/end", end))

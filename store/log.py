@@ -150,11 +150,12 @@ class LogWriter:
     # -- opening (the resume path) -------------------------------------------
 
     @classmethod
-    def open(cls, store: Store, session_id: str, *, epoch: int, repair: bool = True, cause: str | None = None) -> "LogWriter":
+    def open(cls, store: Store, session_id: str, *, epoch: int, repair: bool = True, cause: str | None = None,
+             crash: str | None = None) -> "LogWriter":
         """The resume path: a fenced writer, the log repaired first (a torn tail cut, an open turn closed).
 
         ``cause`` goes on the ``turn/end`` of a turn the repair closes: why its
-        worker died, when the caller knows it was being stopped (store/events.py ``closers``).
+        worker died, when the caller knows it was being stopped; ``crash``: how it died (store/events.py ``closers``).
         """
         file = open_session(store, session_id, write=True)
         try:
@@ -168,7 +169,7 @@ class LogWriter:
                 if repair:
                     if status == "torn":
                         writer._truncate(end)
-                    fix = closers(projection.open_turn, projection.open_step, projection.open_calls, cause=cause)
+                    fix = closers(projection.open_turn, projection.open_step, projection.open_calls, cause=cause, crash=crash)
                     if fix:
                         writer.repaired = writer._append_locked(fix)
                     if status == "torn" or fix:

@@ -73,6 +73,7 @@ class TurnResult:
     # repair records it as the ``turn/end``'s cause (a worker killed for ignoring a cancel died because of
     # it), and a message dropped unrun as its ``message/discarded`` cause
     cancel_reason: str | None = None
+    crash: str | None = None  # how its worker died (``worker process 1234 exited with code 3``), when ``crashed``
 
     @property
     def dispatched(self) -> bool:

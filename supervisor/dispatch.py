@@ -83,6 +83,7 @@ class Turn:
     done: anyio.Event = field(default_factory=anyio.Event)
     outcome: TurnOutcome | None = None
     crashed: bool = False
+    crash: str | None = None  # how its worker died, when ``crashed``
     worker: "WorkerSlot | None" = None
     parked: int = 0  # waiting RPCs in progress: a parked turn does not hold its worker's slot
     cancel_reason: str | None = None
@@ -103,7 +104,7 @@ class Turn:
         handed to a worker ahead (it ended there unwritten: cancelled, or its worker closed or died)."""
         assert self.outcome is not None
         ran = self.worker is not None and not self.queued
-        return TurnResult(self.outcome, self.worker.ref() if ran else None, self.crashed, self.cancel_reason)
+        return TurnResult(self.outcome, self.worker.ref() if ran else None, self.crashed, self.cancel_reason, self.crash)
 
 
 @dataclass(eq=False)
@@ -220,10 +221,11 @@ class Dispatcher(Generic[W]):
             log.warning("turn ignored cancellation for %.1fs; killing worker %s", self._cancel_grace_s, worker.describe())
             self._kill_worker(cast(W, worker))
 
-    def _finish(self, turn: Turn, outcome: TurnOutcome, *, crashed: bool = False) -> None:
+    def _finish(self, turn: Turn, outcome: TurnOutcome, *, crash: str | None = None) -> None:
+        """``crash``: how the turn's worker died under it (its log needs repair, which records this)."""
         if turn.done.is_set():
             return
-        turn.outcome, turn.crashed = outcome, crashed
+        turn.outcome, turn.crashed, turn.crash = outcome, crash is not None, crash
         if turn.worker is not None:
             turn.worker.turns.pop(turn.call_id, None)
         turn.done.set()
@@ -382,7 +384,7 @@ class Dispatcher(Generic[W]):
                 outcome = TurnOutcome(stop_reason="aborted", diagnostic=f"the turn was cancelled ({turn.cancel_reason}); {crash}")
             else:
                 outcome = TurnOutcome(stop_reason="error", diagnostic=crash)
-            self._finish(turn, outcome, crashed=True)
+            self._finish(turn, outcome, crash=crash)
         if unstarted:
             self._schedule()
 
@@ -391,7 +393,7 @@ class Dispatcher(Generic[W]):
         crashed (its log may need repair) unless it was handed over ahead and never started."""
         for turn in list(worker.turns.values()):
             outcome = TurnOutcome(stop_reason="aborted", diagnostic="the supervisor closed during the turn")
-            self._finish(turn, outcome, crashed=not turn.queued)
+            self._finish(turn, outcome, crash=None if turn.queued else outcome.diagnostic)
 
     def _abort_queued(self) -> None:
         """At close: every turn still queued ends ``aborted``, never dispatched."""

@@ -331,7 +331,7 @@ class OneShotRuns:
         epoch = spec.epoch  # raised by the fence before a crash repair
         try:
             if turn.crashed:
-                epoch = await anyio.to_thread.run_sync(self._repair, spec.session_id, spec.epoch, turn.cancel_reason)
+                epoch = await anyio.to_thread.run_sync(self._repair, spec.session_id, spec.epoch, turn.cancel_reason, turn.crash)
         finally:
             with anyio.CancelScope(shield=True):
                 # a child start the turn left in flight lands in this session's children
@@ -357,9 +357,10 @@ class OneShotRuns:
         state.done.set()
         rt.events.emit("subagent/end", {**info, "stop_reason": result.stop_reason, "last_assistant_message": result.output or None})
 
-    def _repair(self, session_id: str, epoch: int, cause: str | None) -> int:
+    def _repair(self, session_id: str, epoch: int, cause: str | None, crash: str | None) -> int:
         """Fence, then balance a log whose worker died mid-turn (closers, torn tail); returns the new epoch.
-        ``cause``: the cancel the turn was under (its worker killed for ignoring it), recorded on its ``turn/end``.
+        ``cause``: the cancel the turn was under (its worker killed for ignoring it), recorded on its ``turn/end``
+        with ``crash``, how the worker died (the words the run's result gives).
 
         Fence before repair: the lease is taken again (epoch + 1) first, so a worker
         only *believed* dead (on a cluster node cut off from us) gets ``FencedError``
@@ -367,7 +368,7 @@ class OneShotRuns:
         """
         try:
             epoch = acquire_lease(self._rt.store, session_id, self._rt.owner_id).epoch
-            LogWriter.open(self._rt.store, session_id, epoch=epoch, cause=cause).close()
+            LogWriter.open(self._rt.store, session_id, epoch=epoch, cause=cause, crash=crash).close()
         except SubagentError:
             log.exception("repair of %s after a worker crash failed", session_id)
         return epoch

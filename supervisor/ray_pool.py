@@ -295,11 +295,13 @@ class RayPool(Dispatcher[_Actor]):
             return
         except Exception as exc:  # the stream broke without the actor dying: this turn alone ends
             log.exception("turn %s on worker %s failed in transit", turn.spec.session_id, actor.pid)
-            self._finish(turn, TurnOutcome(stop_reason="error", diagnostic=f"{type(exc).__name__}: {exc}"[:4000]), crashed=True)
+            broken = f"{type(exc).__name__}: {exc}"[:4000]
+            self._finish(turn, TurnOutcome(stop_reason="error", diagnostic=broken), crash=broken)
             self._schedule()
             return
         if not turn.done.is_set():
-            self._finish(turn, TurnOutcome(stop_reason="error", diagnostic="the worker's stream ended without an outcome"), crashed=True)
+            ended = "the worker's stream ended without an outcome"
+            self._finish(turn, TurnOutcome(stop_reason="error", diagnostic=ended), crash=ended)
             self._schedule()
 
     async def _watch(self, actor: _Actor) -> None:

@@ -132,7 +132,7 @@ class Driver:
                 cause = "drain" if act.disposing else turn.cancel_reason
                 await rt.store_thread.run(self._discard, act, [*quiet, main], cause)
         elif turn.crashed:
-            await rt.store_thread.run(self._repair, act, turn.cancel_reason)
+            await rt.store_thread.run(self._repair, act, turn.cancel_reason, turn.crash)
         elif turn.outcome.stop_reason == "error" and not turn.outcome.fenced:
             # a turn can fail before it logs its message (its log would not open):
             # what it consumed is what the log says, never an assumption
@@ -167,10 +167,11 @@ class Driver:
         except SubagentError:
             log.exception("could not re-read what %s consumed", act.child_id, extra=log_fields(act))
 
-    def _repair(self, act: Activation, cause: str | None) -> None:
+    def _repair(self, act: Activation, cause: str | None, crash: str | None) -> None:
         """Fence, then balance the log of a turn whose worker died; what it consumed is what its log
         says (a message the dead worker never logged stays pending and runs again). ``cause``: the
-        cancel the turn was under (its worker killed for ignoring it), recorded on its ``turn/end``.
+        cancel the turn was under (its worker killed for ignoring it), recorded on its ``turn/end`` with
+        ``crash``, how the worker died.
 
         Fence before repair: the activation takes its own lease again (epoch + 1,
         the lease state kept) before it repairs, so a worker only *believed* dead
@@ -181,7 +182,7 @@ class Driver:
         try:
             lease = acquire_lease(self._rt.store, act.child_id, self._rt.owner_id, state=act.lease_state.value)  # type: ignore[arg-type]
             act.identity = dataclasses.replace(act.identity, epoch=lease.epoch)
-            with LogWriter.open(self._rt.store, act.child_id, epoch=act.epoch, cause=cause) as writer:
+            with LogWriter.open(self._rt.store, act.child_id, epoch=act.epoch, cause=cause, crash=crash) as writer:
                 act.cursor.reset(writer.projection)
         except SubagentError:
             log.exception("repair of %s failed", act.child_id, extra=log_fields(act))

@@ -11,6 +11,7 @@ happened while a turn was stopped, nor that it stopped a turn that completed.
 from __future__ import annotations
 
 import os
+import re
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
@@ -63,8 +64,9 @@ async def test_a_turn_that_ignores_the_interrupt_is_cancelled_by_killing_its_wor
         assert (result.outcome, result.turn, result.message_id, result.host, result.host_pid, result.stop_reason) == (
             "cancelled", 1, _message_of_turn(sup.store, child, 1), host.owner, host.pid, "interrupted"), result
         assert result.detail == f"stopped by supervisor {host.owner} (pid {host.pid}): its worker ignored the interrupt and was killed"
-        assert _turn_ends(sup.store, child) == [
-            {"stop_reason": "interrupted", "diagnostic": "the turn was interrupted by a crash", "cause": "user"}]
+        [end] = _turn_ends(sup.store, child)
+        assert (end["stop_reason"], end["cause"]) == ("interrupted", "user")
+        assert re.fullmatch(r"the turn was interrupted by a crash \(worker process \d+ killed by signal SIGKILL\)", end["diagnostic"]), end
 
 
 async def test_a_one_shot_turn_that_completed_is_not_reported_cancelled(hosts, tmp_path) -> None:

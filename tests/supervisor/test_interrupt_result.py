@@ -137,11 +137,18 @@ async def test_a_turn_that_ignores_the_interrupt_here_is_recorded_as_stopped_by_
             await wait_until(lambda: said(sup.store, session_id) == ["spinning"], what="the spin to start")
             result = await sup.interrupt(session_id, authority=UserAuthority(root.id))
             assert (result.outcome, result.turn) == ("cancelled", 1), result
-        assert (await run.result()).stop_reason == "aborted"
+        stopped = await run.result()
+        assert stopped.stop_reason == "aborted"
         await settled(sup, root, child_id)
-        assert (await crashing.result()).stop_reason == "error"
-        crash = {"stop_reason": "interrupted", "diagnostic": "the turn was interrupted by a crash"}
-        assert turn_end_of(sup.store, run.id) == turn_end_of(sup.store, child_id) == {**crash, "cause": "user"}
-        assert turn_end_of(sup.store, crashing.id) == crash
+        crashed = await crashing.result()
+        assert crashed.stop_reason == "error" and crashed.diagnostic.startswith("worker process ")
+        # the repaired turn/end says how the worker died, in the words the caller got (found by a README probe:
+        # the caller read "exited with code 3", `tree` only "interrupted by a crash")
+        killed = stopped.diagnostic.removeprefix("the turn was cancelled (user); ")
+        assert killed.startswith("worker process ") and "SIGKILL" in killed, stopped.diagnostic
+        crash = "the turn was interrupted by a crash ({})"
+        assert turn_end_of(sup.store, run.id) == {"stop_reason": "interrupted", "diagnostic": crash.format(killed), "cause": "user"}
+        assert turn_end_of(sup.store, child_id)["diagnostic"].startswith("the turn was interrupted by a crash (worker process ")
+        assert turn_end_of(sup.store, crashing.id) == {"stop_reason": "interrupted", "diagnostic": crash.format(crashed.diagnostic)}
         for done in (run, crashing):
             await done.dispose()
