@@ -157,14 +157,22 @@ class Teardown:
             self._finish(act, "error", None)
             return False
         dropped = False
-        if act.discard:
-            dropped = await self._rt.store_thread.run(self._discard_pending, act)
-        reason = epoch_stop_reason(act.reasons, dropped)
         rt = self._rt
+        try:
+            if act.discard:
+                dropped = await rt.store_thread.run(self._discard_pending, act)
+        except (SubagentError, OSError):  # the store takes no write now: the messages stay pending, as at a close
+            log.warning("could not discard the pending messages of %s", act.child_id, extra=log_fields(act), exc_info=True)
+        reason = epoch_stop_reason(act.reasons, dropped)
         try:
             await rt.store_thread.run(release_lease, rt.store, act.child_id, rt.owner_id, act.epoch)
         except FencedError:
             log.warning("lease of %s was taken over before release", act.child_id, extra=log_fields(act))
+        except (SubagentError, OSError):
+            # the store takes no write now (a read-only mount, its files' modes): the child is settled here
+            # all the same, and its lease reads as free once this supervisor's heartbeat stops
+            log.warning("could not release the lease of %s; it lapses with this supervisor", act.child_id,
+                        extra=log_fields(act), exc_info=True)
         # another process may have accepted a message after our last mailbox read and seen our
         # lease still held; it left the message for us. Re-read after releasing: one of us sees it.
         resume_after = not act.discard and not self._admission.closing and await rt.store_thread.run(self._has_waking_pending, act)

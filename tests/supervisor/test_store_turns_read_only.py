@@ -19,7 +19,7 @@ import anyio
 import multiprocess
 
 from subagents import store as st
-from subagents.supervisor import Provider, SubagentRequest, Supervisor, SupervisorConfig
+from subagents.supervisor import ContinuableSpec, Provider, SubagentRequest, Supervisor, SupervisorConfig
 
 from ..other_user import NOBODY, as_nobody, shared_folder
 
@@ -44,10 +44,15 @@ def test_a_committed_result_survives_a_store_that_turns_read_only_before_its_rel
 
         async def run_it() -> tuple[str | None, str | None, list[str]]:
             # ``fork``: a worker made by exec would need the interpreter's files, which nobody may not read
-            config = SupervisorConfig(pool_size=1, start_method="fork", durability="none", lease_ttl_s=0.6)
+            config = SupervisorConfig(pool_size=2, start_method="fork", durability="none", lease_ttl_s=0.6, cancel_grace_s=0.5)
             async with Supervisor.open(store=path, config=config) as sup:
                 sup.register_provider(Provider(name="script", program="script"))
+                sup.register_provider(Provider(name="cont", program="script", continuable=True))
                 root = await sup.open_root()
+                # still running when the store turns read-only and when the supervisor closes: its release
+                # at close is refused too
+                never = json.dumps({"script": [{"hold": os.path.join(folder, "never")}]})
+                await sup.start_continuable(ContinuableSpec(parent=root, provider="cont", label="running", prompt=never))
                 script = {"script": [{"hold": gate}, {"return": "the output"}]}
                 run = await sup.start("script", SubagentRequest(parent=root, prompt=json.dumps(script)))
                 with open(child_file, "w") as handle:
@@ -91,4 +96,5 @@ def test_a_committed_result_survives_a_store_that_turns_read_only_before_its_rel
             opener.join()
             _chmod_tree(path, writable=True)
         assert started, f"the turn never started: {outcome}"
-        assert outcome == ("ok", ("the output", "completed", started)), outcome
+        assert outcome[0] == "ok" and outcome[1][:2] == ("the output", "completed"), outcome
+        assert started[0] in outcome[1][2] and len(outcome[1][2]) == 2, outcome  # the one-shot and the running child
