@@ -6,7 +6,9 @@ written to the session log, the run result and ``subagents log --json``. A
 proxy or a misbehaving endpoint may echo the ``Authorization`` header back;
 an HTTP library may quote an illegal header value. ``Redactor`` replaces
 every known secret (as given, and with surrounding whitespace stripped) and
-anything shaped like a bearer token or an API key with ``[redacted]``.
+anything shaped like a bearer token or an API key with ``[redacted]``; a
+secret is also looked for as a JSON string carries it (an echo of a key
+holding a quote or a backslash in a JSON error body).
 
 What it does *not* guarantee: a secret transformed beyond recognition
 (base64-encoded, split across lines) passes. Callers therefore also keep
@@ -16,6 +18,7 @@ Who calls it: ``worker/programs/llm.py`` for every diagnostic it returns.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Iterable
 
@@ -44,9 +47,10 @@ class Redactor:
         variants = set()
         for secret in secrets:
             if secret:
-                variants.add(secret)
-                if secret.strip():
-                    variants.add(secret.strip())
+                for form in {secret, secret.strip()}:
+                    if form:
+                        variants.add(form)
+                        variants.add(json.dumps(form)[1:-1])  # as a JSON body quoting it carries it (``"`` as ``\"``)
         # longest first, so a key containing another key is removed whole
         self._secrets = sorted((v for v in variants if len(v) >= 4), key=len, reverse=True)
 

@@ -7,12 +7,25 @@ log and answered; a reply without tool calls ends the turn. ``finish_reason
 == "length"`` ends it ``max-tokens``, ``"content_filter"`` ends it ``refusal``.
 
 The client is ``openai.AsyncOpenAI`` with ``base_url`` (DeepSeek and any
-compatible endpoint): it brings the timeout, retries with exponential backoff
-on 429, 5xx, timeouts and dropped connections (``max_retries``, honouring
-``Retry-After``), and typed errors. Every failure ends the turn with stop
+compatible endpoint), for its typed errors. The program makes the attempts
+itself: each one whole within ``timeout_s`` (a reply that trickles bytes
+forever is cut off there, which the client's read timeout alone never does),
+retried with exponential backoff on 429, 5xx, timeouts and dropped
+connections up to ``max_retries`` times, honouring ``Retry-After`` and
+``x-should-retry`` (an endpoint asking for more than a minute's wait is not
+waited for: the turn ends saying so). Every failure ends the turn with stop
 reason ``error`` and a diagnostic that says what happened (rate limited,
-server error, timeout, unreachable, key refused, request rejected), never
-an exception out of the program.
+server error, timeout, unreachable, key refused, request rejected, a reply
+that is no chat completion) and how many retries were made, never an
+exception out of the program.
+
+Text the model sends beside tool calls is recorded (``assistant/message``),
+and the transcript rebuilt for a later turn keeps the tool calls and their
+results, so a resumed child knows what it did (the ids of children it
+started). A reply cut off at the token limit ends the turn ``max-tokens``
+without running the tool calls it holds (their arguments may be cut too);
+arguments that are not a JSON object are answered as an error, never run as
+``{}``. An ``output_schema`` is given to the model in the system prompt.
 
 The key is read from the environment variable named by ``api_key_env`` at
 call time, stripped of surrounding whitespace (a CRLF ``.env`` file leaves a
@@ -24,23 +37,31 @@ endpoint's echo of it is ever written to the store, a log or a result.
 
 from __future__ import annotations
 
+import email.utils
 import json
 import logging
+import math
 import os
+import random
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+import anyio
 
 from ..context import TurnContext, TurnResult
 from ..model_tools import DelegationConfig, ToolOutcome, model_tools, tool_arguments
 from ..redaction import Redactor
 
-__all__ = ["DELEGATION_TEXT", "REPORT_TEXT", "ApiKeyError", "LlmProgram", "llm", "load_api_key"]
+__all__ = ["DELEGATION_TEXT", "REPORT_TEXT", "SCHEMA_TEXT", "MAX_RETRY_WAIT_S", "ApiKeyError", "LlmProgram", "llm", "load_api_key"]
 
 log = logging.getLogger(__name__)
 
 # An error body is quoted in a diagnostic up to this many characters (after redaction).
 _BODY_CHARS = 300
+# The longest wait a Retry-After gets inside a turn; an endpoint asking for more ends the turn saying so.
+MAX_RETRY_WAIT_S = 60.0
 # What an HTTP header value may hold: visible ASCII, no whitespace inside a key.
 _KEY_SHAPE = re.compile(r"[\x21-\x7e]+")
 
@@ -74,19 +95,46 @@ REPORT_TEXT = (
     "Deliver your result with the report tool before you finish: reporting never ends your turn, so keep working "
     "after it while there is more to do."
 )
+SCHEMA_TEXT = "Your final reply must be one JSON document, and nothing else, valid against this JSON Schema: "
 
 
 def _transcript(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """User and assistant messages of earlier and current turns, in log order."""
+    """The conversation of earlier and current turns, in log order: user and assistant messages, and each
+    step's tool calls as one assistant message (with the text the model sent beside them) followed by
+    the calls' results, as the chat-completions format wants them."""
     out: list[dict[str, Any]] = []
+    open_step: dict[str, Any] | None = None  # the assistant message of the current step, which its calls join
     for event in events:
-        data = event.get("data") or {}
-        if event["type"] == "message/accepted":
+        kind, data = event["type"], event.get("data") or {}
+        if kind == "message/accepted":
             content = data.get("content")
             out.append({"role": "user", "content": content if isinstance(content, str) else json.dumps(content)})
-        elif event["type"] == "assistant/message" and data.get("text"):
-            out.append({"role": "assistant", "content": data["text"]})
+            open_step = None
+        elif kind == "step/start":
+            open_step = None
+        elif kind == "assistant/message" and data.get("text"):
+            open_step = {"role": "assistant", "content": data["text"]}
+            out.append(open_step)
+        elif kind == "tool/call" and isinstance(data, dict):
+            if open_step is None:
+                open_step = {"role": "assistant", "content": None}
+                out.append(open_step)
+            arguments = json.dumps(data.get("args") if isinstance(data.get("args"), dict) else {})
+            open_step.setdefault("tool_calls", []).append(
+                {"id": str(data.get("call_id")), "type": "function", "function": {"name": str(data.get("name")), "arguments": arguments}})
+        elif kind == "tool/result" and isinstance(data, dict):
+            out.append({"role": "tool", "tool_call_id": str(data.get("call_id")), "content": _result_text(data)})
     return out
+
+
+def _result_text(data: dict[str, Any]) -> str:
+    """What the model was told a call returned (the recorded ``{"text": ...}``), or the error it met."""
+    value = data.get("value")
+    if isinstance(value, dict) and isinstance(value.get("text"), str):
+        return value["text"]
+    if data.get("is_error"):
+        return f"error: {data.get('error')}"
+    return json.dumps(value)
 
 
 @dataclass
@@ -103,16 +151,19 @@ class LlmProgram:
     report_delivery: str = "wakeup"
 
     @classmethod
-    def from_environment(cls) -> "LlmProgram":
-        """``SUBAGENTS_LLM_BASE_URL``, ``_MODEL``, ``_API_KEY_ENV``, ``_TIMEOUT_S``, ``_MAX_RETRIES`` (read at the program boundary)."""
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> "LlmProgram":
+        """``SUBAGENTS_LLM_BASE_URL``, ``_MODEL``, ``_API_KEY_ENV``, ``_TIMEOUT_S``, ``_MAX_RETRIES`` (read at the
+        program boundary). A bad value is ``ValueError`` naming its variable and what it must be."""
         defaults = cls()
-        env = os.environ
+        env = os.environ if environ is None else environ
         return cls(
             base_url=env.get("SUBAGENTS_LLM_BASE_URL", defaults.base_url),
             model=env.get("SUBAGENTS_LLM_MODEL", defaults.model),
             api_key_env=env.get("SUBAGENTS_LLM_API_KEY_ENV", defaults.api_key_env),
-            timeout_s=float(env.get("SUBAGENTS_LLM_TIMEOUT_S", defaults.timeout_s)),
-            max_retries=int(env.get("SUBAGENTS_LLM_MAX_RETRIES", defaults.max_retries)),
+            timeout_s=_setting(env, "SUBAGENTS_LLM_TIMEOUT_S", defaults.timeout_s, float,
+                               lambda v: math.isfinite(v) and v > 0, "a finite number of seconds above 0"),
+            max_retries=_setting(env, "SUBAGENTS_LLM_MAX_RETRIES", defaults.max_retries, int,
+                                 lambda v: 0 <= v <= 100, "a whole number from 0 to 100"),
         )
 
     def system_prompt(self, ctx: TurnContext) -> str:
@@ -123,6 +174,8 @@ class LlmProgram:
             parts.append(DELEGATION_TEXT)
         if ctx.spec.mode == "continuable":
             parts.append(REPORT_TEXT)
+        if ctx.spec.output_schema is not None:  # the turn's result is checked against it: the model must know it
+            parts.append(SCHEMA_TEXT + json.dumps(ctx.spec.output_schema))
         return "\n\n".join(parts) or "You are a helpful agent."
 
     async def __call__(self, ctx: TurnContext) -> str | TurnResult:
@@ -138,42 +191,37 @@ class LlmProgram:
         messages += _transcript(await ctx.history())
         model = ctx.spec.agent_model or self.model
         # a keyless local endpoint gets no Authorization header at all (the SDK wants a key object)
-        client = openai.AsyncOpenAI(
-            api_key=key or "unused", base_url=self.base_url.rstrip("/"), timeout=self.timeout_s, max_retries=self.max_retries,
-        )
+        # the program makes the attempts (``_create``): the client neither retries nor bounds a whole reply
+        client = openai.AsyncOpenAI(api_key=key or "unused", base_url=self.base_url.rstrip("/"), timeout=self.timeout_s, max_retries=0)
         extra = {} if key else {"extra_headers": {"Authorization": openai.omit}}
         try:
             for _ in range(self.max_steps):
                 await ctx.step()
-                try:
-                    response = await client.chat.completions.create(
-                        model=model, messages=messages, tools=[t.schema() for t in tools.values()], **extra,  # type: ignore[arg-type]
-                    )
-                except openai.OpenAIError as exc:
-                    return TurnResult(stop_reason="error", diagnostic=redact(self._diagnostic(exc)))
-                if not response.choices:
-                    return TurnResult(stop_reason="error", diagnostic="the model endpoint answered with no choices")
-                choice = response.choices[0]
-                message = choice.message
-                calls = message.tool_calls or []
+                request = {"model": model, "messages": messages, "tools": [t.schema() for t in tools.values()], **extra}
+                response = await self._create(client, request)
+                if isinstance(response, _Failure):
+                    return TurnResult(stop_reason="error", diagnostic=redact(response.diagnostic))
+                reply = _reply_of(response)
+                if isinstance(reply, str):
+                    return TurnResult(stop_reason="error", diagnostic=redact(f"the model endpoint {self.base_url} {reply}"))
+                content, calls, finish = reply
+                if content:
+                    await ctx.say(content)  # beside tool calls too: what the model said is in the log
+                if finish == "length":  # cut off: tool calls it holds may be cut too, and are not run
+                    return TurnResult(output=content, stop_reason="max-tokens", diagnostic="the model hit its token limit")
+                if finish == "content_filter":
+                    return TurnResult(output=content, stop_reason="refusal", diagnostic="the endpoint's content filter stopped the reply")
                 if not calls:
-                    content = message.content or ""
-                    if content:
-                        await ctx.say(content)
-                    if choice.finish_reason == "length":
-                        return TurnResult(output=content, stop_reason="max-tokens", diagnostic="the model hit its token limit")
-                    if choice.finish_reason == "content_filter":
-                        return TurnResult(output=content, stop_reason="refusal", diagnostic="the endpoint's content filter stopped the reply")
                     return content
-                messages.append({"role": "assistant", "content": message.content,
-                                 "tool_calls": [c.model_dump(mode="json", exclude_none=True) for c in calls]})
+                messages.append({"role": "assistant", "content": content or None, "tool_calls": calls})
                 for call in calls:
-                    function = getattr(call, "function", None)
-                    name = getattr(function, "name", "") or ""
-                    args = tool_arguments(getattr(function, "arguments", None))
+                    name, raw = call["function"]["name"], call["function"]["arguments"]
+                    args = tool_arguments(raw)
                     tool = tools.get(name)
                     if tool is None:
                         outcome = ToolOutcome(f'unknown tool "{name}"', is_error=True)
+                    elif not _an_object(raw):
+                        outcome = ToolOutcome(f"the arguments of this {name} call are not a JSON object; nothing was run", is_error=True)
                     else:
                         async def run(t: Any = tool, a: dict[str, Any] = args) -> dict[str, Any]:
                             done = await t.run(ctx, a)
@@ -181,17 +229,38 @@ class LlmProgram:
 
                         recorded = await ctx.recorded_call(name, args, run)
                         outcome = ToolOutcome(recorded["text"], recorded["is_error"])
-                    messages.append({"role": "tool", "tool_call_id": call.id or "", "content": outcome.text})
+                    messages.append({"role": "tool", "tool_call_id": call["id"], "content": outcome.text})
         finally:
             await client.close()
         return TurnResult(stop_reason="error", diagnostic=f"the model made more than {self.max_steps} calls in one turn")
 
-    def _diagnostic(self, exc: Exception) -> str:
-        """What went wrong, in words an operator acts on (redacted by the caller before it is returned)."""
+    async def _create(self, client: Any, request: dict[str, Any]) -> Any:
+        """One chat completion (whatever the client made of the body), each attempt whole within ``timeout_s``,
+        retried as the module says; ``_Failure`` with what went wrong (to be redacted) when no attempt answered."""
         import openai
 
-        retried = f" (after {self.max_retries} retries)" if self.max_retries else ""
-        if isinstance(exc, openai.APITimeoutError):
+        attempt = 0
+        while True:
+            try:
+                with anyio.fail_after(self.timeout_s):
+                    return await client.chat.completions.create(**request)
+            except (openai.OpenAIError, TimeoutError, ValueError) as exc:  # ValueError: a body that is not JSON
+                wait = _retry_wait(exc, attempt)
+                if wait is None or attempt >= self.max_retries:
+                    return _Failure(self._diagnostic(exc, attempt))
+            attempt += 1
+            await anyio.sleep(wait)
+
+    def _diagnostic(self, exc: Exception, retries: int = 0) -> str:
+        """What went wrong, in words an operator acts on (redacted by the caller before it is returned), with
+        the ``retries`` made before it (the count, not the setting)."""
+        import openai
+
+        retried = f" (after {retries} retries)" if retries else ""
+        asked = _asked_wait(exc)
+        if asked is not None and asked > MAX_RETRY_WAIT_S:
+            retried += f" (it asked to be retried in {asked:g} s, more than a turn waits)"
+        if isinstance(exc, (openai.APITimeoutError, TimeoutError)):
             return f"the model endpoint did not answer within timeout_s={self.timeout_s:g}{retried}"
         if isinstance(exc, openai.APIConnectionError):
             cause = type(exc.__cause__).__name__ if exc.__cause__ is not None else "connection error"
@@ -208,8 +277,120 @@ class LlmProgram:
             else:
                 what = f"the model endpoint rejected the request (HTTP {status})"
             return f"{what}: {body}" if body else what
+        if isinstance(exc, ValueError):
+            return f"the model endpoint {self.base_url} answered with a body that is not JSON ({type(exc).__name__}){retried}"
         log.warning("llm call failed", exc_info=exc)
         return f"the model call failed: {type(exc).__name__}"
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """No attempt answered: what to tell (a client may hand back any body as a plain ``str``, so not one)."""
+
+    diagnostic: str
+
+
+def _setting(env: Mapping[str, str], name: str, default: Any, kind: type, valid: Any, what: str) -> Any:
+    """A numeric setting from the environment: its default when unset, else a valid value or ``ValueError``."""
+    raw = env.get(name)
+    if raw is None:
+        return default
+    try:
+        value = kind(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or not valid(value):
+        raise ValueError(f"{name} must be {what}, not {raw!r}")
+    return value
+
+
+def _an_object(raw: Any) -> bool:
+    """Whether tool-call arguments are a JSON object (an absent or empty string counts as ``{}``)."""
+    if isinstance(raw, dict) or raw in (None, ""):
+        return True
+    try:
+        return isinstance(json.loads(raw), dict)
+    except (TypeError, ValueError):
+        return False
+
+
+def _reply_of(response: Any) -> tuple[str, list[dict[str, Any]], str | None] | str:
+    """``(text, tool calls as plain data, finish reason)`` of a chat completion's first choice, or what is
+    wrong with the reply (a body that is HTML, a choice without a message, an error object sent with 200)."""
+    if not hasattr(response, "choices"):
+        return f"answered with something that is not a chat completion ({type(response).__name__})"
+    choices = response.choices
+    if choices is not None and not isinstance(choices, list):
+        return "answered with choices that are not a list"
+    if not choices:
+        extra = getattr(response, "model_extra", None) or {}
+        error = extra.get("error") if isinstance(extra, dict) else None
+        message = error.get("message") if isinstance(error, dict) else error
+        return f"answered with no choices: {_clip(str(message))}" if message else "answered with no choices"
+    choice = choices[0]
+    message = getattr(choice, "message", None)
+    if message is None:
+        return "answered with a choice that has no message"
+    raw_calls = getattr(message, "tool_calls", None) or []
+    if not isinstance(raw_calls, list):
+        return "answered with tool calls that are not a list"
+    calls = []
+    for index, call in enumerate(raw_calls):
+        function = getattr(call, "function", None)
+        name, arguments = getattr(function, "name", None), getattr(function, "arguments", None)
+        if not isinstance(name, str):
+            return "answered with a tool call that has no function name"
+        call_id = getattr(call, "id", None) or f"call-{index}"
+        calls.append({"id": str(call_id), "type": "function", "function": {"name": name, "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments or {})}})
+    content = getattr(message, "content", None)
+    text = content if isinstance(content, str) else (json.dumps(content) if content is not None else "")
+    return text, calls, getattr(choice, "finish_reason", None)
+
+
+def _asked_wait(exc: Exception) -> float | None:
+    """Seconds the endpoint asked to wait (``retry-after-ms``, ``Retry-After`` in seconds or as a date)."""
+    headers = getattr(getattr(exc, "response", None), "headers", None)
+    if headers is None:
+        return None
+    try:
+        if headers.get("retry-after-ms") is not None:
+            return float(headers["retry-after-ms"]) / 1000
+        value = headers.get("retry-after")
+        if value is None:
+            return None
+        try:
+            return float(value)
+        except ValueError:
+            moment = email.utils.parsedate_to_datetime(value)
+            return max(0.0, moment.timestamp() - time.time())
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _retry_wait(exc: Exception, attempt: int) -> float | None:
+    """How long to wait before the next attempt, or ``None`` when this failure is not retried: the
+    endpoint's ``x-should-retry`` first, then timeouts, dropped connections, 408, 409, 429 and 5xx retry;
+    an asked wait over ``MAX_RETRY_WAIT_S`` is not waited for."""
+    import openai
+
+    response = getattr(exc, "response", None)
+    should = getattr(response, "headers", {}).get("x-should-retry") if response is not None else None
+    if should == "false":
+        return None
+    status = getattr(exc, "status_code", None)
+    retried = (should == "true" or isinstance(exc, (TimeoutError, openai.APITimeoutError, openai.APIConnectionError))
+               or (isinstance(status, int) and (status in (408, 409, 429) or status >= 500)))
+    if not retried:
+        return None
+    asked = _asked_wait(exc)
+    if asked is not None:
+        return asked if asked <= MAX_RETRY_WAIT_S else None
+    return min(0.5 * 2 ** attempt, 8.0) * random.uniform(0.75, 1.0)
+
+
+def _clip(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _BODY_CHARS else text[:_BODY_CHARS] + "…"
 
 
 def _body_text(exc: Any) -> str:
@@ -222,10 +403,13 @@ def _body_text(exc: Any) -> str:
         text = body
     else:
         text = ""
-    text = " ".join(text.split())
-    return text if len(text) <= _BODY_CHARS else text[:_BODY_CHARS] + "…"
+    return _clip(text)
 
 
 async def llm(ctx: TurnContext) -> str | TurnResult:
-    """The built-in ``llm`` program, configured from the environment."""
-    return await LlmProgram.from_environment()(ctx)
+    """The built-in ``llm`` program, configured from the environment (a bad setting ends the turn naming it)."""
+    try:
+        program = LlmProgram.from_environment()
+    except ValueError as exc:
+        return TurnResult(stop_reason="error", diagnostic=str(exc))
+    return await program(ctx)
