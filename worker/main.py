@@ -28,6 +28,7 @@ import contextvars
 import logging
 import os
 import select
+import signal
 import threading
 from collections import deque
 from typing import Any, Coroutine
@@ -272,6 +273,9 @@ def worker_entry(conn: Any, log_level: int = logging.WARNING, inherited: Any = N
     """
     if inherited is not None:
         inherited.close()
+    # A terminal's Ctrl-C goes to the whole foreground process group: the supervisor takes it and stops the
+    # turns (``aborted``); a worker that died of it would read as a crash, its turn closed ``interrupted``
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_exit_at_hangup, args=(conn.fileno(),), name="subagents-hangup", daemon=True).start()
     logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s [child=%(child)s epoch=%(epoch)s]")
     for handler in logging.getLogger().handlers:

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -265,3 +266,34 @@ def test_a_usage_error_is_one_error_line_with_exit_2(tmp_path: Path, args: list[
     text = refused(cli(*args, cwd=tmp_path), "USAGE")
     assert text.startswith(message), text
     assert os.listdir(tmp_path) == []
+
+
+def test_ctrl_c_in_a_terminal_stops_the_turn_as_aborted_not_as_a_crash(tmp_path: Path) -> None:
+    """Found by a probe: a terminal's Ctrl-C (SIGINT to the whole foreground process group) reached the workers
+    too, which exited at once: `worker N died: exited with code 0`, and the turn was closed by crash repair
+    (`interrupted`). The workers ignore SIGINT; the supervisor alone takes it and stops the turn (`aborted`)."""
+    proc = subprocess.Popen([*CLI, "--store", "st", "run", "script", "--prompt", '{"script": [{"say": "up"}, {"sleep": 60000}]}'],
+                            cwd=tmp_path, env=FAST, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # its own process group, as a shell gives a foreground job
+    try:
+        st = tmp_path / "st"
+        deadline = time.monotonic() + DEADLINE_S
+        child = None
+        while child is None and time.monotonic() < deadline:
+            try:
+                ids = Store(st, create=False).session_ids()
+                child = next((i for i in ids if any(e["type"] == "assistant/message" for e in store.inspect(Store(st, create=False), i).events)), None)
+            except store.SubagentError:
+                pass
+            time.sleep(0.05)
+        assert child is not None, "the turn never started"
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130, err
+        assert "died" not in err, err
+        ends = [e["data"] for e in store.inspect(Store(st, create=False), child).events if e["type"] == "turn/end"]
+        assert [e["stop_reason"] for e in ends] == ["aborted"], ends
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
