@@ -13,7 +13,9 @@ holding a quote or a backslash in a JSON error body).
 What it does *not* guarantee: a secret transformed beyond recognition
 (base64-encoded, split across lines) passes. Callers therefore also keep
 bodies short and never quote request headers themselves.
-Who calls it: ``worker/programs/llm.py`` for every diagnostic it returns.
+Who calls it: ``worker/programs/llm.py`` for every diagnostic it returns, and
+(``known``: the secrets alone) for every text the model sends back, which a
+proxy echoing the request could fill with the key.
 """
 
 from __future__ import annotations
@@ -55,6 +57,11 @@ class Redactor:
         self._secrets = sorted((v for v in variants if len(v) >= 4), key=len, reverse=True)
 
     def __call__(self, text: str) -> str:
+        return _SHAPES.sub(_shape, self.known(text))
+
+    def known(self, text: str) -> str:
+        """Only the known secrets replaced: for what a model wrote, where a key-shaped example (``sk-...``,
+        ``api_key: ...``) is the model's own words and stays, and the real key never does."""
         for secret in self._secrets:
             text = text.replace(secret, REDACTED)
-        return _SHAPES.sub(_shape, text)
+        return text

@@ -25,6 +25,10 @@ from subagents.supervisor import Capabilities, Provider, SubagentRequest, Superv
 from subagents.worker.programs.llm import SCHEMA_TEXT, LlmProgram, _transcript
 from subagents.worker.redaction import Redactor
 
+ECHOED_KEY = "not-shaped-like-a-key-2718281828"
+# Set at import, before any pool starts: forkserver workers inherit the forkserver's environment.
+os.environ.setdefault("FAKE_LLM_ECHOED_KEY", ECHOED_KEY)
+
 # One answer: ``(status, headers, body bytes)``, or a callable writing the reply itself (a trickle).
 Answer = tuple[int, dict[str, str], bytes] | Callable[[BaseHTTPRequestHandler], None]
 
@@ -196,6 +200,17 @@ async def test_an_output_schema_is_given_to_the_model(tmp_path, endpoint) -> Non
     result, _, _ = await run_once(tmp_path, program(base_url), output_schema=schema)
     assert (result.stop_reason, result.structured) == ("completed", {"answer": 42})
     assert SCHEMA_TEXT + json.dumps(schema) in seen[0]["messages"][0]["content"]
+
+
+async def test_a_reply_that_echoes_the_key_never_gets_it_into_the_log(tmp_path, endpoint, monkeypatch) -> None:
+    """The key is only ever sent in the Authorization header; a proxy echoing the request back as the reply
+    would put it in the model's text, which is logged. Key-shaped words of the model's own stay."""
+    base_url, seen, answers = endpoint
+    answers.append(completion(f"you sent {ECHOED_KEY}; an example key looks like sk-EXAMPLEKEY123"))
+    result, events, _ = await run_once(tmp_path, LlmProgram(base_url=base_url, model="fake", api_key_env="FAKE_LLM_ECHOED_KEY"))
+    assert result.output == "you sent [redacted]; an example key looks like sk-EXAMPLEKEY123"
+    assert ECHOED_KEY.encode() not in b"".join(open(os.path.join(d, f), "rb").read()
+                                              for d, _, files in os.walk(tmp_path / "st") for f in files)
 
 
 def test_a_key_quoted_in_a_json_body_is_redacted_in_its_escaped_form_too() -> None:

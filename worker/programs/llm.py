@@ -205,6 +205,7 @@ class LlmProgram:
                 if isinstance(reply, str):
                     return TurnResult(stop_reason="error", diagnostic=redact(f"the model endpoint {self.base_url} {reply}"))
                 content, calls, finish = reply
+                content = redact.known(content)  # an echo of the request (a proxy's) must not carry the key into the log
                 if content:
                     await ctx.say(content)  # beside tool calls too: what the model said is in the log
                 if finish == "length":  # cut off: tool calls it holds may be cut too, and are not run
