@@ -40,7 +40,7 @@ from .identity import read_identity
 from .index_writers import IndexWriters
 from .reader import read_header
 from .records import index_problem
-from .errors import DurabilityError, SessionNotFoundError, SubagentError, UnavailableSessionError
+from .errors import DurabilityError, ReadOnlyStoreError, SessionNotFoundError, SubagentError, UnavailableSessionError
 from .root import Store
 from .steps import Steps
 
@@ -158,7 +158,8 @@ def prepare_index(store: Store, parent_id: str) -> None:
     """
     try:
         fd, _ = open_appendable(store.children_index_path(parent_id), owner=parent_id, key=f"index/children/{parent_id}")
-    except (UnavailableSessionError, DurabilityError) as exc:  # something in the way, or no inode left
+    # something in the way, no inode left, or a file another user owns: the first append reports it
+    except (UnavailableSessionError, DurabilityError, ReadOnlyStoreError) as exc:
         log.debug("children index of %s not prepared: %s", parent_id, exc)
         return
     os.close(fd)

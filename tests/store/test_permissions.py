@@ -224,3 +224,17 @@ def test_fsck_counts_a_session_it_may_not_read_as_unreadable_not_corrupt():
         text = io.StringIO()
         render.render_fsck(render.Output(text), report)
         assert "1 unreadable" in text.getvalue() and "committed work would be lost" not in text.getvalue()
+
+
+def test_preparing_an_index_another_user_owns_is_left_to_the_first_append():
+    """``prepare_index`` is best effort (made with every root): a file in the way it may not write is left for
+    the first append to report, as one in the way of any other kind, not raised at the root's creation."""
+    from subagents.store.index import prepare_index
+
+    with shared_folder() as folder:
+        st, root, _ = _tree(folder)
+        _open_to_all(st)
+        for sub, _, _ in os.walk(st.root):
+            os.chmod(sub, 0o777)
+        outcome = as_nobody(lambda: prepare_index(store.Store(st.root, create=False), root))
+        assert outcome == ("ok", None), outcome
