@@ -116,3 +116,42 @@ async def echo_upper(ctx: TurnContext) -> str:
 async def unsendable(ctx: TurnContext) -> TurnResult:
     """A structured value the pipe protocol cannot carry (not msgpack): its ``TurnDone`` cannot be sent."""
     return TurnResult(output="x", structured=object())
+
+
+# -- a program's ordinary mistakes: each ends its turn ``error`` saying what, its worker lives on -------------
+
+
+class OwnBaseException(BaseException):
+    """A program's own ``BaseException``: not an ``Exception``, not a cancellation."""
+
+
+async def says_a_number(ctx: TurnContext) -> None:
+    await ctx.say(123)  # type: ignore[arg-type]
+
+
+async def returns_a_number_as_output(ctx: TurnContext) -> TurnResult:
+    return TurnResult(output=123)  # type: ignore[arg-type]
+
+
+async def returns_an_unknown_stop_reason(ctx: TurnContext) -> TurnResult:
+    return TurnResult(output="o", stop_reason="banana")  # type: ignore[arg-type]
+
+
+async def returns_a_number_as_diagnostic(ctx: TurnContext) -> TurnResult:
+    return TurnResult(stop_reason="error", diagnostic=12)  # type: ignore[arg-type]
+
+
+async def raises_keyboard_interrupt(ctx: TurnContext) -> str:
+    raise KeyboardInterrupt
+
+
+async def raises_its_own_base_exception(ctx: TurnContext) -> str:
+    raise OwnBaseException("mine")
+
+
+async def returns_text_no_encoding_holds(ctx: TurnContext) -> str:
+    return "bad \udcff"
+
+
+async def returns_more_than_the_store_takes(ctx: TurnContext) -> str:
+    return "x" * (256 * 1024)

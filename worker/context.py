@@ -23,14 +23,18 @@ from .protocol import TurnSpec
 from .sessions import SessionAccess, SessionWriter
 from .tools import Toolbox, builtin_tools
 
-__all__ = ["TurnResult", "RunResult", "TurnContext", "BlockingTurnContext", "RpcCaller"]
+__all__ = ["RESULT_STOP_REASONS", "TurnResult", "RunResult", "TurnContext", "BlockingTurnContext", "RpcCaller"]
 
 RpcCaller = Callable[[str, dict[str, Any]], Awaitable[Any]]
+
+# the stop reasons a program may give (``TurnResult.stop_reason``); the others are the runtime's to say
+RESULT_STOP_REASONS = ("completed", "refusal", "max-tokens", "error")
 
 
 @dataclass
 class TurnResult:
-    """What a program may return instead of a plain string."""
+    """What a program may return instead of a plain string (checked at the turn's end: ``RESULT_STOP_REASONS``,
+    text for ``output`` and ``diagnostic``, ``structured`` a record can hold)."""
 
     output: str = ""
     structured: Any = None
@@ -170,7 +174,10 @@ class TurnContext:
         return [("step/end", {})]
 
     async def say(self, text: str) -> None:
-        """Record an assistant message; the last non-empty one is the turn's output."""
+        """Record an assistant message; the last non-empty one is the turn's output. ``TypeError`` for what is no
+        text (``say(123)`` was logged as a number, and the turn's end, which needs text, then never reached its caller)."""
+        if not isinstance(text, str):
+            raise TypeError(f"say takes text, not {type(text).__name__}")
         self._control.check()
         self._writer.append([("assistant/message", {"text": text})])
         if text:

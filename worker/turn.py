@@ -19,12 +19,13 @@ import traceback
 from typing import Any, Callable
 
 import anyio
+import msgpack
 
-from subagents.store.errors import FencedError, SubagentError
+from subagents.store.errors import FencedError, InvalidRecordError, RecordTooLargeError, SubagentError
 from subagents.store.root import Store
 
 from .budget import TurnControl, TurnStopped
-from .context import BlockingTurnContext, RpcCaller, TurnContext, TurnResult
+from .context import RESULT_STOP_REASONS, BlockingTurnContext, RpcCaller, TurnContext, TurnResult
 from .errors import BudgetExhaustedError
 from .programs import load_program
 from .protocol import TurnOutcome, TurnSpec
@@ -144,6 +145,50 @@ def _fenced(spec: TurnSpec, control: TurnControl, exc: FencedError) -> TurnOutco
     return TurnOutcome(stop_reason="error", diagnostic=truncate_diagnostic(f"{exc.code}: {exc}"), steps=control.steps, fenced=True)
 
 
+class _ProgramFailed(Exception):
+    """A program raised what is no ``Exception`` (``KeyboardInterrupt``, a ``BaseException`` of its own):
+    carried as one, so the turn ends ``error`` saying so instead of the worker dying of it."""
+
+    def __init__(self, failure: BaseException) -> None:
+        super().__init__(str(failure))
+        self.failure = failure
+
+
+def _program_failure(exc: BaseException) -> Exception:
+    """What the program raised, as the turn's failure; a cancellation (the turn's own stop, or the worker's)
+    and ``SystemExit`` (the program asked the worker to exit) go on as they are."""
+    if isinstance(exc, Exception):
+        return exc
+    if isinstance(exc, (anyio.get_cancelled_exc_class(), SystemExit, GeneratorExit)):
+        raise exc
+    return _ProgramFailed(exc)
+
+
+def _described(exc: BaseException) -> str:
+    """``Type: message`` of a program's failure, even when its ``__str__`` raises."""
+    try:
+        return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    except Exception:  # noqa: BLE001 - the failure's own text failed: its type is what is left
+        return type(exc).__name__
+
+
+def _check_result(result: TurnResult) -> None:
+    """A ``TurnResult`` a caller, a log and a listing can all hold: ``TypeError``/``ValueError`` (the turn ends
+    ``error`` naming the field) for output or diagnostic that is no text, an unknown stop reason, or structured
+    output no record can hold. A result the supervisor could not take used to leave its caller waiting."""
+    if not isinstance(result.output, str):
+        raise TypeError(f"TurnResult.output must be text, not {type(result.output).__name__}")
+    if result.diagnostic is not None and not isinstance(result.diagnostic, str):
+        raise TypeError(f"TurnResult.diagnostic must be text or None, not {type(result.diagnostic).__name__}")
+    if result.stop_reason not in RESULT_STOP_REASONS:
+        raise ValueError(f"TurnResult.stop_reason must be one of {', '.join(RESULT_STOP_REASONS)}, not {result.stop_reason!r}")
+    if result.structured is not None:
+        try:
+            msgpack.packb(result.structured)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise TypeError(f"TurnResult.structured cannot be stored ({exc})") from None
+
+
 async def _call_program(program: Any, ctx: TurnContext, control: TurnControl) -> Any:
     """Run the program under the turn's cancel scope: ``async def`` on the loop, plain ``def`` in a thread."""
     with control.scope:
@@ -180,23 +225,24 @@ async def _run(
             # one costs more than a short turn such as echo)
             try:
                 result = await _call_program(program, ctx, control)
-            except Exception as exc:
-                failure = exc
+            except BaseException as exc:
+                failure = _program_failure(exc)
         else:
             async with anyio.create_task_group() as timers:
                 timers.start_soon(_timer, control, spec.budget.timeout_ms)
                 try:
                     result = await _call_program(program, ctx, control)
-                except Exception as exc:
+                except BaseException as exc:
                     # kept out of the task group: leaving it with an error would wrap
                     # the program's exception in an ExceptionGroup, and the diagnostic
                     # (and the SubagentError branch below) would see only the wrapper
-                    failure = exc
+                    failure = _program_failure(exc)
                 timers.cancel_scope.cancel()
         if failure is not None:
             raise failure
         if control.cause is None:
             if isinstance(result, TurnResult):
+                _check_result(result)
                 output, structured = result.output, result.structured
                 stop_reason, diagnostic = result.stop_reason, result.diagnostic
             elif result is not None:
@@ -205,9 +251,10 @@ async def _run(
         pass
     except SubagentError as exc:
         stop_reason, diagnostic = "error", f"{exc.code}: {exc}"
+    except _ProgramFailed as exc:
+        stop_reason, diagnostic = "error", _described(exc.failure)
     except Exception as exc:
-        stop_reason = "error"
-        diagnostic = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        stop_reason, diagnostic = "error", _described(exc)
     if control.cause is not None:
         stop_reason, diagnostic = control.cause, control.diagnostic
     # the open step's end, the final message and turn/end go out as one append and one
@@ -227,6 +274,14 @@ async def _run(
     if control.cause is not None and control.why is not None:
         end["cause"] = control.why  # what stopped it (store/outcome.py reads it)
     closing.append(("turn/end", end))
-    writer.append(closing, commit=True)
+    try:
+        writer.append(closing, commit=True)
+    except (RecordTooLargeError, InvalidRecordError) as exc:
+        # what the program left cannot be stored (larger than the store takes, text no encoding holds):
+        # the turn still ends, in the log as in its result, saying why
+        output, structured, stop_reason = "", None, "error"
+        diagnostic = truncate_diagnostic(f"{exc.code}: the turn's closing message cannot be stored: {exc}")
+        closing = [event for event in closing if event[0] not in ("assistant/message", "turn/end")]
+        writer.append([*closing, ("turn/end", {"stop_reason": "error", "diagnostic": diagnostic})], commit=True)
     await writer.flush()
     return TurnOutcome(output=output, structured=structured, stop_reason=stop_reason, diagnostic=diagnostic, steps=control.steps)

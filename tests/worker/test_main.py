@@ -126,14 +126,15 @@ def test_two_turns_resident_at_once(peer, tmp_path):
     assert (done.call_id, done.outcome.output) == (1, "kid")
 
 
-def test_a_turn_that_fails_outside_its_runner_ends_the_worker(peer, tmp_path):
-    """Its outcome cannot be sent: the worker dies (its supervisor sees a dead worker) rather than
-    live on with a turn whose ``TurnDone`` never comes."""
+def test_a_structured_value_the_pipe_cannot_carry_ends_the_turn_not_the_worker(peer, tmp_path):
+    """It used to fail outside the runner (its ``TurnDone`` could not be encoded) and end the worker, while
+    the log said ``completed``: the turn's end refuses it first, in the log and the outcome alike."""
     peer.recv()
     peer.send(RunTurn(call_id=1, spec=session(tmp_path, "01BAD", helper("unsendable"), "m")))
-    peer.process.join(DEADLINE_S)
-    assert not peer.process.is_alive()
-    assert peer.process.exitcode != 0
+    done = peer.recv()
+    assert isinstance(done, TurnDone) and done.call_id == 1
+    assert done.outcome.stop_reason == "error" and done.outcome.diagnostic.startswith("TypeError: TurnResult.structured cannot be stored")
+    assert peer.process.is_alive()
 
 
 def test_shutdown_with_a_resident_turn_exits_cleanly(peer, tmp_path):

@@ -1,0 +1,53 @@
+"""A program's ordinary mistakes end its turn ``error``, saying what, in its result and its log alike; its
+worker lives on and the next child runs.
+
+Found by a probe that wrote faulty programs: ``ctx.say(123)`` or ``TurnResult(output=123)`` left the caller
+waiting forever (the supervisor could not take the result) while the listing said ``completed``; a program
+raising ``KeyboardInterrupt`` or a ``BaseException`` of its own killed its worker (and every other turn on
+it); a structured value no record holds killed the worker too, while the log said ``completed``; an output
+larger than the store takes, or text no encoding holds, left the turn open in the log for good (``crashed``)
+and printed a traceback; an unknown stop reason came back as ``error`` with no diagnostic.
+"""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from subagents.store import inspect
+from subagents.supervisor import Provider, SubagentRequest
+
+from ..conftest import HELPERS, open_supervisor
+
+pytestmark = pytest.mark.anyio
+
+CASES = [
+    ("says_a_number", "TypeError: say takes text, not int"),
+    ("returns_a_number_as_output", "TypeError: TurnResult.output must be text, not int"),
+    ("returns_an_unknown_stop_reason", "ValueError: TurnResult.stop_reason must be one of completed, refusal, max-tokens, error, not 'banana'"),
+    ("returns_a_number_as_diagnostic", "TypeError: TurnResult.diagnostic must be text or None, not int"),
+    ("unsendable", "TypeError: TurnResult.structured cannot be stored"),
+    ("raises_keyboard_interrupt", "KeyboardInterrupt"),
+    ("raises_its_own_base_exception", "tests.programs_for_tests.OwnBaseException: mine"),
+    ("returns_text_no_encoding_holds", "INVALID_RECORD: the turn's closing message cannot be stored"),
+    ("returns_more_than_the_store_takes", "RECORD_TOO_LARGE: the turn's closing message cannot be stored"),
+]
+
+
+@pytest.mark.parametrize("name, said", CASES, ids=[name for name, _ in CASES])
+async def test_a_program_mistake_ends_its_turn_error_and_its_worker_runs_the_next(tmp_path, name, said) -> None:
+    async with open_supervisor(tmp_path, pool_size=1, max_record_bytes=64 * 1024) as sup:
+        sup.register_provider(Provider(name="faulty", program=f"{HELPERS}:{name}"))
+        root = await sup.open_root()
+        run = await sup.start("faulty", SubagentRequest(parent=root, prompt="go"))
+        with anyio.fail_after(20):
+            result = await run.result()
+        assert result.stop_reason == "error" and result.diagnostic.startswith(said), result
+        [end] = [e["data"] for e in inspect(sup.store, run.id).events if e["type"] == "turn/end"]
+        assert (end["stop_reason"], end["diagnostic"]) == ("error", result.diagnostic)
+        await run.dispose()
+        after = await sup.start("echo", SubagentRequest(parent=root, prompt="still here"))
+        with anyio.fail_after(20):
+            assert (await after.result()).output == "still here"
+        await after.dispose()
+        assert sup.statistics().pool.crashed == 0
