@@ -155,6 +155,20 @@ class WorkerPool(Dispatcher[_Worker]):
                 await anyio.to_thread.run_sync(process.join, 1.0)
             _close_process(process)
             raise
+        if self._closing:
+            # a replacement that became ready after ``aclose`` listed the workers it shuts down: nobody
+            # would shut this one down, and its pipe reader would keep the supervisor open for good
+            with contextlib.suppress(OSError):  # it may be gone already: the join below says so
+                parent_conn.send_bytes(encode(Shutdown()))
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(process.join, 2.0)
+            if process.is_alive():
+                process.kill()
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(process.join, 1.0)
+            parent_conn.close()
+            _close_process(process)
+            return
         worker = _Worker(index, hello.pid, self._host, process, parent_conn)
         self._slots[index] = worker
         self._started += 1

@@ -60,3 +60,18 @@ async def test_calls_after_close_say_the_supervisor_is_closed(tmp_path):
         with pytest.raises(SubagentError) as caught:
             await call
         assert caught.value.code == "SUPERVISOR_CLOSED"
+
+
+async def test_a_close_right_after_a_worker_died_does_not_wait_for_its_replacement_forever(tmp_path):
+    """Found by a probe (half the runs of a program that killed its worker hung at close): the dead worker's
+    replacement was started after the close had listed the workers it shuts down, and nobody shut it down:
+    its pipe reader kept the supervisor's task group open for good. The close is bounded again."""
+    from subagents.supervisor import SubagentRequest
+
+    for attempt in range(12):
+        with anyio.fail_after(30):
+            async with open_supervisor(tmp_path / str(attempt), pool_size=1, durability="batched") as sup:
+                root = await sup.open_root()
+                run = await sup.start("script", SubagentRequest(parent=root, prompt='{"script": [{"exit": 3}]}'))
+                assert (await run.result()).stop_reason == "error"
+            # leaving the block is the close: it returned
