@@ -80,3 +80,22 @@ def test_script_accepts_toml_action_tables() -> None:
     assert parse_script(text) == [{"say": "hello"}, {"step": 2}, {"return": "done"}]
     with pytest.raises(ValueError):
         parse_script("neither json = nor [toml")
+
+
+@pytest.mark.parametrize("source, said", [
+    ("def f(:\n    pass\n", "importing it raised SyntaxError: invalid syntax"),
+    ("raise RuntimeError('no config')\n", "importing it raised RuntimeError: no config"),
+    ("import sys\nsys.exit(5)\n", "importing it raised SystemExit: 5"),
+], ids=["syntax-error", "raises", "exits"])
+def test_a_module_that_fails_as_it_is_imported_is_a_program_load_failure(tmp_path, monkeypatch, source, said):
+    """Found by a probe: `subagents run mod:f` of a module with a SyntaxError, or one raising at import, printed a
+    traceback and INTERNAL; one calling sys.exit() ended the CLI with no word. Each is PROGRAM_LOAD_FAILED."""
+    from subagents.worker.errors import ProgramLoadError
+    from subagents.worker.programs import load_program
+
+    name = f"faulty_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ProgramLoadError) as info:
+        load_program(f"{name}:f")
+    assert info.value.code == "PROGRAM_LOAD_FAILED" and said in info.value.message, info.value.message

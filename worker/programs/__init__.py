@@ -38,6 +38,9 @@ def load_program(reference: str | None, blob: bytes | None = None) -> Callable[.
             target = getattr(target, part)
     except (ImportError, AttributeError) as exc:
         raise ProgramLoadError(f'cannot load program "{reference}": {exc}', reference=reference) from exc
+    except (Exception, SystemExit) as exc:  # the module failed as it ran: a SyntaxError, its own error, sys.exit()
+        raise ProgramLoadError(f'cannot load program "{reference}": importing it raised {type(exc).__name__}: {exc}',
+                               reference=reference) from exc
     if not callable(target):
         raise ProgramLoadError(f'program "{reference}" is not callable', reference=reference)
     return target
