@@ -29,6 +29,7 @@ import logging
 import os
 import select
 import signal
+import sys
 import threading
 from collections import deque
 from typing import Any, Coroutine
@@ -276,6 +277,13 @@ def worker_entry(conn: Any, log_level: int = logging.WARNING, inherited: Any = N
     # A terminal's Ctrl-C goes to the whole foreground process group: the supervisor takes it and stops the
     # turns (``aborted``); a worker that died of it would read as a crash, its turn closed ``interrupted``
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # the host's stdout is the host's (``subagents run --json`` prints one document there): what a program
+    # prints goes to stderr, where the user still sees it
+    try:
+        sys.stdout.flush()
+        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):  # no real stdout or stderr here (an embedding host): nothing to keep apart
+        pass
     threading.Thread(target=_exit_at_hangup, args=(conn.fileno(),), name="subagents-hangup", daemon=True).start()
     logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s [child=%(child)s epoch=%(epoch)s]")
     for handler in logging.getLogger().handlers:

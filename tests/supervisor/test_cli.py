@@ -440,6 +440,17 @@ def test_run_prints_output_and_stop_reason(tmp_path: Path) -> None:
     assert labels == [None, "greet"]  # tree with no ROOT: the newest top-level sessions first
 
 
+def test_what_a_program_prints_goes_to_stderr_so_run_json_stays_one_document(tmp_path: Path) -> None:
+    """Found by a probe: a program's print() landed on the CLI's stdout before the JSON document (workers shared
+    its stdout), and `run --json | jq` failed. A worker's stdout is its stderr: what it prints is still shown."""
+    (tmp_path / "printer.py").write_text("async def f(ctx):\n    print('hello from the program', flush=True)\n    return 'done'\n")
+    env = _env(SUBAGENTS_POOL_SIZE="1", SUBAGENTS_DURABILITY="none")
+    done = cli("--store", "st", "run", "printer:f", "--json", cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["output"] == "done"
+    assert "hello from the program" in done.stderr
+
+
 # -- config ------------------------------------------------------------------------------------------------
 
 
