@@ -155,3 +155,24 @@ async def returns_text_no_encoding_holds(ctx: TurnContext) -> str:
 
 async def returns_more_than_the_store_takes(ctx: TurnContext) -> str:
     return "x" * (256 * 1024)
+
+
+_KEPT: list[TurnContext] = []
+
+
+async def keeps_its_context(ctx: TurnContext) -> str:
+    """Keeps its ``ctx`` past its turn (a global): a later turn on this worker uses it."""
+    _KEPT.append(ctx)
+    return "kept"
+
+
+async def uses_a_kept_context(ctx: TurnContext) -> str:
+    """Says how a context kept from an earlier turn refuses to record: each call's error, one per line."""
+    lines = []
+    for call in (lambda c: c.say("late"), lambda c: c.step()):
+        try:
+            await call(_KEPT[-1])
+            lines.append("recorded")
+        except Exception as exc:  # noqa: BLE001 - what it raised is the answer
+            lines.append(f"{type(exc).__name__} {getattr(exc, 'code', None)}: {exc}")
+    return "\n".join(lines)

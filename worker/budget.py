@@ -12,7 +12,7 @@ from typing import Literal
 
 import anyio
 
-from .errors import BudgetExhaustedError
+from .errors import BudgetExhaustedError, TurnGoneError
 
 __all__ = ["StopCause", "TurnStopped", "TurnControl"]
 
@@ -37,6 +37,7 @@ class TurnControl:
         self.diagnostic: str | None = None
         self.why: str | None = None  # what set the cause: "timeout", "max_steps", or a cancel reason
         self.scope = anyio.CancelScope()
+        self.ended = False  # the turn's end is written: a context a program kept past it records nothing more
 
     @property
     def stopping(self) -> bool:
@@ -60,6 +61,8 @@ class TurnControl:
         return True
 
     def check(self) -> None:
+        if self.ended:
+            raise TurnGoneError()
         if self.cause is not None:
             raise TurnStopped(self.cause)
 

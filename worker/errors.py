@@ -14,7 +14,7 @@ import signal
 
 from subagents.store.errors import SubagentError
 
-__all__ = ["BudgetExhaustedError", "ToolDeniedError", "ProgramLoadError", "ProtocolError", "WorkerCrashedError", "describe_exit"]
+__all__ = ["BudgetExhaustedError", "ToolDeniedError", "TurnGoneError", "ProgramLoadError", "ProtocolError", "WorkerCrashedError", "describe_exit"]
 
 
 class BudgetExhaustedError(SubagentError):
@@ -27,6 +27,16 @@ class ToolDeniedError(SubagentError, PermissionError):
     """Raised when a program calls a tool its filter hides or its sandbox forbids."""
 
     code = "TOOL_DENIED"
+
+
+class TurnGoneError(SubagentError):
+    """Raised when a program uses a ``TurnContext`` it kept after its turn ended (a global, a task it left running):
+    the same code as a request that reaches the supervisor after the turn (``TURN_GONE``)."""
+
+    code = "TURN_GONE"
+
+    def __init__(self) -> None:
+        super().__init__("the calling turn is gone")
 
 
 class ProgramLoadError(SubagentError, ImportError):

@@ -98,6 +98,7 @@ async def run_turn(
     except FencedError as exc:
         return _fenced(spec, control, exc)
     finally:
+        control.ended = True  # before the writer closes: a kept context says TURN_GONE, never "fd -1"
         await _store_call(sessions, writer.close)
     return outcome
 

@@ -51,3 +51,24 @@ async def test_a_program_mistake_ends_its_turn_error_and_its_worker_runs_the_nex
             assert (await after.result()).output == "still here"
         await after.dispose()
         assert sup.statistics().pool.crashed == 0
+
+
+async def test_a_context_kept_past_its_turn_says_the_turn_is_gone(tmp_path) -> None:
+    """A program that keeps ``ctx`` (a global) and uses it in a later turn got ``ValueError: file descriptor cannot
+    be a negative integer (-1)`` from ``say`` and ``step``; they say ``TURN_GONE``, as the requests that reach the
+    supervisor after the turn do, and nothing is written to the old session."""
+    async with open_supervisor(tmp_path, pool_size=1) as sup:
+        for name in ("keeps_its_context", "uses_a_kept_context"):
+            sup.register_provider(Provider(name=name, program=f"{HELPERS}:{name}"))
+        root = await sup.open_root()
+        first = await sup.start("keeps_its_context", SubagentRequest(parent=root, prompt="go"))
+        with anyio.fail_after(20):
+            assert (await first.result()).output == "kept"
+        before = inspect(sup.store, first.id).events
+        second = await sup.start("uses_a_kept_context", SubagentRequest(parent=root, prompt="go"))
+        with anyio.fail_after(20):
+            result = await second.result()
+        assert result.output.splitlines() == ["TurnGoneError TURN_GONE: the calling turn is gone"] * 2, result
+        assert inspect(sup.store, first.id).events == before
+        for run in (first, second):
+            await run.dispose()
