@@ -145,8 +145,8 @@ class TurnRpc:
     async def _rpc_report(self, content: Any, delivery: str = "quiet") -> str:
         return await self._continuation.report_from(self._spec.session_id, content, delivery=delivery)
 
-    async def _rpc_interrupt(self, child_id: str) -> None:
-        self._continuation.interrupt(child_id, AncestorAuthority(self._spec.session_id))
+    async def _rpc_interrupt(self, child_id: str) -> bool:
+        return self._continuation.interrupt(child_id, AncestorAuthority(self._spec.session_id))
 
 
 async def _dispose_when_done(run: SubagentRun) -> None:

@@ -176,3 +176,10 @@ async def uses_a_kept_context(ctx: TurnContext) -> str:
         except Exception as exc:  # noqa: BLE001 - what it raised is the answer
             lines.append(f"{type(exc).__name__} {getattr(exc, 'code', None)}: {exc}")
     return "\n".join(lines)
+
+
+async def interrupts_what_it_cannot(ctx: TurnContext) -> str:
+    """Interrupts a background one-shot child and an unknown id: what each ``interrupt`` answers."""
+    child = await ctx.spawn('{"script": [{"sleep": 200}, {"return": "slept"}]}', provider="script", wait=False)
+    assert isinstance(child, str)  # its id, without waiting
+    return f"{await ctx.interrupt(child)} {await ctx.interrupt('01NOSUCHCHILD000000000000A')}"

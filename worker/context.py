@@ -262,8 +262,11 @@ class TurnContext:
         self._writer.append([("report/sent", {"message_id": message_id, "delivery": delivery})])
         return message_id
 
-    async def interrupt(self, child_id: str) -> None:
-        await self._call("interrupt", child_id=child_id)
+    async def interrupt(self, child_id: str) -> bool:
+        """Stop the running turn of a continuable descendant; whether one was stopped. As in the reference,
+        what has no turn to stop here (a one-shot child, which its ``spawn`` handle disposes; an idle or
+        unknown id) is no error: the answer is False, never a success that did nothing."""
+        return bool(await self._call("interrupt", child_id=child_id))
 
 
 class BlockingTurnContext:

@@ -72,3 +72,16 @@ async def test_a_context_kept_past_its_turn_says_the_turn_is_gone(tmp_path) -> N
         assert inspect(sup.store, first.id).events == before
         for run in (first, second):
             await run.dispose()
+
+
+async def test_interrupt_from_a_program_says_whether_it_stopped_a_turn(tmp_path) -> None:
+    """Found by a probe: ``ctx.interrupt`` of a one-shot child or an unknown id returned None, which reads as done.
+    It does nothing there (the reference's rule: no error), and now answers False."""
+    async with open_supervisor(tmp_path, pool_size=2) as sup:
+        sup.register_provider(Provider(name="interrupter", program=f"{HELPERS}:interrupts_what_it_cannot"))
+        root = await sup.open_root()
+        run = await sup.start("interrupter", SubagentRequest(parent=root, prompt="go"))
+        with anyio.fail_after(20):
+            result = await run.result()
+        assert (result.stop_reason, result.output) == ("completed", "False False"), result
+        await run.dispose()
