@@ -254,6 +254,9 @@ class TurnContext:
         return str(await self._call("send_message", child_id=child_id, message=message))
 
     async def list_agents(self, scope: Literal["children", "descendants"] = "children") -> list[dict[str, Any]]:
+        """``ValueError`` for another scope (``list_agents("bogus")`` listed the children)."""
+        if scope not in ("children", "descendants"):
+            raise ValueError(f'scope must be "children" or "descendants", not {scope!r}')
         return list(await self._call("list_agents", scope=scope))
 
     async def report(self, content: Any, delivery: Literal["quiet", "wakeup"] = "quiet") -> str:

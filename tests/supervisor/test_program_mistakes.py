@@ -74,6 +74,17 @@ async def test_a_context_kept_past_its_turn_says_the_turn_is_gone(tmp_path) -> N
             await run.dispose()
 
 
+async def test_listing_agents_in_a_scope_there_is_not_is_an_error_not_the_children(tmp_path) -> None:
+    """Found by a probe: ``ctx.list_agents("bogus")`` listed the children."""
+    async with open_supervisor(tmp_path, pool_size=1) as sup:
+        root = await sup.open_root()
+        run = await sup.start("script", SubagentRequest(parent=root, prompt='{"script": [{"list": "bogus"}]}'))
+        with anyio.fail_after(20):
+            result = await run.result()
+        assert (result.stop_reason, result.diagnostic) == ("error", """ValueError: scope must be "children" or "descendants", not 'bogus'""")
+        await run.dispose()
+
+
 async def test_interrupt_from_a_program_says_whether_it_stopped_a_turn(tmp_path) -> None:
     """Found by a probe: ``ctx.interrupt`` of a one-shot child or an unknown id returned None, which reads as done.
     It does nothing there (the reference's rule: no error), and now answers False."""
