@@ -12,10 +12,9 @@ sessions grow first); then ``resolve_id`` says it is ambiguous.
 from __future__ import annotations
 
 import bisect
-import os
 from typing import Iterable
 
-from .errors import AmbiguousIdError, UnreadableStoreError
+from .errors import AmbiguousIdError
 from .ids import is_valid_session_id
 from .root import Store
 
@@ -28,12 +27,9 @@ MIN_PREFIX = 8
 
 def _names(store: Store) -> list[str]:
     try:
-        with os.scandir(store.sessions_dir) as entries:
-            return sorted(e.name for e in entries if is_valid_session_id(e.name))
+        return store.session_ids(any_type=True)  # ``STORE_UNREADABLE`` for a folder that does not list
     except FileNotFoundError:
         return []
-    except PermissionError as exc:
-        raise UnreadableStoreError.of(store.root, exc) from None
 
 
 def _common(a: str, b: str) -> int:

@@ -68,12 +68,17 @@ class TurnResult:
 
     outcome: TurnOutcome
     worker: WorkerRef | None  # the worker that took the turn; None: stopped before any did
-    crashed: bool = False  # the worker died (or was killed) under the turn: its log needs repair
     # why the turn was asked to stop (``Pool.cancel``'s reason: ``user``, ``parent``, ...), if it was: a crash
     # repair records it as the ``turn/end``'s cause (a worker killed for ignoring a cancel died because of
     # it), and a message dropped unrun as its ``message/discarded`` cause
     cancel_reason: str | None = None
-    crash: str | None = None  # how its worker died (``worker process 1234 exited with code 3``), when ``crashed``
+    # how its worker died under it (``worker process 1234 exited with code 3``), if it did: the repair says so
+    crash: str | None = None
+
+    @property
+    def crashed(self) -> bool:
+        """The worker died (or was killed) under the turn: its log needs repair."""
+        return self.crash is not None
 
     @property
     def dispatched(self) -> bool:

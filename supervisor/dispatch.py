@@ -82,8 +82,7 @@ class Turn:
     on_rpc: RpcHandler
     done: anyio.Event = field(default_factory=anyio.Event)
     outcome: TurnOutcome | None = None
-    crashed: bool = False
-    crash: str | None = None  # how its worker died, when ``crashed``
+    crash: str | None = None  # how its worker died under it, if it did (its log needs repair)
     worker: "WorkerSlot | None" = None
     parked: int = 0  # waiting RPCs in progress: a parked turn does not hold its worker's slot
     cancel_reason: str | None = None
@@ -104,7 +103,7 @@ class Turn:
         handed to a worker ahead (it ended there unwritten: cancelled, or its worker closed or died)."""
         assert self.outcome is not None
         ran = self.worker is not None and not self.queued
-        return TurnResult(self.outcome, self.worker.ref() if ran else None, self.crashed, self.cancel_reason, self.crash)
+        return TurnResult(self.outcome, self.worker.ref() if ran else None, self.cancel_reason, self.crash)
 
 
 @dataclass(eq=False)
@@ -225,7 +224,7 @@ class Dispatcher(Generic[W]):
         """``crash``: how the turn's worker died under it (its log needs repair, which records this)."""
         if turn.done.is_set():
             return
-        turn.outcome, turn.crashed, turn.crash = outcome, crash is not None, crash
+        turn.outcome, turn.crash = outcome, crash
         if turn.worker is not None:
             turn.worker.turns.pop(turn.call_id, None)
         turn.done.set()

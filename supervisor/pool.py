@@ -149,25 +149,13 @@ class WorkerPool(Dispatcher[_Worker]):
         try:
             hello = await self._ready(process, parent_conn)
         except BaseException:
-            parent_conn.close()
-            process.kill()
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(process.join, 1.0)
-            _close_process(process)
+            await _discard(process, parent_conn)
             raise
         if self._closing:
             # a replacement that became ready after ``aclose`` listed the workers it shuts down: nobody
-            # would shut this one down, and its pipe reader would keep the supervisor open for good
-            with contextlib.suppress(OSError):  # it may be gone already: the join below says so
-                parent_conn.send_bytes(encode(Shutdown()))
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(process.join, 2.0)
-            if process.is_alive():
-                process.kill()
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(process.join, 1.0)
-            parent_conn.close()
-            _close_process(process)
+            # would shut this one down, and its pipe reader would keep the supervisor open for good. It
+            # never took a turn: it goes as one that failed to start does
+            await _discard(process, parent_conn)
             return
         worker = _Worker(index, hello.pid, self._host, process, parent_conn)
         self._slots[index] = worker
@@ -309,6 +297,15 @@ class WorkerPool(Dispatcher[_Worker]):
         self._release(worker)
         if not self._closing:
             await self._start_worker(worker.index)
+
+
+async def _discard(process: Any, conn: Any) -> None:
+    """End a worker that never took a turn (it failed to start, or came ready as the pool closed)."""
+    conn.close()
+    process.kill()
+    with anyio.CancelScope(shield=True):
+        await anyio.to_thread.run_sync(process.join, 1.0)
+    _close_process(process)
 
 
 def _close_process(process: Any) -> bool:

@@ -23,10 +23,12 @@ from .protocol import TurnSpec
 from .sessions import SessionAccess, SessionWriter
 from .tools import Toolbox, builtin_tools
 
-__all__ = ["RESULT_STOP_REASONS", "TurnResult", "RunResult", "TurnContext", "BlockingTurnContext", "RpcCaller"]
+__all__ = ["AGENT_SCOPES", "RESULT_STOP_REASONS", "TurnResult", "RunResult", "TurnContext", "BlockingTurnContext", "RpcCaller"]
 
 RpcCaller = Callable[[str, dict[str, Any]], Awaitable[Any]]
 
+# what ``list_agents`` lists: the direct children, or every descendant
+AGENT_SCOPES = ("children", "descendants")
 # the stop reasons a program may give (``TurnResult.stop_reason``); the others are the runtime's to say
 RESULT_STOP_REASONS = ("completed", "refusal", "max-tokens", "error")
 
@@ -255,7 +257,7 @@ class TurnContext:
 
     async def list_agents(self, scope: Literal["children", "descendants"] = "children") -> list[dict[str, Any]]:
         """``ValueError`` for another scope (``list_agents("bogus")`` listed the children)."""
-        if scope not in ("children", "descendants"):
+        if scope not in AGENT_SCOPES:
             raise ValueError(f'scope must be "children" or "descendants", not {scope!r}')
         return list(await self._call("list_agents", scope=scope))
 

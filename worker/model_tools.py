@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable, Literal
 
 from subagents.store.errors import SubagentError
 
-from .context import RunResult, TurnContext
+from .context import AGENT_SCOPES, RunResult, TurnContext
 from .listing import render_rows
 
 __all__ = ["ToolOutcome", "ModelTool", "DelegationConfig", "model_tools", "foreground_failure_text"]
@@ -70,7 +70,7 @@ async def _list_agents(ctx: TurnContext | None, args: dict[str, Any]) -> ToolOut
     if ctx is None:
         return _no_agent("list_agents")
     scope = args.get("scope", "children")
-    if scope not in ("children", "descendants"):
+    if scope not in AGENT_SCOPES:
         return ToolOutcome('scope must be "children" or "descendants"', is_error=True)
     try:
         rows = await ctx.list_agents(scope=scope)

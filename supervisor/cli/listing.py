@@ -270,7 +270,7 @@ def cmd_top(inv: Invocation) -> int:
         with TopView(inv.out) as view:
             while True:
                 rows = snapshot()
-                view.update(rows if inv.out.json_mode else rows, time.time(), shorts(rows))
+                view.update(rows, time.time(), shorts(rows))
                 time.sleep(inv.args.interval)
     except KeyboardInterrupt:
         return 0
