@@ -183,3 +183,42 @@ async def interrupts_what_it_cannot(ctx: TurnContext) -> str:
     child = await ctx.spawn('{"script": [{"sleep": 200}, {"return": "slept"}]}', provider="script", wait=False)
     assert isinstance(child, str)  # its id, without waiting
     return f"{await ctx.interrupt(child)} {await ctx.interrupt('01NOSUCHCHILD000000000000A')}"
+
+
+async def returns_bytes(ctx: TurnContext) -> bytes:
+    return b"abc"
+
+
+async def returns_a_dict(ctx: TurnContext) -> dict[str, int]:
+    return {"a": 1}
+
+
+async def yields_its_output(ctx: TurnContext):  # type: ignore[no-untyped-def]
+    """An async generator: a program that is no coroutine function, whose call returns the generator."""
+    yield "x"
+
+
+def returns_a_coroutine(ctx) -> object:  # type: ignore[no-untyped-def]
+    """A plain ``def`` handing back a coroutine it never awaits."""
+    return echo_upper(ctx)
+
+
+async def sends_what_cannot_be_sent(ctx: TurnContext) -> str:
+    """Each request to the supervisor with an argument no message holds: what each raised, one per line, then
+    how many children it has (none: nothing was created)."""
+    lines = []
+    calls = [
+        lambda: ctx.spawn(object()),
+        lambda: ctx.spawn("hi", wait=False, output_schema={"type": object()}),
+        lambda: ctx.start_continuable("hi", label="x", persona=object()),
+        lambda: ctx.send_message("01NOSUCHCHILD000000000000A", {1, 2}),
+        lambda: ctx.report(object()),
+    ]
+    for call in calls:
+        try:
+            await call()
+            lines.append("sent")
+        except Exception as exc:  # noqa: BLE001 - what it raised is the answer
+            lines.append(f"{type(exc).__name__} {getattr(exc, 'code', None)}: {exc}")
+    lines.append(str(len(await ctx.list_agents())))
+    return "\n".join(lines)

@@ -17,8 +17,10 @@ from typing import Any, Awaitable, Callable, Literal
 
 import anyio
 import anyio.from_thread
+import msgpack
 
 from .budget import TurnControl, TurnStopped
+from .errors import UnsendableArgumentError
 from .protocol import TurnSpec
 from .sessions import SessionAccess, SessionWriter
 from .tools import Toolbox, builtin_tools
@@ -217,6 +219,7 @@ class TurnContext:
 
     async def _call(self, method: str, **args: Any) -> Any:
         self._control.check()
+        _require_sendable(_CALLED_AS.get(method, method), args)
         return await self._rpc(method, args)
 
     async def spawn(
@@ -249,6 +252,7 @@ class TurnContext:
         return RunResult.from_wire(await self._call("wait_run", run_id=run_id))
 
     async def start_continuable(self, prompt: Any, *, label: str, provider: str | None = None, **options: Any) -> tuple[str, str]:
+        _require_sendable("start_continuable", options)  # each option by its own name, not as "options"
         child_id, message_id = await self._call("start_continuable", prompt=prompt, label=label, provider=provider, options=options)
         return child_id, message_id
 
@@ -272,6 +276,20 @@ class TurnContext:
         what has no turn to stop here (a one-shot child, which its ``spawn`` handle disposes; an idle or
         unknown id) is no error: the answer is False, never a success that did nothing."""
         return bool(await self._call("interrupt", child_id=child_id))
+
+
+# the requests whose public name is not the one they travel under
+_CALLED_AS = {"spawn_wait": "spawn", "wait_run": "wait"}
+
+
+def _require_sendable(call: str, args: dict[str, Any]) -> None:
+    """``UnsendableArgumentError`` naming the first argument no message holds, before anything is sent: msgpack's
+    bare ``TypeError`` from deep inside the pipe said neither which call nor which argument."""
+    for name, value in args.items():
+        try:
+            msgpack.packb(value, use_bin_type=True)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise UnsendableArgumentError(call, name, exc) from None
 
 
 class BlockingTurnContext:

@@ -3,6 +3,7 @@
     SubagentError (store/errors.py)
     ├── BudgetExhaustedError    a turn ran past max_steps or timeout_ms
     ├── ToolDeniedError         a filtered or sandbox-forbidden tool was called
+    ├── UnsendableArgumentError INVALID_REQUEST: a program's request to the supervisor has an argument no message holds (also TypeError)
     ├── ProgramLoadError        a program reference cannot be imported
     ├── ProtocolError           bytes on a worker pipe that are not a message of its protocol (also ValueError)
     └── WorkerCrashedError      a worker process died under a call (pid, exit code, signal; node and cause on a cluster)
@@ -14,7 +15,7 @@ import signal
 
 from subagents.store.errors import SubagentError
 
-__all__ = ["BudgetExhaustedError", "ToolDeniedError", "TurnGoneError", "ProgramLoadError", "ProtocolError", "WorkerCrashedError", "describe_exit"]
+__all__ = ["BudgetExhaustedError", "ToolDeniedError", "UnsendableArgumentError", "TurnGoneError", "ProgramLoadError", "ProtocolError", "WorkerCrashedError", "describe_exit"]
 
 
 class BudgetExhaustedError(SubagentError):
@@ -27,6 +28,17 @@ class ToolDeniedError(SubagentError, PermissionError):
     """Raised when a program calls a tool its filter hides or its sandbox forbids."""
 
     code = "TOOL_DENIED"
+
+
+class UnsendableArgumentError(SubagentError, TypeError):
+    """Raised inside a turn, before anything is sent, when an argument of ``ctx.spawn``, ``ctx.send_message``,
+    ``ctx.report`` and the like is no value a message holds (an ``object()``, a set): the same code as a
+    request the supervisor refuses, since nothing was created either way."""
+
+    code = "INVALID_REQUEST"
+
+    def __init__(self, call: str, argument: str, cause: Exception) -> None:
+        super().__init__(f"{call}: {argument} cannot be sent ({cause})", call=call, argument=argument)
 
 
 class TurnGoneError(SubagentError):

@@ -190,6 +190,14 @@ def _check_result(result: TurnResult) -> None:
             raise TypeError(f"TurnResult.structured cannot be stored ({exc})") from None
 
 
+def _refuse_result(result: object) -> None:
+    """``TypeError`` for a program's return value that is neither text nor a ``TurnResult`` (bytes, a dict, the
+    generator an ``async def`` that yields returns): its ``str()`` used to become the output, as if completed."""
+    if pyinspect.iscoroutine(result):
+        result.close()  # never awaited, and never will be: no "was never awaited" warning on top
+    raise TypeError(f"a program returns text or a TurnResult, not {type(result).__name__}")
+
+
 async def _call_program(program: Any, ctx: TurnContext, control: TurnControl) -> Any:
     """Run the program under the turn's cancel scope: ``async def`` on the loop, plain ``def`` in a thread."""
     with control.scope:
@@ -246,8 +254,10 @@ async def _run(
                 _check_result(result)
                 output, structured = result.output, result.structured
                 stop_reason, diagnostic = result.stop_reason, result.diagnostic
+            elif isinstance(result, str):
+                output = result
             elif result is not None:
-                output = str(result)
+                _refuse_result(result)
     except (TurnStopped, BudgetExhaustedError):
         pass
     except SubagentError as exc:

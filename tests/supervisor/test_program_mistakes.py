@@ -31,6 +31,10 @@ CASES = [
     ("raises_its_own_base_exception", "tests.programs_for_tests.OwnBaseException: mine"),
     ("returns_text_no_encoding_holds", "INVALID_RECORD: the turn's closing message cannot be stored"),
     ("returns_more_than_the_store_takes", "RECORD_TOO_LARGE: the turn's closing message cannot be stored"),
+    ("returns_bytes", "TypeError: a program returns text or a TurnResult, not bytes"),
+    ("returns_a_dict", "TypeError: a program returns text or a TurnResult, not dict"),
+    ("yields_its_output", "TypeError: a program returns text or a TurnResult, not async_generator"),
+    ("returns_a_coroutine", "TypeError: a program returns text or a TurnResult, not coroutine"),
 ]
 
 
@@ -95,4 +99,26 @@ async def test_interrupt_from_a_program_says_whether_it_stopped_a_turn(tmp_path)
         with anyio.fail_after(20):
             result = await run.result()
         assert (result.stop_reason, result.output) == ("completed", "False False"), result
+        await run.dispose()
+
+
+async def test_a_request_with_an_argument_no_message_holds_is_invalid_and_creates_nothing(tmp_path) -> None:
+    """Found by a probe: ``ctx.spawn(object())`` and the like raised msgpack's bare ``TypeError: can not serialize
+    'object' object``. Each is ``INVALID_REQUEST`` naming the call and the argument, raised before anything is sent."""
+    async with open_supervisor(tmp_path, pool_size=1) as sup:
+        sup.register_provider(Provider(name="sender", program=f"{HELPERS}:sends_what_cannot_be_sent"))
+        root = await sup.open_root()
+        run = await sup.start("sender", SubagentRequest(parent=root, prompt="go"))
+        with anyio.fail_after(20):
+            result = await run.result()
+        assert result.stop_reason == "completed", result
+        assert result.output.splitlines() == [
+            "UnsendableArgumentError INVALID_REQUEST: spawn: prompt cannot be sent (can not serialize 'object' object)",
+            "UnsendableArgumentError INVALID_REQUEST: spawn: output_schema cannot be sent (can not serialize 'object' object)",
+            "UnsendableArgumentError INVALID_REQUEST: start_continuable: persona cannot be sent (can not serialize 'object' object)",
+            "UnsendableArgumentError INVALID_REQUEST: send_message: message cannot be sent (can not serialize 'set' object)",
+            "UnsendableArgumentError INVALID_REQUEST: report: content cannot be sent (can not serialize 'object' object)",
+            "0",
+        ], result.output
+        assert await sup.list_children(run.id) == []
         await run.dispose()
