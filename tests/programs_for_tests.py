@@ -222,3 +222,26 @@ async def sends_what_cannot_be_sent(ctx: TurnContext) -> str:
             lines.append(f"{type(exc).__name__} {getattr(exc, 'code', None)}: {exc}")
     lines.append(str(len(await ctx.list_agents())))
     return "\n".join(lines)
+
+
+async def leaves_a_task_running(ctx: TurnContext) -> str:
+    """Starts a task that would beat forever, writing the time to the file named by the message, and returns
+    without awaiting it; the task says in the same file that it was cancelled."""
+    import asyncio
+
+    path = ctx.text
+
+    async def beat() -> None:
+        try:
+            while True:
+                with open(path, "a") as f:
+                    f.write("beat\n")
+                await asyncio.sleep(0.01)
+        except asyncio.CancelledError:
+            with open(path, "a") as f:
+                f.write("cancelled\n")
+            raise
+
+    asyncio.get_running_loop().create_task(beat())
+    await asyncio.sleep(0.05)
+    return "left it"

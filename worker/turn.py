@@ -27,6 +27,7 @@ from subagents.store.root import Store
 from .budget import TurnControl, TurnStopped
 from .context import RESULT_STOP_REASONS, BlockingTurnContext, RpcCaller, TurnContext, TurnResult
 from .errors import BudgetExhaustedError
+from .leftovers import cancel_leftovers, tracked
 from .programs import load_program
 from .protocol import TurnOutcome, TurnSpec
 from .sessions import LocalSessions, SessionAccess, SessionWriter
@@ -199,11 +200,18 @@ def _refuse_result(result: object) -> None:
 
 
 async def _call_program(program: Any, ctx: TurnContext, control: TurnControl) -> Any:
-    """Run the program under the turn's cancel scope: ``async def`` on the loop, plain ``def`` in a thread."""
-    with control.scope:
-        if pyinspect.iscoroutinefunction(program) or pyinspect.iscoroutinefunction(getattr(program, "__call__", None)):
-            return await program(ctx)
-        return await anyio.to_thread.run_sync(program, BlockingTurnContext(ctx, control))
+    """Run the program under the turn's cancel scope: ``async def`` on the loop, plain ``def`` in a thread.
+    The tasks it leaves running are cancelled as it returns or fails (``worker/leftovers.py``)."""
+    with tracked() as owned:
+        try:
+            with control.scope:
+                if pyinspect.iscoroutinefunction(program) or pyinspect.iscoroutinefunction(getattr(program, "__call__", None)):
+                    return await program(ctx)
+                return await anyio.to_thread.run_sync(program, BlockingTurnContext(ctx, control))
+        finally:
+            if owned:
+                with anyio.CancelScope(shield=True):
+                    await cancel_leftovers(owned, who=f"turn of {ctx.session_id}")
 
 
 async def _run(

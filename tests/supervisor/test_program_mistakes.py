@@ -122,3 +122,26 @@ async def test_a_request_with_an_argument_no_message_holds_is_invalid_and_create
         ], result.output
         assert await sup.list_children(run.id) == []
         await run.dispose()
+
+
+async def test_a_task_the_program_leaves_running_is_cancelled_as_its_turn_ends(tmp_path) -> None:
+    """Found by a probe: a task a program started and never awaited ran on after its turn, on that worker's loop,
+    slowing every later turn there. It is cancelled before the turn's closing records, as ``asyncio.run`` cancels
+    what its main coroutine left; the worker runs the next turn."""
+    beats = tmp_path / "beats"
+    async with open_supervisor(tmp_path, pool_size=1) as sup:
+        sup.register_provider(Provider(name="leaver", program=f"{HELPERS}:leaves_a_task_running"))
+        root = await sup.open_root()
+        run = await sup.start("leaver", SubagentRequest(parent=root, prompt=str(beats)))
+        with anyio.fail_after(20):
+            result = await run.result()
+        assert (result.stop_reason, result.output) == ("completed", "left it"), result
+        lines = beats.read_text().splitlines()
+        assert lines[-1] == "cancelled" and set(lines[:-1]) == {"beat"}, lines
+        await anyio.sleep(0.2)
+        assert beats.read_text().splitlines() == lines  # nothing beats any more
+        after = await sup.start("echo", SubagentRequest(parent=root, prompt="still here"))
+        with anyio.fail_after(20):
+            assert (await after.result()).output == "still here"
+        for done in (run, after):
+            await done.dispose()
