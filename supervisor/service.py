@@ -41,7 +41,7 @@ from subagents.store import (
     list_children,
     list_descendants,
     pending,
-    read_projection,
+    SeqMismatchError,
     read_header,
     release_lease,
 )
@@ -366,15 +366,23 @@ class Supervisor:
             raise UnauthorizedError.not_own_root(root_id)
 
         def take() -> list[MailboxMessage]:
-            projection = read_projection(self.store, root_id)
-            messages = pending(
-                self.store, root_id, consumed=projection.consumed, last_consumed_id=projection.last_message_id,
-                mailbox_end=projection.mailbox_end,
-            )
-            if messages:
-                with LogWriter.open(self.store, root_id, epoch=epoch) as writer:
-                    writer.append([("message/accepted", m.to_event_data()) for m in messages], commit=True)
-            return messages
+            # what is pending is read from the projection of the writer that consumes it, and consumed only
+            # if no other take appended since (the log's next seq): two takes at once (a ``wait_for_message``
+            # poller beside a call) each returned the same message, and the log consumed it twice
+            with LogWriter.open(self.store, root_id, epoch=epoch) as writer:
+                while True:
+                    projection = writer.projection
+                    messages = pending(
+                        self.store, root_id, consumed=projection.consumed, last_consumed_id=projection.last_message_id,
+                        mailbox_end=projection.mailbox_end,
+                    )
+                    if not messages:
+                        return messages
+                    try:
+                        writer.append([("message/accepted", m.to_event_data()) for m in messages], first_seq=writer.next_seq, commit=True)
+                    except SeqMismatchError:
+                        continue  # the other take's records are folded in now: what is left, again
+                    return messages
 
         return await anyio.to_thread.run_sync(take)
 
