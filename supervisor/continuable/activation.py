@@ -231,6 +231,12 @@ class ActivationTable:
             seen.add(parent)
             current = parent
 
+    def live_kind(self, agent_id: str) -> str | None:
+        """``"root"`` or ``"child"`` (a one-shot child running here) for a live agent of this supervisor that has
+        no activation; None otherwise."""
+        live = self._agents.get(agent_id)
+        return live.kind if live is not None else None
+
     def parent_depth(self, parent_id: str) -> int:
         """The live parent's depth (its activation's, else the live agent's; 0 when neither is live)."""
         act = self._by_id.get(parent_id)

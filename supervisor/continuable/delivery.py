@@ -22,7 +22,7 @@ import logging
 from collections import OrderedDict
 from typing import Any
 
-from subagents.store import accept, read_header
+from subagents.store import OneShotDescriptor, Store, accept, read_header, read_projection
 from subagents.store.changes import ChangeWatch
 from subagents.store.errors import SubagentError
 from subagents.store.ids import validate_session_id
@@ -163,11 +163,24 @@ class Delivery:
         self._admission.admit(child_id)
         if act.disposing:
             raise ActivationClosingError.report_refused(child_id)
-        if not self._table.is_live(act.parent_id):
+        if not await self.takes_messages(act.parent_id):
             raise ParentUnavailableError()
         text = f"Background subagent {child_id} reported:\n{prompt_text(content)}"
         source = {"kind": "subagent-report", "form": "relay", "sender_session_id": child_id}
         return await self.send_to(act.parent_id, source, text, wake=delivery == "wakeup")
+
+    async def takes_messages(self, recipient: str) -> bool:
+        """Whether a parent can take a report or a settlement notice: one resident here (its driver), a root or a
+        continuable child held anywhere or nowhere (its durable mailbox, taken by ``take_messages`` or consumed at
+        its next turn). A one-shot child, running or finished, never has a next turn and has no mailbox (its
+        prompt is in its log, consumed from none: a mailbox made for it disagrees with its log), and a session
+        that is gone has nowhere to keep one."""
+        if self._table.get(recipient) is not None:
+            return True
+        kind = self._table.live_kind(recipient)
+        if kind is not None:
+            return kind == "root"
+        return bool(await self._rt.store_thread.run(_takes_messages, self._rt.store, recipient))
 
     async def send_to(self, recipient: str, source: dict[str, Any], text: str, *, wake: bool) -> str:
         """Deliver to a parent: its activation's driver when resident, else its durable mailbox (a root's)."""
@@ -241,3 +254,10 @@ class Delivery:
         except SubagentError as exc:
             # another supervisor resumed it first (it delivers them), or admission closed
             log.info("child %s was not resumed for its pending messages: %s", child_id, exc)
+
+
+def _takes_messages(store: Store, session_id: str) -> bool:
+    """A session not live here takes messages in its mailbox unless it is a one-shot child or gone."""
+    if not store.exists(session_id):
+        return False
+    return not isinstance(read_projection(store, session_id).identity, OneShotDescriptor)

@@ -20,7 +20,7 @@ from typing import Any, Iterable
 
 import anyio
 
-from subagents.store import LogWriter, OneShotDescriptor, Store, list_descendants, pending, read_header, read_projection, release_lease
+from subagents.store import LogWriter, list_descendants, pending, read_header, release_lease
 from subagents.store.control import ControlRecord
 from subagents.store.control import request as control_request
 from subagents.store.errors import FencedError, SubagentError
@@ -187,7 +187,7 @@ class Teardown:
         wake = not self._admission.closed_below(act.parent_id)
         try:
             # resident: its driver takes it; else its mailbox, unless it can never have a next turn
-            if self._table.get(act.parent_id) is not None or await self._rt.store_thread.run(_takes_messages, self._rt.store, act.parent_id):
+            if await self._delivery.takes_messages(act.parent_id):
                 await self._delivery.send_to(act.parent_id, source, body, wake=wake)
             else:
                 log.info("subagent %s settled; its parent %s is a one-shot child (or gone), which takes no message: "
@@ -324,12 +324,3 @@ def _aimed_at(act: Activation, aim: dict[str, Any]) -> bool | None:
     if "after_message_id" in aim:
         return act.cursor.last_id == aim["after_message_id"]
     return None
-
-
-def _takes_messages(store: Store, session_id: str) -> bool:
-    """Whether a parent not resident here can take a settlement notice: a root or a continuable child does (its
-    mailbox, consumed at its next turn); a one-shot child never has a next turn (its prompt is in its log, it
-    has no mailbox), and a session that is gone has nowhere to keep one."""
-    if not store.exists(session_id):
-        return False
-    return not isinstance(read_projection(store, session_id).identity, OneShotDescriptor)
