@@ -43,6 +43,7 @@ from subagents.store import (
     pending,
     SeqMismatchError,
     read_header,
+    read_lease,
     release_lease,
 )
 from subagents.store.errors import FencedError
@@ -298,12 +299,27 @@ class Supervisor:
         """Start a continuable child; returns ``(child_id, message_id)`` once the prompt is durably accepted."""
         self._check_open()
         InvalidRequestError.require(spec, ContinuableSpec, "spec")
+        await self._require_root_held(spec.parent)
         return await self.continuation.start_continuable(spec)
 
     async def followup(self, parent: AgentRef | str, child_id: str, content: Any, *, source: dict[str, Any] | None = None) -> str:
         """Send the next FIFO turn to a child of ``parent``; cold-resumes it from the store when needed."""
         self._check_open()
+        await self._require_root_held(parent)
         return await self.continuation.followup(parent, child_id, content, source=source)
+
+    async def _require_root_held(self, parent: AgentRef | str) -> None:
+        """``FencedError`` when ``parent`` is a root this supervisor opened whose lease another supervisor took over
+        (this one was paused past its TTL): its children's notices would go to the new holder, and this
+        supervisor's own take of them is fenced. One read of the root's lease slots; other parents are checked
+        by the calls themselves."""
+        root_id = parent.id if isinstance(parent, AgentRef) else parent
+        epoch = self._root_epochs.get(root_id) if isinstance(root_id, str) else None
+        if epoch is None:
+            return
+        lease = await self.runtime.store_thread.run(read_lease, self.store, root_id)
+        if lease is None or lease.owner != self.lease_keeper.owner_id or lease.epoch != epoch or lease.state == "released":
+            raise FencedError(root_id, epoch=epoch, current_epoch=None if lease is None else lease.epoch)
 
     async def interrupt(
         self, child_id: str, *, authority: UserAuthority | AncestorAuthority, wait_s: float = 0.0,

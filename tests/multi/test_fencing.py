@@ -21,7 +21,7 @@ import pytest
 from subagents.store import Store, inspect, read_lease, read_mailbox, session_status
 from subagents.supervisor import Capabilities, Provider, Supervisor, SupervisorConfig
 
-from ._driver import S, poll
+from ._driver import DriverError, S, poll
 
 pytestmark = pytest.mark.anyio
 
@@ -100,3 +100,36 @@ async def test_a_paused_supervisor_is_fenced_after_takeover(tmp_path, hosts, who
         settled = notices()
         assert len(settled) == 1 and settled[0].content.endswith("resumed"), [m.content for m in settled]  # only the new host's
         await sup.drain([taken])
+
+
+async def test_a_supervisor_whose_root_was_taken_over_starts_no_more_work_under_it(tmp_path, hosts) -> None:
+    """Found by a probe: after a pause past its TTL and a takeover of its root, the old host still took
+    ``start_continuable`` and ``followup`` under that root (which need the exact live parent here); the new children's
+    notices went to the root's new holder, and the old host's own take was FENCED, so its program never saw them.
+    Both are FENCED now, before anything is made; a one-shot ``start``, which takes any parent the store holds, is
+    unchanged."""
+    st = Store(tmp_path / "store", durability="none")
+    paused = hosts.start(st.root, lease_ttl_s=TTL)
+    root = await paused.acall("open_root", label="paused")
+    child, _ = await paused.acall("start_continuable", parent=root, prompt=S({"return": "first"}), label="idle")
+    await poll(lambda: read_lease(st, child).state == "released" or "turn/end" in [e["type"] for e in inspect(st, child).events],
+               what="the child's first turn to end")
+    paused.stop()
+    await poll(lambda: session_status(st, root) == "complete", timeout=TTL * 20, what="the paused owner to read dead")
+    config = SupervisorConfig(pool_size=1, durability="none", lease_ttl_s=5.0)
+    async with Supervisor.open(store=st.root, config=config) as sup:
+        await sup.open_root(id=root)
+        paused.cont()
+        children_before = [row.id for row in await sup.list_children(root)]
+        for op, kwargs in (
+            ("start_continuable", {"parent": root, "prompt": S({"return": "late"}), "label": "late"}),
+            ("followup", {"parent": root, "child": child, "prompt": S({"return": "late"})}),
+            ("take_messages", {"root": root}),
+        ):
+            with pytest.raises(DriverError) as refused:
+                await paused.acall(op, **kwargs)
+            assert refused.value.code == "FENCED", (op, refused.value)
+        assert [row.id for row in await sup.list_children(root)] == children_before
+        assert [e["epoch"] for e in inspect(st, child).events if e["type"] == "turn/start"] == [1]
+        ran = await paused.acall("start", parent=root, prompt="one-shot")
+        assert ran["output"] == "one-shot", ran
