@@ -245,3 +245,29 @@ async def leaves_a_task_running(ctx: TurnContext) -> str:
     asyncio.get_running_loop().create_task(beat())
     await asyncio.sleep(0.05)
     return "left it"
+
+
+async def forks_and_returns(ctx: TurnContext) -> str:
+    """Forks; the child tries ``ctx.say``, writes what it raised to the file named by the message, and returns
+    (into the worker's code) while the parent returns its own answer."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            await ctx.say("from the fork")
+            said = "recorded"
+        except Exception as exc:  # noqa: BLE001 - what it raised is the answer
+            said = f"{type(exc).__name__} {getattr(exc, 'code', None)}: {exc}"
+        with open(ctx.text, "w") as f:
+            f.write(said)
+        return "the fork's"
+    os.waitpid(pid, 0)
+    return "the worker's"
+
+
+def forks_and_returns_blocking(ctx) -> str:  # type: ignore[no-untyped-def]
+    """The same from a plain ``def`` (its thread), the child raising instead of returning."""
+    pid = os.fork()
+    if pid == 0:
+        raise RuntimeError("the fork's")
+    os.waitpid(pid, 0)
+    return "the worker's"

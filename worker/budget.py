@@ -13,6 +13,7 @@ from typing import Literal
 import anyio
 
 from .errors import BudgetExhaustedError, TurnGoneError
+from .forks import forked
 
 __all__ = ["StopCause", "TurnStopped", "TurnControl"]
 
@@ -63,6 +64,8 @@ class TurnControl:
     def check(self) -> None:
         if self.ended:
             raise TurnGoneError()
+        if forked():
+            raise TurnGoneError.forked()
         if self.cause is not None:
             raise TurnStopped(self.cause)
 

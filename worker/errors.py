@@ -47,8 +47,13 @@ class TurnGoneError(SubagentError):
 
     code = "TURN_GONE"
 
-    def __init__(self) -> None:
-        super().__init__("the calling turn is gone")
+    def __init__(self, message: str = "the calling turn is gone") -> None:
+        super().__init__(message)
+
+    @classmethod
+    def forked(cls) -> "TurnGoneError":
+        """A process a program forked uses its ``ctx``: the turn is its worker's (``worker/forks.py``)."""
+        return cls("the calling turn is its worker's: this process was forked from it")
 
 
 class ProgramLoadError(SubagentError, ImportError):

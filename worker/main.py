@@ -36,6 +36,7 @@ from typing import Any, Coroutine
 
 import anyio
 
+from .forks import worker_started
 from .logcontext import FieldsFilter
 from .pipe import frame, serve_pipe
 from .protocol import Cancel, Ready, Reply, RunTurn, Shutdown, Started, TurnDone, Withdraw, Withdrawn, cancelled_before_start, decode, encode
@@ -272,6 +273,7 @@ def worker_entry(conn: Any, log_level: int = logging.WARNING, inherited: Any = N
     ``inherited`` is the supervisor's end of the pipe when the worker was forked
     with it: closed first, so that the supervisor's death reads as end of file.
     """
+    worker_started()
     if inherited is not None:
         inherited.close()
     # A terminal's Ctrl-C goes to the whole foreground process group: the supervisor takes it and stops the

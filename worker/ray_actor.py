@@ -30,6 +30,7 @@ from typing import Any, AsyncIterator
 import ray
 
 from .logcontext import FieldsFilter
+from .forks import worker_started
 from .protocol import Cancel, Reply, Rpc, RunTurn, TurnDone, TurnOutcome, decode, encode
 from .runner import TurnRunner
 from .service_writer import ServiceCall, ServiceSessions
@@ -60,6 +61,7 @@ class SubagentWorker:
     """One worker on a cluster node: the turns resident in this actor's process."""
 
     def __init__(self, service: Any, log_level: int = logging.WARNING) -> None:
+        worker_started()
         logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
         for handler in logging.getLogger().handlers:
             handler.addFilter(FieldsFilter())

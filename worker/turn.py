@@ -27,6 +27,7 @@ from subagents.store.root import Store
 from .budget import TurnControl, TurnStopped
 from .context import RESULT_STOP_REASONS, BlockingTurnContext, RpcCaller, TurnContext, TurnResult
 from .errors import BudgetExhaustedError
+from .forks import exit_forked
 from .leftovers import cancel_leftovers, tracked
 from .programs import load_program
 from .protocol import TurnOutcome, TurnSpec
@@ -199,6 +200,17 @@ def _refuse_result(result: object) -> None:
     raise TypeError(f"a program returns text or a TurnResult, not {type(result).__name__}")
 
 
+def _run_blocking(program: Any, ctx: BlockingTurnContext) -> Any:
+    """A plain ``def`` program, in its thread; a process it forks ends as it comes back (``worker/forks.py``)."""
+    try:
+        result = program(ctx)
+    except BaseException:
+        exit_forked(failed=True)
+        raise
+    exit_forked(failed=False)
+    return result
+
+
 async def _call_program(program: Any, ctx: TurnContext, control: TurnControl) -> Any:
     """Run the program under the turn's cancel scope: ``async def`` on the loop, plain ``def`` in a thread.
     The tasks it leaves running are cancelled as it returns or fails (``worker/leftovers.py``)."""
@@ -206,8 +218,14 @@ async def _call_program(program: Any, ctx: TurnContext, control: TurnControl) ->
         try:
             with control.scope:
                 if pyinspect.iscoroutinefunction(program) or pyinspect.iscoroutinefunction(getattr(program, "__call__", None)):
-                    return await program(ctx)
-                return await anyio.to_thread.run_sync(program, BlockingTurnContext(ctx, control))
+                    try:
+                        result = await program(ctx)
+                    except BaseException:
+                        exit_forked(failed=True)  # a process the program forked ends here (worker/forks.py)
+                        raise
+                    exit_forked(failed=False)
+                    return result
+                return await anyio.to_thread.run_sync(_run_blocking, program, BlockingTurnContext(ctx, control))
         finally:
             if owned:
                 with anyio.CancelScope(shield=True):

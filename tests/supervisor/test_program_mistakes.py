@@ -145,3 +145,26 @@ async def test_a_task_the_program_leaves_running_is_cancelled_as_its_turn_ends(t
             assert (await after.result()).output == "still here"
         for done in (run, after):
             await done.dispose()
+
+
+@pytest.mark.parametrize("name", ["forks_and_returns", "forks_and_returns_blocking"])
+async def test_a_process_the_program_forks_never_acts_as_its_worker(tmp_path, name) -> None:
+    """Found by a probe: a program that forked and let the child return sent the turn's answer twice on the
+    shared pipe and wrote its closing records twice, and the worker's next turn failed ("no running event
+    loop"). The forked child's ``ctx`` says TURN_GONE, it exits as it comes back from the program, and the
+    worker's turns go on."""
+    async with open_supervisor(tmp_path, pool_size=1) as sup:
+        sup.register_provider(Provider(name="forker", program=f"{HELPERS}:{name}"))
+        root = await sup.open_root()
+        for i in range(3):
+            said = tmp_path / f"said-{i}"
+            run = await sup.start("forker", SubagentRequest(parent=root, prompt=str(said)))
+            with anyio.fail_after(20):
+                result = await run.result()
+            assert (result.stop_reason, result.output) == ("completed", "the worker's"), result
+            types = [e["type"] for e in inspect(sup.store, run.id).events]
+            assert types.count("turn/end") == 1 and "assistant/message" in types, types
+            if name == "forks_and_returns":
+                assert said.read_text() == "TurnGoneError TURN_GONE: the calling turn is its worker's: this process was forked from it"
+            await run.dispose()
+        assert sup.statistics().pool.crashed == 0
