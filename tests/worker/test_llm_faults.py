@@ -60,6 +60,17 @@ def trickle(handler: BaseHTTPRequestHandler) -> None:
         pass  # the client gave up: what the test wants
 
 
+def cut_mid_reply(handler: BaseHTTPRequestHandler) -> None:
+    """Headers promising 1,000 bytes, 20 of them, then the connection closed."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", "1000")
+    handler.end_headers()
+    handler.wfile.write(b'{"id": "c", "choices"')
+    handler.wfile.flush()
+    handler.close_connection = True
+
+
 @pytest.fixture
 def endpoint() -> Iterator[tuple[str, list[dict[str, Any]], list[Answer]]]:
     """A fake endpoint answering request N with ``answers[N]`` (the last one repeats); every request is kept."""
@@ -120,6 +131,18 @@ async def test_a_reply_that_trickles_forever_is_cut_off_at_timeout_s(tmp_path, e
     result, _, took = await run_once(tmp_path, program(base_url, timeout_s=1.0, max_retries=0))
     assert (result.stop_reason, result.diagnostic) == ("error", "the model endpoint did not answer within timeout_s=1")
     assert took < 15 and len(seen) == 1
+
+
+async def test_a_reply_cut_off_mid_body_is_named_as_such_not_as_unreachable(tmp_path, endpoint) -> None:
+    """Found by a probe: an endpoint that answered, then closed the connection halfway through its body, was
+    reported as "unreachable (RemoteProtocolError)", which sends an operator to the network instead of the server.
+    It is retried like any broken connection."""
+    base_url, seen, answers = endpoint
+    answers.append(cut_mid_reply)
+    result, _, _ = await run_once(tmp_path, program(base_url, max_retries=1))
+    assert (result.stop_reason, result.diagnostic) == (
+        "error", f"the model endpoint {base_url} broke off its reply (RemoteProtocolError) (after 1 retries)"), result
+    assert len(seen) == 2
 
 
 async def test_retries_are_counted_as_made_and_the_endpoint_may_refuse_them(tmp_path, endpoint) -> None:

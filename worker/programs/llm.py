@@ -265,6 +265,8 @@ class LlmProgram:
             return f"the model endpoint did not answer within timeout_s={self.timeout_s:g}{retried}"
         if isinstance(exc, openai.APIConnectionError):
             cause = type(exc.__cause__).__name__ if exc.__cause__ is not None else "connection error"
+            if _broke_off(exc.__cause__):
+                return f"the model endpoint {self.base_url} broke off its reply ({cause}){retried}"
             return f"the model endpoint {self.base_url} is unreachable ({cause}){retried}"
         if isinstance(exc, openai.APIStatusError):
             body = _body_text(exc)
@@ -282,6 +284,18 @@ class LlmProgram:
             return f"the model endpoint {self.base_url} answered with a body that is not JSON ({type(exc).__name__}){retried}"
         log.warning("llm call failed", exc_info=exc)
         return f"the model call failed: {type(exc).__name__}"
+
+
+# a transport failure in reaching the endpoint (refused, no route, no name, a proxy in the way), by class name:
+# the client's HTTP layer is ``httpx`` in some releases and ``httpx2`` in others, with the same names
+_REACHING = frozenset({"ConnectError", "ConnectTimeout", "ProxyError", "UnsupportedProtocol"})
+
+
+def _broke_off(cause: BaseException | None) -> bool:
+    """Whether a connection failure came after the endpoint was reached (it closed or broke the connection
+    before its reply was whole), not from reaching it."""
+    names = {cls.__name__ for cls in type(cause).__mro__} if cause is not None else set()
+    return "TransportError" in names and not names & _REACHING
 
 
 @dataclass(frozen=True)
