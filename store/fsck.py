@@ -122,6 +122,8 @@ def fsck(store: Store, *, repair: bool, lease_ttl_s: float) -> dict[str, Any]:
         "counts": counts,
         "torn": [f["id"] for f in findings if f["kind"] == "torn"],
         "corrupt": [f["id"] for f in findings if f["kind"] in ("corrupt", "header-corrupt", "unreadable")],
+        # a sound log whose mailbox no longer lines up with it: every message sent to it is refused
+        "damaged_mailboxes": [f["id"] for f in findings if f["kind"] == "mailbox-damaged"],
         "repaired": [f["id"] for f in findings if f.get("repaired")],
         "findings": findings,
     }

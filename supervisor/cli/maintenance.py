@@ -93,7 +93,7 @@ def cmd_completion(inv: Invocation) -> int:
 def cmd_fsck(inv: Invocation) -> int:
     report = fsck(inv.open_store(write=inv.args.repair), repair=inv.args.repair, lease_ttl_s=inv.config.supervisor.lease_ttl_s)
     inv.emit(report, render.render_fsck)
-    return 1 if report["counts"]["corrupt"] else 0
+    return 1 if report["counts"]["corrupt"] or report["damaged_mailboxes"] else 0
 
 
 def cmd_check(inv: Invocation) -> int:

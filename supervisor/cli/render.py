@@ -310,6 +310,9 @@ def render_fsck(out: Output, report: dict[str, Any]) -> None:
         out.line(line)
     if counts["corrupt"]:
         out.line("corrupt sessions are never repaired automatically: their committed work would be lost")
+    if report["damaged_mailboxes"]:
+        out.line(f"messages sent to {len(report['damaged_mailboxes'])} session(s) are refused until their mailbox holds what "
+                 "their log consumed again (see each mailbox-damaged line)")
     if counts["unreadable"]:
         out.line("unreadable sessions were not checked: this process cannot read their files now (see each line)")
 

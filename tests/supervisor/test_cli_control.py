@@ -261,8 +261,13 @@ def test_send_to_a_child_whose_mailbox_lost_its_messages_is_refused(host, damage
         assert "mailbox and log disagree" in done.stderr and "Traceback" not in done.stderr
         with open(path, "rb") as handle:
             assert handle.read() == damage
-    fsck = json.loads(cli(store_path, "store", "fsck", "--json").stdout)
+    done = cli(store_path, "store", "fsck", "--json")
+    fsck = json.loads(done.stdout)
     assert [f["kind"] for f in fsck["findings"] if f["id"] == ids["child"]] == ["mailbox-damaged"]
+    # found by a probe: fsck exited 0 ("0 corrupt") while every message to the child is refused
+    assert done.returncode == 1 and fsck["damaged_mailboxes"] == [ids["child"]], fsck
+    human = cli(store_path, "store", "fsck")
+    assert human.returncode == 1 and "messages sent to 1 session(s) are refused" in human.stdout, human.stdout
     check = json.loads(cli(store_path, "store", "check", "--json").stdout)
     assert not check["clean"] and any(v["session_id"] == ids["child"] for v in check["violations"]), check
 
