@@ -220,5 +220,7 @@ async def _drain(config: DeploymentConfig, root: str, wait_s: float) -> dict[str
                 if waiting - set(asked):
                     asked += [c for c in await sup.drain_remote(root) if c not in asked]
                 await anyio.sleep(CONTROL_POLL_S)
+        # a host that died while asked leaves its children unhosted, their queued messages in place: drained here
+        asked += [c for c in await sup.drain_remote(root) if c not in asked]
         rows = await anyio.to_thread.run_sync(_continuable_rows, sup.store, root)
     return {"root": root, "drained": asked, "settled": settled, "children": rows}

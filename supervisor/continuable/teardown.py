@@ -31,6 +31,7 @@ from ..runtime import Runtime
 from .activation import Activation, ActivationTable, LeaseState, Lifecycle, log_fields
 from .admission import Admission
 from .delivery import Delivery
+from .unhosted import drain_unhosted
 from .settlement import bounded_line, epoch_stop_reason, settlement_text
 
 __all__ = ["Teardown"]
@@ -282,8 +283,10 @@ class Teardown:
         """Ask the supervisors hosting continuable descendants of ``root_id`` to tear them down.
 
         Writes a durable ``drain`` control record for each descendant whose lease a
-        live other supervisor holds; returns their ids. Admission below the root is
-        closed only in this supervisor (``drain``), not in theirs.
+        live other supervisor holds; returns their ids. One that nobody hosts is
+        drained here (``unhosted.py``): its open turn closed, its pending messages
+        discarded. Admission below the root is closed only in this supervisor
+        (``drain``), not in theirs.
         """
         store, ids = self._rt.store, self._rt.ids
 
@@ -291,9 +294,13 @@ class Teardown:
             found = []
             for row in list_descendants(store, root_id):
                 entry = row.entry
-                if getattr(entry, "mode", None) == "continuable" and entry.id not in self._table and self._delivery.held_elsewhere(entry.id):
+                if getattr(entry, "mode", None) != "continuable" or entry.id in self._table:
+                    continue
+                if self._delivery.held_elsewhere(entry.id):
                     control_request(store, entry.id, "drain", {"root": root_id}, ids=ids)
                     found.append(entry.id)
+                else:
+                    drain_unhosted(store, entry.id, self._rt.owner_id)
             return found
 
         with anyio.CancelScope(shield=True):

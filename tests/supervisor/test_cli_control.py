@@ -286,6 +286,27 @@ def test_drain_tears_down_a_child_hosted_elsewhere(host) -> None:
     assert proc.poll() is None  # the host lives on; only its child was drained
 
 
+def test_drain_of_a_child_whose_host_died_discards_its_queued_messages(host) -> None:
+    """Found by a probe: with the host killed, drain said every child was torn down ([complete], exit 0), but
+    nobody discarded the queued followups, and the next send ran them all. The drain does it itself now, under
+    the child's lease: the turn the host left open is closed, the queued messages are discarded (``drained``),
+    and a later send runs only its own message."""
+    store_path, ids, proc = host
+    root, child = ids["root"], ids["child"]
+    queued = [json.loads(ok(store_path, "send", child, script({"return": f"queued {i}"}), "--parent", root, "--json"))["message_id"]
+              for i in range(2)]
+    _kill(proc)
+    doc = json.loads(ok(store_path, "drain", root, "--json"))
+    assert [(c["id"], c["status"], c["outcome"]) for c in doc["children"]] == [(child, "complete", "drained")], doc
+    discarded = [e["data"] for e in events(store_path, child) if e["type"] == "message/discarded"]
+    assert [(d["message_id"], d["cause"]) for d in discarded] == [(m, "drain") for m in queued]
+    assert stop_reasons(store_path, child) == ["interrupted"]
+    ok(store_path, "send", child, script({"return": "after the drain"}), "--parent", root)
+    assert stop_reasons(store_path, child) == ["interrupted", "completed"]
+    texts = [e["data"]["text"] for e in events(store_path, child) if e["type"] == "assistant/message"]
+    assert texts == ["after the drain"], texts
+
+
 def test_drain_text_with_nothing_hosted(host) -> None:
     """Text output names what was asked; a child nobody hosts is already complete."""
     store_path, ids, proc = host

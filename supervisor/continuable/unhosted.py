@@ -1,0 +1,60 @@
+"""A drain of a continuable child that no live supervisor hosts (its host closed, or died).
+
+A hosted child is torn down by its host (a durable ``drain`` control record):
+its open turn stopped, its pending messages discarded. A child nobody hosts
+has nobody to do that, so a drain left its queued messages in place, and the
+next ``send`` ran them all, although the drain had reported the child torn
+down. The drainer does it instead, under the child's lease, taken for the
+moment as any resume takes it (a live other holder wins: it was asked): the
+resume path repairs a turn its dead host left open (``cause`` ``drain``),
+then the pending messages are recorded as consumed unrun
+(``message/discarded``, ``cause`` ``drain``), and the lease is released.
+A child with no open turn and nothing pending is not touched.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from subagents.store import LogWriter, Store, acquire_lease, pending, read_projection, release_lease
+from subagents.store.errors import LeaseHeldError, SubagentError
+
+__all__ = ["drain_unhosted"]
+
+log = logging.getLogger(__name__)
+
+
+def _pending_of(store: Store, child_id: str, writer: LogWriter | None = None) -> list:
+    p = writer.projection if writer is not None else read_projection(store, child_id)
+    return pending(store, child_id, consumed=p.consumed, last_consumed_id=p.last_message_id, mailbox_end=p.mailbox_end)
+
+
+def drain_unhosted(store: Store, child_id: str, owner_id: str) -> bool:
+    """Tear down a child nobody hosts (blocking); whether anything was written. A child that another
+    supervisor took meanwhile, or whose files refuse it, is left (logged)."""
+    try:
+        if read_projection(store, child_id).open_turn is None and not _pending_of(store, child_id):
+            return False
+        lease = acquire_lease(store, child_id, owner_id, state="idle")
+    except LeaseHeldError:
+        return False  # hosted after all: its host was asked
+    except SubagentError:
+        log.warning("could not drain %s, which no supervisor hosts", child_id, exc_info=True)
+        return False
+    try:
+        with LogWriter.open(store, child_id, epoch=lease.epoch, cause="drain") as writer:
+            messages = _pending_of(store, child_id, writer)
+            if messages:
+                writer.append([("message/discarded", {"message_id": m.id, "mailbox_end": m.end, "cause": "drain"})
+                               for m in messages], commit=True)
+            log.info("drained %s, which no supervisor hosted: %d pending message(s) discarded%s", child_id, len(messages),
+                     ", its open turn closed" if writer.repaired else "")
+        return True
+    except SubagentError:
+        log.warning("could not drain %s, which no supervisor hosts", child_id, exc_info=True)
+        return False
+    finally:
+        try:
+            release_lease(store, child_id, owner_id, lease.epoch)
+        except SubagentError:
+            log.warning("could not release the lease of %s after draining it", child_id, exc_info=True)
