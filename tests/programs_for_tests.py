@@ -271,3 +271,12 @@ def forks_and_returns_blocking(ctx) -> str:  # type: ignore[no-untyped-def]
         raise RuntimeError("the fork's")
     os.waitpid(pid, 0)
     return "the worker's"
+
+
+async def logs_a_warning(ctx: TurnContext) -> str:
+    """Logs from the turn's task and from a thread it starts: each record should name the child."""
+    import logging
+
+    logging.getLogger("tests.program").warning("from the task")
+    await anyio.to_thread.run_sync(lambda: logging.getLogger("tests.program").warning("from a thread"))
+    return "logged"

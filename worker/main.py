@@ -289,8 +289,8 @@ def worker_entry(conn: Any, log_level: int = logging.WARNING, inherited: Any = N
     threading.Thread(target=_exit_at_hangup, args=(conn.fileno(),), name="subagents-hangup", daemon=True).start()
     logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s [child=%(child)s epoch=%(epoch)s]")
     for handler in logging.getLogger().handlers:
+        handler.addFilter(FieldsFilter())  # first: the turn's fields, then "-" for what they leave unset
         handler.addFilter(_Defaults())
-        handler.addFilter(FieldsFilter())
     try:
         # A fresh context: a forked worker inherits the context of the supervisor task that
         # started it, where anyio (4.16 and later) has marked asyncio as running, and
