@@ -44,13 +44,14 @@ tables; split apart, each would reach into the others' state.)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Generic, TypeVar, cast
+from typing import Callable, Generic, Iterator, TypeVar, cast
 
 import anyio
 
@@ -148,6 +149,34 @@ class Dispatcher(Generic[W]):
         self._started = 0
         self._crash_count = 0
         self._withdrawn = 0
+        self._shields: set[anyio.CancelScope] = set()  # the pool's tasks a caller's cancellation must not end
+
+    # -- the pool's tasks and the caller's cancellation ---------------------------------
+
+    @contextlib.contextmanager
+    def _shielded(self) -> Iterator[anyio.CancelScope]:
+        """A scope shielded from the caller's cancellation, ended by the pool's close (``_end_shielded``).
+
+        The pool's tasks run in the supervisor's task group: a caller's deadline or task group around
+        ``Supervisor.open`` cancels them with the body, and the close that follows then waited out its
+        bounds (``cancel_grace_s + 10`` s) for answers nobody carried or read. Whatever tells a worker to
+        stop a turn, enforces that, or reads the turn's answer runs in one: the local pool's pipe reader
+        has such a scope per worker (``pool.py``); a task about one turn (the Ray pool's stream of it, its
+        cancel call; ``_enforce_cancel``) takes one here. Entered before the task's first checkpoint, so
+        a task started after the caller's cancel is covered too.
+        """
+        scope = anyio.CancelScope(shield=True)
+        self._shields.add(scope)
+        try:
+            with scope:
+                yield scope
+        finally:
+            self._shields.discard(scope)
+
+    def _end_shielded(self) -> None:
+        """At the end of close: the shielded tasks still running end (their workers are gone)."""
+        for scope in list(self._shields):
+            scope.cancel()
 
     # -- what a pool supplies ------------------------------------------------------
 
@@ -212,9 +241,11 @@ class Dispatcher(Generic[W]):
         self._tg.start_soon(self._enforce_cancel, turn)
 
     async def _enforce_cancel(self, turn: Turn) -> None:
-        with anyio.move_on_after(self._cancel_grace_s):
+        with self._shielded() as shield, anyio.move_on_after(self._cancel_grace_s):
             await turn.done.wait()
             return
+        if shield.cancel_called:
+            return  # the pool closed: its workers are gone
         worker = turn.worker
         if worker is not None and worker.alive and not turn.done.is_set():
             log.warning("turn ignored cancellation for %.1fs; killing worker %s", self._cancel_grace_s, worker.describe())

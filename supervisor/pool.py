@@ -211,6 +211,7 @@ class WorkerPool(Dispatcher[_Worker]):
                 await worker.watched.wait()
             self._release(worker)
             self._end_at_close(worker)
+        self._end_shielded()
 
     # -- reaching a worker (the dispatcher's hooks) ----------------------------------
 

@@ -219,6 +219,7 @@ class RayPool(Dispatcher[_Actor]):
         if self._service is not None:
             self._kill(self._service)
             self._service = None
+        self._end_shielded()  # after the kills: a stream still open reads the actor's death, or nothing
         if self._joined:
             import ray
 
@@ -246,12 +247,15 @@ class RayPool(Dispatcher[_Actor]):
         self._tg.start_soon(self._cancel_call, actor, turn, reason)
 
     async def _cancel_call(self, actor: _Actor, turn: Turn, reason: str) -> None:
+        """Shielded (``Dispatcher._shielded``): a close from a cancelled scope cancels its turns, and this call
+        is what carries that to the actor."""
         from ray.exceptions import RayActorError
 
-        try:
-            await actor.handle.cancel.remote(turn.call_id, reason)
-        except RayActorError:
-            pass  # the actor died: _watch reports it
+        with self._shielded():
+            try:
+                await actor.handle.cancel.remote(turn.call_id, reason)
+            except RayActorError:
+                pass  # the actor died: _watch reports it
 
     async def _send_reply(self, actor: _Actor, turn: Turn | None, reply: Reply) -> None:
         from ray.exceptions import RayActorError
@@ -269,7 +273,15 @@ class RayPool(Dispatcher[_Actor]):
     # -- per-actor tasks -------------------------------------------------------------
 
     async def _drive(self, actor: _Actor, turn: Turn) -> None:
-        """Stream one turn's frames: serve its RPCs, finish it on ``TurnDone``; a dead actor is a crash."""
+        """Stream one turn's frames: serve its RPCs, finish it on ``TurnDone``; a dead actor is a crash.
+
+        Shielded (``Dispatcher._shielded``), as the local pool's pipe reader: a close from a cancelled
+        scope cancels the turn and must still read how it ended; the close ends the stream otherwise.
+        """
+        with self._shielded():
+            await self._stream(actor, turn)
+
+    async def _stream(self, actor: _Actor, turn: Turn) -> None:
         from ray.exceptions import ActorUnavailableError, RayActorError
 
         try:

@@ -170,3 +170,42 @@ async def test_turns_per_worker(tmp_path: Path, kind: str) -> None:
             for run in runs:
                 assert (await run.result()).stop_reason == "aborted"
                 await run.dispose()
+
+
+@pytest.mark.parametrize("how", ["task group", "move_on_after"])
+async def test_close_from_a_cancelled_scope_stops_the_turn_promptly(tmp_path: Path, kind: str, how: str) -> None:
+    """A supervisor closed because the scope around it was cancelled still reaches its running turn: the
+    cancel gets to the worker and its answer is read, so the turn ends ``aborted`` by itself in well under
+    the close's bounds (before, on Ray, the pool's tasks were cancelled with the scope: ~12 s, then a repair)."""
+    running: list[str] = []
+    cancelled_at: list[float] = []
+
+    async def host(ready: anyio.Event) -> None:
+        async with open_pool_supervisor(tmp_path, kind, pool_size=1) as sup:
+            root = await sup.open_root()
+            run = await sup.start("node-then-sleep", SubagentRequest(parent=root, prompt="30000"))
+            await first_said(sup, run)
+            running.append(run.id)
+            ready.set()
+            await anyio.sleep(DEADLINE_S)
+        running.append(str(sup.store.root))
+
+    ready = anyio.Event()
+    with anyio.fail_after(DEADLINE_S * 3):
+        if how == "task group":
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(host, ready)
+                await ready.wait()
+                cancelled_at.append(anyio.current_time())
+                tg.cancel_scope.cancel()
+        else:
+            with anyio.move_on_after(DEADLINE_S * 2) as scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(host, ready)
+                    await ready.wait()
+                    cancelled_at.append(anyio.current_time())
+                    scope.cancel()
+    took = anyio.current_time() - cancelled_at[0]
+    assert took < 3.0, f"the close took {took:.1f}s"
+    async with open_pool_supervisor(tmp_path, "local") as sup:  # the store as the turn left it
+        assert last_turn_end(sup.store, running[0])["stop_reason"] == "aborted"  # its own end: not a crash repair
