@@ -25,13 +25,14 @@ from another process through the child's control file (``ControlPoller``).
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 import anyio
 
-from subagents.store import LogWriter, OneShotDescriptor, acquire_lease, delete_session, release_lease
+from subagents.store import LogWriter, OneShotDescriptor, acquire_lease, delete_session, read_from, release_lease
 from subagents.store.control import ControlRecord
 from subagents.store.errors import FencedError, SubagentError
 from subagents.store.session import CreatedSession, NewSession
@@ -308,9 +309,7 @@ class OneShotRuns:
         """On the event loop, once the turn ended: the run is finished at once when its worker committed the
         turn and released the lease (the usual case); otherwise a task repairs and releases it first."""
         state.worker = turn.worker
-        result = result_from_outcome(turn.outcome)
-        if state.cancelled is not None and result.stop_reason != "completed":
-            result = result.model_copy(update={"stop_reason": "aborted"})
+        result = _result_of(state, turn.outcome)
         if turn.outcome.released and not turn.crashed:
             self._finish(state, spec, info, result)
         else:
@@ -331,7 +330,11 @@ class OneShotRuns:
         epoch = spec.epoch  # raised by the fence before a crash repair
         try:
             if turn.crashed:
-                epoch = await anyio.to_thread.run_sync(self._repair, spec.session_id, spec.epoch, turn.cancel_reason, turn.crash)
+                epoch, committed = await anyio.to_thread.run_sync(self._repair, spec, turn.cancel_reason, turn.crash)
+                if committed is not None:
+                    log.warning("the worker of %s died after the turn's closing commit: its result is read from the log (%s)",
+                                spec.session_id, turn.crash, extra=fields)
+                    result = _result_of(state, committed)
         finally:
             with anyio.CancelScope(shield=True):
                 # a child start the turn left in flight lands in this session's children
@@ -357,18 +360,59 @@ class OneShotRuns:
         state.done.set()
         rt.events.emit("subagent/end", {**info, "stop_reason": result.stop_reason, "last_assistant_message": result.output or None})
 
-    def _repair(self, session_id: str, epoch: int, cause: str | None, crash: str | None) -> int:
-        """Fence, then balance a log whose worker died mid-turn (closers, torn tail); returns the new epoch.
+    def _repair(self, spec: TurnSpec, cause: str | None, crash: str | None) -> tuple[int, TurnOutcome | None]:
+        """Fence, then balance a log whose worker died mid-turn (closers, torn tail); returns the new epoch,
+        and the turn's outcome as its log says when the worker had committed its closing records.
         ``cause``: the cancel the turn was under (its worker killed for ignoring it), recorded on its ``turn/end``
         with ``crash``, how the worker died (the words the run's result gives).
 
         Fence before repair: the lease is taken again (epoch + 1) first, so a worker
         only *believed* dead (on a cluster node cut off from us) gets ``FencedError``
         on its next append instead of writing after the closers.
+
+        A worker may die between its closing commit and telling us (a Ray actor whose ``TurnDone`` was
+        still on its way, a process between its commit and its pipe write): the log then holds the
+        turn's own end, which the repair leaves alone, and the caller is told what the log says (as a
+        listing does), not a crash. One rule for every pool: it is read here, from the store.
         """
+        session_id = spec.session_id
+        epoch = spec.epoch
         try:
             epoch = acquire_lease(self._rt.store, session_id, self._rt.owner_id).epoch
-            LogWriter.open(self._rt.store, session_id, epoch=epoch, cause=cause, crash=crash).close()
+            with LogWriter.open(self._rt.store, session_id, epoch=epoch, cause=cause, crash=crash) as writer:
+                closed_by_worker = not writer.repaired and writer.projection.open_turn is None and writer.projection.turns > 0
+            if closed_by_worker:
+                return epoch, _committed_outcome(read_from(self._rt.store, session_id, 0), spec)
         except SubagentError:
             log.exception("repair of %s after a worker crash failed", session_id)
-        return epoch
+        return epoch, None
+
+
+def _result_of(state: _RunState, outcome: TurnOutcome) -> SubagentResult:
+    """A turn's result as its caller reads it: one cancelled meanwhile that did not complete reads ``aborted``."""
+    result = result_from_outcome(outcome)
+    if state.cancelled is not None and result.stop_reason != "completed":
+        result = result.model_copy(update={"stop_reason": "aborted"})
+    return result
+
+
+def _committed_outcome(events: list[dict[str, Any]], spec: TurnSpec) -> TurnOutcome | None:
+    """The outcome a one-shot turn's worker committed (its ``turn/end``, its last message), read back from
+    its log. The output is the last ``assistant/message`` of the turn, as the worker's own outcome has it;
+    a structured value is the output's JSON (what the worker validated), as a value the program gave
+    beside its output is not logged. ``None`` if the log holds no ``turn/end``."""
+    start = max((i for i, e in enumerate(events) if e["type"] == "turn/start"), default=0)
+    turn = events[start:]
+    end = next((e["data"] for e in reversed(turn) if e["type"] == "turn/end"), None)
+    if end is None:
+        return None
+    output = next((str(e["data"].get("text") or "") for e in reversed(turn) if e["type"] == "assistant/message"), "")
+    reason = "refusal" if end.get("stop_reason") == "blocked" else str(end.get("stop_reason"))  # the worker logs a refusal so
+    structured = None
+    if reason == "completed" and spec.output_schema is not None:
+        try:
+            structured = json.loads(output)
+        except ValueError:
+            structured = None
+    return TurnOutcome(stop_reason=reason, output=output, structured=structured, diagnostic=end.get("diagnostic"))
+

@@ -280,3 +280,28 @@ async def logs_a_warning(ctx: TurnContext) -> str:
     logging.getLogger("tests.program").warning("from the task")
     await anyio.to_thread.run_sync(lambda: logging.getLogger("tests.program").warning("from a thread"))
     return "logged"
+
+
+async def dies_after_its_commit(ctx: TurnContext) -> str:
+    """Says where it runs, returns ``done``; its process is killed (SIGKILL) the moment its closing
+    commit is in the log, before the worker can tell the supervisor how the turn ended (Ray tests)."""
+    import signal
+    import types
+
+    writer = ctx._writer
+    append, flush = writer.append, writer.flush
+    closed: list[bool] = []
+
+    def append_noting_the_end(self, batch, *, commit=False):  # type: ignore[no-untyped-def]
+        closed.extend(kind == "turn/end" for kind, _ in batch)
+        return append(batch, commit=commit)
+
+    async def flush_then_die(self) -> None:  # type: ignore[no-untyped-def]
+        await flush()
+        if any(closed):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    writer.append = types.MethodType(append_noting_the_end, writer)
+    writer.flush = types.MethodType(flush_then_die, writer)
+    await ctx.say(f"{_where()} {os.getpid()}")
+    return "done"

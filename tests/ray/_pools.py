@@ -21,6 +21,7 @@ def ray_providers() -> list[Provider]:
         Provider(name="node-pid", program=helper("node_pid"), capabilities=caps, continuable=True),
         Provider(name="node-then-sleep", program=helper("node_then_sleep"), capabilities=caps, continuable=True),
         Provider(name="node-then-hold", program=helper("node_then_hold"), capabilities=caps, continuable=True),
+        Provider(name="dies-after-its-commit", program=helper("dies_after_its_commit"), capabilities=caps),
         Provider(name="script-c", program="script", capabilities=caps, continuable=True),
     ]
 

@@ -209,3 +209,20 @@ async def test_close_from_a_cancelled_scope_stops_the_turn_promptly(tmp_path: Pa
     assert took < 3.0, f"the close took {took:.1f}s"
     async with open_pool_supervisor(tmp_path, "local") as sup:  # the store as the turn left it
         assert last_turn_end(sup.store, running[0])["stop_reason"] == "aborted"  # its own end: not a crash repair
+
+
+async def test_a_turn_committed_before_its_worker_died_reports_what_its_log_says(tmp_path: Path, kind: str) -> None:
+    """The worker dies (kill -9) after the turn's closing commit, before the supervisor hears how it ended:
+    the caller is told what the log says (completed, its output), as a listing says, not a crash; the
+    lease is released and no repair record is written."""
+    async with open_pool_supervisor(tmp_path, kind, pool_size=1, durability="strict") as sup:
+        root = await sup.open_root()
+        run = await sup.start("dies-after-its-commit", SubagentRequest(parent=root, prompt="x"))
+        with anyio.fail_after(DEADLINE_S):
+            result = await run.result()
+        assert (result.stop_reason, result.output) == ("completed", "done"), result.diagnostic
+        assert last_turn_end(sup.store, run.id)["stop_reason"] == "completed"
+        assert [row.outcome for row in await sup.list_children(root.id)] == ["completed"]
+        assert read_lease(sup.store, run.id).state == "released"
+        await wait_until(lambda: sup.statistics().pool.crashed == 1, what="the worker's death to be seen")
+        await run.dispose()
