@@ -174,6 +174,12 @@ class RayPool(Dispatcher[_Actor]):
         self._pending[index] = handle
         try:
             where = await handle.ready.remote()
+        except BaseException:
+            # an actor that never came ready never takes a turn: killed now (the start's deadline, the close,
+            # its death). Left to the garbage collector, one still waiting for room took the first CPU the
+            # close freed, whenever the caller's process stays joined to the cluster
+            self._kill(handle)
+            raise
         finally:
             self._pending.pop(index, None)
         self._admit(index, handle, where)
@@ -230,6 +236,8 @@ class RayPool(Dispatcher[_Actor]):
     def _kill(handle: Any) -> None:
         import ray
 
+        if not ray.is_initialized():
+            return  # disconnected at close: the cluster ended this driver's actors with it
         try:
             ray.kill(handle, no_restart=True)
         except ValueError:

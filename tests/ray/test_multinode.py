@@ -155,3 +155,30 @@ def test_a_driver_killed_by_sigkill_leaves_no_actors(tmp_path: Path, ray_cluster
         driver.wait(DEADLINE_S)
         reader.shutdown()
     anyio.run(lambda: wait_until(lambda: not any(alive(pid) for pid in pids), what="the dead driver's actors to exit"))
+
+
+async def test_an_actor_still_starting_when_open_gives_up_is_killed(tmp_path: Path, ray_cluster: SimulatedCluster) -> None:
+    """Three actors of one CPU on two one-CPU nodes, in a process that joined Ray itself (the pool does not
+    disconnect it at close): the start times out, and the actor still waiting for a CPU is killed with the
+    two that started. Before, it was left to the garbage collector and took the first CPU the close freed."""
+    import ray
+
+    from subagents.supervisor.errors import RayUnavailableError
+
+    def cpus() -> float:
+        return float(ray.available_resources().get("CPU", 0.0))
+
+    await wait_until(lambda: cpus() == 2.0, what="the cluster's two CPUs free")
+    with pytest.raises(RayUnavailableError) as failed:  # ``failed`` keeps the starting task's frames alive
+        async with open_pool_supervisor(tmp_path, "ray", pool_size=3, worker_ready_timeout_s=3.0):
+            pass
+
+    async def both_free_for_a_while() -> bool:
+        for _ in range(20):  # 2 s: a leftover actor is placed within a moment of a CPU freeing
+            if cpus() != 2.0:
+                return False
+            await anyio.sleep(0.1)
+        return True
+
+    await wait_until(both_free_for_a_while, what="both CPUs free for 2 s after the failed open")
+    assert failed.value.code == "RAY_UNAVAILABLE"
