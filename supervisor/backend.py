@@ -97,6 +97,7 @@ class PoolStatistics:
     crashed: int
     ahead: int = 0  # of ``queued``: handed to a worker ahead of a free slot (prefetch), waiting there
     withdrawn: int = 0  # turns handed ahead, then given back unstarted to run on a worker that fell idle
+    store_service_restarts: int = 0  # the Ray pool's store service died and was replaced (its workers with it)
 
 
 class Pool(Protocol):

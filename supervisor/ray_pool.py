@@ -28,7 +28,10 @@ every turn resident on it ``error`` — ``aborted`` if it was being cancelled �
 with ``WORKER_CRASHED`` naming the node, the pid and the cause, and a
 replacement starts (it waits for room if the node that had it is gone). The
 callers then fence the session (lease at epoch + 1) before repairing its log:
-across hosts "dead" is only the cluster's belief.
+across hosts "dead" is only the cluster's belief. A dead store service (a
+pending ``watch()`` call on it too) is replaced, and so is every worker actor,
+as each holds the dead service's handle: their turns end ``error`` saying so,
+and ``statistics().store_service_restarts`` counts it.
 
 One owner for the mutable state: every method and task runs on the
 supervisor's asyncio loop. Ray is imported only when this pool starts.
@@ -36,6 +39,7 @@ supervisor's asyncio loop. Ray is imported only when this pool starts.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -46,7 +50,7 @@ import anyio
 from subagents.worker.errors import WorkerCrashedError
 from subagents.worker.protocol import Reply, Rpc, RunTurn, TurnDone, TurnOutcome, decode, encode
 
-from .backend import WorkerRef
+from .backend import PoolStatistics, WorkerRef
 from .config import RayConfig
 from .dispatch import Dispatcher, Turn, WorkerSlot
 from .errors import RayUnavailableError
@@ -125,6 +129,8 @@ class RayPool(Dispatcher[_Actor]):
         self._service: Any = None
         self._worker_class: Any = None
         self._pending: dict[int, Any] = {}  # index → an actor handle not ready yet (killed on close)
+        self._service_class: Any = None
+        self._service_restarts = 0
 
     # -- life cycle ------------------------------------------------------------
 
@@ -140,11 +146,8 @@ class RayPool(Dispatcher[_Actor]):
         self._joined = join(self._config)
         self._worker_class = ray.remote(SubagentWorker)
         resource = self._config.store_resource
-        self._service = (
-            ray.remote(StoreService)
-            .options(num_cpus=0, resources={resource: _SERVICE_RESOURCE_SHARE}, max_restarts=0)
-            .remote(self._store_root, self._durability)
-        )
+        self._service_class = ray.remote(StoreService).options(num_cpus=0, resources={resource: _SERVICE_RESOURCE_SHARE}, max_restarts=0)
+        self._service = self._service_class.remote(self._store_root, self._durability)
         try:
             with anyio.fail_after(self._ready_timeout_s):
                 await self._service.ping.remote()
@@ -166,6 +169,7 @@ class RayPool(Dispatcher[_Actor]):
                 f"{self.size} worker actors of {self._config.worker_num_cpus} CPU each did not all start within "
                 f"{self._ready_timeout_s:.0f}s: the cluster has too few free CPUs (lower pool_size or [ray] worker_num_cpus)",
             ) from None
+        tg.start_soon(self._watch_service, self._service)
 
     async def _start_actor(self, index: int) -> None:
         handle = self._worker_class.options(
@@ -278,6 +282,9 @@ class RayPool(Dispatcher[_Actor]):
     def _kill_worker(self, actor: _Actor) -> None:
         self._kill(actor.handle)
 
+    def statistics(self) -> PoolStatistics:
+        return dataclasses.replace(super().statistics(), store_service_restarts=self._service_restarts)
+
     # -- per-actor tasks -------------------------------------------------------------
 
     async def _drive(self, actor: _Actor, turn: Turn) -> None:
@@ -354,17 +361,46 @@ class RayPool(Dispatcher[_Actor]):
                 await self._crashed(actor, exc)
                 return
 
+    async def _watch_service(self, service: Any) -> None:
+        """Keep one ``watch()`` call pending on the store service; when it dies, start another and replace
+        every worker actor (each holds the dead one's handle): their resident turns end ``error`` naming the
+        store service, and their callers repair the logs here, where the store is."""
+        from ray.exceptions import ActorUnavailableError, RayActorError
+
+        while not self._closing:
+            try:
+                await service.watch.remote()
+                return
+            except ActorUnavailableError:
+                await anyio.sleep(0.05)  # not yet a verdict: Ray's ActorDiedError follows, or it answers again
+            except RayActorError as exc:
+                if self._closing:
+                    return
+                self._service_restarts += 1
+                log.error("the store service died (%s); starting another and replacing the worker actors", crash_cause(exc))
+                service = self._service = self._service_class.remote(self._store_root, self._durability)
+                assert self._tg is not None
+                for actor in self._slots:
+                    if actor is not None and self._declare_dead(actor, "the store service it appended through died; the pool replaced both"):
+                        self._kill(actor.handle)
+                        self._tg.start_soon(self._replace, actor.index)
+
     async def _crashed(self, actor: _Actor, exc: BaseException) -> None:
         """End every turn resident on a dead actor, then start its replacement."""
+        if self._declare_dead(actor, crash_cause(exc)) and not self._closing:
+            # no deadline: after a node loss the replacement waits until the cluster has room
+            await self._replace(actor.index)
+
+    def _declare_dead(self, actor: _Actor, cause: str) -> bool:
+        """At once, so nothing is dispatched to it meanwhile: end its resident turns (``cause`` says why it
+        died) and free its slot; whether this call did (an actor is declared dead once, never at close)."""
         if not actor.alive or self._closing:
-            return
+            return False
         actor.alive = False
         actor.dead.set()
         self._crash_count += 1
-        crash = WorkerCrashedError(actor.pid, None, node=actor.node, cause=crash_cause(exc))
+        crash = WorkerCrashedError(actor.pid, None, node=actor.node, cause=cause)
         log.error("%s", crash)
         self._end_resident(actor, f"{crash.code}: {crash}")
         self._slots[actor.index] = None
-        if not self._closing:
-            # no deadline: after a node loss the replacement waits until the cluster has room
-            await self._replace(actor.index)
+        return True

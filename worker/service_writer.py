@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 
 ServiceCall = Callable[..., dict[str, Any]]
 
+# how much of a transport failure's text a diagnostic keeps
+_CAUSE_MAX = 300
+
 
 class StoreServiceError(SubagentError, ConnectionError):
     """Raised when the store service cannot be reached or died under a call."""
@@ -60,7 +63,9 @@ def _call(call: ServiceCall, method: str, **kwargs: Any) -> dict[str, Any]:
     except SubagentError:
         raise
     except Exception as exc:  # the transport's own failure (actor died, node lost): one typed error
-        raise StoreServiceError(f"the store service failed during {method}: {type(exc).__name__}: {exc}", method=method) from exc
+        # one line: Ray's text of a dead actor runs over many (the pool's statistics count the service's deaths)
+        said = " ".join(f"{type(exc).__name__}: {exc}".split())[:_CAUSE_MAX]
+        raise StoreServiceError(f"the store service failed during {method}: {said}", method=method) from exc
     return _checked(reply)
 
 

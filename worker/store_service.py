@@ -116,6 +116,10 @@ class StoreService:
         """The store this service serves (a readiness probe)."""
         return {"store_root": self._store.root, "durability": self._store.durability.name, "pid": os.getpid()}
 
+    async def watch(self) -> None:
+        """Never returns: the pool keeps one call pending, and the service's death fails it."""
+        await asyncio.Event().wait()
+
     async def call(self, request: bytes) -> bytes:
         """A remote writer's request (``encode_request``) served, its reply packed (``decode_reply``)."""
         method, fields = msgpack.unpackb(request, raw=False)

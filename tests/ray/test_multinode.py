@@ -182,3 +182,24 @@ async def test_an_actor_still_starting_when_open_gives_up_is_killed(tmp_path: Pa
 
     await wait_until(both_free_for_a_while, what="both CPUs free for 2 s after the failed open")
     assert failed.value.code == "RAY_UNAVAILABLE"
+
+
+async def test_a_dead_store_service_is_replaced(tmp_path: Path, ray_cluster: SimulatedCluster) -> None:
+    """kill -9 of the store service mid-turn: that turn ends error in one line naming the store service,
+    a new service starts (and new worker actors that append through it), and the next child completes."""
+    async with open_pool_supervisor(tmp_path, "ray", pool_size=1) as sup:
+        root = await sup.open_root()
+        victim = await sup.start("node-then-sleep", SubagentRequest(parent=root, prompt="2000"))
+        await wait_until(lambda: said(sup.store, victim.id), what="the child to start")
+        service = await sup.pool._service.ping.remote()
+        os.kill(int(service["pid"]), signal.SIGKILL)
+        with anyio.fail_after(DEADLINE_S):
+            result = await victim.result()
+        assert result.stop_reason == "error" and "store service" in (result.diagnostic or "")
+        assert "\n" not in (result.diagnostic or "")
+        with anyio.fail_after(DEADLINE_S * 3):
+            nxt = await sup.start("node-pid", SubagentRequest(parent=root, prompt="x"))
+            assert (await nxt.result()).stop_reason == "completed"
+        assert sup.statistics().pool.store_service_restarts == 1
+        await nxt.dispose()
+        await victim.dispose()
