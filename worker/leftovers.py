@@ -26,7 +26,7 @@ import logging
 import weakref
 from typing import Any, Coroutine, Iterator
 
-__all__ = ["LEFTOVER_GRACE_S", "tracked", "cancel_leftovers"]
+__all__ = ["LEFTOVER_GRACE_S", "tracked", "untracked", "cancel_leftovers"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,17 @@ def tracked() -> Iterator["weakref.WeakSet[asyncio.Task[Any]]"]:
     token = _owner.set(owned)
     try:
         yield owned
+    finally:
+        _owner.reset(token)
+
+
+@contextlib.contextmanager
+def untracked() -> Iterator[None]:
+    """Tasks created inside the block belong to no turn: the worker's own, started from a turn's code (a turn
+    that parks on a child's result lets the worker start the next waiting turn, from the parked one's call)."""
+    token = _owner.set(None)
+    try:
+        yield
     finally:
         _owner.reset(token)
 

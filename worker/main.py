@@ -37,6 +37,7 @@ from typing import Any, Coroutine
 import anyio
 
 from .forks import worker_started
+from .leftovers import untracked
 from .logcontext import FieldsFilter
 from .pipe import frame, serve_pipe
 from .protocol import Cancel, Ready, Reply, RunTurn, Shutdown, Started, TurnDone, Withdraw, Withdrawn, cancelled_before_start, decode, encode
@@ -219,7 +220,8 @@ class _Turns:
         if self._loop is None:
             self._tg.start_soon(lambda: turn)
             return
-        task = self._loop.create_task(turn)
+        with untracked():  # a turn, never a leftover of the turn whose code started it (worker/leftovers.py)
+            task = self._loop.create_task(turn)
         self._tasks.add(task)
         task.add_done_callback(self._done)
 

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from subagents.worker.leftovers import cancel_leftovers, tracked
+from subagents.worker.leftovers import cancel_leftovers, tracked, untracked
 
 
 async def _forever() -> None:
@@ -54,3 +54,20 @@ def test_a_task_that_ignores_its_cancellation_is_logged_and_left(caplog: pytest.
         "turn of X: the program left 1 task(s) running (_stubborn): cancelled",
         "turn of X: 1 task(s) ignored their cancellation for 0.05 s and run on: _stubborn",
     ]
+
+
+def test_a_task_the_worker_starts_from_a_turns_code_is_not_that_turns() -> None:
+    """A parked turn lets the worker start the next waiting turn from its own call: cancelling that as the
+    parked turn's leftover killed nested children on a one-worker pool (caught by the suite)."""
+    async def main() -> None:
+        with tracked() as owned:
+            with untracked():
+                workers = asyncio.create_task(_forever())
+            mine = asyncio.create_task(_forever())
+            await asyncio.sleep(0)
+        assert set(owned) == {mine}
+        assert await cancel_leftovers(owned, who="turn") == 1
+        assert mine.cancelled() and not workers.done()
+        workers.cancel()
+
+    asyncio.run(main())
