@@ -34,6 +34,7 @@ from typing import Any
 
 from subagents.store.errors import SubagentError
 from subagents.worker.errors import describe_exit
+from subagents.worker.tools import SANDBOX_MODES
 
 __all__ = [
     "RegistryError",
@@ -134,6 +135,14 @@ class InvalidRequestError(SubagentError, ValueError):
         """``None`` or a finite, non-negative number of seconds."""
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0):
             raise cls(f"{name} must be None or a finite number of seconds >= 0, not {value!r}", field=name)
+
+    @classmethod
+    def require_sandbox(cls, value: Any) -> None:
+        """``None`` or one of ``SANDBOX_MODES``: only the exact ``read-only`` forbids writers, so a misspelt
+        mode (``readonly``) accepted here would quietly let a child write."""
+        cls.require(value, (str, type(None)), "sandbox")
+        if value is not None and value not in SANDBOX_MODES:
+            raise cls(f'unknown sandbox mode "{value}" (known: {", ".join(SANDBOX_MODES)})', field="sandbox", mode=value)
 
     @classmethod
     def wrong_fields(cls, model: str, problems: list[tuple[str, str]]) -> "InvalidRequestError":

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from .errors import InvalidRequestError
 
@@ -73,6 +73,13 @@ class _Request(BaseModel):
             raise InvalidRequestError.wrong_fields(type(self).__name__, _problems(exc)) from None
 
 
+def _known_sandbox(value: str | None) -> str | None:
+    """A start's ``sandbox`` is a mode the tools know (``INVALID_REQUEST`` otherwise), whoever builds the
+    request: the host, or a program's ``ctx.spawn``/``ctx.start_continuable`` (the supervisor builds it)."""
+    InvalidRequestError.require_sandbox(value)
+    return value
+
+
 class RunBudget(_Request):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -101,6 +108,8 @@ class SubagentRequest(_Request):
     sandbox: str | None = None
     model: str | None = None
     budget: RunBudget | None = None
+
+    _sandbox = field_validator("sandbox")(_known_sandbox)
 
     @property
     def parent_id(self) -> str:
@@ -131,6 +140,8 @@ class ContinuableSpec(_Request):
     agent_provider: str | None = None
     model: str | None = None
     budget: RunBudget | None = None
+
+    _sandbox = field_validator("sandbox")(_known_sandbox)
 
     @property
     def parent_id(self) -> str:
@@ -192,7 +203,7 @@ def _problems(exc: ValidationError) -> list[tuple[str, str]]:
             for line in inner.problems:
                 field, _, what = line.partition(": ")
                 problems.append((f"{path}.{field}" if path else field, what))
-        else:
-            problems.append((path, error["msg"]))
+        else:  # a validator's own error (a ValueError) without pydantic's "Value error, " before its text
+            problems.append((path, error["msg"].removeprefix("Value error, ")))
     return problems
 

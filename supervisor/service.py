@@ -259,9 +259,11 @@ class Supervisor:
 
         A root opened by ``id`` keeps the label it was created with (``label``,
         if given, must be that one); a session that has a parent is not a root
-        (``INVALID_REQUEST``, before its lease is touched).
+        (``INVALID_REQUEST``, before its lease is touched). ``sandbox`` is one of
+        the tools' ``SANDBOX_MODES`` (``INVALID_REQUEST`` before anything is made).
         """
         self._check_open()
+        InvalidRequestError.require_sandbox(sandbox)
 
         def open_it() -> tuple[str, int, int, str | None]:
             if id is None:

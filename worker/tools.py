@@ -2,7 +2,10 @@
 
 ``ctx.tools`` holds only the tools the child may see: a tool outside the
 descriptor's ``tool_filter`` is invisible *and* refuses to run; under the
-``read-only`` sandbox a tool that writes refuses to run. The built-in set is
+``read-only`` sandbox a tool that writes refuses to run, and so it does under
+a mode that is not one of ``SANDBOX_MODES`` (the supervisor refuses such a
+mode at every start; one read back from a log written before it did fails
+closed rather than letting a typo widen a child). The built-in set is
 deliberately small (tests and the demo need no model); programs pass their
 own tools to ``Toolbox`` the same way.
 """
@@ -14,7 +17,10 @@ from typing import Any, Callable
 
 from .errors import ToolDeniedError
 
-__all__ = ["Tool", "Toolbox", "builtin_tools"]
+__all__ = ["SANDBOX_MODES", "Tool", "Toolbox", "builtin_tools"]
+
+# the sandbox modes an agent may run under (the reference's sandboxMode values); only read-only forbids writers here
+SANDBOX_MODES = ("read-only", "workspace-write", "danger-full-access")
 
 
 @dataclass(frozen=True)
@@ -87,4 +93,6 @@ class Toolbox:
         tool = self._all[name]
         if tool.writes and self.sandbox == "read-only":
             raise ToolDeniedError(f'tool "{name}" writes, and this agent runs in the read-only sandbox', tool=name)
+        if tool.writes and self.sandbox is not None and self.sandbox not in SANDBOX_MODES:
+            raise ToolDeniedError(f'tool "{name}" writes, and this agent\'s sandbox mode "{self.sandbox}" is unknown', tool=name)
         return tool

@@ -58,3 +58,13 @@ def test_custom_tools():
     assert box.get("shout").run(text="hi") == "HI"
     with pytest.raises(ToolDeniedError):
         box.get("rm")
+
+
+@pytest.mark.parametrize("mode", ["readonly", "READ-ONLY", "bogus"])
+def test_an_unknown_sandbox_forbids_writers(mode):
+    """A mode the tools do not know (a log written before modes were checked at the start) fails closed."""
+    box = Toolbox(builtin_tools(), sandbox=mode)
+    with pytest.raises(ToolDeniedError) as info:
+        box.get("write_file")
+    assert str(info.value) == f'tool "write_file" writes, and this agent\'s sandbox mode "{mode}" is unknown'
+    assert box.get("read_file").name == "read_file"
