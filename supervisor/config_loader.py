@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .config import RayConfig, SupervisorConfig, first_problem
 from .errors import ConfigError
-from .models import Capabilities, Provider
+from .models import Capabilities, Provider, well_formed_program
 
 __all__ = [
     "DEFAULT_TOML",
@@ -130,6 +130,8 @@ class ProviderSettings(BaseModel):
     continuable: bool = False
     inherits_parent_context: bool = False
     capabilities: list[str] = []
+
+    _program = field_validator("program")(well_formed_program)  # as Provider's own
 
     @field_validator("capabilities")
     @classmethod

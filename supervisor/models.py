@@ -1,9 +1,10 @@
 """The public request and result models of the service (pydantic at the boundary).
 
-The request models (``SubagentRequest``, ``ContinuableSpec``, ``RunBudget``)
-refuse a field of the wrong type with ``InvalidRequestError``
-(``INVALID_REQUEST``), as the start's own checks (``validation.py``) refuse a
-bad value: a caller catches one ``SubagentError`` with a code, never
+The models a caller builds (``SubagentRequest``, ``ContinuableSpec``,
+``RunBudget``, and ``Provider`` with its ``Capabilities``) refuse a field of
+the wrong type, an unknown sandbox mode or a malformed program reference
+with ``InvalidRequestError`` (``INVALID_REQUEST``), as the start's own checks
+(``validation.py``) refuse a bad value: a caller catches one ``SubagentError`` with a code, never
 pydantic's ``ValidationError``, and nothing has been created yet.
 """
 
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from subagents.worker.programs import reference_problem
 
 from .errors import InvalidRequestError
 
@@ -34,7 +37,27 @@ __all__ = [
 StopReason = Literal["completed", "aborted", "error", "max-tokens", "refusal", "budget-exhausted"]
 
 
-class Capabilities(BaseModel):
+def well_formed_program(program: Any) -> Any:
+    """A program reference's shape, by the worker loader's own rule (``reference_problem``; the module is
+    imported only by a worker), so a malformed one is refused before any child is made: by ``Provider``,
+    and by a configured ``[[providers]]`` table (``config_loader``). A callable passes as it is."""
+    problem = reference_problem(program) if isinstance(program, str) else None
+    if problem is not None:
+        raise ValueError(problem)
+    return program
+
+
+class _Request(BaseModel):
+    """A model a caller builds (a request, a provider): its type errors are ``InvalidRequestError``."""
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise InvalidRequestError.wrong_fields(type(self).__name__, _problems(exc)) from None
+
+
+class Capabilities(_Request):
     """What a provider supports for one-shot starts (all off by default: a provider opts in to each)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -51,7 +74,7 @@ class Capabilities(BaseModel):
         return cls(output_schema=True, depth_limit=True, tool_filter=True, persona=True, sandbox_mode=True, run_budget=True)
 
 
-class Provider(BaseModel):
+class Provider(_Request):
     """A named way to run children: which program, what it supports."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
@@ -62,15 +85,7 @@ class Provider(BaseModel):
     inherits_parent_context: bool = False
     continuable: bool = False
 
-
-class _Request(BaseModel):
-    """A model a caller builds for a request: its type errors are ``InvalidRequestError``."""
-
-    def __init__(self, /, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise InvalidRequestError.wrong_fields(type(self).__name__, _problems(exc)) from None
+    _program = field_validator("program")(well_formed_program)
 
 
 def _known_sandbox(value: str | None) -> str | None:

@@ -240,6 +240,7 @@ class Supervisor:
     # -- providers (ProviderRegistry) ------------------------------------------------
 
     def register_provider(self, provider: Provider) -> Callable[[], None]:
+        InvalidRequestError.require(provider, Provider, "provider")
         return self.registry.register(provider)
 
     def get_provider(self, name: str) -> Provider | None:
