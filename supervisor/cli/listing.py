@@ -21,6 +21,7 @@ from subagents.store import (
     ContinuableDescriptor,
     DiagnosticEntry,
     LogTail,
+    SubagentError,
     OneShotDescriptor,
     summarize,
     describe_session,
@@ -30,8 +31,10 @@ from subagents.store import (
     list_descendants,
     DEFAULT_ROOT_LIMIT,
     find_roots,
+    read_header,
     short_ids,
 )
+from subagents.store.catalog import damage_reason
 
 from subagents.store.query import paginate
 from subagents.store.reader import committed_damage
@@ -148,7 +151,9 @@ def cmd_tree(inv: Invocation) -> int:
         if inv.out.json_mode:
             inv.out.json({"rows": rows, "next_cursor": cursor} if _paged(args) else rows)
         else:
-            render.render_tree(inv.out, [{"root": root, "descendants": rows}], short_ids(store, _ids_in(rows, root)))
+            head = _subtree_head(store, root)
+            ids = _ids_in(rows, root, *([head["parent"]] if head.get("parent") else []))
+            render.render_tree(inv.out, [{**head, "descendants": rows}], short_ids(store, ids))
             _more(inv.out, cursor, "subagents")
         return 0
     page = find_roots(store, limit=args.limit or DEFAULT_ROOT_LIMIT, cursor=args.cursor)
@@ -162,6 +167,20 @@ def cmd_tree(inv: Invocation) -> int:
         ids = [i for tree in forest for i in _ids_in(tree["descendants"], tree["root"])]
         render.render_tree(inv.out, forest, short_ids(store, ids))
     return 0
+
+
+def _subtree_head(store: Any, session_id: str) -> dict[str, Any]:
+    """What heads ``tree ID``: a root with its label, as ``tree`` alone heads it, or a subagent with its
+    parent and the label its parent's listing shows (a child's own header holds none). A header that
+    does not read (already warned about) heads it as the diagnostic ``ls`` would list."""
+    try:
+        parent = read_header(store, session_id).parent_session
+    except SubagentError as exc:
+        return {"root": session_id, "kind": "diagnostic", "reason": damage_reason(exc, session_id)}
+    if parent is None:
+        return {"root": session_id, "label": read_header(store, session_id).label}
+    row = next((e for e in list_children(store, parent) if e.id == session_id), None)
+    return {"root": session_id, "parent": parent, "label": getattr(row, "label", None)}
 
 
 def cmd_show(inv: Invocation) -> int:

@@ -156,7 +156,8 @@ def _print_lines(out: Output, lines: list[str]) -> None:
 
 
 def render_tree(out: Output, forest: Sequence[dict[str, Any]], shorts: Mapping[str, str] | None = None) -> None:
-    """Each ``{"root", "descendants"}`` as an indented tree (two spaces a level), one ``columns.tree_line`` a row."""
+    """Each ``{"root", "descendants"}`` as an indented tree (two spaces a level), one ``columns.tree_line`` a row,
+    under a heading naming the top session ``(root)``, or ``(subagent of PARENT)`` when it has a ``parent``."""
     if not forest:
         out.line("(no sessions)")
         return
@@ -165,7 +166,9 @@ def render_tree(out: Output, forest: Sequence[dict[str, Any]], shorts: Mapping[s
         rows = tree["descendants"]
         label = f" — {tree['label']}" if tree.get("label") else ""
         damage = f" [diagnostic: {tree['reason']}]" if tree.get("kind") == "diagnostic" else ""
-        lines = [f"{names.get(tree['root'], tree['root'])} (root){damage}{label}"]
+        parent = tree.get("parent")
+        role = f"(subagent of {names.get(parent, parent)})" if parent else "(root)"
+        lines = [f"{names.get(tree['root'], tree['root'])} {role}{damage}{label}"]
         lines += ["  " * row["depth"] + columns.tree_line(row, names.get(row["id"], row["id"])) for row in rows]
         if not rows:
             lines.append("  (no subagents)")

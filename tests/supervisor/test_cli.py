@@ -228,7 +228,7 @@ def test_global_options_after_the_command(demo: DemoStore) -> None:
 def test_tree(demo: DemoStore) -> None:
     """tree ROOT indents by depth; --json is list_descendants flattened; no ROOT walks every root."""
     text = ok("--store", "st", "tree", demo.root, cwd=demo.cwd).splitlines()
-    assert demo.root.startswith(text[0].removesuffix(" (root)"))
+    assert demo.root.startswith(text[0].removesuffix(" (root) — demo"))
     shown = [CHILD.match(line.removeprefix("  ")).group(1) for line in text[1:]]  # type: ignore[union-attr]
     assert len(shown) == len(demo.children) and all(c.startswith(s) for c, s in zip(demo.children, shown))
     rows = json.loads(ok("--store", "st", "tree", demo.root, "--json", cwd=demo.cwd))
@@ -237,6 +237,20 @@ def test_tree(demo: DemoStore) -> None:
     assert rows == expected
     forest = json.loads(ok("--store", "st", "tree", "--json", cwd=demo.cwd))
     assert forest == [{"root": demo.root, "label": "demo", "descendants": expected}]
+
+
+def test_tree_heads_its_tree_with_what_the_session_is(demo: DemoStore) -> None:
+    """Found by a probe: `tree` printed `<id> (root) — demo`, `tree ROOT` dropped the label, and `tree CHILD`
+    called the child `(root)`. The heading is the same with or without ROOT; a child is named as one."""
+    everything = ok("--store", "st", "tree", cwd=demo.cwd).splitlines()
+    one = ok("--store", "st", "tree", demo.root, cwd=demo.cwd).splitlines()
+    assert one[0] == everything[0] and re.fullmatch(r"\S+ \(root\) — demo", one[0]), one[0]
+    child = json.loads(ok("--store", "st", "tree", demo.root, "--json", cwd=demo.cwd))[0]
+    heading = ok("--store", "st", "tree", child["id"], cwd=demo.cwd).splitlines()[0]
+    found = re.fullmatch(r"(\S+) \(subagent of (\S+)\) — (\S+)", heading)
+    assert found is not None, heading
+    assert child["id"].startswith(found.group(1)) and demo.root.startswith(found.group(2))
+    assert found.group(3) == child["label"]
 
 
 # -- show / log ---------------------------------------------------------------------------------
