@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 
-from subagents.store import LeaseHeldError, MailboxMessage, Store, list_descendants, read_header, read_lease, read_mailbox
+from subagents.store import LeaseHeldError, MailboxMessage, Store, inspect, list_descendants, read_header, read_lease, read_mailbox
 
 from ..config import SupervisorConfig
 from ..config_loader import DeploymentConfig
@@ -166,9 +166,18 @@ async def _send(config: DeploymentConfig, child: str, message: str, parent: str,
         taken = (await _take_root_mail(sup, parent) or []) if notice is not None else []
         # the root's other messages taken with the notice are printed too: taken means delivered
         others = [m for m in taken if m.id != notice["id"]] if notice is not None else []
-        doc.update(settled=settled, stop_reason=ends[0] if ends else None, notice=notice,
+        stop_reason = ends[0] if ends else None
+        diagnostic = await anyio.to_thread.run_sync(_last_diagnostic, sup.store, child) if stop_reason not in (None, "completed") else None
+        doc.update(settled=settled, stop_reason=stop_reason, diagnostic=diagnostic, notice=notice,
                    also_delivered=[_message_doc(m) for m in others], notice_taken=len(others) < len(taken))
     return doc
+
+
+def _last_diagnostic(store: Store, child: str) -> str | None:
+    """Why the child's last turn ended as it did (``PARENT_UNAVAILABLE: ...``): the settlement notice says
+    only that it failed, and this command ran that turn, so it says why, as ``run`` does."""
+    ends = [e["data"] for e in inspect(store, child).events if e["type"] == "turn/end"]
+    return ends[-1].get("diagnostic") if ends else None
 
 
 def cmd_interrupt(inv: Invocation) -> int:

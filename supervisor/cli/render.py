@@ -437,10 +437,13 @@ def render_sent(out: Output, doc: dict[str, Any]) -> None:
 
 
 def render_settled(out: Output, doc: dict[str, Any]) -> None:
-    """The settlement notice the root's mailbox received for a child this command hosted."""
+    """The settlement notice the root's mailbox received for a child this command hosted, and, when it
+    did not complete, the ``stop reason: ... (diagnostic)`` line ``run`` prints."""
     notice = doc.get("notice")
     if notice is not None:
         out.line(notice["content"] if isinstance(notice["content"], str) else to_json(notice["content"]))
+    if doc.get("stop_reason") not in (None, "completed"):  # the notice says that it failed, not why
+        out.line(f"stop reason: {doc['stop_reason']}" + (f" ({doc['diagnostic']})" if doc.get("diagnostic") else ""))
     for message in doc.get("also_delivered") or []:  # taken from the root's mailbox with the notice
         out.line(f"also delivered to {doc['parent']} ({message.get('kind') or 'message'} {message['id']}):")
         out.line(message["content"] if isinstance(message["content"], str) else to_json(message["content"]))

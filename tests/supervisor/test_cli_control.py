@@ -212,6 +212,27 @@ def test_send_json_after_a_cold_resume(host) -> None:
     assert notice["id"] in [m.id for m in read_mailbox(Store(store_path, create=False), ids["root"])]
 
 
+def test_send_says_why_the_resumed_turn_failed(host) -> None:
+    """Found by a probe: send printed only "failed before it finished. It left no closing message." and exited 1,
+    the cause being in `log`/`show` alone. It prints the diagnostic as `run` does (and --json carries it)."""
+    store_path, ids, proc = host
+    _kill(proc)
+    child = ids["child"]
+    done = cli(store_path, "send", child, script({"fail": "the disk is full"}), "--parent", ids["root"])
+    assert done.returncode == 1, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[1:] == [f"Background subagent {child} failed before it finished.", "It left no closing message.",
+                         "stop reason: error (RuntimeError: the disk is full)"]
+    doc = json.loads(ok_or(store_path, 1, "send", child, script({"fail": "again"}), "--parent", ids["root"], "--json"))
+    assert (doc["stop_reason"], doc["diagnostic"]) == ("error", "RuntimeError: again")
+
+
+def ok_or(store_path: str, code: int, *args: str) -> str:
+    done = cli(store_path, *args)
+    assert done.returncode == code, (done.returncode, done.stdout, done.stderr)
+    return done.stdout
+
+
 def test_send_times_out_when_the_resumed_child_does_not_settle(host) -> None:
     """Past --wait-s, send prints the id, then TIMEOUT (exit 2); closing stops the turn, which ends aborted."""
     store_path, ids, proc = host
