@@ -425,17 +425,21 @@ class Supervisor:
 
     # -- catalog (store) ------------------------------------------------------------------
 
-    async def list_children(self, parent_id: str, query: Query | None = None) -> list[ChildEntry | DiagnosticEntry]:
-        """Direct children in creation order; ``query`` filters by status, outcome, label glob and time."""
+    async def list_children(self, parent_id: AgentRef | str, query: Query | None = None) -> list[ChildEntry | DiagnosticEntry]:
+        """Direct children in creation order; ``query`` filters by status, outcome, label glob and time. The parent
+        is an id or the ``AgentRef`` that ``open_root`` returned, as for ``start`` and ``followup``; a session with no
+        children, or none of that id, has none (``[]``, as in the reference: a listing is no lookup)."""
         self._check_open()
         InvalidRequestError.require(query, (Query, type(None)), "query")
-        return await anyio.to_thread.run_sync(list_children, self.store, parent_id, query)
+        parent = parent_id.id if isinstance(parent_id, AgentRef) else parent_id
+        return await anyio.to_thread.run_sync(list_children, self.store, parent, query)
 
-    async def list_descendants(self, root_id: str, query: Query | None = None) -> list[DescendantRow]:
-        """Every descendant in pre-order; ``query`` keeps the matching rows."""
+    async def list_descendants(self, root_id: AgentRef | str, query: Query | None = None) -> list[DescendantRow]:
+        """Every descendant in pre-order; ``query`` keeps the matching rows (``root_id`` as ``list_children``'s parent)."""
         self._check_open()
         InvalidRequestError.require(query, (Query, type(None)), "query")
-        return await anyio.to_thread.run_sync(list_descendants, self.store, root_id, query)
+        root = root_id.id if isinstance(root_id, AgentRef) else root_id
+        return await anyio.to_thread.run_sync(list_descendants, self.store, root, query)
 
     async def gc(self, older_than_s: float, *, outcomes: tuple[str, ...] = (), dry_run: bool = False) -> GcReport:
         """Delete the top-level subtrees settled longer than ``older_than_s`` (``store.collect``, ``subagents gc``).

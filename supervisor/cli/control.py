@@ -58,7 +58,8 @@ def register(verbs: Verbs) -> None:
 
     drain = verbs.add("drain", cmd_drain, "tear down every continuable descendant of ROOT, whichever process hosts it",
                       example="subagents drain 01M8MVY0PZ9RKY15DPNHER70WX --wait-s 30")
-    drain.add_argument("root", metavar="ROOT", help="the top-level session whose continuable descendants to tear down")
+    drain.add_argument("root", metavar="ROOT", help="the session whose continuable descendants to tear down: a top-level session, "
+                       "or any subagent (its own subtree only)")
     drain.add_argument("--wait-s", type=positive_float, default=WAIT_S, help=f"how long to wait for them to settle (default {WAIT_S:.0f})")
 
 

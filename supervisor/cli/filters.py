@@ -59,10 +59,12 @@ def _words(allowed: tuple[str, ...], what: str):  # type: ignore[no-untyped-def]
     return parse
 
 
-def add_filters(parser: argparse.ArgumentParser, *, times: bool = True) -> None:
+def add_filters(parser: argparse.ArgumentParser, *, times: bool = True, statuses: tuple[str, ...] = STATUSES) -> None:
+    """``statuses``: those the verb can show (``top`` lists only running and idle sessions: offering
+    ``complete`` there made a filter that always printed nothing)."""
     group = parser.add_argument_group("filters (rows must match every one given)")
-    group.add_argument("--status", type=_words(STATUSES, "--status"), action="extend", metavar="S[,S]",
-                       help=f"only these statuses: {', '.join(STATUSES)}")
+    group.add_argument("--status", type=_words(statuses, "--status"), action="extend", metavar="S[,S]",
+                       help=f"only these statuses: {', '.join(statuses)}")
     group.add_argument("--outcome", type=_words((*OUTCOMES, "none"), "--outcome"), action="extend", metavar="O[,O]",
                        help=f"only these outcomes: {', '.join(OUTCOMES)}, none (no turn finished yet)")
     group.add_argument("--label", metavar="GLOB", help="only labels matching this glob (review-*, *-[0-9])")

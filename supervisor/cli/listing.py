@@ -94,7 +94,7 @@ def register(verbs: Verbs) -> None:
     top.add_argument("--once", action="store_true", help="print one snapshot and exit")
     top.add_argument("--interval", type=positive_float, default=TOP_INTERVAL_S, metavar="S",
                      help=f"seconds between refreshes (default {TOP_INTERVAL_S:g})")
-    add_filters(top, times=False)
+    add_filters(top, times=False, statuses=("running", "idle"))
 
 
 def _ids_in(rows: list[dict[str, Any]], *extra: str) -> list[str]:

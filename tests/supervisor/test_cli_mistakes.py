@@ -297,3 +297,12 @@ def test_ctrl_c_in_a_terminal_stops_the_turn_as_aborted_not_as_a_crash(tmp_path:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
+
+
+def test_top_offers_only_the_statuses_it_can_show(tmp_path: Path) -> None:
+    """Found by a probe: ``top --help`` offered ``--status complete``, a filter that always printed nothing (top lists
+    running and idle sessions only). It is a usage error now, and the help offers running and idle."""
+    path, _root, _child = _family(tmp_path)
+    text = refused(cli("--store", str(path), "top", "--once", "--status", "complete", cwd=tmp_path), "USAGE")
+    assert "--status is one of running, idle" in text, text
+    assert "only these statuses: running, idle" in cli("top", "--help", cwd=tmp_path).stdout.replace("\n", " ").replace("  ", " ")

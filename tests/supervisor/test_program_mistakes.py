@@ -168,3 +168,4 @@ async def test_a_process_the_program_forks_never_acts_as_its_worker(tmp_path, na
                 assert said.read_text() == "TurnGoneError TURN_GONE: the calling turn is its worker's: this process was forked from it"
             await run.dispose()
         assert sup.statistics().pool.crashed == 0
+
