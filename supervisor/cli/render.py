@@ -208,6 +208,8 @@ def render_show(out: Output, doc: dict[str, Any]) -> None:
             if descriptor.get(key):
                 fields.append((key.replace("_", " "), str(descriptor[key])))
     else:
+        if header.get("label"):
+            fields.append(("label", header["label"]))  # a root's: in its header (a child's is in its identity)
         fields.append(("identity", doc["identity"]))
     fields.append(("status", doc["status"]))
     if lease is None:

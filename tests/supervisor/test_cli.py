@@ -274,6 +274,12 @@ def test_show(demo: DemoStore) -> None:
     assert re.search(r"^status\s+complete$", text, re.M)
 
 
+def test_show_of_a_root_prints_its_label(demo: DemoStore) -> None:
+    """Found by a probe: a root's label (in its header, not in an identity) was only in ``--json``."""
+    text = ok("--store", "st", "show", demo.root, cwd=demo.cwd)
+    assert re.search(r"^label\s+demo$", text, re.M), text
+
+
 def test_show_unknown_session_is_an_error(demo: DemoStore) -> None:
     done = cli("--store", "st", "show", "01NOSUCHSESSION", cwd=demo.cwd)
     assert done.returncode == 2
