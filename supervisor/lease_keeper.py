@@ -9,11 +9,20 @@ have taken their leases over; a record still holding a lease then waits for
 a later supervisor or ``store gc``. One ``OwnerReaper`` serves both passes:
 the one at close reads only the leases the first found naming a gone owner,
 and the first, too, only those an earlier process found (``store/reaper.py``).
+
+It also answers, without reading the store, whether a lease this supervisor
+took can have been taken over since (``held_surely``): another supervisor
+takes a lease only once its owner's heartbeat is older than the TTL, so while
+the beats have followed each other closer than ``_SURE`` of the TTL since the
+lease was taken, and the last is that recent, nobody can have. A pause (the
+process stopped, a host suspended: the clock counts suspended time) breaks
+the streak, and the caller reads the lease instead.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import anyio
@@ -23,6 +32,13 @@ from subagents.store import IdGenerator, OwnerReaper, OwnerRecord, Store, Subage
 __all__ = ["LeaseKeeper", "LeaseKeeperStatistics"]
 
 log = logging.getLogger(__name__)
+
+_SURE = 2 / 3  # of the TTL: a renewal this recent, with none further apart, holds every lease (a third of margin)
+_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)  # counts a suspended host's sleep, as wall time does
+
+
+def _now() -> float:
+    return time.clock_gettime(_CLOCK)
 
 
 @dataclass(frozen=True)
@@ -40,11 +56,30 @@ class LeaseKeeper:
         self.owner_id = ids.new()
         self._record: OwnerRecord | None = None
         self._beats = 0
+        self._beat_at: float | None = None  # the clock just before the last renewal that succeeded
+        self._streak = 0  # bumped by a renewal further than _SURE of the TTL from the one before
         self._reaper = OwnerReaper(store)
         self._reaping = anyio.Lock()  # the reaper runs one pass at a time
 
     def start(self) -> None:
+        before = _now()
         self._record = register_owner(self.store, self.owner_id, ttl=self.ttl_s)
+        self._renewed(before)
+
+    def _renewed(self, before: float) -> None:
+        if self._beat_at is None or _now() - self._beat_at >= self.ttl_s * _SURE:
+            self._streak += 1
+        self._beat_at = before
+
+    def streak(self) -> int:
+        """The current streak of close renewals; take it before acquiring a lease, pass it to ``held_surely``."""
+        return self._streak
+
+    def held_surely(self, streak: int) -> bool:
+        """Whether a lease acquired during ``streak`` is certainly still this supervisor's (see the module's docstring).
+
+        ``False`` means "not known": read the lease."""
+        return streak == self._streak and self._beat_at is not None and _now() - self._beat_at < self.ttl_s * _SURE
 
     async def run(self) -> None:
         """Remove the records of crashed owners, then renew the heartbeat until cancelled."""
@@ -53,6 +88,7 @@ class LeaseKeeper:
         while True:
             await anyio.sleep(self.ttl_s / 3)
             assert self._record is not None
+            before = _now()
             try:
                 self._record = await anyio.to_thread.run_sync(heartbeat, self.store, self._record)
             except (SubagentError, OSError):
@@ -67,6 +103,7 @@ class LeaseKeeper:
             if failing:
                 log.warning("this supervisor's heartbeat is renewed again")
             failing = False
+            self._renewed(before)
             self._beats += 1
 
     async def reap(self) -> list[str]:

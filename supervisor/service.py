@@ -134,6 +134,7 @@ class Supervisor:
         self.continuation = ContinuationManager(self.runtime, rpc_for=self._turn_rpc)
         self.interrupts = Interrupts(self.runtime, self.runs, self.continuation)
         self._root_epochs: dict[str, int] = {}
+        self._root_streaks: dict[str, int] = {}  # the lease keeper's streak each root's lease was taken in
         self._closed = False
 
     def _turn_rpc(self, spec: TurnSpec) -> TurnRpc:
@@ -282,8 +283,10 @@ class Supervisor:
             lease = acquire_lease(self.store, root_id, self.lease_keeper.owner_id, state="idle")
             return root_id, lease.epoch, depth, stored
 
+        streak = self.lease_keeper.streak()
         root_id, epoch, depth, stored = await anyio.to_thread.run_sync(open_it)
         self._root_epochs[root_id] = epoch
+        self._root_streaks[root_id] = streak
         self.agents.add_root(root_id, label=stored, sandbox=sandbox, depth=depth)
         return AgentRef(root_id, stored)
 
@@ -315,10 +318,11 @@ class Supervisor:
         """``FencedError`` when ``parent`` is a root this supervisor opened whose lease another supervisor took over
         (this one was paused past its TTL): its children's notices would go to the new holder, and this
         supervisor's own take of them is fenced. One read of the root's lease slots; other parents are checked
-        by the calls themselves."""
+        by the calls themselves. No read while the lease keeper's renewals show nobody can have taken it
+        (``LeaseKeeper.held_surely``): a followup's acceptance stays one store-thread call."""
         root_id = parent.id if isinstance(parent, AgentRef) else parent
         epoch = self._root_epochs.get(root_id) if isinstance(root_id, str) else None
-        if epoch is None:
+        if epoch is None or self.lease_keeper.held_surely(self._root_streaks[root_id]):
             return
         lease = await self.runtime.store_thread.run(read_lease, self.store, root_id)
         if lease is None or lease.owner != self.lease_keeper.owner_id or lease.epoch != epoch or lease.state == "released":
