@@ -296,7 +296,8 @@ class Supervisor:
         """Start a one-shot child; returns once it is published (the caller must dispose it)."""
         self._check_open()
         InvalidRequestError.require(request, SubagentRequest, "request")
-        InvalidRequestError.require(cancel, (CancelToken, type(None)), "cancel")
+        if cancel is not None:  # a Protocol's isinstance walks its members: not on every start without a token
+            InvalidRequestError.require(cancel, CancelToken, "cancel")
         return await self.runs.start(provider, request, cancel=cancel)
 
     # -- continuable children (ContinuationManager) ---------------------------------------
