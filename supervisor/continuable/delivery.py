@@ -27,7 +27,7 @@ from subagents.store.changes import ChangeWatch
 from subagents.store.errors import SubagentError
 from subagents.store.ids import validate_session_id
 from subagents.store.lease import owner_alive, read_lease, read_owner
-from subagents.store.mailbox import MailboxWriter
+from subagents.store.mailbox import MailboxWriter, check_message
 
 from ..errors import ActivationClosingError, InvalidRequestError, NotResumableError, ParentUnavailableError, UnauthorizedError
 from ..runtime import Runtime
@@ -72,6 +72,7 @@ class Delivery:
                     await act.disposed.wait()
                     continue
                 if act is None:
+                    await self._check(child_id, src, text)
                     routed = await self._accept_for_holder(parent_id, child_id, src, text)
                     if routed is not None:
                         return routed
@@ -213,12 +214,19 @@ class Delivery:
                     continue
                 if act is not None:
                     return await self.deliver(act, src, text, wake=True)
+                await self._check(child_id, src, text)
                 routed = await self._accept_for_holder(parent, child_id, src, text)
                 if routed is not None:
                     return routed
                 act = await self._materializer.cold_resume(parent, child_id)
                 if act is not None:
                     return await self.deliver(act, src, text, wake=True)
+
+    async def _check(self, child_id: str, source: dict[str, Any], text: str) -> None:
+        """Refuse a message no mailbox would take before routing it: a cold resume is durable (a lease
+        epoch, and a settlement notice to the parent when the resumed child settles again), and must
+        not happen for a message that is then refused (a resident child's acceptance checks it itself)."""
+        await self._rt.store_thread.run(lambda: check_message(self._rt.store, child_id, source=source, content=text))
 
     async def _accept_for_holder(self, parent_id: str, child_id: str, source: dict[str, Any], text: str) -> str | None:
         """When a live other supervisor holds the child, accept the message into its durable mailbox.

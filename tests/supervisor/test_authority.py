@@ -12,7 +12,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from subagents.store import read_mailbox
+from subagents.store import read_lease, read_mailbox
 from subagents.supervisor import AncestorAuthority, SubagentError, SubagentRequest, UserAuthority
 
 from ..conftest import DEADLINE_S, events_of, said, wait_until
@@ -229,3 +229,27 @@ async def test_a_followup_whose_source_is_no_map_is_refused_and_the_child_runs_o
         await sup.followup(root, child_id, S({"say": "still here"}))
         await sup.interrupt(child_id, authority=UserAuthority(root.id))
         await wait_until(lambda: "still here" in said(sup.store, child_id))
+
+
+@pytest.mark.parametrize("how", ["followup source", "followup too large", "send source", "send too large"])
+async def test_a_refused_message_to_a_settled_child_does_not_resume_it(tmp_path, how):
+    """Such a message resumed the child first and was refused only at its acceptance: the lease's epoch
+    went up and the parent got a settlement notice for a resumption that ran no turn."""
+    async with continuable_supervisor(tmp_path, max_record_bytes=1 << 16) as sup:
+        root = await sup.open_root()
+        child_id, _ = await start(sup, root, S({"return": "r"}))
+        await settled(sup, root, child_id)
+        epoch = read_lease(sup.store, child_id).epoch
+        big = "x" * (1 << 17)
+        calls = {
+            "followup source": lambda: sup.followup(root, child_id, "x", source="notadict"),
+            "followup too large": lambda: sup.followup(root, child_id, big),
+            "send source": lambda: sup.send(child_id, "x", parent=root, source=["l"]),
+            "send too large": lambda: sup.send(child_id, big, parent=root),
+        }
+        with pytest.raises(SubagentError) as caught:
+            await calls[how]()
+        assert caught.value.code == ("MESSAGE_TOO_LARGE" if "large" in how else "INVALID_RECORD")
+        assert read_lease(sup.store, child_id).epoch == epoch
+        await anyio.sleep(0.5)  # a wrongly resumed child settles again within this
+        assert await sup.take_messages(root) == []
