@@ -241,6 +241,7 @@ class Supervisor:
     # -- providers (ProviderRegistry) ------------------------------------------------
 
     def register_provider(self, provider: Provider) -> Callable[[], None]:
+        self._check_open()
         InvalidRequestError.require(provider, Provider, "provider")
         return self.registry.register(provider)
 
@@ -345,6 +346,9 @@ class Supervisor:
         """
         self._check_open()
         InvalidRequestError.require(authority, (UserAuthority, AncestorAuthority), "authority")
+        if wait_s is None:
+            raise InvalidRequestError("wait_s must be a finite number of seconds >= 0, not None", field="wait_s")
+        InvalidRequestError.require_seconds(wait_s, "wait_s")  # before a control record is written, not after
         return await self.interrupts.interrupt(child_id, authority, wait_s=wait_s)
 
     async def send(self, child_id: str, content: Any, *, parent: AgentRef | str, source: dict[str, Any] | None = None) -> str:
@@ -359,6 +363,7 @@ class Supervisor:
         return await self.continuation.send(child_id, content, parent=parent_id, source=source)
 
     async def report_from(self, child_id: str, content: Any, *, delivery: str = "wakeup") -> str:
+        self._check_open()
         return await self.continuation.report_from(child_id, content, delivery=delivery)
 
     def register_continuable_setup(self, contribution: Contribution) -> Callable[[], None]:
@@ -369,6 +374,8 @@ class Supervisor:
         """Close admission below ``parents`` and dispose their continuable descendants child-first."""
         self._check_open()
         InvalidRequestError.require(parents, (list, tuple), "parents")
+        for item in parents:
+            InvalidRequestError.require(item, (AgentRef, str), "each of parents")
         await self.continuation.drain(parents)
 
     async def drain_remote(self, root: AgentRef | str) -> list[str]:
@@ -378,7 +385,12 @@ class Supervisor:
         return await self.continuation.drain_remote(root.id if isinstance(root, AgentRef) else root)
 
     async def drain_children(self, parent: AgentRef | str, child_ids: list[str]) -> None:
+        """Dispose the listed continuable children of ``parent`` (as ``drain``, for those children only)."""
         self._check_open()
+        InvalidRequestError.require(parent, (AgentRef, str), "parent")
+        InvalidRequestError.require(child_ids, (list, tuple), "child_ids")  # a string would be drained letter by letter
+        for item in child_ids:
+            InvalidRequestError.require(item, str, "each of child_ids")
         await self.continuation.drain_children(parent, child_ids)
 
     async def take_messages(self, root: AgentRef | str) -> list[MailboxMessage]:

@@ -20,6 +20,7 @@ from subagents.supervisor import (
     SubagentDepthError,
     SubagentError,
     SubagentRequest,
+    UserAuthority,
 )
 
 from ..conftest import disk_snapshot, open_supervisor
@@ -287,6 +288,15 @@ WRONG_TYPES = {
     "list_children(query='x')": lambda sup, root: sup.list_children(root.id, "x"),
     "list_descendants(query='x')": lambda sup, root: sup.list_descendants(root.id, "x"),
     "drain(None)": lambda sup, root: sup.drain(None),
+    "drain([5])": lambda sup, root: sup.drain([5]),
+    "drain([[root]])": lambda sup, root: sup.drain([[root.id]]),
+    "drain_children(root, 'id')": lambda sup, root: sup.drain_children(root, "01J0000000000000000000000A"),
+    "drain_children([root], [id])": lambda sup, root: sup.drain_children([root], ["01J0000000000000000000000A"]),
+    "drain_children(root, [5])": lambda sup, root: sup.drain_children(root, [5]),
+    "interrupt(wait_s='1')": lambda sup, root: sup.interrupt(root.id, authority=UserAuthority(root.id), wait_s="1"),
+    "interrupt(wait_s=nan)": lambda sup, root: sup.interrupt(root.id, authority=UserAuthority(root.id), wait_s=float("nan")),
+    "interrupt(wait_s=-5)": lambda sup, root: sup.interrupt(root.id, authority=UserAuthority(root.id), wait_s=-5),
+    "interrupt(wait_s=None)": lambda sup, root: sup.interrupt(root.id, authority=UserAuthority(root.id), wait_s=None),
     "wait_for_message(timeout_s=nan)": lambda sup, root: sup.wait_for_message(root, timeout_s=float("nan")),
     "wait_for_message(timeout_s='1')": lambda sup, root: sup.wait_for_message(root, timeout_s="1"),
     "wait_for_message(timeout_s=-1)": lambda sup, root: sup.wait_for_message(root, timeout_s=-1),
@@ -320,3 +330,16 @@ async def test_a_one_shot_may_start_under_a_root_another_supervisor_holds(tmp_pa
         with pytest.raises(SubagentError) as info:
             await second.start_continuable(ContinuableSpec(parent=root.id, provider="cont", prompt="[]", label="w"))
         assert info.value.code == "UNAUTHORIZED"
+
+
+@pytest.mark.parametrize("call", ["register_provider", "report_from"])
+async def test_a_closed_supervisor_refuses_every_call(tmp_path, call):
+    """These two answered as if open: ``register_provider`` registered, ``report_from`` said ``UNAUTHORIZED``."""
+    async with open_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+    with pytest.raises(SubagentError) as info:
+        if call == "register_provider":
+            sup.register_provider(Provider(name="late", program="echo"))
+        else:
+            await sup.report_from(root.id, "late")
+    assert info.value.code == "SUPERVISOR_CLOSED"
