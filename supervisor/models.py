@@ -96,7 +96,9 @@ def _known_sandbox(value: str | None) -> str | None:
 
 
 class RunBudget(_Request):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Strict: a lax model turned ``True`` into 1 step and ``"5"`` or ``5.0`` into 5, and started the child."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     max_steps: int | None = None
     timeout_ms: int | None = None

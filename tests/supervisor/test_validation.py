@@ -123,6 +123,19 @@ async def test_invalid_budget(tmp_path, budget):
         assert disk_snapshot(sup.store) == before
 
 
+@pytest.mark.parametrize("fields", [{"max_steps": True}, {"max_steps": "5"}, {"timeout_ms": 5.0}, {"timeout_ms": False}])
+async def test_a_budget_of_another_type_is_refused_not_converted(tmp_path, fields):
+    """A lax model made ``True`` one step and ``"5"`` or ``5.0`` five, and the child started with them."""
+    async with open_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        before = disk_snapshot(sup.store)
+        with pytest.raises(InvalidRequestError):
+            await sup.start("echo", SubagentRequest(parent=root, prompt="x", budget=RunBudget(**fields)))
+        with pytest.raises(InvalidRequestError):
+            await sup.start("echo", SubagentRequest(parent=root, prompt="x", budget=fields))
+        assert disk_snapshot(sup.store) == before
+
+
 async def test_largest_timeout_is_accepted(tmp_path):
     """``timeout_ms = 2_147_483_647`` is the inclusive upper bound."""
     async with open_supervisor(tmp_path) as sup:
@@ -206,14 +219,14 @@ WRONG_TYPES = [
     (SubagentRequest, {"label": []}, "invalid SubagentRequest: label: Input should be a valid string"),
     (SubagentRequest, {"persona": 3}, "invalid SubagentRequest: persona: Input should be a valid string"),
     (SubagentRequest, {"budget": {"max_steps": "many"}},
-     "invalid SubagentRequest: budget.max_steps: Input should be a valid integer, unable to parse string as an integer"),
+     "invalid SubagentRequest: budget.max_steps: Input should be a valid integer"),
     (SubagentRequest, {"tool_filter": {"allow": "echo"}}, "invalid SubagentRequest: tool_filter.allow: Input should be a valid list"),
     (SubagentRequest, {"colour": "red"}, "invalid SubagentRequest: colour: Extra inputs are not permitted"),
     (ContinuableSpec, {"label": []}, "invalid ContinuableSpec: label: Input should be a valid string"),
     (ContinuableSpec, {"provider": 5}, "invalid ContinuableSpec: provider: Input should be a valid string"),
     (ContinuableSpec, {"child_id": ["c"]}, "invalid ContinuableSpec: child_id: Input should be a valid string"),
     (RunBudget, {"timeout_ms": "soon"},
-     "invalid RunBudget: timeout_ms: Input should be a valid integer, unable to parse string as an integer"),
+     "invalid RunBudget: timeout_ms: Input should be a valid integer"),
 ]
 VALID = {SubagentRequest: {"parent": "01P", "prompt": "x"}, ContinuableSpec: {"parent": "01P", "provider": "script", "prompt": "x", "label": "w"}, RunBudget: {}}
 
