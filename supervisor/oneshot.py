@@ -335,6 +335,8 @@ class OneShotRuns:
                     log.warning("the worker of %s died after the turn's closing commit: its result is read from the log (%s)",
                                 spec.session_id, turn.crash, extra=fields)
                     result = _result_of(state, committed)
+            elif not turn.dispatched and turn.cancel_reason in _INTERRUPTS:
+                await anyio.to_thread.run_sync(self._record_unrun, spec, turn.cancel_reason, turn.outcome.diagnostic)
         finally:
             with anyio.CancelScope(shield=True):
                 # a child start the turn left in flight lands in this session's children
@@ -359,6 +361,19 @@ class OneShotRuns:
         state.result = result
         state.done.set()
         rt.events.emit("subagent/end", {**info, "stop_reason": result.stop_reason, "last_assistant_message": result.output or None})
+
+    def _record_unrun(self, spec: TurnSpec, cause: str, diagnostic: str | None) -> None:
+        """Log the turn an interrupt stopped before any worker took it, so listings read ``aborted`` as the
+        run's result does (the log held only the creation's ``message/accepted``: ``not-started``), as a
+        continuable child's message an interrupt drops unrun does. A run disposed or closed before it started
+        is not logged: it still reads ``not-started``, as a child that never ran. A store
+        failure here is logged; the result stands and the listing keeps saying ``not-started``."""
+        end = {"stop_reason": "aborted", "diagnostic": diagnostic, "cause": cause}
+        try:
+            with LogWriter.open(self._rt.store, spec.session_id, epoch=spec.epoch) as writer:
+                writer.append([("turn/start", {"message_id": spec.message_id}), ("turn/end", end)], commit=True)
+        except (SubagentError, OSError):
+            log.warning("could not log the unrun turn of %s", spec.session_id, extra={"child": spec.session_id}, exc_info=True)
 
     def _repair(self, spec: TurnSpec, cause: str | None, crash: str | None) -> tuple[int, TurnOutcome | None]:
         """Fence, then balance a log whose worker died mid-turn (closers, torn tail); returns the new epoch,
@@ -386,6 +401,10 @@ class OneShotRuns:
         except SubagentError:
             log.exception("repair of %s after a worker crash failed", session_id)
         return epoch, None
+
+
+# the cancel reasons of an interrupt (a user's, or an ancestor's): ``store/outcome.py`` reads them as ``aborted``
+_INTERRUPTS = frozenset({"user", "parent"})
 
 
 def _result_of(state: _RunState, outcome: TurnOutcome) -> SubagentResult:

@@ -59,6 +59,26 @@ async def test_a_locally_hosted_one_shot_child_is_cancelled_by_a_user_interrupt(
         assert again.outcome == "no_turn_running" and again.detail
 
 
+async def test_a_one_shot_child_interrupted_before_a_worker_took_it_is_listed_aborted(tmp_path):
+    """Its result said ``aborted`` while every listing said ``not-started``: nothing reached its log."""
+    async with continuable_supervisor(tmp_path, pool_size=1, worker_prefetch=0) as sup:
+        root = await sup.open_root()
+        busy = await sup.start("script", SubagentRequest(parent=root, prompt=S({"say": "awake"}, {"sleep": 60_000}), label="busy"))
+        await wait_until(lambda: said(sup.store, busy.id) == ["awake"], what="the busy child to start")
+        queued = await sup.start("script", SubagentRequest(parent=root, prompt=S({"return": "never"}), label="queued"))
+        assert (await sup.interrupt(queued.id, authority=UserAuthority(root.id))).outcome == "cancelled"
+        assert (await queued.result()).stop_reason == "aborted"
+        await queued.dispose()
+        [entry] = [e for e in await sup.list_children(root) if e.id == queued.id]
+        assert entry.outcome == "aborted"
+        end = turn_end_of(sup.store, queued.id)
+        assert (end["stop_reason"], end.get("cause")) == ("aborted", "user")
+        assert said(sup.store, queued.id) == []
+        await sup.interrupt(busy.id, authority=UserAuthority(root.id))
+        await busy.result()
+        await busy.dispose()
+
+
 async def test_a_one_shot_child_keeps_the_reference_rule_for_ancestors(tmp_path):
     """An ancestor interrupt reaches continuable activations only (the model-facing tool's rule): a no-op, said as such."""
     async with continuable_supervisor(tmp_path) as sup:
