@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from subagents.worker.programs import reference_problem
 
@@ -79,7 +79,7 @@ class Provider(_Request):
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
-    name: str
+    name: str = Field(min_length=1)  # "" was registered, and named in no listing, command or error readably
     program: str | Callable[..., Any]
     capabilities: Capabilities = Capabilities()
     inherits_parent_context: bool = False

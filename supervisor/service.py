@@ -267,6 +267,8 @@ class Supervisor:
         """
         self._check_open()
         InvalidRequestError.require_sandbox(sandbox)
+        InvalidRequestError.require(label, (str, type(None)), "label")
+        InvalidRequestError.require(id, (str, type(None)), "id")
 
         def open_it() -> tuple[str, int, int, str | None]:
             if id is None:
@@ -427,17 +429,23 @@ class Supervisor:
 
         ``timeout_s=None`` (the default) waits as long as it takes, like any
         anyio receive: bound it with ``timeout_s`` (then ``WaitTimeoutError``,
-        code ``WAIT_TIMEOUT``) or with a cancel scope of your own
-        (``anyio.fail_after``). The mailbox is polled every 20 ms.
+        code ``TIMEOUT``) or with a cancel scope of your own
+        (``anyio.fail_after``). The mailbox is polled every 20 ms, and always
+        read at least once: ``timeout_s=0`` takes what is there or times out.
+        A take that has begun is finished even past the deadline (it is a
+        durable consumption), so the bound is on the waiting between takes.
         """
         self._check_open()
         InvalidRequestError.require_seconds(timeout_s, "timeout_s")
-        with anyio.move_on_after(math.inf if timeout_s is None else timeout_s):
-            while True:
-                got = await self.take_messages(root)
-                if got:
-                    return got
-                await anyio.sleep(0.02)
+        deadline = math.inf if timeout_s is None else anyio.current_time() + timeout_s
+        while True:
+            got = await self.take_messages(root)
+            if got:
+                return got
+            left = deadline - anyio.current_time()
+            if left <= 0:
+                break
+            await anyio.sleep(min(0.02, left))
         raise WaitTimeoutError(f"no message reached root {root.id if isinstance(root, AgentRef) else root} within {timeout_s} s")
 
     # -- catalog (store) ------------------------------------------------------------------

@@ -35,6 +35,7 @@ def reference_text(reference: str) -> str:
 @pytest.mark.parametrize("fields, message", [
     ({"name": "p", "program": 123}, "invalid Provider: program.str: Input should be a valid string; program.callable: Input should be callable"),
     ({"name": None, "program": "echo"}, "invalid Provider: name: Input should be a valid string"),
+    ({"name": "", "program": "echo"}, "invalid Provider: name: String should have at least 1 character"),
     ({"name": "p", "program": "echo", "continuable": "maybe"}, "invalid Provider: continuable: Input should be a valid boolean, unable to interpret input"),
     ({"name": "p", "program": "echo", "capabilities": {"flying": True}}, "invalid Provider: capabilities.flying: Extra inputs are not permitted"),
     ({"name": "p", "program": "echo", "colour": "red"}, "invalid Provider: colour: Extra inputs are not permitted"),

@@ -23,7 +23,10 @@ from subagents.supervisor import (
     UserAuthority,
 )
 
-from ..conftest import disk_snapshot, open_supervisor
+from subagents.store import read_mailbox
+
+from ..conftest import disk_snapshot, open_supervisor, wait_until
+from .test_continuable import continuable_supervisor
 
 pytestmark = pytest.mark.anyio
 
@@ -302,6 +305,8 @@ WRONG_TYPES = {
     "list_descendants(query='x')": lambda sup, root: sup.list_descendants(root.id, "x"),
     "drain(None)": lambda sup, root: sup.drain(None),
     "drain([5])": lambda sup, root: sup.drain([5]),
+    "open_root(label=5)": lambda sup, root: sup.open_root(label=5),
+    "open_root(id=5)": lambda sup, root: sup.open_root(id=5),
     "drain([[root]])": lambda sup, root: sup.drain([[root.id]]),
     "drain_children(root, 'id')": lambda sup, root: sup.drain_children(root, "01J0000000000000000000000A"),
     "drain_children([root], [id])": lambda sup, root: sup.drain_children([root], ["01J0000000000000000000000A"]),
@@ -356,3 +361,16 @@ async def test_a_closed_supervisor_refuses_every_call(tmp_path, call):
         else:
             await sup.report_from(root.id, "late")
     assert info.value.code == "SUPERVISOR_CLOSED"
+
+
+async def test_wait_for_message_with_no_time_left_still_takes_what_is_there(tmp_path):
+    """``timeout_s=0`` timed out before it read the mailbox, even with a message waiting in it."""
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        with pytest.raises(SubagentError) as info:
+            await sup.wait_for_message(root, timeout_s=0)
+        assert info.value.code == "TIMEOUT"
+        child_id, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="echo", prompt="hi", label="c"))
+        await wait_until(lambda: len(read_mailbox(sup.store, root.id)) == 1, what="the settlement notice")
+        [notice] = await sup.wait_for_message(root, timeout_s=0)
+        assert notice.source.get("sender_session_id") == child_id
