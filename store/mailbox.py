@@ -167,20 +167,21 @@ class MailboxWriter:
                 self._lock.acquire()  # SessionNotFoundError when the session is gone
                 try:
                     fresh = self._fd < 0  # checked before the open, which may make the file: a refusal leaves none
+                    committed = 0  # where the log's consumed messages end: damage before it is no torn tail to cut
                     if fresh:
-                        require_consumed_prefix(store, self.session_id, locked=True)
+                        committed = require_consumed_prefix(store, self.session_id, locked=True)
                     size, untouched = self._open_mailbox()
                     if not untouched:
                         # this writer's first acceptance, or another hand wrote the mailbox since our last one
                         if not fresh:
-                            require_consumed_prefix(store, self.session_id, locked=True)
+                            committed = require_consumed_prefix(store, self.session_id, locked=True)
                         # without a checkpoint the append reads from the start: to the data's reach, not
                         # through zeros someone extended the file with (``extent.reach``); they stay zeros
                         size = min(size, reach(self._fd, store.max_record_bytes))
                     self._seen = None  # until this acceptance is whole: one that failed is followed by a check
                     append_records(self._fd, [record], tails=store.index_tails, key=self._key, owner=self.session_id,
                                    limit=store.max_record_bytes, check=mailbox_problem, too_large="MESSAGE_TOO_LARGE",
-                                   size=size, padded=True)
+                                   size=size, padded=True, committed=committed)
                     watched = self._watched
                     if watched is not None:
                         self._changes.settle(watched)  # at once: what the kernel counted so far was this write
@@ -240,10 +241,13 @@ def checkpoint_key(session_id: str) -> str:
     return f"mailbox/{session_id}"
 
 
-def require_consumed_prefix(store: Store, session_id: str, projection: Projection | None = None, *, locked: bool = False) -> None:
+def require_consumed_prefix(store: Store, session_id: str, projection: Projection | None = None, *, locked: bool = False) -> int:
     """Before an acceptance, under the session lock (``locked``): ``CorruptSessionError`` unless the mailbox still
     holds the messages its log consumed, and the ones it has not consumed read without damage that
     is no torn tail (``fsck`` and listings ask too; ``projection``: the log's, when the caller has it).
+    Returns where the consumed messages end (0: none, or a log from before the end was recorded): the
+    records before it were acknowledged, so damage there is corruption, never a torn tail an
+    acceptance may cut and write over (the check reads only from there on: O(pending)).
 
     A mailbox emptied, overwritten or cut short behind the store's back no longer lines up with the
     log: a message appended to it would be acknowledged and never taken by any turn (``pending``
@@ -274,7 +278,7 @@ def require_consumed_prefix(store: Store, session_id: str, projection: Projectio
         mailbox_end = mailbox_end if isinstance(mailbox_end, int) and not isinstance(mailbox_end, bool) else None
     if not consumed:
         pending(store, session_id, consumed=0, last_consumed_id=None, locked=locked)  # every message is unconsumed: all are read
-        return
+        return 0
     try:
         size = os.lstat(store.path(session_id, "mailbox")).st_size
     except FileNotFoundError:
@@ -286,6 +290,7 @@ def require_consumed_prefix(store: Store, session_id: str, projection: Projectio
         )
     pending(store, session_id, consumed=consumed, last_consumed_id=last_id if isinstance(last_id, str) else None,
             mailbox_end=mailbox_end, locked=locked)
+    return mailbox_end or 0
 
 
 def _state_of(info: os.stat_result) -> tuple[int, int, int]:

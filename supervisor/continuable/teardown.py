@@ -177,7 +177,12 @@ class Teardown:
         # another process may have accepted a message after our last mailbox read and seen our
         # lease still held; it left the message for us. Re-read after releasing: one of us sees it.
         resume_after = not act.discard and not self._admission.closing and await rt.store_thread.run(self._has_waking_pending, act)
-        await self._notify_parent(act, reason)
+        if act.reasons or dropped:
+            await self._notify_parent(act, reason)
+        else:
+            # resumed for a message its acceptance then refused (a full disk, a damaged mailbox): nothing
+            # ran or was dropped, so the parent's last notice still says how it stands
+            log.info("subagent %s settled again without a turn: no settlement notice", act.child_id, extra=log_fields(act))
         self._finish(act, reason, act.last_output or None)
         return resume_after
 

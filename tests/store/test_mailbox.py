@@ -186,6 +186,24 @@ def test_pending_reads_only_the_suffix_when_nothing_but_padding_follows(s1):
                          mailbox_end=projection.mailbox_end) == []
 
 
+def test_an_acceptance_never_cuts_damage_in_what_the_log_consumed(s1):
+    """Damage in place in the last consumed record read as a torn tail (the frame ends in the record's
+    ``seq`` 0, a zero byte, then padding): the next acceptance cut there and wrote over an acknowledged
+    record. The log's consumed end proves it committed: refused, nothing written."""
+    ids = store.IdGenerator()
+    accept(s1, "x" * 40, ids)
+    consume(s1, store.read_mailbox(s1, "s1"))
+    path = s1.path("s1", "mailbox")
+    with open(path, "r+b") as handle:  # four bytes inside the consumed message's content
+        handle.seek(0x40)
+        handle.write(b"\xde\xad\xbe\xef")
+    before = read_file(path)
+    another_process = store.Store(s1.root, durability=s1.durability.name)  # knows nothing of where the records end
+    with pytest.raises(store.CorruptSessionError):
+        accept(another_process, "next", ids)
+    assert read_file(path) == before
+
+
 def test_accept_for_unknown_session(st):
     """A message for a session without a header is refused, and no mailbox appears."""
     with pytest.raises(store.SessionNotFoundError):
@@ -338,7 +356,7 @@ def test_a_watched_writer_reads_no_timestamps_while_only_it_writes(s1, monkeypat
             return os.fstat(fd)
 
     monkeypatch.setattr(mailbox_module, "os", SpyOS())
-    monkeypatch.setattr(mailbox_module, "require_consumed_prefix", lambda *a, **k: (checks.append("check"), real_check(*a, **k)))
+    monkeypatch.setattr(mailbox_module, "require_consumed_prefix", lambda *a, **k: (checks.append("check"), real_check(*a, **k))[1])
     ids = store.IdGenerator()
     writer = _writer(s1, watch)
     try:
@@ -374,7 +392,7 @@ def test_an_acceptance_after_one_that_failed_checks_the_mailbox_again(tmp_path, 
     store.create_session(st, "s1", events=[("subagent/descriptor", ONE_SHOT)])
     checks: list[str] = []
     real_check = mailbox_module.require_consumed_prefix
-    monkeypatch.setattr(mailbox_module, "require_consumed_prefix", lambda *a, **k: (checks.append("check"), real_check(*a, **k)))
+    monkeypatch.setattr(mailbox_module, "require_consumed_prefix", lambda *a, **k: (checks.append("check"), real_check(*a, **k))[1])
 
     class FsyncFailsOnce:
         armed = True

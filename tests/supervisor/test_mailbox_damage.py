@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
+
 import pytest
 
 from subagents.store import read_mailbox
 from subagents.store.catalog import ChildEntry, DiagnosticEntry
 from subagents.supervisor import SubagentError
 
-from .test_continuable import S, continuable_supervisor, start, turn_started
+from .test_continuable import S, continuable_supervisor, settled, start, turn_started
 
 pytestmark = pytest.mark.anyio
 
@@ -98,3 +100,26 @@ async def test_a_fifo_put_in_a_resident_child_s_mailbox_never_stalls_the_supervi
         os.unlink(path)
         os.replace(path + ".kept", path)
         await sup.drain_children(root, [victim, sibling])
+
+
+async def test_damage_in_a_consumed_message_refuses_a_followup_and_sends_no_notice(tmp_path):
+    """A record the log consumed, damaged in place, read as a torn tail to a process that had not written
+    it: the followup was written over it and acknowledged, no turn ever took it, and the parent got a
+    notice for a resumption that ran nothing. Now the followup is ``CORRUPT_SESSION``, the mailbox keeps
+    its bytes, and no notice comes."""
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        child_id, _ = await start(sup, root, S({"return": "x" * 40}))
+        await settled(sup, root, child_id)
+        path = Path(sup.store.path(child_id, "mailbox"))
+    data = bytearray(path.read_bytes())
+    data[0x30:0x34] = b"\xde\xad\xbe\xef"  # inside the consumed prompt
+    path.write_bytes(bytes(data))
+    async with continuable_supervisor(tmp_path) as sup:  # another host: it knows nothing of where the records end
+        root = await sup.open_root(id=root.id)
+        with pytest.raises(SubagentError) as caught:
+            await sup.followup(root, child_id, S({"return": "never"}))
+        assert caught.value.code == "CORRUPT_SESSION"
+        assert path.read_bytes() == bytes(data)
+        await anyio.sleep(0.5)  # a resumption that settles again would notify within this
+        assert await sup.take_messages(root) == []
