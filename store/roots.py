@@ -25,7 +25,7 @@ from .appender import append_durably
 from .atomic import NOFOLLOW, read_bytes, write_atomic
 from .catalog import ChildStatus, DiagnosticEntry, damage_reason
 from .errors import CorruptSessionError, SessionNotFoundError, SubagentError
-from .framing import encode_record, scan_all, scan_suffix
+from .framing import SkimResult, encode_record, scan_all, scan_suffix, torn_tail
 from .ids import is_valid_session_id
 from .index import read_children
 from .lease import OwnerCache, session_status
@@ -220,7 +220,7 @@ def roots_index_problem(store: Store) -> str | None:
         return f"index/roots: {len(skim.skipped)} damaged range(s) stepped over, the first {first.damage.reason} at byte {first.damage.offset}"
     if data and not skim.records and skim.tail is not None:
         return f"index/roots holds no readable record ({skim.tail.reason} at byte {skim.tail.offset})"
-    return None
+    return _end_problem(store, data, skim)
 
 
 def indexed_roots(store: Store) -> set[str] | None:
@@ -262,7 +262,32 @@ def _read_suffix(store: Store, size: int) -> tuple[list[tuple[float, str]], bool
         log.warning("index/roots holds no readable record (%s at byte %d); listing from the session headers: "
                     "run `subagents store reindex`", damage.reason if damage else "damage", damage.offset if damage else 0)
         return None
+    problem = _end_problem(store, data, skim)
+    if problem is not None:
+        log.warning("%s; listing from the session headers: run `subagents store reindex`", problem)
+        return None
     return _live(skim.records), True
+
+
+def _end_problem(store: Store, data: bytes, skim: SkimResult) -> str | None:
+    """Damage at the index's end that would drop roots from a listing read as a clean or torn end: a whole
+    last record changed since it was written (every append is a committed root), or an empty index beside
+    sessions (roots are indexed as they are made: it was emptied)."""
+    tail = skim.tail
+    if tail is not None and skim.records and not torn_tail(data, tail, skim.next_seq):
+        return f"index/roots: its last record is damaged ({tail.reason} at byte {tail.offset}), no torn tail"
+    if not data and _has_sessions(store):
+        return "index/roots is empty but the store holds sessions"
+    return None
+
+
+def _has_sessions(store: Store) -> bool:
+    """Whether ``sessions/`` holds any entry (one directory read, stopped at the first)."""
+    try:
+        with os.scandir(store.sessions_dir) as entries:
+            return next(entries, None) is not None
+    except OSError:
+        return False
 
 
 def _read_around(exc: OSError) -> None:
