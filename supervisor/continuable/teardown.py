@@ -198,9 +198,11 @@ class Teardown:
             else:
                 log.info("subagent %s settled; its parent %s is a one-shot child (or gone), which takes no message: "
                          "the settlement notice is dropped", act.child_id, act.parent_id, extra=log_fields(act))
-        except SubagentError:
-            # the parent's files refused it (damage, a takeover): the child is settled all the same
-            log.exception("subagent %s settlement notice was not delivered to its parent", act.child_id, extra=log_fields(act))
+        except SubagentError as exc:
+            # the parent's files refused it (damage, a takeover): the child is settled all the same. The
+            # error's code and text say why; a traceback of the store's internals would say nothing more
+            log.error("subagent %s settlement notice was not delivered to its parent %s: %s: %s", act.child_id, act.parent_id,
+                      exc.code, exc, extra=log_fields(act))
 
     def _finish(self, act: Activation, reason: str, last_message: str | None) -> None:
         """The last steps of every disposal: setup released, out of the table, the parent stops owning

@@ -21,7 +21,7 @@ from subagents import store
 from subagents.store import Query, Store, create_session, find_roots, list_children, list_descendants
 
 from ..conftest import REPO_ROOT
-from ..session_bytes import HEADER_AT, patch
+from ..session_bytes import HEADER_AT, patch, write_slot
 
 ONE_SHOT = {"version": 1, "mode": "one-shot", "provider": "script"}
 HOUR = 3600.0
@@ -176,6 +176,15 @@ def test_a_roots_index_emptied_or_changed_at_its_end_does_not_drop_roots(st: Sto
     assert done.returncode == 0, done.stderr
     assert [line.split()[0] for line in done.stdout.splitlines()[1:]] == ["r4AAAAAA", "r3AAAAAA", "r2AAAAAA", "r1AAAAAA", "r0AAAAAA"]
     assert "subagents store reindex" in done.stderr and "index/roots" in done.stderr
+
+
+def test_fsck_exits_1_for_a_lease_that_does_not_read(st: Store) -> None:
+    """It exited 0 and counted the session clean, beside a lease-unreadable finding."""
+    for slot in (0, 1):
+        write_slot(st, "c0000000AAAA", slot, b"\xc1 not a lease")
+    done = run_cli(st, "store", "fsck", "--json")
+    kinds = [f["kind"] for f in json.loads(done.stdout)["findings"] if f["id"] == "c0000000AAAA"]
+    assert done.returncode == 1 and "lease-unreadable" in kinds, (done.returncode, kinds)
 
 
 def test_a_root_whose_header_is_damaged_is_listed_as_a_diagnostic(st: Store) -> None:

@@ -123,3 +123,19 @@ async def test_damage_in_a_consumed_message_refuses_a_followup_and_sends_no_noti
         assert path.read_bytes() == bytes(data)
         await anyio.sleep(0.5)  # a resumption that settles again would notify within this
         assert await sup.take_messages(root) == []
+
+
+async def test_a_notice_a_damaged_parent_mailbox_refuses_is_one_line_naming_the_code(tmp_path, caplog):
+    """It was logged with a traceback of the store's internals (27 lines under `subagents send`)."""
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        child_id, _ = await start(sup, root, S({"return": "first"}))
+        await settled(sup, root, child_id)
+        Path(sup.store.path(root.id, "mailbox")).write_bytes(b"")  # the consumed notice is gone
+        caplog.clear()
+        await sup.followup(root, child_id, S({"return": "again"}))
+        with anyio.fail_after(20):
+            while not [r for r in caplog.records if "settlement notice was not delivered" in r.getMessage()]:
+                await anyio.sleep(0.02)
+    [record] = [r for r in caplog.records if "settlement notice was not delivered" in r.getMessage()]
+    assert record.exc_info is None and "CORRUPT_SESSION" in record.getMessage(), record.getMessage()
