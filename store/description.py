@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .catalog import ChildStatus, running_node
-from .errors import CorruptSessionError, UnavailableSessionError
+from .errors import CorruptSessionError, SubagentError, UnavailableSessionError
 from .framing import Damage
 from .lease import Lease, OwnerRecord, owner_alive, read_lease, read_owner, session_status
 from .mailbox import pending, read_mailbox
@@ -24,7 +24,7 @@ from .reader import Inspection, header_of, inspect, open_session
 from .root import Store
 from .roots import subagent_count
 
-__all__ = ["MailboxCounts", "SessionDescription", "describe_session", "mailbox_counts"]
+__all__ = ["CommittedEnds", "MailboxCounts", "SessionDescription", "describe_session", "mailbox_counts"]
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,37 @@ def _lost_committed(found: Inspection, committed_end: int) -> Inspection:
     damage = found.damage or Damage(found.end, committed_end - found.end, "records-missing",
                                     f"its settled row says its records end at byte {committed_end} of its log")
     return replace(found, status="corrupt", damage=damage)
+
+
+class CommittedEnds:
+    """``_lost_committed`` for every session of a pass (``fsck``): each parent's children index is read
+    once, not once per child. A row read after a child's log may be newer than that log (a resume
+    settled again meanwhile): a log shorter than its row is read again, after the row, before it is
+    called corrupt."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._ends: dict[str, dict[str, int]] = {}  # parent -> child -> its settled row's end (in the file)
+
+    def apply(self, found: Inspection) -> Inspection:
+        parent, session_id = found.header.parent_session, found.header.id
+        if parent is None:
+            return found
+        ends = self._ends.get(parent)
+        if ends is None:
+            ends = self._ends[parent] = {e.id: e.settled.end for e in read_index(self._store, parent).entries
+                                         if e.settled is not None and e.settled.end is not None}
+        end = ends.get(session_id)
+        if end is None:
+            return found
+        try:
+            with open_session(self._store, session_id) as file:
+                committed_end = end - file.data_start
+            if found.end < committed_end:
+                found = inspect(self._store, session_id)
+        except (SubagentError, OSError):
+            return found  # gone or unreadable since: the caller's own read stands
+        return _lost_committed(found, committed_end)
 
 
 def describe_session(store: Store, session_id: str) -> SessionDescription:

@@ -33,6 +33,7 @@ from typing import Any
 
 from .acknowledgment import evidence_of_use
 from .control import INVALID, read_controls
+from .description import CommittedEnds
 from .errors import LeaseHeldError, SubagentError, UnreadableStoreError
 from .ids import is_valid_session_id, new_id
 from .index import read_index
@@ -70,6 +71,7 @@ def fsck(store: Store, *, repair: bool, lease_ttl_s: float) -> dict[str, Any]:
         findings.append({"id": "sessions", "kind": "unreadable", "detail": f"the sessions folder cannot be listed: {exc}"})
     checked = 0
     present = set(names)
+    committed = CommittedEnds(store)  # a settled child's row proves where its records end: damage before it is no torn tail
     for name in names:
         path = os.path.join(store.sessions_dir, name)
         finding_of_name = _name_finding(name, path, present)
@@ -83,7 +85,7 @@ def fsck(store: Store, *, repair: bool, lease_ttl_s: float) -> dict[str, Any]:
             continue  # a companion of a session that is here: read with its session
         checked += 1
         try:
-            found = inspect(store, name)
+            found = committed.apply(inspect(store, name))
         except SubagentError as exc:
             kind = inspect_error_kind(exc.code)
             counts["corrupt" if kind == "header-corrupt" else kind] += 1
