@@ -271,23 +271,13 @@ def _read_suffix(store: Store, size: int) -> tuple[list[tuple[float, str]], bool
 
 def _end_problem(store: Store, data: bytes, skim: SkimResult) -> str | None:
     """Damage at the index's end that would drop roots from a listing read as a clean or torn end: a whole
-    last record changed since it was written (every append is a committed root), or an empty index beside
-    sessions (roots are indexed as they are made: it was emptied)."""
+    last record changed since it was written (every append is a committed root). Not found here: an index
+    emptied or cut at a record boundary, which reads as one that holds fewer roots (a store whose first
+    root is being created has sessions and an empty index too); ``store check`` names the roots it misses."""
     tail = skim.tail
     if tail is not None and skim.records and not torn_tail(data, tail, skim.next_seq):
         return f"index/roots: its last record is damaged ({tail.reason} at byte {tail.offset}), no torn tail"
-    if not data and _has_sessions(store):
-        return "index/roots is empty but the store holds sessions"
     return None
-
-
-def _has_sessions(store: Store) -> bool:
-    """Whether ``sessions/`` holds any entry (one directory read, stopped at the first)."""
-    try:
-        with os.scandir(store.sessions_dir) as entries:
-            return next(entries, None) is not None
-    except OSError:
-        return False
 
 
 def _read_around(exc: OSError) -> None:
