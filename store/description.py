@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from .catalog import ChildStatus, running_node
 from .errors import CorruptSessionError, SubagentError, UnavailableSessionError
 from .framing import Damage
-from .lease import Lease, OwnerRecord, owner_alive, read_lease, read_owner, session_status
+from .lease import Lease, OwnerRecord, check_lease, owner_alive, read_owner, session_status
 from .mailbox import pending, read_mailbox
 from .outcome import OutcomeVerdict, outcome_of
 from .projection import Projection
@@ -46,6 +46,7 @@ class SessionDescription:
     children: int  # direct subagent children, per the index
     outcome: OutcomeVerdict  # store/outcome.py
     node: str | None = None  # where its open turn runs while a live owner holds it (``turn/start``'s ``node``)
+    lease_problem: str | None = None  # why the lease slots do not read (``lease`` is then None: not "never leased")
 
 
 def mailbox_counts(store: Store, session_id: str, projection: Projection, *, locked: bool = False) -> MailboxCounts:
@@ -123,6 +124,16 @@ class CommittedEnds:
         return _lost_committed(found, committed_end)
 
 
+def _lease(store: Store, session_id: str) -> tuple[Lease | None, str | None]:
+    """The lease, or why it does not read: a description tells a damaged lease from none."""
+    try:
+        return check_lease(store, session_id), None
+    except (CorruptSessionError, UnavailableSessionError) as exc:
+        return None, f"{exc.code}: {exc.message}"
+    except SubagentError:  # the session went away since its log was read: as if never leased
+        return None, None
+
+
 def describe_session(store: Store, session_id: str) -> SessionDescription:
     """Everything the store knows about one session, read without writing."""
     committed_end = _settled_end(store, session_id)  # before the log: a resume since only makes the log longer
@@ -131,7 +142,7 @@ def describe_session(store: Store, session_id: str) -> SessionDescription:
         found = _lost_committed(found, committed_end)
     projection = Projection(seed_length=found.header.seed_length or 0)
     projection.fold(found.events, found.offsets, found.end)
-    lease = read_lease(store, session_id)
+    lease, lease_problem = _lease(store, session_id)
     owner = read_owner(store, lease.owner) if lease is not None else None
     status = session_status(store, session_id)
     return SessionDescription(
@@ -145,4 +156,5 @@ def describe_session(store: Store, session_id: str) -> SessionDescription:
         children=subagent_count(store, session_id),
         outcome=outcome_of(projection, held=status != "complete", root=found.header.parent_session is None),
         node=running_node(projection, held=status != "complete"),
+        lease_problem=lease_problem,
     )

@@ -195,6 +195,7 @@ def cmd_show(inv: Invocation) -> int:
     ident = projection.identity
     descriptor = ident.model_dump(mode="json", exclude_none=True) if isinstance(ident, (OneShotDescriptor, ContinuableDescriptor)) else None
     mailbox = {"accepted": found.mailbox.accepted, "pending": found.mailbox.pending}
+    lease_problem = {"lease_problem": found.lease_problem} if found.lease_problem else {}
     if found.mailbox.problem:
         mailbox["problem"] = found.mailbox.problem
     doc = {
@@ -203,6 +204,7 @@ def cmd_show(inv: Invocation) -> int:
         "identity": "descriptor" if descriptor else (ident or "none (not a subagent)"),
         "status": found.status,
         "lease": dataclasses.asdict(found.lease) if found.lease is not None else None,
+        **lease_problem,  # only when the lease does not read: "lease": null is then no "never leased"
         "owner": {**dataclasses.asdict(found.owner), "alive": found.owner_alive} if found.owner is not None else None,
         "timing": dataclasses.asdict(projection.timing),
         "turns": projection.turns,

@@ -213,7 +213,7 @@ def render_show(out: Output, doc: dict[str, Any]) -> None:
         fields.append(("identity", doc["identity"]))
     fields.append(("status", doc["status"]))
     if lease is None:
-        fields.append(("lease", "(none)"))
+        fields.append(("lease", f"unreadable ({doc['lease_problem']})" if doc.get("lease_problem") else "(none)"))
     else:
         owner = doc["owner"]
         liveness = "" if lease["state"] == "released" else (" (alive)" if owner and owner["alive"] else " (dead or gone)")

@@ -174,13 +174,17 @@ def test_a_roots_index_changed_at_its_end_does_not_drop_roots(st: Store) -> None
     assert "subagents store reindex" in done.stderr and "index/roots" in done.stderr
 
 
-def test_fsck_exits_1_for_a_lease_that_does_not_read(st: Store) -> None:
+def test_fsck_and_show_say_that_a_lease_does_not_read(st: Store) -> None:
     """It exited 0 and counted the session clean, beside a lease-unreadable finding."""
     for slot in (0, 1):
         write_slot(st, "c0000000AAAA", slot, b"\xc1 not a lease")
     done = run_cli(st, "store", "fsck", "--json")
     kinds = [f["kind"] for f in json.loads(done.stdout)["findings"] if f["id"] == "c0000000AAAA"]
     assert done.returncode == 1 and "lease-unreadable" in kinds, (done.returncode, kinds)
+    # show said "lease (none)", as for a session never leased
+    assert re.search(r"^lease\s+unreadable \(CORRUPT_SESSION: ", ok(st, "show", "c0000000AAAA"), re.M)
+    doc = json.loads(ok(st, "show", "c0000000AAAA", "--json"))
+    assert doc["lease"] is None and doc["lease_problem"].startswith("CORRUPT_SESSION: ")
 
 
 def test_a_root_whose_header_is_damaged_is_listed_as_a_diagnostic(st: Store) -> None:
