@@ -20,7 +20,7 @@ from .mailbox import pending, read_mailbox
 from .outcome import OutcomeVerdict, outcome_of
 from .projection import Projection
 from .index import read_index
-from .reader import Inspection, header_of, inspect, open_session
+from .reader import Inspection, inspect, open_session
 from .root import Store
 from .roots import subagent_count
 
@@ -67,18 +67,6 @@ def mailbox_counts(store: Store, session_id: str, projection: Projection, *, loc
     return MailboxCounts(len(messages), waiting)
 
 
-def _settled_end(store: Store, session_id: str) -> int | None:
-    """Where the ``settled`` row of a child says its committed records end, counted in its log; ``None``
-    for a session that is no child, has no such row, or one an older build wrote without ``end``."""
-    with open_session(store, session_id) as file:
-        parent, data_start = header_of(file).parent_session, file.data_start
-    if parent is None:
-        return None
-    entry = next((e for e in read_index(store, parent).entries if e.id == session_id), None)
-    end = None if entry is None or entry.settled is None else entry.settled.end
-    return None if end is None else end - data_start
-
-
 def _lost_committed(found: Inspection, committed_end: int) -> Inspection:
     """``found``, made ``corrupt`` when its valid records end before ``committed_end`` (in its log).
 
@@ -94,10 +82,10 @@ def _lost_committed(found: Inspection, committed_end: int) -> Inspection:
 
 
 class CommittedEnds:
-    """``_lost_committed`` for every session of a pass (``fsck``): each parent's children index is read
-    once, not once per child. A row read after a child's log may be newer than that log (a resume
-    settled again meanwhile): a log shorter than its row is read again, after the row, before it is
-    called corrupt."""
+    """``_lost_committed`` against each child's settled row (``show`` reads one session, ``fsck`` every
+    one: a parent's children index is read once per pass, not once per child). A row read after a
+    child's log may be newer than that log (a resume settled again meanwhile): a log shorter than its
+    row is read again, after the row, before it is called corrupt."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
@@ -136,10 +124,7 @@ def _lease(store: Store, session_id: str) -> tuple[Lease | None, str | None]:
 
 def describe_session(store: Store, session_id: str) -> SessionDescription:
     """Everything the store knows about one session, read without writing."""
-    committed_end = _settled_end(store, session_id)  # before the log: a resume since only makes the log longer
-    found = inspect(store, session_id)
-    if committed_end is not None:
-        found = _lost_committed(found, committed_end)
+    found = CommittedEnds(store).apply(inspect(store, session_id))
     projection = Projection(seed_length=found.header.seed_length or 0)
     projection.fold(found.events, found.offsets, found.end)
     lease, lease_problem = _lease(store, session_id)

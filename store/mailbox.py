@@ -93,21 +93,21 @@ def check_message(store: Store, session_id: str, *, source: Any, content: Any, w
     """Raise what ``accept`` would refuse this message for, touching nothing (``InvalidRecordError``,
     ``MESSAGE_TOO_LARGE``): a caller that must do something durable before it accepts (resume the
     recipient) checks first, so a message that can never be accepted changes nothing."""
-    _refuse(store, session_id, {"id": _SAMPLE_ID, "ts": 0.0, "source": source, "content": content, "wake": wake})
+    _refuse(store, session_id, checkpoint_key(session_id), {"id": _SAMPLE_ID, "ts": 0.0, "source": source, "content": content, "wake": wake})
 
 
 # an id as long as every id is: the sample record frames to the size the real one will
 _SAMPLE_ID = "0" * 26
 
 
-def _refuse(store: Store, session_id: str, record: dict[str, Any]) -> None:
+def _refuse(store: Store, session_id: str, key: str, record: dict[str, Any]) -> None:
     """What readers would refuse as damage (a ``source`` that is no map), what msgpack cannot encode,
     what is too large (the widest seq bounds it): refused before the lock or the file are touched."""
     widest = {**record, "seq": WIDEST_SEQ}
     problem = mailbox_problem(widest)
     if problem is not None:
         raise InvalidRecordError(f"a message for {session_id}", problem)
-    frame_record(widest, store.max_record_bytes, checkpoint_key(session_id), "MESSAGE_TOO_LARGE")
+    frame_record(widest, store.max_record_bytes, key, "MESSAGE_TOO_LARGE")
 
 
 class MailboxWriter:
@@ -157,7 +157,7 @@ class MailboxWriter:
         store = self._store
         message_id = ids.new()
         record = {"id": message_id, "ts": time.time(), "source": source, "content": content, "wake": wake}
-        _refuse(store, self.session_id, record)
+        _refuse(store, self.session_id, self._key, record)
         with self._mutex:
             with self._state:
                 self._busy = True

@@ -220,7 +220,7 @@ def roots_index_problem(store: Store) -> str | None:
         return f"index/roots: {len(skim.skipped)} damaged range(s) stepped over, the first {first.damage.reason} at byte {first.damage.offset}"
     if data and not skim.records and skim.tail is not None:
         return f"index/roots holds no readable record ({skim.tail.reason} at byte {skim.tail.offset})"
-    return _end_problem(store, data, skim)
+    return _end_problem(data, skim)
 
 
 def indexed_roots(store: Store) -> set[str] | None:
@@ -262,14 +262,14 @@ def _read_suffix(store: Store, size: int) -> tuple[list[tuple[float, str]], bool
         log.warning("index/roots holds no readable record (%s at byte %d); listing from the session headers: "
                     "run `subagents store reindex`", damage.reason if damage else "damage", damage.offset if damage else 0)
         return None
-    problem = _end_problem(store, data, skim)
+    problem = _end_problem(data, skim)
     if problem is not None:
         log.warning("%s; listing from the session headers: run `subagents store reindex`", problem)
         return None
     return _live(skim.records), True
 
 
-def _end_problem(store: Store, data: bytes, skim: SkimResult) -> str | None:
+def _end_problem(data: bytes, skim: SkimResult) -> str | None:
     """Damage at the index's end that would drop roots from a listing read as a clean or torn end: a whole
     last record changed since it was written (every append is a committed root). Not found here: an index
     emptied or cut at a record boundary, which reads as one that holds fewer roots (a store whose first

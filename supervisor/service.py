@@ -348,8 +348,7 @@ class Supervisor:
         """
         self._check_open()
         InvalidRequestError.require(authority, (UserAuthority, AncestorAuthority), "authority")
-        if wait_s is None:
-            raise InvalidRequestError("wait_s must be a finite number of seconds >= 0, not None", field="wait_s")
+        InvalidRequestError.require(wait_s, (int, float), "wait_s")  # no None: a bound of 0 is "do not wait"
         InvalidRequestError.require_seconds(wait_s, "wait_s")  # before a control record is written, not after
         return await self.interrupts.interrupt(child_id, authority, wait_s=wait_s)
 
