@@ -10,21 +10,20 @@ described, not raised (only a missing or unreadable header or log raises, as
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from .catalog import ChildStatus, running_node
+from .committed import CommittedEnds
 from .errors import CorruptSessionError, SubagentError, UnavailableSessionError
-from .framing import Damage
 from .lease import Lease, OwnerRecord, check_lease, owner_alive, read_owner, session_status
 from .mailbox import pending, read_mailbox
 from .outcome import OutcomeVerdict, outcome_of
 from .projection import Projection
-from .index import read_index
-from .reader import Inspection, inspect, open_session
+from .reader import Inspection, inspect
 from .root import Store
 from .roots import subagent_count
 
-__all__ = ["CommittedEnds", "MailboxCounts", "SessionDescription", "describe_session", "mailbox_counts"]
+__all__ = ["MailboxCounts", "SessionDescription", "describe_session", "mailbox_counts"]
 
 
 @dataclass(frozen=True)
@@ -65,51 +64,6 @@ def mailbox_counts(store: Store, session_id: str, projection: Projection, *, loc
     except (CorruptSessionError, UnavailableSessionError) as exc:
         return MailboxCounts(len(messages), None, exc.message)
     return MailboxCounts(len(messages), waiting)
-
-
-def _lost_committed(found: Inspection, committed_end: int) -> Inspection:
-    """``found``, made ``corrupt`` when its valid records end before ``committed_end`` (in its log).
-
-    Nothing appends to a settled child (its writers are fenced) and nothing cuts its records, so a valid
-    prefix that ends before its row's ``end`` lost committed records: its last ``turn/end`` changed in
-    place (it reads like a torn tail, FORMAT.md §3.3), zeroed (it reads like padding) or cut off. The
-    listing says so from the same row (§9)."""
-    if found.status == "corrupt" or found.end >= committed_end:
-        return found
-    damage = found.damage or Damage(found.end, committed_end - found.end, "records-missing",
-                                    f"its settled row says its records end at byte {committed_end} of its log")
-    return replace(found, status="corrupt", damage=damage)
-
-
-class CommittedEnds:
-    """``_lost_committed`` against each child's settled row (``show`` reads one session, ``fsck`` every
-    one: a parent's children index is read once per pass, not once per child). A row read after a
-    child's log may be newer than that log (a resume settled again meanwhile): a log shorter than its
-    row is read again, after the row, before it is called corrupt."""
-
-    def __init__(self, store: Store) -> None:
-        self._store = store
-        self._ends: dict[str, dict[str, int]] = {}  # parent -> child -> its settled row's end (in the file)
-
-    def apply(self, found: Inspection) -> Inspection:
-        parent, session_id = found.header.parent_session, found.header.id
-        if parent is None:
-            return found
-        ends = self._ends.get(parent)
-        if ends is None:
-            ends = self._ends[parent] = {e.id: e.settled.end for e in read_index(self._store, parent).entries
-                                         if e.settled is not None and e.settled.end is not None}
-        end = ends.get(session_id)
-        if end is None:
-            return found
-        try:
-            with open_session(self._store, session_id) as file:
-                committed_end = end - file.data_start
-            if found.end < committed_end:
-                found = inspect(self._store, session_id)
-        except (SubagentError, OSError):
-            return found  # gone or unreadable since: the caller's own read stands
-        return _lost_committed(found, committed_end)
 
 
 def _lease(store: Store, session_id: str) -> tuple[Lease | None, str | None]:

@@ -33,7 +33,7 @@ from typing import Any
 
 from .acknowledgment import evidence_of_use
 from .control import INVALID, read_controls
-from .description import CommittedEnds
+from .committed import CommittedEnds
 from .errors import LeaseHeldError, SubagentError, UnreadableStoreError
 from .ids import is_valid_session_id, new_id
 from .index import read_index

@@ -98,6 +98,9 @@ class IndexEntry:
     mode: str | None = None  # the row's static fields, when the creation record carries them
     label: str | None = None
     settled: Settled | None = None  # set when the child's latest state record is ``settled``
+    # the ``end`` of its latest ``settled`` record, kept while it is active again: nothing cuts a log's
+    # committed records, so they still reach that far (``store/committed.py``)
+    committed_end: int | None = None
 
     def creation_record(self) -> dict[str, Any]:
         """The entry record (without ``seq``); ``mode``/``label`` only when known (``label`` only when set)."""
@@ -249,22 +252,27 @@ def read_index(store: Store, parent_id: str) -> IndexRead:
         problems.append(f"no readable record: {skim.tail.reason} at byte {skim.tail.offset}")
     entries: dict[str, dict[str, Any]] = {}  # child → its entry record
     last_state: dict[str, dict[str, Any] | None] = {}  # child → its latest state record (None: active)
+    committed: dict[str, int] = {}  # child → the end its latest settled record gives
     for record in skim.records:
         child = record["id"]
         state = record.get("state")
         if state is not None:
             if child in entries:  # a state record of a child not (or no longer) listed is ignored
                 last_state[child] = record if state == "settled" else None
+                end = record.get("end") if state == "settled" else None
+                if isinstance(end, int) and not isinstance(end, bool):
+                    committed[child] = end
         elif record.get("removed"):
             entries.pop(child, None)
             last_state.pop(child, None)
+            committed.pop(child, None)
         elif child not in entries and is_valid_session_id(child):
             entries[child] = record
     out = []
     for child, r in entries.items():
         settled = last_state.get(child)
         out.append(IndexEntry(child, float(r.get("created_at", 0.0)), r.get("origin"), r.get("mode"), r.get("label"),
-                              None if settled is None else _settled(settled)))
+                              None if settled is None else _settled(settled), committed.get(child)))
     out.sort(key=lambda e: (e.created_at, e.id))
     return IndexRead(out, problems)
 

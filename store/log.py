@@ -39,10 +39,10 @@ from typing import Any, Callable, Sequence
 
 from .errors import NO_ROOM, CorruptSessionError, DurabilityError, FencedError, SubagentError, UnavailableSessionError, UnsupportedFormatError
 from .events import EVENT_TYPES, closers
-from .framing import RecordEncoder
+from .framing import Damage, RecordEncoder
 from .header import SessionHeader
 from .projection import Projection, read_cache, write_cache
-from .reader import committed_damage, header_of, open_session, scan_events, scan_log
+from .reader import committed_damage, header_of, lost_damage, open_session, scan_events, scan_log
 from .root import Store
 from .session_file import LeaseSlots, SessionFile
 
@@ -89,11 +89,16 @@ def _from_cache(store: Store, session_id: str, header: SessionHeader, file: Sess
     return cached, rest, cached.end_offset
 
 
-def load_projection(store: Store, session_id: str, header: SessionHeader, file: SessionFile, *, use_cache: bool = True) -> tuple[Projection, int, str]:
-    """Projection of the valid log, the byte end of the valid prefix, and its status.
+def _lost_from(store: Store, header: SessionHeader, file: SessionFile, end: int) -> int | None:
+    """Where the parent's index says this log's records reach, when that is past ``end``: records
+    were lost behind the store's back (``store/committed.py``). None: nothing says so."""
+    from .committed import committed_end  # the index sits above this module (it reads identities through it)
 
-    Raises ``CorruptSessionError`` for committed damage (see ``store/reader.py``).
-    """
+    committed = committed_end(store, header, file)
+    return committed if committed is not None and end < committed else None
+
+
+def _fold(store: Store, session_id: str, header: SessionHeader, file: SessionFile, use_cache: bool) -> tuple[Projection, int, str, Damage | None]:
     size = file.log_reach()  # its size, unless extended with zeros: as far as its data reaches
     found = _from_cache(store, session_id, header, file, size) if use_cache else None
     if found is None:
@@ -108,6 +113,24 @@ def load_projection(store: Store, session_id: str, header: SessionHeader, file: 
     projection.fold(events, offsets, end)
     if not events and found is None:
         projection.end_offset = end
+    return projection, end, status, damage
+
+
+def load_projection(store: Store, session_id: str, header: SessionHeader, file: SessionFile, *, use_cache: bool = True) -> tuple[Projection, int, str]:
+    """Projection of the valid log, the byte end of the valid prefix, and its status.
+
+    Raises ``CorruptSessionError`` for committed damage (see ``store/reader.py``), and for a torn tail
+    before the end its parent's index says its records reach (``store/committed.py``): that tail is
+    a committed record changed in place or cut short, not a crash mid-append. Only a torn log pays
+    for that look (one read of the parent's index); a log read without the session lock while a
+    resumption settled again may be older than the row, so it is read once more, after the row.
+    """
+    projection, end, status, damage = _fold(store, session_id, header, file, use_cache)
+    committed = _lost_from(store, header, file, end) if status == "torn" else None
+    if committed is not None:
+        projection, end, status, damage = _fold(store, session_id, header, file, use_cache)
+        if end < committed:
+            raise committed_damage(session_id, lost_damage(end, committed, damage if status == "torn" else None))
     return projection, end, status
 
 
@@ -170,6 +193,12 @@ class LogWriter:
                     if status == "torn":
                         writer._truncate(end)
                     fix = closers(projection.open_turn, projection.open_step, projection.open_calls, cause=cause, crash=crash)
+                    if fix and status != "torn":
+                        # an open turn in a log that ends clean: a crash between appends, or the turn's
+                        # ``turn/end`` zeroed behind the store's back (it reads like padding)
+                        committed = _lost_from(store, header, file, end)
+                        if committed is not None:
+                            raise committed_damage(session_id, lost_damage(end, committed, None))
                     if fix:
                         writer.repaired = writer._append_locked(fix)
                     if status == "torn" or fix:

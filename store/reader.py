@@ -38,7 +38,7 @@ from .session_file import SessionFile
 
 __all__ = [
     "LogStatus", "Inspection", "read_session_file", "open_session", "header_of", "read_header", "read_log", "scan_events", "scan_log",
-    "classify", "committed_damage", "inspect", "inspect_error_kind", "inspect_file", "read_from",
+    "classify", "committed_damage", "lost_damage", "inspect", "inspect_error_kind", "inspect_file", "read_from",
 ]
 
 LogStatus = Literal["clean", "torn", "corrupt"]
@@ -119,6 +119,14 @@ def committed_damage(session_id: str, damage: Damage) -> CorruptSessionError:
     detail = f" ({damage.detail})" if damage.detail else ""
     return CorruptSessionError(session_id, f"{damage.reason} at byte {damage.offset} in the committed region{detail}",
                                offset=damage.offset)
+
+
+def lost_damage(end: int, committed: int, damage: Damage | None) -> Damage:
+    """What a log whose valid records stop at ``end``, before ``committed`` (where its parent's index
+    says they reach, ``store/committed.py``), lost: the damage found where they stop (a torn-looking
+    tail), else the records missing after them."""
+    return damage or Damage(end, committed - end, "records-missing",
+                            f"its settled row says its records end at byte {committed} of its log")
 
 
 def scan_events(data: bytes | memoryview, *, start_seq: int = 0, base_offset: int = 0) -> ScanResult:

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Literal, TypeVar
 
 from .atomic import DIR_MODE, Removal, fsync_dir, make_dirs
+from .committed import CommittedEnds
 from .description import mailbox_counts
 from .steps import Steps
 from .errors import REFUSED, DurabilityError, InvalidQueryError, LockTimeoutError, SubagentError, out_of_room
@@ -63,7 +64,7 @@ from .locks import PinnedLock
 from .log import read_projection
 from .outcome import OUTCOMES, outcome_of
 from .projection import Projection
-from .reader import read_header
+from .reader import committed_damage, inspect, read_header
 from .root import COMPANIONS, GC_LOCK_NAME, SET_ASIDE_PREFIX, Store
 from .session_file import SessionFile
 from .roots import compact_roots, indexed_roots, remove_roots, roots_index_path
@@ -176,6 +177,10 @@ class _Pass:
     cutoff: float
     host: str = field(default_factory=host_identity)
     owners: dict[str, bool] = field(default_factory=dict)
+    committed: CommittedEnds = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.committed = CommittedEnds(self.store)
 
     def holder(self, session_id: str) -> str | None:
         """Why a live supervisor may hold the session, or ``None``. ``CorruptSessionError`` for a damaged lease.
@@ -199,8 +204,13 @@ class _Pass:
         """What keeps the session, if anything (reason and text), and its projection when it reads.
         ``locked``: the caller holds the session's lock (its mailbox is then read as its writers read it)."""
         try:
-            projection = read_projection(self.store, session_id)
+            projection = read_projection(self.store, session_id)  # CORRUPT_SESSION for a damaged committed turn/end
             held = self.holder(session_id)
+            if held is None and projection.open_turn is not None:
+                # settled with a turn open: a crash, or its ``turn/end`` zeroed (read like padding)
+                found = self.committed.apply(inspect(self.store, session_id))
+                if found.status == "corrupt" and found.damage is not None:
+                    raise committed_damage(session_id, found.damage)
         except (SubagentError, OSError) as exc:
             code = getattr(exc, "code", type(exc).__name__)
             return "unreadable", f"{session_id} does not read ({code}: {getattr(exc, 'message', exc)}); see `subagents store fsck`", None

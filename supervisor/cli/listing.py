@@ -35,6 +35,7 @@ from subagents.store import (
     short_ids,
 )
 from subagents.store.catalog import damage_reason
+from subagents.store.committed import CommittedEnds
 
 from subagents.store.query import paginate
 from subagents.store.reader import committed_damage
@@ -247,7 +248,7 @@ def cmd_summary(inv: Invocation) -> int:
 def cmd_log(inv: Invocation) -> int:
     store, out = inv.open_store(), inv.out
     session_id = inv.session(store, inv.args.id).id
-    found = inspect(store, session_id)
+    found = CommittedEnds(store).apply(inspect(store, session_id))  # a settled child's damaged last record is no torn tail
     doc = {"session": session_id, "log_status": found.status,
            "damage": dataclasses.asdict(found.damage) if found.damage else None, "events": found.events}
     if not inv.args.follow:

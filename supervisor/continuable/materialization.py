@@ -32,7 +32,7 @@ from subagents.store import (
     read_projection,
     release_lease,
 )
-from subagents.store.errors import SubagentError
+from subagents.store.errors import CorruptSessionError, SubagentError
 from subagents.store.ids import validate_session_id
 
 from subagents.worker.protocol import Budget
@@ -180,6 +180,8 @@ class Materializer:
             raise UnauthorizedError.other_parent(child_id)
         try:
             projection = await rt.store_thread.run(read_projection, rt.store, child_id)
+        except CorruptSessionError as exc:  # said, so that nobody retries what only a repair can change
+            raise NotResumableError.unavailable(child_id, f"its log is damaged ({exc.code}: {exc.message})") from exc
         except SubagentError as exc:
             raise NotResumableError.unavailable(child_id) from exc
         if projection.resume_error is not None:

@@ -1,7 +1,7 @@
 """Audit (084acb6): ``show`` of a child resumed while it reads calls a healthy log corrupt.
 
 ``describe_session`` reads the child's log first (``inspect``) and its parent's index afterwards
-(``_lost_committed``), and calls the log ``corrupt`` when it read ``torn`` and ends before the ``end``
+(``lost_committed``), and calls the log ``corrupt`` when it read ``torn`` and ends before the ``end``
 of the settled row it finds then. The row may be newer than the log it read: a child with a torn tail
 (its host died mid-append) is resumed by a supervisor — the torn tail cut, its open turn closed, the
 lease released with a ``settled`` row whose ``end`` is past the bytes ``show`` read — between the two

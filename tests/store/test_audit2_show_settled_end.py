@@ -2,7 +2,7 @@
 
 084acb6 makes ``describe_session`` (``subagents show``) compare the log's valid end with the ``end`` its
 settled row records, "as ls lists it". But it compares only when the log reads ``torn``
-(``_lost_committed``: ``found.status != "torn"`` returns early), while the listing compares whatever the
+(``lost_committed``: ``found.status != "torn"`` returns early), while the listing compares whatever the
 status (``catalog._row``'s ``committed_end``) and calls a file shorter than the row's ``end`` damaged
 (``_since_settled``: ``cut``). A settled child whose final ``turn/end`` is gone *whole* reads ``clean``:
 

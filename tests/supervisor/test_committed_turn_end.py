@@ -1,0 +1,128 @@
+"""A settled child's last ``turn/end`` damaged in place is committed damage, not a torn tail.
+
+Its parent's settled row says where its committed records end (``Settled.end``). Read alone, a
+last record cut short or changed in place looks like a crash mid-append, whose tail the resume
+path cuts. ``show``, listings and ``fsck`` already read such a log against the row; these tests
+hold the other readers to it: ``subagents log``, ``gc`` (which would delete a subtree holding the
+only copy of a damaged transcript) and a cold resume (which would cut the committed record and
+close the turn as a crash, turning a child that completed into an interrupted one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from subagents.store import Store, SubagentError, collect, inspect
+from subagents.supervisor import Capabilities, ContinuableSpec, Provider, Supervisor, SubagentRequest, SupervisorConfig
+
+from ..conftest import open_supervisor
+from ..session_bytes import age, log_start
+from .test_cli_gc import run_cli
+
+pytestmark = pytest.mark.anyio
+
+DAY = 86400.0
+
+
+def _cut_last_record(path: str, by: int = 20) -> bytes:
+    """Cut the last ``by`` bytes of the log's records (its last ``turn/end``); the bytes after."""
+    with open(path, "rb") as handle:
+        data = handle.read().rstrip(b"\0")
+    with open(path, "r+b") as handle:
+        handle.truncate(len(data) - by)
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def _flip_in_last_record(path: str) -> bytes:
+    """Change one byte inside the last record, in place: its CRC fails as a torn tail's would."""
+    with open(path, "rb") as handle:
+        data = bytearray(handle.read())
+    end = len(data.rstrip(b"\0"))
+    data[end - 6] ^= 0xFF
+    with open(path, "wb") as handle:
+        handle.write(bytes(data))
+    return bytes(data)
+
+
+def _zero_last_record(path: str) -> bytes:
+    """Zero the last record whole, in place: it reads like the log's padding, its turn left open."""
+    session_id = os.path.basename(path)
+    st = Store(os.path.dirname(os.path.dirname(path)), create=False)
+    found = inspect(st, session_id)
+    start = log_start(st, session_id) + found.offsets[-1]
+    with open(path, "r+b") as handle:
+        handle.seek(start)
+        handle.write(bytes(log_start(st, session_id) + found.end - start))
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+async def _completed_one_shot(tmp_path) -> tuple[str, str]:
+    async with open_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        run = await sup.start("echo", SubagentRequest(parent=root, prompt="done"))
+        assert (await run.result()).output == "done"
+        await run.dispose()
+    return root.id, run.id
+
+
+@pytest.mark.parametrize("damage", [_cut_last_record, _flip_in_last_record])
+async def test_log_calls_a_settled_childs_damaged_turn_end_corrupt(tmp_path, damage) -> None:
+    _root, child = await _completed_one_shot(tmp_path)
+    damage(os.path.join(tmp_path, "store", "sessions", child))
+    done = run_cli(str(tmp_path / "store"), "log", child, "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["log_status"] == "corrupt", doc
+    assert doc["damage"] is not None
+
+
+@pytest.mark.parametrize("damage", [_cut_last_record, _zero_last_record])
+async def test_gc_keeps_a_subtree_whose_settled_child_lost_its_turn_end(tmp_path, damage) -> None:
+    root, child = await _completed_one_shot(tmp_path)
+    path = os.path.join(tmp_path, "store", "sessions", child)
+    damaged = damage(path)
+    st = Store(str(tmp_path / "store"), create=False)
+    for session in (root, child):
+        age(st, session, 8 * DAY)
+    for dry_run in (True, False):
+        report = collect(st, 7 * DAY, dry_run=dry_run)
+        assert report.collected == (), report
+        [kept] = report.skipped
+        assert (kept.id, kept.session, kept.reason) == (root, child, "unreadable"), kept
+        assert "CORRUPT_SESSION" in kept.detail
+    with open(path, "rb") as handle:
+        assert handle.read() == damaged
+
+
+def _config() -> SupervisorConfig:
+    return SupervisorConfig(pool_size=1, durability="none")
+
+
+ECHO = Provider(name="echoc", program="echo", capabilities=Capabilities.all(), continuable=True)
+
+
+@pytest.mark.parametrize("damage", [_cut_last_record, _flip_in_last_record])
+async def test_a_cold_resume_refuses_a_settled_child_that_lost_its_turn_end(tmp_path, damage) -> None:
+    where = tmp_path / "st"
+    async with Supervisor.open(store=where, config=_config()) as sup:
+        sup.register_provider(ECHO)
+        root = await sup.open_root(label="r")
+        child, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="echoc", prompt="first", label="c"))
+        await sup.wait_for_message(root, timeout_s=30)
+    path = os.path.join(where, "sessions", child)
+    damaged = damage(path)
+    async with Supervisor.open(store=where, config=_config()) as sup:
+        sup.register_provider(ECHO)
+        again = await sup.open_root(id=root.id)
+        with pytest.raises(SubagentError) as caught:
+            await sup.followup(again, child, "second")
+        assert caught.value.code == "NOT_RESUMABLE", caught.value
+        assert "CORRUPT_SESSION" in caught.value.message or "corrupt" in caught.value.message, caught.value.message
+        assert sup.continuation.activations == {}
+    with open(path, "rb") as handle:
+        assert handle.read() == damaged  # refused before its lease was taken: not a byte written
