@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 
-from subagents.store import LeaseHeldError, MailboxMessage, Store, inspect, list_descendants, read_header, read_lease, read_mailbox
+from subagents.store import LeaseHeldError, MailboxMessage, Store, SubagentError, inspect, list_descendants, read_header, read_lease, read_mailbox
 
 from ..config import SupervisorConfig
 from ..config_loader import DeploymentConfig
@@ -123,7 +123,7 @@ def cmd_send(inv: Invocation) -> int:
             f'agent "{args.child}" did not settle within {args.wait_s:g} s; its turn was stopped when this command closed',
             child_id=args.child,
         )
-    return 0 if doc["hosted"] == "elsewhere" or doc["stop_reason"] == "completed" else 1
+    return 0 if doc["hosted"] == "elsewhere" or (doc["stop_reason"] == "completed" and doc["notice_problem"] is None) else 1
 
 
 async def _send(config: DeploymentConfig, child: str, message: str, parent: str, wait_s: float, out: render.Output) -> dict[str, Any]:
@@ -131,12 +131,12 @@ async def _send(config: DeploymentConfig, child: str, message: str, parent: str,
     async with Supervisor.open(store=config.store.path, config=config.supervisor) as sup:
         _register_configured(sup, config)
         owner_id = sup.statistics().owner_id
-        ends: list[str] = []  # stop reasons of the child's activations that ended here
+        ends: list[dict[str, Any]] = []  # the ``subagent/end`` payloads of the child's activations that ended here
         woken = [anyio.Event()]
 
         def on_end(name: str, payload: dict[str, Any]) -> None:
             if payload.get("id") == child:
-                ends.append(str(payload.get("stop_reason")))
+                ends.append(payload)
                 woken[0].set()
 
         sup.on("subagent/end", on_end)
@@ -162,15 +162,25 @@ async def _send(config: DeploymentConfig, child: str, message: str, parent: str,
                     break
                 await woken[0].wait()
             settled = True
-        notices = await anyio.to_thread.run_sync(_settlement_notices, sup.store, parent, child, accepted_at)
-        notice = notices[0] if notices and settled else None
+        end = ends[0] if ends else {}
+        # the root's files refused the notice: the closing message is printed from here instead, with why
+        undelivered: str | None = end.get("notice_problem")
+        notice = None
+        if settled and undelivered is None:
+            try:
+                notices = await anyio.to_thread.run_sync(_settlement_notices, sup.store, parent, child, accepted_at)
+            except SubagentError as exc:  # delivered, and the root's mailbox no longer reads
+                undelivered = f"{exc.code}: {exc.message}"
+            else:
+                notice = notices[0] if notices else None
         taken = (await _take_root_mail(sup, parent) or []) if notice is not None else []
         # the root's other messages taken with the notice are printed too: taken means delivered
         others = [m for m in taken if m.id != notice["id"]] if notice is not None else []
-        stop_reason = ends[0] if ends else None
+        stop_reason = end.get("stop_reason")
         diagnostic = await anyio.to_thread.run_sync(_last_diagnostic, sup.store, child) if stop_reason not in (None, "completed") else None
         doc.update(settled=settled, stop_reason=stop_reason, diagnostic=diagnostic, notice=notice,
-                   also_delivered=[_message_doc(m) for m in others], notice_taken=len(others) < len(taken))
+                   also_delivered=[_message_doc(m) for m in others], notice_taken=len(others) < len(taken),
+                   output=end.get("last_assistant_message"), notice_problem=undelivered)
     return doc
 
 

@@ -444,6 +444,10 @@ def render_settled(out: Output, doc: dict[str, Any]) -> None:
     notice = doc.get("notice")
     if notice is not None:
         out.line(notice["content"] if isinstance(notice["content"], str) else to_json(notice["content"]))
+    elif doc.get("notice_problem"):  # the root never got it: the closing message from here, and why
+        if doc.get("output"):
+            out.line(doc["output"])
+        out.line(f"not delivered to {doc['parent']}: {doc['notice_problem']}")
     if doc.get("stop_reason") not in (None, "completed"):  # the notice says that it failed, not why
         out.line(f"stop reason: {doc['stop_reason']}" + (f" ({doc['diagnostic']})" if doc.get("diagnostic") else ""))
     for message in doc.get("also_delivered") or []:  # taken from the root's mailbox with the notice

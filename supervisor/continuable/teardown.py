@@ -177,17 +177,19 @@ class Teardown:
         # another process may have accepted a message after our last mailbox read and seen our
         # lease still held; it left the message for us. Re-read after releasing: one of us sees it.
         resume_after = not act.discard and not self._admission.closing and await rt.store_thread.run(self._has_waking_pending, act)
+        undelivered = None
         if act.reasons or dropped:
-            await self._notify_parent(act, reason)
+            undelivered = await self._notify_parent(act, reason)
         else:
             # resumed for a message its acceptance then refused (a full disk, a damaged mailbox): nothing
             # ran or was dropped, so the parent's last notice still says how it stands
             log.info("subagent %s settled again without a turn: no settlement notice", act.child_id, extra=log_fields(act))
-        self._finish(act, reason, act.last_output or None)
+        self._finish(act, reason, act.last_output or None, undelivered)
         return resume_after
 
-    async def _notify_parent(self, act: Activation, reason: str) -> None:
-        """The settlement notice, durably in the parent's mailbox (quiet when the parent's lineage is closing)."""
+    async def _notify_parent(self, act: Activation, reason: str) -> str | None:
+        """The settlement notice, durably in the parent's mailbox (quiet when the parent's lineage is closing).
+        Returns why the parent's files refused it (``CODE: message``), for ``subagent/end``; None once delivered."""
         summary, body = settlement_text(act.child_id, reason, act.last_output)
         source = {"kind": "subagent-settled", "form": "notice", "summary": bounded_line(summary), "sender_session_id": act.child_id}
         wake = not self._admission.closed_below(act.parent_id)
@@ -203,10 +205,13 @@ class Teardown:
             # error's code and text say why; a traceback of the store's internals would say nothing more
             log.error("subagent %s settlement notice was not delivered to its parent %s: %s: %s", act.child_id, act.parent_id,
                       exc.code, exc, extra=log_fields(act))
+            return f"{exc.code}: {exc.message}"
+        return None
 
-    def _finish(self, act: Activation, reason: str, last_message: str | None) -> None:
+    def _finish(self, act: Activation, reason: str, last_message: str | None, undelivered: str | None = None) -> None:
         """The last steps of every disposal: setup released, out of the table, the parent stops owning
-        the child, ``subagent/end``, done.
+        the child, ``subagent/end`` (with ``notice_problem`` when the parent's files refused its
+        settlement notice: a caller waiting for the notice learns it will not come), done.
 
         The activation leaves the table only here, after its settlement notice is in its
         parent's mailbox: a parent disposing meanwhile finds it among what it owns and waits
@@ -225,7 +230,8 @@ class Teardown:
         self._rt.events.emit(
             "subagent/end",
             {"run_id": act.identity.run_id, "provider": act.identity.descriptor.provider, "id": act.child_id, "local": True,
-             "stop_reason": reason, "last_assistant_message": last_message},
+             "stop_reason": reason, "last_assistant_message": last_message,
+             **({"notice_problem": undelivered} if undelivered is not None else {})},
         )
         act.lifecycle = Lifecycle.DISPOSED
         act.disposed.set()

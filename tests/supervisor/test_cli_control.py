@@ -426,3 +426,22 @@ def test_top_on_a_terminal_is_a_rich_table_and_refreshes_live(monkeypatch: pytes
     with top_view.TopView(render.Output(plain, json_mode=True)) as view:
         view.update([row], time.time())
     assert json.loads(plain.getvalue()) == [{**row, "active_since": columns.iso(row["active_since"])}]  # ISO, as every --json time
+
+
+def test_send_says_when_the_settlement_notice_could_not_reach_the_root(host) -> None:
+    """Found by a probe: when the root's mailbox refuses the notice (here a folder in its place; in the
+    probe, a mailbox emptied behind the store's back), send printed the message id alone and exited 0
+    (--json: "notice": null, no reason). It prints the child's closing message, why the root did not
+    get it, and exits 1."""
+    store_path, ids, proc = host
+    _kill(proc)
+    root, child = ids["root"], ids["child"]
+    os.mkdir(Store(store_path, create=False).path(root, "mailbox"))
+    done = cli(store_path, "send", child, script({"return": "the answer"}), "--parent", root)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    lines = done.stdout.splitlines()
+    assert lines[1] == "the answer", lines
+    assert lines[2].startswith(f"not delivered to {root}: SESSION_UNAVAILABLE: "), lines
+    doc = json.loads(ok_or(store_path, 1, "send", child, script({"return": "again"}), "--parent", root, "--json"))
+    assert doc["notice"] is None and doc["output"] == "again", doc
+    assert doc["notice_problem"].startswith("SESSION_UNAVAILABLE: "), doc
