@@ -11,9 +11,28 @@ terminal a row wraps rather than hide them. Called by ``render`` only.
 from __future__ import annotations
 
 import datetime
+import re
 from typing import Any, Mapping, Sequence
 
-__all__ = ["relative", "iso", "aligned", "children_table", "roots_table", "tree_line", "state"]
+__all__ = ["relative", "iso", "aligned", "children_table", "roots_table", "tree_line", "state", "visible"]
+
+# C0 and C1 controls, line and paragraph separators, and the marks that reorder bidirectional text
+_INVISIBLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    return _NAMED.get(char) or (f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}")
+
+
+def visible(text: str) -> str:
+    """``text`` as one line that prints as it reads: a control character (a newline, an escape
+    sequence that would recolour the terminal or move its cursor) or a mark that reorders the text
+    after it becomes its escape (``\\n``, ``\\x1b``, ``\\u202e``). Labels are free text, often
+    a model's words: a row of a table, a tree or ``top`` must stay one row, and show what is stored.
+    ``--json`` prints them as they are."""
+    return _INVISIBLE.sub(_escape, text)
 
 
 def relative(ts: float | None, now: float) -> str:
@@ -78,7 +97,11 @@ def state(row: Mapping[str, Any]) -> str:
 
 
 def _error(row: Mapping[str, Any]) -> str:
-    return row.get("error") or ""
+    return visible(row.get("error") or "")
+
+
+def _label(row: Mapping[str, Any], none: str = "") -> str:
+    return visible(row["label"]) if row.get("label") else none
 
 
 def children_table(rows: Sequence[Mapping[str, Any]], shorts: Mapping[str, str], now: float) -> list[str]:
@@ -94,7 +117,7 @@ def children_table(rows: Sequence[Mapping[str, Any]], shorts: Mapping[str, str],
             cells.append([short, "diagnostic", row["reason"], "", "", "", ""] + ([""] if nodes else []))
         else:
             cells.append([short, row["status"], state(row), row["mode"], relative(row.get("created_at"), now)]
-                         + ([row.get("node") or ""] if nodes else []) + [row.get("label") or "", _error(row)])
+                         + ([row.get("node") or ""] if nodes else []) + [_label(row), _error(row)])
     header = ("ID", "STATUS", "OUTCOME", "MODE", "CREATED") + (("NODE",) if nodes else ()) + ("LABEL", "ERROR")
     return aligned(header, cells)
 
@@ -106,7 +129,7 @@ def roots_table(rows: Sequence[Mapping[str, Any]], shorts: Mapping[str, str], no
         return ["(no sessions)"]
     cells = [[shorts.get(r["id"], r["id"]), "diagnostic", r["reason"], "", "", ""] if r.get("kind") == "diagnostic" else
              [shorts.get(r["id"], r["id"]), r["status"], state(r), str(r["children"]), relative(r.get("created_at"), now),
-              r.get("label") or ""] for r in rows]
+              _label(r)] for r in rows]
     return aligned(("ID", "STATUS", "OUTCOME", "CHILDREN", "CREATED", "LABEL"), cells)
 
 
@@ -114,6 +137,6 @@ def tree_line(row: Mapping[str, Any], short: str) -> str:
     """``<id> [<status>, <outcome>] — <label>`` (no dash without a label) and `` (<error>)`` for a failure."""
     if row.get("kind") == "diagnostic":
         return f"{short} [diagnostic: {row['reason']}]"
-    label = f" — {row['label']}" if row.get("label") else ""
-    error = f" ({row['error']})" if row.get("error") else ""
+    label = f" — {_label(row)}" if row.get("label") else ""
+    error = f" ({_error(row)})" if row.get("error") else ""
     return f"{short} [{row['status']}, {state(row)}]{label}{error}"

@@ -164,7 +164,7 @@ def render_tree(out: Output, forest: Sequence[dict[str, Any]], shorts: Mapping[s
     names = shorts or {}
     for tree in forest:
         rows = tree["descendants"]
-        label = f" — {tree['label']}" if tree.get("label") else ""
+        label = f" — {columns.visible(tree['label'])}" if tree.get("label") else ""
         damage = f" [diagnostic: {tree['reason']}]" if tree.get("kind") == "diagnostic" else ""
         parent = tree.get("parent")
         role = f"(subagent of {names.get(parent, parent)})" if parent else "(root)"
@@ -203,13 +203,14 @@ def render_show(out: Output, doc: dict[str, Any]) -> None:
     if header.get("cwd"):
         fields.append(("cwd", header["cwd"]))
     if descriptor is not None:
-        fields += [("mode", descriptor["mode"]), ("provider", descriptor.get("provider") or "-"), ("label", descriptor.get("label") or "-")]
+        fields += [("mode", descriptor["mode"]), ("provider", columns.visible(descriptor.get("provider") or "-")),
+                   ("label", columns.visible(descriptor.get("label") or "-"))]
         for key in ("agent_provider", "agent_model", "persona"):
             if descriptor.get(key):
-                fields.append((key.replace("_", " "), str(descriptor[key])))
+                fields.append((key.replace("_", " "), columns.visible(str(descriptor[key]))))
     else:
         if header.get("label"):
-            fields.append(("label", header["label"]))  # a root's: in its header (a child's is in its identity)
+            fields.append(("label", columns.visible(header["label"])))  # a root's: in its header (a child's is in its identity)
         fields.append(("identity", doc["identity"]))
     fields.append(("status", doc["status"]))
     if lease is None:
@@ -400,7 +401,7 @@ class DemoProgress:
         if self._progress is not None:
             self._progress.advance(self._task)
             return
-        self.out.line(f"[{self.done}/{self.total}] {child_id} {label} {stop_reason} after {elapsed_s:.2f} s")
+        self.out.line(f"[{self.done}/{self.total}] {child_id} {columns.visible(label)} {stop_reason} after {elapsed_s:.2f} s")
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if self._progress is not None:

@@ -12,6 +12,7 @@ import time
 from types import TracebackType
 from typing import Any, Mapping, Sequence
 
+from .columns import visible
 from .render import Output, fmt_time, status_style
 
 __all__ = ["render_top", "TopView", "COLUMNS_HELP"]
@@ -43,7 +44,7 @@ def _top_cells(row: dict[str, Any], now: float, shorts: Mapping[str, str]) -> tu
     turn = _seconds(max(0.0, now - row["active_since"])) if row.get("active_since") is not None else "-"
     pid = str(row["owner_pid"]) if row.get("owner_pid") is not None else "-"
     parent = row.get("parent")
-    return (shorts.get(row["id"], row["id"]), row["status"], row.get("outcome") or "-", row["mode"], row.get("label") or "-",
+    return (shorts.get(row["id"], row["id"]), row["status"], row.get("outcome") or "-", row["mode"], visible(row.get("label") or "-"),
             busy, turn, row.get("node") or "-", str(row["epoch"]), pid, shorts.get(parent, parent) if parent else "-", row["owner"])
 
 
