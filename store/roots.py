@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -47,6 +48,8 @@ __all__ = [
 # as the store grows (each row costs a header, a lease and a projection read)
 DEFAULT_ROOT_LIMIT = 20
 _FIRST_WINDOW = 16 * 1024  # bytes read from the end of index/roots first (~300 entries)
+# a root its index has missed this long is no creation in flight (publication to entry takes milliseconds)
+UNINDEXED_AFTER_S = 10.0
 
 _problem = problem_of(IndexFields)
 
@@ -266,14 +269,32 @@ def _read_suffix(store: Store, size: int) -> tuple[list[tuple[float, str]], bool
     if problem is not None:
         log.warning("%s; listing from the session headers: run `subagents store reindex`", problem)
         return None
-    return _live(skim.records), True
+    live = _live(skim.records)
+    if not live and store.session_ids():
+        return _unindexed(store), True
+    return live, True
+
+
+def _unindexed(store: Store) -> list[tuple[float, str]]:
+    """The roots of a store whose whole index lists none while ``sessions/`` holds sessions, newest first.
+
+    Either the first root is between its publication and its entry (milliseconds), or the index was
+    emptied or cut behind the store's back: a listing that went by it alone would show an empty
+    store. So the headers are read (that costs what a store without the index costs) and, when a root
+    the index misses is older than a creation takes, said to be damage: not every root is listed."""
+    roots = _root_headers(store)
+    stale = [sid for ts, sid in roots if ts < time.time() - UNINDEXED_AFTER_S]
+    if stale:
+        log.warning("index/roots lists no root while %d top-level session(s) exist (%s, ...); listing from the session headers: "
+                    "run `subagents store reindex`", len(stale), stale[0])
+    return sorted(roots, reverse=True)
 
 
 def _end_problem(data: bytes, skim: SkimResult) -> str | None:
     """Damage at the index's end that would drop roots from a listing read as a clean or torn end: a whole
     last record changed since it was written (every append is a committed root). Not found here: an index
-    emptied or cut at a record boundary, which reads as one that holds fewer roots (a store whose first
-    root is being created has sessions and an empty index too); ``store check`` names the roots it misses."""
+    cut at a record boundary, which reads as one that holds fewer roots; ``store check`` names the roots
+    it misses. (One emptied, or cut to no live root, is read around by ``_unindexed``.)"""
     tail = skim.tail
     if tail is not None and skim.records and not torn_tail(data, tail, skim.next_seq):
         return f"index/roots: its last record is damaged ({tail.reason} at byte {tail.offset}), no torn tail"

@@ -6,6 +6,7 @@ here: the readers one by one, ``fsck``, control records and the children index.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 
@@ -440,6 +441,41 @@ def test_a_damaged_roots_index_is_rebuilt_by_the_next_root_and_reported_until_th
     assert roots_of(st) == ["r4", "r3", "r2", "r1"]
     assert store.check_store(st).clean
     assert [f for f in fsck(st, repair=False, lease_ttl_s=5.0)["findings"] if f["kind"] != "clean"] == []
+
+
+@pytest.mark.parametrize("left", ["empty", "tombstones-only"])
+def test_a_roots_index_that_lists_no_root_beside_sessions_is_read_around(st, caplog, left):
+    """Found by a probe: an index/roots emptied behind the store's back made `ls`, `tree` and `summary`
+    show an empty store, silently. An index that lists no root while sessions/ holds sessions is read
+    around (the headers, as before the index existed), with a warning naming reindex once a root has
+    been missing from it longer than a creation takes."""
+    from subagents.store.roots import remove_root, roots_index_path
+
+    for rid in ("r1", "r2"):
+        store.create_session(st, rid, created_at=float(rid[1]))
+    store.create_session(st, "c1", parent_session="r1", origin="subagent")
+    if left == "empty":
+        os.truncate(roots_index_path(st), 0)
+    else:
+        for rid in ("r1", "r2"):
+            remove_root(st, rid)
+    with caplog.at_level(logging.WARNING, logger="subagents.store.roots"):
+        assert roots_of(st) == ["r2", "r1"]
+        assert [r.id for r in store.list_roots(st)] == ["r1", "r2"]
+        assert [r.id for r in store.find_roots(st, limit=1).rows] == ["r2"]
+    assert any("store reindex" in r.getMessage() for r in caplog.records), caplog.records
+
+
+def test_a_first_root_between_publication_and_entry_is_listed_without_a_warning(st, caplog):
+    """The state of an index that lists no root beside a session is also that of a store whose first root
+    is being created: that root is listed, and no damage is claimed for it."""
+    from subagents.store.roots import roots_index_path
+
+    store.create_session(st, "r1")
+    os.truncate(roots_index_path(st), 0)  # as if its entry were not appended yet
+    with caplog.at_level(logging.WARNING, logger="subagents.store.roots"):
+        assert roots_of(st) == ["r1"]
+    assert not caplog.records
 
 
 def test_a_root_missing_from_the_roots_index_is_reported(st):
