@@ -26,7 +26,7 @@ from dataclasses import replace
 
 from .errors import SubagentError
 from .header import SessionHeader
-from .index import read_index
+from .index_read import read_index
 from .reader import Inspection, inspect, lost_damage, open_session
 from .root import Store
 from .session_file import SessionFile

@@ -18,7 +18,8 @@ A damaged record in the middle (bad bytes, or a CRC-valid record of the wrong
 shape, checked by ``store/records.py``) is skipped and reading goes on with
 the records after it (``framing.scan_all``): one bad record never drops the
 children after it. ``read_index`` reports the skipped records, and the file
-is then flagged for ``subagents store reindex`` (``fsck`` says so).
+is then flagged for ``subagents store reindex`` (``fsck`` says so). The read side
+(``read_index``, the entries) is ``store/index_read.py``; this module writes.
 """
 
 from __future__ import annotations
@@ -30,16 +31,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from .acknowledgment import evidence_of_use
-from .atomic import Removal, read_bytes, remove_durably, write_atomic
+from .atomic import Removal, remove_durably, write_atomic
 from .appender import append_durably, open_appendable
-from .framing import encode_record, scan_all
+from .framing import encode_record
 from .ids import is_valid_session_id
 from .index_file import IndexFile, rebuilding
+from .index_read import IndexEntry, IndexRead, Settled, read_children, read_index
 from .header import SessionHeader
 from .identity import read_identity
 from .index_writers import IndexWriters
 from .reader import read_header
-from .records import index_problem
 from .errors import DurabilityError, ReadOnlyStoreError, SessionNotFoundError, SubagentError, UnavailableSessionError
 from .root import Store
 from .steps import Steps
@@ -53,75 +54,6 @@ log = logging.getLogger(__name__)
 
 # crash tests: ``reindex`` SIGKILLs itself right after its N-th change (``store/steps.py``)
 KILL_AFTER_ENV = "SUBAGENTS_REINDEX_KILL_AFTER"
-
-
-@dataclass(frozen=True)
-class Settled:
-    """A ``settled`` state record: the child's row as it stood when its lease was released."""
-
-    outcome: str | None  # store/outcome.py, with ``held=False``
-    error_code: str | None
-    error: str | None
-    last_at: float  # ``ts`` of the last record of its log then (its last activity)
-    # whether its own index listed a subagent child then (a settled child gains none until it is
-    # active again); None: a record without the field, the listing reads the child's index
-    has_children: bool | None = None
-    # the file offset where its log's records ended then: a file shorter than that lost committed
-    # records behind the store's back, and its listing reads the file instead of the row.
-    # None: a record without the field (the listing then only needs a file that can hold a header)
-    end: int | None = None
-    # the file's ``st_mtime_ns`` once the release had written it (its lease): a file whose time
-    # differs was written since, and its listing reads it instead of the row (a written file need
-    # not be damaged: its files then say what the child is). None: a record without the field
-    mtime_ns: int | None = None
-
-    def to_record(self) -> dict[str, Any]:
-        record: dict[str, Any] = {"outcome": self.outcome, "last_at": self.last_at}
-        if self.has_children is not None:
-            record["has_children"] = self.has_children
-        if self.end is not None:
-            record["end"] = self.end
-        if self.mtime_ns is not None:
-            record["mtime_ns"] = self.mtime_ns
-        if self.error_code is not None:
-            record["error_code"] = self.error_code
-        if self.error is not None:
-            record["error"] = self.error
-        return record
-
-
-@dataclass(frozen=True)
-class IndexEntry:
-    id: str
-    created_at: float
-    origin: str | None
-    mode: str | None = None  # the row's static fields, when the creation record carries them
-    label: str | None = None
-    settled: Settled | None = None  # set when the child's latest state record is ``settled``
-    # the ``end`` of its latest ``settled`` record, kept while it is active again: nothing cuts a log's
-    # committed records, so they still reach that far (``store/committed.py``)
-    committed_end: int | None = None
-
-    def creation_record(self) -> dict[str, Any]:
-        """The entry record (without ``seq``); ``mode``/``label`` only when known (``label`` only when set)."""
-        record: dict[str, Any] = {"id": self.id, "created_at": self.created_at, "origin": self.origin}
-        if self.mode is not None:
-            record["mode"] = self.mode
-            if self.label is not None:
-                record["label"] = self.label
-        return record
-
-
-@dataclass(frozen=True)
-class IndexRead:
-    """One read of a parent's index file: its live entries and what was wrong with it."""
-
-    entries: list[IndexEntry]
-    problems: list[str]  # each a skipped record or an unreadable file; non-empty → run reindex
-
-    @property
-    def needs_reindex(self) -> bool:
-        return bool(self.problems)
 
 
 def _append(
@@ -233,50 +165,6 @@ def mark_settled(store: Store, parent_id: str, child_id: str, settled: Settled, 
         writers.append(parent_id, [record], durable=False)
 
 
-def read_index(store: Store, parent_id: str) -> IndexRead:
-    """Live entries in (created_at, id) order and the problems met; read-only, never raises for damage."""
-    try:
-        data = read_bytes(store.children_index_path(parent_id))
-    except FileNotFoundError:
-        return IndexRead([], [])
-    except OSError as exc:
-        return IndexRead([], [f"the index file cannot be read ({exc.strerror or exc})"])
-    skim = scan_all(data, check=index_problem)
-    problems = [
-        f"record(s) {s.seqs.start}..{s.seqs.stop - 1} skipped: {s.damage.reason} at byte {s.damage.offset}"
-        + (f" ({s.damage.detail})" if s.damage.detail else "")
-        for s in skim.skipped
-    ]
-    if data and not skim.records and skim.tail is not None:
-        # a torn tail leaves the records before it; a file with none is not an index at all
-        problems.append(f"no readable record: {skim.tail.reason} at byte {skim.tail.offset}")
-    entries: dict[str, dict[str, Any]] = {}  # child → its entry record
-    last_state: dict[str, dict[str, Any] | None] = {}  # child → its latest state record (None: active)
-    committed: dict[str, int] = {}  # child → the end its latest settled record gives
-    for record in skim.records:
-        child = record["id"]
-        state = record.get("state")
-        if state is not None:
-            if child in entries:  # a state record of a child not (or no longer) listed is ignored
-                last_state[child] = record if state == "settled" else None
-                end = record.get("end") if state == "settled" else None
-                if isinstance(end, int) and not isinstance(end, bool):
-                    committed[child] = end
-        elif record.get("removed"):
-            entries.pop(child, None)
-            last_state.pop(child, None)
-            committed.pop(child, None)
-        elif child not in entries and is_valid_session_id(child):
-            entries[child] = record
-    out = []
-    for child, r in entries.items():
-        settled = last_state.get(child)
-        out.append(IndexEntry(child, float(r.get("created_at", 0.0)), r.get("origin"), r.get("mode"), r.get("label"),
-                              None if settled is None else _settled(settled), committed.get(child)))
-    out.sort(key=lambda e: (e.created_at, e.id))
-    return IndexRead(out, problems)
-
-
 def _static_fields(store: Store, header: SessionHeader) -> tuple[str | None, str | None]:
     """``(mode, label)`` of a subagent child from its identity; ``(None, None)`` when it does not read as one."""
     if header.origin != "subagent":
@@ -286,16 +174,6 @@ def _static_fields(store: Store, header: SessionHeader) -> tuple[str | None, str
     except (SubagentError, OSError):
         return None, None  # listed from its files, which say what is wrong
     return (None, None) if descriptor is None else (descriptor.mode, descriptor.label)
-
-
-def _settled(record: dict[str, Any]) -> Settled:
-    return Settled(record.get("outcome"), record.get("error_code"), record.get("error"), float(record.get("last_at", 0.0)),
-                   record.get("has_children"), record.get("end"), record.get("mtime_ns"))
-
-
-def read_children(store: Store, parent_id: str) -> list[IndexEntry]:
-    """Live entries in (created_at, id) order; read-only (damage: see ``read_index``)."""
-    return read_index(store, parent_id).entries
 
 
 def indexed_children(store: Store) -> set[str]:

@@ -38,6 +38,7 @@ from typing import Any, Callable, Sequence
 
 
 from .errors import NO_ROOM, CorruptSessionError, DurabilityError, FencedError, SubagentError, UnavailableSessionError, UnsupportedFormatError
+from .committed import committed_end
 from .events import EVENT_TYPES, closers
 from .framing import Damage, RecordEncoder
 from .header import SessionHeader
@@ -92,8 +93,6 @@ def _from_cache(store: Store, session_id: str, header: SessionHeader, file: Sess
 def _lost_from(store: Store, header: SessionHeader, file: SessionFile, end: int) -> int | None:
     """Where the parent's index says this log's records reach, when that is past ``end``: records
     were lost behind the store's back (``store/committed.py``). None: nothing says so."""
-    from .committed import committed_end  # the index sits above this module (it reads identities through it)
-
     committed = committed_end(store, header, file)
     return committed if committed is not None and end < committed else None
 
