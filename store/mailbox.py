@@ -100,14 +100,28 @@ def check_message(store: Store, session_id: str, *, source: Any, content: Any, w
 _SAMPLE_ID = "0" * 26
 
 
+# more than the log's record of a message (``message/accepted``: its envelope, ``mailbox_end``, the
+# writer's epoch) can add to its mailbox record (tests/store/test_message_fits_the_log.py)
+LOG_MARGIN = 192
+
+
 def _refuse(store: Store, session_id: str, key: str, record: dict[str, Any]) -> None:
     """What readers would refuse as damage (a ``source`` that is no map), what msgpack cannot encode,
-    what is too large (the widest seq bounds it): refused before the lock or the file are touched."""
+    what is too large (the widest seq bounds it): refused before the lock or the file are touched.
+
+    Too large includes a message whose mailbox record fits while the record the turn that takes it
+    logs does not: acknowledged, it could never be taken, and would block every message behind it.
+    Only a record within ``LOG_MARGIN`` of the limit is framed the log's way too (a followup's hot
+    path encodes its content once)."""
     widest = {**record, "seq": WIDEST_SEQ}
     problem = mailbox_problem(widest)
     if problem is not None:
         raise InvalidRecordError(f"a message for {session_id}", problem)
-    frame_record(widest, store.max_record_bytes, key, "MESSAGE_TOO_LARGE")
+    framed = frame_record(widest, store.max_record_bytes, key, "MESSAGE_TOO_LARGE")
+    if len(framed) + LOG_MARGIN > store.max_record_bytes:
+        data = {"message_id": record["id"], "source": record["source"], "content": record["content"], "mailbox_end": WIDEST_SEQ, "quiet": True}
+        logged = {"seq": WIDEST_SEQ, "ts": 0.0, "type": "message/accepted", "data": data, "epoch": WIDEST_SEQ}
+        frame_record(logged, store.max_record_bytes, key, "MESSAGE_TOO_LARGE")
 
 
 class MailboxWriter:

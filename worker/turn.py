@@ -21,7 +21,9 @@ from typing import Any, Callable
 import anyio
 import msgpack
 
+from subagents.store.appender import WIDEST_SEQ
 from subagents.store.errors import FencedError, InvalidRecordError, RecordTooLargeError, SubagentError
+from subagents.store.framing import RecordEncoder
 from subagents.store.root import Store
 
 from .budget import TurnControl, TurnStopped
@@ -232,6 +234,41 @@ async def _call_program(program: Any, ctx: TurnContext, control: TurnControl) ->
                     await cancel_leftovers(owned, who=f"turn of {ctx.session_id}")
 
 
+def _oversized_messages(first: list[tuple[str, Any]], exc: RecordTooLargeError) -> tuple[list[tuple[str, Any]], str] | None:
+    """``first`` with each message its log cannot hold discarded unrun (``cause: too-large``), and why;
+    None when no message is the one too large.
+
+    Acceptance refuses such a message (``store/mailbox.py``), but a store's mailbox may hold one from
+    a build that framed only the mailbox's record: taken as it is, every turn would fail before it
+    started, and nothing queued behind it would ever run. When the waking message is one of them, no
+    turn runs: ``turn/start`` and a ``turn/end`` error with the diagnostic close the batch instead."""
+    limit = getattr(exc, "limit", None)
+    if not isinstance(limit, int):
+        return None
+    encode = RecordEncoder(limit)
+    out: list[tuple[str, Any]] = []
+    dropped: list[str] = []
+    for kind, data in first:
+        if kind == "message/accepted":
+            try:
+                encode({"seq": WIDEST_SEQ, "ts": 0.0, "type": kind, "data": data, "epoch": WIDEST_SEQ})
+            except RecordTooLargeError:
+                kept = {key: data[key] for key in ("message_id", "mailbox_end") if key in data}
+                out.append(("message/discarded", {**kept, "cause": "too-large"}))
+                dropped.append(str(data.get("message_id")))
+                continue
+        out.append((kind, data))
+    if not dropped:
+        return None
+    diagnostic = (f"MESSAGE_TOO_LARGE: message {', '.join(dropped)} is larger than a log record may be ({limit} bytes): "
+                  f"discarded unrun")
+    log.error("%s", diagnostic)
+    waking = next((data for kind, data in first if kind == "turn/start"), {})
+    if waking.get("message_id") in dropped:
+        out += [("turn/end", {"stop_reason": "error", "diagnostic": diagnostic})]  # after its turn/start: a turn that ran nothing
+    return out, diagnostic
+
+
 async def _run(
     spec: TurnSpec, control: TurnControl, rpc: RpcCaller, writer: SessionWriter, sessions: SessionAccess, node: str | None,
 ) -> TurnOutcome:
@@ -246,7 +283,17 @@ async def _run(
         first.append(("message/accepted", accepted))
     # the place rides the turn's first append: no write of its own (FORMAT.md §5)
     first.append(("turn/start", {"message_id": spec.message_id} if node is None else {"message_id": spec.message_id, "node": node}))
-    writer.append(first)
+    try:
+        writer.append(first)
+    except RecordTooLargeError as exc:
+        refused = _oversized_messages(first, exc)
+        if refused is None:
+            raise
+        first, diagnostic = refused
+        if first[-1][0] != "turn/start":  # the waking message itself: consumed unrun, and the turn says why
+            writer.append(first, commit=True)
+            return TurnOutcome(stop_reason="error", diagnostic=diagnostic)
+        writer.append(first)
 
     ctx = TurnContext(spec, writer, control, rpc, None, sessions)
     output, structured = "", None
