@@ -82,6 +82,11 @@ def _output_schema(schema: Any) -> None:
         msgpack.packb(schema)
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidRequestError(f"output_schema must be a JSON document ({type(exc).__name__}: {exc})") from None
+    from subagents.worker.output_schema import schema_problem  # jsonschema loads only for a request that has a schema
+
+    problem = schema_problem(schema)
+    if problem is not None:
+        raise InvalidRequestError(f"output_schema cannot be applied: {problem}", field="output_schema")
 
 
 def _tool_filter(raw: Any) -> ToolFilter | None:

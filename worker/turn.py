@@ -55,7 +55,7 @@ def truncate_diagnostic(text: str | None) -> str | None:
 
 
 def _validate_structured(schema: dict[str, Any], output: str, structured: Any) -> tuple[Any, str | None]:
-    import jsonschema
+    from .output_schema import check_structured  # jsonschema is imported only by turns that ask for it
 
     value = structured
     if value is None:
@@ -63,11 +63,8 @@ def _validate_structured(schema: dict[str, Any], output: str, structured: Any) -
             value = json.loads(output)
         except (TypeError, ValueError):
             return None, "structured output is missing: the output is not JSON"
-    try:
-        jsonschema.validate(value, schema)
-    except jsonschema.ValidationError as exc:
-        return None, f"structured output does not match the schema: {exc.message}"
-    return value, None
+    problem = check_structured(schema, value)
+    return (None, problem) if problem is not None else (value, None)
 
 
 async def _timer(control: TurnControl, timeout_ms: int) -> None:
