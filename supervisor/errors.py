@@ -106,6 +106,10 @@ def program_missing(child_id: str, provider: str) -> RegistryError:
     return RegistryError(f'subagent "{child_id}" needs provider "{provider}" to run its program', code="NO_PROVIDER", provider=provider)
 
 
+# the longest cancel reason: a word or a sentence (it is echoed in every diagnostic of the cancelled turn)
+MAX_REASON_CHARS = 1024
+
+
 class InvalidRequestError(SubagentError, ValueError):
     """Raised when a request field breaks its rule; nothing was created."""
 
@@ -135,6 +139,19 @@ class InvalidRequestError(SubagentError, ValueError):
         """``None`` or a finite, non-negative number of seconds."""
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0):
             raise cls(f"{name} must be None or a finite number of seconds >= 0, not {value!r}", field=name)
+
+    @classmethod
+    def require_reason(cls, value: Any, name: str = "reason") -> None:
+        """A cancel's reason: text of 1 to ``MAX_REASON_CHARS`` characters that UTF-8 can encode. It
+        goes into the turn's records (``turn/end``'s ``cause``, its diagnostic), which a reason that is
+        no text, or too large for a record, would break after the run was already marked cancelled."""
+        cls.require(value, str, name)
+        if not 0 < len(value) <= MAX_REASON_CHARS:
+            raise cls(f"{name} must be 1 to {MAX_REASON_CHARS} characters, not {len(value)}", field=name)
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise cls(f"{name} must be text UTF-8 can encode ({exc.reason} at {exc.start})", field=name) from None
 
     @classmethod
     def require_sandbox(cls, value: Any) -> None:

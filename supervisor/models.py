@@ -112,6 +112,15 @@ class AgentRef:
     label: str | None = None
 
 
+def ref_id(agent: Any, name: str = "parent") -> str:
+    """The id an ``AgentRef`` or a string names. Anything else is ``INVALID_REQUEST`` here, at the public
+    boundary (a list or a dict was a bare ``TypeError: unhashable type`` from a table lookup inside)."""
+    if isinstance(agent, AgentRef):
+        return agent.id
+    InvalidRequestError.require(agent, (AgentRef, str), name)
+    return agent
+
+
 class SubagentRequest(_Request):
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 

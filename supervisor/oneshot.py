@@ -41,7 +41,7 @@ from subagents.worker.protocol import Budget, TurnOutcome, TurnSpec
 
 from .backend import TurnChildren, TurnResult, TurnRpcHandler, TurnTicket, WorkerRef
 from .creator import CreatorStatistics, SessionCreator
-from .errors import CancelledBeforeStartError, SupervisorClosedError
+from .errors import CancelledBeforeStartError, InvalidRequestError, SupervisorClosedError
 from .models import Provider, SubagentRequest, SubagentResult
 from .registry import program_fields
 from .runtime import Runtime
@@ -134,7 +134,9 @@ class SubagentRun:
         return self._state.cancelled
 
     def cancel(self, reason: str = "user") -> None:
-        """Stop the run; its result becomes ``aborted`` unless it already finished."""
+        """Stop the run; its result becomes ``aborted`` unless it already finished. ``reason`` (text,
+        ``INVALID_REQUEST`` otherwise, before anything changes) is recorded with the turn's end."""
+        InvalidRequestError.require_reason(reason)
         self._runs.cancel_run(self._state, reason)
 
     async def dispose(self) -> None:

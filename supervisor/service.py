@@ -60,7 +60,7 @@ from .errors import InvalidRequestError, SupervisorClosedError, UnauthorizedErro
 from .events import EventBus
 from .interrupts import Interrupts
 from .lease_keeper import LeaseKeeper
-from .models import AgentRef, AncestorAuthority, ContinuableSpec, InterruptResult, Provider, SubagentRequest, UserAuthority
+from .models import AgentRef, AncestorAuthority, ContinuableSpec, InterruptResult, Provider, SubagentRequest, UserAuthority, ref_id
 from .creator import CreatorStatistics
 from .oneshot import CancelToken, OneShotRuns, SubagentRun
 from .pool import WorkerPool
@@ -324,7 +324,7 @@ class Supervisor:
         supervisor's own take of them is fenced. One read of the root's lease slots; other parents are checked
         by the calls themselves. No read while the lease keeper's renewals show nobody can have taken it
         (``LeaseKeeper.held_surely``): a followup's acceptance stays one store-thread call."""
-        root_id = parent.id if isinstance(parent, AgentRef) else parent
+        root_id = ref_id(parent)
         epoch = self._root_epochs.get(root_id) if isinstance(root_id, str) else None
         if epoch is None or self.lease_keeper.held_surely(self._root_streaks[root_id]):
             return
@@ -360,7 +360,7 @@ class Supervisor:
         the child here when nobody hosts it. Returns once the message is durable.
         """
         self._check_open()
-        parent_id = parent.id if isinstance(parent, AgentRef) else parent
+        parent_id = ref_id(parent)
         return await self.continuation.send(child_id, content, parent=parent_id, source=source)
 
     async def report_from(self, child_id: str, content: Any, *, delivery: str = "wakeup") -> str:
@@ -383,7 +383,7 @@ class Supervisor:
         """Ask other supervisors to tear down the continuable descendants of ``root`` they host
         (durable ``drain`` control records); returns the ids asked."""
         self._check_open()
-        return await self.continuation.drain_remote(root.id if isinstance(root, AgentRef) else root)
+        return await self.continuation.drain_remote(ref_id(root, "root"))
 
     async def drain_children(self, parent: AgentRef | str, child_ids: list[str]) -> None:
         """Dispose the listed continuable children of ``parent`` (as ``drain``, for those children only)."""
@@ -397,7 +397,7 @@ class Supervisor:
     async def take_messages(self, root: AgentRef | str) -> list[MailboxMessage]:
         """Messages delivered to a root (reports, settlement notices), consumed durably into its log."""
         self._check_open()
-        root_id = root.id if isinstance(root, AgentRef) else root
+        root_id = ref_id(root, "root")
         epoch = self._root_epochs.get(root_id)
         if epoch is None:
             raise UnauthorizedError.not_own_root(root_id)
@@ -445,7 +445,7 @@ class Supervisor:
             if left <= 0:
                 break
             await anyio.sleep(min(0.02, left))
-        raise WaitTimeoutError(f"no message reached root {root.id if isinstance(root, AgentRef) else root} within {timeout_s} s")
+        raise WaitTimeoutError(f"no message reached root {ref_id(root, 'root')} within {timeout_s} s")
 
     # -- catalog (store) ------------------------------------------------------------------
 
@@ -455,14 +455,14 @@ class Supervisor:
         children, or none of that id, has none (``[]``, as in the reference: a listing is no lookup)."""
         self._check_open()
         InvalidRequestError.require(query, (Query, type(None)), "query")
-        parent = parent_id.id if isinstance(parent_id, AgentRef) else parent_id
+        parent = ref_id(parent_id)
         return await anyio.to_thread.run_sync(list_children, self.store, parent, query)
 
     async def list_descendants(self, root_id: AgentRef | str, query: Query | None = None) -> list[DescendantRow]:
         """Every descendant in pre-order; ``query`` keeps the matching rows (``root_id`` as ``list_children``'s parent)."""
         self._check_open()
         InvalidRequestError.require(query, (Query, type(None)), "query")
-        root = root_id.id if isinstance(root_id, AgentRef) else root_id
+        root = ref_id(root_id, "root_id")
         return await anyio.to_thread.run_sync(list_descendants, self.store, root, query)
 
     async def gc(self, older_than_s: float, *, outcomes: tuple[str, ...] = (), dry_run: bool = False) -> GcReport:

@@ -64,7 +64,7 @@ class Delivery:
         if not table.is_live(parent_id):
             raise UnauthorizedError.not_live_parent(child_id)
         text = prompt_text(content)
-        src = source or {"kind": "coordinator", "form": "relay", "sender_session_id": parent_id}
+        src = source if source is not None else {"kind": "coordinator", "form": "relay", "sender_session_id": parent_id}
         with table.routing(child_id):
             while True:
                 act = table.get(child_id)
@@ -205,7 +205,7 @@ class Delivery:
             raise UnauthorizedError.other_parent(child_id)
         self._admission.admit(parent)
         text = prompt_text(content)
-        src = source or {"kind": "user"}
+        src = source if source is not None else {"kind": "user"}
         with self._table.routing(child_id):
             while True:
                 act = self._table.get(child_id)

@@ -17,7 +17,7 @@ import anyio
 
 from subagents.store.control import ControlRecord
 
-from ..models import AgentRef, AncestorAuthority, ContinuableSpec, UserAuthority
+from ..models import AgentRef, AncestorAuthority, ContinuableSpec, UserAuthority, ref_id
 from ..runtime import Runtime
 from .activation import Activation, ActivationTable
 from .admission import Admission
@@ -28,10 +28,6 @@ from .teardown import Teardown
 from .watcher import StoreWatcher
 
 __all__ = ["ContinuationManager"]
-
-
-def _id(agent: AgentRef | str) -> str:
-    return agent.id if isinstance(agent, AgentRef) else agent
 
 
 class ContinuationManager:
@@ -56,7 +52,7 @@ class ContinuationManager:
         return await self._materializer.start(spec)
 
     async def followup(self, parent: AgentRef | str, child_id: str, content: Any, *, source: dict[str, Any] | None = None) -> str:
-        return await self._delivery.followup(_id(parent), child_id, content, source=source)
+        return await self._delivery.followup(ref_id(parent), child_id, content, source=source)
 
     async def send(self, child_id: str, content: Any, *, parent: str, source: dict[str, Any] | None = None) -> str:
         return await self._delivery.send(child_id, content, parent=parent, source=source)
@@ -75,13 +71,13 @@ class ContinuationManager:
         return child_id in self._table
 
     async def drain(self, parents: Iterable[AgentRef | str]) -> None:
-        await self._teardown.drain([_id(p) for p in parents])
+        await self._teardown.drain([ref_id(p) for p in parents])
 
     async def drain_remote(self, root_id: str) -> list[str]:
         return await self._teardown.drain_remote(root_id)
 
     async def drain_children(self, parent: AgentRef | str, child_ids: Iterable[str]) -> None:
-        await self._teardown.drain_children(_id(parent), child_ids)
+        await self._teardown.drain_children(ref_id(parent), child_ids)
 
     def open_mailboxes(self) -> int:
         return self._delivery.open_mailboxes()
