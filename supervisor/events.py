@@ -2,9 +2,13 @@
 
 ``emit`` calls every listener; one that raises is logged (with its traceback)
 and never affects the run or the other listeners — the one documented
-isolation boundary. ``emit_strict`` lets the first failure propagate (the
-reference rolls a provider registration back when a provider-added listener
-throws).
+isolation boundary. That includes a ``BaseException`` of the listener's own:
+events are emitted from inside the supervisor's bookkeeping (a start between
+creation and submission, a teardown before its child is marked disposed), which
+an exception passing through would leave half done. Only ``KeyboardInterrupt``
+and ``SystemExit`` go on, as everywhere: they stop the process. ``emit_strict``
+lets the first failure propagate (the reference rolls a provider registration
+back when a provider-added listener throws).
 """
 
 from __future__ import annotations
@@ -12,7 +16,10 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-__all__ = ["EventBus"]
+__all__ = ["EventBus", "EVENT_NAMES"]
+
+# every name ``emit`` is called with: ``on`` refuses any other (a misspelt name would never fire)
+EVENT_NAMES = ("subagent/start", "subagent/end", "subagent/provider-added", "subagent/provider-removed")
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +48,9 @@ class EventBus:
         for listener in self._matching(name):
             try:
                 listener(name, payload)
-            except Exception:
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException:
                 log.exception("subagent: %s listener threw", name)
 
     def emit_strict(self, name: str, payload: dict[str, Any]) -> None:

@@ -57,7 +57,7 @@ from .backend import Pool, PoolStatistics
 from .continuable import ContinuationManager
 from .control_poller import ControlPoller
 from .errors import InvalidRequestError, SupervisorClosedError, UnauthorizedError, WaitTimeoutError
-from .events import EventBus
+from .events import EVENT_NAMES, EventBus
 from .interrupts import Interrupts
 from .lease_keeper import LeaseKeeper
 from .models import AgentRef, AncestorAuthority, ContinuableSpec, InterruptResult, Provider, SubagentRequest, UserAuthority, ref_id
@@ -252,7 +252,14 @@ class Supervisor:
         return self.registry.names()
 
     def on(self, event: str | None, listener: Callable[[str, dict[str, Any]], Any]) -> Callable[[], None]:
-        """Listen to lifecycle events (``subagent/start``, ``subagent/end``, ``subagent/provider-*``)."""
+        """Listen to lifecycle events (``EVENT_NAMES``: ``subagent/start``, ``subagent/end``,
+        ``subagent/provider-*``; ``None``: all). An unknown name or a listener that is not callable is
+        ``INVALID_REQUEST``: it would never fire, or fail only when an event comes."""
+        self._check_open()
+        if event is not None and event not in EVENT_NAMES:
+            raise InvalidRequestError(f"unknown event {event!r} (known: {', '.join(EVENT_NAMES)})", field="event")
+        if not callable(listener):
+            raise InvalidRequestError(f"listener must be callable, not {type(listener).__name__}", field="listener")
         return self.events.on(event, listener)
 
     # -- roots -----------------------------------------------------------------------
@@ -369,6 +376,9 @@ class Supervisor:
 
     def register_continuable_setup(self, contribution: Contribution) -> Callable[[], None]:
         """Install ``contribution(ActivationInfo) -> dispose`` into every continuable activation; returns the revoker."""
+        self._check_open()
+        if not callable(contribution):
+            raise InvalidRequestError(f"contribution must be callable, not {type(contribution).__name__}", field="contribution")
         return self.runtime.setups.register(contribution)
 
     async def drain(self, parents: list[AgentRef | str]) -> None:

@@ -83,3 +83,43 @@ async def test_unsubscribed_listener_hears_nothing(tmp_path):
         await run.result()
         await run.dispose()
         assert heard == []
+
+
+class _OwnBase(BaseException):
+    """A listener's own BaseException (not KeyboardInterrupt or SystemExit)."""
+
+
+@pytest.mark.parametrize("event", ["subagent/start", "subagent/end"])
+async def test_a_listener_raising_its_own_base_exception_is_isolated(tmp_path, event):
+    """Found by a probe: on ``subagent/start`` it escaped ``start()`` after the child was created and before
+    it was submitted (the child stayed not-started, close took 12 s); on ``subagent/end`` it ended the
+    whole ``async with`` block with a BaseExceptionGroup. It is logged like any listener's failure."""
+    def listener(name, payload):
+        raise _OwnBase("boom")
+
+    async with open_supervisor(tmp_path) as sup:
+        sup.on(event, listener)
+        root = await sup.open_root()
+        run = await sup.start("echo", SubagentRequest(parent=root, prompt="still runs"))
+        with anyio.fail_after(DEADLINE_S):
+            assert (await run.result()).output == "still runs"
+        await run.dispose()
+        assert sup.statistics().runs_live == 0
+
+
+async def test_on_refuses_what_could_never_fire_and_answers_closed_after_close(tmp_path):
+    from subagents.store import SubagentError
+
+    async with open_supervisor(tmp_path) as sup:
+        for event, listener in [("subagent/stop", lambda n, p: None), (12345, lambda n, p: None), ("subagent/end", "not callable"),
+                                ("subagent/provider-added", None)]:
+            with pytest.raises(SubagentError) as refused:
+                sup.on(event, listener)
+            assert refused.value.code == "INVALID_REQUEST", (event, refused.value)
+        with pytest.raises(SubagentError) as refused:
+            sup.register_continuable_setup("not callable")
+        assert refused.value.code == "INVALID_REQUEST"
+    for call in (lambda: sup.on(None, lambda n, p: None), lambda: sup.register_continuable_setup(lambda info: None)):
+        with pytest.raises(SubagentError) as refused:
+            call()
+        assert refused.value.code == "SUPERVISOR_CLOSED"
