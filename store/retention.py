@@ -601,6 +601,8 @@ def _collect(
     store: Store, older_than_s: float, *, outcomes: Iterable[str], dry_run: bool, now: float | None,
 ) -> GcReport:
     started = time.monotonic()
+    if isinstance(outcomes, (str, bytes)):  # a string is iterable: "completed" was read as c, o, m, p, ...
+        raise InvalidQueryError(f"outcomes must be a list of outcomes, not the string {outcomes!r}")
     wanted = frozenset(outcomes)
     bad = sorted(wanted - {*OUTCOMES, "none"})
     if bad:

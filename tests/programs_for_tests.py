@@ -118,6 +118,11 @@ async def unsendable(ctx: TurnContext) -> TurnResult:
     return TurnResult(output="x", structured=object())
 
 
+async def structured_nan(ctx: TurnContext) -> TurnResult:
+    """A structured value msgpack holds and JSON does not (NaN): ``run --json`` printed a bare ``NaN``."""
+    return TurnResult(output="x", structured={"n": float("nan")})
+
+
 # -- a program's ordinary mistakes: each ends its turn ``error`` saying what, its worker lives on -------------
 
 

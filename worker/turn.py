@@ -189,6 +189,10 @@ def _check_result(result: TurnResult) -> None:
             msgpack.packb(result.structured)
         except (TypeError, ValueError, OverflowError) as exc:
             raise TypeError(f"TurnResult.structured cannot be stored ({exc})") from None
+        try:  # a JSON value: every reader prints it as JSON (``--json``, the notice), and JSON has no NaN
+            json.dumps(result.structured, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"TurnResult.structured must be a JSON value ({exc})") from None
 
 
 def _refuse_result(result: object) -> None:

@@ -200,6 +200,8 @@ def test_outcome_filters_by_the_roots_outcome(st: Store) -> None:
     assert st.exists("rDone")
     with pytest.raises(store.InvalidQueryError):
         collect(st, 7 * DAY, outcomes=["bogus"])
+    with pytest.raises(store.InvalidQueryError, match="not the string 'completed'"):  # was read as c, o, m, p, ...
+        collect(st, 7 * DAY, outcomes="completed")
     with pytest.raises(store.InvalidQueryError):
         collect(st, -1.0)
     assert_clean(st)

@@ -27,6 +27,7 @@ CASES = [
     ("returns_an_unknown_stop_reason", "ValueError: TurnResult.stop_reason must be one of completed, refusal, max-tokens, error, not 'banana'"),
     ("returns_a_number_as_diagnostic", "TypeError: TurnResult.diagnostic must be text or None, not int"),
     ("unsendable", "TypeError: TurnResult.structured cannot be stored"),
+    ("structured_nan", "TypeError: TurnResult.structured must be a JSON value (Out of range float values are not JSON compliant"),
     ("raises_keyboard_interrupt", "KeyboardInterrupt"),
     ("raises_its_own_base_exception", "tests.programs_for_tests.OwnBaseException: mine"),
     ("returns_text_no_encoding_holds", "INVALID_RECORD: the turn's closing message cannot be stored"),
