@@ -39,10 +39,17 @@ def epoch_stop_reason(reasons: list[str], dropped_unrun: bool) -> str:
     return last
 
 
-def settlement_text(child_id: str, reason: str, output: str) -> tuple[str, str]:
-    """(summary line, whole notice) for a child that settled with ``reason`` and closing ``output``."""
+def settlement_text(child_id: str, reason: str, output: str, *, cut: int | None = None) -> tuple[str, str]:
+    """(summary line, whole notice) for a child that settled with ``reason`` and closing ``output``.
+
+    ``cut``: the most UTF-8 bytes of ``output`` the notice may carry (a closing message near the store's
+    record limit would make a notice no mailbox takes, and the parent would hear nothing); a cut message
+    ends saying where the whole of it is."""
     template = SUMMARIES.get(reason)
     summary = template.format(id=child_id) if template else f"Background subagent {child_id} ended abnormally ({reason}) before it finished."
+    if cut is not None and len(output.encode("utf-8")) > cut:
+        kept = output.encode("utf-8")[:cut].decode("utf-8", errors="ignore")
+        output = f"{kept}\n[… cut: the closing message is longer than a notice may be; all of it is in the child's log (`subagents log {child_id}`)]"
     body = f"{summary}\nIts closing message:\n{output}" if output else f"{summary}\nIt left no closing message."
     return summary, body
 

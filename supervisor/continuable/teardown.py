@@ -23,7 +23,8 @@ import anyio
 from subagents.store import LogWriter, list_descendants, pending, read_header, release_lease
 from subagents.store.control import ControlRecord
 from subagents.store.control import request as control_request
-from subagents.store.errors import FencedError, SubagentError
+from subagents.store.errors import FencedError, RecordTooLargeError, SubagentError
+from subagents.store.mailbox import check_message
 
 from ..errors import UnauthorizedError
 from ..models import AncestorAuthority, UserAuthority
@@ -33,6 +34,9 @@ from .admission import Admission
 from .delivery import Delivery
 from .unhosted import drain_unhosted
 from .settlement import bounded_line, epoch_stop_reason, settlement_text
+
+# what a notice's record holds beside its text (its source, ids, framing) and what its log record adds, with room to spare
+_NOTICE_ROOM = 4096
 
 __all__ = ["Teardown"]
 
@@ -190,10 +194,9 @@ class Teardown:
     async def _notify_parent(self, act: Activation, reason: str) -> str | None:
         """The settlement notice, durably in the parent's mailbox (quiet when the parent's lineage is closing).
         Returns why the parent's files refused it (``CODE: message``), for ``subagent/end``; None once delivered."""
-        summary, body = settlement_text(act.child_id, reason, act.last_output)
-        source = {"kind": "subagent-settled", "form": "notice", "summary": bounded_line(summary), "sender_session_id": act.child_id}
         wake = not self._admission.closed_below(act.parent_id)
         try:
+            source, body = await self._rt.store_thread.run(self._fitting_notice, act, reason, wake)
             # resident: its driver takes it; else its mailbox, unless it can never have a next turn
             if await self._delivery.takes_messages(act.parent_id):
                 await self._delivery.send_to(act.parent_id, source, body, wake=wake)
@@ -207,6 +210,24 @@ class Teardown:
                       exc.code, exc, extra=log_fields(act))
             return f"{exc.code}: {exc.message}"
         return None
+
+    def _fitting_notice(self, act: Activation, reason: str, wake: bool) -> tuple[dict[str, Any], str]:
+        """The notice's source and text, its closing message cut (by halves) until the parent's mailbox
+        would take it: a message near the record limit would otherwise leave the parent without any
+        notice. A notice well under the limit is not framed twice."""
+        output, cut = act.last_output, None
+        while True:
+            summary, body = settlement_text(act.child_id, reason, output, cut=cut)
+            source = {"kind": "subagent-settled", "form": "notice", "summary": bounded_line(summary), "sender_session_id": act.child_id}
+            if len(body) * 4 + _NOTICE_ROOM < self._rt.store.max_record_bytes:  # four bytes a character at most
+                return source, body
+            try:
+                check_message(self._rt.store, act.parent_id, source=source, content=body, wake=wake)
+                return source, body
+            except RecordTooLargeError:
+                if cut == 0:
+                    raise
+                cut = (len(output.encode("utf-8")) if cut is None else cut) // 2
 
     def _finish(self, act: Activation, reason: str, last_message: str | None, undelivered: str | None = None) -> None:
         """The last steps of every disposal: setup released, out of the table, the parent stops owning

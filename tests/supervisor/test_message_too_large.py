@@ -63,3 +63,21 @@ async def test_an_oversized_message_already_in_a_mailbox_is_discarded_and_the_qu
     assert dropped["message_id"] == big and dropped["cause"] == "too-large"
     failed = [e["data"] for e in events if e["type"] == "turn/end" and e["data"]["stop_reason"] == "error"]
     assert failed and failed[0]["diagnostic"].startswith("MESSAGE_TOO_LARGE: "), failed
+
+
+async def test_a_closing_message_near_the_limit_reaches_the_parent_cut(tmp_path) -> None:
+    """Found by a probe: the notice carries the whole closing message, so one near the limit made a notice no
+    mailbox takes (MESSAGE_TOO_LARGE, logged) and the parent heard nothing. It is cut to fit, and says where
+    the rest is."""
+    async with Supervisor.open(store=tmp_path / "st", config=_config()) as sup:
+        root, child = await _child(sup)
+        long = "y" * 3800
+        await sup.followup(root, child, long)
+        [notice] = await sup.wait_for_message(root, timeout_s=30)
+    assert notice.content.startswith(f"Background subagent {child} finished"), notice.content[:200]
+    head, marker = notice.content.rsplit("\n", 1)
+    assert head.endswith("Its closing message:\n" + "y" * (len(head) - len(head.rstrip("y"))))
+    assert 0 < len(head) - len(head.rstrip("y")) < len(long)
+    assert marker == f"[… cut: the closing message is longer than a notice may be; all of it is in the child's log (`subagents log {child}`)]"
+    ends = [e["data"] for e in inspect(Store(str(tmp_path / "st"), create=False), child).events if e["type"] == "assistant/message"]
+    assert ends[-1]["text"] == long  # the log has all of it
