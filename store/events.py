@@ -56,7 +56,8 @@ def closers(
     (``TOOL_OUTCOME_UNKNOWN``: it may or may not have run), then the open step
     gets ``step/end``, then the turn gets ``turn/end`` ``interrupted``, with
     ``cause`` when the repairer knows the worker died because the turn was
-    being stopped (a cancel it ignored): the log then says who stopped it. ``crash``: how the worker
+    being stopped (a cancel it ignored): the log then says who stopped it
+    (``budget-exhausted`` for ``timeout``: killed past its ``timeout_ms``). ``crash``: how the worker
     died, when the repairer saw it (``worker process 1234 exited with code 3``), in the diagnostic, so
     a listing says what its caller was told.
     """
@@ -77,8 +78,11 @@ def closers(
         )
     if open_step is not None:
         out.append(("step/end", {"repaired": True}))
-    end: dict[str, Any] = {"stop_reason": "interrupted", "diagnostic": "the turn was interrupted by a crash"
-                           + (f" ({crash})" if crash else "")}
+    if cause == "timeout":  # killed past its ``timeout_ms`` for ignoring the stop: its budget ended it
+        end: dict[str, Any] = {"stop_reason": "budget-exhausted", "diagnostic": "the turn exceeded its timeout_ms and did not stop; "
+                               "its worker was killed" + (f" ({crash})" if crash else "")}
+    else:
+        end = {"stop_reason": "interrupted", "diagnostic": "the turn was interrupted by a crash" + (f" ({crash})" if crash else "")}
     if cause is not None:
         end["cause"] = cause
     out.append(("turn/end", end))

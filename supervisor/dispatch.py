@@ -73,6 +73,15 @@ AHEAD_WAIT_S = 0.05
 # asked back; bounded because a worker whose event loop a turn blocks cannot answer at all
 WITHDRAW_WAIT_S = 0.5
 
+# how long past a turn's ``timeout_ms`` the host waits before it stops the turn itself (``_hold_budget``)
+BUDGET_SLACK_S = 0.25
+# the cancel reason of a turn the host stopped at its ``timeout_ms`` (``cause`` on its ``turn/end``, as the worker's timer writes)
+TIMEOUT = "timeout"
+
+
+def _overran(turn: "Turn") -> str:
+    return f"the turn exceeded timeout_ms={turn.spec.budget.timeout_ms}"
+
 
 @dataclass(eq=False)
 class Turn:
@@ -93,6 +102,7 @@ class Turn:
     withdrawing: bool = False  # asked back from its worker (``Withdraw``), no answer yet
     asked_at: float = 0.0  # when it was asked back (``time.monotonic``)
     returned: bool = False  # given back once: from then on it waits for a free slot, never ahead
+    budget_timer: asyncio.TimerHandle | None = None  # the host's hold on ``timeout_ms`` (``_hold_budget``)
 
     @property
     def askable(self) -> bool:
@@ -251,10 +261,22 @@ class Dispatcher(Generic[W]):
             log.warning("turn ignored cancellation for %.1fs; killing worker %s", self._cancel_grace_s, worker.describe())
             self._kill_worker(cast(W, worker))
 
+    def _hold_budget(self, turn: Turn) -> None:
+        """Past its ``timeout_ms`` (and ``BUDGET_SLACK_S``, so that the worker's own timer, which ends the
+        turn ``budget-exhausted`` in its log, normally comes first), a running turn is cancelled with the
+        reason ``timeout``, so a worker whose program ignores its timer (a blocked event loop, a thread
+        that never looks at the stop flag) is killed after ``cancel_grace_s`` as for an interrupt. A
+        timer handle, not a task: most turns end long before it, and cancel it (``_finish``)."""
+        timeout_ms = turn.spec.budget.timeout_ms
+        if timeout_ms is not None and turn.budget_timer is None:
+            turn.budget_timer = asyncio.get_running_loop().call_later(timeout_ms / 1000.0 + BUDGET_SLACK_S, self.cancel, turn, TIMEOUT)
+
     def _finish(self, turn: Turn, outcome: TurnOutcome, *, crash: str | None = None) -> None:
         """``crash``: how the turn's worker died under it (its log needs repair, which records this)."""
         if turn.done.is_set():
             return
+        if turn.budget_timer is not None:
+            turn.budget_timer.cancel()
         turn.outcome, turn.crash = outcome, crash
         if turn.worker is not None:
             turn.worker.turns.pop(turn.call_id, None)
@@ -295,6 +317,8 @@ class Dispatcher(Generic[W]):
                     continue
                 turn.worker = worker
                 worker.turns[turn.call_id] = turn
+                if not turn.queued:
+                    self._hold_budget(turn)
         if self._prefetch and not self._queue:
             self._rebalance()
 
@@ -347,6 +371,8 @@ class Dispatcher(Generic[W]):
         """The worker's ``Started``: a turn handed over ahead is running."""
         turn = worker.turns.get(call_id)
         if turn is not None:
+            if turn.queued:
+                self._hold_budget(turn)
             turn.queued = False
             if turn.withdrawing:  # asked back too late: the turns queued behind it may go ahead again
                 turn.withdrawing = False
@@ -371,8 +397,11 @@ class Dispatcher(Generic[W]):
             self._queue.appendleft(turn)
 
     def _turn_done(self, turn: Turn, outcome: TurnOutcome) -> None:
-        """The worker's ``TurnDone``: a turn cancelled meanwhile that completed anyway reads ``aborted``."""
-        if turn.cancel_reason is not None and outcome.stop_reason == "completed":
+        """The worker's ``TurnDone``: a turn cancelled meanwhile that completed anyway reads ``aborted``, or
+        ``budget-exhausted`` when the host stopped it at its ``timeout_ms``."""
+        if turn.cancel_reason == TIMEOUT and outcome.stop_reason in ("completed", "aborted"):
+            outcome = dataclasses.replace(outcome, stop_reason="budget-exhausted", diagnostic=_overran(turn))
+        elif turn.cancel_reason is not None and outcome.stop_reason == "completed":
             outcome = dataclasses.replace(outcome, stop_reason="aborted")
         self._finish(turn, outcome)
         self._schedule()
@@ -410,7 +439,9 @@ class Dispatcher(Generic[W]):
             del worker.turns[turn.call_id]
             self._take_back(turn, returned=False)
         for turn in list(worker.turns.values()):
-            if turn.cancel_reason is not None:
+            if turn.cancel_reason == TIMEOUT:
+                outcome = TurnOutcome(stop_reason="budget-exhausted", diagnostic=f"{_overran(turn)} and did not stop; {crash}")
+            elif turn.cancel_reason is not None:
                 outcome = TurnOutcome(stop_reason="aborted", diagnostic=f"the turn was cancelled ({turn.cancel_reason}); {crash}")
             else:
                 outcome = TurnOutcome(stop_reason="error", diagnostic=crash)

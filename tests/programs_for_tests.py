@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import anyio
 
@@ -310,3 +311,9 @@ async def dies_after_its_commit(ctx: TurnContext) -> str:
     writer.flush = types.MethodType(flush_then_die, writer)
     await ctx.say(f"{_where()} {os.getpid()}")
     return "done"
+
+
+def ignores_its_budget(ctx) -> str:  # type: ignore[no-untyped-def]
+    """A plain ``def`` that never looks at the stop flag: it returns after ``ctx.text`` seconds, whatever its budget."""
+    time.sleep(float(ctx.text))
+    return "finished late"

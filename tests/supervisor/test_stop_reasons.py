@@ -215,3 +215,30 @@ async def test_diagnostic_truncated_on_a_character_boundary(tmp_path):
         assert body.startswith("RuntimeError: ")
         assert HUGE_TEXT.startswith(body[len("RuntimeError: "):])
         assert last_turn_end(sup.store, run.id)["diagnostic"] == diag
+
+
+@pytest.mark.parametrize("provider, prompt", [
+    ("script", json.dumps([{"spin": 8_000}, {"return": "finished late"}])),  # blocks its worker's event loop
+    ("ignores_its_budget", "8"),  # a plain def in a thread that never checks the stop flag
+], ids=["blocked-loop", "thread-ignoring-stop"])
+async def test_a_turn_past_its_timeout_that_does_not_stop_is_killed_after_the_grace(tmp_path, provider, prompt):
+    """Found by a probe: a program that never yields (a blocked event loop, or a thread that ignores the
+    stop) ran to its end past ``timeout_ms`` and its result said ``completed`` (the blocked loop) or came
+    only at the end (the thread). The host holds the budget too: past ``timeout_ms`` it stops the turn,
+    and kills its worker after ``cancel_grace_s`` as an interrupt does; the result and the log say
+    ``budget-exhausted``."""
+    from subagents.supervisor import Capabilities, Provider
+
+    from ..conftest import HELPERS
+
+    async with open_supervisor(tmp_path, cancel_grace_s=0.5) as sup:
+        sup.register_provider(Provider(name="ignores_its_budget", program=f"{HELPERS}:ignores_its_budget", capabilities=Capabilities.all()))
+        started = anyio.current_time()
+        run, result = await run_to_end(sup, provider, prompt, budget=RunBudget(timeout_ms=300))
+        took = anyio.current_time() - started
+        assert result.stop_reason == "budget-exhausted", result
+        assert "timeout_ms=300" in result.diagnostic, result.diagnostic
+        assert took < 6.0, took  # not the program's 8 s
+        end = last_turn_end(sup.store, run.id)
+        assert end["stop_reason"] == "budget-exhausted" and end.get("cause") == "timeout", end
+        assert_balanced(sup.store, run.id)
