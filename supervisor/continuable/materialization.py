@@ -196,10 +196,21 @@ class Materializer:
         self._admission.admit(parent_id)
         try:
             lease = await rt.store_thread.run(lambda: acquire_lease(rt.store, child_id, rt.owner_id))
-        except LeaseHeldError as exc:
-            raise NotResumableError.held_elsewhere(child_id) from exc
+        except LeaseHeldError:
+            return None  # another supervisor resumed it meanwhile: the caller routes the message to it
         if child_id in self._table:
             return None
+        try:
+            # read again under our lease: another supervisor may have resumed it between the first read
+            # and our acquisition, run messages and let it go; a cursor from the first read would run
+            # those messages again (and the log and mailbox would never agree after). Nobody appends now.
+            projection = await rt.store_thread.run(read_projection, rt.store, child_id)
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await rt.store_thread.run(release_lease, rt.store, child_id, rt.owner_id, lease.epoch)
+            if isinstance(exc, SubagentError):
+                raise NotResumableError.unavailable(child_id) from exc
+            raise
         depth = max(header.delegation_depth, self._table.parent_depth(parent_id) + 1)
         try:
             setup = self._install_setup(ActivationInfo(child_id, parent_id, descriptor.label, descriptor.provider, depth, lease.epoch, resumed=True))

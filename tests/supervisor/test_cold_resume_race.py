@@ -10,15 +10,20 @@ closed (``lease-expired``).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 
 import anyio
 import pytest
 
-from subagents.store import check_store, read_lease
+from subagents.store import check_store, inspect, read_lease
+from subagents.supervisor.continuable import materialization
 from subagents.supervisor.continuable.delivery import Delivery
 
+from ..conftest import REPO_ROOT
 from .test_continuable import S, continuable_supervisor, settled, start, turn_ends
 
 pytestmark = pytest.mark.anyio
@@ -80,3 +85,95 @@ async def test_followups_still_routing_keep_the_resumed_child_from_settling(tmp_
 
     monkeypatch.setattr(Delivery, "held_elsewhere", slow_after_the_first)
     await four_followups_resume_once(tmp_path, root.id, child)
+
+
+def _cli(store_root: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SUBAGENTS_")}
+    env.update(PYTHONPATH=REPO_ROOT, SUBAGENTS_DURABILITY="none", SUBAGENTS_POOL_SIZE="1", SUBAGENTS_CONTROL_POLL_S="0.02")
+    return subprocess.run([sys.executable, "-m", "subagents.supervisor.cli", "--store", store_root, *args],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+
+
+async def test_a_resume_that_another_supervisor_ran_a_turn_under_starts_from_that_turn(tmp_path, monkeypatch) -> None:
+    """Found by a probe: a cold resume read the child's log, then took its lease. When another supervisor
+    resumed the child in between, ran a message and let it go, the new activation's cursor came from the
+    older read: it ran that message again (``message-duplicated``), and the child's mailbox and log never
+    agreed again (every later message refused, ``CORRUPT_SESSION``). Here the other supervisor (a
+    ``subagents send`` in another process) runs its message exactly in that gap; the resume takes the
+    cursor from the log as it is once the lease is its own."""
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root(label="main")
+        child, _ = await start(sup, root, S({"return": "first"}))
+        await settled(sup, root, child)
+        real = materialization.acquire_lease
+        gap: list[subprocess.CompletedProcess[str]] = []
+
+        def another_supervisor_first(*args, **kwargs):
+            if not gap:  # the first acquisition only: another process resumes the child, runs one message, settles
+                gap.append(_cli(sup.store.root, "send", child, S({"return": "from the other"}), "--parent", root.id))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(materialization, "acquire_lease", another_supervisor_first)
+        await sup.followup(root, child, S({"return": "from here"}))
+        with anyio.fail_after(30):
+            while len(turn_ends(sup.store, child)) < 3:
+                await anyio.sleep(0.01)
+            await anyio.sleep(0.3)  # room for a duplicate turn to show
+        assert gap[0].returncode == 0, gap[0].stderr
+        started = [e["data"]["message_id"] for e in inspect(sup.store, child).events if e["type"] == "turn/start"]
+        assert len(started) == len(set(started)) == 3, started  # first, the other's, ours: each once
+        assert check_store(sup.store.root).clean
+
+
+HOLDER = """
+import json, sys, anyio
+from subagents.supervisor import *
+
+async def main(store, root, child):
+    cfg = SupervisorConfig(pool_size=1, durability="none", control_poll_s=0.02)
+    async with Supervisor.open(store=store, config=cfg) as sup:
+        sup.register_provider(Provider(name="script", program="script", capabilities=Capabilities.all(), continuable=True))
+        await sup.send(child, json.dumps({"script": [{"sleep": 500}, {"return": "the holder's"}]}), parent=root)
+        await anyio.sleep(3600)
+
+anyio.run(main, *sys.argv[1:4])
+"""
+
+
+async def test_a_followup_that_loses_the_resume_race_goes_to_the_winner(tmp_path, monkeypatch) -> None:
+    """Found by a probe: a followup that saw the child free, then lost its lease to another supervisor's
+    resume, failed with NOT_RESUMABLE "it is active in another supervisor" (nothing was accepted, but a
+    valid call failed). It is routed to the winner's mailbox, as when the child was held from the start."""
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root(label="main")
+        child, _ = await start(sup, root, S({"return": "first"}))
+        await settled(sup, root, child)
+        real = materialization.acquire_lease
+        holders: list[subprocess.Popen[str]] = []
+
+        def another_supervisor_takes_it_first(*args, **kwargs):
+            if not holders:
+                env = {k: v for k, v in os.environ.items() if not k.startswith("SUBAGENTS_")}
+                env.update(PYTHONPATH=REPO_ROOT)
+                holders.append(subprocess.Popen([sys.executable, "-c", HOLDER, sup.store.root, root.id, child], env=env, cwd=REPO_ROOT,
+                                                text=True, stdout=subprocess.DEVNULL))
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    lease = read_lease(sup.store, child)
+                    if lease is not None and lease.state != "released" and lease.owner != sup.statistics().owner_id:
+                        break
+                    time.sleep(0.01)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(materialization, "acquire_lease", another_supervisor_takes_it_first)
+        try:
+            ours = await sup.followup(root, child, S({"return": "ours"}))
+            with anyio.fail_after(30):
+                while ours not in [e["data"]["message_id"] for e in inspect(sup.store, child).events if e["type"] == "turn/start"]:
+                    await anyio.sleep(0.02)
+        finally:
+            for holder in holders:
+                holder.kill()
+                holder.wait(10)
+        started = [e["data"]["message_id"] for e in inspect(sup.store, child).events if e["type"] == "turn/start"]
+        assert started.count(ours) == 1 and len(started) == len(set(started)) == 3, started
