@@ -40,13 +40,14 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .atomic import NewFile, fsync_dir, remove_durably, write_unnamed
-from .errors import DurabilityError, SessionExistsError, SubagentError
+from .errors import DurabilityError, SessionExistsError, SessionNotFoundError, SubagentError
 from .framing import encode_record
 from .header import SessionHeader, parse_header
 from .ids import validate_session_id
 from .descriptor import ContinuableDescriptor, OneShotDescriptor
 from .index import IndexEntry, add_child, add_children, drop_index, prepare_index, remove_child
 from .lease import Lease
+from .locks import PinnedLock
 from .projection import Projection
 from .root import COMPANIONS, Store
 from .roots import add_root, remove_root
@@ -148,6 +149,34 @@ def create_sessions(store: Store, requests: Sequence[NewSession]) -> list[Sessio
     """
     outcomes = commit_sessions(store, requests, publish_sessions(store, requests))
     return [o if isinstance(o, BaseException) else o.header for o in outcomes]
+
+
+def create_under_settled_parent(store: Store, request: NewSession) -> CreatedSession:
+    """Create one child under its parent's session lock (the ``PinnedLock`` ``gc`` and ``acquire_lease``
+    take), for a parent no live lease of the caller's holds.
+
+    ``gc`` may be collecting such a parent's subtree: it locks each session of it, re-reads the
+    parent's children index under that lock, and renames the subtree away. A child published and
+    indexed outside the lock could fall between the re-read and the rename, and outlive its parent
+    (listed nowhere, never collected). Under the lock, from the header's publication to its index
+    entry, the child is either in the index when ``gc`` looks (the subtree stays) or created after
+    ``gc`` moved the parent away (``SessionNotFoundError`` for the parent, nothing written). A parent
+    this process holds a live lease on needs none of this: ``gc`` keeps a held subtree.
+    """
+    parent = request.parent_session
+    assert parent is not None, "a child has a parent"
+    try:
+        lock = PinnedLock(store.session_path(parent), create=False)
+        lock.acquire()
+    except FileNotFoundError:  # gone already, or moved to the trash while we waited
+        raise SessionNotFoundError(parent) from None
+    try:
+        outcome = commit_sessions(store, [request], publish_sessions(store, [request]))[0]
+    finally:
+        lock.release()
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
 
 
 def publish_sessions(store: Store, requests: Sequence[NewSession]) -> list[CreatedSession | BaseException]:

@@ -34,14 +34,14 @@ import anyio
 
 from subagents.store import LogWriter, OneShotDescriptor, acquire_lease, delete_session, read_from, release_lease
 from subagents.store.control import ControlRecord
-from subagents.store.errors import FencedError, SubagentError
-from subagents.store.session import CreatedSession, NewSession
+from subagents.store.errors import FencedError, SessionNotFoundError, SubagentError
+from subagents.store.session import CreatedSession, NewSession, create_under_settled_parent
 from subagents.worker.logcontext import bind
 from subagents.worker.protocol import Budget, TurnOutcome, TurnSpec
 
 from .backend import TurnChildren, TurnResult, TurnRpcHandler, TurnTicket, WorkerRef
 from .creator import CreatorStatistics, SessionCreator
-from .errors import CancelledBeforeStartError, InvalidRequestError, SupervisorClosedError
+from .errors import CancelledBeforeStartError, InvalidRequestError, NoParentError, SupervisorClosedError
 from .models import Provider, SubagentRequest, SubagentResult
 from .registry import program_fields
 from .runtime import Runtime
@@ -227,7 +227,8 @@ class OneShotRuns:
                 child_id, parent_session=placement.parent_id, origin="subagent", delegation_depth=placement.depth, events=events,
                 lease_owner=rt.owner_id, fresh_id=True,
             ),
-            cancel,
+            # a parent no root or resident child of ours holds (a live lease ``gc`` keeps) is created under its lock
+            cancel, guarded=placement.stored and placement.parent_id not in rt.control,
         )
         # published: from here the caller owns the run
         spec = one_shot_turn_spec(
@@ -249,12 +250,22 @@ class OneShotRuns:
             rt.tg.start_soon(self._watch_cancel, run, cancel)
         return run
 
-    async def _create(self, request: NewSession, cancel: CancelToken | None) -> CreatedSession:
-        """Create the child leased to us (epoch 1); roll it back if the start is cancelled before it is published."""
+    async def _create(self, request: NewSession, cancel: CancelToken | None, *, guarded: bool = False) -> CreatedSession:
+        """Create the child leased to us (epoch 1); roll it back if the start is cancelled before it is published.
+        ``guarded``: under its parent's lock, outside the batches (a parent no live agent of ours holds, which
+        ``gc`` may be collecting: ``Placement.stored``)."""
         store, child_id, parent_id = self._rt.store, request.session_id, request.parent_session
         try:
             with anyio.CancelScope(shield=True):
-                created = await self._creator.create(request)
+                if guarded:
+                    try:
+                        created = await anyio.to_thread.run_sync(create_under_settled_parent, store, request)
+                    except SessionNotFoundError as exc:
+                        if exc.fields.get("session_id") != parent_id:
+                            raise
+                        raise NoParentError(str(parent_id)) from None  # collected by gc meanwhile
+                else:
+                    created = await self._creator.create(request)
                 if cancel is not None and cancel.is_set():
                     await anyio.to_thread.run_sync(lambda: delete_session(store, child_id, parent_session=parent_id))
                     raise CancelledBeforeStartError.before_publication()

@@ -50,6 +50,9 @@ class Placement:
     parent_id: str
     depth: int
     sandbox: str | None
+    # a parent that is no live agent here (a root we opened, a one-shot we run): a resident continuable
+    # child, or a session known only from the store, which ``gc`` may be collecting (``oneshot.py``)
+    stored: bool = False
 
 
 def _max_depth(value: Any) -> int | None:
@@ -124,7 +127,7 @@ def place_child(agents: LiveAgents, store: Store, parent_id: str, *, max_depth: 
     depth = parent_depth + 1
     if max_depth is not None and depth > max_depth:
         raise SubagentDepthError(depth, max_depth)
-    return Placement(parent_id, depth, sandbox if sandbox is not None else parent_sandbox)
+    return Placement(parent_id, depth, sandbox if sandbox is not None else parent_sandbox, stored=live is None)
 
 
 def prompt_text(prompt: Any) -> str:

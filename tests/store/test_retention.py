@@ -475,3 +475,54 @@ def test_a_roots_index_with_no_room_for_its_rewrite_keeps_its_tombstones(st: Sto
     assert [c.id for c in report.collected] == ["rOld"] and gone(st, ids)
     assert "the roots index was not compacted: no room on the disk" in caplog.text
     assert [r.id for r in list_roots(st)] == [] and check_store(st).clean
+
+
+def test_a_child_created_under_a_settled_parent_gc_is_removing_is_refused_not_orphaned(st: Store) -> None:
+    """Found by a probe: a one-shot ``start`` under a settled root (allowed without opening it) raced
+    ``gc``, whose locked re-check of the root's children index ran between the child's publication and
+    its index entry: the root went, the child stayed, listed nowhere and never collected. Created
+    under the parent's lock (``create_under_settled_parent``), a child waits for a gc holding it,
+    and finds the parent gone (SESSION_NOT_FOUND for the parent), with nothing written."""
+    from subagents.store.session import NewSession, create_under_settled_parent
+
+    subtree(st, "rGone", children=0)
+    index_before = read_children(st, "rGone")
+    holder = os.open(st.session_path("rGone"), os.O_RDONLY)  # gc, holding the root's lock
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    outcome: list[object] = []
+    request = NewSession("rGoneKid", parent_session="rGone", origin="subagent", delegation_depth=1,
+                         events=[("subagent/descriptor", dict(ONE_SHOT))])
+
+    def create() -> None:
+        try:
+            outcome.append(create_under_settled_parent(st, request))
+        except BaseException as exc:  # recorded for the assertion below
+            outcome.append(exc)
+
+    creator = threading.Thread(target=create)
+    creator.start()
+    try:
+        wait_until(lambda: opened_elsewhere(st.session_path("rGone"), holder), what="the creation to wait on the lock")
+        assert not os.path.lexists(st.session_path("rGoneKid"))  # nothing published before the lock
+        to_trash(st, "rGone")  # what gc does under the lock
+    finally:
+        os.close(holder)
+    creator.join(30)
+    assert len(outcome) == 1 and isinstance(outcome[0], store.SessionNotFoundError), outcome
+    assert outcome[0].fields["session_id"] == "rGone"
+    assert not os.path.lexists(st.session_path("rGoneKid"))
+    assert read_children(st, "rGone") == index_before == []  # no entry for a child of a parent that is gone
+
+
+def test_a_child_created_under_a_settled_parent_is_indexed_before_gc_may_look(st: Store) -> None:
+    """The other order: the creation holds the parent's lock first, so gc's locked re-check finds the new
+    child in the index and keeps the subtree ("changed")."""
+    from subagents.store.session import NewSession, create_under_settled_parent
+
+    subtree(st, "rKept", children=0)
+    created = create_under_settled_parent(st, NewSession("rKeptKid", parent_session="rKept", origin="subagent", delegation_depth=1,
+                                                         events=[("subagent/descriptor", dict(ONE_SHOT))]))
+    assert created.id == "rKeptKid" and [e.id for e in read_children(st, "rKept")] == ["rKeptKid"]
+    age(st, "rKept", 8 * DAY)
+    report = collect(st, 7 * DAY)
+    assert report.collected == () and st.exists("rKept") and st.exists("rKeptKid")  # the child is young: the subtree stays
