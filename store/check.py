@@ -59,6 +59,7 @@ ViolationKind = Literal[
     "message-stranded",  # pending messages that no live owner holds and nobody can resume
     "mailbox-corrupt",  # damage in a mailbox that is no torn tail (accepted messages may lie in it)
     "index-missing",  # a header names a parent whose index lacks the child
+    "parent-missing",  # a header names a parent the store no longer holds: no listing reaches it, no gc collects it
     "index-stale",  # an index entry no header proves
     "index-row",  # a catalog row (static fields, settled state) that the child's log or lease contradicts
     "index-damaged",  # index/roots with records that do not read: listings may miss top-level sessions
@@ -400,6 +401,8 @@ def _check_index(state: _Pass, in_flight_s: float) -> None:
     for session_id, header in state.headers.items():
         if header.parent_session is not None:
             proven.setdefault(header.parent_session, set()).add(session_id)
+            if header.parent_session not in state.headers:
+                _confirm_orphan(state, session_id, header.parent_session)
     try:
         names = os.listdir(state.store.children_index_dir)
     except FileNotFoundError:
@@ -463,6 +466,16 @@ def _row_problem(state: _Pass, entry: IndexEntry) -> str | None:
         return None  # damage of the child's own files is reported with its session
     except OSError:
         return None
+
+
+def _confirm_orphan(state: _Pass, child: str, parent: str) -> None:
+    """A child whose parent's header was not among those read: a parent whose file does not read is
+    reported with its own session; any other is gone from under the child. (A gc moves a subtree's
+    children before their parent, so even a parent in ``trash/`` left this child behind.)"""
+    if state.store.exists(parent) or not state.store.exists(child):
+        return
+    state.flag(child, "parent-missing", f"its header names parent {parent}, which the store does not hold: "
+                                        "no listing reaches it and no gc collects it")
 
 
 def _confirm_missing(state: _Pass, parent: str, child: str, in_flight_s: float) -> None:

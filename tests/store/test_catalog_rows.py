@@ -275,6 +275,7 @@ def test_a_writer_projection_gives_the_same_row_as_the_files(st, owner):
 def test_a_settled_row_written_before_rows_said_where_the_log_ended_is_no_violation(st, owner):
     """A store written by an earlier build has settled rows without ``end``: ``check`` reads the missing
     field as unknown, not as a row that contradicts its log, and the listing still uses the row."""
+    store.create_session(st, "r")  # the parent (a child without one is a violation of its own: parent-missing)
     settled_child(st, "r", "c1", owner)
     path = st.children_index_path("r")
     old = [{k: v for k, v in record.items() if k != "end"} for record in index_records(st, "r")]

@@ -526,3 +526,11 @@ def test_a_child_created_under_a_settled_parent_is_indexed_before_gc_may_look(st
     age(st, "rKept", 8 * DAY)
     report = collect(st, 7 * DAY)
     assert report.collected == () and st.exists("rKept") and st.exists("rKeptKid")  # the child is young: the subtree stays
+
+
+def test_check_names_a_child_whose_parent_the_store_no_longer_holds(st: Store) -> None:
+    """What the race above left behind, found by no check (and after `store reindex`, reported clean)."""
+    subtree(st, "rLeft", children=1)
+    to_trash(st, "rLeft")  # the parent went, its children stayed
+    report = check_store(st, in_flight_s=0.0)
+    assert [(v.session_id, v.kind) for v in report.of_kind("parent-missing")] == [("rLeftc0", "parent-missing")], str(report)
