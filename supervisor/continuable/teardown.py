@@ -40,6 +40,12 @@ _NOTICE_ROOM = 4096
 
 __all__ = ["Teardown"]
 
+
+def _notice(child_id: str, reason: str, output: str, *, cut: int | None = None) -> tuple[dict[str, Any], str]:
+    """A settlement notice's source and text (``settlement_text``; ``cut`` as there)."""
+    summary, body = settlement_text(child_id, reason, output, cut=cut)
+    return {"kind": "subagent-settled", "form": "notice", "summary": bounded_line(summary), "sender_session_id": child_id}, body
+
 log = logging.getLogger(__name__)
 
 
@@ -196,7 +202,11 @@ class Teardown:
         Returns why the parent's files refused it (``CODE: message``), for ``subagent/end``; None once delivered."""
         wake = not self._admission.closed_below(act.parent_id)
         try:
-            source, body = await self._rt.store_thread.run(self._fitting_notice, act, reason, wake)
+            output, limit = act.last_output, self._rt.store.max_record_bytes
+            if len(output) * 4 + _NOTICE_ROOM < limit:  # four bytes a character at most: it fits as it is
+                source, body = _notice(act.child_id, reason, output)
+            else:  # framed as the mailbox would, off the event loop (up to the record limit of text)
+                source, body = await self._rt.store_thread.run(self._fitting_notice, act.child_id, act.parent_id, reason, output, wake)
             # resident: its driver takes it; else its mailbox, unless it can never have a next turn
             if await self._delivery.takes_messages(act.parent_id):
                 await self._delivery.send_to(act.parent_id, source, body, wake=wake)
@@ -211,18 +221,15 @@ class Teardown:
             return f"{exc.code}: {exc.message}"
         return None
 
-    def _fitting_notice(self, act: Activation, reason: str, wake: bool) -> tuple[dict[str, Any], str]:
+    def _fitting_notice(self, child_id: str, parent_id: str, reason: str, output: str, wake: bool) -> tuple[dict[str, Any], str]:
         """The notice's source and text, its closing message cut (by halves) until the parent's mailbox
-        would take it: a message near the record limit would otherwise leave the parent without any
-        notice. A notice well under the limit is not framed twice."""
-        output, cut = act.last_output, None
+        would take it: a closing message near the record limit would otherwise make a notice no mailbox
+        takes, and the parent would hear nothing."""
+        cut = None
         while True:
-            summary, body = settlement_text(act.child_id, reason, output, cut=cut)
-            source = {"kind": "subagent-settled", "form": "notice", "summary": bounded_line(summary), "sender_session_id": act.child_id}
-            if len(body) * 4 + _NOTICE_ROOM < self._rt.store.max_record_bytes:  # four bytes a character at most
-                return source, body
+            source, body = _notice(child_id, reason, output, cut=cut)
             try:
-                check_message(self._rt.store, act.parent_id, source=source, content=body, wake=wake)
+                check_message(self._rt.store, parent_id, source=source, content=body, wake=wake)
                 return source, body
             except RecordTooLargeError:
                 if cut == 0:
