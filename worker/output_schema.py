@@ -44,6 +44,8 @@ def _references(node: Any) -> Iterator[str]:
 
 def schema_problem(schema: dict[str, Any]) -> str | None:
     """Why ``schema`` cannot be applied to a turn's output, or None."""
+    if not isinstance(schema.get("$schema", ""), str):
+        return f"its $schema must be a URI, not {type(schema['$schema']).__name__}"
     cls = validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
         cls.check_schema(schema)

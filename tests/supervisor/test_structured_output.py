@@ -98,6 +98,7 @@ UNUSABLE = {
     "a self reference": ({"type": "object", "$ref": "#"}, "refers to itself without end"),
     "a remote reference": ({"type": "object", "$ref": "http://127.0.0.1:9/x.json"}, "refers outside itself"),
     "a reference to nothing": ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}, "points nowhere"),
+    "a $schema that is no URI": ({"$schema": 5, "type": "object"}, "$schema must be a URI"),
 }
 
 
