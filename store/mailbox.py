@@ -55,7 +55,7 @@ from .extent import data_end_of, reach
 from .framing import Damage, ScanResult, data_end, scan, torn_tail
 from .ids import IdGenerator
 from .projection import Projection
-from .reader import inspect, read_session_file
+from .reader import read_session_file
 from .records import mailbox_problem
 from .root import Store
 from .session_file import SessionLock
@@ -280,16 +280,8 @@ def require_consumed_prefix(store: Store, session_id: str, projection: Projectio
         from .log import read_projection  # the log module sits above this one
 
         projection = read_projection(store, session_id)
+    # a fork's projection counts only what it consumed from its own mailbox (its seed's records are its source's)
     consumed, last_id, mailbox_end = projection.consumed, projection.last_message_id, projection.mailbox_end
-    if projection.seed_length and consumed:
-        # a fork's seed holds what its source consumed from the source's own mailbox: only the
-        # fork's own suffix consumed from this one (a fork is rare; its log is read once here)
-        own = [e["data"] for e in inspect(store, session_id, locked=locked).events[projection.seed_length:]
-               if e["type"] in ("message/accepted", "message/discarded") and isinstance(e["data"], dict)]
-        consumed = len(own)
-        last_id = own[-1].get("message_id") if own else None
-        mailbox_end = own[-1].get("mailbox_end") if own else None
-        mailbox_end = mailbox_end if isinstance(mailbox_end, int) and not isinstance(mailbox_end, bool) else None
     if not consumed:
         pending(store, session_id, consumed=0, last_consumed_id=None, locked=locked)  # every message is unconsumed: all are read
         return 0

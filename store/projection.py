@@ -29,7 +29,7 @@ from .records import Checked, validate
 
 __all__ = ["PROJECTION_VERSION", "Timing", "Projection", "encode_cache", "decode_cache", "read_cache", "write_cache"]
 
-PROJECTION_VERSION = 1
+PROJECTION_VERSION = 2  # 2: a fork's consumption counts its own records only (a cache of 1 is folded again)
 
 
 @dataclass
@@ -125,7 +125,9 @@ class Projection:
                 self.open_calls[str(data.get("call_id"))] = seq
             elif kind == "tool/result" and isinstance(data, dict):
                 self.open_calls.pop(str(data.get("call_id")), None)
-            elif kind in ("message/accepted", "message/discarded") and isinstance(data, dict):
+            elif kind in ("message/accepted", "message/discarded") and isinstance(data, dict) and seq >= self.seed_length:
+                # a fork's seed holds what its source consumed from the source's own mailbox: only the
+                # fork's own records consumed from its mailbox, which every reader of these fields reads
                 self.consumed += 1
                 if kind == "message/discarded":
                     self.discarded += 1
@@ -295,7 +297,7 @@ class _TimingFields(Checked):
 class _CacheFields(Checked):
     """The cached projection map (``Projection.to_record``), every field typed (store/records.py)."""
 
-    version: Literal[1]
+    version: Literal[2]
     seed_length: int = Field(ge=0)
     seq: int = Field(ge=-1)
     end_offset: int = Field(ge=0)

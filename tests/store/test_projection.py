@@ -89,7 +89,7 @@ def test_record_roundtrip_and_rejections():
         assert record["version"] == PROJECTION_VERSION
         assert Projection.from_record(msgpack.unpackb(msgpack.packb(record))) == p
     good = fold(DESC).to_record()
-    for bad in ({**good, "version": 2}, {**good, "timing": None}, {k: v for k, v in good.items() if k != "seq"},
+    for bad in ({**good, "version": 1}, {**good, "version": 3}, {**good, "timing": None}, {k: v for k, v in good.items() if k != "seq"},
                 {**good, "identity": {"version": 1, "mode": "bad"}}, [good], None):
         assert Projection.from_record(bad) is None
 

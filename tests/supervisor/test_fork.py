@@ -49,3 +49,46 @@ async def test_fork_child_inherits_the_completed_prefix_and_folds_its_own_descri
         assert seq >= header.seed_length and own.label == "forked" and own.provider == "fork"
         assert read_projection(sup.store, grandchild.id).continuable().label == "forked"
         assert (grandchild.label, grandchild.mode) == ("forked", "continuable")
+
+
+async def test_a_fork_with_a_seed_runs_its_followups(tmp_path) -> None:
+    """Found by a probe: the seed's ``message/accepted`` records (what the source consumed from its own
+    mailbox) were counted as the fork's own: every message sent to the fork was acknowledged and never run
+    (its driver failed with "mailbox and log disagree"), and ``show`` said its mailbox failed validation.
+    A fork's projection counts only what it consumed from its own mailbox."""
+    from subagents.store import describe_session
+
+    async with Supervisor.open(store=tmp_path / "st", config=SupervisorConfig(pool_size=1, durability="none")) as sup:
+        caps = Capabilities.all()
+        sup.register_provider(Provider(name="script", program="script", capabilities=caps, continuable=True))
+        sup.register_provider(Provider(name="fork", program="script", capabilities=caps, continuable=True, inherits_parent_context=True))
+        root = await sup.open_root()
+        parent_id, _ = await sup.start_continuable(
+            ContinuableSpec(parent=root, provider="script", label="parent", prompt=json.dumps({"script": [{"return": "first turn"}]})))
+
+        async def ended(child: str, count: int) -> list[dict]:
+            with anyio.fail_after(20):
+                while len(ends := [e for e in inspect(sup.store, child).events if e["type"] == "turn/end"]) < count:
+                    await anyio.sleep(0.02)
+            return ends
+
+        await ended(parent_id, 1)
+        second = {"script": [{"start_continuable": {"prompt": {"script": [{"return": "forked"}]}, "label": "forked", "provider": "fork"}},
+                             {"return": "second turn"}]}
+        await sup.followup(root, parent_id, json.dumps(second))
+        await ended(parent_id, 2)
+        (fork,) = [r.entry for r in await sup.list_descendants(root.id) if r.depth == 2]
+        seed = read_header(sup.store, fork.id).seed_length
+        await ended(fork.id, 1 + sum(1 for e in inspect(sup.store, fork.id).events[:seed] if e["type"] == "turn/end"))
+        own_turns = sum(1 for e in inspect(sup.store, fork.id).events[seed:] if e["type"] == "turn/end")
+
+        message_id = await sup.send(fork.id, json.dumps({"script": [{"return": "followed up"}]}), parent=parent_id)
+        with anyio.fail_after(20):
+            while message_id not in [e["data"].get("message_id") for e in inspect(sup.store, fork.id).events[seed:] if e["type"] == "turn/start"]:
+                await anyio.sleep(0.02)
+        ends = await ended(fork.id, seed and (own_turns + 1 + sum(1 for e in inspect(sup.store, fork.id).events[:seed] if e["type"] == "turn/end")))
+        assert ends[-1]["data"]["stop_reason"] == "completed", ends[-1]
+        projection = read_projection(sup.store, fork.id)
+        assert projection.consumed == own_turns + 1 and projection.last_message_id == message_id
+        mailbox = describe_session(sup.store, fork.id).mailbox
+        assert (mailbox.accepted, mailbox.pending, mailbox.problem) == (own_turns + 1, 0, None), mailbox
