@@ -20,7 +20,7 @@ from subagents.store import list_children, list_descendants
 from subagents.worker.protocol import TurnSpec
 
 from .continuable import ContinuationManager
-from .errors import RpcError
+from .errors import InvalidRequestError, RpcError
 from .models import AncestorAuthority, ContinuableSpec, RunBudget, SubagentRequest
 from .oneshot import OneShotRuns, SubagentRun
 from .runtime import Runtime
@@ -133,6 +133,7 @@ class TurnRpc:
         return catalog_rows(await anyio.to_thread.run_sync(list_children, store, self._spec.session_id), descendants=False)
 
     async def _rpc_start_continuable(self, prompt: Any, label: str, provider: str | None = None, options: dict[str, Any] | None = None) -> list[str]:
+        _refuse_fixed("ContinuableSpec", options or {}, ("parent", "provider", "prompt", "label"))
         spec = ContinuableSpec(parent=self._spec.session_id, provider=provider or self._spec.provider or "", prompt=prompt, label=label, **(options or {}))
         with self._child_start():
             child_id, message_id = await self._continuation.start_continuable(spec)
@@ -152,3 +153,14 @@ class TurnRpc:
 async def _dispose_when_done(run: SubagentRun) -> None:
     await run.result()
     await run.dispose()
+
+
+def _refuse_fixed(model: str, options: dict[str, Any], fixed: tuple[str, ...]) -> None:
+    """``INVALID_REQUEST`` for an option a program's request may not set, because the call sets it
+    (``parent``: a program starts children of its own session; the call's own arguments). It was a
+    ``TypeError`` of the model's constructor, logged with a traceback and answered ``RPC_FAILED``.
+    (``spawn`` takes no free options: ``ctx.spawn`` refuses an unknown one itself.)"""
+    taken = [(key, "is not an option here: the call sets it (a program's children are its own session's)")
+             for key in fixed if key in options]
+    if taken:
+        raise InvalidRequestError.wrong_fields(model, taken)

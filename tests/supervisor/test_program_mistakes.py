@@ -170,3 +170,20 @@ async def test_a_process_the_program_forks_never_acts_as_its_worker(tmp_path, na
             await run.dispose()
         assert sup.statistics().pool.crashed == 0
 
+
+
+async def test_an_option_the_call_sets_is_an_invalid_request_not_an_internal_failure(tmp_path, caplog) -> None:
+    """Found by a probe: ``ctx.start_continuable(..., parent=...)`` came back ``RPC_FAILED`` with ``TypeError:
+    ContinuableSpec() got multiple values for keyword argument 'parent'``, logged with a traceback."""
+    import json
+
+    async with open_supervisor(tmp_path, pool_size=1) as sup:
+        root = await sup.open_root()
+        action = {"start_continuable": {"prompt": "x", "label": "c", "parent": "01M00000000000000000000000"}}
+        run = await sup.start("script", SubagentRequest(parent=root, prompt=json.dumps([action])))
+        with anyio.fail_after(20):
+            result = await run.result()
+        await run.dispose()
+    assert result.stop_reason == "error" and result.diagnostic.startswith("INVALID_REQUEST: invalid "), result
+    assert "is not an option here" in result.diagnostic
+    assert not [r for r in caplog.records if "rpc" in r.getMessage() and r.exc_info], "no traceback for a program's mistake"
