@@ -96,12 +96,16 @@ class Projection:
             self.open_turn, self.open_step, self.open_calls = seq, None, {}
             node = data.get("node") if isinstance(data, dict) else None
             self.open_node = node if isinstance(node, str) else None
+            if seq < self.seed_length:
+                return  # a fork's seed: its source's turns, not its own (neither counted nor timed)
             if self.seen_descriptor:
                 self.timing.active_since = self.timing.active_through = ts
             else:
                 self.timing.pending_since = ts
         elif kind == "turn/end":
             self.open_turn, self.open_step, self.open_calls, self.open_node = None, None, {}, None
+            if seq < self.seed_length:
+                return
             self.turns += 1
             reason = data.get("stop_reason") if isinstance(data, dict) else None
             self.last_stop_reason = reason if isinstance(reason, str) else None

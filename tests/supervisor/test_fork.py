@@ -90,5 +90,6 @@ async def test_a_fork_with_a_seed_runs_its_followups(tmp_path) -> None:
         assert ends[-1]["data"]["stop_reason"] == "completed", ends[-1]
         projection = read_projection(sup.store, fork.id)
         assert projection.consumed == own_turns + 1 and projection.last_message_id == message_id
+        assert projection.turns == own_turns + 1  # its own turns: the seed's are its source's (show said 3 for 1)
         mailbox = describe_session(sup.store, fork.id).mailbox
         assert (mailbox.accepted, mailbox.pending, mailbox.problem) == (own_turns + 1, 0, None), mailbox
