@@ -34,21 +34,17 @@ from .session_file import SessionFile
 __all__ = ["CommittedEnds", "committed_end", "lost_committed"]
 
 
+def _ends_of(store: Store, parent_id: str) -> dict[str, int]:
+    """Each child's committed end (in its file) per the parent's index (which reads around damage)."""
+    return {e.id: e.committed_end for e in read_index(store, parent_id).entries if e.committed_end is not None}
+
+
 def committed_end(store: Store, header: SessionHeader, file: SessionFile) -> int | None:
     """Where the session's records reach for sure (an offset in its log), per its parent's index;
     None when nothing says: a top-level session, no settled row with an end, or an index that does
     not read (nothing is claimed from a file that cannot be read)."""
-    parent = header.parent_session
-    if parent is None:
-        return None
-    try:
-        entries = read_index(store, parent).entries
-    except (SubagentError, OSError):
-        return None
-    for entry in entries:
-        if entry.id == header.id:
-            return None if entry.committed_end is None else entry.committed_end - file.data_start
-    return None
+    end = None if header.parent_session is None else _ends_of(store, header.parent_session).get(header.id)
+    return None if end is None else end - file.data_start
 
 
 def lost_committed(found: Inspection, committed: int) -> Inspection:
@@ -74,8 +70,7 @@ class CommittedEnds:
             return found
         ends = self._ends.get(parent)
         if ends is None:
-            ends = self._ends[parent] = {e.id: e.committed_end for e in read_index(self._store, parent).entries
-                                         if e.committed_end is not None}
+            ends = self._ends[parent] = _ends_of(self._store, parent)
         end = ends.get(session_id)
         if end is None:
             return found

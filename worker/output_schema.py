@@ -26,8 +26,7 @@ __all__ = ["schema_problem", "check_structured"]
 
 def _validator(schema: dict[str, Any]) -> Validator:
     """The validator of the schema's own draft (2020-12 when it names none), resolving in itself only."""
-    cls = validator_for(schema, default=jsonschema.Draft202012Validator)
-    return cls(schema, registry=referencing.Registry())
+    return validator_for(schema, default=jsonschema.Draft202012Validator)(schema, registry=referencing.Registry())
 
 
 def _references(node: Any) -> Iterator[str]:
@@ -46,13 +45,12 @@ def schema_problem(schema: dict[str, Any]) -> str | None:
     """Why ``schema`` cannot be applied to a turn's output, or None."""
     if not isinstance(schema.get("$schema", ""), str):
         return f"its $schema must be a URI, not {type(schema['$schema']).__name__}"
-    cls = validator_for(schema, default=jsonschema.Draft202012Validator)
+    validator = _validator(schema)
     try:
-        cls.check_schema(schema)
+        validator.check_schema(schema)
     except jsonschema.SchemaError as exc:
         where = "/".join(str(p) for p in exc.path)
         return f"it is not a valid JSON schema: {exc.message}" + (f" (at {where})" if where else "")
-    validator = _validator(schema)
     resolver = referencing.Registry().resolver_with_root(
         referencing.Resource.from_contents(schema, default_specification=DRAFT202012))
     for ref in _references(schema):
