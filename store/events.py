@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["EVENT_TYPES", "STOP_REASONS_IN_LOG", "unknown_type", "closers"]
+from .appender import WIDEST_SEQ
+
+__all__ = ["EVENT_TYPES", "STOP_REASONS_IN_LOG", "unknown_type", "closers", "widest_event"]
 
 EVENT_TYPES = frozenset(
     {
@@ -44,6 +46,12 @@ def unknown_type(event: dict[str, Any]) -> str | None:
     if kind in EVENT_TYPES or event.get("ignorable") is True:
         return None
     return str(kind)
+
+
+def widest_event(kind: str, data: Any) -> dict[str, Any]:
+    """The event ``(kind, data)`` as its widest log record frames it (seq and epoch at their widest,
+    ``ts`` a float): what a check that it will fit the store's record limit must encode."""
+    return {"seq": WIDEST_SEQ, "ts": 0.0, "type": kind, "data": data, "epoch": WIDEST_SEQ}
 
 
 def closers(

@@ -48,6 +48,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .appender import WIDEST_SEQ, append_records, frame_record, open_appendable
+from .events import widest_event
 from .atomic import NOFOLLOW
 from .changes import ChangeWatch, Watched
 from .errors import CorruptSessionError, InvalidRecordError
@@ -120,8 +121,7 @@ def _refuse(store: Store, session_id: str, key: str, record: dict[str, Any]) -> 
     framed = frame_record(widest, store.max_record_bytes, key, "MESSAGE_TOO_LARGE")
     if len(framed) + LOG_MARGIN > store.max_record_bytes:
         data = {"message_id": record["id"], "source": record["source"], "content": record["content"], "mailbox_end": WIDEST_SEQ, "quiet": True}
-        logged = {"seq": WIDEST_SEQ, "ts": 0.0, "type": "message/accepted", "data": data, "epoch": WIDEST_SEQ}
-        frame_record(logged, store.max_record_bytes, key, "MESSAGE_TOO_LARGE")
+        frame_record(widest_event("message/accepted", data), store.max_record_bytes, key, "MESSAGE_TOO_LARGE")
 
 
 class MailboxWriter:

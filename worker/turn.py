@@ -21,8 +21,8 @@ from typing import Any, Callable
 import anyio
 import msgpack
 
-from subagents.store.appender import WIDEST_SEQ
 from subagents.store.errors import FencedError, InvalidRecordError, RecordTooLargeError, SubagentError
+from subagents.store.events import widest_event
 from subagents.store.framing import RecordEncoder
 from subagents.store.root import Store
 
@@ -252,7 +252,7 @@ def _oversized_messages(first: list[tuple[str, Any]], exc: RecordTooLargeError) 
     for kind, data in first:
         if kind == "message/accepted":
             try:
-                encode({"seq": WIDEST_SEQ, "ts": 0.0, "type": kind, "data": data, "epoch": WIDEST_SEQ})
+                encode(widest_event(kind, data))
             except RecordTooLargeError:
                 kept = {key: data[key] for key in ("message_id", "mailbox_end") if key in data}
                 out.append(("message/discarded", {**kept, "cause": "too-large"}))
