@@ -56,6 +56,7 @@ from typing import Callable, Generic, Iterator, TypeVar, cast
 import anyio
 
 from subagents.store.errors import SubagentError
+from subagents.worker.budget import TIMEOUT
 from subagents.worker.protocol import BLOCKING_RPCS, Reply, Rpc, TurnOutcome, TurnSpec, cancelled_before_start
 
 from .backend import PoolStatistics, RpcHandler, StartedCallback, TurnResult, TurnTicket, WorkerRef
@@ -75,8 +76,6 @@ WITHDRAW_WAIT_S = 0.5
 
 # how long past a turn's ``timeout_ms`` the host waits before it stops the turn itself (``_hold_budget``)
 BUDGET_SLACK_S = 0.25
-# the cancel reason of a turn the host stopped at its ``timeout_ms`` (``cause`` on its ``turn/end``, as the worker's timer writes)
-TIMEOUT = "timeout"
 
 
 def _overran(turn: "Turn") -> str:
@@ -398,8 +397,9 @@ class Dispatcher(Generic[W]):
 
     def _turn_done(self, turn: Turn, outcome: TurnOutcome) -> None:
         """The worker's ``TurnDone``: a turn cancelled meanwhile that completed anyway reads ``aborted``, or
-        ``budget-exhausted`` when the host stopped it at its ``timeout_ms``."""
-        if turn.cancel_reason == TIMEOUT and outcome.stop_reason in ("completed", "aborted"):
+        ``budget-exhausted`` when the host stopped it at its ``timeout_ms`` (a cancel the worker took ends
+        it so itself: ``TurnControl.time_out``)."""
+        if turn.cancel_reason == TIMEOUT and outcome.stop_reason == "completed":
             outcome = dataclasses.replace(outcome, stop_reason="budget-exhausted", diagnostic=_overran(turn))
         elif turn.cancel_reason is not None and outcome.stop_reason == "completed":
             outcome = dataclasses.replace(outcome, stop_reason="aborted")

@@ -15,9 +15,13 @@ import anyio
 from .errors import BudgetExhaustedError, TurnGoneError
 from .forks import forked
 
-__all__ = ["StopCause", "TurnStopped", "TurnControl"]
+__all__ = ["StopCause", "TurnStopped", "TurnControl", "TIMEOUT"]
 
 StopCause = Literal["aborted", "budget-exhausted"]
+
+# why a turn stopped at its ``timeout_ms`` (``turn/end``'s ``cause``): its own timer, or the host's cancel,
+# whose reason this is when it holds the budget for a worker that ignored its timer (``supervisor/dispatch.py``)
+TIMEOUT = "timeout"
 
 
 class TurnStopped(Exception):
@@ -31,8 +35,9 @@ class TurnStopped(Exception):
 class TurnControl:
     """The stop switch of one turn, safe to read from a program's thread."""
 
-    def __init__(self, *, max_steps: int | None) -> None:
+    def __init__(self, *, max_steps: int | None, timeout_ms: int | None = None) -> None:
         self.max_steps = max_steps
+        self.timeout_ms = timeout_ms
         self.steps = 0
         self.cause: StopCause | None = None
         self.diagnostic: str | None = None
@@ -60,6 +65,11 @@ class TurnControl:
         self.cause, self.diagnostic, self.why = cause, diagnostic, why
         self.scope.cancel()
         return True
+
+    def time_out(self) -> bool:
+        """Stop at the wall-clock budget (first cause wins): the turn's own timer, or the host's cancel
+        with reason ``TIMEOUT``, which reads the same in the log."""
+        return self.stop("budget-exhausted", f"the turn exceeded timeout_ms={self.timeout_ms}", why=TIMEOUT)
 
     def check(self) -> None:
         if self.ended:

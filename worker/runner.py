@@ -25,7 +25,7 @@ import anyio
 from subagents.store.errors import from_wire
 from subagents.store.root import Store
 
-from .budget import TurnControl
+from .budget import TIMEOUT, TurnControl
 from .logcontext import bind
 from .protocol import BLOCKING_RPCS, CHILD_STARTS, Cancel, Reply, Rpc, RunTurn, TurnOutcome, TurnSpec
 from .sessions import LocalSessions, SessionAccess
@@ -92,7 +92,7 @@ class TurnRunner:
     def admit(self, msg: RunTurn) -> None:
         """Register the turn before its task starts, so that a ``Cancel`` right behind it finds it."""
         if msg.call_id not in self._turns:
-            self._turns[msg.call_id] = TurnControl(max_steps=msg.spec.budget.max_steps)
+            self._turns[msg.call_id] = TurnControl(max_steps=msg.spec.budget.max_steps, timeout_ms=msg.spec.budget.timeout_ms)
 
     async def run(self, msg: RunTurn, send: RpcSender) -> TurnOutcome:
         """Run one turn to its outcome; its RPC requests go out through ``send``."""
@@ -120,7 +120,11 @@ class TurnRunner:
     def cancel(self, msg: Cancel) -> None:
         """Stop a resident turn (first cause wins); an unknown or finished turn is a no-op."""
         control = self._turns.get(msg.call_id)
-        if control is not None:
+        if control is None:
+            return
+        if msg.reason == TIMEOUT:  # the host holding the turn's budget: stopped as its own timer would stop it
+            control.time_out()
+        else:
             control.stop("aborted", f"the turn was cancelled ({msg.reason})", why=msg.reason)
 
     def cancel_all(self, reason: str) -> None:

@@ -70,7 +70,8 @@ def _validate_structured(schema: dict[str, Any], output: str, structured: Any) -
 async def _timer(control: TurnControl, timeout_ms: int) -> None:
     """Stop the turn at its wall-clock budget (a cancellation that came first wins)."""
     await anyio.sleep(timeout_ms / 1000.0)
-    control.stop("budget-exhausted", f"the turn exceeded timeout_ms={timeout_ms}", why="timeout")
+    control.timeout_ms = timeout_ms
+    control.time_out()
 
 
 async def run_turn(

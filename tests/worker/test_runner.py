@@ -15,7 +15,7 @@ import pytest
 
 from subagents.store import Store, acquire_lease, create_session, inspect
 from subagents.worker import LocalSessions, SessionWriter, TurnRunner
-from subagents.worker.protocol import Cancel, Reply, Rpc, RunTurn, TurnSpec
+from subagents.worker.protocol import Budget, Cancel, Reply, Rpc, RunTurn, TurnSpec
 
 pytestmark = pytest.mark.anyio
 
@@ -97,6 +97,22 @@ async def test_a_cancel_right_behind_its_run_turn_stops_the_turn(st):
         outcome = await runner.run(msg, lambda rpc: None)
     assert outcome.stop_reason == "aborted"
     assert inspect(st, "01RUNNERCANCEL").events[-1]["data"]["stop_reason"] == "aborted"
+
+
+async def test_the_hosts_timeout_cancel_ends_the_turn_budget_exhausted_in_its_log(st):
+    """The host holds a turn's ``timeout_ms`` too (``supervisor/dispatch.py``): its cancel, reason ``timeout``,
+    can reach a worker before the worker's own timer fires (its loop was blocked). The log said ``aborted``
+    while the host made the result ``budget-exhausted``; the turn stops as its timer would stop it."""
+    runner = TurnRunner()
+    msg = run_turn_msg(st, "01RUNNERTIMEOUT", json.dumps({"script": [{"sleep": 60_000}]}))
+    msg.spec.budget = Budget(timeout_ms=60_000)  # the worker's own timer is far off: the host's cancel comes first
+    runner.admit(msg)
+    runner.cancel(Cancel(call_id=1, reason="timeout"))
+    with anyio.fail_after(DEADLINE_S):
+        outcome = await runner.run(msg, lambda rpc: None)
+    assert (outcome.stop_reason, outcome.diagnostic) == ("budget-exhausted", "the turn exceeded timeout_ms=60000")
+    end = inspect(st, "01RUNNERTIMEOUT").events[-1]["data"]
+    assert (end["stop_reason"], end["cause"]) == ("budget-exhausted", "timeout")
 
 
 async def test_an_rpc_error_reply_is_raised_in_the_turn(st):
