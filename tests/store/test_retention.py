@@ -12,6 +12,7 @@ import fcntl
 import os
 import threading
 import time
+from typing import Callable
 
 import pytest
 
@@ -344,28 +345,36 @@ def test_a_lease_taken_after_gc_finds_the_session_gone(st: Store) -> None:
     """A taker that waited on the lock while the session's file moved to the trash gets
     SESSION_NOT_FOUND, and writes no lease into the trashed file (the PinnedLock rule)."""
     subtree(st, "rLate", children=0)
-    holder = os.open(st.session_path("rLate"), os.O_RDONLY)
-    fcntl.flock(holder, fcntl.LOCK_EX)
-    errors: list[BaseException] = []
-
-    def take() -> None:
-        try:
-            store.acquire_lease(st, "rLate", "ownerLate")
-        except BaseException as exc:  # recorded for the assertion below
-            errors.append(exc)
-
-    taker = threading.Thread(target=take)
-    taker.start()
-    try:
-        wait_until(lambda: opened_elsewhere(st.session_path("rLate"), holder), what="the taker to wait on the lock")
-        before = read_file(st.session_path("rLate"))
-        folder = to_trash(st, "rLate")  # what gc does under the lock
-    finally:
-        os.close(holder)
-    taker.join(30)
-    assert len(errors) == 1 and isinstance(errors[0], store.SessionNotFoundError), errors
+    before = read_file(st.session_path("rLate"))
+    outcome, folder = behind_a_gc(st, "rLate", lambda: store.acquire_lease(st, "rLate", "ownerLate"))
+    assert isinstance(outcome, store.SessionNotFoundError), outcome
     assert not os.path.lexists(st.session_path("rLate"))
     assert read_file(os.path.join(folder, "session")) == before
+
+
+def behind_a_gc(st: Store, session_id: str, call: Callable[[], object]) -> tuple[object, str]:
+    """``call``'s result, or what it raised, when it runs in a thread while this test holds the session's
+    lock as gc does, and moves the session to the trash once ``call`` waits on that lock; and the trash folder."""
+    holder = os.open(st.session_path(session_id), os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as exc:  # recorded for the caller's assertions
+            outcome.append(exc)
+
+    waiter = threading.Thread(target=run)
+    waiter.start()
+    try:
+        wait_until(lambda: opened_elsewhere(st.session_path(session_id), holder), what="the call to wait on the lock")
+        folder = to_trash(st, session_id)  # what gc does under the lock
+    finally:
+        os.close(holder)
+    waiter.join(30)
+    assert len(outcome) == 1, outcome
+    return outcome[0], folder
 
 
 def test_many_roots_are_collected_in_batches(st: Store, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -487,29 +496,11 @@ def test_a_child_created_under_a_settled_parent_gc_is_removing_is_refused_not_or
 
     subtree(st, "rGone", children=0)
     index_before = read_children(st, "rGone")
-    holder = os.open(st.session_path("rGone"), os.O_RDONLY)  # gc, holding the root's lock
-    fcntl.flock(holder, fcntl.LOCK_EX)
-    outcome: list[object] = []
     request = NewSession("rGoneKid", parent_session="rGone", origin="subagent", delegation_depth=1,
                          events=[("subagent/descriptor", dict(ONE_SHOT))])
-
-    def create() -> None:
-        try:
-            outcome.append(create_under_settled_parent(st, request))
-        except BaseException as exc:  # recorded for the assertion below
-            outcome.append(exc)
-
-    creator = threading.Thread(target=create)
-    creator.start()
-    try:
-        wait_until(lambda: opened_elsewhere(st.session_path("rGone"), holder), what="the creation to wait on the lock")
-        assert not os.path.lexists(st.session_path("rGoneKid"))  # nothing published before the lock
-        to_trash(st, "rGone")  # what gc does under the lock
-    finally:
-        os.close(holder)
-    creator.join(30)
-    assert len(outcome) == 1 and isinstance(outcome[0], store.SessionNotFoundError), outcome
-    assert outcome[0].fields["session_id"] == "rGone"
+    outcome, _folder = behind_a_gc(st, "rGone", lambda: create_under_settled_parent(st, request))
+    assert isinstance(outcome, store.SessionNotFoundError), outcome
+    assert outcome.fields["session_id"] == "rGone"
     assert not os.path.lexists(st.session_path("rGoneKid"))
     assert read_children(st, "rGone") == index_before == []  # no entry for a child of a parent that is gone
 
