@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Callable
 
 import anyio
 import pytest
@@ -87,11 +88,30 @@ async def test_followups_still_routing_keep_the_resumed_child_from_settling(tmp_
     await four_followups_resume_once(tmp_path, root.id, child)
 
 
-def _cli(store_root: str, *args: str) -> subprocess.CompletedProcess[str]:
+def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SUBAGENTS_")}
     env.update(PYTHONPATH=REPO_ROOT, SUBAGENTS_DURABILITY="none", SUBAGENTS_POOL_SIZE="1", SUBAGENTS_CONTROL_POLL_S="0.02")
-    return subprocess.run([sys.executable, "-m", "subagents.supervisor.cli", "--store", store_root, *args],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    return env
+
+
+def _started(store, child: str) -> list[str]:
+    """The message ids of the child's turns, in the order they started."""
+    return [e["data"]["message_id"] for e in inspect(store, child).events if e["type"] == "turn/start"]
+
+
+def _in_the_resume_gap(monkeypatch, move: Callable[[], None]) -> None:
+    """Make ``move`` (another supervisor's) happen in the gap a cold resume leaves between its read of the
+    child's log and its acquisition of the lease: once, before the first acquisition."""
+    real = materialization.acquire_lease
+    moved: list[bool] = []
+
+    def acquire_after_the_move(*args, **kwargs):
+        if not moved:
+            moved.append(True)
+            move()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(materialization, "acquire_lease", acquire_after_the_move)
 
 
 async def test_a_resume_that_another_supervisor_ran_a_turn_under_starts_from_that_turn(tmp_path, monkeypatch) -> None:
@@ -105,22 +125,17 @@ async def test_a_resume_that_another_supervisor_ran_a_turn_under_starts_from_tha
         root = await sup.open_root(label="main")
         child, _ = await start(sup, root, S({"return": "first"}))
         await settled(sup, root, child)
-        real = materialization.acquire_lease
-        gap: list[subprocess.CompletedProcess[str]] = []
-
-        def another_supervisor_first(*args, **kwargs):
-            if not gap:  # the first acquisition only: another process resumes the child, runs one message, settles
-                gap.append(_cli(sup.store.root, "send", child, S({"return": "from the other"}), "--parent", root.id))
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(materialization, "acquire_lease", another_supervisor_first)
+        sent: list[subprocess.CompletedProcess[str]] = []
+        _in_the_resume_gap(monkeypatch, lambda: sent.append(subprocess.run(  # resumes the child, runs one message, settles
+            [sys.executable, "-m", "subagents.supervisor.cli", "--store", sup.store.root, "send", child, S({"return": "from the other"}),
+             "--parent", root.id], cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=60)))
         await sup.followup(root, child, S({"return": "from here"}))
         with anyio.fail_after(30):
             while len(turn_ends(sup.store, child)) < 3:
                 await anyio.sleep(0.01)
             await anyio.sleep(0.3)  # room for a duplicate turn to show
-        assert gap[0].returncode == 0, gap[0].stderr
-        started = [e["data"]["message_id"] for e in inspect(sup.store, child).events if e["type"] == "turn/start"]
+        assert sent[0].returncode == 0, sent[0].stderr
+        started = _started(sup.store, child)
         assert len(started) == len(set(started)) == 3, started  # first, the other's, ours: each once
         assert check_store(sup.store.root).clean
 
@@ -148,32 +163,27 @@ async def test_a_followup_that_loses_the_resume_race_goes_to_the_winner(tmp_path
         root = await sup.open_root(label="main")
         child, _ = await start(sup, root, S({"return": "first"}))
         await settled(sup, root, child)
-        real = materialization.acquire_lease
         holders: list[subprocess.Popen[str]] = []
 
-        def another_supervisor_takes_it_first(*args, **kwargs):
-            if not holders:
-                env = {k: v for k, v in os.environ.items() if not k.startswith("SUBAGENTS_")}
-                env.update(PYTHONPATH=REPO_ROOT)
-                holders.append(subprocess.Popen([sys.executable, "-c", HOLDER, sup.store.root, root.id, child], env=env, cwd=REPO_ROOT,
-                                                text=True, stdout=subprocess.DEVNULL))
-                deadline = time.monotonic() + 30
-                while time.monotonic() < deadline:
-                    lease = read_lease(sup.store, child)
-                    if lease is not None and lease.state != "released" and lease.owner != sup.statistics().owner_id:
-                        break
-                    time.sleep(0.01)
-            return real(*args, **kwargs)
+        def another_supervisor_takes_it() -> None:
+            holders.append(subprocess.Popen([sys.executable, "-c", HOLDER, sup.store.root, root.id, child], env=_env(), cwd=REPO_ROOT,
+                                            text=True, stdout=subprocess.DEVNULL))
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                lease = read_lease(sup.store, child)
+                if lease is not None and lease.state != "released" and lease.owner != sup.statistics().owner_id:
+                    return
+                time.sleep(0.01)
 
-        monkeypatch.setattr(materialization, "acquire_lease", another_supervisor_takes_it_first)
+        _in_the_resume_gap(monkeypatch, another_supervisor_takes_it)
         try:
             ours = await sup.followup(root, child, S({"return": "ours"}))
             with anyio.fail_after(30):
-                while ours not in [e["data"]["message_id"] for e in inspect(sup.store, child).events if e["type"] == "turn/start"]:
+                while ours not in _started(sup.store, child):
                     await anyio.sleep(0.02)
         finally:
             for holder in holders:
                 holder.kill()
                 holder.wait(10)
-        started = [e["data"]["message_id"] for e in inspect(sup.store, child).events if e["type"] == "turn/start"]
+        started = _started(sup.store, child)
         assert started.count(ours) == 1 and len(started) == len(set(started)) == 3, started
