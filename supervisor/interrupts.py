@@ -79,9 +79,11 @@ class Interrupts:
 
     async def interrupt(self, target_id: str, authority: UserAuthority | AncestorAuthority, *, wait_s: float = 0.0) -> InterruptResult:
         if isinstance(authority, AncestorAuthority):
+            # the turn is read before the cancel: a turn quick to stop has no open turn left to name after it
+            turn = await anyio.to_thread.run_sync(self._open_turn, target_id) if self._continuation.hosts(target_id) else _Turn()
             if self._continuation.interrupt(target_id, authority):
-                return await self._cancelled_here(target_id)
-            return _nothing(target_id, "it has no turn running as a continuable child of this supervisor")
+                return _cancelled(target_id, turn)
+            return _nothing(target_id, self._no_turn_here(target_id, "it has no turn running as a continuable child of this supervisor"))
         header = await anyio.to_thread.run_sync(self._header, target_id)
         if header is None:
             return _nothing(target_id, "there is no session with this id")
@@ -96,13 +98,15 @@ class Interrupts:
             turn = await anyio.to_thread.run_sync(self._open_turn, target_id)
             if self._continuation.interrupt(target_id, authority):
                 return _cancelled(target_id, turn)
-            return _nothing(target_id, "it is idle in this supervisor: no turn is running or queued")
+            return _nothing(target_id, self._no_turn_here(target_id, "it is idle in this supervisor: no turn is running or queued"))
         return await self._elsewhere(target_id, wait_s)
 
     # -- held here -------------------------------------------------------------------------
 
-    async def _cancelled_here(self, target_id: str) -> InterruptResult:
-        return _cancelled(target_id, await anyio.to_thread.run_sync(self._open_turn, target_id))
+    def _no_turn_here(self, target_id: str, otherwise: str) -> str:
+        """Why a continuable child held here had no turn to stop: an earlier interrupt's cancel is
+        still under way (the turn may ignore it until ``cancel_grace_s``), or ``otherwise``."""
+        return "its turn is already being stopped (an earlier interrupt)" if self._continuation.stopping(target_id) else otherwise
 
     def _header(self, target_id: str) -> SessionHeader | None:
         """The target's header; None for a well-formed id with no session (a malformed one raises ``INVALID_SESSION_ID``)."""

@@ -102,6 +102,8 @@ class Activation:
     # -- an interrupt that found no turn in flight: (reason, time). Set by teardown.interrupt, taken
     # by the driver: it stops the next turn if that turn's message was accepted before the interrupt
     stop_before: tuple[str, float] | None = None
+    # -- the ticket an interrupt already cancelled (teardown.py): a second interrupt stops nothing more
+    stopping: TurnTicket | None = None
     # -- wake-ups: anyone pokes; only the driver replaces ``wake`` (before each mailbox read)
     wake: anyio.Event = field(default_factory=anyio.Event)
     admitted: int = 0  # deliveries in flight (delivery.py): the driver must not settle over them

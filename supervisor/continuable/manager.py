@@ -66,6 +66,11 @@ class ContinuationManager:
         """Stop the current turn of an activation resident here; whether there was one (``Teardown.interrupt``)."""
         return self._teardown.interrupt(target_id, authority)
 
+    def stopping(self, child_id: str) -> bool:
+        """Whether an interrupt already cancelled the turn the child has in flight here."""
+        act = self._table.get(child_id)
+        return act is not None and act.ticket is not None and act.stopping is act.ticket
+
     def hosts(self, child_id: str) -> bool:
         """Whether the child has an activation resident in this supervisor."""
         return child_id in self._table

@@ -101,9 +101,12 @@ class Teardown:
         if aimed is False:
             return False
         if act.ticket is not None:
+            if act.stopping is act.ticket:
+                return False  # already being stopped (it may ignore its cancel until ``cancel_grace_s``)
             if aimed is None and act.turn_message_ts is not None and act.turn_message_ts > asked_at:
                 return False
             self._rt.pool.cancel(act.ticket, reason)
+            act.stopping = act.ticket
             return True
         # no turn in flight yet: the current turn is the next one, if its message was accepted
         # before the request (mailbox ``ts``, same host clock; a later message is not stopped)

@@ -18,6 +18,7 @@ from subagents import InterruptResult
 from subagents.store import IdGenerator
 from subagents.store.control import request as control_request
 from subagents.supervisor import AncestorAuthority, SubagentRequest, UserAuthority
+from subagents.supervisor.interrupts import Interrupts
 
 from ..conftest import DEADLINE_S, events_of, said, wait_until
 from .test_continuable import S, continuable_supervisor, settled, start, turn_started
@@ -172,3 +173,44 @@ async def test_a_turn_that_ignores_the_interrupt_here_is_recorded_as_stopped_by_
         assert turn_end_of(sup.store, crashing.id) == {"stop_reason": "interrupted", "diagnostic": crash.format(crashed.diagnostic)}
         for done in (run, crashing):
             await done.dispose()
+
+
+async def test_a_second_interrupt_of_a_continuable_turn_being_stopped_says_it_stopped_nothing(tmp_path):
+    """A turn that ignores its cancel runs on until ``cancel_grace_s``; interrupts in that window
+    stopped nothing, and said ``cancelled`` (a probe found it: the one-shot path already said
+    ``no_turn_running``). Whoever asks again, user or ancestor, hears that the turn is being stopped."""
+    async with continuable_supervisor(tmp_path, cancel_grace_s=5.0) as sup:
+        root = await sup.open_root()
+        child_id, _ = await start(sup, root, S({"say": "spinning"}, {"spin": 60_000}))
+        await wait_until(lambda: said(sup.store, child_id) == ["spinning"], what="the spin to start")
+        first = await sup.interrupt(child_id, authority=UserAuthority(root.id))
+        assert (first.outcome, first.turn) == ("cancelled", 1), first
+        for authority in (UserAuthority(root.id), AncestorAuthority(root)):
+            again = await sup.interrupt(child_id, authority=authority)
+            assert again.outcome == "no_turn_running", again
+            assert "already being stopped" in again.detail, again
+        await settled(sup, root, child_id)
+        assert [e["type"] for e in events_of(sup.store, child_id)].count("turn/end") == 1
+
+
+async def test_an_ancestor_interrupt_names_the_turn_it_stopped(tmp_path, monkeypatch):
+    """The ancestor path read the open turn after its cancel, and a turn that ended quickly was
+    reported stopped "before a worker took it", with no turn: it now reads it first, as the user path
+    does. The read is held until the turn has ended (or 2 s), which is what a fast turn did to it."""
+    read_open_turn = Interrupts._open_turn
+
+    def after_the_turn_ended(self, target_id):
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and "turn/end" not in [e["type"] for e in events_of(sup.store, target_id)]:
+            time.sleep(0.01)
+        return read_open_turn(self, target_id)
+
+    monkeypatch.setattr(Interrupts, "_open_turn", after_the_turn_ended)
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        child_id, message_id = await start(sup, root, S({"say": "awake"}, {"sleep": 60_000}))
+        await wait_until(lambda: said(sup.store, child_id) == ["awake"], what="the turn to start")
+        result = await sup.interrupt(child_id, authority=AncestorAuthority(root))
+        assert (result.outcome, result.turn, result.message_id) == ("cancelled", 1, message_id), result
+        assert "before a worker took it" not in result.detail
+        await settled(sup, root, child_id)
