@@ -15,9 +15,12 @@ parent's index per pass), ``load_projection`` (so ``read_projection`` and the re
 ``committed_end`` when a log reads torn, and ``LogWriter.open`` also when its repair would close an
 open turn. A log that reads clean and whole costs nothing: only those cases read the parent's index.
 
-Not guaranteed: a child that lost records and was never settled since (its first run's records),
-and a whole turn zeroed at the end of a log (no torn tail, no open turn), are not told from a log
-that never had them; ``fsck`` and ``show`` read every settled child against its row.
+A log that reads clean can have lost committed records too: a whole last turn zeroed (no torn
+tail, no open turn), or a log cut at the record boundary before its ``turn/end``. A cold resume
+reads with ``verify_committed`` (every log compared with its row), since it would run the zeroed
+turn's message again; ``fsck`` and ``show`` read every settled child against its row. Other readers
+take a clean log at its word. Not guaranteed: a child that lost records and was never settled since
+(its first run's records) is not told from a log that never had them.
 """
 
 from __future__ import annotations

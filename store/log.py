@@ -115,17 +115,21 @@ def _fold(store: Store, session_id: str, header: SessionHeader, file: SessionFil
     return projection, end, status, damage
 
 
-def load_projection(store: Store, session_id: str, header: SessionHeader, file: SessionFile, *, use_cache: bool = True) -> tuple[Projection, int, str]:
+def load_projection(
+    store: Store, session_id: str, header: SessionHeader, file: SessionFile, *, use_cache: bool = True, verify_committed: bool = False,
+) -> tuple[Projection, int, str]:
     """Projection of the valid log, the byte end of the valid prefix, and its status.
 
     Raises ``CorruptSessionError`` for committed damage (see ``store/reader.py``), and for a torn tail
     before the end its parent's index says its records reach (``store/committed.py``): that tail is
     a committed record changed in place or cut short, not a crash mid-append. Only a torn log pays
-    for that look (one read of the parent's index); a log read without the session lock while a
+    for that look (one read of the parent's index), unless ``verify_committed``: then a log that reads
+    clean is compared too, which is what a resume needs (a whole last turn zeroed, or a log cut at the
+    record boundary before its ``turn/end``, reads clean). A log read without the session lock while a
     resumption settled again may be older than the row, so it is read once more, after the row.
     """
     projection, end, status, damage = _fold(store, session_id, header, file, use_cache)
-    committed = _lost_from(store, header, file, end) if status == "torn" else None
+    committed = _lost_from(store, header, file, end) if status == "torn" or verify_committed else None
     if committed is not None:
         projection, end, status, damage = _fold(store, session_id, header, file, use_cache)
         if end < committed:
@@ -133,17 +137,17 @@ def load_projection(store: Store, session_id: str, header: SessionHeader, file: 
     return projection, end, status
 
 
-def read_projection(store: Store, session_id: str) -> Projection:
+def read_projection(store: Store, session_id: str, *, verify_committed: bool = False) -> Projection:
     """The current projection of a session, read-only (the cache is verified, never trusted blindly).
 
     Unlike the catalog's identity read, this folds every record after the
     cached checkpoint, so counts that change mid-turn (consumed messages) are
-    exact even when the last turn never committed.
+    exact even when the last turn never committed. ``verify_committed``: see ``load_projection``.
     """
     with open_session(store, session_id) as file:
         header = header_of(file)
         try:
-            projection, _end, _status = load_projection(store, session_id, header, file)
+            projection, _end, _status = load_projection(store, session_id, header, file, verify_committed=verify_committed)
         except OSError as exc:
             raise UnavailableSessionError(session_id, f"its log cannot be read ({exc.strerror or exc})") from None
         return projection

@@ -179,7 +179,10 @@ class Materializer:
         if header.parent_session != parent_id:
             raise UnauthorizedError.other_parent(child_id)
         try:
-            projection = await rt.store_thread.run(read_projection, rt.store, child_id)
+            # compared with the end its parent's index says its records reach, even when the log reads
+            # clean: a whole last turn zeroed would run its message again, a log cut before its
+            # ``turn/end`` would fail every turn's opening in the worker
+            projection = await rt.store_thread.run(lambda: read_projection(rt.store, child_id, verify_committed=True))
         except CorruptSessionError as exc:  # said, so that nobody retries what only a repair can change
             raise NotResumableError.unavailable(child_id, f"its log is damaged ({exc.code}: {exc.message})") from exc
         except SubagentError as exc:

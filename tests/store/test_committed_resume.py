@@ -76,3 +76,31 @@ def test_read_projection_calls_a_lost_turn_end_corrupt(st, owner, lose):  # noqa
     lose(st, "b")
     with pytest.raises(CorruptSessionError):
         store.read_projection(st, "b")
+
+
+def _zero_last_turn(st: store.Store, child: str) -> None:
+    """The whole last turn zeroed, from its ``turn/start``: the log reads clean, with no open turn."""
+    found = store.inspect(st, child)
+    last = max(i for i, e in enumerate(found.events) if e["type"] == "turn/start")
+    start = log_start(st, child) + found.offsets[last]
+    patch(st, child, start, bytes(log_start(st, child) + found.end - start))
+
+
+def _cut_before_turn_end(st: store.Store, child: str) -> None:
+    """Cut at the record boundary before the last ``turn/end``: the log reads clean, with an open turn."""
+    found = store.inspect(st, child)
+    os.truncate(st.session_path(child), log_start(st, child) + found.offsets[-1])
+
+
+@pytest.mark.parametrize("lose", [_zero_last_turn, _cut_before_turn_end], ids=["turn zeroed", "cut at a boundary"])
+def test_the_resumes_read_compares_a_clean_log_with_its_settled_end(st, owner, lose):  # noqa: F811
+    """Found by a probe: neither reads torn, so only a torn log was compared with its row, and a
+    resume ran the zeroed turn's message again (or retried a turn whose log would not open, forever).
+    The resume's first read (``verify_committed``) compares every log; other readers still pay only for a torn one."""
+    store.create_session(st, "r")
+    settle(st, "r", "b", owner, through_writer=True)
+    assert store.read_projection(st, "b", verify_committed=True).turns == 1
+    lose(st, "b")
+    assert store.inspect(st, "b").status == "clean"
+    with pytest.raises(CorruptSessionError, match="records-missing"):
+        store.read_projection(st, "b", verify_committed=True)

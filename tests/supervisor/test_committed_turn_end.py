@@ -61,6 +61,31 @@ def _zero_last_record(path: str) -> bytes:
         return handle.read()
 
 
+def _zero_last_turn(path: str) -> bytes:
+    """Zero the whole last turn, from the ``message/accepted`` before its ``turn/start``: the log reads
+    clean, with no open turn, and the message it consumed reads as never taken."""
+    session_id = os.path.basename(path)
+    st = Store(os.path.dirname(os.path.dirname(path)), create=False)
+    found = inspect(st, session_id)
+    last = max(i for i, e in enumerate(found.events) if e["type"] == "message/accepted")
+    start = log_start(st, session_id) + found.offsets[last]
+    with open(path, "r+b") as handle:
+        handle.seek(start)
+        handle.write(bytes(log_start(st, session_id) + found.end - start))
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def _cut_before_turn_end(path: str) -> bytes:
+    """Cut at the record boundary before the last ``turn/end``: the log reads clean, its turn open."""
+    session_id = os.path.basename(path)
+    st = Store(os.path.dirname(os.path.dirname(path)), create=False)
+    with open(path, "r+b") as handle:
+        handle.truncate(log_start(st, session_id) + inspect(st, session_id).offsets[-1])
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
 async def _completed_one_shot(tmp_path) -> tuple[str, str]:
     async with open_supervisor(tmp_path) as sup:
         root = await sup.open_root()
@@ -106,8 +131,11 @@ def _config() -> SupervisorConfig:
 ECHO = Provider(name="echoc", program="echo", capabilities=Capabilities.all(), continuable=True)
 
 
-@pytest.mark.parametrize("damage", [_cut_last_record, _flip_in_last_record])
+@pytest.mark.parametrize("damage", [_cut_last_record, _flip_in_last_record, _zero_last_turn, _cut_before_turn_end])
 async def test_a_cold_resume_refuses_a_settled_child_that_lost_its_turn_end(tmp_path, damage) -> None:
+    """The last two read clean (a probe found them): the resume ran the zeroed turn's message a second
+    time, and retried a turn whose log would not open thousands of times a second; both then erased
+    the evidence with a new ``settled`` row."""
     where = tmp_path / "st"
     async with Supervisor.open(store=where, config=_config()) as sup:
         sup.register_provider(ECHO)
