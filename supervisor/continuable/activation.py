@@ -104,6 +104,9 @@ class Activation:
     stop_before: tuple[str, float] | None = None
     # -- the ticket an interrupt already cancelled (teardown.py): a second interrupt stops nothing more
     stopping: TurnTicket | None = None
+    # -- why its last turn failed before it took its message (driver.py): the activation settles and is
+    # not resumed at once for the message left pending (teardown.py), which would fail the same way
+    stalled: str | None = None
     # -- wake-ups: anyone pokes; only the driver replaces ``wake`` (before each mailbox read)
     wake: anyio.Event = field(default_factory=anyio.Event)
     admitted: int = 0  # deliveries in flight (delivery.py): the driver must not settle over them

@@ -101,9 +101,14 @@ class Driver:
             await self._set_lease_state(act, LeaseState.RUNNING)
             if act.disposing:
                 return  # fenced while recording the state: never dispatch a turn it cannot write
-            await self._turn(act, program, messages[:waking], messages[waking])
+            if not await self._turn(act, program, messages[:waking], messages[waking]):
+                return  # its turn failed before it took its message: settled, the message kept (``_turn``)
 
-    async def _turn(self, act: Activation, program: ProgramRef, quiet: list[MailboxMessage], main: MailboxMessage) -> None:
+    async def _turn(self, act: Activation, program: ProgramRef, quiet: list[MailboxMessage], main: MailboxMessage) -> bool:
+        """Run one turn; whether the driver goes on. It stops when the turn failed before it took its
+        message (the worker's writer refused the log, which a retry would meet again at once): the
+        activation settles ``error`` and the message stays pending, durable, for a later activation,
+        which is not started for it straight away (``Activation.stalled``)."""
         rt = self._rt
         spec = continuable_turn_spec(rt, act, program, quiet, main)
         stop, act.stop_before = act.stop_before, None
@@ -136,7 +141,12 @@ class Driver:
         elif turn.outcome.stop_reason == "error" and not turn.outcome.fenced:
             # a turn can fail before it logs its message (its log would not open):
             # what it consumed is what the log says, never an assumption
+            consumed = act.cursor.consumed
             await rt.store_thread.run(self._recount, act)
+            if act.cursor.consumed == consumed:
+                act.stalled = turn.outcome.diagnostic or "its turn failed before it took its message"
+                log.warning("turn of %s failed before it took message %s (%s); the activation settles and the message stays pending",
+                            act.child_id, main.id, act.stalled, extra=log_fields(act))
         elif not act.fenced:
             act.cursor.advance([*quiet, main])
         act.reasons.append(turn.outcome.stop_reason)
@@ -144,6 +154,7 @@ class Driver:
             act.last_output = turn.outcome.output
         if turn.outcome.fenced:
             self._teardown.fence(act)
+        return act.stalled is None
 
     async def _set_lease_state(self, act: Activation, state: LeaseState) -> None:
         if act.lease_state is state:

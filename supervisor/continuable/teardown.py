@@ -189,7 +189,8 @@ class Teardown:
                         extra=log_fields(act), exc_info=True)
         # another process may have accepted a message after our last mailbox read and seen our
         # lease still held; it left the message for us. Re-read after releasing: one of us sees it.
-        resume_after = not act.discard and not self._admission.closing and await rt.store_thread.run(self._has_waking_pending, act)
+        resume_after = (not act.discard and act.stalled is None and not self._admission.closing
+                        and await rt.store_thread.run(self._has_waking_pending, act))
         undelivered = None
         if act.reasons or dropped:
             undelivered = await self._notify_parent(act, reason)

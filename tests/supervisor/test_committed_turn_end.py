@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 import os
 
+import anyio
 import pytest
 
-from subagents.store import Store, SubagentError, collect, inspect
+from subagents.store import Store, SubagentError, collect, inspect, read_mailbox
 from subagents.supervisor import Capabilities, ContinuableSpec, Provider, Supervisor, SubagentRequest, SupervisorConfig
+from subagents.supervisor.dispatch import Dispatcher
 
 from ..conftest import open_supervisor
 from ..session_bytes import age, log_start
@@ -154,3 +156,45 @@ async def test_a_cold_resume_refuses_a_settled_child_that_lost_its_turn_end(tmp_
         assert sup.continuation.activations == {}
     with open(path, "rb") as handle:
         assert handle.read() == damaged  # refused before its lease was taken: not a byte written
+
+
+async def test_a_turn_whose_log_will_not_open_settles_the_activation_instead_of_retrying(tmp_path, monkeypatch) -> None:
+    """A turn that fails before it logs its message (the worker's writer refuses the log) consumed
+    nothing, and the driver dispatched it again at once, thousands of times a second, the parent never
+    told (a probe found it). The log is damaged here after the resume's read, as it was damaged behind
+    the store's back in the probe: the activation settles ``error`` after one attempt, its message stays
+    pending (durable, for a later activation), and it is not resumed for that message straight away."""
+    where = tmp_path / "st"
+    async with Supervisor.open(store=where, config=_config()) as sup:
+        sup.register_provider(ECHO)
+        root = await sup.open_root(label="r")
+        child, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="echoc", prompt="first", label="c"))
+        await sup.wait_for_message(root, timeout_s=30)
+    path = os.path.join(where, "sessions", child)
+    dispatched = []
+    run_turn = Dispatcher.run_turn
+
+    async def damaged_first(self, spec, on_rpc, *, started=None):
+        if spec.session_id == child:
+            if not dispatched:
+                _cut_before_turn_end(path)
+            dispatched.append(spec.session_id)
+        return await run_turn(self, spec, on_rpc, started=started)
+
+    monkeypatch.setattr(Dispatcher, "run_turn", damaged_first)
+    async with Supervisor.open(store=where, config=_config()) as sup:
+        sup.register_provider(ECHO)
+        ended = []
+        sup.on("subagent/end", lambda _name, data: ended.append(data) if data.get("id") == child else None)
+        again = await sup.open_root(id=root.id)
+        message_id = await sup.followup(again, child, "second")
+        with anyio.fail_after(10):
+            while not ended:
+                await anyio.sleep(0.02)
+        await anyio.sleep(0.3)  # a resume for the pending message would dispatch again by now
+        assert len(dispatched) == 1, len(dispatched)
+        assert ended[0]["stop_reason"] == "error", ended
+        assert sup.continuation.activations == {}
+    st = Store(str(where), create=False)
+    assert [m.id for m in read_mailbox(st, child)][-1] == message_id
+    assert message_id not in [e["data"].get("message_id") for e in inspect(st, child).events if e["type"] == "message/accepted"]
