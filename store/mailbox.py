@@ -53,7 +53,7 @@ from .atomic import NOFOLLOW
 from .changes import ChangeWatch, Watched
 from .errors import CorruptSessionError, InvalidRecordError
 from .extent import data_end_of, reach
-from .framing import Damage, ScanResult, data_end, scan, torn_tail
+from .framing import FRAME, Damage, ScanResult, data_end, scan, torn_tail
 from .ids import IdGenerator
 from .projection import Projection
 from .reader import read_session_file
@@ -294,9 +294,34 @@ def require_consumed_prefix(store: Store, session_id: str, projection: Projectio
             session_id, f"mailbox and log disagree: log consumed {consumed} message(s) ending at "
             f"{last_id!r}, at byte {mailbox_end} of a mailbox of {size} bytes",
         )
-    pending(store, session_id, consumed=consumed, last_consumed_id=last_id if isinstance(last_id, str) else None,
-            mailbox_end=mailbox_end, locked=locked)
+    last = last_id if isinstance(last_id, str) else None
+    if mailbox_end and last is not None and not _ends_with(store, session_id, mailbox_end, last, consumed - 1):
+        mailbox_end = None  # the consumed messages are not where the log says (zeroed in place?): read them all
+    pending(store, session_id, consumed=consumed, last_consumed_id=last, mailbox_end=mailbox_end, locked=locked)
     return mailbox_end or 0
+
+
+# How far before the end of the last consumed message its record is looked for (``_ends_with``);
+# a longer message is confirmed by reading the whole mailbox instead.
+CONFIRM_WINDOW = 64 * 1024
+
+
+def _ends_with(store: Store, session_id: str, end: int, message_id: str, seq: int) -> bool:
+    """Whether the record that ends at byte ``end`` of the mailbox is message ``message_id`` (``seq``), read from
+    at most ``CONFIRM_WINDOW`` bytes before it. The size alone does not tell: a mailbox zeroed in place
+    keeps its size, its unconsumed part reads as padding (no pending message) and an acceptance would
+    write its message where no turn takes it. False sends the caller to the whole mailbox (O(mailbox)),
+    which compares every consumed message with the log; True costs one small read."""
+    base = max(0, end - CONFIRM_WINDOW)
+    data = read_session_file(store, session_id, "mailbox", offset=base, stop=lambda _fd: end) or b""
+    key, at = message_id.encode(), len(data)
+    while (at := data.rfind(key, 0, at)) >= 0:
+        for start in range(max(0, at - 24), at):  # the id is the record's first value: its frame begins just before
+            if FRAME.unpack_from(data, start)[0] == len(data) - start - FRAME.size:
+                found = scan(data[start:], start_seq=seq, check=mailbox_problem)
+                if found.damage is None and [r["id"] for r in found.records] == [message_id]:
+                    return True
+    return False
 
 
 def _state_of(info: os.stat_result) -> tuple[int, int, int]:

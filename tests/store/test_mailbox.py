@@ -520,11 +520,13 @@ def test_stray_bytes_inside_the_padding_are_damage_that_is_never_cut(s1):
     assert [r["id"] for r in scan(data, padded=True).records] == [accepted]
 
 
-@pytest.mark.parametrize("damage", ["empty", "garbage", "first-record-only"])
+@pytest.mark.parametrize("damage", ["empty", "garbage", "first-record-only", "zeroed", "consumed-zeroed"])
 def test_an_acceptance_beside_a_mailbox_that_lost_consumed_messages_is_refused(s1, damage):
     """Audit defect 7: a mailbox emptied, overwritten or cut short of the messages its log consumed was
     appended to and the message acknowledged, though no turn could ever take it (the log's consumed
-    prefix no longer matches). Now the acceptance is CORRUPT_SESSION, writes nothing, and fsck says why."""
+    prefix no longer matches). Now the acceptance is CORRUPT_SESSION, writes nothing, and fsck says why.
+    Zeroed in place (a probe found it), the size stays and the unconsumed part reads as padding; with only
+    the consumed messages zeroed, the pending one still reads: neither may be appended to."""
     from subagents.store.fsck import fsck
 
     ids = store.IdGenerator()
@@ -532,11 +534,14 @@ def test_an_acceptance_beside_a_mailbox_that_lost_consumed_messages_is_refused(s
         accept(s1, f"m{i}", ids)
     consume(s1, store.read_mailbox(s1, "s1")[:2])
     path = s1.path("s1", "mailbox")
-    first_end = store.read_mailbox(s1, "s1")[0].end
-    data = {"empty": b"", "garbage": bytes(range(7, 250)) * 2, "first-record-only": read_file(path)[:first_end]}[damage]
+    first_end, second_end = [m.end for m in store.read_mailbox(s1, "s1")[:2]]
+    whole = read_file(path)
+    data = {"empty": b"", "garbage": bytes(range(7, 250)) * 2, "first-record-only": whole[:first_end],
+            "zeroed": bytes(len(whole)), "consumed-zeroed": bytes(second_end) + whole[second_end:]}[damage]
     with open(path, "wb") as handle:
         handle.write(data)
-    for writer in (None, MailboxWriter(s1, "s1")):
+    fresh = store.Store(s1.root, durability=s1.durability)  # another process: no checkpoint of this mailbox
+    for writer in (None, MailboxWriter(s1, "s1"), MailboxWriter(fresh, "s1")):
         with pytest.raises(store.CorruptSessionError) as info:
             if writer is None:
                 accept(s1, "lost", ids)
@@ -679,3 +684,20 @@ def test_a_refused_first_acceptance_leaves_no_mailbox_behind(st):
         store.accept(st, child, source={"kind": "user"}, content="late", ids=store.IdGenerator())
     assert not os.path.lexists(st.path(child, "mailbox"))
     assert [f for f in fsck(st, repair=False, lease_ttl_s=5.0)["findings"] if f["kind"] != "clean"] == []
+
+
+def test_a_sound_mailbox_confirms_its_consumed_end_from_one_small_read(s1, monkeypatch):
+    """The check above reads the whole mailbox only when the record at the log's end of it is not the
+    last consumed message; a sound one is confirmed from the bytes just before that end."""
+    from subagents.store import mailbox as mailbox_module
+
+    ids = store.IdGenerator()
+    for i in range(40):
+        accept(s1, "x" * 200 + str(i), ids)
+    consume(s1, store.read_mailbox(s1, "s1")[:39])
+    monkeypatch.setattr(mailbox_module, "CONFIRM_WINDOW", 1024)
+    whole_reads = []
+    read_mailbox = mailbox_module.read_mailbox
+    monkeypatch.setattr(mailbox_module, "read_mailbox", lambda *a, **k: whole_reads.append(a) or read_mailbox(*a, **k))
+    assert mailbox_module.require_consumed_prefix(s1, "s1") > 0
+    assert whole_reads == []
