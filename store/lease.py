@@ -44,7 +44,7 @@ from .locks import pin_flock
 from .header import SessionHeader
 from .index_writers import IndexWriters
 from .lease_record import Lease, LeaseState
-from .reader import open_session
+from .reader import open_session, scan_events
 from .session_file import LeaseSlots, SessionFile
 from .projection import Projection
 from .records import OwnerFields, unpack, validate
@@ -323,6 +323,8 @@ def acquire_lease(store: Store, session_id: str, owner_id: str, *, state: LeaseS
             raise SessionNotFoundError(session_id) from None
         try:
             slots = _slots(file)  # damage: refuse, never restart the epoch
+            if slots.gen < 0:
+                _require_never_leased(file)
             current = slots.lease
             if current is not None and current.state != "released" and current.owner != owner_id:
                 if owner_alive(read_owner(store, current.owner)):
@@ -336,6 +338,18 @@ def acquire_lease(store: Store, session_id: str, owner_id: str, *, state: LeaseS
             return lease
         finally:
             file.unlock()
+
+
+def _require_never_leased(file: SessionFile) -> None:
+    """Two empty slots read as "never leased" (a file written without its creation record); a log
+    written under a lease says they were emptied behind the store's back. Taking epoch 1 then would
+    restart the epoch under a writer fenced long ago: ``CorruptSessionError``, as for slots that do
+    not decode. Read only on this rare path (every session is created with a record in slot 0)."""
+    events = scan_events(file.read_log(0, file.log_reach())).records
+    written = max((e["epoch"] for e in events if isinstance(e.get("epoch"), int)), default=0)
+    if written > 0:
+        raise CorruptSessionError(file.session_id, f"both lease slots are empty, but its log was written at epoch {written}: "
+                                  "the lease was lost, and restarting its epoch could let a fenced writer write again")
 
 
 def _fenced_update(store: Store, session_id: str, owner_id: str, epoch: int, state: LeaseState) -> Lease:

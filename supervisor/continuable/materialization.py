@@ -201,6 +201,8 @@ class Materializer:
             lease = await rt.store_thread.run(lambda: acquire_lease(rt.store, child_id, rt.owner_id))
         except LeaseHeldError:
             return None  # another supervisor resumed it meanwhile: the caller routes the message to it
+        except CorruptSessionError as exc:  # a lease that would restart its epoch: refused, as a damaged log is
+            raise NotResumableError.unavailable(child_id, f"its lease is damaged ({exc.code}: {exc.message})") from exc
         if child_id in self._table:
             return None
         try:

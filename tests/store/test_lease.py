@@ -279,3 +279,29 @@ def test_a_written_owner_file_reads_back_as_the_record_its_writer_returned(st):
         again = store.heartbeat(st, record)
         assert store.read_owner(st, owner) == again, round_
         store.remove_owner(st, owner)
+
+
+def test_two_empty_slots_beside_a_log_written_under_a_lease_are_damage(s1):
+    """Both slots zeroed behind the store's back read as "never leased", and an acquisition took epoch 1
+    again after records of epoch 2 (a probe found it: ``check`` then said ``epoch-regressed``, and a
+    writer fenced at epoch 1 could have written again). The slots are refused as damaged instead,
+    nothing written; a session never written under a lease may still be taken from empty slots."""
+    from ..session_bytes import file_bytes, write_slot
+
+    st = s1
+    for _ in range(2):
+        epoch = store.acquire_lease(st, "s1", "o1").epoch
+        with store.LogWriter.open(st, "s1", epoch=epoch) as writer:
+            writer.append([("turn/start", {}), ("turn/end", {"stop_reason": "completed"})], commit=True)
+        store.release_lease(st, "s1", "o1", epoch)
+    for index in (0, 1):
+        write_slot(st, "s1", index, b"")
+    before = file_bytes(st, "s1")
+    with pytest.raises(store.CorruptSessionError, match="epoch 2"):
+        store.acquire_lease(st, "s1", "o1")
+    assert file_bytes(st, "s1") == before
+
+    store.create_session(st, "s2")
+    for index in (0, 1):
+        write_slot(st, "s2", index, b"")
+    assert store.acquire_lease(st, "s2", "o1").epoch == 1

@@ -21,7 +21,7 @@ from subagents.supervisor import Capabilities, ContinuableSpec, Provider, Superv
 from subagents.supervisor.dispatch import Dispatcher
 
 from ..conftest import open_supervisor
-from ..session_bytes import age, log_start
+from ..session_bytes import age, log_start, write_slot
 from .test_cli_gc import run_cli
 
 pytestmark = pytest.mark.anyio
@@ -198,3 +198,32 @@ async def test_a_turn_whose_log_will_not_open_settles_the_activation_instead_of_
     st = Store(str(where), create=False)
     assert [m.id for m in read_mailbox(st, child)][-1] == message_id
     assert message_id not in [e["data"].get("message_id") for e in inspect(st, child).events if e["type"] == "message/accepted"]
+
+
+async def test_a_cold_resume_refuses_a_child_whose_lease_slots_were_emptied(tmp_path) -> None:
+    """Both slots zeroed read as "never leased": the resume took epoch 1 after records of epoch 2
+    (a probe found it). The acquisition refuses them as damage; the send says why, nothing written."""
+    where = tmp_path / "st"
+    async with Supervisor.open(store=where, config=_config()) as sup:
+        sup.register_provider(ECHO)
+        root = await sup.open_root(label="r")
+        child, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="echoc", prompt="first", label="c"))
+        await sup.wait_for_message(root, timeout_s=30)
+        await sup.followup(root, child, "second")
+        await sup.wait_for_message(root, timeout_s=30)
+    st = Store(str(where), create=False)
+    for index in (0, 1):
+        write_slot(st, child, index, b"")
+    path = os.path.join(where, "sessions", child)
+    with open(path, "rb") as handle:
+        damaged = handle.read()
+    async with Supervisor.open(store=where, config=_config()) as sup:
+        sup.register_provider(ECHO)
+        again = await sup.open_root(id=root.id)
+        with pytest.raises(SubagentError) as caught:
+            await sup.followup(again, child, "third")
+        assert caught.value.code == "NOT_RESUMABLE", caught.value
+        assert "lease" in caught.value.message and "CORRUPT_SESSION" in caught.value.message, caught.value.message
+        assert sup.continuation.activations == {}
+    with open(path, "rb") as handle:
+        assert handle.read() == damaged
