@@ -41,7 +41,7 @@ import anyio
 import multiprocess
 
 from subagents.store.errors import SubagentError
-from subagents.worker.errors import WorkerCrashedError, describe_exit
+from subagents.worker.errors import ProtocolError, WorkerCrashedError, describe_exit
 from subagents.worker.main import worker_entry
 from subagents.worker.pipe import serve_pipe
 from subagents.worker.protocol import Cancel, Ready, Reply, Rpc, RunTurn, Shutdown, Started, TurnDone, Withdraw, Withdrawn, decode, encode
@@ -252,7 +252,15 @@ class WorkerPool(Dispatcher[_Worker]):
 
         def received(batch: list[bytes]) -> bool:
             for raw in batch:
-                self._received(worker, decode(raw))
+                try:
+                    msg = decode(raw)
+                except ProtocolError as exc:
+                    # which turn it was for is unknown, and what it sends next cannot be trusted: it is killed,
+                    # and its turns end as a dead worker's do (an exception here ended the whole supervisor)
+                    log.error("worker %s sent what is no message of the protocol (%s); killing it", worker.pid, exc)
+                    self._kill_worker(worker)
+                    return False
+                self._received(worker, msg)
             return worker.alive
 
         try:

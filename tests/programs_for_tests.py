@@ -124,6 +124,57 @@ async def structured_nan(ctx: TurnContext) -> TurnResult:
     return TurnResult(output="x", structured={"n": float("nan")})
 
 
+async def structured_int_keys(ctx: TurnContext) -> TurnResult:
+    """A map with integer keys: msgpack holds it, JSON turns the keys into text, and the host's pipe refused
+    it, which ended the whole supervisor (a probe found it)."""
+    return TurnResult(output="x", structured={1: "a"})
+
+
+async def raises_cancelled(ctx: TurnContext) -> None:
+    """A cancellation nobody asked for: the program's own failure, not the turn's stop (which never came)."""
+    import asyncio
+
+    raise asyncio.CancelledError()
+
+
+def raises_cancelled_in_a_thread(ctx) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    raise asyncio.CancelledError()
+
+
+async def raises_generator_exit(ctx: TurnContext) -> None:
+    raise GeneratorExit("mine")
+
+
+async def exits_the_worker(ctx: TurnContext) -> None:
+    import sys
+
+    sys.exit(3)
+
+
+def exits_the_worker_from_a_thread(ctx) -> None:  # type: ignore[no-untyped-def]
+    """``sys.exit`` in a plain ``def``: its thread's ``SystemExit`` reached the worker, which then waited for
+    that thread at its exit, for good (a probe found it)."""
+    import sys
+
+    sys.exit(3)
+
+
+async def garbles_its_workers_pipe(ctx: TurnContext) -> str:
+    """Sends the supervisor bytes that are no message (0xc1 is no msgpack at all) on its worker's own pipe, as
+    a broken or hostile worker would; an exception in the host's pipe reader used to end the whole supervisor."""
+    import gc
+
+    for conn in [o for o in gc.get_objects() if type(o).__name__ == "Connection"]:
+        try:
+            conn.send_bytes(b"\xc1")
+        except OSError:
+            pass
+    await anyio.sleep(60)
+    return "never"
+
+
 # -- a program's ordinary mistakes: each ends its turn ``error`` saying what, its worker lives on -------------
 
 
@@ -219,6 +270,8 @@ async def sends_what_cannot_be_sent(ctx: TurnContext) -> str:
         lambda: ctx.start_continuable("hi", label="x", persona=object()),
         lambda: ctx.send_message("01NOSUCHCHILD000000000000A", {1, 2}),
         lambda: ctx.report(object()),
+        lambda: ctx.spawn({1: "a"}),
+        lambda: ctx.send_message("01NOSUCHCHILD000000000000A", {"a": {(1, 2): "b"}}),
     ]
     for call in calls:
         try:

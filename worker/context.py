@@ -21,7 +21,7 @@ import msgpack
 
 from .budget import TurnControl, TurnStopped
 from .errors import UnsendableArgumentError
-from .protocol import TurnSpec
+from .protocol import TurnSpec, non_text_key
 from .sessions import SessionAccess, SessionWriter
 from .tools import Toolbox, builtin_tools
 
@@ -290,6 +290,9 @@ def _require_sendable(call: str, args: dict[str, Any]) -> None:
             msgpack.packb(value, use_bin_type=True)
         except (TypeError, ValueError, OverflowError) as exc:
             raise UnsendableArgumentError(call, name, exc) from None
+        problem = non_text_key(value)
+        if problem is not None:
+            raise UnsendableArgumentError(call, name, TypeError(problem))
 
 
 class BlockingTurnContext:

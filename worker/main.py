@@ -300,4 +300,19 @@ def worker_entry(conn: Any, log_level: int = logging.WARNING, inherited: Any = N
         contextvars.Context().run(anyio.run, WorkerLoop(conn, turns_per_worker=turns_per_worker).serve)
     except KeyboardInterrupt:
         pass
+    except SystemExit as exc:
+        # a program's ``sys.exit``: the worker ends with its code now. Left to the interpreter's own exit, it
+        # waited for the thread a plain ``def`` program ran in, and never ended (nor answered) at all
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        _flush()
+        os._exit(code)
     os._exit(0)
+
+
+def _flush() -> None:
+    """What the worker wrote to its standard streams, out before ``os._exit`` (which flushes nothing)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass

@@ -49,6 +49,7 @@ __all__ = [
     "cancelled_before_start",
     "encode",
     "decode",
+    "non_text_key",
     "BLOCKING_RPCS",
     "CHILD_STARTS",
 ]
@@ -236,9 +237,36 @@ def _build(cls: type, data: Any) -> Any:
         raise ProtocolError(f"not a {cls.__name__}: {exc}") from None
 
 
+def non_text_key(value: Any) -> str | None:
+    """Where ``value`` holds a map key that is not text (``a map key at [1] is int, not text``), or None.
+
+    msgpack carries such keys, but JSON (every reader prints records as JSON: ``--json``, notices) turns
+    them into text, and a map keyed by a tuple has no JSON at all: a program's value is refused here,
+    before it is sent, instead of reaching the host as something no record can say the same way.
+    Called on a value msgpack already packed, so its nesting is bounded."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                at = f"{where}[{key!r}]"
+                if not isinstance(key, str):
+                    return f"a map key at {at} is {type(key).__name__}, not text"
+                stack.append((inner, at))
+        elif isinstance(item, (list, tuple)):
+            stack.extend((inner, f"{where}[{i}]") for i, inner in enumerate(item))
+    return None
+
+
 def decode(raw: bytes) -> Message:
-    """The message in ``raw``; ``ProtocolError`` when it is not one of this protocol."""
-    data = msgpack.unpackb(raw, raw=False)
+    """The message in ``raw``; ``ProtocolError`` when it is not one of this protocol (bytes that are no
+    msgpack too: the caller decides what becomes of the peer that sent them)."""
+    try:
+        # any key msgpack carries: what a map may hold is the sender's check (``non_text_key``), and a
+        # strict reader here raised in the host's pipe reader, which ended the whole supervisor
+        data = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types for garbage
+        raise ProtocolError(f"not a msgpack message ({type(exc).__name__}: {exc})") from None
     if not isinstance(data, dict):
         raise ProtocolError("a message must be a map")
     cls = _MESSAGES.get(data.pop("op", None))

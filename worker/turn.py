@@ -12,6 +12,7 @@ next open repairs. Every store access goes through a ``SessionAccess``
 
 from __future__ import annotations
 
+import asyncio
 import inspect as pyinspect
 import json
 import logging
@@ -32,7 +33,7 @@ from .errors import BudgetExhaustedError
 from .forks import exit_forked
 from .leftovers import cancel_leftovers, tracked
 from .programs import load_program
-from .protocol import TurnOutcome, TurnSpec
+from .protocol import TurnOutcome, TurnSpec, non_text_key
 from .sessions import LocalSessions, SessionAccess, SessionWriter
 
 __all__ = ["MAX_DIAGNOSTIC_BYTES", "truncate_diagnostic", "run_turn"]
@@ -157,14 +158,29 @@ class _ProgramFailed(Exception):
         self.failure = failure
 
 
-def _program_failure(exc: BaseException) -> Exception:
-    """What the program raised, as the turn's failure; a cancellation (the turn's own stop, or the worker's)
-    and ``SystemExit`` (the program asked the worker to exit) go on as they are."""
+def _program_failure(exc: BaseException, control: TurnControl) -> Exception:
+    """What the program raised, as the turn's failure; a cancellation someone asked for (the turn's own stop,
+    or the worker's) and ``SystemExit`` (the program asked the worker to exit) go on as they are.
+
+    A cancellation nobody asked for is the program's own failure: passed on, it ended the turn's task as
+    cancelled, which sent no outcome, and the caller waited until an interrupt killed the worker. So is
+    ``GeneratorExit`` (what closing a generator raises inside it), which ended the whole worker."""
     if isinstance(exc, Exception):
         return exc
-    if isinstance(exc, (anyio.get_cancelled_exc_class(), SystemExit, GeneratorExit)):
+    if isinstance(exc, SystemExit) or (isinstance(exc, anyio.get_cancelled_exc_class()) and _cancel_asked(control)):
         raise exc
     return _ProgramFailed(exc)
+
+
+def _cancel_asked(control: TurnControl) -> bool:
+    """Whether the turn's scope, or anything around the task running it, asked for a cancellation."""
+    if control.scope.cancel_called:
+        return True
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # not asyncio: every cancellation there comes from a scope
+        return True
+    return task is None or task.cancelling() > 0
 
 
 def _described(exc: BaseException) -> str:
@@ -194,6 +210,9 @@ def _check_result(result: TurnResult) -> None:
             json.dumps(result.structured, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise TypeError(f"TurnResult.structured must be a JSON value ({exc})") from None
+        problem = non_text_key(result.structured)  # JSON would make them text: another value than the program's
+        if problem is not None:
+            raise TypeError(f"TurnResult.structured must be a JSON value ({problem})")
 
 
 def _refuse_result(result: object) -> None:
@@ -310,7 +329,7 @@ async def _run(
             try:
                 result = await _call_program(program, ctx, control)
             except BaseException as exc:
-                failure = _program_failure(exc)
+                failure = _program_failure(exc, control)
         else:
             async with anyio.create_task_group() as timers:
                 timers.start_soon(_timer, control, spec.budget.timeout_ms)
@@ -320,7 +339,7 @@ async def _run(
                     # kept out of the task group: leaving it with an error would wrap
                     # the program's exception in an ExceptionGroup, and the diagnostic
                     # (and the SubagentError branch below) would see only the wrapper
-                    failure = _program_failure(exc)
+                    failure = _program_failure(exc, control)
                 timers.cancel_scope.cancel()
         if failure is not None:
             raise failure

@@ -28,6 +28,10 @@ CASES = [
     ("returns_a_number_as_diagnostic", "TypeError: TurnResult.diagnostic must be text or None, not int"),
     ("unsendable", "TypeError: TurnResult.structured cannot be stored"),
     ("structured_nan", "TypeError: TurnResult.structured must be a JSON value (Out of range float values are not JSON compliant"),
+    ("structured_int_keys", "TypeError: TurnResult.structured must be a JSON value (a map key at [1] is int, not text)"),
+    ("raises_cancelled", "asyncio.exceptions.CancelledError"),
+    ("raises_cancelled_in_a_thread", "asyncio.exceptions.CancelledError"),
+    ("raises_generator_exit", "GeneratorExit: mine"),
     ("raises_keyboard_interrupt", "KeyboardInterrupt"),
     ("raises_its_own_base_exception", "tests.programs_for_tests.OwnBaseException: mine"),
     ("returns_text_no_encoding_holds", "INVALID_RECORD: the turn's closing message cannot be stored"),
@@ -119,6 +123,8 @@ async def test_a_request_with_an_argument_no_message_holds_is_invalid_and_create
             "UnsendableArgumentError INVALID_REQUEST: start_continuable: persona cannot be sent (can not serialize 'object' object)",
             "UnsendableArgumentError INVALID_REQUEST: send_message: message cannot be sent (can not serialize 'set' object)",
             "UnsendableArgumentError INVALID_REQUEST: report: content cannot be sent (can not serialize 'object' object)",
+            "UnsendableArgumentError INVALID_REQUEST: spawn: prompt cannot be sent (a map key at [1] is int, not text)",
+            "UnsendableArgumentError INVALID_REQUEST: send_message: message cannot be sent (a map key at ['a'][(1, 2)] is tuple, not text)",
             "0",
         ], result.output
         assert await sup.list_children(run.id) == []
@@ -187,3 +193,39 @@ async def test_an_option_the_call_sets_is_an_invalid_request_not_an_internal_fai
     assert result.stop_reason == "error" and result.diagnostic.startswith("INVALID_REQUEST: invalid "), result
     assert "is not an option here" in result.diagnostic
     assert not [r for r in caplog.records if "rpc" in r.getMessage() and r.exc_info], "no traceback for a program's mistake"
+
+
+@pytest.mark.parametrize("name", ["exits_the_worker", "exits_the_worker_from_a_thread"])
+async def test_a_program_that_exits_its_worker_ends_its_turn_and_the_worker_is_replaced(tmp_path, name) -> None:
+    """``sys.exit`` ends the worker (README); from a plain ``def`` the worker hung instead, waiting at its exit for
+    the thread that ran the program, and the caller waited for good (a probe found it)."""
+    async with open_supervisor(tmp_path, pool_size=1) as sup:
+        sup.register_provider(Provider(name="exiter", program=f"{HELPERS}:{name}"))
+        root = await sup.open_root()
+        run = await sup.start("exiter", SubagentRequest(parent=root, prompt="go"))
+        with anyio.fail_after(20):
+            result = await run.result()
+        assert result.stop_reason == "error" and result.diagnostic.endswith("exited with code 3"), result
+        await run.dispose()
+        after = await sup.start("echo", SubagentRequest(parent=root, prompt="still here"))
+        with anyio.fail_after(20):
+            assert (await after.result()).output == "still here"
+        await after.dispose()
+
+
+async def test_a_worker_that_sends_what_is_no_message_is_killed_not_the_supervisor(tmp_path) -> None:
+    """Found by a probe (a map with integer keys, which the host's strict reader refused): anything the host
+    cannot decode from a worker raised in its pipe reader and ended the supervisor's task group. Now that
+    worker is killed, its turn ends as a dead worker's does, and the supervisor goes on."""
+    async with open_supervisor(tmp_path, pool_size=1) as sup:
+        sup.register_provider(Provider(name="garbler", program=f"{HELPERS}:garbles_its_workers_pipe"))
+        root = await sup.open_root()
+        run = await sup.start("garbler", SubagentRequest(parent=root, prompt="go"))
+        with anyio.fail_after(20):
+            result = await run.result()
+        assert result.stop_reason == "error" and "SIGKILL" in result.diagnostic, result
+        await run.dispose()
+        after = await sup.start("echo", SubagentRequest(parent=root, prompt="still here"))
+        with anyio.fail_after(20):
+            assert (await after.result()).output == "still here"
+        await after.dispose()
