@@ -420,7 +420,10 @@ class Dispatcher(Generic[W]):
             reply = Reply(rpc_id=msg.rpc_id, ok=True, value=value)
         except SubagentError as exc:
             reply = Reply(rpc_id=msg.rpc_id, ok=False, error=exc.to_wire())
-        except Exception as exc:  # isolation boundary: a failure serving one request goes back to its turn as an error
+        except (KeyboardInterrupt, SystemExit, anyio.get_cancelled_exc_class()):
+            raise
+        except BaseException as exc:  # isolation boundary: a failure serving one request goes back to its turn as an
+            # error, a host hook's own BaseException too (an installer's, under ``ctx.start_continuable``)
             log.exception("rpc %s failed", msg.method)
             reply = Reply(rpc_id=msg.rpc_id, ok=False, error=RpcError.failed(exc).to_wire())
         finally:

@@ -70,7 +70,9 @@ class _Installation:
             return None
         try:
             self.dispose()
-        except Exception as exc:
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # a disposer's own BaseException too: it ended the supervisor's task group
             return exc
         return None
 

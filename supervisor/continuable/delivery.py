@@ -22,6 +22,8 @@ import logging
 from collections import OrderedDict
 from typing import Any
 
+import anyio
+
 from subagents.store import OneShotDescriptor, Store, accept, read_header, read_projection
 from subagents.store.changes import ChangeWatch
 from subagents.store.errors import SubagentError
@@ -262,6 +264,11 @@ class Delivery:
         except SubagentError as exc:
             # another supervisor resumed it first (it delivers them), or admission closed
             log.info("child %s was not resumed for its pending messages: %s", child_id, exc)
+        except (KeyboardInterrupt, SystemExit, anyio.get_cancelled_exc_class()):
+            raise
+        except BaseException:  # isolation boundary: a background resume (a host's setup installer failed in it,
+            # say) ends only itself; the messages stay pending, durable, for the next activation
+            log.exception("child %s was not resumed for its pending messages", child_id)
 
 
 def _takes_messages(store: Store, session_id: str) -> bool:
