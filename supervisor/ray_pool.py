@@ -172,21 +172,30 @@ class RayPool(Dispatcher[_Actor]):
         tg.start_soon(self._watch_service, self._service)
 
     async def _start_actor(self, index: int) -> None:
-        handle = self._worker_class.options(
-            num_cpus=self._config.worker_num_cpus, max_restarts=0, max_task_retries=0, scheduling_strategy="SPREAD",
-        ).remote(self._service, self._log_level)
-        self._pending[index] = handle
-        try:
-            where = await handle.ready.remote()
-        except BaseException:
-            # an actor that never came ready never takes a turn: killed now (the start's deadline, the close,
-            # its death). Left to the garbage collector, one still waiting for room took the first CPU the
-            # close freed, whenever the caller's process stays joined to the cluster
+        """Start the actor of slot ``index`` and admit it once ready. It appends through the store service of
+        the moment it was created: one that came ready after that service died (and was replaced, which
+        replaces only the admitted actors) is killed and started again; admitted, every turn it took failed."""
+        while True:
+            service = self._service
+            handle = self._worker_class.options(
+                num_cpus=self._config.worker_num_cpus, max_restarts=0, max_task_retries=0, scheduling_strategy="SPREAD",
+            ).remote(service, self._log_level)
+            self._pending[index] = handle
+            try:
+                where = await handle.ready.remote()
+            except BaseException:
+                # an actor that never came ready never takes a turn: killed now (the start's deadline, the close,
+                # its death). Left to the garbage collector, one still waiting for room took the first CPU the
+                # close freed, whenever the caller's process stays joined to the cluster
+                self._kill(handle)
+                raise
+            finally:
+                self._pending.pop(index, None)
+            if service is self._service or self._closing:
+                self._admit(index, handle, where)
+                return
+            log.warning("worker %d came ready tied to a store service that died meanwhile; starting it again", index)
             self._kill(handle)
-            raise
-        finally:
-            self._pending.pop(index, None)
-        self._admit(index, handle, where)
 
     async def _replace(self, index: int) -> None:
         """Start a replacement, however long the cluster takes to have room; retry if it dies starting

@@ -203,3 +203,27 @@ async def test_a_dead_store_service_is_replaced(tmp_path: Path, ray_cluster: Sim
         assert sup.statistics().pool.store_service_restarts == 1
         await nxt.dispose()
         await victim.dispose()
+
+
+async def test_an_actor_starting_when_the_store_service_dies_is_not_left_tied_to_it(tmp_path: Path, ray_cluster: SimulatedCluster) -> None:
+    """Found by a probe: a replacement actor still starting when the store service died came up holding the dead
+    service's handle (the service's replacement replaces only admitted actors), and every turn it took failed
+    ``StoreServiceError``, for good. The service is killed while the replacement of a killed actor starts (an
+    actor takes about a second to start; the pool learns of the service's death within milliseconds)."""
+    async with open_pool_supervisor(tmp_path, "ray", pool_size=1) as sup:
+        root = await sup.open_root()
+        first = await sup.start("node-pid", SubagentRequest(parent=root, prompt="x"))
+        with anyio.fail_after(DEADLINE_S * 3):
+            assert (await first.result()).stop_reason == "completed"
+        await first.dispose()
+        [actor] = [a for a in sup.pool._slots if a is not None]
+        os.kill(actor.pid, signal.SIGKILL)
+        await wait_until(lambda: sup.pool._pending, what="the replacement actor to be starting")
+        service = await sup.pool._service.ping.remote()
+        os.kill(int(service["pid"]), signal.SIGKILL)
+        for _ in range(3):
+            with anyio.fail_after(DEADLINE_S * 3):
+                run = await sup.start("node-pid", SubagentRequest(parent=root, prompt="x"))
+                result = await run.result()
+            assert result.stop_reason == "completed", result
+            await run.dispose()
