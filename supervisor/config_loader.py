@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .config import RayConfig, SupervisorConfig, first_problem
 from .errors import ConfigError
-from .models import Capabilities, Provider, well_formed_program
+from .models import Capabilities, Provider, well_formed_program, well_formed_provider_name
 
 __all__ = [
     "DEFAULT_TOML",
@@ -132,6 +132,7 @@ class ProviderSettings(BaseModel):
     capabilities: list[str] = []
 
     _program = field_validator("program")(well_formed_program)  # as Provider's own
+    _name = field_validator("name")(well_formed_provider_name)
 
     @field_validator("capabilities")
     @classmethod

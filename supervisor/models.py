@@ -47,6 +47,17 @@ def well_formed_program(program: Any) -> Any:
     return program
 
 
+MAX_PROVIDER_NAME = 200
+
+
+def well_formed_provider_name(name: str) -> str:
+    """A provider's name names its children in every listing, ``subagents run NAME`` and every error: printable
+    text (no newline, NUL or escape), not blank nor padded with spaces, of a length a line can show."""
+    if not name.isprintable() or name != name.strip() or len(name) > MAX_PROVIDER_NAME:
+        raise ValueError(f"a provider's name is printable text of at most {MAX_PROVIDER_NAME} characters, with no space at either end")
+    return name
+
+
 class _Request(BaseModel):
     """A model a caller builds (a request, a provider): its type errors are ``InvalidRequestError``."""
 
@@ -86,6 +97,7 @@ class Provider(_Request):
     continuable: bool = False
 
     _program = field_validator("program")(well_formed_program)
+    _name = field_validator("name")(well_formed_provider_name)
 
 
 def _known_sandbox(value: str | None) -> str | None:

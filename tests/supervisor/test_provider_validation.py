@@ -46,6 +46,19 @@ def test_a_provider_with_a_wrong_field_is_an_invalid_request(fields, message) ->
     assert (info.value.code, str(info.value)) == ("INVALID_REQUEST", message)
 
 
+PROVIDER_NAME_RULE = "a provider's name is printable text of at most 200 characters, with no space at either end"
+
+
+@pytest.mark.parametrize("name", ["   ", " p", "p\n", "a\nb", "a\x00b", "a\x1b[31mb", "p" * 201])
+def test_a_provider_name_no_listing_or_command_could_show_is_refused(name: str) -> None:
+    """Found by a probe: names of spaces only, with a newline or a NUL, or 100,000 characters long were
+    registered, and then named children in every listing, every ``subagents run NAME`` and every error."""
+    with pytest.raises(InvalidRequestError) as info:
+        Provider(name=name, program="echo")
+    assert str(info.value) == "invalid Provider: name: " + PROVIDER_NAME_RULE
+    assert Provider(name="分析-v2.1 fast", program="echo").name == "分析-v2.1 fast"
+
+
 def test_capabilities_with_a_wrong_field_is_an_invalid_request() -> None:
     with pytest.raises(InvalidRequestError) as info:
         Capabilities(flying=True)
@@ -92,3 +105,12 @@ def test_the_cli_refuses_the_same_reference_with_the_same_text(tmp_path: Path) -
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip() == "error: PROGRAM_LOAD_FAILED: " + reference_text("myagents")
+
+
+def test_a_configured_provider_name_follows_the_same_rule(tmp_path: Path) -> None:
+    """A ``[[providers]]`` table is held to the rule ``Provider`` applies: ``CONFIG_INVALID`` at load."""
+    config = tmp_path / "subagents.toml"
+    config.write_text('[[providers]]\nname = "two\\nlines"\nprogram = "echo"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(config, env={})
+    assert info.value.code == "CONFIG_INVALID" and PROVIDER_NAME_RULE in str(info.value), info.value
