@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from subagents.store import MAX_RECORD_BYTES
 
@@ -43,6 +43,15 @@ class _Settings(BaseModel):
             super().__init__(**data)
         except ValidationError as exc:
             raise ConfigError.refused(*first_problem(exc), type(self).__name__) from None
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """``True`` for a count or a duration is a mistake, not 1: pydantic's lax numbers take it."""
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and field.annotation in (int, float, int | None, float | None):
+            raise ValueError("a number, not a boolean")
+        return value
 
 
 class RayConfig(_Settings):

@@ -231,6 +231,9 @@ def test_max_record_bytes_is_a_bounded_supervisor_key(tmp_path: Path) -> None:
         (lambda: SupervisorConfig(pool_sise=2), 'unknown key "pool_sise" in SupervisorConfig'),
         (lambda: SupervisorConfig(ray={"worker_num_cpus": 0}), 'invalid value for "ray.worker_num_cpus" in SupervisorConfig: Input should be greater than 0'),
         (lambda: RayConfig(address=""), 'invalid value for "address" in RayConfig: String should have at least 1 character'),
+        # found by a probe: read as 1 and 1.0 (pydantic's lax numbers take a bool)
+        (lambda: SupervisorConfig(pool_size=True), 'invalid value for "pool_size" in SupervisorConfig: a number, not a boolean'),
+        (lambda: SupervisorConfig(ray={"worker_num_cpus": True}), 'invalid value for "ray.worker_num_cpus" in SupervisorConfig: a number, not a boolean'),
     ],
 )
 def test_a_config_built_in_code_with_a_bad_value_is_config_invalid(build, message) -> None:
