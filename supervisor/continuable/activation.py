@@ -104,9 +104,9 @@ class Activation:
     stop_before: tuple[str, float] | None = None
     # -- the ticket an interrupt already cancelled (teardown.py): a second interrupt stops nothing more
     stopping: TurnTicket | None = None
-    # -- why its last turn failed before it took its message (driver.py): the activation settles and is
+    # -- its last turn failed before it took its message (driver.py): the activation settles and is
     # not resumed at once for the message left pending (teardown.py), which would fail the same way
-    stalled: str | None = None
+    stalled: bool = False
     # -- wake-ups: anyone pokes; only the driver replaces ``wake`` (before each mailbox read)
     wake: anyio.Event = field(default_factory=anyio.Event)
     admitted: int = 0  # deliveries in flight (delivery.py): the driver must not settle over them
@@ -133,6 +133,11 @@ class Activation:
     @property
     def disposing(self) -> bool:
         return self.lifecycle is not Lifecycle.ACTIVE
+
+    @property
+    def being_stopped(self) -> bool:
+        """An interrupt already cancelled the turn in flight (it may run on until ``cancel_grace_s``)."""
+        return self.ticket is not None and self.stopping is self.ticket
 
     def poke(self) -> None:
         """Wake the driver: something may have changed (a message, a settled child, a disposal)."""

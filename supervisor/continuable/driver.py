@@ -144,9 +144,9 @@ class Driver:
             consumed = act.cursor.consumed
             await rt.store_thread.run(self._recount, act)
             if act.cursor.consumed == consumed:
-                act.stalled = turn.outcome.diagnostic or "its turn failed before it took its message"
+                act.stalled = True
                 log.warning("turn of %s failed before it took message %s (%s); the activation settles and the message stays pending",
-                            act.child_id, main.id, act.stalled, extra=log_fields(act))
+                            act.child_id, main.id, turn.outcome.diagnostic, extra=log_fields(act))
         elif not act.fenced:
             act.cursor.advance([*quiet, main])
         act.reasons.append(turn.outcome.stop_reason)
@@ -154,7 +154,7 @@ class Driver:
             act.last_output = turn.outcome.output
         if turn.outcome.fenced:
             self._teardown.fence(act)
-        return act.stalled is None
+        return not act.stalled
 
     async def _set_lease_state(self, act: Activation, state: LeaseState) -> None:
         if act.lease_state is state:

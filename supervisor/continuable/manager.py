@@ -69,7 +69,7 @@ class ContinuationManager:
     def stopping(self, child_id: str) -> bool:
         """Whether an interrupt already cancelled the turn the child has in flight here."""
         act = self._table.get(child_id)
-        return act is not None and act.ticket is not None and act.stopping is act.ticket
+        return act is not None and act.being_stopped
 
     def hosts(self, child_id: str) -> bool:
         """Whether the child has an activation resident in this supervisor."""

@@ -101,8 +101,8 @@ class Teardown:
         if aimed is False:
             return False
         if act.ticket is not None:
-            if act.stopping is act.ticket:
-                return False  # already being stopped (it may ignore its cancel until ``cancel_grace_s``)
+            if act.being_stopped:
+                return False  # a second cancel would stop nothing more
             if aimed is None and act.turn_message_ts is not None and act.turn_message_ts > asked_at:
                 return False
             self._rt.pool.cancel(act.ticket, reason)
@@ -189,7 +189,7 @@ class Teardown:
                         extra=log_fields(act), exc_info=True)
         # another process may have accepted a message after our last mailbox read and seen our
         # lease still held; it left the message for us. Re-read after releasing: one of us sees it.
-        resume_after = (not act.discard and act.stalled is None and not self._admission.closing
+        resume_after = (not act.discard and not act.stalled and not self._admission.closing
                         and await rt.store_thread.run(self._has_waking_pending, act))
         undelivered = None
         if act.reasons or dropped:
