@@ -30,7 +30,7 @@ from subagents.store.root import COMPANIONS
 
 __all__ = [
     "files_of", "age",
-    "log_start", "log_bytes", "log_data", "log_data_end", "write_log", "append_log", "file_bytes", "lease_slots", "patch", "header_map", "write_header",
+    "log_start", "log_bytes", "zero_records_from", "cut_at_record", "log_data", "log_data_end", "write_log", "append_log", "file_bytes", "lease_slots", "patch", "header_map", "write_header",
     "write_header_value", "slot_bytes", "slot_records", "write_slot", "newest_slot", "synced_slot", "HEADER_AT", "SLOT_SIZE",
     "SLOTS_AT",
 ]
@@ -94,6 +94,23 @@ def patch(st: Store, session_id: str, offset: int, data: bytes) -> None:
         os.pwrite(fd, data, offset)
     finally:
         os.close(fd)
+
+
+def zero_records_from(st: Store, session_id: str, index: int) -> None:
+    """Zero the log's records from record ``index`` (negative: counted from the last) to their end, in
+    place: the log then reads clean, ending before them (zeros read as its padding)."""
+    from subagents.store import inspect
+
+    found = inspect(st, session_id)
+    start = log_start(st, session_id) + found.offsets[index]
+    patch(st, session_id, start, bytes(log_start(st, session_id) + found.end - start))
+
+
+def cut_at_record(st: Store, session_id: str, index: int) -> None:
+    """Cut the file where record ``index`` (negative: counted from the last) starts: a clean record boundary."""
+    from subagents.store import inspect
+
+    os.truncate(st.session_path(session_id), log_start(st, session_id) + inspect(st, session_id).offsets[index])
 
 
 def header_map(st: Store, session_id: str) -> object:

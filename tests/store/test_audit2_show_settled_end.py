@@ -17,25 +17,21 @@ ended (exit 0), the very disagreement 084acb6 set out to remove.
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
 from subagents import store
 
-from ..session_bytes import log_start, patch
+from ..session_bytes import cut_at_record, zero_records_from
 from .test_settled_mtime import owner, settle  # noqa: F401 - fixture
 
 
 def _zero_last_record(st: store.Store, child: str) -> None:
-    found = store.inspect(st, child)
-    start = log_start(st, child) + found.offsets[-1]
-    patch(st, child, start, bytes(log_start(st, child) + found.end - start))
+    zero_records_from(st, child, -1)
 
 
 def _cut_at_last_record(st: store.Store, child: str) -> None:
-    found = store.inspect(st, child)
-    os.truncate(st.session_path(child), log_start(st, child) + found.offsets[-1])
+    cut_at_record(st, child, -1)
 
 
 @pytest.mark.parametrize("lose", [_zero_last_record, _cut_at_last_record], ids=["zeroed", "cut"])

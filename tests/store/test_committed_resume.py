@@ -16,7 +16,7 @@ import pytest
 from subagents import store
 from subagents.store import CorruptSessionError, LogWriter
 
-from ..session_bytes import log_start, patch
+from ..session_bytes import cut_at_record, log_start, patch, zero_records_from
 from .test_settled_mtime import TURN, owner, settle  # noqa: F401 - fixture
 
 
@@ -37,9 +37,7 @@ def _cut_last_record(st: store.Store, child: str) -> None:
 
 
 def _zero_last_record(st: store.Store, child: str) -> None:
-    found = store.inspect(st, child)
-    start = log_start(st, child) + found.offsets[-1]
-    patch(st, child, start, bytes(log_start(st, child) + found.end - start))
+    zero_records_from(st, child, -1)
 
 
 @pytest.mark.parametrize("lose", [_flip_last_record, _cut_last_record, _zero_last_record], ids=["changed", "cut", "zeroed"])
@@ -80,16 +78,13 @@ def test_read_projection_calls_a_lost_turn_end_corrupt(st, owner, lose):  # noqa
 
 def _zero_last_turn(st: store.Store, child: str) -> None:
     """The whole last turn zeroed, from its ``turn/start``: the log reads clean, with no open turn."""
-    found = store.inspect(st, child)
-    last = max(i for i, e in enumerate(found.events) if e["type"] == "turn/start")
-    start = log_start(st, child) + found.offsets[last]
-    patch(st, child, start, bytes(log_start(st, child) + found.end - start))
+    events = store.inspect(st, child).events
+    zero_records_from(st, child, max(i for i, e in enumerate(events) if e["type"] == "turn/start"))
 
 
 def _cut_before_turn_end(st: store.Store, child: str) -> None:
     """Cut at the record boundary before the last ``turn/end``: the log reads clean, with an open turn."""
-    found = store.inspect(st, child)
-    os.truncate(st.session_path(child), log_start(st, child) + found.offsets[-1])
+    cut_at_record(st, child, -1)
 
 
 @pytest.mark.parametrize("lose", [_zero_last_turn, _cut_before_turn_end], ids=["turn zeroed", "cut at a boundary"])

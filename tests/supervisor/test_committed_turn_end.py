@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import AsyncIterator, Callable
 
 import anyio
 import pytest
@@ -21,7 +24,7 @@ from subagents.supervisor import Capabilities, ContinuableSpec, Provider, Superv
 from subagents.supervisor.dispatch import Dispatcher
 
 from ..conftest import open_supervisor
-from ..session_bytes import age, log_start, write_slot
+from ..session_bytes import age, cut_at_record, write_slot, zero_records_from
 from .test_cli_gc import run_cli
 
 pytestmark = pytest.mark.anyio
@@ -50,42 +53,32 @@ def _flip_in_last_record(path: str) -> bytes:
     return bytes(data)
 
 
-def _zero_last_record(path: str) -> bytes:
-    """Zero the last record whole, in place: it reads like the log's padding, its turn left open."""
+def _damaged(path: str, damage: Callable[[Store, str], None]) -> bytes:
+    """Apply ``damage`` (a ``session_bytes`` helper's shape) to the session file at ``path``; its bytes after."""
     session_id = os.path.basename(path)
-    st = Store(os.path.dirname(os.path.dirname(path)), create=False)
-    found = inspect(st, session_id)
-    start = log_start(st, session_id) + found.offsets[-1]
-    with open(path, "r+b") as handle:
-        handle.seek(start)
-        handle.write(bytes(log_start(st, session_id) + found.end - start))
+    damage(Store(os.path.dirname(os.path.dirname(path)), create=False), session_id)
     with open(path, "rb") as handle:
         return handle.read()
+
+
+def _zero_last_record(path: str) -> bytes:
+    """Zero the last record whole, in place: it reads like the log's padding, its turn left open."""
+    return _damaged(path, lambda st, sid: zero_records_from(st, sid, -1))
 
 
 def _zero_last_turn(path: str) -> bytes:
     """Zero the whole last turn, from the ``message/accepted`` before its ``turn/start``: the log reads
     clean, with no open turn, and the message it consumed reads as never taken."""
-    session_id = os.path.basename(path)
-    st = Store(os.path.dirname(os.path.dirname(path)), create=False)
-    found = inspect(st, session_id)
-    last = max(i for i, e in enumerate(found.events) if e["type"] == "message/accepted")
-    start = log_start(st, session_id) + found.offsets[last]
-    with open(path, "r+b") as handle:
-        handle.seek(start)
-        handle.write(bytes(log_start(st, session_id) + found.end - start))
-    with open(path, "rb") as handle:
-        return handle.read()
+    def zero(st: Store, sid: str) -> None:
+        events = inspect(st, sid).events
+        zero_records_from(st, sid, max(i for i, e in enumerate(events) if e["type"] == "message/accepted"))
+
+    return _damaged(path, zero)
 
 
 def _cut_before_turn_end(path: str) -> bytes:
     """Cut at the record boundary before the last ``turn/end``: the log reads clean, its turn open."""
-    session_id = os.path.basename(path)
-    st = Store(os.path.dirname(os.path.dirname(path)), create=False)
-    with open(path, "r+b") as handle:
-        handle.truncate(log_start(st, session_id) + inspect(st, session_id).offsets[-1])
-    with open(path, "rb") as handle:
-        return handle.read()
+    return _damaged(path, lambda st, sid: cut_at_record(st, sid, -1))
 
 
 async def _completed_one_shot(tmp_path) -> tuple[str, str]:
@@ -133,29 +126,54 @@ def _config() -> SupervisorConfig:
 ECHO = Provider(name="echoc", program="echo", capabilities=Capabilities.all(), continuable=True)
 
 
+@asynccontextmanager
+async def _supervisor(where: Path) -> AsyncIterator[Supervisor]:
+    async with Supervisor.open(store=where, config=_config()) as sup:
+        sup.register_provider(ECHO)
+        yield sup
+
+
+async def _settled_child(where: Path, *followups: str) -> tuple[str, str]:
+    """A root and a continuable child that ran its first prompt and ``followups``, each settled; both ids."""
+    async with _supervisor(where) as sup:
+        root = await sup.open_root(label="r")
+        child, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="echoc", prompt="first", label="c"))
+        await sup.wait_for_message(root, timeout_s=30)
+        for text in followups:
+            await sup.followup(root, child, text)
+            await sup.wait_for_message(root, timeout_s=30)
+    return root.id, child
+
+
+def _file_of(where: Path, child: str) -> tuple[str, bytes]:
+    path = os.path.join(where, "sessions", child)
+    with open(path, "rb") as handle:
+        return path, handle.read()
+
+
+async def _refused_resume(where: Path, root_id: str, child: str) -> SubagentError:
+    """A followup from a new supervisor is ``NOT_RESUMABLE``, and no activation is left behind."""
+    async with _supervisor(where) as sup:
+        again = await sup.open_root(id=root_id)
+        with pytest.raises(SubagentError) as caught:
+            await sup.followup(again, child, "again")
+        assert caught.value.code == "NOT_RESUMABLE", caught.value
+        assert sup.continuation.activations == {}
+    return caught.value
+
+
 @pytest.mark.parametrize("damage", [_cut_last_record, _flip_in_last_record, _zero_last_turn, _cut_before_turn_end])
 async def test_a_cold_resume_refuses_a_settled_child_that_lost_its_turn_end(tmp_path, damage) -> None:
     """The last two read clean (a probe found them): the resume ran the zeroed turn's message a second
     time, and retried a turn whose log would not open thousands of times a second; both then erased
     the evidence with a new ``settled`` row."""
     where = tmp_path / "st"
-    async with Supervisor.open(store=where, config=_config()) as sup:
-        sup.register_provider(ECHO)
-        root = await sup.open_root(label="r")
-        child, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="echoc", prompt="first", label="c"))
-        await sup.wait_for_message(root, timeout_s=30)
+    root_id, child = await _settled_child(where)
     path = os.path.join(where, "sessions", child)
     damaged = damage(path)
-    async with Supervisor.open(store=where, config=_config()) as sup:
-        sup.register_provider(ECHO)
-        again = await sup.open_root(id=root.id)
-        with pytest.raises(SubagentError) as caught:
-            await sup.followup(again, child, "second")
-        assert caught.value.code == "NOT_RESUMABLE", caught.value
-        assert "CORRUPT_SESSION" in caught.value.message or "corrupt" in caught.value.message, caught.value.message
-        assert sup.continuation.activations == {}
-    with open(path, "rb") as handle:
-        assert handle.read() == damaged  # refused before its lease was taken: not a byte written
+    refused = await _refused_resume(where, root_id, child)
+    assert "CORRUPT_SESSION" in refused.message or "corrupt" in refused.message, refused.message
+    assert _file_of(where, child) == (path, damaged)  # refused before its lease was taken: not a byte written
 
 
 async def test_a_turn_whose_log_will_not_open_settles_the_activation_instead_of_retrying(tmp_path, monkeypatch) -> None:
@@ -165,11 +183,7 @@ async def test_a_turn_whose_log_will_not_open_settles_the_activation_instead_of_
     the store's back in the probe: the activation settles ``error`` after one attempt, its message stays
     pending (durable, for a later activation), and it is not resumed for that message straight away."""
     where = tmp_path / "st"
-    async with Supervisor.open(store=where, config=_config()) as sup:
-        sup.register_provider(ECHO)
-        root = await sup.open_root(label="r")
-        child, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="echoc", prompt="first", label="c"))
-        await sup.wait_for_message(root, timeout_s=30)
+    root_id, child = await _settled_child(where)
     path = os.path.join(where, "sessions", child)
     dispatched = []
     run_turn = Dispatcher.run_turn
@@ -182,11 +196,10 @@ async def test_a_turn_whose_log_will_not_open_settles_the_activation_instead_of_
         return await run_turn(self, spec, on_rpc, started=started)
 
     monkeypatch.setattr(Dispatcher, "run_turn", damaged_first)
-    async with Supervisor.open(store=where, config=_config()) as sup:
-        sup.register_provider(ECHO)
+    async with _supervisor(where) as sup:
         ended = []
         sup.on("subagent/end", lambda _name, data: ended.append(data) if data.get("id") == child else None)
-        again = await sup.open_root(id=root.id)
+        again = await sup.open_root(id=root_id)
         message_id = await sup.followup(again, child, "second")
         with anyio.fail_after(10):
             while not ended:
@@ -204,26 +217,10 @@ async def test_a_cold_resume_refuses_a_child_whose_lease_slots_were_emptied(tmp_
     """Both slots zeroed read as "never leased": the resume took epoch 1 after records of epoch 2
     (a probe found it). The acquisition refuses them as damage; the send says why, nothing written."""
     where = tmp_path / "st"
-    async with Supervisor.open(store=where, config=_config()) as sup:
-        sup.register_provider(ECHO)
-        root = await sup.open_root(label="r")
-        child, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="echoc", prompt="first", label="c"))
-        await sup.wait_for_message(root, timeout_s=30)
-        await sup.followup(root, child, "second")
-        await sup.wait_for_message(root, timeout_s=30)
-    st = Store(str(where), create=False)
+    root_id, child = await _settled_child(where, "second")
     for index in (0, 1):
-        write_slot(st, child, index, b"")
-    path = os.path.join(where, "sessions", child)
-    with open(path, "rb") as handle:
-        damaged = handle.read()
-    async with Supervisor.open(store=where, config=_config()) as sup:
-        sup.register_provider(ECHO)
-        again = await sup.open_root(id=root.id)
-        with pytest.raises(SubagentError) as caught:
-            await sup.followup(again, child, "third")
-        assert caught.value.code == "NOT_RESUMABLE", caught.value
-        assert "lease" in caught.value.message and "CORRUPT_SESSION" in caught.value.message, caught.value.message
-        assert sup.continuation.activations == {}
-    with open(path, "rb") as handle:
-        assert handle.read() == damaged
+        write_slot(Store(str(where), create=False), child, index, b"")
+    damaged = _file_of(where, child)
+    refused = await _refused_resume(where, root_id, child)
+    assert "lease" in refused.message and "CORRUPT_SESSION" in refused.message, refused.message
+    assert _file_of(where, child) == damaged

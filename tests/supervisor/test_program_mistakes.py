@@ -11,6 +11,8 @@ and printed a traceback; an unknown stop reason came back as ``error`` with no d
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import pytest
 
@@ -46,20 +48,27 @@ CASES = [
 @pytest.mark.parametrize("name, said", CASES, ids=[name for name, _ in CASES])
 async def test_a_program_mistake_ends_its_turn_error_and_its_worker_runs_the_next(tmp_path, name, said) -> None:
     async with open_supervisor(tmp_path, pool_size=1, max_record_bytes=64 * 1024) as sup:
-        sup.register_provider(Provider(name="faulty", program=f"{HELPERS}:{name}"))
-        root = await sup.open_root()
-        run = await sup.start("faulty", SubagentRequest(parent=root, prompt="go"))
-        with anyio.fail_after(20):
-            result = await run.result()
+        run_id, result = await _run_then_the_next(sup, name)
         assert result.stop_reason == "error" and result.diagnostic.startswith(said), result
-        [end] = [e["data"] for e in inspect(sup.store, run.id).events if e["type"] == "turn/end"]
+        [end] = [e["data"] for e in inspect(sup.store, run_id).events if e["type"] == "turn/end"]
         assert (end["stop_reason"], end["diagnostic"]) == ("error", result.diagnostic)
-        await run.dispose()
-        after = await sup.start("echo", SubagentRequest(parent=root, prompt="still here"))
-        with anyio.fail_after(20):
-            assert (await after.result()).output == "still here"
-        await after.dispose()
         assert sup.statistics().pool.crashed == 0
+
+
+async def _run_then_the_next(sup, name: str) -> tuple[str, Any]:
+    """Run the test program ``name`` as a one-shot child, then an echo child, which must complete: the
+    faulty child's id and result."""
+    sup.register_provider(Provider(name="faulty", program=f"{HELPERS}:{name}"))
+    root = await sup.open_root()
+    run = await sup.start("faulty", SubagentRequest(parent=root, prompt="go"))
+    with anyio.fail_after(20):
+        result = await run.result()
+    await run.dispose()
+    after = await sup.start("echo", SubagentRequest(parent=root, prompt="still here"))
+    with anyio.fail_after(20):
+        assert (await after.result()).output == "still here"
+    await after.dispose()
+    return run.id, result
 
 
 async def test_a_context_kept_past_its_turn_says_the_turn_is_gone(tmp_path) -> None:
@@ -200,17 +209,8 @@ async def test_a_program_that_exits_its_worker_ends_its_turn_and_the_worker_is_r
     """``sys.exit`` ends the worker (README); from a plain ``def`` the worker hung instead, waiting at its exit for
     the thread that ran the program, and the caller waited for good (a probe found it)."""
     async with open_supervisor(tmp_path, pool_size=1) as sup:
-        sup.register_provider(Provider(name="exiter", program=f"{HELPERS}:{name}"))
-        root = await sup.open_root()
-        run = await sup.start("exiter", SubagentRequest(parent=root, prompt="go"))
-        with anyio.fail_after(20):
-            result = await run.result()
-        assert result.stop_reason == "error" and result.diagnostic.endswith("exited with code 3"), result
-        await run.dispose()
-        after = await sup.start("echo", SubagentRequest(parent=root, prompt="still here"))
-        with anyio.fail_after(20):
-            assert (await after.result()).output == "still here"
-        await after.dispose()
+        _run_id, result = await _run_then_the_next(sup, name)
+    assert result.stop_reason == "error" and result.diagnostic.endswith("exited with code 3"), result
 
 
 async def test_a_worker_that_sends_what_is_no_message_is_killed_not_the_supervisor(tmp_path) -> None:
@@ -218,14 +218,5 @@ async def test_a_worker_that_sends_what_is_no_message_is_killed_not_the_supervis
     cannot decode from a worker raised in its pipe reader and ended the supervisor's task group. Now that
     worker is killed, its turn ends as a dead worker's does, and the supervisor goes on."""
     async with open_supervisor(tmp_path, pool_size=1) as sup:
-        sup.register_provider(Provider(name="garbler", program=f"{HELPERS}:garbles_its_workers_pipe"))
-        root = await sup.open_root()
-        run = await sup.start("garbler", SubagentRequest(parent=root, prompt="go"))
-        with anyio.fail_after(20):
-            result = await run.result()
-        assert result.stop_reason == "error" and "SIGKILL" in result.diagnostic, result
-        await run.dispose()
-        after = await sup.start("echo", SubagentRequest(parent=root, prompt="still here"))
-        with anyio.fail_after(20):
-            assert (await after.result()).output == "still here"
-        await after.dispose()
+        _run_id, result = await _run_then_the_next(sup, "garbles_its_workers_pipe")
+    assert result.stop_reason == "error" and "SIGKILL" in result.diagnostic, result
