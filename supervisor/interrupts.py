@@ -14,7 +14,10 @@ The answer is an ``InterruptResult``: ``cancelled``, ``requested`` or
 ``no_turn_running`` with the reason. Not guaranteed: a turn may end on its
 own between the read and the cancel (then the log, not this answer, says
 how it ended); another host's confirmation is what its log shows within the
-wait, nothing more. Built by the ``Supervisor``; called by
+wait, nothing more. Of several requests for one turn another host carries
+out, only the first in its control file is answered ``cancelled`` (the rest:
+already being stopped); an interrupt asked inside the holder's own process
+leaves no record, so a request racing one is still answered ``cancelled``. Built by the ``Supervisor``; called by
 ``Supervisor.interrupt``. Never writes anything but the control record.
 """
 
@@ -39,6 +42,7 @@ from subagents.store import (
     owner_alive,
     validate_session_id,
 )
+from subagents.store.control import ControlRecord, read_controls
 from subagents.store.control import request as control_request
 from subagents.store.errors import SubagentError
 
@@ -137,16 +141,16 @@ class Interrupts:
     async def _elsewhere(self, target_id: str, wait_s: float) -> InterruptResult:
         store = self._rt.store
 
-        def ask() -> tuple[_Holder | None, Projection]:
+        def ask() -> tuple[_Holder | None, Projection, str | None]:
             holder = self._holder(target_id)
             projection = read_projection(store, target_id)
             if holder is not None and holder.state != "idle" and not _one_shot_ended(projection):
                 data = {"reason": "user", **_aim(store, target_id, projection)}
-                control_request(store, target_id, "interrupt", data, ids=self._rt.ids)
-            return holder, projection
+                return holder, projection, control_request(store, target_id, "interrupt", data, ids=self._rt.ids)
+            return holder, projection, None
 
         with anyio.CancelScope(shield=True):  # an acknowledged request is durable: never cut between write and answer
-            holder, before = await anyio.to_thread.run_sync(ask)
+            holder, before, request_id = await anyio.to_thread.run_sync(ask)
         if holder is None:
             return _nothing(target_id, _why_unheld(before))
         if holder.state == "idle":
@@ -164,7 +168,13 @@ class Interrupts:
             await anyio.sleep(CONFIRM_POLL_S)
             seen = await anyio.to_thread.run_sync(self._after, target_id, before, holder)
             if seen is not None:
-                return _confirmed(target_id, turn, holder, seen)
+                answer = _confirmed(target_id, turn, holder, seen)
+                if answer.outcome == "cancelled" and request_id is not None:
+                    one_shot = getattr(before.identity, "mode", None) == "one-shot"
+                    earlier = await anyio.to_thread.run_sync(_earlier_request, store, target_id, request_id, one_shot)
+                    if earlier is not None:
+                        return _stopped_by_earlier(target_id, turn, holder, earlier, answer)
+                return answer
         return InterruptResult(
             outcome="requested", child_id=target_id, turn=turn.number, message_id=turn.message_id, host=holder.owner, host_pid=holder.pid,
             detail=f"its log showed no end of the turn within {wait_s:g} s" if wait_s > 0 else "not waited for",
@@ -210,6 +220,38 @@ def _aim(store: Any, target_id: str, projection: Projection) -> dict[str, Any]:
         return {"after_message_id": projection.last_message_id}
     message_id = _open_turn_of(store, target_id, projection).message_id
     return {"message_id": message_id} if message_id is not None else {}
+
+
+def _earlier_request(store: Any, target_id: str, request_id: str, one_shot: bool) -> ControlRecord | None:
+    """The first interrupt record before ours that asked to stop the same turn, if any.
+
+    The holder applies a child's control records in their order, so that one stopped the turn and
+    ours found it already stopping: only its asker may say "cancelled". The same turn: for a
+    one-shot child, any (it has one turn); for a continuable one, a record aimed as ours is (the
+    same running turn's message, or the same last consumed message before it). Not seen: an
+    interrupt asked in the holder's own process, which leaves no record.
+    """
+    records = read_controls(store, target_id)
+    mine = next((r for r in records if r.id == request_id), None)
+    if mine is None:
+        return None
+    for record in records:
+        if record.seq >= mine.seq:
+            return None
+        if record.kind == "interrupt" and (one_shot or _aim_of(record) == _aim_of(mine)):
+            return record
+    return None
+
+
+def _aim_of(record: ControlRecord) -> dict[str, Any]:
+    return {key: record.data.get(key) for key in ("message_id", "after_message_id")}
+
+
+def _stopped_by_earlier(target_id: str, turn: _Turn, holder: _Holder, earlier: ControlRecord, seen: InterruptResult) -> InterruptResult:
+    which = f"its turn {turn.number}" if turn.number is not None else "its turn"
+    return _nothing(target_id, f"{which} was already being stopped by an earlier interrupt (control record {earlier.seq}), "
+                               f"which supervisor {holder.owner} carried out", stop_reason=seen.stop_reason, turn=turn.number,
+                    message_id=turn.message_id, host=holder.owner, host_pid=holder.pid)
 
 
 def _one_shot_ended(projection: Projection) -> bool:

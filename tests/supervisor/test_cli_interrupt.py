@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from subagents.store import Store, SubagentError, read_header
+from subagents.store import Store, SubagentError, read_header, read_lease
+from subagents.store.control import read_controls
 
 from .test_cli_control import DEADLINE_S, REPO, cli, cli_env, events, until
 
@@ -147,3 +148,64 @@ def test_a_host_that_does_not_confirm_in_time_gets_a_request_it_carries_out_late
         proc.kill()
         proc.wait(10)
         proc.stdout.close()  # type: ignore[union-attr]
+
+
+def _interrupt_in_background(store_path: str, child: str, root: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "subagents.supervisor.cli", "--store", store_path, "interrupt", child, "--parent", root,
+                             "--wait-s", "30"], cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _control_records(store_path: str, child: str) -> int:
+    return len(read_controls(Store(store_path, create=False), child))
+
+
+def _one_shot_host(store_path: str) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    """`subagents run` of a sleeping one-shot child, with a lease that outlives the test's SIGSTOP."""
+    prompt = '{"script": [{"say": "awake"}, {"sleep": %d}]}' % SLEEP_MS
+    proc = subprocess.Popen([sys.executable, "-m", "subagents.supervisor.cli", "--store", store_path, "run", "script", "--prompt", prompt],
+                            cwd=REPO, env={**cli_env(), "SUBAGENTS_LEASE_TTL_S": "120"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    root, child = until(lambda: running_child(store_path) if proc.poll() is None else pytest.fail(proc.communicate()), DEADLINE_S)
+    owner = read_lease(Store(store_path, create=False), child)
+    assert owner is not None
+    return proc, {"root": root, "child": child, "owner": owner.owner}
+
+
+def _continuable_host(store_path: str) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    proc = subprocess.Popen([sys.executable, "-c", CONTINUABLE_HOST, store_path], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=cli_env(), cwd=REPO)
+    ids = json.loads(proc.stdout.readline() or "null")  # type: ignore[union-attr]
+    assert ids, "the host supervisor did not start"
+    until(lambda: any(e["type"] == "turn/start" for e in events(store_path, ids["child"])), DEADLINE_S)
+    return proc, ids
+
+
+@pytest.mark.parametrize("start_host", [_one_shot_host, _continuable_host], ids=["one-shot", "continuable"])
+def test_of_two_interrupts_of_one_turn_only_the_first_says_it_stopped_it(tmp_path: Path, start_host) -> None:
+    """Two `subagents interrupt` of the same running turn, delivered while its host was stopped: the
+    host carries out the first and finds the turn already stopping for the second, and so do their
+    answers. Both said "cancelled" (found by a probe)."""
+    store_path = str(tmp_path / "st")
+    proc, ids = start_host(store_path)
+    child, root = ids["child"], ids["root"]
+    waiting: list[subprocess.Popen[str]] = []
+    try:
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            for count in (1, 2):  # one after the other: the control file's order is the order the host applies them
+                waiting.append(_interrupt_in_background(store_path, child, root))
+                until(lambda: _control_records(store_path, child) == count, DEADLINE_S)
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        (first_out, first_err), (second_out, second_err) = (p.communicate(timeout=DEADLINE_S) for p in waiting)
+        assert waiting[0].returncode == 0, first_err
+        assert first_out.startswith(f"cancelled turn 1 of agent {child} in supervisor {ids['owner']} "), first_out
+        assert waiting[1].returncode == EXIT_NO_TURN, (second_out, second_err)
+        assert second_out == (f"no turn running for agent {child}: its turn 1 was already being stopped by an earlier interrupt "
+                              f"(control record 0), which supervisor {ids['owner']} carried out\n"), second_out
+        ends = [(e["data"]["stop_reason"], e["data"].get("cause")) for e in events(store_path, child) if e["type"] == "turn/end"]
+        assert ends == [("aborted", "user")]
+    finally:
+        for p in [proc, *waiting]:
+            if p.poll() is None:
+                p.kill()
+            p.communicate(timeout=DEADLINE_S)
