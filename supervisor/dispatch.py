@@ -307,7 +307,15 @@ class Dispatcher(Generic[W]):
                 turn.queued = worker.running >= limit
                 if turn.queued:
                     turn.handed_at = time.monotonic()
-                if not self._hand_over(worker, turn):
+                try:
+                    handed = self._hand_over(worker, turn)
+                except Exception as exc:  # isolation boundary: requests are checked before this; a turn no
+                    # message holds (a bug) ends alone, where it ended the pool's reader and the supervisor
+                    log.exception("turn %d could not be sent to a worker", turn.call_id)
+                    turn.queued = False
+                    self._finish(turn, TurnOutcome(stop_reason="error", diagnostic=f"the turn could not be sent to a worker: {type(exc).__name__}: {exc}"))
+                    continue
+                if not handed:
                     # the worker died before the pool saw it: the turn never reached it, so it
                     # stays first in line for another worker or the replacement
                     turn.queued = False

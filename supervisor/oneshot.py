@@ -213,6 +213,7 @@ class OneShotRuns:
         )
         fields = request_fields(
             max_depth=request.max_depth, budget=request.budget, tool_filter=request.tool_filter, output_schema=request.output_schema,
+            texts={"persona": request.persona, "model": request.model, "label": request.label},
         )
         placement = place_child(rt.agents, rt.store, request.parent_id, max_depth=fields.max_depth, sandbox=request.sandbox)
         if cancel is not None and cancel.is_set():

@@ -32,6 +32,9 @@ __all__ = ["MAX_TIMEOUT_MS", "RequestFields", "Placement", "request_fields", "pl
 
 # the largest timer a JavaScript host accepts (2**31 - 1 ms); kept so budgets mean the same everywhere
 MAX_TIMEOUT_MS = 2_147_483_647
+# the largest integer every reader of a record holds exactly (a JSON number read as a double); larger
+# counts also fail to travel to a worker (msgpack stops at 2**64)
+MAX_SAFE_INTEGER = 2**53 - 1
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,7 @@ class Placement:
 def _max_depth(value: Any) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SAFE_INTEGER:
         raise InvalidRequestError("subagent maxDepth must be a non-negative safe integer")
     return value
 
@@ -68,8 +71,8 @@ def _budget(budget: RunBudget | None) -> Budget:
         return Budget()
     for name in ("max_steps", "timeout_ms"):
         value = getattr(budget, name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-            raise InvalidRequestError(f"budget {name} must be a positive integer", field=name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_SAFE_INTEGER):
+            raise InvalidRequestError(f"budget {name} must be a positive safe integer", field=name)
     if budget.timeout_ms is not None and budget.timeout_ms > MAX_TIMEOUT_MS:
         raise InvalidRequestError(f"budget timeout_ms must be at most {MAX_TIMEOUT_MS}", field="timeout_ms")
     return Budget(max_steps=budget.max_steps, timeout_ms=budget.timeout_ms)
@@ -101,12 +104,34 @@ def _tool_filter(raw: Any) -> ToolFilter | None:
         raise InvalidRequestError(f"tool_filter is invalid: {exc}") from None
 
 
-def request_fields(*, max_depth: Any, budget: RunBudget | None, tool_filter: Any, output_schema: Any = None) -> RequestFields:
-    """Check the request's fields in the order callers see their errors: max_depth, budget, output_schema, tool_filter."""
+def _encodable(name: str, value: Any) -> None:
+    """Text a message to a worker and a record can hold: a lone surrogate (``"\\ud800"``, which
+    Python's text allows and UTF-8 does not) failed only as the turn was encoded for its worker,
+    after the child was made."""
+    texts = value if isinstance(value, list) else [value]
+    for text in texts:
+        if isinstance(text, str):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise InvalidRequestError(f"{name} must be text UTF-8 can hold (a lone surrogate at index {exc.start})", field=name) from None
+
+
+def request_fields(
+    *, max_depth: Any, budget: RunBudget | None, tool_filter: Any, output_schema: Any = None, texts: dict[str, str | None] | None = None,
+) -> RequestFields:
+    """Check the request's fields in the order callers see their errors: max_depth, budget, output_schema,
+    tool_filter, then ``texts`` (the other text fields that travel to the worker: persona, model, ...)."""
     depth = _max_depth(max_depth)
     checked_budget = _budget(budget)
     _output_schema(output_schema)
-    return RequestFields(depth, checked_budget, _tool_filter(tool_filter))
+    checked_filter = _tool_filter(tool_filter)
+    if checked_filter is not None:
+        for names in (checked_filter.allow, checked_filter.deny):
+            _encodable("tool_filter", list(names or []))
+    for name, text in (texts or {}).items():
+        _encodable(name, text)
+    return RequestFields(depth, checked_budget, checked_filter)
 
 
 def place_child(agents: LiveAgents, store: Store, parent_id: str, *, max_depth: int | None, sandbox: str | None) -> Placement:

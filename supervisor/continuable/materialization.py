@@ -83,7 +83,8 @@ class Materializer:
         provider = rt.registry.require(spec.provider)
         if not provider.continuable:
             raise not_continuable(provider.name)
-        fields = request_fields(max_depth=spec.max_depth, budget=spec.budget, tool_filter=spec.tool_filter)
+        fields = request_fields(max_depth=spec.max_depth, budget=spec.budget, tool_filter=spec.tool_filter,
+                                texts={"persona": spec.persona, "model": spec.model, "agent_provider": spec.agent_provider, "label": spec.label})
         if not isinstance(spec.label, str):
             raise InvalidRequestError("a continuable child needs a string label")
         child_id = spec.child_id

@@ -359,3 +359,35 @@ async def test_a_worker_that_cannot_answer_a_withdraw_holds_up_dispatch_only_bri
         assert "blocking" not in results and "stuck" not in results
         await pool.aclose()  # kills the blocking worker
         tg.cancel_scope.cancel()
+
+
+async def test_a_turn_no_message_holds_ends_error_and_the_pool_serves_the_next(st):
+    """A spec the pipe cannot carry (a lone surrogate: requests are checked before this, so only a bug
+    gets here) ends that turn ``error`` saying why; queued behind another turn, its hand-over ran in the
+    pool's reader and the exception ended the whole supervisor. Found by a probe."""
+    pool = WorkerPool(size=1, start_method="forkserver", ready_timeout_s=DEADLINE_S, cancel_grace_s=1.0)
+    results: dict[str, TurnResult] = {}
+    ended = anyio.Event()
+
+    def keep(name: str):
+        def on_done(result: TurnResult) -> None:
+            results[name] = result
+            if len(results) == 3:
+                ended.set()
+        return on_done
+
+    async with anyio.create_task_group() as tg:
+        await pool.start(tg)
+        first = dataclasses.replace(echo_spec(st, "01UNSENDA", "first"), program="script", message='{"script": [{"sleep": 300}, {"return": "first"}]}')
+        pool.submit(first, no_rpc, on_done=keep("first"))
+        pool.submit(dataclasses.replace(echo_spec(st, "01UNSENDB"), persona="\ud800"), no_rpc, on_done=keep("unsendable"))
+        pool.submit(echo_spec(st, "01UNSENDC", "after"), no_rpc, on_done=keep("after"))
+        with anyio.fail_after(DEADLINE_S):
+            await ended.wait()
+        bad = results["unsendable"]
+        assert (bad.outcome.stop_reason, bad.dispatched, bad.crashed) == ("error", False, False)
+        assert bad.outcome.diagnostic.startswith("the turn could not be sent to a worker: UnicodeEncodeError"), bad.outcome.diagnostic
+        assert [(results[n].outcome.stop_reason, results[n].outcome.output) for n in ("first", "after")] == [
+            ("completed", "first"), ("completed", "after")]
+        await pool.aclose()
+        tg.cancel_scope.cancel()

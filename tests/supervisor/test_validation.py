@@ -374,3 +374,48 @@ async def test_wait_for_message_with_no_time_left_still_takes_what_is_there(tmp_
         await wait_until(lambda: len(read_mailbox(sup.store, root.id)) == 1, what="the settlement notice")
         [notice] = await sup.wait_for_message(root, timeout_s=0)
         assert notice.source.get("sender_session_id") == child_id
+
+
+UNSENDABLE = [
+    ({"budget": RunBudget(max_steps=2**64)}, "budget max_steps must be a positive safe integer"),
+    ({"budget": RunBudget(max_steps=2**53)}, "budget max_steps must be a positive safe integer"),
+    ({"max_depth": 2**53}, "subagent maxDepth must be a non-negative safe integer"),
+    ({"persona": "\ud800"}, "persona must be text UTF-8 can hold"),
+    ({"model": "terse\udfff"}, "model must be text UTF-8 can hold"),
+    ({"tool_filter": {"allow": ["\ud800"]}}, "tool_filter must be text UTF-8 can hold"),
+]
+
+
+@pytest.mark.parametrize("fields, message", UNSENDABLE, ids=[next(iter(f)) + str(i) for i, (f, _) in enumerate(UNSENDABLE)])
+async def test_a_field_no_message_to_a_worker_holds_is_refused_before_the_child_is_made(tmp_path, fields, message):
+    """A ``max_steps`` of 2**64 or a persona holding a lone surrogate passed every check and failed as
+    the turn was encoded for its worker: a bare ``OverflowError`` after the child was made (or, queued
+    behind another turn, an exception that ended the whole supervisor). Found by a probe."""
+    async with open_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        before = disk_snapshot(sup.store)
+        with pytest.raises(InvalidRequestError) as info:
+            await sup.start("echo", SubagentRequest(parent=root, prompt="x", **fields))
+        assert info.value.code == "INVALID_REQUEST" and str(info.value).startswith(message), str(info.value)
+        assert disk_snapshot(sup.store) == before
+
+
+@pytest.mark.parametrize("fields, message", UNSENDABLE, ids=[next(iter(f)) + str(i) for i, (f, _) in enumerate(UNSENDABLE)])
+async def test_a_continuable_field_no_message_holds_is_refused_before_the_child_is_made(tmp_path, fields, message):
+    """The same for ``start_continuable``: it accepted them, its first turn failed in the driver with a
+    false failure notice, and was then resumed without its budget."""
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        before = disk_snapshot(sup.store)
+        with pytest.raises(InvalidRequestError) as info:
+            await sup.start_continuable(ContinuableSpec(parent=root, provider="script", prompt="x", label="c", **fields))
+        assert info.value.code == "INVALID_REQUEST" and str(info.value).startswith(message), str(info.value)
+        assert disk_snapshot(sup.store) == before
+
+
+async def test_the_largest_safe_budget_and_depth_are_accepted(tmp_path):
+    async with open_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        run = await sup.start("echo", SubagentRequest(parent=root, prompt="ok", max_depth=2**53 - 1, budget=RunBudget(max_steps=2**53 - 1)))
+        assert (await run.result()).stop_reason == "completed"
+        await run.dispose()
