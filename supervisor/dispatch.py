@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import itertools
 import logging
 import time
@@ -404,13 +403,9 @@ class Dispatcher(Generic[W]):
             self._queue.appendleft(turn)
 
     def _turn_done(self, turn: Turn, outcome: TurnOutcome) -> None:
-        """The worker's ``TurnDone``: a turn cancelled meanwhile that completed anyway reads ``aborted``, or
-        ``budget-exhausted`` when the host stopped it at its ``timeout_ms`` (a cancel the worker took ends
-        it so itself: ``TurnControl.time_out``)."""
-        if turn.cancel_reason == TIMEOUT and outcome.stop_reason == "completed":
-            outcome = dataclasses.replace(outcome, stop_reason="budget-exhausted", diagnostic=_overran(turn))
-        elif turn.cancel_reason is not None and outcome.stop_reason == "completed":
-            outcome = dataclasses.replace(outcome, stop_reason="aborted")
+        """The worker's ``TurnDone``, as its log has it: a turn that completed before its worker read a
+        cancel (an interrupt, the host's ``timeout_ms``) completed, and its log, its listing and its
+        result all say so (a cancel the worker took ends the turn itself: ``TurnControl``)."""
         self._finish(turn, outcome)
         self._schedule()
 

@@ -15,12 +15,12 @@ import anyio
 import pytest
 
 from subagents import InterruptResult
-from subagents.store import IdGenerator
+from subagents.store import IdGenerator, inspect
 from subagents.store.control import request as control_request
 from subagents.supervisor import AncestorAuthority, SubagentRequest, UserAuthority
 from subagents.supervisor.interrupts import Interrupts
 
-from ..conftest import DEADLINE_S, events_of, said, wait_until
+from ..conftest import DEADLINE_S, events_of, open_supervisor, said, wait_until
 from .test_continuable import S, continuable_supervisor, settled, start, turn_started
 
 pytestmark = pytest.mark.anyio
@@ -214,3 +214,26 @@ async def test_an_ancestor_interrupt_names_the_turn_it_stopped(tmp_path, monkeyp
         assert (result.outcome, result.turn, result.message_id) == ("cancelled", 1, message_id), result
         assert "before a worker took it" not in result.detail
         await settled(sup, root, child_id)
+
+
+async def test_a_one_shot_turn_that_completed_before_its_interrupt_took_reads_completed_everywhere(tmp_path):
+    """Interrupted just after ``start``, a short turn may end before its worker reads the cancel: its
+    log says ``completed``, and so do its result and its listing (a cancelled run reads ``aborted`` only
+    when its turn did not complete, as the reference maps it). The result said ``aborted`` with the
+    completed output beside it, while ``list_children`` said ``completed``. Found by a probe."""
+    async with open_supervisor(tmp_path, pool_size=1) as sup:
+        root = await sup.open_root()
+        completed = 0
+        for attempt in range(40):
+            run = await sup.start("script", SubagentRequest(parent=root, prompt='{"script": [{"return": "x"}]}'))
+            await sup.interrupt(run.id, authority=UserAuthority(parent_session=root.id))
+            result = await run.result()
+            await run.dispose()
+            logged = [e["data"]["stop_reason"] for e in inspect(sup.store, run.id).events if e["type"] == "turn/end"]
+            row = next(r for r in await sup.list_children(root.id) if r.id == run.id)
+            if logged == ["completed"]:
+                completed += 1
+                assert (result.stop_reason, result.output, row.outcome) == ("completed", "x", "completed"), (attempt, result, row)
+            else:
+                assert (result.stop_reason, row.outcome) in {("aborted", "aborted"), ("aborted", "not-started")}, (attempt, logged, result, row)
+        assert completed, "no turn outran its interrupt: the race this test is about did not happen"
