@@ -23,6 +23,7 @@ from subagents.store import Store, ToolFilter, read_header
 from subagents.store.descriptor import ContinuableDescriptor, OneShotDescriptor
 from subagents.store.errors import SessionNotFoundError
 from subagents.worker.protocol import Budget
+from subagents.worker.tools import SANDBOX_MODES
 
 from .agents import LiveAgents
 from .errors import InvalidRequestError, NoParentError, SubagentDepthError
@@ -139,7 +140,8 @@ def place_child(agents: LiveAgents, store: Store, parent_id: str, *, max_depth: 
 
     A live agent's depth already includes its header's (``open_root`` and the
     starts read it); a parent known only from the store contributes its
-    header's depth and no sandbox mode.
+    header's depth and no sandbox mode. A mode asked for may narrow the
+    parent's, never widen it (``INVALID_REQUEST``).
     """
     live = agents.get(parent_id)
     if live is not None:
@@ -152,6 +154,11 @@ def place_child(agents: LiveAgents, store: Store, parent_id: str, *, max_depth: 
     depth = parent_depth + 1
     if max_depth is not None and depth > max_depth:
         raise SubagentDepthError(depth, max_depth)
+    if sandbox is not None and parent_sandbox is not None and SANDBOX_MODES.index(sandbox) > SANDBOX_MODES.index(parent_sandbox):
+        # the modes run from the narrowest to the widest: a read-only agent could otherwise have a
+        # child write for it, which is the widening the delegation rule forbids
+        raise InvalidRequestError(f'sandbox "{sandbox}" is wider than its parent\'s "{parent_sandbox}": '
+                                  "a child's permission scope cannot be widened", field="sandbox")
     return Placement(parent_id, depth, sandbox if sandbox is not None else parent_sandbox, stored=live is None)
 
 

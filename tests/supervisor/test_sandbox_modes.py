@@ -84,3 +84,44 @@ async def test_a_program_asking_for_an_unknown_mode_creates_no_child(tmp_path, a
         assert last_turn_end(sup.store, run.id)["diagnostic"] == result.diagnostic
         assert await sup.list_children(run.id) == []
         assert not target.exists()
+
+
+WIDER = [("read-only", "workspace-write"), ("read-only", "danger-full-access"), ("workspace-write", "danger-full-access")]
+
+
+@pytest.mark.parametrize("parent_mode, asked", WIDER)
+async def test_a_child_wider_than_its_parent_is_refused_before_it_is_made(tmp_path, parent_mode: str, asked: str) -> None:
+    """A read-only root could start a ``danger-full-access`` child, and a read-only program's child
+    wrote files its parent could not: a child's scope is its parent's or narrower. Found by a probe."""
+    async with open_supervisor(tmp_path) as sup:
+        sup.register_provider(Provider(name="cont", program="script", capabilities=Capabilities.all(), continuable=True))
+        root = await sup.open_root(label="r", sandbox=parent_mode)
+        before = disk_snapshot(sup.store)
+        expected = f'sandbox "{asked}" is wider than its parent\'s "{parent_mode}": a child\'s permission scope cannot be widened'
+        with pytest.raises(InvalidRequestError) as info:
+            await sup.start("script", SubagentRequest(parent=root, prompt="[]", sandbox=asked))
+        assert (str(info.value), info.value.field) == (expected, "sandbox")
+        with pytest.raises(InvalidRequestError) as info:
+            await sup.start_continuable(ContinuableSpec(parent=root, provider="cont", prompt="[]", label="w", sandbox=asked))
+        assert str(info.value) == expected
+        assert disk_snapshot(sup.store) == before
+        narrower = await sup.start("script", SubagentRequest(parent=root, prompt="[]", sandbox="read-only"))
+        assert (await narrower.result()).stop_reason == "completed"
+        await narrower.dispose()
+
+
+async def test_a_read_only_program_cannot_have_a_child_write_for_it(tmp_path) -> None:
+    target = tmp_path / "written.txt"
+    inner = [{"tool": "write_file", "args": {"path": str(target), "content": "x"}}]
+    async with open_supervisor(tmp_path) as sup:
+        root = await sup.open_root(sandbox="read-only")
+        prompt = json.dumps([{"spawn": {"prompt": inner, "provider": "script", "sandbox": "danger-full-access"}}])
+        run = await sup.start("script", SubagentRequest(parent=root, prompt=prompt))
+        with anyio.fail_after(DEADLINE_S):
+            result = await run.result()
+        await run.dispose()
+        assert (result.stop_reason, result.diagnostic) == (
+            "error", 'INVALID_REQUEST: sandbox "danger-full-access" is wider than its parent\'s "read-only": '
+                     "a child's permission scope cannot be widened")
+        assert await sup.list_children(run.id) == []
+        assert not target.exists()
