@@ -157,18 +157,21 @@ class Supervisor:
         try:
             async with anyio.create_task_group() as tg:
                 sup = cls(handle, cfg, tg)
-                sup.lease_keeper.start()
                 # space only gc spends, so a disk this store fills can still be collected (store/reserve.py)
                 await sup.runtime.store_thread.run(keep_reserve, handle)
-                tg.start_soon(sup.lease_keeper.run)
-                tg.start_soon(sup.continuation.watch_store, cfg.control_poll_s)
-                tg.start_soon(sup.runtime.control.run, cfg.control_poll_s)
                 try:
                     try:
                         await sup.pool.start(tg)
+                        # alive to others only now, holding nothing before: the first worker start (the
+                        # forkserver's imports) blocks this loop, for seconds on a busy host, and a heartbeat
+                        # written before it read as a dead owner's once the supervisor took its first leases
+                        sup.lease_keeper.start()
                     except BaseException as exc:  # a worker that cannot start: WorkerStartError
                         own_error = exc
                         raise
+                    tg.start_soon(sup.lease_keeper.run)
+                    tg.start_soon(sup.continuation.watch_store, cfg.control_poll_s)
+                    tg.start_soon(sup.runtime.control.run, cfg.control_poll_s)
                     try:
                         yield sup
                     except BaseException as exc:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 
 import anyio
@@ -9,6 +12,8 @@ import pytest
 
 from subagents.store import IdGenerator, Store, read_owner
 from subagents.supervisor.lease_keeper import LeaseKeeper
+
+from .test_cli_control import REPO, cli_env
 
 TTL = 0.6
 
@@ -55,3 +60,41 @@ async def test_a_gap_between_renewals_ends_the_streak_for_good(tmp_path) -> None
         tg.cancel_scope.cancel()
     assert read_owner(store, keeper.owner_id) is not None
     keeper.stop()
+
+
+
+OPEN_THEN_SAY = """
+import json, os, sys, time, anyio
+from subagents.store import read_owner
+from subagents.supervisor import Supervisor, SupervisorConfig
+
+def started_at(pid):
+    # when pid started, in wall-clock seconds (to the kernel's tick, rounded down); /proc/stat's
+    # btime is whole seconds, too coarse: the boot's wall time is read off the two clocks instead
+    boot = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+    with open(f"/proc/{pid}/stat") as handle:
+        ticks = int(handle.read().rsplit(")", 1)[1].split()[19])
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+async def main(store):
+    # a long TTL: no renewal falls in the window this test looks at
+    async with Supervisor.open(store=store, config=SupervisorConfig(pool_size=1, durability="none", lease_ttl_s=60)) as sup:
+        owner = read_owner(sup.store, sup.statistics().owner_id)
+        workers = [started_at(pid) for pid in sup.pool.worker_pids()]
+        print(json.dumps({"heartbeat_at": owner.heartbeat_at, "workers_started_at": workers}), flush=True)
+
+anyio.run(main, sys.argv[1])
+"""
+
+
+def test_a_supervisor_is_not_alive_to_others_before_its_workers_are(tmp_path) -> None:
+    """The owner record is written once the pool has started: the first worker start (the forkserver's
+    imports) blocks the event loop, on a busy host for seconds, and a heartbeat written before it was
+    that old when ``open`` returned; past the TTL, other processes read the supervisor as dead and took
+    the children it had just resumed, mid-turn (found by a probe: 8 ``subagents send`` at once)."""
+    done = subprocess.run([sys.executable, "-c", OPEN_THEN_SAY, str(tmp_path / "store")], cwd=REPO, env=cli_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout)
+    assert said["workers_started_at"]
+    assert said["heartbeat_at"] >= max(said["workers_started_at"]), said
