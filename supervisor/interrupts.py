@@ -182,7 +182,8 @@ class Interrupts:
 
     def _after(self, target_id: str, before: Projection, holder: _Holder) -> dict[str, Any] | None:
         """What ended the turn since ``before``: its ``turn/end`` or ``message/discarded`` record,
-        ``{"released": ...}`` when the holder let the child go without either; None: nothing yet.
+        ``{"released": ...}`` when the holder let the child go without either, ``{"died": ...}`` when it
+        died (same host: its pid; else its heartbeat) with neither written; None: nothing yet.
 
         The lease is read before the log: a holder writes the turn's end before it lets the child
         go, so a lease seen let go with no end in the log read after it really ended without one.
@@ -198,6 +199,8 @@ class Interrupts:
                     return event
         if lease is None or lease.state == "released" or lease.owner != holder.owner:
             return {"type": "released", "data": {}, "one_shot": getattr(now.identity, "mode", None) == "one-shot"}
+        if not owner_alive(read_owner(store, holder.owner)):
+            return {"type": "died", "data": {}}  # its turn is left open until a supervisor repairs it
         return None
 
 
@@ -287,6 +290,10 @@ def _confirmed(target_id: str, turn: _Turn, holder: _Holder, seen: dict[str, Any
     by = f"by supervisor {holder.owner}{_pid(holder)}"
     if seen["type"] == "message/discarded":
         return InterruptResult(outcome="cancelled", child_id=target_id, detail=f"stopped {by} before a worker took it", **host)
+    if seen["type"] == "died":
+        return _nothing(target_id, f"its host, supervisor {holder.owner}{_pid(holder)}, died before carrying out the interrupt; its turn "
+                                   "is left as the crash left it (the next supervisor to take the child closes it interrupted)",
+                        turn=turn.number, message_id=turn.message_id, **host)
     if seen["type"] == "released":
         if seen["one_shot"]:  # a one-shot run stopped while queued for a worker logs no turn
             return InterruptResult(outcome="cancelled", child_id=target_id, detail=f"stopped {by} before a worker took it", **host)

@@ -209,3 +209,31 @@ def test_of_two_interrupts_of_one_turn_only_the_first_says_it_stopped_it(tmp_pat
             if p.poll() is None:
                 p.kill()
             p.communicate(timeout=DEADLINE_S)
+
+
+def test_an_interrupt_whose_host_dies_before_carrying_it_out_says_so(tmp_path: Path) -> None:
+    """The host, stopped while the request reached it, is killed: the answer says the turn's host died
+    with the request undone (exit 3), at once, where it said "requested ... no end of the turn within
+    30 s" after the whole wait (found by a probe)."""
+    store_path = str(tmp_path / "st")
+    proc, ids = _continuable_host(store_path)
+    child, root = ids["child"], ids["root"]
+    waiting: list[subprocess.Popen[str]] = []
+    try:
+        proc.send_signal(signal.SIGSTOP)
+        waiting.append(_interrupt_in_background(store_path, child, root))
+        until(lambda: _control_records(store_path, child) == 1, DEADLINE_S)
+        proc.kill()
+        proc.communicate(timeout=DEADLINE_S)
+        asked_at = time.monotonic()
+        out, err = waiting[0].communicate(timeout=DEADLINE_S)
+        assert time.monotonic() - asked_at < 20, "the answer waited out its whole wait"
+        assert waiting[0].returncode == EXIT_NO_TURN, (out, err)
+        assert out == (f"no turn running for agent {child}: its host, supervisor {ids['owner']} (pid {proc.pid}), died before "
+                       "carrying out the interrupt; its turn is left as the crash left it (the next supervisor to take the child "
+                       "closes it interrupted)\n"), out
+    finally:
+        for p in [proc, *waiting]:
+            if p.poll() is None:
+                p.kill()
+            p.communicate(timeout=DEADLINE_S)
