@@ -74,7 +74,7 @@ class Delivery:
                     await act.disposed.wait()
                     continue
                 if act is None:
-                    await self._check(child_id, src, text)
+                    await self._check(parent_id, child_id, src, text)
                     routed = await self._accept_for_holder(parent_id, child_id, src, text)
                     if routed is not None:
                         return routed
@@ -216,7 +216,7 @@ class Delivery:
                     continue
                 if act is not None:
                     return await self.deliver(act, src, text, wake=True)
-                await self._check(child_id, src, text)
+                await self._check(parent, child_id, src, text)
                 routed = await self._accept_for_holder(parent, child_id, src, text)
                 if routed is not None:
                     return routed
@@ -224,11 +224,21 @@ class Delivery:
                 if act is not None:
                     return await self.deliver(act, src, text, wake=True)
 
-    async def _check(self, child_id: str, source: dict[str, Any], text: str) -> None:
+    async def _check(self, parent_id: str, child_id: str, source: dict[str, Any], text: str) -> None:
         """Refuse a message no mailbox would take before routing it: a cold resume is durable (a lease
         epoch, and a settlement notice to the parent when the resumed child settles again), and must
-        not happen for a message that is then refused (a resident child's acceptance checks it itself)."""
-        await self._rt.store_thread.run(lambda: check_message(self._rt.store, child_id, source=source, content=text))
+        not happen for a message that is then refused (a resident child's acceptance checks it itself).
+        A child with no continuation state (a one-shot child, running elsewhere or not) takes none:
+        ``NOT_RESUMABLE``, as its cold resume says, before its mailbox is read or written (and after
+        the lineage: ``UNAUTHORIZED`` comes first, as there)."""
+        def check() -> None:
+            if not _continuable_or_unread(self._rt.store, child_id):
+                if read_header(self._rt.store, child_id).parent_session != parent_id:
+                    raise UnauthorizedError.other_parent(child_id)
+                raise NotResumableError.no_state(child_id)
+            check_message(self._rt.store, child_id, source=source, content=text)
+
+        await self._rt.store_thread.run(check)
 
     async def _accept_for_holder(self, parent_id: str, child_id: str, source: dict[str, Any], text: str) -> str | None:
         """When a live other supervisor holds the child, accept the message into its durable mailbox.
@@ -269,6 +279,15 @@ class Delivery:
         except BaseException:  # isolation boundary: a background resume (a host's setup installer failed in it,
             # say) ends only itself; the messages stay pending, durable, for the next activation
             log.exception("child %s was not resumed for its pending messages", child_id)
+
+
+def _continuable_or_unread(store: Store, session_id: str) -> bool:
+    """Whether the child's log holds a continuation state; True when it does not read (its cold
+    resume or its holder's acceptance says what is wrong)."""
+    try:
+        return read_projection(store, session_id).continuable() is not None
+    except SubagentError:
+        return True
 
 
 def _takes_messages(store: Store, session_id: str) -> bool:

@@ -9,6 +9,7 @@ Every wait polls the store under a deadline; every subprocess has one.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -237,3 +238,16 @@ def test_an_interrupt_whose_host_dies_before_carrying_it_out_says_so(tmp_path: P
             if p.poll() is None:
                 p.kill()
             p.communicate(timeout=DEADLINE_S)
+
+
+def test_send_to_a_one_shot_child_another_process_runs_is_not_resumable_and_writes_nothing(one_shot_host) -> None:
+    """A one-shot child takes no message, running or not: ``send`` to one that another process was
+    running accepted the message into its mailbox and then said CORRUPT_SESSION ("mailbox and log
+    disagree"), though nothing was damaged (found by a probe)."""
+    store_path, root, child, proc, _ = one_shot_host
+    done = cli(store_path, "send", child, "hello", "--parent", root)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr == (f'error: NOT_RESUMABLE: subagent "{child}" has no supported continuation state and cannot be resumed; '
+                           "do not retry send_message with this id\n"), done.stderr
+    assert not os.path.exists(Store(store_path, create=False).path(child, "mailbox"))
+    assert cli(store_path, "store", "check").returncode == 0
