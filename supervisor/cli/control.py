@@ -21,7 +21,7 @@ from subagents.store import LeaseHeldError, MailboxMessage, Store, SubagentError
 
 from ..config import SupervisorConfig
 from ..config_loader import DeploymentConfig
-from ..errors import WaitTimeoutError
+from ..errors import UnauthorizedError, WaitTimeoutError
 from ..models import InterruptResult, UserAuthority
 from ..service import Supervisor
 from . import render
@@ -43,7 +43,7 @@ def register(verbs: Verbs) -> None:
                      example='subagents send 01M8MW1K3J5T0000000000000B "and summarise it in one line" --parent 01M8MVY0PZ9RKY15DPNHER70WX')
     send.add_argument("child", metavar="CHILD", help="the continuable child that takes the message")
     send.add_argument("message", metavar="MESSAGE", type=utf8_text, help="the message ('-' reads stdin)")
-    send.add_argument("--parent", required=True, metavar="ROOT", help="the root session CHILD belongs to (checked against its header)")
+    send.add_argument("--parent", required=True, metavar="ROOT", help="the session CHILD's header names as its parent (a root, for a child started by a host)")
     send.add_argument("--wait-s", type=positive_float, default=WAIT_S,
                       help=f"when CHILD was resumed here: how long to wait for it to settle (default {WAIT_S:.0f})")
 
@@ -105,11 +105,23 @@ async def _take_root_mail(sup: Supervisor, root_id: str) -> list[MailboxMessage]
     return await sup.take_messages(root)
 
 
+def _require_parent(store: Store, child: str, parent: str) -> None:
+    """``UNAUTHORIZED`` before any supervisor starts when ``--parent`` is not the parent ``child``'s header
+    names, saying what it names: the API's text alone (``belongs to another parent session``) said it of
+    a top-level session too, and left the user nothing to correct the command with."""
+    named = read_header(store, child).parent_session
+    if named == parent:
+        return
+    whose = f"{child} is a top-level session, which has no parent" if named is None else f"its parent is {named}, not {parent}"
+    raise UnauthorizedError(f"{UnauthorizedError.other_parent(child).message}: {whose}", child_id=child)
+
+
 def cmd_send(inv: Invocation) -> int:
     args, out = inv.args, inv.out
     store = inv.open_store(write=True)  # a control command never creates a store
     args.child = inv.session(store, args.child).id  # SESSION_NOT_FOUND before any supervisor starts
     args.parent = inv.session(store, args.parent).id
+    _require_parent(store, args.child, args.parent)
     message = text_or_stdin(args.message)
     doc = anyio.run(_send, inv.config, args.child, message, args.parent, args.wait_s, out)
     if out.json_mode:
@@ -196,6 +208,7 @@ def cmd_interrupt(inv: Invocation) -> int:
     store = inv.open_store(write=True)
     child = inv.session(store, args.child).id  # INVALID_SESSION_ID / SESSION_NOT_FOUND before any supervisor starts
     parent = inv.session(store, args.parent).id
+    _require_parent(store, child, parent)
     result = anyio.run(_interrupt, inv.config, child, parent, args.wait_s)
     inv.emit(result.model_dump(), render.render_interrupt)
     return EXIT_NO_TURN if result.outcome == "no_turn_running" else 0

@@ -445,3 +445,20 @@ def test_send_says_when_the_settlement_notice_could_not_reach_the_root(host) -> 
     doc = json.loads(ok_or(store_path, 1, "send", child, script({"return": "again"}), "--parent", root, "--json"))
     assert doc["notice"] is None and doc["output"] == "again", doc
     assert doc["notice_problem"].startswith("SESSION_UNAVAILABLE: "), doc
+
+
+@pytest.mark.parametrize("command", ["send", "interrupt"])
+def test_the_wrong_kind_of_id_is_unauthorized_saying_whose_it_is(host, command: str) -> None:
+    """``UNAUTHORIZED: subagent "ROOT" belongs to another parent session`` of a root (which has no parent),
+    or of a child given with a --parent that is not its own, left the user nothing to fix it with: the
+    CLI says what the id is (found by a probe)."""
+    store_path, ids, _proc = host
+    root, child = ids["root"], ids["child"]
+    args = ["x"] if command == "send" else []
+    done = cli(store_path, command, root, *args, "--parent", root)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (f'error: UNAUTHORIZED: subagent "{root}" belongs to another parent session: '
+                           f"{root} is a top-level session, which has no parent\n"), done.stderr
+    done = cli(store_path, command, child, *args, "--parent", child)
+    assert done.stderr == (f'error: UNAUTHORIZED: subagent "{child}" belongs to another parent session: '
+                           f"its parent is {root}, not {child}\n"), done.stderr
