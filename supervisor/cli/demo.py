@@ -17,7 +17,9 @@ from typing import Any, Sequence
 
 import anyio
 
-from subagents.store import list_children, list_descendants, read_header, read_identity
+from subagents.store import IdGenerator, list_children, list_descendants, read_header, read_identity
+from subagents.store.events import widest_event
+from subagents.store.framing import encode_record
 
 from subagents.worker.programs import load_program
 
@@ -212,7 +214,10 @@ def cmd_run(inv: Invocation) -> int:
     args = inv.args
     load_program(args.program)  # PROGRAM_LOAD_FAILED before the store, a root or a child is written
     prompt = text_or_stdin(args.prompt)  # USAGE for input that is not UTF-8, before the store is made
-    inv.open_store(create=True, write=True)
+    store = inv.open_store(create=True, write=True)
+    # RECORD_TOO_LARGE before the root is made: the child's creation refuses it only after
+    encode_record(widest_event("message/accepted", {"message_id": IdGenerator().new(), "source": {"kind": "user"}, "content": prompt}),
+                  limit=store.max_record_bytes, what='a "message/accepted" event')
     doc = anyio.run(_run, inv.config, args.program, prompt, args.label)
     inv.emit(doc, render.render_run)
     return 0 if doc["stop_reason"] == "completed" else 1

@@ -130,6 +130,17 @@ def test_run_of_an_unknown_program_fails_before_anything_is_written(tmp_path: Pa
     assert os.listdir(tmp_path / "st" / "sessions") == []
 
 
+def test_run_of_a_prompt_larger_than_the_store_takes_writes_nothing(tmp_path: Path) -> None:
+    """RECORD_TOO_LARGE before the root is made: it was refused as the child was created, after
+    ``run`` had made its root, and an empty root was left behind (found by a probe)."""
+    Store(tmp_path / "st", durability="none", max_record_bytes=4096)  # kept in the store's marker
+    done = cli("--store", "st", "run", "echo", "--prompt", "-", cwd=tmp_path, input="x" * 5000)
+    message = refused(done, "RECORD_TOO_LARGE")
+    assert message.startswith('a "message/accepted" event of ') and message.endswith(
+        "bytes exceeds the store's record size limit of 4096 bytes (max_record_bytes)"), message
+    assert os.listdir(tmp_path / "st" / "sessions") == []
+
+
 def test_run_loads_a_program_from_the_current_folder(tmp_path: Path) -> None:
     """`subagents run myprog:hello` from the folder holding myprog.py works without PYTHONPATH, as `python -m` does."""
     (tmp_path / "myprog.py").write_text(textwrap.dedent(
