@@ -407,6 +407,25 @@ class Supervisor:
             InvalidRequestError.require(item, str, "each of child_ids")
         await self.continuation.drain_children(parent, child_ids)
 
+    async def resume_pending(self, root: AgentRef | str) -> list[str]:
+        """Run what a closed or crashed host left waiting under ``root`` (a root this supervisor opened).
+
+        Closing a supervisor, or its crash, leaves the messages its continuable
+        children had not yet taken in their durable mailboxes, and nothing runs
+        them until the child is resumed. This resumes, here, each continuable
+        child of ``root`` that no live supervisor hosts and whose mailbox holds
+        such messages; each runs them, in order, as its next turns, and settles
+        as after a followup. Returns the ids resumed (creation order). A host
+        calls it after ``open_root(id=...)`` on a restart; it is not automatic,
+        because a short-lived process opening the root (``subagents send``)
+        would start turns it then stops as it closes.
+        """
+        self._check_open()
+        root_id = ref_id(root, "root")
+        if root_id not in self._root_epochs:
+            raise UnauthorizedError.not_own_root(root_id)
+        return await self.continuation.resume_pending(root_id)
+
     async def take_messages(self, root: AgentRef | str) -> list[MailboxMessage]:
         """Messages delivered to a root (reports, settlement notices), consumed durably into its log."""
         self._check_open()

@@ -24,7 +24,7 @@ from typing import Any
 
 import anyio
 
-from subagents.store import OneShotDescriptor, Store, accept, read_header, read_projection
+from subagents.store import ChildEntry, OneShotDescriptor, Store, accept, list_children, pending, read_header, read_projection
 from subagents.store.changes import ChangeWatch
 from subagents.store.errors import SubagentError
 from subagents.store.ids import validate_session_id
@@ -264,6 +264,38 @@ class Delivery:
         if lease is None or lease.state == "released" or lease.owner == self._rt.owner_id:
             return False
         return owner_alive(read_owner(self._rt.store, lease.owner))
+
+    async def resume_pending(self, parent_id: str) -> list[str]:
+        """Resume each continuable child of ``parent_id`` that no supervisor hosts and whose mailbox holds
+        messages no turn has taken (what a closed or crashed host left); the ids resumed, in creation
+        order. Each runs them as its next turns. One whose files refuse it, or that another process
+        resumed first, is left (logged): the others still run."""
+        resumed = []
+        for child_id in await self._rt.store_thread.run(self._waiting_children, parent_id):
+            if child_id in self._table:
+                continue
+            try:
+                act = await self._materializer.cold_resume(parent_id, child_id)
+            except SubagentError as exc:
+                log.warning("child %s was not resumed for its pending messages: %s", child_id, exc, extra={"child": child_id})
+                continue
+            if act is not None:
+                resumed.append(child_id)
+        return resumed
+
+    def _waiting_children(self, parent_id: str) -> list[str]:
+        """The unhosted continuable children of ``parent_id`` with messages pending (blocking: in the store thread)."""
+        store, waiting = self._rt.store, []
+        for entry in list_children(store, parent_id):
+            if not isinstance(entry, ChildEntry) or entry.mode != "continuable" or entry.status != "complete" or entry.id in self._table:
+                continue
+            try:
+                p = read_projection(store, entry.id)
+                if pending(store, entry.id, consumed=p.consumed, last_consumed_id=p.last_message_id, mailbox_end=p.mailbox_end):
+                    waiting.append(entry.id)
+            except SubagentError as exc:  # its damage is its own: said here, the others still run
+                log.warning("the pending messages of %s could not be read: %s", entry.id, exc, extra={"child": entry.id})
+        return waiting
 
     async def resume_for_pending(self, parent_id: str, child_id: str) -> None:
         """Run messages another process left for a child nobody hosts now."""

@@ -66,6 +66,10 @@ class ContinuationManager:
         """Stop the current turn of an activation resident here; whether there was one (``Teardown.interrupt``)."""
         return self._teardown.interrupt(target_id, authority)
 
+    async def resume_pending(self, parent_id: str) -> list[str]:
+        """Resume the unhosted children of ``parent_id`` that have messages waiting (``Delivery.resume_pending``)."""
+        return await self._delivery.resume_pending(parent_id)
+
     def stopping(self, child_id: str) -> bool:
         """Whether an interrupt already cancelled the turn the child has in flight here."""
         act = self._table.get(child_id)
