@@ -59,7 +59,7 @@ from typing import Literal
 
 from .errors import SessionNotFoundError, SubagentError, UnsupportedFormatError
 from .identity import DiagnosticReason, Identity, read_identity
-from .index import IndexEntry, read_index
+from .index import IndexEntry, children_from_headers, read_index
 from .lease import Lease, OwnerCache, lease_of
 from .mailbox import require_consumed_prefix
 from .outcome import OUTCOMES, Outcome, outcome_of
@@ -115,11 +115,17 @@ def _has_subagent_children(children: list[IndexEntry]) -> bool:
 
 
 def _read_children(store: Store, parent_id: str) -> list[IndexEntry]:
-    """The index entries; a damaged index is logged (``fsck`` flags it for reindex) and read past."""
+    """The index entries; a damaged index is logged (``fsck`` flags it for reindex) and read past, and
+    the children whose headers name the parent are read beside it (a scan of every header, until a
+    reindex): the entries its damage hid would otherwise drop out of every listing."""
     found = read_index(store, parent_id)
+    if not found.problems:
+        return found.entries
     for problem in found.problems:
         log.warning("children index of %s: %s (run `subagents store reindex`)", parent_id, problem, extra={"session": parent_id})
-    return found.entries
+    listed = {entry.id for entry in found.entries}
+    hidden = [entry for entry in children_from_headers(store, parent_id) if entry.id not in listed]
+    return sorted([*found.entries, *hidden], key=lambda entry: (entry.created_at, entry.id)) if hidden else found.entries
 
 
 def _entry(

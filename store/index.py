@@ -28,7 +28,7 @@ import logging
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from .acknowledgment import evidence_of_use
 from .atomic import Removal, remove_durably, write_atomic
@@ -47,7 +47,7 @@ from .steps import Steps
 
 __all__ = [
     "Settled", "IndexEntry", "IndexRead", "add_child", "add_children", "prepare_index", "remove_child", "drop_index", "mark_active", "mark_all_active", "mark_settled",
-    "read_index", "read_children", "indexed_children", "ReindexReport", "reindex",
+    "read_index", "read_children", "indexed_children", "children_from_headers", "ReindexReport", "reindex",
 ]
 
 log = logging.getLogger(__name__)
@@ -244,13 +244,10 @@ def reindex(store: Store, *, keep_unacknowledged: bool = False) -> ReindexReport
     damaged session listed, as a diagnostic, until its file is restored or removed."""
     proven: dict[str, dict[str, IndexEntry]] = defaultdict(dict)
     unreadable: set[str] = set()
-    for session_id in store.session_ids():
-        try:
-            header = read_header(store, session_id)
-        except SubagentError:
+    for session_id, header in _headers(store):
+        if header is None:
             unreadable.add(session_id)  # proves nothing, and is not to be lost either (below)
-            continue
-        if header.parent_session is not None:
+        elif header.parent_session is not None:
             proven[header.parent_session][header.id] = _entry_of(store, header)
     parents = set(proven) | {name for name in os.listdir(store.children_index_dir) if is_valid_session_id(name)}
     # every index it rewrites, before the first: one it may not write (another user's) would stop it halfway
@@ -277,6 +274,21 @@ def reindex(store: Store, *, keep_unacknowledged: bool = False) -> ReindexReport
         for parent_id, children in decided.items():
             log.info("reindex: children of %s %s: %s", parent_id, what, ", ".join(children))
     return report
+
+
+def _headers(store: Store) -> Iterator[tuple[str, SessionHeader | None]]:
+    """Every session's header (``None``: it does not read): the authority every index derives from."""
+    for session_id in store.session_ids():
+        try:
+            yield session_id, read_header(store, session_id)
+        except SubagentError:
+            yield session_id, None
+
+
+def children_from_headers(store: Store, parent_id: str) -> list[IndexEntry]:
+    """The entries of the children whose headers name ``parent_id``, from a scan of every header:
+    what a listing reads beside an index that is damaged (any entry may be lost), until a reindex."""
+    return [_entry_of(store, header) for _, header in _headers(store) if header is not None and header.parent_session == parent_id]
 
 
 def _entry_of(store: Store, header: SessionHeader) -> IndexEntry:

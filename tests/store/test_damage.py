@@ -235,7 +235,8 @@ def test_a_bad_index_record_never_drops_the_children_after_it(st, how):
     write_file(path, blob)
     read = read_index(st, "r")
     assert [e.id for e in read.entries] == ["c1", "c3"] and read.needs_reindex
-    assert [r.id for r in store.list_children(st, "r")] == ["c1", "c3"]
+    # the listing reads the headers that name the parent too: a damaged index drops no child from it
+    assert [r.id for r in store.list_children(st, "r")] == ["c1", "c2", "c3"]
     report = fsck(st, repair=False, lease_ttl_s=5.0)
     assert any(f["kind"] == "index-damaged" and f["id"] == "r" and "reindex" in f["detail"] for f in report["findings"])
     make_child(st, "r", "c4", created_at=20.0)  # an append after the damage is read too
@@ -253,6 +254,9 @@ def test_an_index_file_with_no_readable_record_is_damage_not_an_empty_parent(st)
     write_file(st.children_index_path("r"), b"garbage, not one record\n")
     read = read_index(st, "r")
     assert read.entries == [] and read.needs_reindex
+    # nor is the child dropped from its parent's listing: its header names the parent (found by a probe:
+    # `ls PARENT` said "(no subagents)" until a reindex, though listings promise to read around damage)
+    assert [(r.id, r.label) for r in store.list_children(st, "r")] == [("c1", "c1")]
     report = fsck(st, repair=False, lease_ttl_s=5.0)
     assert any(f["kind"] == "index-damaged" and f["id"] == "r" for f in report["findings"])
     store.reindex(st)

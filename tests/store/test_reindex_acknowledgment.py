@@ -156,7 +156,9 @@ def test_a_damaged_index_keeps_every_child_its_headers_prove(st, root, acknowled
     buf = bytearray(read_file(path))
     buf[store.scan(bytes(buf)).offsets[0] + 12] ^= 0xFF
     write_file(path, bytes(buf))
-    assert store.read_index(st, root).needs_reindex and listed(st, root) == []
+    assert store.read_index(st, root).needs_reindex and store.read_index(st, root).entries == []
+    # until the reindex, listings read the headers beside the damaged index, and show both as it will
+    assert sorted(listed(st, root)) == sorted([acknowledged, child])
     report = store.reindex(st)
     assert sorted(listed(st, root)) == sorted([acknowledged, child]) and report.left_out == {}
     assert report.put_back == {root: sorted([acknowledged, child])}
