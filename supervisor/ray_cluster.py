@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,11 +55,31 @@ def join(config: RayConfig) -> bool:
     if ray.is_initialized():
         return False
     address = None if config.address == "local" else config.address
+    if address is not None:
+        _require_answer(address)
     try:
         ray.init(address=address, namespace=config.namespace, log_to_driver=False, configure_logging=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise RayUnavailableError(f"cannot join the Ray cluster at {config.address!r}: {exc}", address=config.address) from exc
     return True
+
+
+# how long a cluster's address has to accept a connection before the join is refused
+CONNECT_TIMEOUT_S = 5.0
+
+
+def _require_answer(address: str) -> None:
+    """``RayUnavailableError`` at once when nothing accepts a connection at a ``host:port`` address:
+    ``ray.init`` retried such an address for minutes, ignoring Ctrl-C. Others ("auto", "ray://...")
+    are Ray's to resolve."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "/" in host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise RayUnavailableError(f"cannot join the Ray cluster at {address!r}: nothing answers there ({why})", address=address) from None
 
 
 @dataclass
