@@ -95,7 +95,8 @@ def outcome_of(p: Projection, *, held: bool, root: bool = False) -> OutcomeVerdi
     Rules, first match wins:
     1. a turn is open and no live owner holds the session → ``crashed``;
     2. no turn finished: work dropped unrun → ``drained`` (``aborted`` when an interrupt dropped
-       it); a live or open first turn, or a root that never ran one → none yet; else ``not-started``;
+       it); a live or open first turn, one a live owner holds (queued for a worker), or a root that
+       never ran one → none yet; else ``not-started`` (nobody will start it until it is resumed);
     3. accepted work dropped unrun after the last turn ended → the same as in 2;
     4. else the last ``turn/end``: see ``_turn_outcome`` (FORMAT.md "Outcomes").
     """
@@ -105,7 +106,7 @@ def outcome_of(p: Projection, *, held: bool, root: bool = False) -> OutcomeVerdi
     if p.turns == 0:
         if p.discarded:
             return OutcomeVerdict(_discard_outcome(p))
-        if p.open_turn is not None or root:
+        if p.open_turn is not None or held or root:
             return OutcomeVerdict(None)
         return OutcomeVerdict("not-started")
     if p.discarded:

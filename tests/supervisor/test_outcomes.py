@@ -186,3 +186,20 @@ async def test_a_damaged_child_keeps_its_place_in_creation_order(tmp_path) -> No
     listing = json.loads(cli(store_path, "ls", root.id, "--json"))
     assert [row["id"] for row in listing] == made, listing
     assert listing[-1]["kind"] == "diagnostic"
+
+
+async def test_a_child_queued_for_a_worker_has_no_outcome_yet(tmp_path) -> None:
+    """Waiting for a free worker, a child is ``running`` with no outcome (``-``): it read ``not-started``,
+    which says its turn never will (found by a probe). Once its run is given up before it started, it is."""
+    async with open_supervisor(tmp_path, pool_size=1, worker_prefetch=0) as sup:
+        root = await sup.open_root(label="queue")
+        hog = await sup.start("script", SubagentRequest(parent=root, prompt=S({"sleep": 20_000}), label="hog"))
+        await wait_until(lambda: turn_started(sup.store, hog.id), what="the hog's turn to start")
+        queued = await sup.start("script", SubagentRequest(parent=root, prompt=S({"return": "x"}), label="queued"))
+        rows = {e.label: (e.status, e.outcome) for e in await sup.list_children(root.id)}
+        assert rows == {"hog": ("running", None), "queued": ("running", None)}
+        assert "not-started" not in cli(str(sup.store.root), "ls", root.id)
+        await queued.dispose()
+        await hog.dispose()
+        rows = {e.label: (e.status, e.outcome) for e in await sup.list_children(root.id)}
+        assert rows == {"hog": ("complete", "aborted"), "queued": ("complete", "not-started")}
