@@ -24,6 +24,7 @@ from subagents.store.framing import encode_record
 from subagents.worker.programs import load_program
 
 from ..config_loader import DeploymentConfig
+from ..errors import UsageError
 from ..models import Capabilities, ContinuableSpec, Provider, SubagentRequest
 from ..service import Supervisor
 from . import render
@@ -85,9 +86,11 @@ def cmd_demo(inv: Invocation) -> int:
     args = inv.args
     children = args.children or (QUICK_CHILDREN if args.quick else 8)
     cpu_ms = args.cpu_ms if args.cpu_ms is not None else (QUICK_CPU_MS if args.quick else 400)
-    store = inv.open_store(create=True, write=True)
     config = inv.config
     pool = args.pool or config.supervisor.pool
+    if args.ray_address is not None and pool != "ray":  # ignored, the demo ran on this host's pool
+        raise UsageError(f'--ray-address joins a Ray cluster, and the pool is "{pool}": add --pool ray')
+    store = inv.open_store(create=True, write=True)
     if pool == "ray":
         ray = config.supervisor.ray
         if args.ray_address is not None:

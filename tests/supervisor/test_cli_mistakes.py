@@ -141,6 +141,14 @@ def test_run_of_a_prompt_larger_than_the_store_takes_writes_nothing(tmp_path: Pa
     assert os.listdir(tmp_path / "st" / "sessions") == []
 
 
+def test_demo_ray_address_without_the_ray_pool_is_a_usage_error(tmp_path: Path) -> None:
+    """``--ray-address`` was ignored without ``--pool ray``: the demo ran on the local pool, saying nothing
+    (found by a probe). Refused before the store is made."""
+    message = refused(cli("--store", "st", "demo", "--quick", "--ray-address", "127.0.0.1:6379", cwd=tmp_path), "USAGE")
+    assert message == '--ray-address joins a Ray cluster, and the pool is "local": add --pool ray', message
+    assert not (tmp_path / "st").exists()
+
+
 def test_run_loads_a_program_from_the_current_folder(tmp_path: Path) -> None:
     """`subagents run myprog:hello` from the folder holding myprog.py works without PYTHONPATH, as `python -m` does."""
     (tmp_path / "myprog.py").write_text(textwrap.dedent(
