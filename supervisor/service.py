@@ -11,6 +11,8 @@ run in one process, each with its own pool.
 
 Closing the supervisor cancels and disposes every run it still holds, stops
 its workers, releases its roots' leases and removes its owner record.
+(About 500 lines: the whole public API, one short method with its contract
+per operation; the work is the collaborators'.)
 """
 
 from __future__ import annotations
@@ -408,18 +410,10 @@ class Supervisor:
         await self.continuation.drain_children(parent, child_ids)
 
     async def resume_pending(self, root: AgentRef | str) -> list[str]:
-        """Run what a closed or crashed host left waiting under ``root`` (a root this supervisor opened).
-
-        Closing a supervisor, or its crash, leaves the messages its continuable
-        children had not yet taken in their durable mailboxes, and nothing runs
-        them until the child is resumed. This resumes, here, each continuable
-        child of ``root`` that no live supervisor hosts and whose mailbox holds
-        such messages; each runs them, in order, as its next turns, and settles
-        as after a followup. Returns the ids resumed (creation order). A host
-        calls it after ``open_root(id=...)`` on a restart; it is not automatic,
-        because a short-lived process opening the root (``subagents send``)
-        would start turns it then stops as it closes.
-        """
+        """Run what a closed or crashed host left waiting under ``root`` (a root opened here): each of its
+        continuable children that no live supervisor hosts and whose mailbox holds messages no turn took is
+        resumed here and runs them in order; the ids resumed. Not automatic on ``open_root``: a short-lived
+        process opening a root (``subagents send``) would start turns it then stops as it closes."""
         self._check_open()
         root_id = ref_id(root, "root")
         if root_id not in self._root_epochs:
