@@ -13,7 +13,7 @@ from typing import Any
 
 from .appender import WIDEST_SEQ
 
-__all__ = ["EVENT_TYPES", "STOP_REASONS_IN_LOG", "unknown_type", "closers", "widest_event"]
+__all__ = ["EVENT_TYPES", "STOP_REASONS_IN_LOG", "unknown_type", "closers", "widest_event", "TOOL_OUTCOME_UNKNOWN"]
 
 EVENT_TYPES = frozenset(
     {
@@ -54,6 +54,11 @@ def widest_event(kind: str, data: Any) -> dict[str, Any]:
     return {"seq": WIDEST_SEQ, "ts": 0.0, "type": kind, "data": data, "epoch": WIDEST_SEQ}
 
 
+# the answer of a ``tool/call`` whose tool may or may not have run: its worker died in it (crash repair,
+# ``closers``), or its turn was stopped while it waited (``TurnContext.closing_events``)
+TOOL_OUTCOME_UNKNOWN = {"name": "ToolOutcomeUnknownError", "code": "TOOL_OUTCOME_UNKNOWN"}
+
+
 def closers(
     open_turn: int | None, open_step: int | None, open_calls: dict[str, int], *, cause: str | None = None,
     crash: str | None = None,
@@ -79,7 +84,7 @@ def closers(
                 {
                     "call_id": call_id,
                     "is_error": True,
-                    "error": {"name": "ToolOutcomeUnknownError", "code": "TOOL_OUTCOME_UNKNOWN"},
+                    "error": dict(TOOL_OUTCOME_UNKNOWN),
                     "source_seqs": [call_seq],
                 },
             )

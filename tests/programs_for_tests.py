@@ -370,3 +370,10 @@ def ignores_its_budget(ctx) -> str:  # type: ignore[no-untyped-def]
     """A plain ``def`` that never looks at the stop flag: it returns after ``ctx.text`` seconds, whatever its budget."""
     time.sleep(float(ctx.text))
     return "finished late"
+
+
+async def hangs_in_a_tool(ctx: TurnContext) -> str:
+    """``hang``: a recorded tool call that never returns (a model's tool waiting on a child, say); else says what it got."""
+    if ctx.message == "hang":
+        await ctx.recorded_call("wait", {}, lambda: anyio.sleep(3600))
+    return f"ran: {ctx.message}"

@@ -19,6 +19,8 @@ import anyio
 import anyio.from_thread
 import msgpack
 
+from subagents.store.events import TOOL_OUTCOME_UNKNOWN
+
 from .budget import TurnControl, TurnStopped
 from .errors import UnsendableArgumentError
 from .protocol import TurnSpec, non_text_key
@@ -83,6 +85,7 @@ class TurnContext:
         self._outputs = _Outputs()
         self._step_open = False
         self._call_ids = itertools.count(1)
+        self._open_calls: list[str] = []  # recorded calls with no result yet: the turn's end answers them
 
     @property
     def tools(self) -> Toolbox:
@@ -167,15 +170,24 @@ class TurnContext:
             self._writer.append(events)
 
     def closing_events(self) -> list[tuple[str, Any]]:
-        """The ``step/end`` of an open step, handed to the caller instead of appended.
+        """The ``tool/result`` of each call still waiting and the ``step/end`` of an open step, handed to
+        the caller instead of appended.
 
-        The turn's end writes it in the same append as the final message and
+        The turn's end writes them in the same append as the final message and
         ``turn/end`` (one lock, one write, one commit instead of three appends).
+        A call still waiting was stopped with its turn (an interrupt, a timeout):
+        it is answered ``TOOL_OUTCOME_UNKNOWN``, as crash repair answers one a
+        dead worker left, so that no later turn replays a call without an
+        answer (model endpoints refuse such a conversation).
         """
-        if not self._step_open:
-            return []
-        self._step_open = False
-        return [("step/end", {})]
+        closing: list[tuple[str, Any]] = [
+            ("tool/result", {"call_id": call_id, "is_error": True, "error": dict(TOOL_OUTCOME_UNKNOWN)}) for call_id in self._open_calls
+        ]
+        self._open_calls.clear()
+        if self._step_open:
+            self._step_open = False
+            closing.append(("step/end", {}))
+        return closing
 
     async def say(self, text: str) -> None:
         """Record an assistant message; the last non-empty one is the turn's output. ``TypeError`` for what is no
@@ -206,12 +218,15 @@ class TurnContext:
         self._control.check()
         call_id = f"{self.message_id}-{next(self._call_ids)}"
         self._writer.append([("tool/call", {"call_id": call_id, "name": name, "args": args})])
+        self._open_calls.append(call_id)
         await self._writer.flush()  # write-ahead: the call is in the log before the tool acts
         try:
             value = await run()
         except Exception as exc:
+            self._open_calls.remove(call_id)
             self._writer.append([("tool/result", {"call_id": call_id, "is_error": True, "error": f"{type(exc).__name__}: {exc}"})])
             raise
+        self._open_calls.remove(call_id)
         self._writer.append([("tool/result", {"call_id": call_id, "is_error": False, "value": value})])
         return value
 
