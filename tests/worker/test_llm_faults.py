@@ -258,3 +258,23 @@ def test_settings_read_back_from_the_environment() -> None:
     got = LlmProgram.from_environment({"SUBAGENTS_LLM_TIMEOUT_S": "2.5", "SUBAGENTS_LLM_MAX_RETRIES": "0"})
     assert (got.timeout_s, got.max_retries) == (2.5, 0)
     assert os.environ.get("NO_SUCH_KEY_VARIABLE") is None  # the tests' key variable: no key, no Authorization header
+
+
+def test_a_call_an_older_log_left_without_a_result_is_answered_in_the_transcript() -> None:
+    """A turn stopped while a call waited left no ``tool/result`` in logs written before the turn's end
+    answered it: the transcript answers it where the conversation moves on, or every later request
+    of that child is refused ("tool_calls must be followed by tool messages"). Found by a probe."""
+    events = [
+        {"type": "message/accepted", "data": {"content": "first"}},
+        {"type": "step/start", "data": {}},
+        {"type": "tool/call", "data": {"call_id": "m1-1", "name": "subagent", "args": {"prompt": "x"}}},
+        {"type": "turn/end", "data": {"stop_reason": "aborted"}},
+        {"type": "message/accepted", "data": {"content": "again"}},
+    ]
+    assert _transcript(events) == [
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "m1-1", "type": "function", "function": {"name": "subagent", "arguments": '{"prompt": "x"}'}}]},
+        {"role": "tool", "tool_call_id": "m1-1", "content": "error: its outcome is unknown: the turn ended before it returned"},
+        {"role": "user", "content": "again"},
+    ]

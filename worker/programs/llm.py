@@ -104,13 +104,23 @@ def _transcript(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     the calls' results, as the chat-completions format wants them."""
     out: list[dict[str, Any]] = []
     open_step: dict[str, Any] | None = None  # the assistant message of the current step, which its calls join
+    waiting: list[str] = []  # calls with no result yet
+
+    def answer_waiting() -> None:
+        # a log written before a stopped turn's end answered its waiting calls (TOOL_OUTCOME_UNKNOWN) has
+        # none: endpoints refuse a conversation whose tool calls are not each followed by an answer
+        out.extend({"role": "tool", "tool_call_id": call_id, "content": _UNANSWERED} for call_id in waiting)
+        waiting.clear()
+
     for event in events:
         kind, data = event["type"], event.get("data") or {}
         if kind == "message/accepted":
+            answer_waiting()
             content = data.get("content")
             out.append({"role": "user", "content": content if isinstance(content, str) else json.dumps(content)})
             open_step = None
         elif kind == "step/start":
+            answer_waiting()
             open_step = None
         elif kind == "assistant/message" and data.get("text"):
             open_step = {"role": "assistant", "content": data["text"]}
@@ -122,9 +132,17 @@ def _transcript(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             arguments = json.dumps(data.get("args") if isinstance(data.get("args"), dict) else {})
             open_step.setdefault("tool_calls", []).append(
                 {"id": str(data.get("call_id")), "type": "function", "function": {"name": str(data.get("name")), "arguments": arguments}})
+            waiting.append(str(data.get("call_id")))
         elif kind == "tool/result" and isinstance(data, dict):
-            out.append({"role": "tool", "tool_call_id": str(data.get("call_id")), "content": _result_text(data)})
+            call_id = str(data.get("call_id"))
+            if call_id in waiting:
+                waiting.remove(call_id)
+            out.append({"role": "tool", "tool_call_id": call_id, "content": _result_text(data)})
+    answer_waiting()
     return out
+
+
+_UNANSWERED = "error: its outcome is unknown: the turn ended before it returned"
 
 
 def _result_text(data: dict[str, Any]) -> str:
