@@ -278,3 +278,15 @@ def test_a_call_an_older_log_left_without_a_result_is_answered_in_the_transcript
         {"role": "tool", "tool_call_id": "m1-1", "content": "error: its outcome is unknown: the turn ended before it returned"},
         {"role": "user", "content": "again"},
     ]
+
+
+@pytest.mark.parametrize("asked", ["-3", "nan", "-1e9"])
+async def test_a_retry_after_that_is_no_wait_is_retried_with_backoff(tmp_path, endpoint, asked) -> None:
+    """A negative ``Retry-After`` ended the turn with ``ValueError: delay must be a non-negative number``
+    and ``nan`` was not retried at all (found by a probe): a wait that is no wait is ignored, and the
+    usual backoff applies."""
+    base_url, seen, answers = endpoint
+    answers[:] = [(429, {"Retry-After": asked, "Content-Type": "application/json"}, b'{"error": {"message": "slow down"}}'),
+                  completion("fine")]
+    result, _, _ = await run_once(tmp_path, program(base_url, max_retries=2))
+    assert (result.stop_reason, result.output, len(seen)) == ("completed", "fine", 2), result

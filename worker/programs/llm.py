@@ -381,23 +381,27 @@ def _reply_of(response: Any) -> tuple[str, list[dict[str, Any]], str | None] | s
 
 
 def _asked_wait(exc: Exception) -> float | None:
-    """Seconds the endpoint asked to wait (``retry-after-ms``, ``Retry-After`` in seconds or as a date)."""
+    """Seconds the endpoint asked to wait (``retry-after-ms``, ``Retry-After`` in seconds or as a date);
+    ``None`` when it asked nothing that is a wait (a negative number or NaN ended the turn with
+    ``ValueError`` from the sleep, or was not retried): the usual backoff then applies."""
     headers = getattr(getattr(exc, "response", None), "headers", None)
     if headers is None:
         return None
     try:
         if headers.get("retry-after-ms") is not None:
-            return float(headers["retry-after-ms"]) / 1000
-        value = headers.get("retry-after")
-        if value is None:
+            asked = float(headers["retry-after-ms"]) / 1000
+        elif headers.get("retry-after") is None:
             return None
-        try:
-            return float(value)
-        except ValueError:
-            moment = email.utils.parsedate_to_datetime(value)
-            return max(0.0, moment.timestamp() - time.time())
+        else:
+            value = headers["retry-after"]
+            try:
+                asked = float(value)
+            except ValueError:
+                moment = email.utils.parsedate_to_datetime(value)
+                return max(0.0, moment.timestamp() - time.time())
     except (TypeError, ValueError, OverflowError):
         return None
+    return asked if asked >= 0 else None  # NaN compares False too
 
 
 def _retry_wait(exc: Exception, attempt: int) -> float | None:
