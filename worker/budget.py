@@ -79,6 +79,11 @@ class TurnControl:
         if self.cause is not None:
             raise TurnStopped(self.cause)
 
+    def default_max_steps(self, max_steps: int) -> None:
+        """A step budget when the turn has none (``TurnContext.limit_steps``)."""
+        if self.max_steps is None:
+            self.max_steps = max_steps
+
     def count_step(self) -> int:
         self.check()
         self.steps += 1

@@ -164,6 +164,14 @@ class TurnContext:
         await anyio.lowlevel.checkpoint()
         return n
 
+    def limit_steps(self, max_steps: int) -> None:
+        """The program's own step cap, for a turn whose caller set no ``max_steps``: past it the turn
+        ends ``budget-exhausted`` as a caller's budget ends it (outcome ``budget``); a caller's budget,
+        larger or smaller, stands. A runaway loop (a model calling tools forever) is a budget, not an error."""
+        if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+            raise ValueError(f"max_steps must be a whole number of at least 1, not {max_steps!r}")
+        self._control.default_max_steps(max_steps)
+
     def close_step(self) -> None:
         events = self.closing_events()
         if events:

@@ -21,7 +21,7 @@ import anyio
 import pytest
 
 from subagents.store import inspect
-from subagents.supervisor import Capabilities, Provider, SubagentRequest, Supervisor, SupervisorConfig
+from subagents.supervisor import Capabilities, Provider, RunBudget, SubagentRequest, Supervisor, SupervisorConfig
 from subagents.worker.programs.llm import SCHEMA_TEXT, LlmProgram, _transcript
 from subagents.worker.redaction import Redactor
 
@@ -290,3 +290,26 @@ async def test_a_retry_after_that_is_no_wait_is_retried_with_backoff(tmp_path, e
                   completion("fine")]
     result, _, _ = await run_once(tmp_path, program(base_url, max_retries=2))
     assert (result.stop_reason, result.output, len(seen)) == ("completed", "fine", 2), result
+
+
+def _calls_forever() -> Answer:
+    return completion(None, [("add", {"a": 1, "b": 2})], finish="tool_calls")
+
+
+async def test_a_model_that_calls_tools_forever_ends_on_its_step_budget(tmp_path, endpoint) -> None:
+    """The program's own cap (``max_steps``, 32; ``SUBAGENTS_LLM_MAX_STEPS``) ended a runaway tool loop
+    ``error``, and overrode a caller's larger ``max_steps`` (found by a probe): it is the turn's step
+    budget when the caller set none, and ends it ``budget-exhausted`` as a caller's does."""
+    base_url, seen, answers = endpoint
+    answers[:] = [_calls_forever()]
+    result, _, _ = await run_once(tmp_path, program(base_url, max_steps=4))
+    assert (result.stop_reason, result.diagnostic, len(seen)) == ("budget-exhausted", "the turn exceeded max_steps=4", 4), result
+    seen.clear()
+    result, _, _ = await run_once(tmp_path / "b", program(base_url, max_steps=4), budget=RunBudget(max_steps=6))
+    assert (result.stop_reason, result.diagnostic, len(seen)) == ("budget-exhausted", "the turn exceeded max_steps=6", 6), result
+
+
+def test_the_step_cap_is_configurable() -> None:
+    assert LlmProgram.from_environment({"SUBAGENTS_LLM_MAX_STEPS": "100"}).max_steps == 100
+    with pytest.raises(ValueError, match="SUBAGENTS_LLM_MAX_STEPS"):
+        LlmProgram.from_environment({"SUBAGENTS_LLM_MAX_STEPS": "0"})

@@ -164,13 +164,13 @@ class LlmProgram:
     api_key_env: str = "DEEPSEEK_API_KEY"
     timeout_s: float = 120.0
     max_retries: int = 3  # the SDK's retries on 429 / 5xx / timeouts, with exponential backoff
-    max_steps: int = 32
+    max_steps: int = 32  # the turn's step budget when its caller sets none (``TurnContext.limit_steps``)
     delegation: DelegationConfig = field(default_factory=DelegationConfig)
     report_delivery: str = "wakeup"
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> "LlmProgram":
-        """``SUBAGENTS_LLM_BASE_URL``, ``_MODEL``, ``_API_KEY_ENV``, ``_TIMEOUT_S``, ``_MAX_RETRIES`` (read at the
+        """``SUBAGENTS_LLM_BASE_URL``, ``_MODEL``, ``_API_KEY_ENV``, ``_TIMEOUT_S``, ``_MAX_RETRIES``, ``_MAX_STEPS`` (read at the
         program boundary). A bad value is ``ValueError`` naming its variable and what it must be."""
         defaults = cls()
         env = os.environ if environ is None else environ
@@ -182,6 +182,8 @@ class LlmProgram:
                                lambda v: math.isfinite(v) and v > 0, "a finite number of seconds above 0"),
             max_retries=_setting(env, "SUBAGENTS_LLM_MAX_RETRIES", defaults.max_retries, int,
                                  lambda v: 0 <= v <= 100, "a whole number from 0 to 100"),
+            max_steps=_setting(env, "SUBAGENTS_LLM_MAX_STEPS", defaults.max_steps, int,
+                               lambda v: 1 <= v <= 100_000, "a whole number from 1 to 100000"),
         )
 
     def system_prompt(self, ctx: TurnContext) -> str:
@@ -212,8 +214,10 @@ class LlmProgram:
         # the program makes the attempts (``_create``): the client neither retries nor bounds a whole reply
         client = openai.AsyncOpenAI(api_key=key or "unused", base_url=self.base_url.rstrip("/"), timeout=self.timeout_s, max_retries=0)
         extra = {} if key else {"extra_headers": {"Authorization": openai.omit}}
+        # the turn's step budget when its caller set none: a model calling tools forever ends budget-exhausted
+        ctx.limit_steps(self.max_steps)
         try:
-            for _ in range(self.max_steps):
+            while True:
                 await ctx.step()
                 request = {"model": model, "messages": messages, "tools": [t.schema() for t in tools.values()], **extra}
                 response = await self._create(client, request)
@@ -251,7 +255,6 @@ class LlmProgram:
                     messages.append({"role": "tool", "tool_call_id": call["id"], "content": outcome.text})
         finally:
             await client.close()
-        return TurnResult(stop_reason="error", diagnostic=f"the model made more than {self.max_steps} calls in one turn")
 
     async def _create(self, client: Any, request: dict[str, Any]) -> Any:
         """One chat completion (whatever the client made of the body), each attempt whole within ``timeout_s``,
