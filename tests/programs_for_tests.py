@@ -377,3 +377,13 @@ async def hangs_in_a_tool(ctx: TurnContext) -> str:
     if ctx.message == "hang":
         await ctx.recorded_call("wait", {}, lambda: anyio.sleep(3600))
     return f"ran: {ctx.message}"
+
+
+async def fails_in_a_task_group(ctx: TurnContext) -> str:
+    """A failure inside an anyio task group reaches the program's caller as an ``ExceptionGroup``."""
+    async def connect() -> None:
+        raise OverflowError("connect(): port must be 0-65535.")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(connect)
+    return "never"

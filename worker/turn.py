@@ -17,7 +17,7 @@ import inspect as pyinspect
 import json
 import logging
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import anyio
 import msgpack
@@ -184,11 +184,26 @@ def _cancel_asked(control: TurnControl) -> bool:
 
 
 def _described(exc: BaseException) -> str:
-    """``Type: message`` of a program's failure, even when its ``__str__`` raises."""
+    """``Type: message`` of a program's failure, even when its ``__str__`` raises. A group (what a task
+    group raises) is followed by what failed inside it, its first three leaves: the group's own text
+    ("unhandled errors in a TaskGroup") says nothing of the cause."""
     try:
-        return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     except Exception:  # noqa: BLE001 - the failure's own text failed: its type is what is left
         return type(exc).__name__
+    if not isinstance(exc, BaseExceptionGroup):
+        return text
+    leaves = list(_leaves(exc))
+    more = f"; and {len(leaves) - 3} more" if len(leaves) > 3 else ""
+    return f"{text}: " + "; ".join(_described(leaf) for leaf in leaves[:3]) + more
+
+
+def _leaves(group: BaseExceptionGroup) -> Iterator[BaseException]:
+    for inner in group.exceptions:
+        if isinstance(inner, BaseExceptionGroup):
+            yield from _leaves(inner)
+        else:
+            yield inner
 
 
 def _check_result(result: TurnResult) -> None:

@@ -42,6 +42,9 @@ CASES = [
     ("returns_a_dict", "TypeError: a program returns text or a TurnResult, not dict"),
     ("yields_its_output", "TypeError: a program returns text or a TurnResult, not async_generator"),
     ("returns_a_coroutine", "TypeError: a program returns text or a TurnResult, not coroutine"),
+    # the group alone said nothing of what failed (found by a probe: an endpoint URL with port 80800)
+    ("fails_in_a_task_group",
+     "ExceptionGroup: unhandled errors in a TaskGroup (1 sub-exception): OverflowError: connect(): port must be 0-65535."),
 ]
 
 
