@@ -6,7 +6,7 @@ written to the session log, the run result and ``subagents log --json``. A
 proxy or a misbehaving endpoint may echo the ``Authorization`` header back;
 an HTTP library may quote an illegal header value. ``Redactor`` replaces
 every known secret (as given, and with surrounding whitespace stripped) and
-anything shaped like a bearer token or an API key with ``[redacted]``; a
+anything shaped like a bearer token, an API key or a URL's user and password with ``[redacted]``; a
 secret is also looked for as a JSON string carries it (an echo of a key
 holding a quote or a backslash in a JSON error body).
 
@@ -29,15 +29,20 @@ __all__ = ["REDACTED", "Redactor"]
 REDACTED = "[redacted]"
 
 # Token shapes redacted even when the exact key is not known: "Bearer <token>",
-# "sk-..." style keys, and "api_key: <value>" / "Authorization=<value>" pairs.
+# "sk-..." style keys, "api_key: <value>" / "Authorization=<value>" pairs, and the
+# user and password of a URL (``http://user:password@proxy/``: an endpoint's URL is
+# quoted in the diagnostics that name it).
 _SHAPES = re.compile(
     r"(?i)(bearer\s+)[^\s\"',;}]+"
     r"|\bsk-[A-Za-z0-9_\-]{6,}"
     r"|((?:api[_-]?key|authorization|x-api-key)[\"']?\s*[:=]\s*[\"']?)[^\s\"',;}]+"
+    r"|(\b[a-z][a-z0-9+.\-]*://)[^/\s@\"']+@"
 )
 
 
 def _shape(match: re.Match[str]) -> str:
+    if match.group(3):
+        return match.group(3) + REDACTED + "@"
     prefix = match.group(1) or match.group(2) or ""
     return prefix + REDACTED
 

@@ -313,3 +313,18 @@ def test_the_step_cap_is_configurable() -> None:
     assert LlmProgram.from_environment({"SUBAGENTS_LLM_MAX_STEPS": "100"}).max_steps == 100
     with pytest.raises(ValueError, match="SUBAGENTS_LLM_MAX_STEPS"):
         LlmProgram.from_environment({"SUBAGENTS_LLM_MAX_STEPS": "0"})
+
+
+async def test_credentials_in_the_endpoint_url_never_reach_the_store(tmp_path, endpoint) -> None:
+    """A proxy's user and password in ``SUBAGENTS_LLM_BASE_URL`` were quoted in every diagnostic naming the
+    endpoint, and so written to the session's log and its parent's index (found by a probe)."""
+    base_url, seen, answers = endpoint
+    answers[:] = [(200, {"Content-Type": "application/json"}, b'{"choices": []}')]
+    with_credentials = base_url.replace("http://", "http://proxyuser:Pr0xyPassw0rd@")
+    result, _, _ = await run_once(tmp_path, program(with_credentials, max_retries=0))
+    shown = base_url.replace("http://", "http://[redacted]@")
+    assert (result.stop_reason, result.diagnostic) == ("error", f"the model endpoint {shown} answered with no choices"), result
+    for folder, _, files in os.walk(tmp_path / "st"):
+        for name in files:
+            with open(os.path.join(folder, name), "rb") as handle:
+                assert b"Pr0xyPassw0rd" not in handle.read(), os.path.join(folder, name)
