@@ -328,3 +328,15 @@ async def test_credentials_in_the_endpoint_url_never_reach_the_store(tmp_path, e
         for name in files:
             with open(os.path.join(folder, name), "rb") as handle:
                 assert b"Pr0xyPassw0rd" not in handle.read(), os.path.join(folder, name)
+
+
+async def test_a_refusal_the_model_states_ends_the_turn_refused_with_its_words(tmp_path, endpoint) -> None:
+    """An OpenAI-style ``message.refusal`` (no content, finish ``stop``) ended the turn ``completed`` with
+    an empty output, its words dropped (found by a probe)."""
+    base_url, seen, answers = endpoint
+    body = {"id": "c", "object": "chat.completion", "created": 0, "model": "fake", "choices": [
+        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": None, "refusal": "I can't help with that."}}]}
+    answers[:] = [(200, {"Content-Type": "application/json"}, json.dumps(body).encode())]
+    result, events, _ = await run_once(tmp_path, program(base_url, max_retries=0))
+    assert (result.stop_reason, result.output, result.diagnostic) == ("refusal", "I can't help with that.", "the model declined the request")
+    assert [e["data"]["text"] for e in events if e["type"] == "assistant/message"] == ["I can't help with that."]

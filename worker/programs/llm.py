@@ -232,6 +232,8 @@ class LlmProgram:
                     await ctx.say(content)  # beside tool calls too: what the model said is in the log
                 if finish == "length":  # cut off: tool calls it holds may be cut too, and are not run
                     return TurnResult(output=content, stop_reason="max-tokens", diagnostic="the model hit its token limit")
+                if finish == "refusal":
+                    return TurnResult(output=content, stop_reason="refusal", diagnostic="the model declined the request")
                 if finish == "content_filter":
                     return TurnResult(output=content, stop_reason="refusal", diagnostic="the endpoint's content filter stopped the reply")
                 if not calls:
@@ -351,7 +353,8 @@ def _an_object(raw: Any) -> bool:
 
 
 def _reply_of(response: Any) -> tuple[str, list[dict[str, Any]], str | None] | str:
-    """``(text, tool calls as plain data, finish reason)`` of a chat completion's first choice, or what is
+    """``(text, tool calls as plain data, finish reason)`` of a chat completion's first choice (a stated refusal:
+    its words, and the finish reason ``refusal``), or what is
     wrong with the reply (a body that is HTML, a choice without a message, an error object sent with 200)."""
     if not hasattr(response, "choices"):
         return f"answered with something that is not a chat completion ({type(response).__name__})"
@@ -380,6 +383,9 @@ def _reply_of(response: Any) -> tuple[str, list[dict[str, Any]], str | None] | s
         calls.append({"id": str(call_id), "type": "function", "function": {"name": name, "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments or {})}})
     content = getattr(message, "content", None)
     text = content if isinstance(content, str) else (json.dumps(content) if content is not None else "")
+    refusal = getattr(message, "refusal", None)
+    if not text and not calls and isinstance(refusal, str) and refusal:
+        return refusal, [], "refusal"  # the model's own words for declining (OpenAI's ``message.refusal``)
     return text, calls, getattr(choice, "finish_reason", None)
 
 
