@@ -12,6 +12,7 @@ valid records and the damage.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import signal
 import time
@@ -23,6 +24,10 @@ from subagents.store import (
     LogTail,
     SubagentError,
     OneShotDescriptor,
+    Page,
+    Query,
+    RootEntry,
+    Store,
     summarize,
     describe_session,
     held_sessions,
@@ -103,8 +108,15 @@ def _ids_in(rows: list[dict[str, Any]], *extra: str) -> list[str]:
 
 
 def _paged(args: Any) -> bool:
-    """Whether ``ls PARENT`` / ``tree ROOT`` print a page (an object with ``next_cursor``) rather than a plain list."""
+    """Whether ``ls PARENT`` and ``tree`` print a page (an object with ``next_cursor``) rather than a plain list."""
     return args.limit is not None or args.cursor is not None
+
+
+def _root_page(store: Store, args: argparse.Namespace, query: Query | None) -> Page[RootEntry | DiagnosticEntry]:
+    """The top-level sessions ``ls`` with no PARENT and ``tree`` with no ROOT show: one page, so that both
+    order, cut and continue it alike (newest first by creation reads only the end of ``index/roots``)."""
+    return find_roots(store, query=query, sort=args.sort, newest_first=args.sort == "created",
+                      limit=args.limit or DEFAULT_ROOT_LIMIT, cursor=args.cursor)
 
 
 def _more(out: Any, cursor: str | None, noun: str) -> None:
@@ -116,8 +128,7 @@ def cmd_ls(inv: Invocation) -> int:
     store, args = inv.open_store(), inv.args
     query = query_of(args)
     if args.parent is None:
-        page = find_roots(store, query=query, sort=args.sort, newest_first=args.sort == "created",
-                          limit=args.limit or DEFAULT_ROOT_LIMIT, cursor=args.cursor)
+        page = _root_page(store, args, query)
         roots = [dataclasses.asdict(r) for r in page.rows]
         if inv.out.json_mode:
             inv.out.json({"roots": roots, "next_cursor": page.next_cursor})
@@ -157,16 +168,17 @@ def cmd_tree(inv: Invocation) -> int:
             render.render_tree(inv.out, [{**head, "descendants": rows}], short_ids(store, ids))
             _more(inv.out, cursor, "subagents")
         return 0
-    page = find_roots(store, limit=args.limit or DEFAULT_ROOT_LIMIT, cursor=args.cursor)
+    page = _root_page(store, args, None)
     # a root whose files do not read heads its tree as the diagnostic `ls` lists; its children still read
     forest = [{"root": r.id, "label": getattr(r, "label", None),
                **({"kind": r.kind, "reason": r.reason} if isinstance(r, DiagnosticEntry) else {}),
                "descendants": render.descendant_rows(list_descendants(store, r.id, query))} for r in page.rows]
     if inv.out.json_mode:
-        inv.out.json(forest)
+        inv.out.json({"rows": forest, "next_cursor": page.next_cursor} if _paged(args) else forest)
     else:
         ids = [i for tree in forest for i in _ids_in(tree["descendants"], tree["root"])]
         render.render_tree(inv.out, forest, short_ids(store, ids))
+        _more(inv.out, page.next_cursor, "sessions")
     return 0
 
 

@@ -137,6 +137,29 @@ def test_top_level_ls_is_newest_first_paged_with_a_cursor(st: Store) -> None:
     assert done.returncode != 0 and "INVALID_QUERY" in done.stderr
 
 
+def test_tree_without_root_pages_and_sorts_the_roots_as_ls_does(st: Store) -> None:
+    """Found by a probe: `tree` with no ROOT took --limit but printed a plain list with no next_cursor (and no
+    "(more ...)" line), and ignored --sort: its pages of top-level sessions are the ones `ls` pages."""
+    for sort in ("created", "label", "status"):
+        listed, drawn, ls_cursor, tree_cursor = [], [], [], []
+        for _ in range(3):
+            ls_page = json.loads(ok(st, "ls", "--json", "--sort", sort, "--limit", "2", *(["--cursor", ls_cursor[-1]] if ls_cursor else [])))
+            tree_page = json.loads(ok(st, "tree", "--json", "--sort", sort, "--limit", "2", *(["--cursor", tree_cursor[-1]] if tree_cursor else [])))
+            listed.append([r["id"] for r in ls_page["roots"]])
+            drawn.append([t["root"] for t in tree_page["rows"]])
+            ls_cursor.append(ls_page["next_cursor"])
+            tree_cursor.append(tree_page["next_cursor"])
+        assert drawn == listed and tree_cursor == ls_cursor and tree_cursor[-1] is None, (sort, drawn, listed)
+    by_label = json.loads(ok(st, "tree", "--json", "--sort", "label", "--limit", "4"))
+    assert [t["label"] for t in by_label["rows"]] == ["job-0", "job-1", "job-2", "job-3"]
+    assert [r["id"] for r in by_label["rows"][3]["descendants"]] == [r.entry.id for r in list_descendants(st, "r3AAAAAAAAAA")]
+    text = ok(st, "tree", "--limit", "2").splitlines()
+    first = json.loads(ok(st, "tree", "--json", "--limit", "2"))["next_cursor"]
+    assert text[0].startswith("r4AAAAAA (root)") and text[-1] == f"(more sessions: --cursor {first})"
+    done = run_cli(st, "tree", "--sort", "label", "--cursor", first)
+    assert done.returncode != 0 and "INVALID_QUERY" in done.stderr
+
+
 def test_roots_index_is_rebuilt_by_reindex(st: Store) -> None:
     """index/roots is derived: lost, the listing falls back to headers; `store reindex` writes it again."""
     path = os.path.join(st.root, "index", "roots")
