@@ -18,12 +18,12 @@ import base64
 import fnmatch
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Iterable, Sequence, TypeVar
+from typing import Any, Callable, Generic, Iterable, Protocol, Sequence, TypeVar
 
 from .errors import InvalidQueryError
 from .outcome import OUTCOMES
 
-__all__ = ["Query", "Page", "SORTS", "STATUSES", "paginate", "sort_key", "encode_cursor", "decode_cursor"]
+__all__ = ["Query", "Matcher", "Page", "SORTS", "STATUSES", "paginate", "sort_key", "encode_cursor", "decode_cursor"]
 
 T = TypeVar("T")
 
@@ -80,6 +80,13 @@ class Query:
         return True
 
 
+class Matcher(Protocol):
+    """What ``paginate`` and ``find_roots`` keep rows by: a ``Query``, or a test a row's fields cannot
+    answer alone (``tree`` with no ROOT keeps a top-level session by the subagents below it)."""
+
+    def matches(self, row: Any) -> bool: ...
+
+
 @dataclass(frozen=True)
 class Page(Generic[T]):
     rows: list[T]
@@ -113,7 +120,7 @@ def decode_cursor(cursor: str, sort: str, reverse: bool) -> tuple[Any, ...]:
 
 
 def paginate(
-    rows: Iterable[T], *, query: Query | None = None, sort: str = "created", reverse: bool = False,
+    rows: Iterable[T], *, query: Matcher | None = None, sort: str = "created", reverse: bool = False,
     limit: int | None = None, cursor: str | None = None,
 ) -> Page[T]:
     """The rows ``query`` keeps, ordered by ``sort`` (``reverse``: descending), after ``cursor``, at most ``limit``."""

@@ -33,7 +33,7 @@ from .lease import OwnerCache, session_status
 from .index_file import IndexFile, rebuilding
 from .log import read_projection
 from .outcome import Outcome, outcome_of
-from .query import Page, Query, decode_cursor, encode_cursor, paginate, sort_key
+from .query import Matcher, Page, decode_cursor, encode_cursor, paginate, sort_key
 from .reader import read_header
 from .records import IndexFields, problem_of
 from .root import Store
@@ -331,12 +331,12 @@ def _entry(store: Store, session_id: str, owners: OwnerCache, created_at: float)
         return DiagnosticEntry(session_id, damage_reason(exc, session_id), created_at=created_at)
 
 
-def list_roots(store: Store, query: Query | None = None) -> list[Row]:
+def list_roots(store: Store, query: Matcher | None = None) -> list[Row]:
     """Every top-level session ``query`` keeps, oldest first."""
     return _rows(store, _read_suffix(store, 1 << 62), query)
 
 
-def _rows(store: Store, found: tuple[list[tuple[float, str]], bool] | None, query: Query | None) -> list[Row]:
+def _rows(store: Store, found: tuple[list[tuple[float, str]], bool] | None, query: Matcher | None) -> list[Row]:
     """The rows of ``found`` (``_read_suffix`` of the whole index; ``None``: every header), oldest first."""
     owners = OwnerCache(store)
     roots = sorted(found[0]) if found is not None else _root_headers(store)
@@ -345,7 +345,7 @@ def _rows(store: Store, found: tuple[list[tuple[float, str]], bool] | None, quer
 
 
 def find_roots(
-    store: Store, *, query: Query | None = None, sort: str = "created", newest_first: bool = True,
+    store: Store, *, query: Matcher | None = None, sort: str = "created", newest_first: bool = True,
     limit: int | None = DEFAULT_ROOT_LIMIT, cursor: str | None = None,
 ) -> Page[Row]:
     """A page of top-level sessions, with the cursor of the next one.

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from subagents.store import (
     ContinuableDescriptor,
+    DescendantRow,
     DiagnosticEntry,
     LogTail,
     SubagentError,
@@ -42,7 +43,7 @@ from subagents.store import (
 from subagents.store.catalog import damage_reason
 from subagents.store.committed import CommittedEnds
 
-from subagents.store.query import paginate
+from subagents.store.query import Matcher, paginate
 from subagents.store.reader import committed_damage
 
 from . import render
@@ -73,7 +74,14 @@ def register(verbs: Verbs) -> None:
     add_paging(ls, default_limit=None)
 
     tree = verbs.add("tree", cmd_tree, "every subagent below ROOT (no ROOT: below each of the newest top-level sessions)",
-                     example="subagents tree 01M8MVY0\nsubagents tree 01M8MVY0 --status running,idle")
+                     example="subagents tree 01M8MVY0\nsubagents tree 01M8MVY0 --status running,idle\n"
+                             "subagents tree --outcome error --limit 5 --json   # then: --cursor <next_cursor>")
+    tree.description = (
+        f"{tree.description}.\n\n"
+        "With no ROOT, the top-level sessions are ordered and paged as `ls` pages them (by default newest first,\n"
+        "20 unless --limit; --sort, --cursor), each with its tree. Filters pick subagents, never the session\n"
+        "heading a tree: with ROOT, the ones below ROOT that match; with no ROOT, also only the top-level\n"
+        "sessions with a match below them (pages count those).")
     tree.add_argument("root", metavar="ROOT", nargs="?",
                       help="the session whose descendants to show, its id or a unique prefix (omit it for the newest top-level sessions)")
     add_filters(tree)
@@ -112,11 +120,30 @@ def _paged(args: Any) -> bool:
     return args.limit is not None or args.cursor is not None
 
 
-def _root_page(store: Store, args: argparse.Namespace, query: Query | None) -> Page[RootEntry | DiagnosticEntry]:
+def _root_page(store: Store, args: argparse.Namespace, query: Matcher | None) -> Page[RootEntry | DiagnosticEntry]:
     """The top-level sessions ``ls`` with no PARENT and ``tree`` with no ROOT show: one page, so that both
     order, cut and continue it alike (newest first by creation reads only the end of ``index/roots``)."""
     return find_roots(store, query=query, sort=args.sort, newest_first=args.sort == "created",
                       limit=args.limit or DEFAULT_ROOT_LIMIT, cursor=args.cursor)
+
+
+@dataclasses.dataclass
+class _Subtrees:
+    """The subagents a filter keeps below each top-level session, walked once: with a filter, ``tree`` with
+    no ROOT shows a session only when one matches below it (as ``tree ROOT`` shows what matches below ROOT),
+    so its page is cut from those sessions and then drawn from the same walks."""
+
+    store: Store
+    query: Query
+    walked: dict[str, list[DescendantRow]] = dataclasses.field(default_factory=dict)
+
+    def below(self, root_id: str) -> list[DescendantRow]:
+        if root_id not in self.walked:
+            self.walked[root_id] = list_descendants(self.store, root_id, self.query)
+        return self.walked[root_id]
+
+    def matches(self, row: RootEntry | DiagnosticEntry) -> bool:
+        return bool(self.below(row.id))
 
 
 def _more(out: Any, cursor: str | None, noun: str) -> None:
@@ -168,11 +195,12 @@ def cmd_tree(inv: Invocation) -> int:
             render.render_tree(inv.out, [{**head, "descendants": rows}], short_ids(store, ids))
             _more(inv.out, cursor, "subagents")
         return 0
-    page = _root_page(store, args, None)
+    subtrees = _Subtrees(store, query)
+    page = _root_page(store, args, None if query.empty else subtrees)
     # a root whose files do not read heads its tree as the diagnostic `ls` lists; its children still read
     forest = [{"root": r.id, "label": getattr(r, "label", None),
                **({"kind": r.kind, "reason": r.reason} if isinstance(r, DiagnosticEntry) else {}),
-               "descendants": render.descendant_rows(list_descendants(store, r.id, query))} for r in page.rows]
+               "descendants": render.descendant_rows(subtrees.below(r.id))} for r in page.rows]
     if inv.out.json_mode:
         inv.out.json({"rows": forest, "next_cursor": page.next_cursor} if _paged(args) else forest)
     else:

@@ -160,6 +160,33 @@ def test_tree_without_root_pages_and_sorts_the_roots_as_ls_does(st: Store) -> No
     assert done.returncode != 0 and "INVALID_QUERY" in done.stderr
 
 
+def test_tree_without_root_filters_subagents_and_shows_only_the_roots_above_a_match(st: Store) -> None:
+    """Found by a probe: `tree --status running` printed every top-level session, each "(no subagents)". A filter
+    picks subagents, as with `tree ROOT`; with no ROOT a top-level session is shown when a subagent below it
+    matches, and pages count those."""
+    child(st, "r1AAAAAAAAAA", "c1000000AAAA", "fix-1", time.time() - 30 * HOUR, {"stop_reason": "error", "diagnostic": "RuntimeError: no"})
+    child(st, "r1AAAAAAAAAA", "c1000000AAAB", "fix-2", time.time() - 29 * HOUR, {"stop_reason": "completed", "diagnostic": None})
+
+    def trees(*args: str) -> dict[str, list[str]]:
+        return {t["root"]: [r["id"] for r in t["descendants"]] for t in json.loads(ok(st, "tree", "--json", *args))}
+
+    assert trees("--outcome", "error") == {"r3AAAAAAAAAA": ["c0000000AAAB"], "r1AAAAAAAAAA": ["c1000000AAAA"]}
+    assert trees("--label", "fix-*") == {"r1AAAAAAAAAA": ["c1000000AAAA", "c1000000AAAB"]}
+    assert trees("--status", "complete", "--outcome", "aborted,completed") == {
+        "r3AAAAAAAAAA": ["c0000000AAAA", "c0000000AAAD"], "r1AAAAAAAAAA": ["c1000000AAAB"]}
+    assert trees("--status", "running") == {}
+    assert ok(st, "tree", "--status", "running") == "(no sessions)\n"
+    for root, below in trees("--outcome", "error").items():  # each tree is what `tree ROOT` shows with the filter
+        assert [r["id"] for r in json.loads(ok(st, "tree", root, "--json", "--outcome", "error"))] == below
+    first = json.loads(ok(st, "tree", "--json", "--outcome", "error", "--limit", "1"))
+    assert [t["root"] for t in first["rows"]] == ["r3AAAAAAAAAA"] and first["next_cursor"] is not None
+    rest = json.loads(ok(st, "tree", "--json", "--outcome", "error", "--limit", "1", "--cursor", first["next_cursor"]))
+    assert [t["root"] for t in rest["rows"]] == ["r1AAAAAAAAAA"] and rest["next_cursor"] is None
+    by_label = json.loads(ok(st, "tree", "--json", "--outcome", "error", "--sort", "label", "--limit", "1"))
+    assert [t["label"] for t in by_label["rows"]] == ["job-1"]
+    assert "only the top-level sessions with a match below them" in " ".join(ok(st, "tree", "--help").split())
+
+
 def test_roots_index_is_rebuilt_by_reindex(st: Store) -> None:
     """index/roots is derived: lost, the listing falls back to headers; `store reindex` writes it again."""
     path = os.path.join(st.root, "index", "roots")
