@@ -49,19 +49,30 @@ from subagents.store.reader import committed_damage
 from . import render
 from .filters import add_filters, add_paging, query_of
 from .invocation import Invocation
-from .parser import Verbs, positive_float
+from .parser import Verbs
 from .top_view import COLUMNS_HELP, TopView, render_top
 
 __all__ = ["register", "FOLLOW_POLL_S", "TOP_INTERVAL_S"]
 
 FOLLOW_POLL_S = 0.2  # `log --follow`: a human watching; cheap enough (one stat per poll)
 TOP_INTERVAL_S = 1.0  # `top`: one lease read per session per refresh
+TOP_INTERVALS_S = (0.05, 86400.0)  # `top --interval`: no faster than a human can read, no slower than a day
 
 
 def _stop_on_ctrl_c() -> None:
     """Ctrl-C ends the endless views even when this process was started with SIGINT ignored
     (a shell's ``trap '' INT``, a background job): Python then installs no handler of its own."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def interval(value: str) -> float:
+    """Seconds between ``top``'s refreshes, within ``TOP_INTERVALS_S``: ``time.sleep`` overflows on ``inf`` or
+    ``1e300`` (after the first snapshot was drawn), and ``1e-300`` redraws in a busy loop."""
+    number = float(value)
+    low, high = TOP_INTERVALS_S
+    if not low <= number <= high:
+        raise argparse.ArgumentTypeError(f"must be from {low:g} to {high:g} seconds (a day), not {value!r}")
+    return number
 
 
 def register(verbs: Verbs) -> None:
@@ -106,8 +117,8 @@ def register(verbs: Verbs) -> None:
                     json_help="print JSON: one document with --once, else one compact list per refresh, a line each, until interrupted")
     top.epilog = COLUMNS_HELP + ("\n\n" + top.epilog if top.epilog else "")
     top.add_argument("--once", action="store_true", help="print one snapshot and exit")
-    top.add_argument("--interval", type=positive_float, default=TOP_INTERVAL_S, metavar="S",
-                     help=f"seconds between refreshes (default {TOP_INTERVAL_S:g})")
+    top.add_argument("--interval", type=interval, default=TOP_INTERVAL_S, metavar="S",
+                     help=f"seconds between refreshes, {TOP_INTERVALS_S[0]:g} to {TOP_INTERVALS_S[1]:g} (a day) (default {TOP_INTERVAL_S:g})")
     add_filters(top, times=False, statuses=("running", "idle"))
 
 

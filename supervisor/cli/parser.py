@@ -55,6 +55,8 @@ def seconds(value: str) -> float:
 
 
 def positive_float(value: str) -> float:
+    """A wait of more than 0 seconds, ``inf`` included: ``send`` and ``drain --wait-s inf`` wait as long as it takes
+    (an anyio deadline of any size is no sleep that overflows; ``top --interval`` has bounds of its own)."""
     number = float(value)
     if not number > 0:
         raise argparse.ArgumentTypeError("must be more than 0")

@@ -325,3 +325,23 @@ def test_top_offers_only_the_statuses_it_can_show(tmp_path: Path) -> None:
     text = refused(cli("--store", str(path), "top", "--once", "--status", "complete", cwd=tmp_path), "USAGE")
     assert "--status is one of running, idle" in text, text
     assert "only these statuses: running, idle" in cli("top", "--help", cwd=tmp_path).stdout.replace("\n", " ").replace("  ", " ")
+
+
+@pytest.mark.parametrize("value", ["inf", "1e300", "1e-300", "0.01", "86401", "nan", "-1", "0"])
+def test_top_refuses_an_interval_it_cannot_wait_or_that_would_spin(tmp_path: Path, value: str) -> None:
+    """Found by a probe: ``top --interval inf`` (or ``1e300``) printed one snapshot, then an OverflowError traceback
+    from ``time.sleep`` and INTERNAL; ``1e-300`` redrew in a busy loop. Now a usage error naming the bounds, which
+    the help gives too."""
+    path, _root, _child = _family(tmp_path)
+    text = refused(cli("--store", str(path), "top", "--interval", value, cwd=tmp_path), "USAGE")
+    assert "must be from 0.05 to 86400 seconds (a day)" in text, text
+    assert "0.05 to 86400 (a day)" in cli("top", "--help", cwd=tmp_path).stdout.replace("\n", " ").replace("  ", " ")
+
+
+@pytest.mark.parametrize("wait_s", ["inf", "1e300"])
+def test_drain_may_wait_without_limit(tmp_path: Path, wait_s: str) -> None:
+    """``--wait-s`` of ``send`` and ``drain`` takes inf (no limit): a deadline that far is no sleep that overflows."""
+    path, root, _child = _family(tmp_path)
+    done = cli("--store", str(path), "drain", root, "--wait-s", wait_s, "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["settled"] is True
