@@ -66,7 +66,7 @@ from .framing import scan
 from .ids import is_valid_session_id
 from .lease import host_identity, owner_alive, process_start_time, read_owner_file
 from .lease_record import Lease, decode_lease
-from .root import COMPANIONS, STORE_FORMAT, STORE_VERSION, missing_marker, read_marker
+from .root import COMPANIONS, STORE_FORMAT, STORE_VERSION, marker_present, missing_marker, read_marker
 from .session_file import encode_session
 
 __all__ = ["MigrationReport", "StoreInUseError", "migrate", "KILL_AFTER_ENV"]
@@ -109,7 +109,7 @@ class MigrationReport:
 
 
 def _read_marker(root: str) -> dict[str, Any]:
-    if not os.path.isdir(root) or not os.path.exists(os.path.join(root, "STORE")):
+    if not os.path.isdir(root) or not marker_present(root):
         raise missing_marker(root)
     info = read_marker(root)
     if not isinstance(info, dict) or info.get("format") != STORE_FORMAT:

@@ -26,7 +26,7 @@ from .errors import REFUSED, ReadOnlyStoreError, StoreFormatError, StoreNotFound
 from .framing import DEFAULT_RECORD_LIMIT, MAX_RECORD_BYTES
 from .ids import is_valid_session_id, validate_session_id
 
-__all__ = ["STORE_FORMAT", "STORE_VERSION", "MIGRATE_HINT", "COMPANIONS", "SET_ASIDE_PREFIX", "Store", "missing_marker", "read_marker"]
+__all__ = ["STORE_FORMAT", "STORE_VERSION", "MIGRATE_HINT", "COMPANIONS", "SET_ASIDE_PREFIX", "Store", "marker_present", "missing_marker", "read_marker"]
 
 STORE_FORMAT = "subagents-store"
 STORE_VERSION = 4
@@ -81,11 +81,11 @@ def missing_marker(root: str) -> StoreFormatError:
     return StoreFormatError(f"{root} is not a store: it holds {shown} and no STORE marker", path=root)
 
 
-def _present(root: str, marker: str) -> bool:
+def marker_present(root: str) -> bool:
     """Whether the marker exists; ``UnreadableStoreError`` when the folder keeps this process out
     (``os.path.exists`` says False then, and another user's store read as "no store here")."""
     try:
-        os.stat(marker)
+        os.stat(os.path.join(root, "STORE"))
     except (FileNotFoundError, NotADirectoryError):
         return False
     except OSError as exc:
@@ -141,7 +141,7 @@ class Store:
         marker = os.path.join(self.root, "STORE")
         if os.path.exists(self.root) and not os.path.isdir(self.root):
             raise _a_file(self.root)
-        if not _present(self.root, marker):
+        if not marker_present(self.root):
             if not create:
                 raise missing_marker(self.root)
             if os.path.isdir(self.root) and not all(_creating(n) for n in os.listdir(self.root)):

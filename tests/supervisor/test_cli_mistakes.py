@@ -80,6 +80,30 @@ def test_a_folder_without_a_store_says_how_to_make_one(tmp_path: Path) -> None:
     assert not (tmp_path / "missing").exists() and os.listdir(tmp_path / "empty") == []
 
 
+@pytest.fixture
+def without_dac_override() -> tuple[str, ...]:
+    """A command prefix that runs the CLI as root without the capabilities that pass every permission bit, so a
+    folder of mode 000 keeps it out as it keeps out another user."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv, to drop the capabilities that pass permission bits")
+    return ("setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search")
+
+
+@pytest.mark.parametrize("mode", [0o000, 0o444])
+@pytest.mark.parametrize("verb", [["store", "migrate"], ["store", "check"], ["ls"]])
+def test_a_store_this_process_may_not_enter_is_unreadable_for_migrate_as_for_every_verb(
+        tmp_path: Path, without_dac_override: tuple[str, ...], mode: int, verb: list[str]) -> None:
+    """Found by a probe: ``store migrate`` of a store folder of mode 000 said ``OS_ERROR: [Errno 13] ...`` (and of mode
+    444, which lists but cannot be entered, that it was no store) where every other verb says STORE_UNREADABLE."""
+    path, _root, _child = _family(tmp_path)
+    os.chmod(path, mode)
+    try:
+        message = refused(cli("--store", str(path), *verb, cwd=tmp_path, prefix=without_dac_override), "STORE_UNREADABLE")
+    finally:
+        os.chmod(path, 0o755)
+    assert message.startswith(f"the store at {path} cannot be read by this process (Permission denied"), message
+
+
 def _read_only_mount_works(tmp_path: Path) -> bool:
     probe = tmp_path / "probe"
     probe.mkdir()
