@@ -38,6 +38,7 @@ __all__ = [
     "DeploymentConfig",
     "LoadedConfig",
     "load_config",
+    "toml_escaped",
     "env_variables",
     "dump_toml",
 ]
@@ -395,14 +396,25 @@ def dump_toml(config: DeploymentConfig) -> str:
     return "\n".join(lines) + "\n"
 
 
+# what a TOML basic string holds only as an escape: its quote, the backslash, every control character (TOML
+# refuses them, tab aside), and the line breaks str.splitlines splits at beyond those (U+2028, U+2029)
+_ESCAPED = re.compile(r'["\\\x00-\x1f\x7f-\x9f\u2028\u2029]')
+_SHORT_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def toml_escaped(text: str) -> str:
+    """``text`` as the inside of a TOML basic string, and fit for a comment: on one line whoever splits it
+    (a dumped deployment file must read back to the values it was dumped from)."""
+    return _ESCAPED.sub(lambda m: _SHORT_ESCAPES.get(m.group(), f"\\u{ord(m.group()):04X}"), text)
+
+
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
-        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
-        return f'"{escaped}"'
+        return f'"{toml_escaped(value)}"'
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     raise TypeError(f"cannot render {type(value).__name__} as TOML")

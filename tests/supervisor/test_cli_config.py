@@ -9,7 +9,9 @@ import sys
 import tomllib
 from pathlib import Path
 
-from subagents.supervisor.config_loader import load_config
+import pytest
+
+from subagents.supervisor.config_loader import dump_toml, load_config
 
 DEADLINE_S = 60.0
 CLI = [sys.executable, "-m", "subagents.supervisor.cli"]
@@ -62,3 +64,44 @@ def test_config_show_text_puts_each_source_beside_its_value(tmp_path: Path) -> N
     (tmp_path / "again.toml").write_text(done.stdout)
     again = load_config(tmp_path / "again.toml", env={}).config
     assert again.supervisor.durability == "none" and again.supervisor.pool_size == 3 and again.store.path == "elsewhere"
+
+
+# every character a TOML string may not hold as it is, and every other one str.splitlines breaks at
+AWKWARD = "".join(chr(c) for c in [*range(1, 0x20), *range(0x7F, 0xA0)]) + "\u2028\u2029\"\\"
+
+
+def _shown_again(tmp_path: Path, text: str) -> dict:
+    """``config show --json`` of ``text`` given as the deployment file: what it reads back as."""
+    (tmp_path / "again.toml").write_text(text, encoding="utf-8", newline="")
+    again = subprocess.run([*CLI, "--config", "again.toml", "config", "show", "--json"], cwd=tmp_path, env=ENV,
+                           capture_output=True, text=True, timeout=DEADLINE_S)
+    assert again.returncode == 0, again.stderr
+    return json.loads(again.stdout)
+
+
+@pytest.mark.parametrize("store_path", ["st\u2028x", "a\x01b", "\x85\u2029\x1c\x7f", "tab\tnl\ncr\rend", 'q"b\\s'])
+def test_config_show_text_reads_back_to_the_same_values_whatever_they_hold(tmp_path: Path, store_path: str) -> None:
+    """Found by a probe: a value holding U+2028 was split in two lines (the text no longer parsed), and one holding
+    a control character printed it as it is (TOML refuses it). Each is an escape now, on one line."""
+    done = subprocess.run([*CLI, "config", "show"], cwd=tmp_path, env={**ENV, "SUBAGENTS_STORE": store_path},
+                          capture_output=True, text=True, timeout=DEADLINE_S)
+    assert done.returncode == 0, done.stderr
+    assert not set(done.stdout) & (set(AWKWARD[:-2]) - {"\n"}), done.stdout
+    assert _shown_again(tmp_path, done.stdout)["store"]["path"] == store_path
+
+
+def test_config_show_text_reads_back_whatever_the_deployment_file_is_named(tmp_path: Path) -> None:
+    """The file's name is in the comments (``# from NAME``, ``# NAME:LINE``), which no control character may be in."""
+    name = "deploy\x01\u2028.toml"
+    (tmp_path / name).write_text(DEPLOY)
+    done = subprocess.run([*CLI, "--config", name, "config", "show"], cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                          timeout=DEADLINE_S)
+    assert done.returncode == 0, done.stderr
+    assert "\x01" not in done.stdout and "\u2028" not in done.stdout, done.stdout
+    assert _shown_again(tmp_path, done.stdout)["supervisor"]["lease_ttl_s"] == 7.5
+
+
+def test_a_dumped_configuration_loads_back_whatever_its_strings_hold() -> None:
+    """Every character that needs an escape, in one value, through ``dump_toml`` and the loader."""
+    config = load_config(None, env={"SUBAGENTS_STORE": AWKWARD}).config
+    assert tomllib.loads(dump_toml(config))["store"]["path"] == AWKWARD
