@@ -40,6 +40,7 @@ import functools
 import logging
 import math
 import os
+import re
 import resource
 import secrets
 import stat
@@ -69,7 +70,7 @@ from .root import COMPANIONS, GC_LOCK_NAME, SET_ASIDE_PREFIX, Store
 from .session_file import SessionFile
 from .roots import compact_roots, indexed_roots, remove_roots, roots_index_path
 
-__all__ = ["SkipReason", "CollectedRoot", "SkippedRoot", "GcReport", "collect", "parse_age", "KILL_AFTER_ENV"]
+__all__ = ["SkipReason", "CollectedRoot", "SkippedRoot", "GcReport", "collect", "age_seconds", "parse_age", "KILL_AFTER_ENV"]
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,10 @@ _BATCH_SESSIONS = 512
 _LOW_ROOM_BATCH = 16
 # descriptors kept free while a subtree's locks are held (each lock is one open file)
 _FD_MARGIN = 64
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+_UNITS = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+# an age: ASCII digits with an optional fraction (or a fraction alone), then a unit; no sign, exponent, underscore
+# or space, which ``float`` takes (``1e3d``, ``1_000d``, ``1 d``) and a reader would not expect
+_AGE = re.compile(r"([0-9]+(?:\.[0-9]+)?|\.[0-9]+)(s|min|m|h|d|w)")
 # the longest age parse_age takes: older than any store, and short enough that the cutoff is a
 # date a report can print (an age of 2,000 years puts it before the year 1)
 MAX_AGE_S = 1000 * 365.25 * 86400.0
@@ -145,19 +149,25 @@ class GcReport:
         return sum(c.bytes for c in self.collected)
 
 
-def parse_age(text: str) -> float:
-    """``30s``, ``15m``, ``12h``, ``7d``, ``2w`` in seconds; ``InvalidQueryError`` otherwise."""
-    raw = text.strip()
-    number, unit = raw[:-1], raw[-1:]
-    try:
-        value = float(number) if unit in _UNITS and number and number[0].isdigit() else math.nan
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise InvalidQueryError(f"{text!r} is not an age such as 30s, 15m, 12h, 7d or 2w")
-    if value * _UNITS[unit] > MAX_AGE_S:
+def age_seconds(text: str) -> float | None:
+    """The seconds of ``text`` if it is an age, else ``None``: the one grammar of ``gc --older-than`` and of
+    ``ls --since`` (which reads what is no age as a date). ``InvalidQueryError`` for an age longer than
+    ``MAX_AGE_S``: a cutoff before the year 1 is no date a report can print."""
+    match = _AGE.fullmatch(text)
+    if match is None:
+        return None
+    seconds = float(match[1]) * _UNITS[match[2]]  # digits past the largest float read as inf: longer, not "no age"
+    if seconds > MAX_AGE_S:
         raise InvalidQueryError(f"{text!r} is longer than 1000 years")
-    return value * _UNITS[unit]
+    return seconds
+
+
+def parse_age(text: str) -> float:
+    """``30s``, ``15m`` (or ``15min``), ``12h``, ``7d``, ``2w``, ``1.5h``, ``.5h`` in seconds; ``InvalidQueryError`` otherwise."""
+    seconds = age_seconds(text)
+    if seconds is None:
+        raise InvalidQueryError(f"{text!r} is not an age such as 30s, 15m, 12h, 7d or 2w")
+    return seconds
 
 
 @dataclass

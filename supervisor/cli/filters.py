@@ -3,8 +3,8 @@
 ``add_filters`` puts ``--status``, ``--outcome``, ``--label``, ``--since`` and
 ``--until`` on a verb, ``add_paging`` ``--limit``, ``--sort`` and ``--cursor``;
 ``query_of`` turns the parsed options into a ``store.Query`` (the library's
-catalog calls take the same object). A time is a duration back from now
-(``90s``, ``15m``, ``3h``, ``7d``, ``2w``) or an ISO 8601 date or time
+catalog calls take the same object). A time is an age back from now
+(``90s``, ``15m``, ``3h``, ``7d``, ``2w``: the ages ``gc --older-than`` takes) or an ISO 8601 date or time
 (``2026-11-30``, ``2026-11-30T17:00``; UTC unless it names a zone).
 """
 
@@ -12,34 +12,26 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import re
 import time
 
-from subagents.store import OUTCOMES, Query
+from subagents.store import OUTCOMES, InvalidQueryError, Query
 from subagents.store.query import SORTS, STATUSES
+from subagents.store.retention import age_seconds
 
 from .parser import positive
 
-__all__ = ["add_filters", "add_paging", "query_of", "moment", "duration"]
-
-_UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|min|h|d|w)$")
-
-
-def duration(text: str) -> float:
-    """``90s``, ``15m``, ``3h``, ``7d``, ``2w`` in seconds."""
-    match = _DURATION.match(text.strip())
-    if match is None:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 90s, 15m, 3h, 7d or 2w")
-    return float(match.group(1)) * _UNITS[match.group(2)]
+__all__ = ["add_filters", "add_paging", "query_of", "moment"]
 
 
 def moment(text: str) -> float:
-    """A point in time: a duration back from now (``3h``) or an ISO 8601 date or time (UTC unless zoned)."""
+    """A point in time: an age back from now (``3h``) or an ISO 8601 date or time (UTC unless zoned). The ages are
+    those of ``gc --older-than`` (``store.retention.age_seconds``): one grammar, not two that disagree."""
     try:
-        return time.time() - duration(text)
-    except argparse.ArgumentTypeError:
-        pass
+        age = age_seconds(text)
+    except InvalidQueryError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+    if age is not None:
+        return time.time() - age
     try:
         parsed = datetime.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:

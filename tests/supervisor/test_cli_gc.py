@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,44 @@ def test_bad_ages_and_outcomes_are_clean_errors(st: Store, args: list[str], mess
     done = run_cli(st, "gc", *args)
     assert done.returncode == 2 and done.stderr.startswith(message) and "Traceback" not in done.stderr, done.stderr
     assert done.stdout == "" and tree_state(st.root) == before
+
+
+NOT_AN_AGE = ["1e3d", "1e999d", "1_000d", "1 d", " 7d", "7d ", "5.h", "\u0663d", "infd", "7", "d", "-3d", "7x"]
+LONGER = "9" * 400 + "d"  # digits past any float: was inf, "not an age"
+
+
+@pytest.mark.parametrize("age", NOT_AN_AGE)
+def test_an_age_is_digits_with_an_optional_fraction_and_a_unit(st: Store, age: str) -> None:
+    """Found by a probe: ``--older-than`` took ``1e3d``, ``1_000d`` and ``1 d`` (what ``float`` takes) while ``ls --since``
+    took none of them; both now read one grammar (``store.parse_age``)."""
+    subtree(st, "rA")
+    before = tree_state(st.root)
+    done = run_cli(st, "gc", f"--older-than={age}")
+    assert done.returncode == 2 and done.stderr == f"error: INVALID_QUERY: --older-than: {age!r} is not an age such as 30s, 15m, 12h, 7d or 2w\n", done.stderr
+    since = run_cli(st, "ls", f"--since={age}")
+    assert since.returncode == 2 and since.stderr.startswith("error: USAGE: argument --since: ") and "is neither a duration" in since.stderr, since.stderr
+    assert tree_state(st.root) == before
+
+
+def test_an_age_written_past_any_float_is_longer_than_1000_years(st: Store) -> None:
+    done = run_cli(st, "gc", "--older-than", LONGER, "--dry-run")
+    assert done.returncode == 2 and done.stderr.startswith(f"error: INVALID_QUERY: --older-than: {LONGER!r} is longer than 1000 years"), done.stderr
+    since = run_cli(st, "ls", "--since", LONGER)
+    assert since.returncode == 2 and f"{LONGER!r} is longer than 1000 years" in since.stderr, since.stderr
+
+
+@pytest.mark.parametrize("age, seconds", [("30s", 30), ("15m", 900), ("90min", 5400), ("12h", 43200), ("7d", 7 * DAY),
+                                          ("2w", 14 * DAY), ("0.5h", 1800), (".5h", 1800), ("0s", 0)])
+def test_gc_and_ls_take_the_same_ages(st: Store, age: str, seconds: float) -> None:
+    """Every documented form, ``min`` (which only ``ls --since`` took) and a fraction with no digit before its point."""
+    doc = json.loads(ok(st, "gc", "--older-than", age, "--dry-run", "--json"))
+    assert doc["older_than_s"] == seconds
+    now = time.time()
+    old, fresh = store.new_id(), store.new_id()
+    create_session(st, old, created_at=now - seconds - 600)
+    create_session(st, fresh, created_at=now)
+    listed = [r["id"] for r in json.loads(ok(st, "ls", "--since", age, "--json"))["roots"]]
+    assert listed == ([fresh] if seconds else [])
 
 
 def test_help_documents_the_options_with_an_example(st: Store) -> None:
