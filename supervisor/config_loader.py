@@ -110,12 +110,14 @@ class StoreSettings(BaseModel):
     @classmethod
     def _a_folder_name(cls, value: str) -> str:
         """An empty path is the working folder itself (a store's folders made among the user's files),
-        and a NUL byte no path the OS takes: both are mistakes, named with their layer."""
+        and a NUL byte no path the OS takes: both are mistakes, named with their layer. A leading ``~``
+        is the home folder, as a shell reads it in ``--store``: kept as written, it made a folder named
+        ``~`` in the working folder."""
         if not value:
             raise ValueError("must name a folder, not be empty")
         if "\0" in value:
             raise ValueError("must not hold a NUL byte")
-        return value
+        return os.path.expanduser(value)
 
 
 _CAPABILITY_NAMES = tuple(Capabilities.model_fields)

@@ -105,3 +105,24 @@ def test_a_dumped_configuration_loads_back_whatever_its_strings_hold() -> None:
     """Every character that needs an escape, in one value, through ``dump_toml`` and the loader."""
     config = load_config(None, env={"SUBAGENTS_STORE": AWKWARD}).config
     assert tomllib.loads(dump_toml(config))["store"]["path"] == AWKWARD
+
+
+@pytest.mark.parametrize("layer", ["file", "env"])
+def test_a_store_path_beginning_with_a_tilde_is_in_the_home_folder(tmp_path: Path, layer: str) -> None:
+    """``path = "~/stores/main"`` made a folder named ``~`` in the working folder (a shell expands ``~``
+    in ``--store``, nothing did in a deployment file or a variable), which ``rm -rf ~`` would then
+    "clean up" (found by a probe)."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    (work / "deploy.toml").write_text('[store]\npath = "~/stores/main"\n')
+    env = {**ENV, "HOME": str(home), "SUBAGENTS_DURABILITY": "none"}
+    args = ["--config", "deploy.toml"] if layer == "file" else []
+    if layer == "env":
+        env["SUBAGENTS_STORE"] = "~/stores/main"
+    done = subprocess.run([*CLI, *args, "config", "show", "--json"], cwd=work, env=env, capture_output=True, text=True, timeout=DEADLINE_S)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["store"]["path"] == str(home / "stores" / "main")
+    done = subprocess.run([*CLI, *args, "run", "echo", "--prompt", "hi"], cwd=work, env=env, capture_output=True, text=True, timeout=DEADLINE_S)
+    assert done.returncode == 0, done.stderr
+    assert (home / "stores" / "main" / "sessions").is_dir() and not (work / "~").exists()
