@@ -46,7 +46,7 @@ from .header import SessionHeader, parse_header
 from .ids import validate_session_id
 from .descriptor import ContinuableDescriptor, OneShotDescriptor
 from .index import IndexEntry, add_child, add_children, drop_index, prepare_index, remove_child
-from .lease import Lease
+from .lease import Lease, LeaseState
 from .locks import PinnedLock
 from .projection import Projection
 from .root import COMPANIONS, Store
@@ -69,6 +69,7 @@ class NewSession:
     cwd: str | None = None
     created_at: float | None = None
     lease_owner: str | None = None
+    lease_state: LeaseState = "running"  # of the lease ``lease_owner`` is created with (a root opened by a host: idle)
     label: str | None = None
     # the id was generated for this creation (``IdGenerator``) and never handed out: no former
     # session of it can have left companion files, so creation does not look for them (three
@@ -105,18 +106,20 @@ def create_session(
     cwd: str | None = None,
     created_at: float | None = None,
     lease_owner: str | None = None,
+    lease_state: LeaseState = "running",
     label: str | None = None,
 ) -> SessionHeader:
     """Create a session with its seed (events inherited from a parent) and first events.
 
     Every check happens before the first byte is written. ``lease_owner``
     creates the session already leased to that owner at epoch 1 (state
-    ``running``): no other process can have seen the session yet, so no
-    lock or takeover check is needed, and it saves the lease's own fsyncs.
+    ``lease_state``): no other process can have seen the session yet, so no
+    lock or takeover check is needed, it saves the lease's own fsyncs, and
+    no ``gc`` can take the session between its creation and its lease.
     """
     request = NewSession(
         session_id, parent_session=parent_session, origin=origin, delegation_depth=delegation_depth, seed=seed, events=events,
-        cwd=cwd, created_at=created_at, lease_owner=lease_owner, label=label,
+        cwd=cwd, created_at=created_at, lease_owner=lease_owner, lease_state=lease_state, label=label,
     )
     [outcome] = create_sessions(store, [request])
     if isinstance(outcome, BaseException):
@@ -334,7 +337,7 @@ def _encode_new_session(store: Store, request: NewSession, header: SessionHeader
         projection.apply(row, offset, offset + len(chunk))
         chunks.append(chunk)
         offset += len(chunk)
-    lease = Lease(request.lease_owner, 1, "running", now) if request.lease_owner is not None else None
+    lease = Lease(request.lease_owner, 1, request.lease_state, now) if request.lease_owner is not None else None
     blob = encode_session(header.to_record(), lease, b"".join(chunks))
     return projection, blob + block_padding(len(blob))  # the first appends then write in place (session_file.py)
 

@@ -284,19 +284,17 @@ class Supervisor:
 
         def open_it() -> tuple[str, int, int, str | None]:
             if id is None:
-                root_id, stored = self.ids.new(), label
-                create_session(self.store, root_id, label=label)
-                depth = 0
-            else:
-                root_id = id
-                header = read_header(self.store, root_id)
-                if header.parent_session is not None:
-                    raise InvalidRequestError.not_a_root(root_id, header.parent_session)
-                if label is not None and label != header.label:
-                    raise InvalidRequestError.other_label(root_id, header.label, label)
-                depth, stored = header.delegation_depth, header.label
-            lease = acquire_lease(self.store, root_id, self.lease_keeper.owner_id, state="idle")
-            return root_id, lease.epoch, depth, stored
+                # created leased: a gc of any age cannot take it before it is held (it did, between two steps)
+                root_id = self.ids.new()
+                create_session(self.store, root_id, label=label, lease_owner=self.lease_keeper.owner_id, lease_state="idle")
+                return root_id, 1, 0, label
+            header = read_header(self.store, id)
+            if header.parent_session is not None:
+                raise InvalidRequestError.not_a_root(id, header.parent_session)
+            if label is not None and label != header.label:
+                raise InvalidRequestError.other_label(id, header.label, label)
+            lease = acquire_lease(self.store, id, self.lease_keeper.owner_id, state="idle")
+            return id, lease.epoch, header.delegation_depth, header.label
 
         streak = self.lease_keeper.streak()
         root_id, epoch, depth, stored = await anyio.to_thread.run_sync(open_it)

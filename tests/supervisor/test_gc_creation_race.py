@@ -63,3 +63,46 @@ async def test_a_start_under_a_settled_root_runs(tmp_path) -> None:
             assert (await run.result()).output == "hi"
         await run.dispose()
         assert [c.id for c in await sup.list_children("rOld")] == [run.id]
+
+
+GC_LOOP = """
+import sys, time
+from subagents.store import Store, collect
+store = Store(sys.argv[1], create=False)
+print("ready", flush=True)
+deadline = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < deadline:
+    collect(store, 0.0)
+"""
+
+
+async def test_a_root_being_opened_is_never_collected_by_a_gc_of_any_age(tmp_path) -> None:
+    """``open_root`` created its root unleased and took the lease after: a ``gc --older-than 0s`` in another
+    process collected it in between, and ``open_root`` failed SESSION_NOT_FOUND for the root it had just
+    made (found by a probe: 100 of 660 opens). A new root is created already leased (idle, epoch 1)."""
+    import subprocess
+    import sys
+
+    from subagents.store import read_lease
+
+    from .test_cli_control import REPO, cli_env
+
+    failures: list[BaseException] = []
+    async with open_supervisor(tmp_path) as sup:
+        gc = subprocess.Popen([sys.executable, "-c", GC_LOOP, str(sup.store.root), "30"], cwd=REPO, env=cli_env(),
+                              stdout=subprocess.PIPE, text=True)
+        try:
+            assert gc.stdout.readline().strip() == "ready"  # type: ignore[union-attr]
+            with anyio.fail_after(DEADLINE_S):
+                for _ in range(300):
+                    try:
+                        root = await sup.open_root(label="new")
+                    except SubagentError as exc:
+                        failures.append(exc)
+                        continue
+                    lease = read_lease(sup.store, root.id)
+                    assert lease is not None and (lease.epoch, lease.state) == (1, "idle")
+        finally:
+            gc.kill()
+            gc.communicate(timeout=DEADLINE_S)
+    assert failures == []
