@@ -218,10 +218,8 @@ def _check_session(state: _Pass, session_id: str) -> None:
                    f"turn/end follows it ({found.damage.dropped} bytes after the valid prefix)")
     own = found.events[found.header.seed_length or 0 :]
     _check_epochs_and_turns(state, session_id, own)
-    try:
-        lease = check_lease(state.store, session_id)
-    except SubagentError as exc:
-        state.flag(session_id, "lease-unreadable", f"{exc.code}: {exc.message}")
+    lease = _read_lease(state, session_id)
+    if isinstance(lease, _Unread):
         return
     _check_lease_covers_log(state, session_id, own, lease)
     pending = _check_messages(state, found, own)
@@ -230,6 +228,25 @@ def _check_session(state: _Pass, session_id: str) -> None:
         state.flag(session_id, "message-stranded", f"{pending} accepted message(s) pending, no live owner holds the "
                    "session and it cannot be resumed" + (" (its log is corrupt)" if found.status == "corrupt" else
                                                          " (no continuable descriptor of its own)"))
+
+
+class _Unread:
+    """No lease to check: the session went, or its lease does not read (flagged)."""
+
+
+_UNREAD = _Unread()
+
+
+def _read_lease(state: _Pass, session_id: str) -> Lease | None | _Unread:
+    """The session's lease (``None``: never leased); ``_UNREAD`` when its slots do not read (flagged
+    ``lease-unreadable``) or it was collected since its log was read (a gc beside the check: ``vanished``)."""
+    try:
+        return check_lease(state.store, session_id)
+    except SessionNotFoundError:
+        state.add("vanished")
+    except SubagentError as exc:
+        state.flag(session_id, "lease-unreadable", f"{exc.code}: {exc.message}")
+    return _UNREAD
 
 
 # what a resume appends to close a turn a crash left open, at the new writer's epoch (store/events.py)
@@ -329,6 +346,9 @@ def _read_mailbox(state: _Pass, session_id: str) -> list[dict[str, Any]] | None:
         state.flag(session_id, "unreadable", f"{exc.code}: {exc.message}")
         return None
     if found is None:
+        if not state.store.exists(session_id):  # gc moves a session's file before its mailbox: collected meanwhile
+            state.add("vanished")
+            return None
         return []
     damage = found.result.damage
     if found.corrupt and damage is not None:
@@ -437,6 +457,9 @@ def _check_roots(state: _Pass, in_flight_s: float) -> None:
     for root in sorted(missing):
         if _in_flight(state.now, state.headers[root].created_at, in_flight_s):
             state.add("in_flight")
+            continue
+        if not store.exists(root):  # gc drops a root's entry once its file is moved away: collected meanwhile
+            state.add("vanished")
             continue
         state.flag(root, "index-missing", "a top-level session absent from index/roots: listings that read the index miss it")
 

@@ -265,5 +265,15 @@ def _index_findings(store: Store, session_ids: list[str]) -> list[dict[str, Any]
                                  "read (reported above), so the entry is kept: `subagents store reindex` keeps it, and "
                                  "listings show the session as damaged until its file is restored or removed"})
                 continue
+            if _header_names(store, child, parent):
+                continue  # created after ``sessions/`` was listed (a host at work beside fsck): not stale
             findings.append({"id": child, "kind": "index-stale", "detail": f"indexed under {parent} but no header proves it (harmless; `subagents store reindex` drops it)"})
     return findings
+
+
+def _header_names(store: Store, child: str, parent: str) -> bool:
+    """Whether ``child``'s header, read now, names ``parent``."""
+    try:
+        return read_header(store, child).parent_session == parent
+    except SubagentError:
+        return False

@@ -336,3 +336,59 @@ def test_an_undecodable_lease(st):
     for slot in (0, 1):  # one damaged slot beside an empty one is a first acquisition that tore: no lease
         write_slot(st, child, slot, b"\xc1 not a lease")
     assert only(check_store(st), "lease-unreadable").session_id == child
+
+
+# -- a gc beside the check (found by a probe: false violations while gc collected) -------------------
+
+
+def _pass(st: store.Store):
+    from subagents.store.check import _Pass
+    from subagents.store.lease import host_identity
+
+    return _Pass(st, time.time(), host_identity())
+
+
+def _collected(st: store.Store, session_id: str) -> None:
+    """What a gc leaves of a session once it has moved it away: no file, no companion."""
+    for path in (st.session_path(session_id), st.path(session_id, "mailbox")):
+        if os.path.exists(path):
+            os.unlink(path)
+
+
+def test_a_session_collected_before_its_lease_is_read_has_vanished(st) -> None:
+    from subagents.store.check import _read_lease
+
+    store.create_session(st, "gone")
+    state = _pass(st)
+    _collected(st, "gone")
+    _read_lease(state, "gone")
+    assert state.violations == []
+    assert state.counts == {"vanished": 1}
+
+
+def test_a_session_collected_before_its_mailbox_is_read_has_vanished(st) -> None:
+    """Its consumed messages were all flagged message-unknown: the mailbox read as empty."""
+    from subagents.store.check import _read_mailbox
+
+    store.create_session(st, "gone")
+    state = _pass(st)
+    _collected(st, "gone")
+    assert _read_mailbox(state, "gone") is None
+    assert state.counts == {"vanished": 1}
+    store.create_session(st, "here")  # a session that is there with no mailbox has none: nothing went
+    assert _read_mailbox(state, "here") == []
+
+
+def test_a_root_collected_after_its_header_was_read_is_not_missing_from_the_index(st) -> None:
+    from subagents.store.check import _check_roots
+
+    store.create_session(st, "old", created_at=time.time() - 3600)
+    store.create_session(st, "kept", created_at=time.time() - 3600)
+    state = _pass(st)
+    state.headers = {sid: store.read_header(st, sid) for sid in ("old", "kept")}
+    _collected(st, "old")
+    from subagents.store.roots import remove_root
+
+    remove_root(st, "old")  # what gc does once the root's file is moved away
+    _check_roots(state, in_flight_s=1.0)
+    assert state.violations == [] and state.counts.get("vanished") == 1

@@ -531,3 +531,17 @@ def test_a_fifo_in_the_roots_index_s_place_blocks_no_listing(st):
         thread.join(10)
         pytest.fail("the listing blocked on the FIFO in index/roots")
     assert found == [["r2", "r1"]]
+
+
+def test_fsck_reports_no_stale_entry_for_a_child_created_after_it_listed_the_sessions(st):
+    """A host creating children beside ``fsck``: a child whose file came after fsck's listing of
+    ``sessions/`` and whose entry came before fsck read the index was ``index-stale`` ("reindex drops
+    it"), though it exists and reindex keeps it (found by a probe: 80 findings in 27 runs)."""
+    from subagents.store.fsck import _index_findings
+
+    store.create_session(st, "r", created_at=1.0)
+    listed_before = st.session_ids()
+    make_child(st, "r", "c1", descriptor={**ONE_SHOT, "label": "c1"}, created_at=10.0)
+    assert _index_findings(st, listed_before) == []
+    os.unlink(st.session_path("c1"))  # an entry no header proves: stale, as before
+    assert [f["kind"] for f in _index_findings(st, st.session_ids())] == ["index-stale"]
