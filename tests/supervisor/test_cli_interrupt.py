@@ -128,12 +128,9 @@ def test_a_host_that_does_not_confirm_in_time_gets_a_request_it_carries_out_late
     the host carries it out once it runs again. ``--wait-s 0`` (the API's default: deliver, do not wait) was
     refused as a usage error (found by a README probe)."""
     store_path = str(tmp_path / "st")
-    proc = subprocess.Popen([sys.executable, "-c", CONTINUABLE_HOST, store_path], stdout=subprocess.PIPE, text=True, env=cli_env(), cwd=REPO)
+    proc, ids = _continuable_host(store_path)
+    child = ids["child"]
     try:
-        ids = json.loads(proc.stdout.readline() or "null")  # type: ignore[union-attr]
-        assert ids, "the host supervisor did not start"
-        child = ids["child"]
-        until(lambda: any(e["type"] == "turn/start" for e in events(store_path, child)), DEADLINE_S)
         proc.send_signal(signal.SIGSTOP)
         try:
             done = cli(store_path, "interrupt", child, "--parent", ids["root"], "--wait-s", wait_s)
@@ -146,9 +143,7 @@ def test_a_host_that_does_not_confirm_in_time_gets_a_request_it_carries_out_late
         ends = [(e["data"]["stop_reason"], e["data"].get("cause")) for e in events(store_path, child) if e["type"] == "turn/end"]
         assert ends == [("aborted", "user")]
     finally:
-        proc.kill()
-        proc.wait(10)
-        proc.stdout.close()  # type: ignore[union-attr]
+        _reap([proc])
 
 
 def _interrupt_in_background(store_path: str, child: str, root: str) -> subprocess.Popen[str]:
@@ -158,6 +153,25 @@ def _interrupt_in_background(store_path: str, child: str, root: str) -> subproce
 
 def _control_records(store_path: str, child: str) -> int:
     return len(read_controls(Store(store_path, create=False), child))
+
+
+def _delivered_while_stopped(host: subprocess.Popen[str], store_path: str, ids: dict[str, str], count: int) -> list[subprocess.Popen[str]]:
+    """``count`` `subagents interrupt` of the child, each waiting for its answer, delivered one after the other (the
+    control file's order is the order the host applies them) while the host is stopped (SIGSTOP: the caller resumes
+    or kills it)."""
+    host.send_signal(signal.SIGSTOP)
+    waiting: list[subprocess.Popen[str]] = []
+    for n in range(1, count + 1):
+        waiting.append(_interrupt_in_background(store_path, ids["child"], ids["root"]))
+        until(lambda: _control_records(store_path, ids["child"]) == n, DEADLINE_S)
+    return waiting
+
+
+def _reap(processes: list[subprocess.Popen[str]]) -> None:
+    for p in processes:
+        if p.poll() is None:
+            p.kill()
+        p.communicate(timeout=DEADLINE_S)
 
 
 def _one_shot_host(store_path: str) -> tuple[subprocess.Popen[str], dict[str, str]]:
@@ -187,14 +201,11 @@ def test_of_two_interrupts_of_one_turn_only_the_first_says_it_stopped_it(tmp_pat
     answers. Both said "cancelled" (found by a probe)."""
     store_path = str(tmp_path / "st")
     proc, ids = start_host(store_path)
-    child, root = ids["child"], ids["root"]
+    child = ids["child"]
     waiting: list[subprocess.Popen[str]] = []
     try:
-        proc.send_signal(signal.SIGSTOP)
         try:
-            for count in (1, 2):  # one after the other: the control file's order is the order the host applies them
-                waiting.append(_interrupt_in_background(store_path, child, root))
-                until(lambda: _control_records(store_path, child) == count, DEADLINE_S)
+            waiting = _delivered_while_stopped(proc, store_path, ids, 2)
         finally:
             proc.send_signal(signal.SIGCONT)
         (first_out, first_err), (second_out, second_err) = (p.communicate(timeout=DEADLINE_S) for p in waiting)
@@ -206,10 +217,7 @@ def test_of_two_interrupts_of_one_turn_only_the_first_says_it_stopped_it(tmp_pat
         ends = [(e["data"]["stop_reason"], e["data"].get("cause")) for e in events(store_path, child) if e["type"] == "turn/end"]
         assert ends == [("aborted", "user")]
     finally:
-        for p in [proc, *waiting]:
-            if p.poll() is None:
-                p.kill()
-            p.communicate(timeout=DEADLINE_S)
+        _reap([proc, *waiting])
 
 
 def test_an_interrupt_whose_host_dies_before_carrying_it_out_says_so(tmp_path: Path) -> None:
@@ -218,12 +226,10 @@ def test_an_interrupt_whose_host_dies_before_carrying_it_out_says_so(tmp_path: P
     30 s" after the whole wait (found by a probe)."""
     store_path = str(tmp_path / "st")
     proc, ids = _continuable_host(store_path)
-    child, root = ids["child"], ids["root"]
+    child = ids["child"]
     waiting: list[subprocess.Popen[str]] = []
     try:
-        proc.send_signal(signal.SIGSTOP)
-        waiting.append(_interrupt_in_background(store_path, child, root))
-        until(lambda: _control_records(store_path, child) == 1, DEADLINE_S)
+        waiting = _delivered_while_stopped(proc, store_path, ids, 1)
         proc.kill()
         proc.communicate(timeout=DEADLINE_S)
         asked_at = time.monotonic()
@@ -234,10 +240,7 @@ def test_an_interrupt_whose_host_dies_before_carrying_it_out_says_so(tmp_path: P
                        "carrying out the interrupt; its turn is left as the crash left it (the next supervisor to take the child "
                        "closes it interrupted)\n"), out
     finally:
-        for p in [proc, *waiting]:
-            if p.poll() is None:
-                p.kill()
-            p.communicate(timeout=DEADLINE_S)
+        _reap([proc, *waiting])
 
 
 def test_send_to_a_one_shot_child_another_process_runs_is_not_resumable_and_writes_nothing(one_shot_host) -> None:
