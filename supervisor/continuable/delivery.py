@@ -24,7 +24,7 @@ from typing import Any
 
 import anyio
 
-from subagents.store import ChildEntry, OneShotDescriptor, Store, accept, list_children, pending, read_header, read_projection
+from subagents.store import ChildEntry, OneShotDescriptor, Store, accept, list_children, read_header, read_projection
 from subagents.store.changes import ChangeWatch
 from subagents.store.errors import SubagentError
 from subagents.store.ids import validate_session_id
@@ -37,6 +37,7 @@ from ..validation import prompt_text
 from .activation import Activation, ActivationTable
 from .admission import Admission
 from .materialization import Materializer
+from .unhosted import pending_of
 
 __all__ = ["Delivery"]
 
@@ -290,8 +291,7 @@ class Delivery:
             if not isinstance(entry, ChildEntry) or entry.mode != "continuable" or entry.status != "complete" or entry.id in self._table:
                 continue
             try:
-                p = read_projection(store, entry.id)
-                if pending(store, entry.id, consumed=p.consumed, last_consumed_id=p.last_message_id, mailbox_end=p.mailbox_end):
+                if pending_of(store, entry.id):
                     waiting.append(entry.id)
             except SubagentError as exc:  # its damage is its own: said here, the others still run
                 log.warning("the pending messages of %s could not be read: %s", entry.id, exc, extra={"child": entry.id})

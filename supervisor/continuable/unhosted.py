@@ -19,12 +19,13 @@ import logging
 from subagents.store import LogWriter, Store, acquire_lease, pending, read_projection, release_lease
 from subagents.store.errors import LeaseHeldError, SubagentError
 
-__all__ = ["drain_unhosted"]
+__all__ = ["drain_unhosted", "pending_of"]
 
 log = logging.getLogger(__name__)
 
 
-def _pending_of(store: Store, child_id: str, writer: LogWriter | None = None) -> list:
+def pending_of(store: Store, child_id: str, writer: LogWriter | None = None) -> list:
+    """The messages of a child no supervisor hosts that no turn has taken (as its log, or ``writer``'s, folds)."""
     p = writer.projection if writer is not None else read_projection(store, child_id)
     return pending(store, child_id, consumed=p.consumed, last_consumed_id=p.last_message_id, mailbox_end=p.mailbox_end)
 
@@ -33,7 +34,7 @@ def drain_unhosted(store: Store, child_id: str, owner_id: str) -> bool:
     """Tear down a child nobody hosts (blocking); whether anything was written. A child that another
     supervisor took meanwhile, or whose files refuse it, is left (logged)."""
     try:
-        if read_projection(store, child_id).open_turn is None and not _pending_of(store, child_id):
+        if read_projection(store, child_id).open_turn is None and not pending_of(store, child_id):
             return False
         lease = acquire_lease(store, child_id, owner_id, state="idle")
     except LeaseHeldError:
@@ -43,7 +44,7 @@ def drain_unhosted(store: Store, child_id: str, owner_id: str) -> bool:
         return False
     try:
         with LogWriter.open(store, child_id, epoch=lease.epoch, cause="drain") as writer:
-            messages = _pending_of(store, child_id, writer)
+            messages = pending_of(store, child_id, writer)
             if messages:
                 writer.append([("message/discarded", {"message_id": m.id, "mailbox_end": m.end, "cause": "drain"})
                                for m in messages], commit=True)
