@@ -27,7 +27,7 @@ import argcomplete
 
 from subagents.store.errors import SubagentError
 
-from ..config_loader import load_config
+from ..config_loader import DeploymentConfig, LoadedConfig, load_config
 from ..errors import UsageError
 from . import control, demo, listing, maintenance
 from .invocation import Invocation
@@ -55,6 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # while the parser is built or the arguments parsed, before the boundary below
+        return _exit_code(KeyboardInterrupt(), None)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     argcomplete.autocomplete(parser)  # answers a shell's completion request and exits; otherwise returns at once
     try:
@@ -68,7 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     _import_from_here()
     store_path: str | None = None
     try:
-        loaded = load_config(args.config)
+        # a verb that reads no setting (``completion``) runs beside a broken configuration: it is how a
+        # user gets help while they fix it
+        loaded = load_config(args.config) if args.reads_config else LoadedConfig(DeploymentConfig(), ())
         config = loaded.config.with_store(args.store) if args.store else loaded.config
         store_path = os.path.abspath(config.store.path)
         sources = tuple(loaded.sources) + (("--store",) if args.store else ())

@@ -58,7 +58,7 @@ def register(verbs: Verbs) -> None:
               example="subagents store migrate\nsubagents --store ./old-store store migrate --json")
 
     completion = verbs.add("completion", cmd_completion, "print the shell code that completes subagents' verbs and options",
-                           json=False, example='eval "$(subagents completion bash)"   # in ~/.bashrc\n'
+                           json=False, reads_config=False, example='eval "$(subagents completion bash)"   # in ~/.bashrc\n'
                                                 "subagents completion fish > ~/.config/fish/completions/subagents.fish")
     completion.add_argument("shell", metavar="SHELL", choices=SHELLS, help=f"the shell to complete in: {', '.join(SHELLS)}")
 

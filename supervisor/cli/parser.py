@@ -137,15 +137,16 @@ class Verbs:
         self._common = common
 
     def add(self, name: str, func: Command, help: str, *, example: str, json: bool = True,
-            json_help: str = "print one JSON document") -> argparse.ArgumentParser:
+            json_help: str = "print one JSON document", reads_config: bool = True) -> argparse.ArgumentParser:
         """A verb running ``func``; ``json`` adds ``--json`` (``json_help`` says what it prints); ``example``
-        (one or more command lines, ``subagents ...``) ends its ``--help``."""
+        (one or more command lines, ``subagents ...``) ends its ``--help``. A verb that does not
+        ``reads_config`` gets the defaults, and runs even where the configuration does not load."""
         sub = self._group.add_parser(
             name, parents=[self._common], help=help, description=help,
             epilog="example:\n" + "\n".join(f"  {line}" for line in example.splitlines()),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        sub.set_defaults(func=func, verb_prog=sub.prog)
+        sub.set_defaults(func=func, verb_prog=sub.prog, reads_config=reads_config)
         if json:
             sub.add_argument("--json", action="store_true", help=json_help)
         return sub
