@@ -58,6 +58,9 @@ def short_ids(store: Store, ids: Iterable[str]) -> dict[str, str]:
 def resolve_id(store: Store, text: str) -> str:
     """The session id ``text`` names: itself when it exists, else the one id it is a prefix of.
 
+    Generated ids are upper-case base 32, as tables print them; text that
+    names no session as typed is matched again without regard to case
+    (``01m938e7`` finds ``01M938E7…``), as ULIDs are read case-insensitively.
     Raises ``AmbiguousIdError`` when it starts several ids; an id that starts none is
     returned unchanged (the caller reports ``SESSION_NOT_FOUND`` as for any missing id),
     and so is text that is no valid id (the caller's own check says ``INVALID_SESSION_ID``).
@@ -65,13 +68,22 @@ def resolve_id(store: Store, text: str) -> str:
     if not is_valid_session_id(text) or store.exists(text):
         return text
     names = _names(store)
-    i = bisect.bisect_left(names, text)
-    matches = []
-    while i < len(names) and names[i].startswith(text) and len(matches) <= 5:
-        matches.append(names[i])
-        i += 1
+    matches = _starting(names, text)
+    if not matches:
+        folded = text.lower()
+        matches = [name for name in names if name.lower().startswith(folded)][:6]
     if len(matches) > 1:
         raise AmbiguousIdError(text, matches)
     if not matches:
         return text
     return matches[0]
+
+
+def _starting(names: list[str], text: str) -> list[str]:
+    """Up to six of the sorted ``names`` that start with ``text`` (two say it is ambiguous; six show how)."""
+    i = bisect.bisect_left(names, text)
+    matches = []
+    while i < len(names) and names[i].startswith(text) and len(matches) <= 5:
+        matches.append(names[i])
+        i += 1
+    return matches

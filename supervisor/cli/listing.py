@@ -105,7 +105,7 @@ def register(verbs: Verbs) -> None:
     log_cmd = verbs.add("log", cmd_log, "the events of a session",
                         example="subagents log 01M8MVY0PZ9RKY15DPNHER70WX --follow")
     log_cmd.add_argument("id", metavar="ID", help="a session id, as `ls`, `tree` or `run` print it, or a unique prefix of one")
-    log_cmd.add_argument("--follow", "-f", action="store_true", help="keep printing new events until interrupted")
+    log_cmd.add_argument("--follow", "-f", action="store_true", help="keep printing new events until interrupted (a one-shot child's, until its turn ends)")
     log_cmd.add_argument("--full", action="store_true", help="print each event's data whole (default: one line of 96 characters; --json is never cut)")
 
     summary = verbs.add("summary", cmd_summary, "counts of subagents by status and outcome, and live per supervisor",
@@ -298,26 +298,55 @@ def cmd_summary(inv: Invocation) -> int:
 
 def cmd_log(inv: Invocation) -> int:
     store, out = inv.open_store(), inv.out
-    session_id = inv.session(store, inv.args.id).id
+    header = inv.session(store, inv.args.id)
+    session_id = header.id
     found = CommittedEnds(store).apply(inspect(store, session_id))  # a settled child's damaged last record is no torn tail
     doc = {"session": session_id, "log_status": found.status,
            "damage": dataclasses.asdict(found.damage) if found.damage else None, "events": found.events}
     if not inv.args.follow:
-        inv.emit(doc, lambda o, d: render.render_log(o, d, full=inv.args.full))
+        inv.emit(doc, lambda o, d: render.render_log(o, d, full=inv.args.full, top_level=header.parent_session is None))
         return 0
     full = inv.args.full
     emit: Callable[[dict[str, Any]], None] = (lambda e: out.json(e, compact=True)) if out.json_mode else (lambda e: out.line(render.event_line(e, full=full)))
     _stop_on_ctrl_c()
     tail = LogTail(store, session_id, found)
+    ended = _OneShotEnd()
     try:  # from the first line printed: a Ctrl-C right after it still ends with 0
         for event in found.events:
             emit(event)
-        while True:
+            ended.see(event)
+        while not ended.ended:
             time.sleep(FOLLOW_POLL_S)
             for event in tail.poll():
                 emit(event)
+                ended.see(event)
     except KeyboardInterrupt:
-        return 0
+        pass
+    return 0
+
+
+class _OneShotEnd:
+    """Whether a log can grow any more, as ``log --follow`` reads it: a one-shot child's ends with its
+    one turn (``turn/end``, or ``message/discarded`` when it never began), and following it ends there,
+    as ``kubectl logs -f`` ends with its container. The session's own descriptor is its last one: a
+    fork child's log begins with its ancestor's turns."""
+
+    def __init__(self) -> None:
+        self._one_shot = False
+        self._turn_over = False
+
+    @property
+    def ended(self) -> bool:
+        return self._one_shot and self._turn_over
+
+    def see(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        if kind == "subagent/descriptor":
+            data = event.get("data")
+            self._one_shot = isinstance(data, dict) and data.get("mode") == "one-shot"
+            self._turn_over = False
+        elif kind in ("turn/end", "message/discarded"):
+            self._turn_over = True
 
 
 def cmd_top(inv: Invocation) -> int:

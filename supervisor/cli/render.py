@@ -292,9 +292,12 @@ def event_line(event: dict[str, Any], *, full: bool = False) -> str:
     return f"{event['seq']:>5}  {fmt_time(event.get('ts'), date=False)}  {str(event.get('type')):<20}  {shown}"
 
 
-def render_log(out: Output, doc: dict[str, Any], *, full: bool = False) -> None:
+def render_log(out: Output, doc: dict[str, Any], *, full: bool = False, top_level: bool = False) -> None:
     for event in doc["events"]:
         out.line(event_line(event, full=full))
+    if not doc["events"] and doc["log_status"] == "clean":  # say so: an empty screen reads as a hang or a bug
+        where = f": a top-level session's work is in its children (`subagents tree {doc['session']}`)" if top_level else ""
+        out.line(f"(no events{where})")
     if doc["log_status"] != "clean":
         damage = doc.get("damage") or {}
         out.line(f"({doc['log_status']} log: {damage.get('reason')} at byte {damage.get('offset')}, {damage.get('dropped')} bytes after the valid prefix)")

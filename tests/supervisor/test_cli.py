@@ -305,6 +305,31 @@ def test_log(demo: DemoStore) -> None:
     assert doc["events"] == json.loads(json.dumps([{**e, "ts": columns.iso(e["ts"])} for e in found.events]))
 
 
+def test_log_of_an_empty_log_says_so(tmp_path: Path) -> None:
+    """Found by a probe: `log ROOT` printed nothing at all (a top-level session `run` or the API made records
+    nothing until a child reports to it), which reads as a hang or a bug; it now says where the work is."""
+    st = Store(tmp_path / "st", durability="none")
+    root = store.new_id()
+    create_session(st, root, events=[])
+    doc = json.loads(ok("--store", "st", "log", root, "--json", cwd=tmp_path))
+    assert doc["events"] == [] and doc["log_status"] == "clean"
+    text = ok("--store", "st", "log", root, cwd=tmp_path)
+    assert text.strip() == f"(no events: a top-level session's work is in its children (`subagents tree {root}`))"
+
+
+def test_log_follow_of_a_finished_one_shot_child_ends(demo: DemoStore) -> None:
+    """Found by a probe: `log --follow` of a one-shot child whose turn had ended waited forever; such a log
+    never grows again, so following it ends with 0 after its last event, in text and JSON Lines alike."""
+    child = demo.children[0]
+    events = len(inspect(Store(demo.path, create=False), child).events)
+    done = cli("--store", "st", "log", child, "--follow", cwd=demo.cwd)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == events and lines[-1].split()[2] == "turn/end"
+    done = cli("--store", "st", "log", child, "--follow", "--json", cwd=demo.cwd)
+    assert done.returncode == 0 and [json.loads(line)["seq"] for line in done.stdout.splitlines()] == list(range(events))
+
+
 class _Lines:
     """stdout of a running process, read by a thread so every wait has a deadline."""
 

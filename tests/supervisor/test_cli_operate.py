@@ -269,4 +269,8 @@ def test_short_ids_are_unique_prefixes_taken_back(st: Store) -> None:
     assert json.loads(ok(st, "show", "r3AAAA", "--json"))["header"]["id"] == "r3AAAAAAAAAA"
     done = run_cli(st, "show", "c0000000")
     assert done.returncode != 0 and "AMBIGUOUS_ID" in done.stderr
+    # ids read case-insensitively when the text as typed names none (ULIDs are): found by a probe
+    assert json.loads(ok(st, "show", "R3aaaa", "--json"))["header"]["id"] == "r3AAAAAAAAAA"
+    assert json.loads(ok(st, "show", "c0000000aaac", "--json"))["header"]["id"] == "c0000000AAAC"
+    assert "AMBIGUOUS_ID" in run_cli(st, "show", "C0000000").stderr
     assert store.short_ids(st, ["r3AAAAAAAAAA"]) == {"r3AAAAAAAAAA": "r3AAAAAA"}
