@@ -17,7 +17,7 @@ from typing import Iterable, Iterator
 
 import anyio
 
-from ..errors import DrainingError
+from ..errors import DrainingError, DuplicateChildError
 from .activation import ActivationTable
 
 __all__ = ["Admission"]
@@ -62,7 +62,13 @@ class Admission:
 
     @contextmanager
     def materializing(self, child_id: str) -> Iterator[None]:
-        """Mark a materialisation in flight (a drain or close waits for it to publish or roll back)."""
+        """Mark a materialisation in flight (a drain or close waits for it to publish or roll back).
+
+        A caller may reserve a child's id, so two starts of one id can overlap: the second is
+        ``DUPLICATE_CHILD`` here, before it writes anything.
+        """
+        if child_id in self._materializing:
+            raise DuplicateChildError(child_id)
         done = anyio.Event()
         self._materializing[child_id] = done
         try:
@@ -70,6 +76,14 @@ class Admission:
         finally:
             del self._materializing[child_id]
             done.set()
+
+    def in_flight(self, child_id: str) -> anyio.Event | None:
+        """The event set when ``child_id``'s materialisation ends, while one is under way.
+
+        A message to a child whose start is still writing waits for it rather than resuming the
+        child from the store: the start holds the lease, and taking it again would fence it.
+        """
+        return self._materializing.get(child_id)
 
     async def wait_materializing(self) -> None:
         for event in list(self._materializing.values()):

@@ -23,6 +23,7 @@ import anyio
 from subagents.store import (
     ContinuableDescriptor,
     LeaseHeldError,
+    SessionExistsError,
     accept,
     acquire_lease,
     create_session,
@@ -46,10 +47,10 @@ from ..errors import (
     no_provider,
     not_continuable,
 )
-from ..models import ContinuableSpec
+from ..models import ContinuableSpec, Provider
 from ..runtime import Runtime
 from ..setup import ActivationInfo, SetupBatch
-from ..validation import delegation_events, place_child, prompt_text, request_fields
+from ..validation import RequestFields, delegation_events, place_child, prompt_text, request_fields
 from .activation import Activation, ActivationIdentity, ActivationTable, MailboxCursor, log_fields
 from .admission import Admission
 from .watcher import StoreWatcher
@@ -94,6 +95,14 @@ class Materializer:
                 raise DuplicateChildError(child_id)
         else:
             child_id = rt.ids.new()
+        # marked before anything awaits: a second start of a reserved id is a duplicate from here on,
+        # and a message to it waits for this start instead of resuming the child from the store
+        with self._admission.materializing(child_id):
+            return await self._create_and_publish(spec, child_id, provider, fields)
+
+    async def _create_and_publish(self, spec: ContinuableSpec, child_id: str, provider: Provider, fields: RequestFields) -> tuple[str, str]:
+        rt, table = self._rt, self._table
+        parent_id = spec.parent_id
         if not table.is_live(parent_id):
             raise UnauthorizedError.not_live_parent(child_id)
         self._check_parent_open(parent_id)
@@ -110,10 +119,13 @@ class Materializer:
             seed = await anyio.to_thread.run_sync(self._fork_prefix, parent_id)
 
         def create() -> str:
-            create_session(
-                rt.store, child_id, parent_session=parent_id, origin="subagent", delegation_depth=placement.depth,
-                seed=seed, events=events, lease_owner=rt.owner_id,
-            )
+            try:
+                create_session(
+                    rt.store, child_id, parent_session=parent_id, origin="subagent", delegation_depth=placement.depth,
+                    seed=seed, events=events, lease_owner=rt.owner_id,
+                )
+            except SessionExistsError:  # another host made it first: the caller's word for that
+                raise DuplicateChildError(child_id) from None
             try:
                 return accept(rt.store, child_id, source={"kind": "user"}, content=prompt, ids=rt.ids)
             except BaseException:
@@ -121,7 +133,7 @@ class Materializer:
                 raise
 
         epoch = 1  # created leased to us (create_session's lease_owner)
-        with self._admission.materializing(child_id), anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True):
             message_id = await rt.store_thread.run(create)
             try:
                 self._admission.admit(parent_id)  # a drain may have begun while we wrote
@@ -160,7 +172,7 @@ class Materializer:
 
         Returns None when another delivery resumed (or tried to resume) it meanwhile: the caller looks again.
         """
-        under_way = self._resuming.get(child_id)
+        under_way = self._resuming.get(child_id) or self._admission.in_flight(child_id)
         if under_way is not None:
             await under_way.wait()
             return None
@@ -196,6 +208,10 @@ class Materializer:
         if rt.registry.program_for(descriptor.provider, recorded=descriptor.program) is None:
             raise no_provider(descriptor.provider, recorded=False)  # refused before anything is accepted
         if child_id in self._table:
+            return None
+        starting = self._admission.in_flight(child_id)
+        if starting is not None:  # its start is still writing, under the lease we would take
+            await starting.wait()
             return None
         self._admission.admit(parent_id)
         try:
