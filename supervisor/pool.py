@@ -18,6 +18,9 @@ worker's death into its turns' outcome.
 A worker death is seen at once (its sentinel becomes readable): every turn
 resident on it ends — ``aborted`` if its cancellation was asked for, else
 ``error`` naming the pid, exit code or signal — and a replacement starts.
+If the forkserver dies, every worker's sentinel ends at once though the
+workers still run: each is killed by pid, its turns end ``error`` saying so,
+and its replacement starts a new forkserver.
 A cancelled turn that ignores cancellation for ``cancel_grace_s`` has its
 worker killed (and so do the other turns resident on that worker: they end
 ``error``; the log of each is repaired by the caller). At close each worker
@@ -30,6 +33,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import signal
 import socket
 import sys
 import time
@@ -41,7 +46,7 @@ import anyio
 import multiprocess
 
 from subagents.store.errors import SubagentError
-from subagents.worker.errors import ProtocolError, WorkerCrashedError, describe_exit
+from subagents.worker.errors import ProtocolError, WorkerCrashedError
 from subagents.worker.main import worker_entry
 from subagents.worker.pipe import serve_pipe
 from subagents.worker.protocol import Cancel, Ready, Reply, Rpc, RunTurn, Shutdown, Started, TurnDone, Withdraw, Withdrawn, decode, encode
@@ -201,9 +206,11 @@ class WorkerPool(Dispatcher[_Worker]):
                 await worker.drained.wait()
             if worker.process.is_alive():
                 worker.process.kill()
+            elif not worker.drained.is_set():  # its forkserver died: the handle no longer knows it runs
+                _kill_orphan(worker.pid)
             with anyio.move_on_after(1.0):  # the end of file follows the kill
                 await worker.drained.wait()
-            worker.reading.cancel()  # no answer is left to read
+            await self._stop_reading(worker)  # no answer is left to read
             worker.alive = False
             await anyio.to_thread.run_sync(worker.process.join, 1.0)
             worker.conn.close()
@@ -239,6 +246,17 @@ class WorkerPool(Dispatcher[_Worker]):
             log.warning("worker %s pipe closed while sending", worker.pid)
             return False
         return True
+
+    async def _stop_reading(self, worker: _Worker) -> None:
+        """End the pipe's reader and wait until it unregistered the pipe, before anyone closes it.
+
+        The event loop keeps a registration by descriptor number: a pipe closed under it leaves one
+        behind that the next pipe opened with that number (a replacement's) inherits, and that pipe
+        is then never read.
+        """
+        worker.reading.cancel()
+        with anyio.CancelScope(shield=True):
+            await worker.drained.wait()
 
     def _release(self, worker: _Worker) -> None:
         """Close the handle of a worker whose process has exited and that nothing waits on any more (``_watch`` ended)."""
@@ -299,13 +317,35 @@ class WorkerPool(Dispatcher[_Worker]):
         worker.alive = False
         await anyio.to_thread.run_sync(worker.process.join, 1.0)
         self._crash_count += 1
-        code = worker.process.exitcode
-        log.error("worker %s died: %s", worker.pid, describe_exit(code))
-        self._end_resident(worker, str(WorkerCrashedError(worker.pid, code)))
+        if worker.drained.is_set():
+            crash = WorkerCrashedError(worker.pid, worker.process.exitcode)
+        else:
+            # its sentinel ended, yet it still holds its pipe open: it runs, and what died is the
+            # forkserver that reported its exit. With nobody left to report it, it is stopped, and
+            # its turns end as a dead worker's do
+            crash = WorkerCrashedError(worker.pid, None, cause=_ORPHANED)
+            _kill_orphan(worker.pid)
+            with anyio.move_on_after(1.0):  # the end of file follows the kill
+                await worker.drained.wait()
+        log.error("%s", crash.message)
+        self._end_resident(worker, str(crash))
+        await self._stop_reading(worker)
         worker.conn.close()
         self._release(worker)
         if not self._closing:
             await self._start_worker(worker.index)
+
+
+_ORPHANED = "was stopped: the forkserver that started it died, so its exit could no longer be watched"
+
+
+def _kill_orphan(pid: int) -> None:
+    """Kill a worker by pid: its handle counts it as exited once its forkserver is gone, and kills nothing.
+
+    Called only while its pipe is still open, so the pid is still its own.
+    """
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
 
 
 async def _discard(process: Any, conn: Any) -> None:

@@ -83,7 +83,8 @@ def describe_exit(exitcode: int | None) -> str:
 class WorkerCrashedError(SubagentError):
     """Raised for every call pending on a worker process that died.
 
-    A local worker is named by its pid and exit status; a worker on a cluster
+    A local worker is named by its pid and exit status, or by ``cause`` when
+    its exit status cannot be known (its forkserver died); a worker on a cluster
     node (``node``: its address and id) by its pid and the cause the cluster
     gave (``cause``: the process died, its node died, a memory monitor killed it).
     """
@@ -92,7 +93,7 @@ class WorkerCrashedError(SubagentError):
 
     def __init__(self, pid: int | None, exitcode: int | None, *, node: str | None = None, cause: str | None = None) -> None:
         if node is None:
-            message = f"worker process {pid} {describe_exit(exitcode)}"
+            message = f"worker process {pid} {cause or describe_exit(exitcode)}"
         else:
             message = f"worker process {pid} on node {node} died: {cause or describe_exit(exitcode)}"
         super().__init__(message, pid=pid, exitcode=exitcode, node=node, cause=cause)
