@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from typing import Any
 
 import msgpack
@@ -44,6 +45,18 @@ COMPANIONS = ("mailbox", "control", "identity")
 # creation (every step is idempotent; the marker is written exclusively) instead of refusing
 # "a non-empty folder": several supervisors may start together on a new store.
 _LAYOUT = frozenset({"sessions", "owners", "index", "STORE"})
+
+# The folders a store has from its creation (FORMAT.md §1), parents first, and what to do when one is
+# gone. None is made again once the marker exists: the marker says the store was complete, so a
+# missing ``sessions/`` is sessions lost (an empty folder would pass that off as an empty store), and
+# the others were removed by hand, for an operator to look at. The indexes are derived: a reindex
+# rebuilds them in a folder made again.
+_FOLDERS: tuple[tuple[str, str], ...] = (
+    ("sessions", "its sessions are not there; put the folder back (an empty one would hide their loss)"),
+    ("owners", "make it again (`mkdir -m 700 {path}`): the supervisors that ran on the store are taken as closed"),
+    ("index", "make it again (`mkdir -m 700 {path} {path}/children`) and run `subagents store reindex`"),
+    (os.path.join("index", "children"), "make it again (`mkdir -m 700 {path}`) and run `subagents store reindex`"),
+)
 
 
 def _file_above(path: str) -> str:
@@ -79,6 +92,43 @@ def missing_marker(root: str) -> StoreFormatError:
         return StoreNotFoundError(f"there is no store at {root}", path=root)
     shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
     return StoreFormatError(f"{root} is not a store: it holds {shown} and no STORE marker", path=root)
+
+
+def _layout_damage(root: str) -> StoreFormatError | None:
+    """The error for the first folder of the layout that is missing or not a folder, or None.
+
+    Links are followed: a folder moved to another disk and linked back is still the store's. A
+    folder this process may not reach is left to the call that needs it to name
+    (``STORE_UNREADABLE`` for a reader, ``STORE_READ_ONLY`` for a writer): it is there.
+    """
+    for name, remedy in _FOLDERS:
+        path = os.path.join(root, name)
+        try:
+            is_folder = stat.S_ISDIR(os.stat(path).st_mode)
+        except FileNotFoundError:
+            return StoreFormatError(
+                f"the store at {root} has no {name}/ folder (moved or deleted?): {remedy.format(path=path)}", path=root,
+            )
+        except OSError as exc:
+            if exc.errno in REFUSED:
+                continue
+            if exc.errno != errno.ELOOP:
+                raise
+            is_folder = False  # a link that leads back to itself
+        if not is_folder:
+            return StoreFormatError(f"the store at {root} is damaged: {path} is not a folder", path=root)
+    return None
+
+
+def _on_read_only_mount(path: str) -> bool:
+    """Whether ``path`` lies on a read-only mount; False when it cannot be asked (a folder above it this
+    process may not enter: ``statvfs`` is refused there, and it is a permission that keeps the writer out)."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError as exc:
+        if exc.errno in REFUSED:
+            return False
+        raise
 
 
 def marker_present(root: str) -> bool:
@@ -185,6 +235,9 @@ class Store:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_RECORD_BYTES:
             raise StoreFormatError(f"{marker} holds max_record_bytes {limit!r}, not an integer up to {MAX_RECORD_BYTES}", path=self.root)
         self.max_record_bytes = limit
+        damaged = _layout_damage(self.root)
+        if damaged is not None:
+            raise damaged
 
     def require_writable(self, *also: str) -> None:
         """``ReadOnlyStoreError`` unless this process may write the folders every writer touches,
@@ -196,10 +249,13 @@ class Store:
         which root's permission bypass does not; not guaranteed: a store that turns
         read-only afterwards fails at its next write instead.
         """
+        damaged = _layout_damage(self.root)  # removed since the store was opened: named, not a bare FileNotFoundError
+        if damaged is not None:
+            raise damaged
         present = [p for p in also if os.path.lexists(p)]
-        for path in (self.root, self.sessions_dir, self.owners_dir, self.children_index_dir, *present):
+        for path in (self.root, self.sessions_dir, self.owners_dir, self.index_dir, self.children_index_dir, *present):
             if not os.access(path, os.W_OK | (os.X_OK if os.path.isdir(path) else 0)):
-                why = "a read-only file system" if os.statvfs(path).f_flag & os.ST_RDONLY else f"no write permission on {path}"
+                why = "a read-only file system" if _on_read_only_mount(path) else f"no write permission on {path}"
                 raise ReadOnlyStoreError(f"the store at {self.root} is read-only ({why})", path=self.root)
 
     # -- layout --------------------------------------------------------------

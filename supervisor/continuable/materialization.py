@@ -29,6 +29,7 @@ from subagents.store import (
     create_session,
     delete_session,
     inspect,
+    pending,
     read_header,
     read_projection,
     release_lease,
@@ -202,6 +203,13 @@ class Materializer:
             raise NotResumableError.unavailable(child_id) from exc
         if projection.resume_error is not None:
             raise NotResumableError.unavailable(child_id, projection.resume_error)
+        # its mailbox too, from where the log says its pending messages begin: one that disagrees with the
+        # log (deleted, cut) failed the driver's first read, after a lease (a new epoch) taken for nothing.
+        # Its own error, CORRUPT_SESSION, as an acceptance into that mailbox says it
+        await rt.store_thread.run(lambda: pending(
+            rt.store, child_id, consumed=projection.consumed, last_consumed_id=projection.last_message_id,
+            mailbox_end=projection.mailbox_end,
+        ))
         descriptor = projection.continuable()
         if descriptor is None:
             raise NotResumableError.no_state(child_id)
