@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import fnmatch
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterable, Protocol, Sequence, TypeVar
 
@@ -37,9 +38,41 @@ def _get(row: Any, name: str) -> Any:
     return row.get(name) if isinstance(row, dict) else getattr(row, name, None)
 
 
+def _words(name: str, value: Any, example: str) -> frozenset[str]:
+    """A filter's words as the frozenset the field holds, from any collection of text (a list, a set).
+
+    A lone string is refused, not taken as one word: it is a collection too, and was read letter by
+    letter ("unknown status g, i, n, r, u"), as ``collect``'s ``outcomes`` and ``drain_children``'s ids
+    refuse one. Anything else (``None``, a number, a word that is no text) is refused here, as the query
+    is built, and not as a bare ``TypeError`` inside the listing that uses it.
+    """
+    if isinstance(value, (str, bytes)):
+        raise InvalidQueryError(f"{name} must be a set of words such as {{{example!r}}}, not the string {value!r}")
+    if not isinstance(value, (frozenset, set, list, tuple)):
+        raise InvalidQueryError(f"{name} must be a set of words such as {{{example!r}}}, not {type(value).__name__}")
+    odd = [word for word in value if not isinstance(word, str)]
+    if odd:
+        raise InvalidQueryError(f"{name} must hold words (text), not {type(odd[0]).__name__} {odd[0]!r}")
+    return frozenset(value)
+
+
+def _moment(name: str, value: Any) -> None:
+    """``since``/``until``: ``None`` or a number of seconds since the epoch. A NaN compares false with
+    every time, so ``since=nan`` would have kept every row rather than any it names."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise InvalidQueryError(f"{name} must be None or a time in seconds since the epoch, not {value!r}")
+
+
 @dataclass(frozen=True)
 class Query:
-    """Which rows a listing keeps; an empty field keeps every row. Diagnostic rows match only an empty query."""
+    """Which rows a listing keeps; an empty field keeps every row. Diagnostic rows match only an empty query.
+
+    ``status`` and ``outcome`` take any collection of words (a set, a list, a tuple; kept as a frozenset,
+    so a query stays hashable) but never a lone string: write ``{"running"}``, not ``"running"``.
+    Every field is checked as the query is built (``INVALID_QUERY``), before any listing reads a byte.
+    """
 
     status: frozenset[str] = field(default_factory=frozenset)
     outcome: frozenset[str] = field(default_factory=frozenset)  # outcome words, or "none"
@@ -48,6 +81,12 @@ class Query:
     until: float | None = None  # created before
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "status", _words("status", self.status, "running"))
+        object.__setattr__(self, "outcome", _words("outcome", self.outcome, "completed"))
+        if self.label is not None and not isinstance(self.label, str):
+            raise InvalidQueryError(f"label must be None or a glob (text), not {type(self.label).__name__}")
+        _moment("since", self.since)
+        _moment("until", self.until)
         bad = sorted(set(self.status) - set(STATUSES))
         if bad:
             raise InvalidQueryError(f"unknown status {', '.join(bad)}; one of {', '.join(STATUSES)}")

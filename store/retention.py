@@ -613,7 +613,13 @@ def _collect(
     started = time.monotonic()
     if isinstance(outcomes, (str, bytes)):  # a string is iterable: "completed" was read as c, o, m, p, ...
         raise InvalidQueryError(f"outcomes must be a list of outcomes, not the string {outcomes!r}")
-    wanted = frozenset(outcomes)
+    if not isinstance(outcomes, Iterable):  # None, a number: a bare TypeError from frozenset() otherwise
+        raise InvalidQueryError(f"outcomes must be a list of outcomes, not {type(outcomes).__name__}")
+    words = list(outcomes)
+    odd = [word for word in words if not isinstance(word, str)]
+    if odd:  # a list in it is unhashable, a number fails sorted() and join() below: bare TypeErrors
+        raise InvalidQueryError(f"outcomes must hold outcome words (text), not {type(odd[0]).__name__} {odd[0]!r}")
+    wanted = frozenset(words)
     bad = sorted(wanted - {*OUTCOMES, "none"})
     if bad:
         raise InvalidQueryError(f"outcome {', '.join(bad)} is not one of {', '.join((*OUTCOMES, 'none'))}")

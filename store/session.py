@@ -338,7 +338,7 @@ def _encode_new_session(store: Store, request: NewSession, header: SessionHeader
         chunks.append(chunk)
         offset += len(chunk)
     lease = Lease(request.lease_owner, 1, request.lease_state, now) if request.lease_owner is not None else None
-    blob = encode_session(header.to_record(), lease, b"".join(chunks))
+    blob = encode_session(header.to_record(), lease, b"".join(chunks), limit=store.max_record_bytes)
     return projection, blob + block_padding(len(blob))  # the first appends then write in place (session_file.py)
 
 

@@ -193,14 +193,16 @@ def parse_preamble(blob: bytes) -> Preamble | str:
 NEVER_LEASED = Lease("", 0, "released", 0.0)
 
 
-def encode_session(header: dict[str, Any] | bytes, lease: Lease | None, log: bytes) -> bytes:
+def encode_session(header: dict[str, Any] | bytes, lease: Lease | None, log: bytes, *, limit: int = MAX_RECORD_BYTES) -> bytes:
     """The whole file of a new session: slot 0 holds ``lease`` (created already held) or
     ``NEVER_LEASED``, marked synced (it is written and fsync'd with the file). ``header`` is a map, or the msgpack bytes of one, framed
-    as they are (``store/migrate.py`` keeps a version-1 header byte for byte)."""
+    as they are (``store/migrate.py`` keeps a version-1 header byte for byte). A map framing to more
+    than ``limit`` bytes is ``RecordTooLargeError``: creators pass the store's ``max_record_bytes``, so
+    a root's label obeys the limit a child's label obeys in its descriptor (a header is read by every listing)."""
     if isinstance(header, bytes):
         head = FRAME.pack(len(header), zlib.crc32(header)) + header
     else:
-        head = encode_record(header, what="a session header")
+        head = encode_record(header, limit=limit, what="a session header")
     data_start = HEADER_AT + len(head)
     slot0 = _slot_bytes(_lease_payload(NEVER_LEASED if lease is None else lease, 0, True))
     return b"".join((MAGIC, _START.pack(data_start), slot0, _EMPTY_SLOT, head, log))

@@ -188,14 +188,28 @@ class ContinuableSpec(_Request):
 
 @dataclass(frozen=True)
 class UserAuthority:
+    """The host user's authority over the children of ``parent_session`` (the session id they were started under).
+
+    An id that is no text is ``INVALID_REQUEST`` as the authority is built: ``UserAuthority(None)`` names
+    no caller at all, and was taken as one (an interrupt answered, or ``UNAUTHORIZED``: a denied caller).
+    """
+
     parent_session: str
     kind: Literal["user"] = "user"
+
+    def __post_init__(self) -> None:
+        InvalidRequestError.require(self.parent_session, str, "parent_session")
 
 
 @dataclass(frozen=True)
 class AncestorAuthority:
+    """The authority of a live ancestor agent (its ``AgentRef`` or id); anything else is ``INVALID_REQUEST``, as for ``UserAuthority``."""
+
     agent: AgentRef | str
     kind: Literal["ancestor"] = "ancestor"
+
+    def __post_init__(self) -> None:
+        InvalidRequestError.require(self.agent, (AgentRef, str), "agent")
 
     @property
     def agent_id(self) -> str:

@@ -72,6 +72,7 @@ from .rpc import TurnRpc
 from .runtime import Runtime
 from .setup import Contribution, SetupRegistry
 from .store_thread import StoreThread, StoreThreadStatistics
+from .validation import request_fields
 
 __all__ = ["Supervisor", "SupervisorStatistics"]
 
@@ -240,6 +241,10 @@ class Supervisor:
         self.lease_keeper.stop()
 
     def _check_open(self) -> None:
+        """``SUPERVISOR_CLOSED`` once closing began, for every public call: reads too (``get_provider``,
+        ``providers``, ``statistics``, the listings). After close the pool is stopped and the runs are
+        disposed, so an answer would describe a torn-down supervisor (no workers, no runs, providers
+        nothing can run), not its last state; the store's own functions read what it left."""
         if self._closed:
             raise SupervisorClosedError()
 
@@ -251,9 +256,15 @@ class Supervisor:
         return self.registry.register(provider)
 
     def get_provider(self, name: str) -> Provider | None:
+        """The provider registered as ``name``, or ``None``. A name that is no text is ``INVALID_REQUEST``
+        (a list was a bare ``TypeError: unhashable type`` from the registry's table)."""
+        self._check_open()
+        InvalidRequestError.require(name, str, "name")
         return self.registry.get(name)
 
     def providers(self) -> list[str]:
+        """The registered providers' names, in registration order."""
+        self._check_open()
         return self.registry.names()
 
     def on(self, event: str | None, listener: Callable[[str, dict[str, Any]], Any]) -> Callable[[], None]:
@@ -281,6 +292,9 @@ class Supervisor:
         InvalidRequestError.require_sandbox(sandbox)
         InvalidRequestError.require(label, (str, type(None)), "label")
         InvalidRequestError.require(id, (str, type(None)), "id")
+        # the checks a child's label gets (text UTF-8 can hold: INVALID_REQUEST); its size is bounded by
+        # the store's record limit as the header is encoded (RECORD_TOO_LARGE), as a child's descriptor is
+        request_fields(max_depth=None, budget=None, tool_filter=None, texts={"label": label})
 
         def open_it() -> tuple[str, int, int, str | None]:
             if id is None:
@@ -306,8 +320,12 @@ class Supervisor:
     # -- one-shot children (OneShotRuns) ------------------------------------------------
 
     async def start(self, provider: str, request: SubagentRequest, *, cancel: CancelToken | None = None) -> SubagentRun:
-        """Start a one-shot child; returns once it is published (the caller must dispose it)."""
+        """Start a one-shot child; returns once it is published (the caller must dispose it).
+
+        ``provider`` is a registered provider's name: anything but text is ``INVALID_REQUEST`` (``None``
+        was looked up and said ``NO_PROVIDER "None"``, a list was a bare ``TypeError``)."""
         self._check_open()
+        InvalidRequestError.require(provider, str, "provider")
         InvalidRequestError.require(request, SubagentRequest, "request")
         if cancel is not None:  # a Protocol's isinstance walks its members: not on every start without a token
             InvalidRequestError.require(cancel, CancelToken, "cancel")
@@ -374,7 +392,10 @@ class Supervisor:
         return await self.continuation.send(child_id, content, parent=parent_id, source=source)
 
     async def report_from(self, child_id: str, content: Any, *, delivery: str = "wakeup") -> str:
+        """A live continuable child's message to its live direct parent (``quiet``: context; ``wakeup``: a turn).
+        A ``child_id`` that is no text is ``INVALID_REQUEST`` (a list was a bare ``TypeError``)."""
         self._check_open()
+        InvalidRequestError.require(child_id, str, "child_id")
         return await self.continuation.report_from(child_id, content, delivery=delivery)
 
     def register_continuable_setup(self, contribution: Contribution) -> Callable[[], None]:
@@ -489,15 +510,28 @@ class Supervisor:
         root = ref_id(root_id, "root_id")
         return await anyio.to_thread.run_sync(list_descendants, self.store, root, query)
 
-    async def gc(self, older_than_s: float, *, outcomes: tuple[str, ...] = (), dry_run: bool = False) -> GcReport:
+    async def gc(
+        self, older_than_s: float, *, outcomes: tuple[str, ...] | list[str] | set[str] | frozenset[str] = (), dry_run: bool = False,
+    ) -> GcReport:
         """Delete the top-level subtrees settled longer than ``older_than_s`` (``store.collect``, ``subagents gc``).
 
         Runs in a thread; this supervisor's own roots and children are held (live leases), so they stay.
+        An argument of the wrong type is ``INVALID_REQUEST``, as for every call here (``outcomes=None`` was
+        a bare ``TypeError``, ``dry_run="no"`` a dry run); a value of the right type that the store's rules
+        refuse (a negative age, an unknown outcome) is the store's ``INVALID_QUERY``, as ``subagents gc`` says.
         """
         self._check_open()
+        InvalidRequestError.require(older_than_s, (int, float), "older_than_s")
+        InvalidRequestError.require(outcomes, (list, tuple, set, frozenset), "outcomes")  # a string: one outcome per letter
+        for item in outcomes:
+            InvalidRequestError.require(item, str, "each of outcomes")
+        InvalidRequestError.require(dry_run, bool, "dry_run")  # any truthy text would have meant "dry run", 0 "delete"
         return await anyio.to_thread.run_sync(lambda: collect(self.store, older_than_s, outcomes=outcomes, dry_run=dry_run))
 
     def statistics(self) -> SupervisorStatistics:
+        """A snapshot of the pool, the runs, the roots and the store thread, for tests and the CLI
+        (``SUPERVISOR_CLOSED`` after close: see ``_check_open``)."""
+        self._check_open()
         return SupervisorStatistics(
             owner_id=self.lease_keeper.owner_id,
             pool=self.pool.statistics(),
