@@ -19,8 +19,9 @@ A worker death is seen at once (its sentinel becomes readable): every turn
 resident on it ends — ``aborted`` if its cancellation was asked for, else
 ``error`` naming the pid, exit code or signal — and a replacement starts.
 If the forkserver dies, every worker's sentinel ends at once though the
-workers still run: each is killed by pid, its turns end ``error`` saying so,
-and its replacement starts a new forkserver.
+workers still run: they go on serving, each watched through its pipe from
+then on (its death then reads as an exit whose status was lost), and the
+next replacement starts a new forkserver.
 A cancelled turn that ignores cancellation for ``cancel_grace_s`` has its
 worker killed (and so do the other turns resident on that worker: they end
 ``error``; the log of each is repaired by the caller). At close each worker
@@ -37,6 +38,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import types
 from dataclasses import dataclass, field
@@ -44,6 +46,7 @@ from typing import Any, Iterator
 
 import anyio
 import multiprocess
+import multiprocess.forkserver
 
 from subagents.store.errors import SubagentError
 from subagents.worker.errors import ProtocolError, WorkerCrashedError
@@ -82,6 +85,31 @@ def _main_module_hidden() -> Iterator[None]:
         sys.modules["__main__"] = real
 
 
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what a terminal or a service manager sends a group
+
+
+def _start_forkserver() -> None:
+    """Start the forkserver (if it is not running) with the stop signals ignored from its first instruction.
+
+    A terminal's Ctrl-C or hangup reaches the whole foreground process group, and a service manager
+    stops a whole group with SIGTERM; the forkserver ignores SIGINT itself only once it has imported
+    the preloaded modules (about a second), and a signal before that killed it: a traceback, and the
+    host failed ``WORKER_START_FAILED`` where it should have stopped ``interrupted``. An ignored
+    signal stays ignored across the exec, and its workers inherit that. The host ignores the signals
+    only while it forks and execs the forkserver (milliseconds); a signal in that window is lost.
+    The forkserver still ends when its host does (its end of the host's pipe closes).
+    """
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        multiprocess.forkserver.ensure_running()
+        return
+    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in _STOP_SIGNALS}
+    try:
+        multiprocess.forkserver.ensure_running()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 @dataclass(eq=False)
 class _Worker(WorkerSlot):
     host: str
@@ -90,6 +118,7 @@ class _Worker(WorkerSlot):
     drained: anyio.Event = field(default_factory=anyio.Event)  # its pipe was read to the end (or failed)
     watched: anyio.Event = field(default_factory=anyio.Event)  # ``_watch`` no longer waits on its sentinel
     released: bool = False  # its process handle is closed (``_release``)
+    orphaned: bool = False  # its forkserver died: its handle knows nothing more of it (``_watch``)
     # the reader's own scope: shielded from the caller's cancellation, ended by ``aclose`` only
     reading: anyio.CancelScope = field(default_factory=lambda: anyio.CancelScope(shield=True))
 
@@ -144,6 +173,8 @@ class WorkerPool(Dispatcher[_Worker]):
             name=f"subagents-worker-{index}",
         )
         try:
+            if self._start_method == "forkserver":
+                _start_forkserver()
             with _main_module_hidden():
                 process.start()
         except (OSError, EOFError) as exc:  # the executable failed, or the forkserver died before forking it
@@ -206,8 +237,8 @@ class WorkerPool(Dispatcher[_Worker]):
                 await worker.drained.wait()
             if worker.process.is_alive():
                 worker.process.kill()
-            elif not worker.drained.is_set():  # its forkserver died: the handle no longer knows it runs
-                _kill_orphan(worker.pid)
+            elif worker.orphaned:
+                _kill_orphan(worker)
             with anyio.move_on_after(1.0):  # the end of file follows the kill
                 await worker.drained.wait()
             await self._stop_reading(worker)  # no answer is left to read
@@ -232,7 +263,9 @@ class WorkerPool(Dispatcher[_Worker]):
         self._send(worker, reply)
 
     def _kill_worker(self, worker: _Worker) -> None:
-        if not worker.released:
+        if worker.orphaned:
+            _kill_orphan(worker)
+        elif not worker.released:
             worker.process.kill()
 
     def _send_withdraw(self, worker: _Worker, turn: Turn) -> None:
@@ -312,21 +345,22 @@ class WorkerPool(Dispatcher[_Worker]):
             return
         with anyio.move_on_after(1.0):  # first what it sent before it died (a Started, a TurnDone)
             await worker.drained.wait()
+        if not worker.drained.is_set():
+            # its sentinel ended, yet it holds its pipe open: it runs, and what died is the forkserver that
+            # reported its exit (the OOM killer, a signal to the process group). It goes on serving; the
+            # end of its pipe is the sign of its death from now on
+            log.warning("the forkserver died; worker %s goes on, watched through its pipe", worker.pid)
+            worker.orphaned = True
+            await worker.drained.wait()
         if self._closing or not worker.alive:
             return
         worker.alive = False
         await anyio.to_thread.run_sync(worker.process.join, 1.0)
         self._crash_count += 1
-        if worker.drained.is_set():
-            crash = WorkerCrashedError(worker.pid, worker.process.exitcode)
+        if worker.orphaned:
+            crash = WorkerCrashedError(worker.pid, None, cause=_STATUS_LOST)
         else:
-            # its sentinel ended, yet it still holds its pipe open: it runs, and what died is the
-            # forkserver that reported its exit. With nobody left to report it, it is stopped, and
-            # its turns end as a dead worker's do
-            crash = WorkerCrashedError(worker.pid, None, cause=_ORPHANED)
-            _kill_orphan(worker.pid)
-            with anyio.move_on_after(1.0):  # the end of file follows the kill
-                await worker.drained.wait()
+            crash = WorkerCrashedError(worker.pid, worker.process.exitcode)
         log.error("%s", crash.message)
         self._end_resident(worker, str(crash))
         await self._stop_reading(worker)
@@ -336,16 +370,17 @@ class WorkerPool(Dispatcher[_Worker]):
             await self._start_worker(worker.index)
 
 
-_ORPHANED = "was stopped: the forkserver that started it died, so its exit could no longer be watched"
+_STATUS_LOST = "exited (its exit status was lost with the forkserver that started it)"
 
 
-def _kill_orphan(pid: int) -> None:
-    """Kill a worker by pid: its handle counts it as exited once its forkserver is gone, and kills nothing.
+def _kill_orphan(worker: _Worker) -> None:
+    """Kill a worker whose forkserver died by its pid: its handle counts it as exited, and kills nothing.
 
-    Called only while its pipe is still open, so the pid is still its own.
+    Only while its pipe is still open (it is not drained), so the pid is still its own.
     """
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
+    if not worker.drained.is_set():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker.pid, signal.SIGKILL)
 
 
 async def _discard(process: Any, conn: Any) -> None:

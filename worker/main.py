@@ -278,9 +278,12 @@ def worker_entry(conn: Any, log_level: int = logging.WARNING, inherited: Any = N
     worker_started()
     if inherited is not None:
         inherited.close()
-    # A terminal's Ctrl-C goes to the whole foreground process group: the supervisor takes it and stops the
-    # turns (``aborted``); a worker that died of it would read as a crash, its turn closed ``interrupted``
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A terminal's Ctrl-C (and its hangup) goes to the whole foreground process group, and a service manager
+    # stops a whole group with SIGTERM: the supervisor takes each and stops the turns (``aborted``); a worker
+    # that died of it would read as a crash, its turn closed ``interrupted``. A worker ends when its
+    # supervisor says so or goes away (its pipe's end), or by SIGKILL
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
     # the host's stdout is the host's (``subagents run --json`` prints one document there): what a program
     # prints goes to stderr, where the user still sees it
     try:

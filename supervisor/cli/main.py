@@ -34,6 +34,7 @@ from .invocation import Invocation
 from .log_format import setup_logging
 from .parser import new_parser
 from .render import Output
+from .stopping import StopSignals
 
 __all__ = ["main", "build_parser"]
 
@@ -74,6 +75,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return 2
     _import_from_here()
     store_path: str | None = None
+    stop = StopSignals()
     try:
         # a verb that reads no setting (``completion``) runs beside a broken configuration: it is how a
         # user gets help while they fix it
@@ -83,9 +85,10 @@ def _main(argv: Sequence[str] | None) -> int:
         sources = tuple(loaded.sources) + (("--store",) if args.store else ())
         origins = {**loaded.origins, **({"store.path": "flag --store"} if args.store else {})}
         out = Output(json_mode=getattr(args, "json", False))
-        return int(args.func(Invocation(args, config, out, sources, origins)) or 0)
+        with stop.installed():
+            return int(args.func(Invocation(args, config, out, sources, origins)) or 0)
     except BaseException as exc:  # the CLI's boundary: every failure becomes an exit code
-        return _exit_code(exc, store_path)
+        return _exit_code(exc, store_path, stop)
 
 
 def _import_from_here() -> None:
@@ -96,8 +99,11 @@ def _import_from_here() -> None:
         sys.path.insert(0, here)
 
 
-def _exit_code(exc: BaseException, store_path: str | None) -> int:
+def _exit_code(exc: BaseException, store_path: str | None, stop: StopSignals | None = None) -> int:
     if _find(exc, KeyboardInterrupt) is not None:
+        if stop is not None and stop.received is not None:
+            print(stop.said, file=sys.stderr)
+            return 128 + stop.received
         print("interrupted", file=sys.stderr)
         return 130
     if _find(exc, BrokenPipeError) is not None:

@@ -1,0 +1,103 @@
+"""SIGTERM and SIGHUP to a CLI host stop it as Ctrl-C does (found by a probe).
+
+A service manager stops a host with SIGTERM (often to its whole process
+group, workers and forkserver included); a closed terminal sends SIGHUP to
+its foreground group. Was: the host died at once (exit -15, nothing said),
+and its children were left ``crashed`` for the next host to repair. Now the
+host aborts its turns (each ends ``aborted``, its lease released) and exits
+128 + the signal's number, saying why.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from subagents import store
+from subagents.store import Store
+
+from .test_cli_mistakes import CLI, DEADLINE_S, FAST
+
+
+def _started_child(st: Path) -> str:
+    """The child whose turn has begun (it said "up")."""
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        try:
+            opened = Store(st, create=False)
+            for session in opened.session_ids():
+                if any(e["type"] == "assistant/message" for e in store.inspect(opened, session).events):
+                    return session
+        except store.SubagentError:
+            pass
+        time.sleep(0.05)
+    pytest.fail("the turn never started")
+
+
+@pytest.mark.parametrize("signum, group, said", [
+    (signal.SIGTERM, False, "terminated"),
+    (signal.SIGTERM, True, "terminated"),  # as a service manager stops a unit: workers and forkserver too
+    (signal.SIGHUP, True, "hung up"),  # a closed terminal: its foreground process group
+])
+def test_a_stop_signal_aborts_the_turn_and_exits_with_its_number(tmp_path: Path, signum: int, group: bool, said: str) -> None:
+    proc = subprocess.Popen([*CLI, "--store", "st", "run", "script", "--prompt", '{"script": [{"say": "up"}, {"sleep": 60000}]}'],
+                            cwd=tmp_path, env=FAST, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        child = _started_child(tmp_path / "st")
+        if group:
+            os.killpg(proc.pid, signum)
+        else:
+            os.kill(proc.pid, signum)
+        _out, err = proc.communicate(timeout=DEADLINE_S)
+        assert proc.returncode == 128 + signum, err
+        assert err.strip().splitlines()[-1] == said, err
+        assert "died" not in err, err
+        ends = [e["data"] for e in store.inspect(Store(tmp_path / "st", create=False), child).events if e["type"] == "turn/end"]
+        assert [e["stop_reason"] for e in ends] == ["aborted"], ends
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+
+
+def _forkserver_of(pid: int) -> int | None:
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid and b"forkserver" in cmdline:
+            return int(entry)
+    return None
+
+
+def test_ctrl_c_while_the_forkserver_starts_says_interrupted(tmp_path: Path) -> None:
+    """Found by a probe: a Ctrl-C in the host's first second reached the forkserver while it imported the
+    worker's modules (it ignores SIGINT only after): a ``KeyboardInterrupt`` traceback from it, then
+    ``error: WORKER_START_FAILED`` (exit 2). The forkserver is started with the stop signals ignored."""
+    proc = subprocess.Popen([*CLI, "--store", "st", "run", "script", "--prompt", '{"script": [{"sleep": 60000}]}'],
+                            cwd=tmp_path, env=FAST, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while _forkserver_of(proc.pid) is None and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.002)
+        os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole foreground group
+        _out, err = proc.communicate(timeout=DEADLINE_S)
+        assert (proc.returncode, err.strip().splitlines()[-1:]) == (130, ["interrupted"]), err
+        assert "Traceback" not in err, err
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
