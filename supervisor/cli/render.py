@@ -476,8 +476,11 @@ def render_interrupt(out: Output, doc: dict[str, Any]) -> None:
 
 def render_drain(out: Output, doc: dict[str, Any]) -> None:
     asked = doc["drained"]
-    noun = "descendant" if len(asked) == 1 else "descendants"
-    out.line(f"asked {len(asked)} continuable {noun} of {doc['root']} to drain" + (f": {', '.join(asked)}" if asked else ""))
+    if asked:
+        noun = "descendant" if len(asked) == 1 else "descendants"
+        out.line(f"asked {len(asked)} continuable {noun} of {doc['root']} to drain: {', '.join(asked)}")
+    else:
+        out.line(f"nothing to drain below {doc['root']}: no continuable descendant of it is hosted or has messages waiting")
     rows = [{k: v for k, v in row.items() if k not in ("parent_id", "depth")} for row in doc["children"]]
     if rows:
         out.line(render_rows(rows))

@@ -333,7 +333,7 @@ def test_drain_text_with_nothing_hosted(host) -> None:
     store_path, ids, proc = host
     _kill(proc)
     out = ok(store_path, "drain", ids["root"])
-    assert out.splitlines() == [f"asked 0 continuable descendants of {ids['root']} to drain", f"{ids['child']} [complete] — sleeper"]
+    assert out.splitlines() == [f"nothing to drain below {ids['root']}: no continuable descendant of it is hosted or has messages waiting", f"{ids['child']} [complete] — sleeper"]
 
 
 # -- top ---------------------------------------------------------------------------------------
