@@ -10,7 +10,8 @@ the index misses whose session was never used is ``unacknowledged``: a
 creation interrupted before its entry, whose id nobody was given
 (``store/acknowledgment.py``; ``reindex`` leaves it out) — index files
 with damaged records or that cannot be read (``reindex`` rewrites them),
-unreadable or undecodable leases and control files, mailboxes that no
+unreadable or undecodable leases and control files, leases an owner that
+closed left held (``lease-abandoned``: released on repair), mailboxes that no
 longer hold the messages their log consumed or whose unconsumed messages hold
 damage that is no torn tail (``mailbox-damaged``: FORMAT.md §3.3), session files that
 are symbolic links (never followed), names in ``sessions/`` that are no
@@ -92,6 +93,9 @@ def fsck(store: Store, *, repair: bool, lease_ttl_s: float) -> dict[str, Any]:
             findings.append({"id": name, "kind": kind, "detail": f"{exc.code}: {exc.message}"})
             continue
         findings.extend(_side_files(store, name))
+        abandoned = _abandoned_lease(store, name, repair=repair, lease_ttl_s=lease_ttl_s)
+        if abandoned is not None:
+            findings.append(abandoned)
         counts[found.status] += 1
         if found.status == "clean":
             continue
@@ -178,6 +182,39 @@ def _side_files(store: Store, session_id: str) -> list[dict[str, Any]]:
             out.append({"id": session_id, "kind": "control-damaged",
                         "detail": f"{len(bad)} control record(s) skipped, first: {bad[0].problem}"})
     return out
+
+
+def _abandoned_lease(store: Store, session_id: str, *, repair: bool, lease_ttl_s: float) -> dict[str, Any] | None:
+    """A lease held by an owner whose record is gone (``lease-abandoned``), released on ``repair``.
+
+    A closing owner releases its leases before it removes its record, so no owner will ever release
+    this one; ``store check`` counts it a violation (``lease-expired``). It is harmless to a host
+    (the next acquisition takes it over) but stays a violation until then, and a one-shot child is
+    never acquired again: the repair takes the lease (a new epoch, which fences whoever still
+    believes it holds it) and releases it. A lease whose owner crashed (its record is left) is no
+    finding: nothing went wrong there that a host does not handle.
+    """
+    try:
+        lease = read_lease(store, session_id)
+    except SubagentError:
+        return None  # ``lease-unreadable``, from ``_side_files``
+    if lease is None or lease.state == "released" or read_owner(store, lease.owner) is not None:
+        return None
+    finding: dict[str, Any] = {"id": session_id, "kind": "lease-abandoned", "detail": f"lease epoch {lease.epoch} "
+                               f"({lease.state}) held by {lease.owner}: its owner's record is gone: the owner closed without releasing it"}
+    if repair:
+        owner_id = new_id()
+        register_owner(store, owner_id, ttl=lease_ttl_s)
+        try:
+            taken = acquire_lease(store, session_id, owner_id)
+            release_lease(store, session_id, owner_id, taken.epoch)
+            finding["repair"] = f"released at epoch {taken.epoch}"
+        except SubagentError as exc:  # taken meanwhile by a live owner, or damaged: left as it is
+            finding["repair"] = f"not released: {exc.code}: {exc.message}"
+        finally:
+            remove_owner(store, owner_id)
+        finding["repaired"] = finding["repair"].startswith("released")
+    return finding
 
 
 def _repair_torn(store: Store, session_id: str, lease_ttl_s: float) -> str:

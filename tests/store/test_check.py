@@ -291,6 +291,34 @@ def test_a_lease_left_by_an_owner_that_closed(st):
     assert violation.session_id == child and "closed without releasing" in violation.evidence
 
 
+def test_fsck_reports_a_lease_its_closed_owner_left_and_repair_releases_it(st):
+    """Found by a probe: such a lease (a flipped byte in its newest slot brings back the older, held one)
+    was a ``store check`` violation nothing could clear. ``fsck`` names it; ``--repair`` takes the lease
+    (a new epoch fences whoever still believes it holds it) and releases it."""
+    from subagents.store.fsck import fsck
+    _, child = tree(st)
+    lease = leased(st, child)
+    store.remove_owner(st, lease.owner)
+    [finding] = [f for f in fsck(st, repair=False, lease_ttl_s=30.0)["findings"] if f["id"] == child]
+    assert finding["kind"] == "lease-abandoned" and "closed without releasing" in finding["detail"], finding
+    assert only(check_store(st), "lease-expired")
+    report = fsck(st, repair=True, lease_ttl_s=30.0)
+    [finding] = [f for f in report["findings"] if f["id"] == child]
+    assert finding["repair"] == f"released at epoch {lease.epoch + 1}" and child in report["repaired"], finding
+    after = store.read_lease(st, child)
+    assert after is not None and (after.epoch, after.state) == (lease.epoch + 1, "released")
+    assert check_store(st).clean
+    assert [f for f in fsck(st, repair=False, lease_ttl_s=30.0)["findings"] if f["id"] == child] == []
+
+
+def test_fsck_leaves_alone_a_lease_of_a_live_owner_and_of_a_crashed_one(st):
+    """A live owner's lease is its own; a crashed owner's is harmless (the next acquisition takes it)."""
+    from subagents.store.fsck import fsck
+    _, child = tree(st)
+    leased(st, child)
+    assert fsck(st, repair=True, lease_ttl_s=30.0)["findings"] == []
+
+
 def test_a_lease_of_a_live_owner_whose_heartbeat_lapsed(st):
     """This process still runs, but its heartbeat is older than its TTL: a stuck owner."""
     _, child = tree(st)
