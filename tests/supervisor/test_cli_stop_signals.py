@@ -22,6 +22,7 @@ from subagents import store
 from subagents.store import Store
 
 from .test_cli_mistakes import CLI, DEADLINE_S, FAST
+from .test_forkserver_death import forkserver_of
 
 
 def _started_child(st: Path) -> str:
@@ -66,22 +67,6 @@ def test_a_stop_signal_aborts_the_turn_and_exits_with_its_number(tmp_path: Path,
             proc.communicate()
 
 
-def _forkserver_of(pid: int) -> int | None:
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == pid and b"forkserver" in cmdline:
-            return int(entry)
-    return None
-
-
 def test_ctrl_c_while_the_forkserver_starts_says_interrupted(tmp_path: Path) -> None:
     """Found by a probe: a Ctrl-C in the host's first second reached the forkserver while it imported the
     worker's modules (it ignores SIGINT only after): a ``KeyboardInterrupt`` traceback from it, then
@@ -91,7 +76,7 @@ def test_ctrl_c_while_the_forkserver_starts_says_interrupted(tmp_path: Path) -> 
                             start_new_session=True)
     try:
         deadline = time.monotonic() + DEADLINE_S
-        while _forkserver_of(proc.pid) is None and proc.poll() is None and time.monotonic() < deadline:
+        while forkserver_of(proc.pid) is None and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.002)
         os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole foreground group
         _out, err = proc.communicate(timeout=DEADLINE_S)

@@ -16,7 +16,7 @@ import signal
 import anyio
 import pytest
 
-from subagents.store import Store, inspect
+from subagents.store import Store
 from subagents.supervisor.pool import WorkerPool
 
 from ..conftest import wait_until
@@ -25,8 +25,8 @@ from .test_pool import DEADLINE_S, echo_spec, no_rpc, script_spec, wait_started
 pytestmark = pytest.mark.anyio
 
 
-def _forkserver_pid() -> int:
-    """This process's forkserver: its child whose command line names the forkserver module."""
+def forkserver_of(pid: int) -> int | None:
+    """The forkserver ``pid`` started: its child whose command line names the forkserver module."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -37,9 +37,16 @@ def _forkserver_pid() -> int:
                 cmdline = f.read()
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == os.getpid() and b"forkserver" in cmdline:
+        if ppid == pid and b"forkserver" in cmdline:
             return int(entry)
-    pytest.fail("no forkserver runs for this process")
+    return None
+
+
+def _forkserver_pid() -> int:
+    pid = forkserver_of(os.getpid())
+    if pid is None:
+        pytest.fail("no forkserver runs for this process")
+    return pid
 
 
 def _gone(pid: int) -> bool:
