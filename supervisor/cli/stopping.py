@@ -5,7 +5,8 @@ both killed the process at once by default, and the children it hosted were
 left ``crashed`` for the next host to repair. While a verb runs, each is
 handed to the process's SIGINT handler instead: under the event loop that
 cancels the host's work, so its turns end ``aborted`` and their leases are
-released; a second signal ends it at once, as a second Ctrl-C does. The
+released; a second signal ends it at once, as a second Ctrl-C does. A
+signal the process was started with ignored stays ignored (``nohup``). The
 CLI's boundary then says which signal it was and exits 128 + its number, as
 a shell reports a process the signal ended.
 
@@ -47,7 +48,10 @@ class StopSignals:
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        previous = {signum: signal.signal(signum, self._forward) for signum in _SAID}
+        # one the process was started with ignored stays ignored: ``nohup`` ignores SIGHUP so that the host
+        # outlives its terminal
+        previous = {signum: signal.signal(signum, self._forward) for signum in _SAID
+                    if signal.getsignal(signum) is not signal.SIG_IGN}
         try:
             yield
         finally:
@@ -61,4 +65,6 @@ class StopSignals:
         if callable(interrupt):  # the event loop's (cancels the host's work) or the default (raises)
             interrupt(signal.SIGINT, frame)
             return
-        raise KeyboardInterrupt  # SIGINT is ignored here (a background job): stop all the same
+        # SIGINT is ignored here (a shell's background job), so the event loop took no handler for it:
+        # this stops the host all the same, from wherever it is, without the orderly abort of its turns
+        raise KeyboardInterrupt

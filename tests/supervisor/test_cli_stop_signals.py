@@ -86,3 +86,26 @@ def test_ctrl_c_while_the_forkserver_starts_says_interrupted(tmp_path: Path) -> 
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
+
+
+def _ignore_sighup() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+def test_a_host_started_under_nohup_outlives_a_hangup(tmp_path: Path) -> None:
+    """``nohup`` starts a command with SIGHUP ignored so that it outlives its terminal: the CLI keeps it so."""
+    proc = subprocess.Popen([*CLI, "--store", "st", "run", "script", "--prompt", '{"script": [{"say": "up"}, {"sleep": 60000}]}'],
+                            cwd=tmp_path, env=FAST, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, preexec_fn=_ignore_sighup)
+    try:
+        _started_child(tmp_path / "st")
+        os.killpg(proc.pid, signal.SIGHUP)
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=1.5)
+        proc.terminate()
+        _out, err = proc.communicate(timeout=DEADLINE_S)
+        assert proc.returncode == 128 + signal.SIGTERM, err
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
