@@ -123,7 +123,7 @@ def cmd_send(inv: Invocation) -> int:
     args.parent = inv.session(store, args.parent).id
     _require_parent(store, args.child, args.parent)
     message = text_or_stdin(args.message)
-    doc = anyio.run(_send, inv.config, args.child, message, args.parent, args.wait_s, out)
+    doc = inv.stop.host(_send, inv.config, args.child, message, args.parent, args.wait_s, out)
     if out.json_mode:
         out.json(doc)
     elif doc["hosted"] == "elsewhere":
@@ -209,7 +209,7 @@ def cmd_interrupt(inv: Invocation) -> int:
     child = inv.session(store, args.child).id  # INVALID_SESSION_ID / SESSION_NOT_FOUND before any supervisor starts
     parent = inv.session(store, args.parent).id
     _require_parent(store, child, parent)
-    result = anyio.run(_interrupt, inv.config, child, parent, args.wait_s)
+    result = inv.stop.host(_interrupt, inv.config, child, parent, args.wait_s)
     inv.emit(result.model_dump(), render.render_interrupt)
     return EXIT_NO_TURN if result.outcome == "no_turn_running" else 0
 
@@ -222,7 +222,7 @@ async def _interrupt(config: DeploymentConfig, child: str, parent: str, wait_s: 
 def cmd_drain(inv: Invocation) -> int:
     args = inv.args
     args.root = inv.parent(inv.open_store(write=True), args.root)  # SESSION_NOT_FOUND before any supervisor starts
-    doc = anyio.run(_drain, inv.config, args.root, args.wait_s)
+    doc = inv.stop.host(_drain, inv.config, args.root, args.wait_s)
     inv.emit(doc, render.render_drain)
     if not doc["settled"]:
         left = [c["id"] for c in doc["children"] if c["status"] != "complete"]

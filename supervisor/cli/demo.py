@@ -29,6 +29,7 @@ from ..models import Capabilities, ContinuableSpec, Provider, SubagentRequest
 from ..service import Supervisor
 from . import render
 from .invocation import Invocation
+from .stopping import StopSignals
 from .parser import Verbs, non_negative, positive, text_or_stdin, utf8_text
 
 __all__ = ["register", "QUICK_CHILDREN", "QUICK_CPU_MS"]
@@ -97,9 +98,9 @@ def cmd_demo(inv: Invocation) -> int:
             ray = ray.model_copy(update={"address": args.ray_address})
         config = config.model_copy(update={"supervisor": config.supervisor.model_copy(update={"pool": "ray", "ray": ray})})
     if pool == "ray" and args.ray_address is None:
-        doc = _on_simulated_cluster(config, children, cpu_ms, inv.out)
+        doc = _on_simulated_cluster(config, children, cpu_ms, inv.out, inv.stop)
     else:
-        doc = anyio.run(_demo, config, children, cpu_ms, inv.out)
+        doc = inv.stop.host(_demo, config, children, cpu_ms, inv.out)
     for result in doc["results"]:
         header = read_header(store, result["id"])
         result["turn_ms"] = read_identity(store, result["id"], header.seed_length or 0).projection.timing.settled_ms
@@ -111,7 +112,7 @@ def cmd_demo(inv: Invocation) -> int:
     return 0 if all(r["stop_reason"] == "completed" for r in doc["results"]) else 1
 
 
-def _on_simulated_cluster(config: DeploymentConfig, children: int, cpu_ms: int, out: render.Output) -> dict[str, Any]:
+def _on_simulated_cluster(config: DeploymentConfig, children: int, cpu_ms: int, out: render.Output, stop: StopSignals) -> dict[str, Any]:
     """The demo on a Ray cluster of this host: a head (the store's host) and two one-CPU nodes, loopback only."""
     from .. import netns
     from ..errors import RayUnavailableError
@@ -127,7 +128,7 @@ def _on_simulated_cluster(config: DeploymentConfig, children: int, cpu_ms: int, 
         assert cluster.network is not None
         supervisor = config.supervisor.model_copy(update={"pool_size": 2})
         with cluster.network.entered():
-            return anyio.run(_demo, config.model_copy(update={"supervisor": supervisor}), children, cpu_ms, out)
+            return stop.host(_demo, config.model_copy(update={"supervisor": supervisor}), children, cpu_ms, out)
     finally:
         cluster.stop()
 
@@ -221,7 +222,7 @@ def cmd_run(inv: Invocation) -> int:
     # RECORD_TOO_LARGE before the root is made: the child's creation refuses it only after
     encode_record(widest_event("message/accepted", {"message_id": IdGenerator().new(), "source": {"kind": "user"}, "content": prompt}),
                   limit=store.max_record_bytes, what='a "message/accepted" event')
-    doc = anyio.run(_run, inv.config, args.program, prompt, args.label)
+    doc = inv.stop.host(_run, inv.config, args.program, prompt, args.label)
     inv.emit(doc, render.render_run)
     return 0 if doc["stop_reason"] == "completed" else 1
 

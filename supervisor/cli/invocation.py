@@ -17,6 +17,7 @@ from subagents.store import SessionHeader, SessionNotFoundError, Store, StoreNot
 
 from ..config_loader import DeploymentConfig
 from .render import Output
+from .stopping import StopSignals
 
 __all__ = ["Invocation", "NO_STORE_HINT"]
 
@@ -30,6 +31,7 @@ class Invocation:
     out: Output
     sources: tuple[str, ...]  # the configuration layers that applied, lowest first
     origins: Mapping[str, str] = field(default_factory=dict)  # dotted key -> where its value came from (LoadedConfig.origins)
+    stop: StopSignals = field(default_factory=StopSignals)  # a verb that hosts turns runs them through ``stop.host``
 
     def open_store(self, *, create: bool = False, write: bool = False) -> Store:
         """The configured store; it must exist unless ``create``; with ``write``, it must be writable."""

@@ -86,7 +86,7 @@ def _main(argv: Sequence[str] | None) -> int:
         origins = {**loaded.origins, **({"store.path": "flag --store"} if args.store else {})}
         out = Output(json_mode=getattr(args, "json", False))
         with stop.installed():
-            return int(args.func(Invocation(args, config, out, sources, origins)) or 0)
+            return int(args.func(Invocation(args, config, out, sources, origins, stop)) or 0)
     except BaseException as exc:  # the CLI's boundary: every failure becomes an exit code
         return _exit_code(exc, store_path, stop)
 
@@ -103,7 +103,7 @@ def _exit_code(exc: BaseException, store_path: str | None, stop: StopSignals | N
     if _find(exc, KeyboardInterrupt) is not None:
         if stop is not None and stop.received is not None:
             print(stop.said, file=sys.stderr)
-            return 128 + stop.received
+            return stop.exit_code
         print("interrupted", file=sys.stderr)
         return 130
     if _find(exc, BrokenPipeError) is not None:

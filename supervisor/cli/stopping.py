@@ -16,15 +16,22 @@ process group they would otherwise die under turns their host is stopping.
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 from types import FrameType
-from typing import Iterator
+from typing import Any, Awaitable, Callable, Iterator, TypeVar
+
+import anyio
 
 __all__ = ["StopSignals"]
 
 _SAID = {signal.SIGTERM: "terminated", signal.SIGHUP: "hung up"}
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+
+T = TypeVar("T")
 
 
 class StopSignals:
@@ -32,6 +39,11 @@ class StopSignals:
 
     def __init__(self) -> None:
         self.received: int | None = None
+        self._stops = 0  # stop requests seen while a host ran (``host``): the second quits at once
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_INTERRUPTED if self.received is None else 128 + self.received
 
     @property
     def said(self) -> str:
@@ -52,6 +64,7 @@ class StopSignals:
         # outlives its terminal
         previous = {signum: signal.signal(signum, self._forward) for signum in _SAID
                     if signal.getsignal(signum) is not signal.SIG_IGN}
+        previous[signal.SIGINT] = signal.getsignal(signal.SIGINT)  # ``host`` may replace the event loop's
         try:
             yield
         finally:
@@ -68,3 +81,32 @@ class StopSignals:
         # SIGINT is ignored here (a shell's background job), so the event loop took no handler for it:
         # this stops the host all the same, from wherever it is, without the orderly abort of its turns
         raise KeyboardInterrupt
+
+    def host(self, func: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``anyio.run(func, *args)`` for a verb that hosts turns: a second stop request quits at once.
+
+        The first Ctrl-C (or stop signal) cancels the host's work, and its close waits for every turn
+        to stop (a turn that ignores cancellation: ``cancel_grace_s``, then its worker is killed). A
+        second one used to raise out of the event loop, whose own close then waited for the same
+        tasks, cancelled mid-way: slower than the first (probe: 12.5 s against 2.2 s). Now it ends the
+        process on the spot: its workers exit as their pipes close, and the turns they ran are
+        repaired by the next host that resumes them (``crashed``), as after a ``kill -9``.
+        """
+
+        async def hosted() -> T:
+            interrupt = signal.getsignal(signal.SIGINT)
+            if callable(interrupt) and threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGINT, lambda signum, frame: self._stop(interrupt, signum, frame))
+            return await func(*args)
+
+        return anyio.run(hosted)
+
+    def _stop(self, interrupt: Callable[[int, FrameType | None], Any], signum: int, frame: FrameType | None) -> None:
+        self._stops += 1
+        if self._stops == 1:
+            interrupt(signum, frame)  # the event loop's: cancels the host's work
+            return
+        said = "interrupted" if self.received is None else self.said
+        sys.stderr.write(f"{said} again: quitting without waiting for the turns (the next host repairs them)\n")
+        sys.stderr.flush()
+        os._exit(self.exit_code)

@@ -49,7 +49,8 @@ def _forkserver_pid() -> int:
     return pid
 
 
-def _gone(pid: int) -> bool:
+def gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie counts: only its parent can reap it)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
@@ -108,5 +109,5 @@ async def test_a_pool_whose_forkserver_died_closes_promptly(tmp_path) -> None:
         with anyio.fail_after(DEADLINE_S):
             await pool.aclose()
         assert [(r.outcome.stop_reason, r.crashed) for r in results] == [("aborted", True)]
-        await wait_until(lambda: _gone(old), what=f"worker {old} to be killed")
+        await wait_until(lambda: gone(old), what=f"worker {old} to be killed")
         tg.cancel_scope.cancel()
