@@ -42,7 +42,7 @@ from .leftovers import find_leftovers
 from .lease import acquire_lease, check_lease, owner_alive, read_lease, read_owner, register_owner, release_lease, remove_owner
 from .log import LogWriter
 from .mailbox import require_consumed_prefix
-from .reader import inspect, inspect_error_kind, read_header
+from .reader import Inspection, inspect, inspect_error_kind, read_header
 from .root import COMPANIONS, Store
 from .roots import indexed_roots, roots_index_problem
 
@@ -93,27 +93,13 @@ def fsck(store: Store, *, repair: bool, lease_ttl_s: float) -> dict[str, Any]:
             findings.append({"id": name, "kind": kind, "detail": f"{exc.code}: {exc.message}"})
             continue
         findings.extend(_side_files(store, name))
+        counts[found.status] += 1
+        if found.status != "clean":
+            findings.extend(_damage_finding(store, name, found, repair=repair, lease_ttl_s=lease_ttl_s))
+        # after a torn tail's repair, which took the lease and released it (then nothing is left to release)
         abandoned = _abandoned_lease(store, name, repair=repair, lease_ttl_s=lease_ttl_s)
         if abandoned is not None:
             findings.append(abandoned)
-        counts[found.status] += 1
-        if found.status == "clean":
-            continue
-        damage = found.damage
-        if damage is None:  # a status other than clean always carries its damage
-            continue
-        detail = f"{damage.reason} at byte {damage.offset}" + (f" ({damage.detail})" if damage.detail else "") + f", {damage.dropped} bytes after the valid prefix"
-        finding: dict[str, Any] = {"id": name, "kind": found.status, "detail": detail, "damage": dataclasses.asdict(damage),
-                                   "valid_events": len(found.events)}
-        if found.status == "corrupt":
-            finding["detail"] += "; committed work follows the damage"
-        elif repair:
-            try:
-                finding["repair"] = _repair_torn(store, name, lease_ttl_s)
-            except SubagentError as exc:  # a damaged lease or lock: reported, the session left as it is
-                finding["repair"] = f"not repaired: {exc.code}: {exc.message}"
-            finding["repaired"] = finding["repair"].startswith("repaired")
-        findings.append(finding)
     findings.extend(_index_findings(store, [name for name in names if is_valid_session_id(name)]))
     findings.extend({"id": one.name, "kind": "interrupted-write", "detail": f"the temporary file of a rewrite whose "
                      f"process (pid {one.pid}) was killed before renaming it: harmless, never read; the next "
@@ -182,6 +168,25 @@ def _side_files(store: Store, session_id: str) -> list[dict[str, Any]]:
             out.append({"id": session_id, "kind": "control-damaged",
                         "detail": f"{len(bad)} control record(s) skipped, first: {bad[0].problem}"})
     return out
+
+
+def _damage_finding(store: Store, session_id: str, found: Inspection, *, repair: bool, lease_ttl_s: float) -> list[dict[str, Any]]:
+    """The finding of a torn or corrupt log (a torn one repaired on ``repair``); none without its damage."""
+    damage = found.damage
+    if damage is None:  # a status other than clean always carries its damage
+        return []
+    detail = f"{damage.reason} at byte {damage.offset}" + (f" ({damage.detail})" if damage.detail else "") + f", {damage.dropped} bytes after the valid prefix"
+    finding: dict[str, Any] = {"id": session_id, "kind": found.status, "detail": detail, "damage": dataclasses.asdict(damage),
+                               "valid_events": len(found.events)}
+    if found.status == "corrupt":
+        finding["detail"] += "; committed work follows the damage"
+    elif repair:
+        try:
+            finding["repair"] = _repair_torn(store, session_id, lease_ttl_s)
+        except SubagentError as exc:  # a damaged lease or lock: reported, the session left as it is
+            finding["repair"] = f"not repaired: {exc.code}: {exc.message}"
+        finding["repaired"] = finding["repair"].startswith("repaired")
+    return [finding]
 
 
 def _abandoned_lease(store: Store, session_id: str, *, repair: bool, lease_ttl_s: float) -> dict[str, Any] | None:
