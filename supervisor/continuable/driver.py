@@ -72,7 +72,10 @@ class Driver:
         except SupervisorClosedError:  # the pool closed under a turn being queued: its message stays pending
             log.info("driver of %s stopped: the supervisor closed", act.child_id, extra=log_fields(act))
             act.reasons.append("error")
-        except Exception:  # isolation boundary: see the module docstring
+        except SubagentError as exc:  # a diagnosed condition (a damaged mailbox, a program gone): its code says it
+            log.error("driver of %s stopped: %s: %s", act.child_id, exc.code, exc.message, extra=log_fields(act))
+            act.reasons.append("error")
+        except Exception:  # isolation boundary: see the module docstring; a traceback is for a bug
             log.exception("driver of %s failed", act.child_id, extra=log_fields(act))
             act.reasons.append("error")
 

@@ -18,6 +18,7 @@ import pytest
 from subagents.store import read_lease
 from subagents.supervisor import SubagentError
 
+from ..conftest import events_of, wait_until
 from .test_continuable import S, continuable_supervisor, settled, start
 
 pytestmark = pytest.mark.anyio
@@ -50,3 +51,20 @@ async def test_a_message_to_a_child_whose_mailbox_was_deleted_takes_no_lease_and
     assert not os.path.exists(mailbox)
     assert [r.getMessage() for r in caplog.records if r.exc_info is not None] == []
     assert not [r for r in caplog.records if "driver of" in r.getMessage() or "activation of" in r.getMessage()]
+
+
+async def test_a_hosted_child_whose_mailbox_is_deleted_mid_turn_stops_with_its_code_not_a_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Its driver's next read of the mailbox fails ``CORRUPT_SESSION``: a diagnosed condition, logged as one
+    error line with its code, not a traceback (that is kept for bugs)."""
+    caplog.set_level(logging.INFO)
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        child_id, _ = await start(sup, root, S({"sleep": 500}, {"return": "first"}))
+        await wait_until(lambda: "turn/start" in [e["type"] for e in events_of(sup.store, child_id)], what="its turn to start")
+        os.unlink(sup.store.path(child_id, "mailbox"))
+        await wait_until(lambda: any("driver of" in r.getMessage() for r in caplog.records), what="its driver to stop")
+    stopped = [r for r in caplog.records if "driver of" in r.getMessage()]
+    assert [r.exc_info for r in stopped] == [None], [r.getMessage() for r in stopped]
+    assert "CORRUPT_SESSION" in stopped[0].getMessage() and stopped[0].levelno == logging.ERROR, stopped[0].getMessage()
