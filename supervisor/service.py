@@ -521,6 +521,8 @@ class Supervisor:
         refuse (a negative age, an unknown outcome) is the store's ``INVALID_QUERY``, as ``subagents gc`` says.
         """
         self._check_open()
+        if isinstance(older_than_s, bool):  # an int to isinstance, and no age
+            raise InvalidRequestError("older_than_s must be int or float, not bool", field="older_than_s")
         InvalidRequestError.require(older_than_s, (int, float), "older_than_s")
         InvalidRequestError.require(outcomes, (list, tuple, set, frozenset), "outcomes")  # a string: one outcome per letter
         for item in outcomes:

@@ -41,6 +41,7 @@ WRONG_TYPES = {
     "gc(outcomes='completed')": lambda sup, root: sup.gc(1e9, outcomes="completed"),
     "gc('x')": lambda sup, root: sup.gc("x"),
     "gc(None)": lambda sup, root: sup.gc(None),
+    "gc(True)": lambda sup, root: sup.gc(True),  # a bool is an int to isinstance: it was the store's INVALID_QUERY
     "gc(dry_run='no')": lambda sup, root: sup.gc(1e9, dry_run="no"),
 }
 
