@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import signal
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
 
 import anyio
 import pytest
@@ -58,19 +60,26 @@ def gone(pid: int) -> bool:
         return True
 
 
+@asynccontextmanager
+async def _orphaned_while_running(st: Store, session_id: str, script: list, results: list) -> AsyncIterator[tuple[Any, WorkerPool, int]]:
+    """A one-worker pool whose forkserver is killed while the worker runs ``script``: its task group, the pool, the worker's pid."""
+    pool = WorkerPool(size=1, start_method="forkserver", ready_timeout_s=DEADLINE_S, cancel_grace_s=1.0)
+    async with anyio.create_task_group() as tg:
+        await pool.start(tg)
+        [old] = pool.worker_pids()
+        pool.submit(script_spec(st, session_id, script), no_rpc, on_done=results.append)
+        await wait_started(st, session_id)
+        os.kill(_forkserver_pid(), signal.SIGKILL)
+        yield tg, pool, old
+
+
 async def test_workers_outlive_their_forkserver_and_a_later_death_is_still_seen(tmp_path) -> None:
     """The workers still run when their forkserver dies: the turn under way completes, the next runs on
     the same worker, and a later death of that worker (now seen through its pipe) ends its turn ``error``
     and a replacement (from a new forkserver) serves the turn after."""
     st = Store(tmp_path / "store", durability="none")
-    pool = WorkerPool(size=1, start_method="forkserver", ready_timeout_s=DEADLINE_S, cancel_grace_s=1.0)
     results = []
-    async with anyio.create_task_group() as tg:
-        await pool.start(tg)
-        [old] = pool.worker_pids()
-        pool.submit(script_spec(st, "01UNDERWAY", [{"sleep": 1500}, {"return": "done"}]), no_rpc, on_done=results.append)
-        await wait_started(st, "01UNDERWAY")
-        os.kill(_forkserver_pid(), signal.SIGKILL)
+    async with _orphaned_while_running(st, "01UNDERWAY", [{"sleep": 1500}, {"return": "done"}], results) as (tg, pool, old):
         await wait_until(lambda: bool(results), what="the turn under way to end")
         assert (results[0].outcome.stop_reason, results[0].outcome.output, results[0].crashed) == ("completed", "done", False)
         with anyio.fail_after(DEADLINE_S):
@@ -97,14 +106,8 @@ async def test_a_pool_whose_forkserver_died_closes_promptly(tmp_path) -> None:
     """Its workers are told to shut down as ever, and one that does not answer is killed by pid (its
     handle, which thinks it exited, would kill nothing)."""
     st = Store(tmp_path / "store", durability="none")
-    pool = WorkerPool(size=1, start_method="forkserver", ready_timeout_s=DEADLINE_S, cancel_grace_s=1.0)
     results = []
-    async with anyio.create_task_group() as tg:
-        await pool.start(tg)
-        [old] = pool.worker_pids()
-        pool.submit(script_spec(st, "01SPINNING", [{"spin": 600_000}]), no_rpc, on_done=results.append)
-        await wait_started(st, "01SPINNING")
-        os.kill(_forkserver_pid(), signal.SIGKILL)
+    async with _orphaned_while_running(st, "01SPINNING", [{"spin": 600_000}], results) as (tg, pool, old):
         await anyio.sleep(1.5)  # the pool has seen the sentinel end and goes on watching the pipe
         with anyio.fail_after(DEADLINE_S):
             await pool.aclose()
