@@ -54,6 +54,20 @@ CALL_TIMEOUT_S = 30.0
 __all__ = ["Driver", "DriverError", "HostFactory", "S", "gated", "tagged_pids", "gone", "wait_gone", "poll", "REPO_ROOT"]
 
 
+def _flocked(path: str | os.PathLike[str]) -> bool:
+    """Whether another open file description holds an ``flock`` on ``path``."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases our probe's lock with the description
+    return False
+
+
 def S(*actions: dict[str, Any]) -> str:
     """A ``script`` program message."""
     return json.dumps({"script": list(actions)})
@@ -347,6 +361,42 @@ class Driver:
             os.killpg(self.pid, signal.SIGSTOP)
         else:
             os.kill(self.pid, signal.SIGSTOP)
+
+    def stop_outside_locks(self, *paths: str | os.PathLike[str], group: bool = True, attempts: int = 100) -> None:
+        """``stop`` at a moment when none of ``paths`` (store files) is ``flock``'d.
+
+        A pause that lands inside a store critical section (say between an append's write, which
+        readers already see, and its unlock) keeps that lock until SIGCONT, and a taker then waits
+        ``LOCK_TIMEOUT_S`` and fails with ``LockTimeoutError``: that is how a lock-based store meets
+        a frozen holder, not what a test of leases and fencing looks at. So: stop, look, and on a
+        held lock resume and stop again a little later.
+        """
+        for _ in range(attempts):
+            self.stop(group=group)
+            self._wait_stopped(tagged_pids(self.tag) if group else [self.pid])
+            if not any(_flocked(path) for path in paths):
+                return
+            self.cont(group=group)
+            time.sleep(random.uniform(0.001, 0.01))
+        raise AssertionError(f"{self.name} held a lock on one of {paths} at each of {attempts} stops")
+
+    @staticmethod
+    def _wait_stopped(pids: list[int], timeout: float = 10.0) -> None:
+        """Until each of ``pids`` is stopped (state ``T`` in ``/proc``): a SIGSTOP is delivered after
+        ``kill`` returns, and a lock probed before that could be taken right after the probe."""
+        deadline = time.monotonic() + timeout
+        for pid in pids:
+            while True:
+                try:
+                    with open(f"/proc/{pid}/stat", "rb") as handle:
+                        state = handle.read().rsplit(b")", 1)[1].split()[0]
+                except OSError:
+                    break  # gone: holds no lock
+                if state in (b"T", b"t", b"Z", b"X"):
+                    break
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"process {pid} did not stop within {timeout}s (state {state!r})")
+                time.sleep(0.001)
 
     def cont(self, *, group: bool = True) -> None:
         if group:

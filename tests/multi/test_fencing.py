@@ -53,7 +53,7 @@ async def test_a_paused_supervisor_is_fenced_after_takeover(tmp_path, hosts, who
     )
     await poll(lambda: any(e["type"] == "assistant/message" for e in inspect(st, child).events), what="the first turn to run")
 
-    paused.stop(group=whole_group)
+    paused.stop_outside_locks(st.session_path(child), st.session_path(root), group=whole_group)
     await poll(lambda: session_status(st, child) == "complete", timeout=TTL * 20, what="the paused owner to read dead")
 
     config = SupervisorConfig(pool_size=1, durability="none", lease_ttl_s=5.0)
@@ -112,11 +112,9 @@ async def test_a_supervisor_whose_root_was_taken_over_starts_no_more_work_under_
     paused = hosts.start(st.root, lease_ttl_s=TTL)
     root = await paused.acall("open_root", label="paused")
     child, _ = await paused.acall("start_continuable", parent=root, prompt=S({"return": "first"}), label="idle")
-    # its settlement notice in the root's mailbox: the last of its writes under the root's lock (a pause at the
-    # turn's end, before that, could land while the lock was held, and the new host then timed out on it)
     await poll(lambda: [m for m in read_mailbox(st, root) if m.source.get("kind") == "subagent-settled"],
                what="the child's first turn to settle")
-    paused.stop()
+    paused.stop_outside_locks(st.session_path(child), st.session_path(root))
     await poll(lambda: session_status(st, root) == "complete", timeout=TTL * 20, what="the paused owner to read dead")
     config = SupervisorConfig(pool_size=1, durability="none", lease_ttl_s=5.0)
     async with Supervisor.open(store=st.root, config=config) as sup:
