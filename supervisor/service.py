@@ -343,6 +343,7 @@ class Supervisor:
     async def followup(self, parent: AgentRef | str, child_id: str, content: Any, *, source: dict[str, Any] | None = None) -> str:
         """Send the next FIFO turn to a child of ``parent``; cold-resumes it from the store when needed."""
         self._check_open()
+        InvalidRequestError.require(child_id, str, "child_id")  # not INVALID_SESSION_ID: that says the text is no id
         await self._require_root_held(parent)
         return await self.continuation.followup(parent, child_id, content, source=source)
 
@@ -375,6 +376,7 @@ class Supervisor:
         activations held here only (as a turn's ``ctx.interrupt`` does).
         """
         self._check_open()
+        InvalidRequestError.require(child_id, str, "child_id")
         InvalidRequestError.require(authority, (UserAuthority, AncestorAuthority), "authority")
         InvalidRequestError.require(wait_s, (int, float), "wait_s")  # no None: a bound of 0 is "do not wait"
         InvalidRequestError.require_seconds(wait_s, "wait_s")  # before a control record is written, not after
@@ -388,6 +390,7 @@ class Supervisor:
         the child here when nobody hosts it. Returns once the message is durable.
         """
         self._check_open()
+        InvalidRequestError.require(child_id, str, "child_id")
         parent_id = ref_id(parent)
         return await self.continuation.send(child_id, content, parent=parent_id, source=source)
 

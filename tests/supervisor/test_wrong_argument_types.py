@@ -10,6 +10,8 @@ Found by a probe (``repro_bare_typeerrors.py``):
   ``TypeError``; ``Query(status="running")`` was read letter by letter ("unknown status g, i, n, r, u").
   A ``Query`` refuses its own fields as it is built, with the code of every other refusal of a query
   (``INVALID_QUERY``, the store's: the store imports no supervisor error).
+* ``send``, ``followup`` and ``interrupt`` with a child id that is no text (a list, ``None``) said
+  ``INVALID_SESSION_ID``, the code for text that is no id; they are ``INVALID_REQUEST`` as ``report_from`` is.
 * A closed supervisor still answered ``get_provider``, ``providers()`` and ``statistics()``.
 * ``open_root(label=...)`` took a 20 MiB label (a 20 MiB header every listing reads) and a lone surrogate
   (``INVALID_RECORD``), which a child's label is refused for (``RECORD_TOO_LARGE``, ``INVALID_REQUEST``).
@@ -43,6 +45,13 @@ WRONG_TYPES = {
     "gc(None)": lambda sup, root: sup.gc(None),
     "gc(True)": lambda sup, root: sup.gc(True),  # a bool is an int to isinstance: it was the store's INVALID_QUERY
     "gc(dry_run='no')": lambda sup, root: sup.gc(1e9, dry_run="no"),
+    # a child id that is no text was INVALID_SESSION_ID ("is not a valid session id"): that code says the text is wrong
+    "send(['x'], ...)": lambda sup, root: sup.send(["x"], "hi", parent=root),
+    "send(None, ...)": lambda sup, root: sup.send(None, "hi", parent=root),
+    "followup(root, ['x'], ...)": lambda sup, root: sup.followup(root, ["x"], "hi"),
+    "followup(root, 5, ...)": lambda sup, root: sup.followup(root, 5, "hi"),
+    "interrupt(['x'])": lambda sup, root: sup.interrupt(["x"], authority=UserAuthority(root.id)),
+    "interrupt(None)": lambda sup, root: sup.interrupt(None, authority=UserAuthority(root.id)),
 }
 
 
