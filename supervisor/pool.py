@@ -47,6 +47,7 @@ from typing import Any, Iterator
 import anyio
 import multiprocess
 import multiprocess.forkserver
+import multiprocess.resource_tracker
 
 from subagents.store.errors import SubagentError
 from subagents.worker.errors import ProtocolError, WorkerCrashedError
@@ -89,25 +90,35 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what a termina
 
 
 def _start_forkserver() -> None:
-    """Start the forkserver (if it is not running) with the stop signals ignored from its first instruction.
+    """Start the forkserver (if it is not running) with the stop signals blocked from its first instruction.
 
     A terminal's Ctrl-C or hangup reaches the whole foreground process group, and a service manager
     stops a whole group with SIGTERM; the forkserver ignores SIGINT itself only once it has imported
     the preloaded modules (about a second), and a signal before that killed it: a traceback, and the
-    host failed ``WORKER_START_FAILED`` where it should have stopped ``interrupted``. An ignored
-    signal stays ignored across the exec, and its workers inherit that. The host ignores the signals
-    only while it forks and execs the forkserver (milliseconds); a signal in that window is lost.
-    The forkserver still ends when its host does (its end of the host's pipe closes).
+    host failed ``WORKER_START_FAILED`` where it should have stopped ``interrupted``. A thread's
+    blocked mask is inherited across fork and kept across exec, so the forkserver starts with them
+    blocked: one sent meanwhile stays pending in it and never acts (it ignores SIGINT once it runs,
+    and its workers ignore all three and unblock them: ``worker/main.py``).
+
+    The host blocks them in this thread only, for the fork and exec. An earlier version ignored them
+    process-wide instead (an ignored signal stays ignored across exec too), and the host lost a
+    Ctrl-C that came in those milliseconds: 1 run in 4 of the test that sends one as soon as the
+    forkserver shows, and the turn then ran its whole course. Blocked in one thread, a signal goes to
+    another thread or waits for this one, and reaches the host's handlers either way. The forkserver
+    still ends when its host does (its pipe's end closes).
     """
-    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+    if threading.current_thread() is not threading.main_thread():  # the host's handlers run there: the Ctrl-C case
         multiprocess.forkserver.ensure_running()
         return
-    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in _STOP_SIGNALS}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
+        # the forkserver's own first step, done here: the tracker blocks SIGINT and SIGTERM for its child
+        # the same way, and *unblocks* them on its way out, which would undo ours for the forkserver
+        multiprocess.resource_tracker.ensure_running()
+        signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
         multiprocess.forkserver.ensure_running()
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 @dataclass(eq=False)

@@ -282,8 +282,10 @@ def worker_entry(conn: Any, log_level: int = logging.WARNING, inherited: Any = N
     # stops a whole group with SIGTERM: the supervisor takes each and stops the turns (``aborted``); a worker
     # that died of it would read as a crash, its turn closed ``interrupted``. A worker ends when its
     # supervisor says so or goes away (its pipe's end), or by SIGKILL
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    for signum in stops:
         signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)  # a forkserver's child inherits them blocked (supervisor/pool.py)
     # the host's stdout is the host's (``subagents run --json`` prints one document there): what a program
     # prints goes to stderr, where the user still sees it
     try:
