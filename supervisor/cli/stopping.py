@@ -6,6 +6,8 @@ left ``crashed`` for the next host to repair. While a verb runs, each is
 handed to the process's SIGINT handler instead: under the event loop that
 cancels the host's work, so its turns end ``aborted`` and their leases are
 released; a second signal ends it at once, as a second Ctrl-C does. A
+process started with SIGINT ignored (a shell's background job) has no such
+handler, and ``host`` then cancels the host's work itself. A
 signal the process was started with ignored stays ignored (``nohup``). The
 CLI's boundary then says which signal it was and exits 128 + its number, as
 a shell reports a process the signal ended.
@@ -16,6 +18,7 @@ process group they would otherwise die under turns their host is stopping.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sys
@@ -40,6 +43,8 @@ class StopSignals:
     def __init__(self) -> None:
         self.received: int | None = None
         self._stops = 0  # stop requests seen while a host ran (``host``): the second quits at once
+        # set by ``host`` when SIGINT is ignored: cancels the host's work as the event loop's handler would
+        self._cancel_host: Callable[[int, FrameType | None], None] | None = None
 
     @property
     def exit_code(self) -> int:
@@ -74,12 +79,14 @@ class StopSignals:
     def _forward(self, signum: int, frame: FrameType | None) -> None:
         if self.received is None:
             self.received = signum
+        if self._cancel_host is not None:  # SIGINT ignored while a host runs: ``host`` stands in for the loop's handler
+            self._cancel_host(signum, frame)
+            return
         interrupt = signal.getsignal(signal.SIGINT)
         if callable(interrupt):  # the event loop's (cancels the host's work) or the default (raises)
             interrupt(signal.SIGINT, frame)
             return
-        # SIGINT is ignored here (a shell's background job), so the event loop took no handler for it:
-        # this stops the host all the same, from wherever it is, without the orderly abort of its turns
+        # SIGINT is ignored and no host runs (a verb that only reads): stop it from wherever it is
         raise KeyboardInterrupt
 
     def host(self, func: Callable[..., Awaitable[T]], *args: Any) -> T:
@@ -95,11 +102,31 @@ class StopSignals:
 
         async def hosted() -> T:
             interrupt = signal.getsignal(signal.SIGINT)
-            if callable(interrupt) and threading.current_thread() is threading.main_thread():
-                signal.signal(signal.SIGINT, lambda signum, frame: self._stop(interrupt, signum, frame))
+            if threading.current_thread() is threading.main_thread():
+                if callable(interrupt):
+                    signal.signal(signal.SIGINT, lambda signum, frame: self._stop(interrupt, signum, frame))
+                else:
+                    # SIGINT ignored (a shell's background job): the loop installed no handler, and a stop
+                    # signal raising out of it left the turns to its teardown, which never told their
+                    # workers (each was killed after the grace). Cancel the host's task, as that handler does.
+                    task, loop = asyncio.current_task(), asyncio.get_running_loop()
+
+                    def cancel(signum: int, frame: FrameType | None) -> None:
+                        assert task is not None
+                        task.cancel()
+                        loop.call_soon_threadsafe(lambda: None)  # wakes a loop asleep in select()
+
+                    self._cancel_host = lambda signum, frame: self._stop(cancel, signum, frame)
             return await func(*args)
 
-        return anyio.run(hosted)
+        try:
+            return anyio.run(hosted)
+        except asyncio.CancelledError:
+            if self._cancel_host is not None and self._stops:
+                raise KeyboardInterrupt from None  # what the loop's own handler makes of its cancellation
+            raise
+        finally:
+            self._cancel_host = None
 
     def _stop(self, interrupt: Callable[[int, FrameType | None], Any], signum: int, frame: FrameType | None) -> None:
         self._stops += 1

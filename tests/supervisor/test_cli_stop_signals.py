@@ -151,3 +151,35 @@ def _descendants(pid: int) -> list[int]:
                 continue
     return children + [d for child in children for d in _descendants(child)]
 
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def test_a_host_started_with_ctrl_c_ignored_still_stops_its_turns_in_order_on_sigterm(tmp_path: Path) -> None:
+    """A shell's background job (``subagents run ... &`` in a script) starts with SIGINT ignored, and the event
+    loop then takes no SIGINT handler for SIGTERM to reach. Was (found by a probe): SIGTERM raised out of the event
+    loop from wherever it was, and the loop's teardown cancelled what it found: the turn's cancellation never
+    reached its worker, which was killed after the grace ("turn ignored cancellation for 2.0s; killing worker"),
+    12 s after the signal against 0.2 s with Ctrl-C handled. Now the host's work is cancelled as under Ctrl-C: the
+    turn ends ``aborted``, no worker is killed, exit 143, and Ctrl-C stays ignored."""
+    proc = subprocess.Popen([*CLI, "--store", "st", "run", "script", "--prompt", '{"script": [{"say": "up"}, {"sleep": 60000}]}'],
+                            cwd=tmp_path, env=FAST, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, preexec_fn=_ignore_sigint)
+    try:
+        child = _started_child(tmp_path / "st")
+        os.kill(proc.pid, signal.SIGINT)  # ignored, as the shell asked
+        time.sleep(0.3)
+        assert proc.poll() is None
+        os.kill(proc.pid, signal.SIGTERM)
+        _out, err = proc.communicate(timeout=DEADLINE_S)
+        assert proc.returncode == 128 + signal.SIGTERM, err
+        assert err.strip().splitlines()[-1] == "terminated", err
+        assert "Traceback" not in err and "killing worker" not in err, err
+        ends = [e["data"] for e in store.inspect(Store(tmp_path / "st", create=False), child).events if e["type"] == "turn/end"]
+        assert [e["stop_reason"] for e in ends] == ["aborted"], ends
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
