@@ -14,7 +14,9 @@ import os
 import signal
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 
@@ -23,6 +25,19 @@ from subagents.store import Store
 
 from .test_cli_mistakes import CLI, DEADLINE_S, FAST
 from .test_forkserver_death import forkserver_of, gone
+
+
+@contextmanager
+def _host(cwd: Path, prompt: str, *, env: dict[str, str] = FAST, **popen: Any) -> Iterator[subprocess.Popen[str]]:
+    """``subagents run script --prompt PROMPT`` on store ``st`` in ``cwd``, in its own session; killed (group) if it outlives the block."""
+    proc = subprocess.Popen([*CLI, "--store", "st", "run", "script", "--prompt", prompt], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **popen)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
 
 
 def _started_child(st: Path) -> str:
@@ -46,10 +61,7 @@ def _started_child(st: Path) -> str:
     (signal.SIGHUP, True, "hung up"),  # a closed terminal: its foreground process group
 ])
 def test_a_stop_signal_aborts_the_turn_and_exits_with_its_number(tmp_path: Path, signum: int, group: bool, said: str) -> None:
-    proc = subprocess.Popen([*CLI, "--store", "st", "run", "script", "--prompt", '{"script": [{"say": "up"}, {"sleep": 60000}]}'],
-                            cwd=tmp_path, env=FAST, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
+    with _host(tmp_path, '{"script": [{"say": "up"}, {"sleep": 60000}]}') as proc:
         child = _started_child(tmp_path / "st")
         if group:
             os.killpg(proc.pid, signum)
@@ -61,20 +73,13 @@ def test_a_stop_signal_aborts_the_turn_and_exits_with_its_number(tmp_path: Path,
         assert "died" not in err, err
         ends = [e["data"] for e in store.inspect(Store(tmp_path / "st", create=False), child).events if e["type"] == "turn/end"]
         assert [e["stop_reason"] for e in ends] == ["aborted"], ends
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
 
 
 def test_ctrl_c_while_the_forkserver_starts_says_interrupted(tmp_path: Path) -> None:
     """Found by a probe: a Ctrl-C in the host's first second reached the forkserver while it imported the
     worker's modules (it ignores SIGINT only after): a ``KeyboardInterrupt`` traceback from it, then
     ``error: WORKER_START_FAILED`` (exit 2). The forkserver is started with the stop signals ignored."""
-    proc = subprocess.Popen([*CLI, "--store", "st", "run", "script", "--prompt", '{"script": [{"sleep": 60000}]}'],
-                            cwd=tmp_path, env=FAST, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
+    with _host(tmp_path, '{"script": [{"sleep": 60000}]}') as proc:
         deadline = time.monotonic() + DEADLINE_S
         while forkserver_of(proc.pid) is None and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.002)
@@ -82,10 +87,6 @@ def test_ctrl_c_while_the_forkserver_starts_says_interrupted(tmp_path: Path) -> 
         _out, err = proc.communicate(timeout=DEADLINE_S)
         assert (proc.returncode, err.strip().splitlines()[-1:]) == (130, ["interrupted"]), err
         assert "Traceback" not in err, err
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
 
 
 def _ignore_sighup() -> None:
@@ -94,10 +95,7 @@ def _ignore_sighup() -> None:
 
 def test_a_host_started_under_nohup_outlives_a_hangup(tmp_path: Path) -> None:
     """``nohup`` starts a command with SIGHUP ignored so that it outlives its terminal: the CLI keeps it so."""
-    proc = subprocess.Popen([*CLI, "--store", "st", "run", "script", "--prompt", '{"script": [{"say": "up"}, {"sleep": 60000}]}'],
-                            cwd=tmp_path, env=FAST, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, preexec_fn=_ignore_sighup)
-    try:
+    with _host(tmp_path, '{"script": [{"say": "up"}, {"sleep": 60000}]}', preexec_fn=_ignore_sighup) as proc:
         _started_child(tmp_path / "st")
         os.killpg(proc.pid, signal.SIGHUP)
         with pytest.raises(subprocess.TimeoutExpired):
@@ -105,10 +103,6 @@ def test_a_host_started_under_nohup_outlives_a_hangup(tmp_path: Path) -> None:
         proc.terminate()
         _out, err = proc.communicate(timeout=DEADLINE_S)
         assert proc.returncode == 128 + signal.SIGTERM, err
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
 
 
 def test_a_second_ctrl_c_quits_without_waiting_for_the_turns(tmp_path: Path) -> None:
@@ -116,10 +110,7 @@ def test_a_second_ctrl_c_quits_without_waiting_for_the_turns(tmp_path: Path) -> 
     exit slower than the first alone (12.5 s against 2.2 s). It quits at once: here the first would wait for
     the turn's grace of 600 s; the worker exits as its pipe closes, and the child is left to crash repair."""
     env = {**FAST, "SUBAGENTS_CANCEL_GRACE_S": "600"}
-    proc = subprocess.Popen([*CLI, "--store", "st", "run", "script", "--prompt", '{"script": [{"say": "up"}, {"spin": 600000}]}'],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
+    with _host(tmp_path, '{"script": [{"say": "up"}, {"spin": 600000}]}', env=env) as proc:
         _started_child(tmp_path / "st")
         workers = [pid for pid in _descendants(proc.pid) if pid != forkserver_of(proc.pid)]
         os.killpg(proc.pid, signal.SIGINT)
@@ -133,10 +124,6 @@ def test_a_second_ctrl_c_quits_without_waiting_for_the_turns(tmp_path: Path) -> 
         while not all(gone(pid) for pid in workers):
             assert time.monotonic() < deadline, f"workers {workers} outlived their host"
             time.sleep(0.05)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
 
 
 def _descendants(pid: int) -> list[int]:
@@ -164,10 +151,7 @@ def test_a_host_started_with_ctrl_c_ignored_still_stops_its_turns_in_order_on_si
     reached its worker, which was killed after the grace ("turn ignored cancellation for 2.0s; killing worker"),
     12 s after the signal against 0.2 s with Ctrl-C handled. Now the host's work is cancelled as under Ctrl-C: the
     turn ends ``aborted``, no worker is killed, exit 143, and Ctrl-C stays ignored."""
-    proc = subprocess.Popen([*CLI, "--store", "st", "run", "script", "--prompt", '{"script": [{"say": "up"}, {"sleep": 60000}]}'],
-                            cwd=tmp_path, env=FAST, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, preexec_fn=_ignore_sigint)
-    try:
+    with _host(tmp_path, '{"script": [{"say": "up"}, {"sleep": 60000}]}', preexec_fn=_ignore_sigint) as proc:
         child = _started_child(tmp_path / "st")
         os.kill(proc.pid, signal.SIGINT)  # ignored, as the shell asked
         time.sleep(0.3)
@@ -179,7 +163,3 @@ def test_a_host_started_with_ctrl_c_ignored_still_stops_its_turns_in_order_on_si
         assert "Traceback" not in err and "killing worker" not in err, err
         ends = [e["data"] for e in store.inspect(Store(tmp_path / "st", create=False), child).events if e["type"] == "turn/end"]
         assert [e["stop_reason"] for e in ends] == ["aborted"], ends
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
