@@ -39,7 +39,7 @@ def register(verbs: Verbs) -> None:
     gc.add_argument("--older-than", required=True, metavar="AGE",
                     help="keep everything active within AGE: 30s, 15m, 12h, 7d, 2w (last activity, not creation)")
     gc.add_argument("--outcome", action="append", metavar="O[,O]",
-                    help="only roots with these outcomes (repeatable; the values of `ls --outcome`, none included)")
+                    help="only roots with these outcomes (repeatable; the values of `ls --outcome`; none: a root that never ran a turn, as one the API opened)")
     gc.add_argument("--dry-run", action="store_true", help="list what would be deleted; change nothing")
 
     store = verbs.group("store", "store maintenance (fsck, check, reindex, migrate)",
