@@ -11,12 +11,11 @@ epoch 1.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import signal
 
 from subagents import store
-from tests.store._support import Child, wait_until
+from tests.store._support import Child, flocked, wait_until
 
 TTL_S = 0.3
 
@@ -28,20 +27,12 @@ def stop_outside_the_lock(child: Child, st: store.Store, sid: str) -> None:
         os.kill(child.pid, signal.SIGSTOP)
         _, status = os.waitpid(child.pid, os.WUNTRACED)
         assert os.WIFSTOPPED(status)
-        fd = os.open(st.session_path(sid), os.O_RDONLY)  # the session's lock: flock on its file
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            # stopped inside an append: resume it until its log grows (it really ran), then retry
-            size = os.path.getsize(log)
-            os.kill(child.pid, signal.SIGCONT)
-            wait_until(lambda: os.path.getsize(log) > size, what="the appender to make progress")
-            continue
-        else:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+        if not flocked(st.session_path(sid)):  # the session's lock: flock on its file
             return
-        finally:
-            os.close(fd)
+        # stopped inside an append: resume it until its log grows (it really ran), then retry
+        size = os.path.getsize(log)
+        os.kill(child.pid, signal.SIGCONT)
+        wait_until(lambda: os.path.getsize(log) > size, what="the appender to make progress")
     child.fail("never stopped outside its critical section")
 
 

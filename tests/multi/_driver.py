@@ -54,20 +54,6 @@ CALL_TIMEOUT_S = 30.0
 __all__ = ["Driver", "DriverError", "HostFactory", "S", "gated", "tagged_pids", "gone", "wait_gone", "poll", "REPO_ROOT"]
 
 
-def _flocked(path: str | os.PathLike[str]) -> bool:
-    """Whether another open file description holds an ``flock`` on ``path``."""
-    import fcntl
-
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # releases our probe's lock with the description
-    return False
-
-
 def S(*actions: dict[str, Any]) -> str:
     """A ``script`` program message."""
     return json.dumps({"script": list(actions)})
@@ -154,14 +140,19 @@ async def returns_mid_start(ctx: Any) -> str:
 # -- the process table ------------------------------------------------------------------
 
 
-def gone(pid: int) -> bool:
-    """True once ``pid`` runs nothing (a zombie counts as gone)."""
+def _state(pid: int) -> bytes | None:
+    """``pid``'s state letter in ``/proc`` (``R``, ``S``, ``T``, ``Z``...); ``None`` when there is no such process."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             raw = handle.read()
     except OSError:
-        return True
-    return raw[raw.rfind(b")") + 2 :].split()[:1] == [b"Z"]
+        return None
+    return raw[raw.rfind(b")") + 2 :].split()[0]
+
+
+def gone(pid: int) -> bool:
+    """True once ``pid`` runs nothing (a zombie counts as gone)."""
+    return _state(pid) in (None, b"Z")
 
 
 def tagged_pids(tag: str) -> list[int]:
@@ -371,10 +362,12 @@ class Driver:
         a frozen holder, not what a test of leases and fencing looks at. So: stop, look, and on a
         held lock resume and stop again a little later.
         """
+        from tests.store._support import flocked
+
         for _ in range(attempts):
             self.stop(group=group)
             self._wait_stopped(tagged_pids(self.tag) if group else [self.pid])
-            if not any(_flocked(path) for path in paths):
+            if not any(flocked(path) for path in paths):
                 return
             self.cont(group=group)
             time.sleep(random.uniform(0.001, 0.01))
@@ -386,14 +379,7 @@ class Driver:
         ``kill`` returns, and a lock probed before that could be taken right after the probe."""
         deadline = time.monotonic() + timeout
         for pid in pids:
-            while True:
-                try:
-                    with open(f"/proc/{pid}/stat", "rb") as handle:
-                        state = handle.read().rsplit(b")", 1)[1].split()[0]
-                except OSError:
-                    break  # gone: holds no lock
-                if state in (b"T", b"t", b"Z", b"X"):
-                    break
+            while (state := _state(pid)) not in (None, b"T", b"t", b"Z", b"X"):  # stopped, or gone: holds no lock
                 if time.monotonic() > deadline:
                     raise AssertionError(f"process {pid} did not stop within {timeout}s (state {state!r})")
                 time.sleep(0.001)

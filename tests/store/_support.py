@@ -8,6 +8,7 @@ stderr instead of blocking the suite.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import queue
 import signal
@@ -220,6 +221,18 @@ class Child:
                     pipe.close()
             except OSError:
                 pass
+
+
+def flocked(path: str | os.PathLike[str]) -> bool:
+    """Whether an ``flock`` is held on ``path`` (by another open file description: probed with ``LOCK_NB``)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases the probe's own lock with its description
+    return False
 
 
 def blocked_on(pid: int, path: str) -> bool:
