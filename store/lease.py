@@ -9,7 +9,8 @@ A **lease** (two slots in the session's file, ``store/session_file.py``) names t
 activation, its state (``running`` / ``idle`` / ``released``) and an
 **epoch**. Acquiring takes the session lock and succeeds when there is no
 lease, it is released, it is already ours, or its owner is dead; it writes
-``epoch + 1``. Every append compares the writer's epoch to the lease's under
+``epoch + 1`` (``+ 2`` past a slot that does not decode, which may hide one
+acquisition). Every append compares the writer's epoch to the lease's under
 the same lock (``store/log.py``), so a writer that was taken over can never
 write again.
 
@@ -332,7 +333,9 @@ def acquire_lease(store: Store, session_id: str, owner_id: str, *, state: LeaseS
             if current is not None:
                 # the child may have a ``settled`` row (written at a release): from here it no longer holds
                 note_active(store, session_id)
-            lease = Lease(owner_id, (current.epoch if current else 0) + 1, state, time.time())
+            # past the epoch a slot that does not decode may hide (``LeaseSlots.undecodable_beside``)
+            step = 2 if slots.undecodable_beside else 1
+            lease = Lease(owner_id, (current.epoch if current else 0) + step, state, time.time())
             # durable: an epoch must never go backwards after a crash, or two writers could share one
             _write_lease(store, file, slots, lease, durable=True)
             return lease

@@ -133,6 +133,10 @@ class LeaseSlots:
     gen: int  # the newest valid slot's gen (-1: none)
     target: int  # the slot the next write goes to: never the one holding the newest synced record
     problem: str | None  # both slots hold bytes and neither decodes: damage, not a crash
+    # one slot holds bytes that do not decode beside the one read: a write torn by a crash, or rot
+    # in the slot of the newest acquisition. That acquisition returned, and its holder may still
+    # run, one epoch above ``lease``; the two cannot be told apart, so acquisitions skip that epoch
+    undecodable_beside: bool = False
 
     @property
     def epoch(self) -> int | None:
@@ -156,7 +160,7 @@ def decode_slots(raw: bytes) -> LeaseSlots:
     synced = [(i, s) for i, s in valid if s.synced]
     keep = max(synced, key=lambda pair: pair[1].gen)[0] if synced else newest_i
     lease = None if newest.lease.epoch == 0 else newest.lease  # epoch 0: the creation's "never leased"
-    return LeaseSlots(lease, newest.gen, 1 - keep, None)
+    return LeaseSlots(lease, newest.gen, 1 - keep, None, any(isinstance(s, str) for s in slots))
 
 
 @dataclass(frozen=True)

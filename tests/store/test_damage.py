@@ -91,15 +91,41 @@ def test_a_torn_lease_slot_falls_back_to_the_other(st, slot):
 
 
 @pytest.mark.parametrize("slot", DAMAGED_SLOTS)
+def test_rot_in_the_newest_acquisition_never_hands_its_epoch_out_again(st, slot):
+    """The slot holding the newest acquisition rots (a flipped bit, not a crash: that slot is never
+    written again while it is the newest synced one). Readers fall back to the acquisition before it,
+    one epoch lower, and its holder may still run. The next acquisition must not take the rotted
+    epoch again, or that holder's appends would pass the fence check beside the new holder's."""
+    store.create_session(st, "s1")
+    for owner in ("o1", "o2", "o3"):
+        store.register_owner(st, owner, ttl=60)
+    first = store.acquire_lease(st, "s1", "o1")
+    store.release_lease(st, "s1", "o1", first.epoch)
+    held = store.acquire_lease(st, "s1", "o2")  # o2 holds, then freezes (alive, its writer open)
+    rotted = synced_slot(st, "s1")
+    write_slot(st, "s1", rotted, slot)
+    assert store.read_lease(st, "s1").epoch == first.epoch  # what a reader falls back to
+    for owner in ("o1", "o2"):  # both read as dead (the fallback is o1's lease before its release)
+        store.remove_owner(st, owner)
+    taken = store.acquire_lease(st, "s1", "o3")
+    assert taken.epoch > held.epoch
+    with pytest.raises(store.FencedError):
+        store.LogWriter.open(st, "s1", epoch=held.epoch)  # the frozen holder wakes: fenced
+    with store.LogWriter.open(st, "s1", epoch=taken.epoch) as writer:
+        writer.append([("notice/received", {"n": 1})], commit=True)
+
+
+@pytest.mark.parametrize("slot", DAMAGED_SLOTS)
 def test_a_torn_first_acquisition_reads_as_never_leased(st, slot):
     """A session is created with a synced "never leased" record in slot 0, so its first
-    acquisition writes slot 1; when that write tore (it never returned, so no epoch was handed
-    out): no lease, nothing corrupt, and the next acquisition takes epoch 1."""
+    acquisition writes slot 1; when that write tore: no lease, nothing corrupt. The next
+    acquisition takes epoch 2: rot in a first acquisition that returned looks the same, and its
+    holder may hold epoch 1."""
     store.create_session(st, "s1")
     write_slot(st, "s1", 1, slot)
     assert store.read_lease(st, "s1") is None and store.check_lease(st, "s1") is None
     store.register_owner(st, "o1", ttl=60)
-    assert store.acquire_lease(st, "s1", "o1").epoch == 1
+    assert store.acquire_lease(st, "s1", "o1").epoch == 2
 
 
 @pytest.mark.parametrize("slot", DAMAGED_SLOTS)
@@ -318,8 +344,9 @@ def test_fsck_reports_and_never_crashes(st):
 
 def test_fsck_repairs_a_torn_tail_by_what_the_lease_slots_say(st):
     """Repair at epoch 0 only when the slots say the session was never leased; under a new epoch
-    (above the acquisition the slots keep, even when the newest slot tore) when a dead owner held
-    it; never when both slots are damaged (the epoch is unknown: nothing is written)."""
+    (above the acquisition the slots keep, even when the newest slot tore: then one more, past the
+    epoch the torn slot could hide) when a dead owner held it; never when both slots are damaged
+    (the epoch is unknown: nothing is written)."""
     torn = encode_record({"seq": 99, "type": "turn/start"})[:7]
     store.create_session(st, "never", events=[("subagent/descriptor", ONE_SHOT)])
     store.create_session(st, "dead", events=[("subagent/descriptor", ONE_SHOT)], lease_owner="gone-owner")
@@ -340,11 +367,11 @@ def test_fsck_repairs_a_torn_tail_by_what_the_lease_slots_say(st):
     repairs = {f["id"]: f.get("repair", "") for f in report["findings"] if f["kind"] == "torn"}
     assert repairs["never"].startswith("repaired at epoch 0") and store.read_lease(st, "never") is None
     assert repairs["dead"].startswith("repaired under lease epoch 2")
-    assert repairs["tornslot"].startswith(f"repaired under lease epoch {second.epoch + 1}") and first.epoch < second.epoch
+    assert repairs["tornslot"].startswith(f"repaired under lease epoch {second.epoch + 2}") and first.epoch < second.epoch
     assert repairs["garbled"].startswith("not repaired") and file_bytes(st, "garbled") == garbled
     for sid in ("never", "dead", "tornslot"):
         assert store.inspect(st, sid).status == "clean"
-    assert store.read_lease(st, "tornslot").epoch == second.epoch + 1
+    assert store.read_lease(st, "tornslot").epoch == second.epoch + 2
 
 
 def test_a_session_file_copied_under_another_id_is_corrupt(st):

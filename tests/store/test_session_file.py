@@ -23,6 +23,7 @@ from hypothesis import strategies as hst
 
 from subagents import store
 from subagents.store.lease import write_released
+from subagents.store.session_file import decode_slots
 
 from ..session_bytes import (
     SLOT_SIZE, SLOTS_AT, file_bytes, log_start, newest_slot, patch, slot_records, synced_slot, write_slot,
@@ -131,8 +132,11 @@ def test_damage_to_the_slot_without_the_newest_acquisition_never_lowers_the_epoc
     damage_slot(st, "s1", 1 - synced_slot(st, "s1"), how, rng)
     store.remove_owner(st, model.holder)
     store.register_owner(st, "o3", ttl=600)
+    # one more when the damage does not decode (a bit flipped in a slot's padding still does): such
+    # a slot could hide an acquisition above the other
+    hides = decode_slots(slot_of(st, "s1", 0) + slot_of(st, "s1", 1)).undecodable_beside
     taken = store.acquire_lease(st, "s1", "o3")
-    assert taken.epoch == model.epoch + 1
+    assert taken.epoch == model.epoch + (2 if hides else 1)
     for stale in range(0, model.epoch + 1):
         with pytest.raises(store.FencedError):
             store.LogWriter.open(st, "s1", epoch=stale)
