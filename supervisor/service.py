@@ -409,7 +409,10 @@ class Supervisor:
         return self.runtime.setups.register(contribution)
 
     async def drain(self, parents: list[AgentRef | str]) -> None:
-        """Close admission below ``parents`` and dispose their continuable descendants child-first."""
+        """Close admission below ``parents`` and dispose their continuable descendants child-first.
+
+        Descendants another live supervisor hosts get a durable drain request, carried out by their
+        host and not awaited here (as ``drain_remote``); those nobody hosts are drained here."""
         self._check_open()
         InvalidRequestError.require(parents, (list, tuple), "parents")
         for item in parents:
@@ -423,7 +426,8 @@ class Supervisor:
         return await self.continuation.drain_remote(ref_id(root, "root"))
 
     async def drain_children(self, parent: AgentRef | str, child_ids: list[str]) -> None:
-        """Dispose the listed continuable children of ``parent`` (as ``drain``, for those children only)."""
+        """Dispose the listed continuable children of ``parent`` (as ``drain``, for those children only,
+        wherever they are hosted); ids that name no session are skipped."""
         self._check_open()
         InvalidRequestError.require(parent, (AgentRef, str), "parent")
         InvalidRequestError.require(child_ids, (list, tuple), "child_ids")  # a string would be drained letter by letter

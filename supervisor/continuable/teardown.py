@@ -20,7 +20,7 @@ from typing import Any, Iterable
 
 import anyio
 
-from subagents.store import LogWriter, list_descendants, pending, read_header, release_lease
+from subagents.store import ChildEntry, LogWriter, list_children, list_descendants, pending, read_header, release_lease
 from subagents.store.control import ControlRecord
 from subagents.store.control import request as control_request
 from subagents.store.errors import FencedError, RecordTooLargeError, SubagentError
@@ -296,7 +296,11 @@ class Teardown:
     # -- drain and close -----------------------------------------------------------------
 
     async def drain(self, roots: list[str]) -> None:
-        """Close admission below the live ``roots`` and dispose their continuable descendants child-first."""
+        """Close admission below the live ``roots`` and dispose their continuable descendants child-first.
+
+        Descendants this supervisor does not host are reached too (``_reach``): another live
+        supervisor's get a durable drain request, which that host carries out (not awaited here);
+        those nobody hosts are drained here."""
         live_roots = [r for r in roots if self._table.is_live(r)]
         self._admission.drain_below(live_roots)
         targets = [a for a in self._table if any(r in a.identity.ancestry for r in live_roots)]
@@ -305,24 +309,55 @@ class Teardown:
         await self._admission.wait_materializing()
         for act in targets:
             await act.disposed.wait()
+        here = {act.child_id for act in targets}
+        for root_id in live_roots:
+            await self._reach_descendants(root_id, {"root": root_id}, skip=here)
         # admission stays closed below each root until that root is disposed (``Admission.reopen``)
 
     async def drain_children(self, parent_id: str, child_ids: Iterable[str]) -> None:
-        """Dispose the named resident direct children of the live ``parent_id`` (admission stays open)."""
+        """Dispose the named direct children of the live ``parent_id`` (admission stays open).
+
+        Resident ones here, child-first. The others, with their continuable descendants, as ``drain``
+        reaches them: a child another supervisor hosts gets a drain request, one nobody hosts (its
+        pending messages left by a closed or dead host) is drained here. Every id is authorized
+        before anything is torn down; an id that names no session is skipped."""
         if not self._table.is_live(parent_id):
             raise UnauthorizedError.teardown_needs_parent()
-        selected = []
+        selected, elsewhere = [], []
         for child_id in dict.fromkeys(child_ids):
             act = self._table.get(child_id)
             if act is None:
+                elsewhere.append(child_id)
                 continue
             if act.parent_id != parent_id or parent_id not in act.identity.ancestry:
                 raise UnauthorizedError.not_direct_child(child_id, parent_id)
             selected.append(act)
+        if elsewhere:
+            elsewhere = await self._rt.store_thread.run(self._stored_children, parent_id, elsewhere)
         for act in selected:
             self.open_disposal(act, discard=True)
         for act in selected:
             await act.disposed.wait()
+        for child_id in elsewhere:
+            await self._reach_descendants(child_id, {"parent": parent_id}, skip=set(), itself=True)
+
+    def _stored_children(self, parent_id: str, child_ids: list[str]) -> list[str]:
+        """Which of ``child_ids`` (hosted nowhere here) are continuable children of ``parent_id`` in the
+        store (blocking); ``UNAUTHORIZED`` for one whose header names another parent."""
+        children = {e.id: e for e in list_children(self._rt.store, parent_id) if isinstance(e, ChildEntry)}
+        found = []
+        for child_id in child_ids:
+            entry = children.get(child_id)
+            if entry is not None:
+                if entry.mode == "continuable":
+                    found.append(child_id)
+                continue
+            try:
+                read_header(self._rt.store, child_id)
+            except SubagentError:
+                continue  # no such session (or one whose header does not read): nothing to tear down
+            raise UnauthorizedError.not_direct_child(child_id, parent_id)
+        return found
 
     async def drain_remote(self, root_id: str) -> list[str]:
         """Ask the supervisors hosting continuable descendants of ``root_id`` to tear them down.
@@ -333,19 +368,26 @@ class Teardown:
         discarded. Admission below the root is closed only in this supervisor
         (``drain``), not in theirs.
         """
+        return await self._reach_descendants(root_id, {"root": root_id}, skip=set())
+
+    async def _reach_descendants(self, top_id: str, request: dict[str, Any], *, skip: set[str], itself: bool = False) -> list[str]:
+        """Tear down the continuable descendants of ``top_id`` (and ``top_id`` when ``itself``) that this
+        supervisor does not host, save ``skip``: a durable ``drain`` control record (``request``, its
+        data) for each one a live other supervisor holds, whose ids are returned; one nobody hosts is
+        drained here (``unhosted.py``)."""
         store, ids = self._rt.store, self._rt.ids
 
         def targets() -> list[str]:
             found = []
-            for row in list_descendants(store, root_id):
-                entry = row.entry
-                if getattr(entry, "mode", None) != "continuable" or entry.id in self._table:
+            below = [row.entry.id for row in list_descendants(store, top_id) if getattr(row.entry, "mode", None) == "continuable"]
+            for child_id in [top_id, *below] if itself else below:
+                if child_id in skip or child_id in self._table:
                     continue
-                if self._delivery.held_elsewhere(entry.id):
-                    control_request(store, entry.id, "drain", {"root": root_id}, ids=ids)
-                    found.append(entry.id)
+                if self._delivery.held_elsewhere(child_id):
+                    control_request(store, child_id, "drain", request, ids=ids)
+                    found.append(child_id)
                 else:
-                    drain_unhosted(store, entry.id, self._rt.owner_id)
+                    drain_unhosted(store, child_id, self._rt.owner_id)
             return found
 
         with anyio.CancelScope(shield=True):

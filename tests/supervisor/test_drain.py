@@ -273,3 +273,85 @@ async def test_admission_below_a_drained_continuable_parent_reopens_once_it_is_d
         await sup.followup(root, parent, SLEEP)  # a cold resume: a new activation of the same child
         child, _ = await start(sup, parent, S({"return": "admitted again"}))
         await wait_until(lambda: turn_ends(sup.store, child) == ["completed"], what="the new child's turn")
+
+
+# -- children this supervisor does not host ------------------------------------------------------
+
+
+async def test_drain_children_discards_what_a_closed_host_left_pending(tmp_path):
+    """A child nobody hosts (its host closed with two followups queued) is drained here: its pending
+    messages are discarded, so a later resume_pending runs none of them. Before, a non-resident child
+    was skipped in silence and the "drained" work ran at the next resume."""
+    async with continuable_supervisor(tmp_path) as first:
+        root = await first.open_root(label="host")
+        child = await sleeping(first, root)
+        queued = [await first.followup(root, child, S({"return": f"m{n}"})) for n in (1, 2)]
+        root_id = root.id
+    async with continuable_supervisor(tmp_path) as second:
+        root = await second.open_root(id=root_id)
+        await second.drain_children(root, [child])
+        assert discarded(second.store, child) == queued
+        assert await second.resume_pending(root) == []
+        assert said(second.store, child) == ["awake"]  # neither m1 nor m2 ever ran
+
+
+async def test_drain_children_asks_the_host_of_a_child_hosted_elsewhere(tmp_path):
+    """A child another supervisor hosts (its send resumed it there) gets a durable drain request and is
+    torn down by its host: its turn stopped, its queued message discarded."""
+    async with continuable_supervisor(tmp_path) as holder, continuable_supervisor(tmp_path) as other:
+        root = await holder.open_root(label="host")
+        child, _ = await start(holder, root, S({"return": "first"}))
+        await settled(holder, root, child)
+        await other.send(child, SLEEP, parent=root.id)  # cold-resumed in ``other``
+        await turn_started(other, child, 2)
+        queued = await other.send(child, S({"return": "never"}), parent=root.id)
+        await holder.drain_children(root, [child])
+        await wait_until(lambda: child not in other.continuation.activations, what="the host to drain the child")
+        assert discarded(holder.store, child) == [queued]
+        assert turn_ends(holder.store, child) == ["completed", "aborted"]
+        assert read_lease(holder.store, child).state == "released"
+
+
+async def test_drain_children_refuses_a_non_resident_child_of_another_parent(tmp_path):
+    """Reaching children this supervisor does not host keeps the rule for resident ones: a child of
+    another parent is UNAUTHORIZED, before anything is drained."""
+    async with continuable_supervisor(tmp_path) as first:
+        root, other = await first.open_root(label="a"), await first.open_root(label="b")
+        child = await sleeping(first, root)
+        queued = await first.followup(root, child, S({"return": "m"}))
+        ids = root.id, other.id
+    async with continuable_supervisor(tmp_path) as second:
+        root, other = await second.open_root(id=ids[0]), await second.open_root(id=ids[1])
+        before = disk_snapshot(second.store)
+        with pytest.raises(SubagentError) as caught:
+            await second.drain_children(other, [child])
+        assert (caught.value.code, str(caught.value)) == (
+            "UNAUTHORIZED", f'subagent "{child}" is not a direct child of agent "{other.id}"'
+        )
+        assert disk_snapshot(second.store) == before
+        assert discarded(second.store, child) == []
+        await second.take_messages(root)  # the notice of the turn the close stopped
+        assert await second.resume_pending(root) == [child]
+        await settled(second, root, child)
+        assert said(second.store, child) == ["awake", "m"]  # the queued message ran: nothing was drained
+
+
+async def test_drain_reaches_descendants_hosted_elsewhere_and_nowhere(tmp_path):
+    """``drain(roots)`` tears down the root's continuable descendants wherever they are: one another
+    supervisor hosts gets a drain request; one nobody hosts has its pending messages discarded here."""
+    async with continuable_supervisor(tmp_path) as first:
+        root = await first.open_root(label="host")
+        left = await sleeping(first, root)
+        left_queued = await first.followup(root, left, S({"return": "left"}))
+        moved, _ = await start(first, root, S({"return": "first"}))
+        await settled(first, root, moved)
+        root_id = root.id
+    async with continuable_supervisor(tmp_path) as holder, continuable_supervisor(tmp_path) as other:
+        root = await holder.open_root(id=root_id)
+        await other.send(moved, SLEEP, parent=root_id)
+        await turn_started(other, moved, 2)
+        await holder.drain([root])
+        await wait_until(lambda: moved not in other.continuation.activations, what="the host to drain its child")
+        assert turn_ends(holder.store, moved) == ["completed", "aborted"]
+        assert discarded(holder.store, left) == [left_queued]
+        assert await holder.resume_pending(root) == []
