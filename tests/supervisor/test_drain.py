@@ -318,7 +318,7 @@ async def test_drain_children_refuses_a_non_resident_child_of_another_parent(tmp
     async with continuable_supervisor(tmp_path) as first:
         root, other = await first.open_root(label="a"), await first.open_root(label="b")
         child = await sleeping(first, root)
-        queued = await first.followup(root, child, S({"return": "m"}))
+        await first.followup(root, child, S({"return": "m"}))
         ids = root.id, other.id
     async with continuable_supervisor(tmp_path) as second:
         root, other = await second.open_root(id=ids[0]), await second.open_root(id=ids[1])
