@@ -168,6 +168,7 @@ class Interrupts:
             await anyio.sleep(CONFIRM_POLL_S)
             seen = await anyio.to_thread.run_sync(self._after, target_id, before, holder)
             if seen is not None:
+                turn = seen.get("turn", turn)
                 answer = _confirmed(target_id, turn, holder, seen)
                 if answer.outcome == "cancelled" and request_id is not None:
                     one_shot = getattr(before.identity, "mode", None) == "one-shot"
@@ -181,7 +182,8 @@ class Interrupts:
         )
 
     def _after(self, target_id: str, before: Projection, holder: _Holder) -> dict[str, Any] | None:
-        """What ended the turn since ``before``: its ``turn/end`` or ``message/discarded`` record,
+        """What ended the turn since ``before``: its ``turn/end`` or ``message/discarded`` record (a
+        ``turn/end`` of a turn that began after ``before`` carries it as ``turn``, a ``_Turn``),
         ``{"released": ...}`` when the holder let the child go without either, ``{"died": ...}`` when it
         died (same host: its pid; else its heartbeat) with neither written; None: nothing yet.
 
@@ -194,8 +196,14 @@ class Interrupts:
         lease = read_lease(store, target_id)
         now = read_projection(store, target_id)
         if (now.turns, now.discarded) != (before.turns, before.discarded):
+            started = None
             for event in read_from(store, target_id, before.seq + 1):
+                if event["type"] == "turn/start":
+                    started = (event.get("data") or {}).get("message_id")
                 if event["type"] in ("turn/end", "message/discarded"):
+                    if event["type"] == "turn/end" and before.open_turn is None:
+                        # a turn that began after the request was aimed (at the next one): the log names it
+                        return {**event, "turn": _Turn(before.turns + 1, started if isinstance(started, str) else None)}
                     return event
         if lease is None or lease.state == "released" or lease.owner != holder.owner:
             return {"type": "released", "data": {}, "one_shot": getattr(now.identity, "mode", None) == "one-shot"}

@@ -143,9 +143,9 @@ async def test_a_request_the_holder_reads_after_the_turn_ended_stops_no_later_tu
         await poll(lambda: len(_turn_ends(sup.store, child)) == 2, what="the next turn to end")
         assert [(e["stop_reason"], e.get("cause")) for e in _turn_ends(sup.store, child)] == [("completed", None), ("completed", None)]
         assert _message_of_turn(sup.store, child, 2) == second
-        running = asked == "while its turn ran"
         assert (answer["outcome"], answer["stop_reason"], answer["host"]) == ("no_turn_running", "completed", sup.runtime.owner_id), answer
-        assert (answer["turn"], answer["message_id"]) == ((1, first) if running else (None, None)), answer
+        # the turn that ended is named either way: seen running by the asker, or found in the log after it
+        assert (answer["turn"], answer["message_id"]) == (1, first), answer
         assert answer["detail"] == "its turn ended completed before the interrupt reached it"
 
 

@@ -15,7 +15,9 @@ import anyio
 import pytest
 
 from subagents import InterruptResult
+from subagents import store
 from subagents.store import IdGenerator, inspect
+from subagents.store.control import read_controls
 from subagents.store.control import request as control_request
 from subagents.supervisor import AncestorAuthority, SubagentRequest, UserAuthority
 from subagents.supervisor.interrupts import Interrupts
@@ -237,3 +239,34 @@ async def test_a_one_shot_turn_that_completed_before_its_interrupt_took_reads_co
             else:
                 assert (result.stop_reason, row.outcome) in {("aborted", "aborted"), ("aborted", "not-started")}, (attempt, logged, result, row)
         assert completed, "no turn outran its interrupt: the race this test is about did not happen"
+
+
+async def test_a_turn_another_host_starts_after_the_request_is_named_when_it_stops(tmp_path):
+    """A request written while the holder ran no turn aims at the next one; when the holder stops that
+    turn, the answer names it (number and message), read from the log. Before, it said ``cancelled``
+    with neither (a probe saw it in 4 runs of 5). The holder here is this test, writing as another
+    supervisor would through the store: its lease, its control file read, the turn's records."""
+    async with continuable_supervisor(tmp_path) as first:
+        root = await first.open_root()
+        child, _ = await start(first, root, S({"return": "first"}))
+        await settled(first, root, child)
+        root_id = root.id
+    st = first.store
+    holder = IdGenerator().new()
+    store.register_owner(st, holder, ttl=600.0)  # this test process: alive
+    lease = store.acquire_lease(st, child, holder)
+    async with continuable_supervisor(tmp_path) as asker:
+        async with anyio.create_task_group() as tg:
+            answers = []
+
+            async def ask() -> None:
+                answers.append(await asker.interrupt(child, authority=UserAuthority(root_id), wait_s=DEADLINE_S))
+
+            tg.start_soon(ask)
+            [request] = await wait_until(lambda: read_controls(st, child), what="the interrupt request")
+            assert request.data.get("after_message_id") == first_message_id(st, child)
+            with store.LogWriter.open(st, child, epoch=lease.epoch) as writer:
+                writer.append([("turn/start", {"message_id": "01M00000000000000000000NXT"})], commit=True)
+                writer.append([("turn/end", {"stop_reason": "aborted", "cause": "user"})], commit=True)
+    [answer] = answers
+    assert (answer.outcome, answer.turn, answer.message_id, answer.host) == ("cancelled", 2, "01M00000000000000000000NXT", holder)
