@@ -97,13 +97,18 @@ class Teardown:
 
         ``aim``: a control record's data, which names the turn its writer saw (``_aimed_at``): that
         turn or none, even when the next one's message was accepted before the request."""
-        aimed = _aimed_at(act, aim or {})
+        aim = aim or {}
+        aimed = _aimed_at(act, aim)
         if aimed is False:
             return False
         if act.ticket is not None:
             if act.being_stopped:
                 return False  # a second cancel would stop nothing more
-            if aimed is None and act.turn_message_ts is not None and act.turn_message_ts > asked_at:
+            # only a request naming this turn's own message was written while it ran; one aimed "after
+            # the last consumed message" was written between turns, and a message accepted after it
+            # is not the turn it asked to stop (as ``stop_before`` says for a turn not yet dispatched)
+            names_it = isinstance(aim.get("message_id"), str)
+            if not names_it and act.turn_message_ts is not None and act.turn_message_ts > asked_at:
                 return False
             self._rt.pool.cancel(act.ticket, reason)
             act.stopping = act.ticket

@@ -23,7 +23,7 @@ from subagents.supervisor import AncestorAuthority, SubagentRequest, UserAuthori
 from subagents.supervisor.interrupts import Interrupts
 
 from ..conftest import DEADLINE_S, events_of, open_supervisor, said, wait_until
-from .test_continuable import S, continuable_supervisor, settled, start, turn_started
+from .test_continuable import S, continuable_supervisor, settled, start, turn_ends, turn_started
 
 pytestmark = pytest.mark.anyio
 
@@ -270,3 +270,24 @@ async def test_a_turn_another_host_starts_after_the_request_is_named_when_it_sto
                 writer.append([("turn/end", {"stop_reason": "aborted", "cause": "user"})], commit=True)
     [answer] = answers
     assert (answer.outcome, answer.turn, answer.message_id, answer.host) == ("cancelled", 2, "01M00000000000000000000NXT", holder)
+
+
+async def test_a_request_aimed_after_a_message_never_stops_a_turn_whose_message_came_after_it(tmp_path):
+    """A request written while its child ran no turn aims "after the last consumed message". A message
+    accepted after the request, whose turn is in flight when the holder reads the request, is not the
+    turn it asked to stop (as for a turn not yet dispatched): that turn runs to its end. The child
+    stays hosted between its turns (idle, waiting on a grandchild); the holder reads its control
+    files only when the test says (``runtime.control.poll``)."""
+    gate = tmp_path / "gate"
+    async with continuable_supervisor(tmp_path, control_poll_s=3600) as sup:
+        root = await sup.open_root()
+        child, _ = await start(sup, root, S({"start_continuable": {"prompt": S({"sleep": 60_000}), "label": "g"}}, {"return": "t1"}))
+        await wait_until(lambda: turn_ends(sup.store, child) == ["completed"], what="the first turn to end")
+        last = [e["data"]["message_id"] for e in events_of(sup.store, child) if e["type"] == "turn/start"][-1]
+        control_request(sup.store, child, "interrupt", {"reason": "user", "after_message_id": last}, ids=IdGenerator())
+        await sup.followup(root, child, S({"hold": str(gate)}, {"return": "t2"}))  # accepted after the request
+        await turn_started(sup, child, 2)
+        await sup.runtime.control.poll()  # read only now, with the second turn in flight
+        gate.touch()
+        await wait_until(lambda: len(turn_ends(sup.store, child)) == 2, what="the second turn to end")
+        assert turn_ends(sup.store, child) == ["completed", "completed"]
