@@ -64,6 +64,7 @@ ViolationKind = Literal[
     "index-row",  # a catalog row (static fields, settled state) that the child's log or lease contradicts
     "index-damaged",  # index/roots with records that do not read: listings may miss top-level sessions
     "lease-expired",  # a lease held by an owner that left without releasing it
+    "owner-unreadable",  # a lease held by an owner whose record is there but does not read: it may still run
     "lease-unreadable",  # lease slots that do not decode, or a session file that cannot be read
 ]
 
@@ -377,20 +378,23 @@ def _check_lease(state: _Pass, session_id: str, lease: Lease | None) -> bool:
     if owner_alive(record, now=state.now, host=state.host):
         state.add("leases_live")
         return True
-    if _abandoned(record, now=state.now, host=state.host) is None:
+    if _abandoned(state.store, lease.owner, record, now=state.now, host=state.host) is None:
         state.add("leases_dead")
     else:
         state.suspect_leases.append(session_id)
     return False
 
 
-def _abandoned(record: OwnerRecord | None, *, now: float, host: str) -> str | None:
-    """Why a dead owner's lease is a violation, or ``None`` when the owner crashed (the lease is then harmless)."""
+def _abandoned(store: Store, owner_id: str, record: OwnerRecord | None, *, now: float, host: str) -> tuple[ViolationKind, str] | None:
+    """Why a lease no live owner proves is a violation, or ``None`` when the owner crashed (the lease is
+    then harmless). An owner file that is there but does not read proves neither: it is named as such."""
     if record is None:
-        return "its owner's record is gone: the owner closed without releasing it"
+        if os.path.lexists(store.owner_path(owner_id)):
+            return "owner-unreadable", f"its owner's record owners/{owner_id} does not read: the owner may still run"
+        return "lease-expired", "its owner's record is gone: the owner closed without releasing it"
     if record.host == host and record.pid_start is not None and process_start_time(record.pid) == record.pid_start:
         age = now - record.heartbeat_at
-        return f"its owner (pid {record.pid}) still runs, but its heartbeat is {age:.1f}s old (TTL {record.ttl:g}s)"
+        return "lease-expired", f"its owner (pid {record.pid}) still runs, but its heartbeat is {age:.1f}s old (TTL {record.ttl:g}s)"
     return None
 
 
@@ -405,11 +409,11 @@ def _recheck_leases(state: _Pass) -> None:
         if owner_alive(record, now=now, host=state.host):
             state.add("leases_live")
             continue
-        why = _abandoned(record, now=now, host=state.host)
+        why = _abandoned(state.store, lease.owner, record, now=now, host=state.host)
         if why is None:
             state.add("leases_dead")
         else:
-            state.flag(session_id, "lease-expired", f"lease epoch {lease.epoch} ({lease.state}) held by {lease.owner}: {why}")
+            state.flag(session_id, why[0], f"lease epoch {lease.epoch} ({lease.state}) held by {lease.owner}: {why[1]}")
 
 
 # -- the children index ---------------------------------------------------------------

@@ -205,6 +205,16 @@ def _abandoned_lease(store: Store, session_id: str, *, repair: bool, lease_ttl_s
         return None  # ``lease-unreadable``, from ``_side_files``
     if lease is None or lease.state == "released" or read_owner(store, lease.owner) is not None:
         return None
+    if os.path.lexists(store.owner_path(lease.owner)):
+        # there, but it does not read: its supervisor may still run, and a release would fence it
+        unread: dict[str, Any] = {
+            "id": session_id, "kind": "owner-unreadable",
+            "detail": f"lease epoch {lease.epoch} ({lease.state}) held by {lease.owner}, whose record owners/{lease.owner} does "
+                      "not read: the owner may still run (once that supervisor is known to be gone, remove the file and run "
+                      "fsck --repair again)"}
+        if repair:
+            unread.update(repair="not released: its owner may still run", repaired=False)
+        return unread
     finding: dict[str, Any] = {"id": session_id, "kind": "lease-abandoned", "detail": f"lease epoch {lease.epoch} "
                                f"({lease.state}) held by {lease.owner}: its owner's record is gone: the owner closed without releasing it"}
     if repair:

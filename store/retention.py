@@ -186,29 +186,39 @@ class _Pass:
     store: Store
     cutoff: float
     host: str = field(default_factory=host_identity)
-    owners: dict[str, bool] = field(default_factory=dict)
+    owners: dict[str, bool | None] = field(default_factory=dict)  # None: its record is there but does not read
     committed: CommittedEnds = field(init=False)
 
     def __post_init__(self) -> None:
         self.committed = CommittedEnds(self.store)
 
-    def holder(self, session_id: str) -> str | None:
-        """Why a live supervisor may hold the session, or ``None``. ``CorruptSessionError`` for a damaged lease.
+    def holder(self, session_id: str) -> tuple[SkipReason, str] | None:
+        """Why a live supervisor may hold the session (``held``, or ``unreadable`` when its owner's
+        record is there but does not read), or ``None``. ``CorruptSessionError`` for a damaged lease.
 
         Stricter than ``session_status``: an owner whose heartbeat is late but whose process
-        still runs on this host (stopped, or hung) still holds it.
+        still runs on this host (stopped, or hung) still holds it; and an owner file that does not
+        read proves neither a holder nor its death (a takeover may fence such a holder; a deletion
+        cannot be undone).
         """
         lease = check_lease(self.store, session_id)
         if lease is None or lease.state == "released":
             return None
         if lease.owner not in self.owners:
             record = read_owner(self.store, lease.owner)
-            running = (record is not None and record.host == self.host and record.pid_start is not None
-                       and process_start_time(record.pid) == record.pid_start)
-            self.owners[lease.owner] = owner_alive(record, host=self.host) or running
-        if not self.owners[lease.owner]:
+            if record is None and os.path.lexists(self.store.owner_path(lease.owner)):
+                self.owners[lease.owner] = None
+            else:
+                running = (record is not None and record.host == self.host and record.pid_start is not None
+                           and process_start_time(record.pid) == record.pid_start)
+                self.owners[lease.owner] = owner_alive(record, host=self.host) or running
+        alive = self.owners[lease.owner]
+        if alive is None:
+            return "unreadable", (f"{session_id} is leased by supervisor {lease.owner} (lease epoch {lease.epoch}), whose record "
+                                  f"owners/{lease.owner} does not read: it may still run; see `subagents store fsck`")
+        if not alive:
             return None
-        return f"{session_id} is {lease.state} under supervisor {lease.owner} (lease epoch {lease.epoch})"
+        return "held", f"{session_id} is {lease.state} under supervisor {lease.owner} (lease epoch {lease.epoch})"
 
     def examine(self, session_id: str, *, locked: bool = False) -> tuple[SkipReason | None, str, Projection | None]:
         """What keeps the session, if anything (reason and text), and its projection when it reads.
@@ -225,7 +235,7 @@ class _Pass:
             code = getattr(exc, "code", type(exc).__name__)
             return "unreadable", f"{session_id} does not read ({code}: {getattr(exc, 'message', exc)}); see `subagents store fsck`", None
         if held is not None:
-            return "held", held, projection
+            return held[0], held[1], projection
         mail = mailbox_counts(self.store, session_id, projection, locked=locked)
         if mail.pending is None:
             return "unreadable", f"{session_id}: {mail.problem}", projection

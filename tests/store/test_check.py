@@ -311,6 +311,23 @@ def test_fsck_reports_a_lease_its_closed_owner_left_and_repair_releases_it(st):
     assert [f for f in fsck(st, repair=False, lease_ttl_s=30.0)["findings"] if f["id"] == child] == []
 
 
+def test_a_lease_whose_owner_record_does_not_read_is_named_and_never_released(st):
+    """An owner file that is there but does not read (emptied, garbage) is not an owner that closed:
+    its supervisor may still run (found by a probe: fsck called it closed). ``store check`` names it
+    ``owner-unreadable``; ``fsck`` reports it and ``--repair`` leaves the lease as it is."""
+    from subagents.store.fsck import fsck
+    _, child = tree(st)
+    lease = leased(st, child)
+    with open(st.owner_path(lease.owner), "wb") as handle:
+        handle.write(b"\xc1 not an owner")
+    violation = only(check_store(st), "owner-unreadable")
+    assert violation.session_id == child and f"owners/{lease.owner} does not read" in violation.evidence, violation
+    report = fsck(st, repair=True, lease_ttl_s=30.0)
+    [finding] = [f for f in report["findings"] if f["id"] == child]
+    assert finding["kind"] == "owner-unreadable" and not finding.get("repaired") and child not in report["repaired"], finding
+    assert store.read_lease(st, child) == lease
+
+
 def test_fsck_leaves_alone_a_lease_of_a_live_owner_and_of_a_crashed_one(st):
     """A live owner's lease is its own; a crashed owner's is harmless (the next acquisition takes it)."""
     from subagents.store.fsck import fsck

@@ -179,6 +179,28 @@ def test_a_dead_owners_lease_does_not_hold(st: Store) -> None:
     assert [c.id for c in collect(st, 7 * DAY).collected] == ["rDead"] and gone(st, ids)
 
 
+@pytest.mark.parametrize("damage", ["empty", "garbage", "a folder"])
+def test_a_lease_whose_owner_record_does_not_read_keeps_the_subtree(st: Store, damage: str) -> None:
+    """An owner file that is there but does not read proves neither a holder nor its death: its
+    supervisor may still run (a probe emptied a live host's file, and gc deleted the subtree that
+    host was still writing). gc keeps the subtree as unreadable, naming the owner's file."""
+    ids = subtree(st, "rBlur", child_events=[])
+    store.register_owner(st, "ownerBlur", ttl=60.0)
+    store.acquire_lease(st, "rBlurc1", "ownerBlur")
+    age(st, "rBlurc1", 8 * DAY)
+    path = st.owner_path("ownerBlur")
+    os.unlink(path)
+    if damage == "a folder":
+        os.mkdir(path)
+    else:
+        with open(path, "wb") as handle:
+            handle.write(b"" if damage == "empty" else b"\xc1 not an owner")
+    report = collect(st, 7 * DAY)
+    assert [(s.session, s.reason) for s in report.skipped] == [("rBlurc1", "unreadable")]
+    assert "ownerBlur" in report.skipped[0].detail and "owners/" in report.skipped[0].detail
+    assert all(st.exists(sid) for sid in ids) and not report.collected
+
+
 def test_undelivered_mail_keeps_the_subtree(st: Store) -> None:
     """A message accepted and not taken into a turn keeps its session, and so the whole subtree."""
     ids = subtree(st, "rMail")
