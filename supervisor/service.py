@@ -421,9 +421,11 @@ class Supervisor:
 
     async def drain_remote(self, root: AgentRef | str) -> list[str]:
         """Ask other supervisors to tear down the continuable descendants of ``root`` they host
-        (durable ``drain`` control records); returns the ids asked."""
+        (durable ``drain`` control records), and drain here those nobody hosts; returns the ids
+        reached: those asked, then those drained here (which had an open turn or messages waiting)."""
         self._check_open()
-        return await self.continuation.drain_remote(ref_id(root, "root"))
+        reached = await self.continuation.drain_remote(ref_id(root, "root"))
+        return reached.asked + reached.here
 
     async def drain_children(self, parent: AgentRef | str, child_ids: list[str]) -> None:
         """Dispose the listed continuable children of ``parent`` (as ``drain``, for those children only,

@@ -240,7 +240,15 @@ async def _drain(config: DeploymentConfig, root: str, wait_s: float) -> dict[str
     """Durable drain requests to the supervisors hosting ROOT's continuable descendants; then wait
     until each reads complete, asking again for any that began to be hosted since."""
     async with Supervisor.open(store=config.store.path, config=_control_config(config)) as sup:
-        asked = list(await sup.drain_remote(root))
+        asked: list[str] = []
+        here: list[str] = []
+
+        async def reach() -> None:
+            reached = await sup.continuation.drain_remote(root)
+            asked.extend(c for c in reached.asked if c not in asked)
+            here.extend(c for c in reached.here if c not in here)
+
+        await reach()
         settled = False
         rows: list[dict[str, Any]] = []
         with anyio.move_on_after(wait_s):
@@ -251,9 +259,9 @@ async def _drain(config: DeploymentConfig, root: str, wait_s: float) -> dict[str
                     settled = True
                     break
                 if waiting - set(asked):
-                    asked += [c for c in await sup.drain_remote(root) if c not in asked]
+                    await reach()
                 await anyio.sleep(CONTROL_POLL_S)
         # a host that died while asked leaves its children unhosted, their queued messages in place: drained here
-        asked += [c for c in await sup.drain_remote(root) if c not in asked]
+        await reach()
         rows = await anyio.to_thread.run_sync(_continuable_rows, sup.store, root)
-    return {"root": root, "drained": asked, "settled": settled, "children": rows}
+    return {"root": root, "drained": asked, "drained_here": here, "settled": settled, "children": rows}

@@ -475,11 +475,14 @@ def render_interrupt(out: Output, doc: dict[str, Any]) -> None:
 
 
 def render_drain(out: Output, doc: dict[str, Any]) -> None:
-    asked = doc["drained"]
+    asked, here = doc["drained"], doc["drained_here"]
     if asked:
         noun = "descendant" if len(asked) == 1 else "descendants"
         out.line(f"asked {len(asked)} continuable {noun} of {doc['root']} to drain: {', '.join(asked)}")
-    else:
+    if here:
+        noun = "descendant" if len(here) == 1 else "descendants"
+        out.line(f"drained {len(here)} continuable {noun} of {doc['root']} that no supervisor hosted, here: {', '.join(here)}")
+    if not asked and not here:
         out.line(f"nothing to drain below {doc['root']}: no continuable descendant of it is hosted or has messages waiting")
     rows = [{k: v for k, v in row.items() if k not in ("parent_id", "depth")} for row in doc["children"]]
     if rows:

@@ -24,7 +24,7 @@ from .admission import Admission
 from .delivery import Delivery
 from .driver import Driver, RpcFactory
 from .materialization import Materializer
-from .teardown import Teardown
+from .teardown import Reached, Teardown
 from .watcher import StoreWatcher
 
 __all__ = ["ContinuationManager"]
@@ -82,7 +82,7 @@ class ContinuationManager:
     async def drain(self, parents: Iterable[AgentRef | str]) -> None:
         await self._teardown.drain([ref_id(p) for p in parents])
 
-    async def drain_remote(self, root_id: str) -> list[str]:
+    async def drain_remote(self, root_id: str) -> Reached:
         return await self._teardown.drain_remote(root_id)
 
     async def drain_children(self, parent: AgentRef | str, child_ids: Iterable[str]) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 import anyio
@@ -38,7 +39,15 @@ from .settlement import bounded_line, epoch_stop_reason, settlement_text
 # what a notice's record holds beside its text (its source, ids, framing) and what its log record adds, with room to spare
 _NOTICE_ROOM = 4096
 
-__all__ = ["Teardown"]
+__all__ = ["Teardown", "Reached"]
+
+
+@dataclass(frozen=True)
+class Reached:
+    """The children a drain reached that this supervisor does not host."""
+
+    asked: list[str]  # another live supervisor hosts it: a durable drain request, carried out by that host
+    here: list[str]  # nobody hosts it: drained by the caller (an open turn closed, pending messages discarded)
 
 
 def _notice(child_id: str, reason: str, output: str, *, cut: int | None = None) -> tuple[dict[str, Any], str]:
@@ -364,36 +373,36 @@ class Teardown:
             raise UnauthorizedError.not_direct_child(child_id, parent_id)
         return found
 
-    async def drain_remote(self, root_id: str) -> list[str]:
+    async def drain_remote(self, root_id: str) -> Reached:
         """Ask the supervisors hosting continuable descendants of ``root_id`` to tear them down.
 
         Writes a durable ``drain`` control record for each descendant whose lease a
-        live other supervisor holds; returns their ids. One that nobody hosts is
+        live other supervisor holds (``Reached.asked``). One that nobody hosts is
         drained here (``unhosted.py``): its open turn closed, its pending messages
-        discarded. Admission below the root is closed only in this supervisor
-        (``drain``), not in theirs.
+        discarded (``Reached.here``, when there was anything to do). Admission below
+        the root is closed only in this supervisor (``drain``), not in theirs.
         """
         return await self._reach_descendants(root_id, {"root": root_id}, skip=set())
 
-    async def _reach_descendants(self, top_id: str, request: dict[str, Any], *, skip: set[str], itself: bool = False) -> list[str]:
+    async def _reach_descendants(self, top_id: str, request: dict[str, Any], *, skip: set[str], itself: bool = False) -> Reached:
         """Tear down the continuable descendants of ``top_id`` (and ``top_id`` when ``itself``) that this
         supervisor does not host, save ``skip``: a durable ``drain`` control record (``request``, its
-        data) for each one a live other supervisor holds, whose ids are returned; one nobody hosts is
-        drained here (``unhosted.py``)."""
+        data) for each one a live other supervisor holds; one nobody hosts is drained here
+        (``unhosted.py``)."""
         store, ids = self._rt.store, self._rt.ids
 
-        def targets() -> list[str]:
-            found = []
+        def targets() -> Reached:
+            reached = Reached([], [])
             below = [row.entry.id for row in list_descendants(store, top_id) if getattr(row.entry, "mode", None) == "continuable"]
             for child_id in [top_id, *below] if itself else below:
                 if child_id in skip or child_id in self._table:
                     continue
                 if self._delivery.held_elsewhere(child_id):
                     control_request(store, child_id, "drain", request, ids=ids)
-                    found.append(child_id)
-                else:
-                    drain_unhosted(store, child_id, self._rt.owner_id)
-            return found
+                    reached.asked.append(child_id)
+                elif drain_unhosted(store, child_id, self._rt.owner_id):
+                    reached.here.append(child_id)
+            return reached
 
         with anyio.CancelScope(shield=True):
             return await anyio.to_thread.run_sync(targets)

@@ -319,6 +319,7 @@ def test_drain_of_a_child_whose_host_died_discards_its_queued_messages(host) -> 
     _kill(proc)
     doc = json.loads(ok(store_path, "drain", root, "--json"))
     assert [(c["id"], c["status"], c["outcome"]) for c in doc["children"]] == [(child, "complete", "drained")], doc
+    assert (doc["drained"], doc["drained_here"]) == ([], [child]), doc
     discarded = [e["data"] for e in events(store_path, child) if e["type"] == "message/discarded"]
     assert [(d["message_id"], d["cause"]) for d in discarded] == [(m, "drain") for m in queued]
     assert stop_reasons(store_path, child) == ["interrupted"]
@@ -329,11 +330,18 @@ def test_drain_of_a_child_whose_host_died_discards_its_queued_messages(host) -> 
 
 
 def test_drain_text_with_nothing_hosted(host) -> None:
-    """Text output names what was asked; a child nobody hosts is already complete."""
+    """A child nobody hosts (its host killed mid-turn) is drained by the command itself, and the text
+    says so: before, it said "nothing to drain" while it closed the turn the dead host left open (a
+    probe). A second drain finds nothing left to do, and says that."""
     store_path, ids, proc = host
     _kill(proc)
     out = ok(store_path, "drain", ids["root"])
-    assert out.splitlines() == [f"nothing to drain below {ids['root']}: no continuable descendant of it is hosted or has messages waiting", f"{ids['child']} [complete] — sleeper"]
+    assert out.splitlines() == [f"drained 1 continuable descendant of {ids['root']} that no supervisor hosted, here: {ids['child']}",
+                                f"{ids['child']} [complete] — sleeper"]
+    doc = json.loads(ok(store_path, "drain", ids["root"], "--json"))
+    assert (doc["drained"], doc["drained_here"]) == ([], [])
+    out = ok(store_path, "drain", ids["root"])
+    assert out.splitlines()[0] == f"nothing to drain below {ids['root']}: no continuable descendant of it is hosted or has messages waiting"
 
 
 # -- top ---------------------------------------------------------------------------------------
