@@ -231,8 +231,8 @@ def render_show(out: Output, doc: dict[str, Any]) -> None:
     where = f": {damage['reason']} at byte {damage['offset']} ({damage['dropped']} bytes)" if damage else ""
     fields.append(("log", f"{doc['events']} events, {log['status']}{where}, {log['size']} bytes"))
     mailbox = doc["mailbox"]
-    waiting = "?" if mailbox["pending"] is None else mailbox["pending"]
-    fields.append(("mailbox", f"{mailbox['accepted']} accepted, {waiting} pending" + (f" ({mailbox['problem']})" if mailbox.get("problem") else "")))
+    accepted, waiting = ("?" if mailbox[key] is None else mailbox[key] for key in ("accepted", "pending"))
+    fields.append(("mailbox", f"{accepted} accepted, {waiting} pending" + (f" ({mailbox['problem']})" if mailbox.get("problem") else "")))
     fields.append(("children", str(doc["children"])))
     outcome = doc.get("outcome") or ("-" if doc["status"] == "complete" else "- (no turn finished yet)")
     fields.insert(next(i for i, (k, _) in enumerate(fields) if k == "status") + 1, ("outcome", outcome))

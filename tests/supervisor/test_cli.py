@@ -280,6 +280,21 @@ def test_show_of_a_root_prints_its_label(demo: DemoStore) -> None:
     assert re.search(r"^label\s+demo$", text, re.M), text
 
 
+def test_show_of_a_damaged_mailbox_says_what_it_cannot_count(demo_copy: DemoStore) -> None:
+    """Found by a probe: a mailbox damaged where accepted records lie printed Python's ``None`` for
+    the count it could not make. Both counts read ``?``, beside the damage."""
+    reviewer = json.loads(ok("--store", "st", "ls", demo_copy.root, "--json", cwd=demo_copy.cwd))
+    [child] = [row["id"] for row in reviewer if row.get("mode") == "continuable"]
+    mailbox = demo_copy.path / "sessions" / f"{child}.mailbox"
+    raw = bytearray(mailbox.read_bytes())
+    raw[20] ^= 0xFF
+    mailbox.write_bytes(bytes(raw))
+    text = ok("--store", "st", "show", child, cwd=demo_copy.cwd)
+    [line] = [line for line in text.splitlines() if line.startswith("mailbox")]
+    assert re.match(r"^mailbox\s+\? accepted, \? pending \(.*damaged", line), line
+    assert "None" not in text
+
+
 def test_show_unknown_session_is_an_error(demo: DemoStore) -> None:
     done = cli("--store", "st", "show", "01NOSUCHSESSION", cwd=demo.cwd)
     assert done.returncode == 2
