@@ -446,7 +446,9 @@ def _check_index(state: _Pass, in_flight_s: float) -> None:
 def _check_roots(state: _Pass, in_flight_s: float) -> None:
     """``index/roots`` reads whole and lists every top-level header (when it reads: without a
     readable index, listings read the headers). A root younger than ``in_flight_s`` may be between its header and
-    its entry; the index is read again before a missing root is reported."""
+    its entry; the index is read again before a missing root is reported. An index that lists no root at all
+    (emptied, or tombstones alone) misses every top-level header older than that: listings read around it with a
+    warning, but it is the index they read, and only ``reindex`` makes it whole again."""
     store = state.store
     problem = roots_index_problem(store)
     if problem is not None:
@@ -465,7 +467,9 @@ def _check_roots(state: _Pass, in_flight_s: float) -> None:
         if not store.exists(root):  # gc drops a root's entry once its file is moved away: collected meanwhile
             state.add("vanished")
             continue
-        state.flag(root, "index-missing", "a top-level session absent from index/roots: listings that read the index miss it")
+        state.flag(root, "index-missing", "a top-level session absent from index/roots: listings that read the index miss it"
+                   if listed else "a top-level session absent from index/roots, which lists no root: listings read every "
+                   "header around it, with a warning, until `subagents store reindex`")
 
 
 def _confirm_row(state: _Pass, parent: str, entry: IndexEntry) -> None:

@@ -293,7 +293,9 @@ def _index_findings(store: Store, session_ids: list[str]) -> list[dict[str, Any]
     if listed is not None:  # without a readable index, listings read every header: none is missed
         for root in sorted(tops - listed):
             findings.append({"id": root, "kind": "index-missing", "detail": "top-level session absent from index/roots: "
-                             "listings miss it (run `subagents store reindex`)"})
+                             "listings miss it (run `subagents store reindex`)" if listed else "top-level session absent "
+                             "from index/roots, which lists no root: listings read every header around it, with a "
+                             "warning (run `subagents store reindex`)"})
     indexed_parents = {n for n in names if is_valid_session_id(n)}
     for parent in sorted(indexed_parents | set(proven)):
         found = read_index(store, parent)

@@ -110,7 +110,7 @@ def rebuild_roots(store: Store) -> list[str]:
     child's): it stays listed as a diagnostic row until its file is restored or removed."""
     with rebuilding(_index_file(store)):
         roots = _root_headers(store)
-        found = _read_suffix(store, 1 << 62)
+        found = _read_suffix(store, 1 << 62, read_around_empty=False)  # what it lists: no warning to run what runs
         if found is not None:
             headed = {sid for _, sid in roots}
             roots = sorted(roots + [(ts, sid) for ts, sid in found[0] if sid not in headed and _unreadable(store, sid)])
@@ -228,16 +228,24 @@ def roots_index_problem(store: Store) -> str | None:
 
 def indexed_roots(store: Store) -> set[str] | None:
     """The ids ``index/roots`` lists as live; ``None`` when it is absent or holds no readable record
-    (listings then read every header)."""
-    found = _read_suffix(store, 1 << 62)
+    (listings then read every header).
+
+    What the file lists, not what a listing shows: an index emptied, or left with tombstones alone,
+    beside top-level sessions lists none (an empty set), though listings read the headers around it
+    (``_unindexed``). ``store check`` and ``fsck`` compare this with the headers: had it been the
+    headers' own list, no root would ever be missing from it, and both said clean while every
+    listing warned to run ``store reindex``."""
+    found = _read_suffix(store, 1 << 62, read_around_empty=False)
     return None if found is None else {sid for _, sid in found[0]}
 
 
-def _read_suffix(store: Store, size: int) -> tuple[list[tuple[float, str]], bool] | None:
+def _read_suffix(store: Store, size: int, *, read_around_empty: bool = True) -> tuple[list[tuple[float, str]], bool] | None:
     """Live entries in the last ``size`` bytes of the index, newest first, and whether that was the whole file.
 
     ``None`` when there is no index, it cannot be read, or it holds no readable record at all (logged:
-    that is damage, not a torn tail): the caller scans headers.
+    that is damage, not a torn tail): the caller scans headers. A whole index that lists no root while
+    ``sessions/`` holds sessions gives the top-level headers instead (``_unindexed``), unless
+    ``read_around_empty`` is false (``indexed_roots``: what the file itself lists).
     """
     try:
         fd = os.open(roots_index_path(store), os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)  # a FIFO in its place: no wait
@@ -270,7 +278,7 @@ def _read_suffix(store: Store, size: int) -> tuple[list[tuple[float, str]], bool
         log.warning("%s; listing from the session headers: run `subagents store reindex`", problem)
         return None
     live = _live(skim.records)
-    if not live and store.session_ids():
+    if not live and read_around_empty and store.session_ids():
         return _unindexed(store), True
     return live, True
 

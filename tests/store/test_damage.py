@@ -524,6 +524,46 @@ def test_a_root_missing_from_the_roots_index_is_reported(st):
     assert roots_of(st) == ["r2", "r1"]
 
 
+@pytest.mark.parametrize("left", ["empty", "tombstones-only"])
+def test_a_roots_index_that_lists_no_root_beside_sessions_is_reported(st, caplog, left):
+    """Found by a probe: with index/roots emptied (or left with tombstones alone) every listing warned
+    that it lists no root and named reindex, but check and fsck said clean: the roots it misses were
+    compared with the headers' own list, which listings read around it with. Each root it does not
+    list is ``index-missing``, as a single damaged record already made it; reindex ends it (without the
+    listings' warning that tells to run it)."""
+    from subagents.store.roots import remove_root, roots_index_path
+
+    for rid in ("r1", "r2"):
+        store.create_session(st, rid, created_at=float(rid[1]))
+    store.create_session(st, "c1", parent_session="r1", origin="subagent")
+    if left == "empty":
+        os.truncate(roots_index_path(st), 0)
+    else:
+        for rid in ("r1", "r2"):
+            remove_root(st, rid)
+    report = store.check_store(st, in_flight_s=0.0)
+    assert [(v.session_id, v.kind) for v in report.violations] == [("r1", "index-missing"), ("r2", "index-missing")], str(report)
+    found = fsck(st, repair=False, lease_ttl_s=5.0)
+    assert [(f["id"], f["kind"]) for f in found["findings"] if f["kind"] != "clean"] == [
+        ("r1", "index-missing"), ("r2", "index-missing")], found["findings"]
+    with caplog.at_level(logging.WARNING, logger="subagents.store.roots"):
+        assert store.rebuild_roots(st) == ["r1", "r2"]
+    assert not caplog.records, caplog.records
+    assert store.check_store(st, in_flight_s=0.0).clean
+    assert [f for f in fsck(st, repair=False, lease_ttl_s=5.0)["findings"] if f["kind"] != "clean"] == []
+
+
+def test_a_first_root_between_publication_and_entry_is_in_flight_for_check(st):
+    """The other state of an index that lists no root beside a session: the first root of a store whose
+    index was compacted empty, between its header and its entry. ``check`` counts it in flight."""
+    from subagents.store.roots import roots_index_path
+
+    store.create_session(st, "r1")
+    os.truncate(roots_index_path(st), 0)  # as if its entry were not appended yet
+    report = store.check_store(st)
+    assert report.clean and report.counts.in_flight == 1, str(report)
+
+
 def test_rebuilding_the_roots_index_keeps_a_root_whose_header_does_not_read(st):
     """`store reindex` keeps a listed root whose header is damaged (a diagnostic row), as it keeps a
     damaged child: rebuilding from headers alone dropped it from every listing."""
