@@ -12,8 +12,9 @@ creation interrupted before its entry, whose id nobody was given
 with damaged records or that cannot be read (``reindex`` rewrites them),
 unreadable or undecodable leases and control files, leases an owner that
 closed left held (``lease-abandoned``: released on repair), mailboxes that no
-longer hold the messages their log consumed or whose unconsumed messages hold
-damage that is no torn tail (``mailbox-damaged``: FORMAT.md §3.3), session files that
+longer hold the messages their log consumed or that hold damage that is no torn
+tail, among the consumed messages too (``mailbox-damaged``: FORMAT.md §3.3; never
+repaired), session files that
 are symbolic links (never followed), names in ``sessions/`` that are no
 session (a creation's leftover temporary file, a folder, an orphaned
 companion: ``no-header`` / ``stray``), index entries of sessions whose
@@ -41,7 +42,7 @@ from .index import read_index
 from .leftovers import find_leftovers
 from .lease import acquire_lease, check_lease, owner_alive, read_lease, read_owner, register_owner, release_lease, remove_owner
 from .log import LogWriter
-from .mailbox import require_consumed_prefix
+from .mailbox import read_mailbox, require_consumed_prefix
 from .reader import Inspection, inspect, inspect_error_kind, read_header
 from .root import COMPANIONS, Store
 from .roots import indexed_roots, roots_index_problem
@@ -154,12 +155,9 @@ def _side_files(store: Store, session_id: str) -> list[dict[str, Any]]:
     except FileNotFoundError:
         mode = None
     if os.path.lexists(store.path(session_id, "mailbox")):
-        try:
-            require_consumed_prefix(store, session_id)
-        except (SubagentError, OSError) as exc:
-            # an acceptance is refused until the mailbox is restored: it would never be delivered
-            out.append({"id": session_id, "kind": "mailbox-damaged", "detail": f"{getattr(exc, 'code', type(exc).__name__)}: "
-                        f"{getattr(exc, 'message', exc)} (messages sent to it are refused)"})
+        damaged = _mailbox_damage(store, session_id)
+        if damaged is not None:
+            out.append({"id": session_id, "kind": "mailbox-damaged", "detail": damaged})
     if mode is not None and not stat.S_ISREG(mode):
         out.append({"id": session_id, "kind": "control-unreadable", "detail": "the control file is not a regular file"})
     else:
@@ -168,6 +166,39 @@ def _side_files(store: Store, session_id: str) -> list[dict[str, Any]]:
             out.append({"id": session_id, "kind": "control-damaged",
                         "detail": f"{len(bad)} control record(s) skipped, first: {bad[0].problem}"})
     return out
+
+
+def _mailbox_damage(store: Store, session_id: str) -> str | None:
+    """What is wrong with a session's mailbox, or ``None``: it holds the messages its log consumed, and
+    no part of it holds damage that is no torn tail (FORMAT.md §3.3).
+
+    Two readings. The acceptance's own check (``require_consumed_prefix``: the log agrees with the
+    mailbox, and what follows the consumed messages reads) reads from where the consumed messages
+    end, O(pending); alone it let damage before that end pass, which ``store check`` reports
+    (``mailbox-corrupt``) and ``show`` and a send from a new process run into (an append with no
+    checkpoint reads the mailbox from its start, and refuses). So the whole mailbox is read too.
+    Either way the mailbox is left as it is, ``--repair`` or not: only a torn tail may be cut,
+    by the next acceptance, and every other byte may be an accepted message."""
+    try:
+        consumed_end = require_consumed_prefix(store, session_id)
+    except (SubagentError, OSError) as exc:
+        # an acceptance is refused until the mailbox is restored: it would never be delivered
+        return f"{_said(exc)} (messages sent to it are refused)"
+    try:
+        read_mailbox(store, session_id)
+    except (SubagentError, OSError) as exc:
+        offset = exc.fields.get("offset") if isinstance(exc, SubagentError) else None
+        where = (f"; the damage lies in the messages its log already consumed (before byte {consumed_end}), no pending "
+                 "message in it" if isinstance(offset, int) and offset < consumed_end else "")
+        return f"{_said(exc)}{where} (messages sent to it are refused)"
+    return None
+
+
+def _said(exc: SubagentError | OSError) -> str:
+    """An error as a finding's detail: its code (an ``OSError``: its type) and message."""
+    if isinstance(exc, SubagentError):
+        return f"{exc.code}: {exc.message}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _damage_finding(store: Store, session_id: str, found: Inspection, *, repair: bool, lease_ttl_s: float) -> list[dict[str, Any]]:

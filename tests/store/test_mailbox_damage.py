@@ -164,3 +164,42 @@ def test_show_describes_the_damage_instead_of_raising(family, how):
     assert found.mailbox.accepted is None and found.mailbox.pending is None
     assert "no torn tail" in (found.mailbox.problem or "")
     assert store.describe_session(st, "sib").mailbox == store.MailboxCounts(1, 1)
+
+
+def consume(st, session_id: str, messages) -> None:
+    """Messages taken into a turn, as a worker records it: the log's ``message/accepted``, with where each ends."""
+    with store.LogWriter.open(st, session_id, epoch=0) as writer:
+        writer.append([("message/accepted", m.to_event_data()) for m in messages], commit=True)
+
+
+@pytest.mark.parametrize("repair", [False, True])
+def test_fsck_reports_damage_among_the_consumed_messages_as_check_does(family, repair):
+    """Found by a probe: fsck checked a mailbox only from where its log's consumed messages end (the
+    O(pending) check of an acceptance), so a record changed in place before it was no finding (exit 0),
+    while check said ``mailbox-corrupt``, show said the mailbox does not read and a send from a fresh
+    process was refused. Now fsck reads it whole: ``mailbox-damaged`` (exit 1), saying no pending message
+    lies in the damage; its repair leaves the mailbox byte for byte (nothing repairs a mailbox)."""
+    st = family
+    ids = store.IdGenerator()
+    accepted = [accept(st, f"m{i}", ids) for i in range(3)]
+    consume(st, "c", store.read_mailbox(st, "c")[:2])
+    path = st.path("c", "mailbox")
+    data = bytearray(read_file(path))
+    data[20] ^= 0x5A  # inside the first record, consumed
+    write_file(path, bytes(data))
+    fresh = store.Store(st.root, durability=st.durability)
+    found = fsck(fresh, repair=repair, lease_ttl_s=5.0)
+    mine = [f for f in found["findings"] if f["id"] == "c"]
+    assert [f["kind"] for f in mine] == ["mailbox-damaged"], found["findings"]
+    assert "consumed" in mine[0]["detail"] and "refused" in mine[0]["detail"], mine[0]["detail"]
+    assert found["damaged_mailboxes"] == ["c"] and found["repaired"] == []
+    assert not [f for f in found["findings"] if f["id"] != "c"]
+    assert read_file(path) == bytes(data)
+    assert "mailbox-corrupt" in [v.kind for v in check_store(fresh).violations if v.session_id == "c"]
+    with pytest.raises(store.CorruptSessionError):
+        accept(store.Store(st.root, durability=st.durability), "lost", ids)
+    assert read_file(path) == bytes(data)
+    # the pending message reads: the damage is in what the log already took
+    projection = store.read_projection(st, "c")
+    assert [m.id for m in store.pending(fresh, "c", consumed=2, last_consumed_id=accepted[1],
+                                        mailbox_end=projection.mailbox_end)] == accepted[2:]
