@@ -135,7 +135,8 @@ class Damage:
     """Where the valid prefix ends and why.
 
     ``reason`` is one of ``short-header``, ``short-payload``, ``bad-length``,
-    ``crc-mismatch``, ``undecodable``, ``not-a-record``, ``seq-gap``.
+    ``crc-mismatch``, ``undecodable``, ``not-a-record``, ``seq-gap``. ``dropped``: the bytes from ``offset``
+    on, in a padded file (a log, a mailbox) to its last non-zero byte: its zero padding is no data.
     """
 
     offset: int
@@ -223,6 +224,11 @@ def _padded_damage(data: bytes | memoryview, pos: int, status: str, detail: Any)
     return status, detail
 
 
+def _dropped(data: bytes | memoryview, pos: int, padded: bool) -> int:
+    """``Damage.dropped`` at ``pos``; counting the padding, a log said thousands of bytes followed its damage."""
+    return max(1, data_end(data) - pos) if padded else len(data) - pos
+
+
 def scan(
     data: bytes | memoryview, *, start_seq: int = 0, base_offset: int = 0, check: Check | None = None, padded: bool = False,
 ) -> ScanResult:
@@ -249,14 +255,10 @@ def scan(
                 if found is None:
                     break
                 status, value = found
-            return ScanResult(records, base_offset + pos, offsets, Damage(base_offset + pos, total - pos, status, value))
+            return ScanResult(records, base_offset + pos, offsets, Damage(base_offset + pos, _dropped(data, pos, padded), status, value))
         if value["seq"] != expected:
-            return ScanResult(
-                records,
-                base_offset + pos,
-                offsets,
-                Damage(base_offset + pos, total - pos, "seq-gap", f"expected {expected}, got {value['seq']}"),
-            )
+            gap = Damage(base_offset + pos, _dropped(data, pos, padded), "seq-gap", f"expected {expected}, got {value['seq']}")
+            return ScanResult(records, base_offset + pos, offsets, gap)
         records.append(value)
         offsets.append(base_offset + pos)
         expected += 1

@@ -96,6 +96,36 @@ def test_corruption_in_the_committed_region(st):
     assert violation.session_id == child and "crc-mismatch" in violation.evidence
 
 
+@pytest.mark.parametrize("record", [0, -1], ids=["corrupt", "torn"])
+def test_damage_counts_the_bytes_after_the_valid_prefix_without_the_padding(st, record):
+    """Found by a probe: a damaged log said ``3230 bytes after the valid prefix`` when 364 bytes of records
+    followed its damage and the rest was the zero padding its writer leaves to the block's end (FORMAT.md
+    §3.4), in ``check``, in ``fsck`` (``torn`` too) and in ``subagents log``. The count is the damage's
+    ``dropped``: it now ends at the log's last non-zero byte."""
+    from subagents.store.fsck import fsck
+    from subagents.store.framing import data_end
+
+    _, child = tree(st)
+    with store.LogWriter.open(st, child, epoch=0) as writer:  # the real writer: its log ends in padding
+        writer.append([("turn/start", {}), ("assistant/message", {"text": "x" * 300}), ("turn/end", {"stop_reason": "completed"})],
+                      commit=True)
+    found = store.inspect(st, child)
+    data = bytearray(log_bytes(st, child))
+    records_end = data_end(bytes(data))
+    assert len(data) - records_end > 1000, "the log ends in padding"
+    at = found.offsets[record]
+    data[at + 10] ^= 0xFF
+    write_log(st, child, bytes(data))
+    damaged = store.inspect(st, child)
+    assert (damaged.status, damaged.damage.offset) == (("corrupt", "torn")[record != 0], at), damaged
+    assert damaged.damage.dropped == records_end - at
+    said = f"{records_end - at} bytes after the valid prefix"
+    if record == 0:
+        assert said in only(check_store(st), "log-corrupt").evidence
+    finding = next(f for f in fsck(st, repair=False, lease_ttl_s=5.0)["findings"] if f["id"] == child)
+    assert said in finding["detail"] and finding["damage"]["dropped"] == records_end - at, finding
+
+
 @pytest.mark.parametrize("record", [0, 1])
 def test_a_corrupt_log_without_an_identity_cache_is_one_violation(st, record):
     """A log too short for an identity cache (format 2 writes none below 64 KiB) whose descriptor or a

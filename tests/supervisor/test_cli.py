@@ -26,6 +26,7 @@ from subagents import store
 from subagents.store import LogWriter, Store, create_session, inspect, list_children, list_descendants, read_lease
 from subagents.supervisor.cli import columns, render
 from subagents.supervisor.config_loader import load_config
+from subagents.store.framing import data_end
 from tests.session_bytes import HEADER_AT, append_log, log_bytes, log_data, patch, write_log
 
 DEADLINE_S = 90.0
@@ -421,6 +422,14 @@ def test_fsck_reports_torn_and_corrupt_and_changes_nothing(demo_copy: DemoStore)
     kinds = {f["id"]: f for f in report["findings"]}
     assert kinds[corrupt]["damage"]["reason"] == "crc-mismatch" and kinds[corrupt]["damage"]["offset"] == 0
     assert kinds[torn]["damage"]["offset"] == len(original)
+    # the bytes after the valid prefix are the records' up to the log's last non-zero byte, not its zero padding
+    # (a probe saw "3230 bytes after the valid prefix" where 364 bytes of records followed)
+    opened = Store(demo_copy.path, create=False)
+    records = data_end(log_bytes(opened, corrupt))
+    assert len(log_bytes(opened, corrupt)) > records and kinds[corrupt]["damage"]["dropped"] == records
+    assert f"{records} bytes after the valid prefix" in kinds[corrupt]["detail"]
+    shown = cli("--store", "st", "log", corrupt, cwd=demo_copy.cwd)
+    assert f"(corrupt log: crc-mismatch at byte 0, {records} bytes after the valid prefix)" in shown.stdout, shown
     text = cli("--store", "st", "store", "fsck", cwd=demo_copy.cwd)
     assert text.returncode == 1
     assert re.search(rf"^torn\s+{torn}\s", text.stdout, re.M) and re.search(rf"^corrupt\s+{corrupt}\s", text.stdout, re.M)
