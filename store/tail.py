@@ -7,7 +7,11 @@ after the last record (FORMAT.md §3.4), so each poll reads from its offset
 (one open, one ``pread``) and an all-zero remainder means nothing new.
 At the edges: damage at the end of the new bytes may be a write still in
 flight, so it is not reported, only waited for (the next poll scans it again);
-a log that shrank under us (``store fsck --repair`` cut a torn tail) is read
+damage with a committed record past it (``reader.classify``: ``corrupt``) is
+read again under the session lock (``inspect``: a lockless read can see an
+append half copied) and, confirmed, is the tail's ``damage``: nothing after it
+will ever read, so a follower reports it and stops (a follower that waited on
+would wait in silence for good). A log that shrank under us (``store fsck --repair`` cut a torn tail) is read
 again from the start and only the events past the ones already returned are
 given. Not thread-safe: one reader per tail.
 """
@@ -19,8 +23,8 @@ from typing import Any
 
 from .atomic import NOFOLLOW, pread_all
 from .extent import reach
-from .framing import zeros_from
-from .reader import Inspection, inspect, open_session, scan_events
+from .framing import Damage, zeros_from
+from .reader import Inspection, classify, inspect, open_session, scan_events
 from .root import Store
 
 __all__ = ["LogTail"]
@@ -36,23 +40,44 @@ class LogTail:
         self._data_start: int | None = None  # the log's start in the session file, read at the first poll
         self._end = start.end  # byte length of the valid prefix already returned
         self._next_seq = len(start.events)
+        # committed damage where the valid prefix ends: the log shows nothing more, ever
+        self._damage = start.damage if start.status == "corrupt" else None
+
+    @property
+    def damage(self) -> Damage | None:
+        """Where and why the log is ``corrupt`` (its valid prefix returned, nothing after it ever will be),
+        or ``None`` while it may still grow. Offsets are the log's, as ``inspect`` gives them."""
+        return self._damage
 
     def poll(self) -> list[dict[str, Any]]:
-        """The events committed since the last poll (possibly none)."""
+        """The events committed since the last poll (possibly none); none once ``damage`` is set."""
+        if self._damage is not None:
+            return []
         if self._data_start is None:
             with open_session(self._store, self._session_id) as file:
                 self._data_start = file.data_start
         added = self._read_after(self._data_start + self._end)
         if added is None:  # gone or cut back under us (a repair): start over from what is valid now
-            again = inspect(self._store, self._session_id)
-            events = again.events[self._next_seq:]
-            self._end, self._next_seq = again.end, len(again.events)
-            return events
+            return self._read_again()
         if zeros_from(added):
             return []  # nothing, or only the padding: no record was written since
         result = scan_events(added, start_seq=self._next_seq, base_offset=self._end)
+        if result.damage is not None:
+            local = Damage(result.damage.offset - self._end, result.damage.dropped, result.damage.reason, result.damage.detail)
+            if classify(added, local, self._next_seq + len(result.records)) == "corrupt":
+                return self._read_again()  # only when damage is found: the whole log, under the lock if need be
         self._end, self._next_seq = result.end, self._next_seq + len(result.records)
         return list(result.records)
+
+    def _read_again(self) -> list[dict[str, Any]]:
+        """The events past those already returned, from the whole log read as ``inspect`` reads it (its
+        damage, when it calls it ``corrupt``, becomes the tail's)."""
+        again = inspect(self._store, self._session_id)
+        events = again.events[self._next_seq:]
+        self._end, self._next_seq = again.end, len(again.events)
+        if again.status == "corrupt":
+            self._damage = again.damage
+        return events
 
     def _read_after(self, offset: int) -> bytes | None:
         """The file's bytes from ``offset`` on; ``None`` when the file is gone or shorter than ``offset``."""

@@ -105,7 +105,7 @@ def register(verbs: Verbs) -> None:
     log_cmd = verbs.add("log", cmd_log, "the events of a session",
                         example="subagents log 01M8MVY0PZ9RKY15DPNHER70WX --follow")
     log_cmd.add_argument("id", metavar="ID", help="a session id, as `ls`, `tree` or `run` print it, or a unique prefix of one")
-    log_cmd.add_argument("--follow", "-f", action="store_true", help="keep printing new events until interrupted (a one-shot child's, until its turn ends)")
+    log_cmd.add_argument("--follow", "-f", action="store_true", help="keep printing new events until interrupted (a one-shot child's, until its turn ends; a corrupt log's, until its damage, which it prints as `log` does)")
     log_cmd.add_argument("--full", action="store_true", help="print each event's data whole (default: one line of 96 characters; --json is never cut)")
 
     summary = verbs.add("summary", cmd_summary, "counts of subagents by status and outcome, and live per supervisor",
@@ -315,14 +315,20 @@ def cmd_log(inv: Invocation) -> int:
         for event in found.events:
             emit(event)
             ended.see(event)
-        while not ended.ended:
+        while not ended.ended and tail.damage is None:
             time.sleep(FOLLOW_POLL_S)
             for event in tail.poll():
                 emit(event)
                 ended.see(event)
+        if tail.damage is not None:  # committed damage: nothing past it ever reads, so waiting would be silent for good
+            damaged = {"session": session_id, "log_status": "corrupt", "damage": dataclasses.asdict(tail.damage)}
+            if out.json_mode:
+                out.json(damaged, compact=True)
+            else:
+                out.line(render.damage_line(damaged))
     except KeyboardInterrupt:
         pass
-    return 0
+    return 0  # as plain `log` on the same damage: the records that read were shown, and where they stop
 
 
 class _OneShotEnd:

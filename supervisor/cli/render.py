@@ -36,6 +36,7 @@ __all__ = [
     "render_show",
     "event_line",
     "render_log",
+    "damage_line",
     "render_fsck",
     "render_check",
     "render_reindex",
@@ -299,8 +300,14 @@ def render_log(out: Output, doc: dict[str, Any], *, full: bool = False, top_leve
         where = f": a top-level session's work is in its children (`subagents tree {doc['session']}`)" if top_level else ""
         out.line(f"(no events{where})")
     if doc["log_status"] != "clean":
-        damage = doc.get("damage") or {}
-        out.line(f"({doc['log_status']} log: {damage.get('reason')} at byte {damage.get('offset')}, {damage.get('dropped')} bytes after the valid prefix)")
+        out.line(damage_line(doc))
+
+
+def damage_line(doc: dict[str, Any]) -> str:
+    """Where a log that is not clean stops reading and why (``doc``: ``log_status`` and ``damage``, as
+    ``log --json`` prints them): one line, the same for ``log`` and ``log --follow``."""
+    damage = doc.get("damage") or {}
+    return f"({doc['log_status']} log: {damage.get('reason')} at byte {damage.get('offset')}, {damage.get('dropped')} bytes after the valid prefix)"
 
 
 # -- store ------------------------------------------------------------------------

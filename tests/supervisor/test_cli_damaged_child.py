@@ -11,28 +11,31 @@ exited 0. Now ``ls`` lists it ``corrupt`` and ``show`` prints
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from subagents import store
-from subagents.store.framing import FRAME
+from subagents.store.framing import FRAME, encode_record
 
-from ..session_bytes import HEADER_AT, log_start, patch
-from .test_cli import cli
+from ..session_bytes import HEADER_AT, append_log, log_data, log_start, patch
+from .test_cli import _env, _Lines, cli
 
 TURN = [("turn/start", {}), ("assistant/message", {"text": "done"}), ("turn/end", {"stop_reason": "completed"})]
 
 
-def settled_children(path: Path) -> store.Store:
-    """Root ``r`` with children ``a`` and ``b``, each run at epoch 1 and released (its ``settled`` row written)."""
+def settled_children(path: Path, mode: str = "one-shot") -> store.Store:
+    """Root ``r`` with children ``a`` and ``b`` (of ``mode``), each run at epoch 1 and released (its ``settled`` row written)."""
     st = store.Store(path)
     store.create_session(st, "r")
     owner = store.new_id()
     store.register_owner(st, owner, ttl=60.0)
     for child in ("a", "b"):
         store.create_session(st, child, parent_session="r", origin="subagent", delegation_depth=1, lease_owner=owner,
-                             events=[("subagent/descriptor", {"version": 1, "mode": "one-shot", "provider": "p"})])
+                             events=[("subagent/descriptor", {"version": 1, "mode": mode, "provider": "p"})])
         with store.LogWriter.open(st, child, epoch=1) as writer:
             writer.append(TURN, commit=True)
         store.release_lease(st, child, owner, 1)
@@ -68,3 +71,64 @@ def test_show_and_ls_of_a_child_damaged_in_place_give_its_diagnostic(tmp_path: P
         assert reason in shown.stderr, shown.stderr
     sibling = cli("--store", "st", "show", "a", "--json", cwd=tmp_path)
     assert sibling.returncode == 0 and json.loads(sibling.stdout)["outcome"] == "completed", sibling.stderr
+
+
+FOLLOW_DEADLINE_S = 30.0  # a follow that waits past this on a log that can show nothing more hung
+
+
+def follow(cwd: Path, session_id: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    """``log ID --follow``, bounded: a follow still waiting at the deadline fails the test with what it printed."""
+    try:
+        return subprocess.run([sys.executable, "-m", "subagents.supervisor.cli", "--store", "st", "log", session_id, "--follow", *extra],
+                              cwd=cwd, env=_env(), capture_output=True, text=True, timeout=FOLLOW_DEADLINE_S)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"log --follow of a corrupt log waited; stdout={exc.stdout!r} stderr={exc.stderr!r}")
+
+
+@pytest.mark.parametrize("mode", ["one-shot", "continuable"])
+def test_log_follow_of_a_corrupt_log_prints_the_damage_and_ends(tmp_path: Path, mode: str) -> None:
+    """Found by a probe: `log --follow` of a finished child whose committed log record was damaged printed
+    the records before the damage, then waited forever in silence (a one-shot child's turn/end lay past
+    the damage, where no reader goes). Nothing past committed damage ever reads, so following it now prints
+    what plain `log` prints (the records, then the corrupt-log line) and ends with plain `log`'s status, 0."""
+    st = settled_children(tmp_path / "st", mode)
+    found = store.inspect(st, "b")
+    assistant = next(i for i, e in enumerate(found.events) if e["type"] == "assistant/message")
+    flip(st, "b", log_start(st, "b") + found.offsets[assistant] + FRAME.size + 4)
+
+    plain = cli("--store", "st", "log", "b", cwd=tmp_path)
+    assert plain.returncode == 0 and f"(corrupt log: crc-mismatch at byte {found.offsets[assistant]}," in plain.stdout, plain.stdout
+    followed = follow(tmp_path, "b")
+    assert (followed.returncode, followed.stdout, followed.stderr) == (0, plain.stdout, "")
+
+    doc = json.loads(cli("--store", "st", "log", "b", "--json", cwd=tmp_path).stdout)
+    followed = follow(tmp_path, "b", "--json")
+    assert followed.returncode == 0, followed.stderr
+    lines = [json.loads(line) for line in followed.stdout.splitlines()]
+    assert lines[:-1] == doc["events"] and len(lines) == assistant + 1
+    assert lines[-1] == {"session": "b", "log_status": "corrupt", "damage": doc["damage"]}
+
+
+def test_log_follow_ends_at_damage_written_while_it_follows(tmp_path: Path) -> None:
+    """The same when the damage lands after the follow began: a running one-shot child's records, the
+    second one damaged, then its turn/end (a committed record past the damage, so no write in flight)."""
+    st = store.Store(tmp_path / "st", durability="none")
+    store.create_session(st, "c", events=[("subagent/descriptor", {"version": 1, "mode": "one-shot", "provider": "p"}),
+                                          ("turn/start", {})])
+    proc = subprocess.Popen([sys.executable, "-m", "subagents.supervisor.cli", "--store", "st", "log", "c", "--follow"],
+                            cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = _Lines(proc)
+        assert "subagent/descriptor" in lines.next() and "turn/start" in lines.next()
+        start = len(log_data(st, "c"))
+        records = [encode_record({"seq": seq, "ts": time.time(), "type": kind, "data": data, "epoch": 0})
+                   for seq, kind, data in ((2, "assistant/message", {"text": "done"}), (3, "turn/end", {"stop_reason": "completed"}))]
+        damaged = bytearray(records[0])
+        damaged[FRAME.size + 4] ^= 0xFF
+        append_log(st, "c", bytes(damaged) + records[1])
+        assert lines.next().strip() == f"(corrupt log: crc-mismatch at byte {start}, {len(damaged) + len(records[1])} bytes after the valid prefix)"
+        assert proc.wait(timeout=FOLLOW_DEADLINE_S) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
