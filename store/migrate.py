@@ -66,7 +66,7 @@ from .framing import scan
 from .ids import is_valid_session_id
 from .lease import host_identity, owner_alive, process_start_time, read_owner_file
 from .lease_record import Lease, decode_lease
-from .root import COMPANIONS, STORE_FORMAT, STORE_VERSION, marker_present, missing_marker, read_marker
+from .root import COMPANIONS, STORE_FORMAT, STORE_VERSION, layout_damage, marker_present, missing_marker, read_marker
 from .session_file import encode_session
 
 __all__ = ["MigrationReport", "StoreInUseError", "migrate", "KILL_AFTER_ENV"]
@@ -153,6 +153,11 @@ def migrate(root: str | os.PathLike[str], *, durability: str | Durability = "bat
     root = os.path.abspath(os.fspath(root))
     policy = durability if isinstance(durability, Durability) else durability_policy(durability)
     _read_marker(root)  # not a store: refused before the lock
+    # nor one missing a folder (every version has the same four): a conversion would die on the gone
+    # ``sessions/``, or leave a store that every verb refuses, and "nothing to convert" would hide the loss
+    damaged = layout_damage(root)
+    if damaged is not None:
+        raise damaged
     with _exclusive(root):
         info = _read_marker(root)
         if info.get("version") == STORE_VERSION and info.get("migrating") is None:

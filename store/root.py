@@ -27,7 +27,7 @@ from .errors import REFUSED, ReadOnlyStoreError, StoreFormatError, StoreNotFound
 from .framing import DEFAULT_RECORD_LIMIT, MAX_RECORD_BYTES
 from .ids import is_valid_session_id, validate_session_id
 
-__all__ = ["STORE_FORMAT", "STORE_VERSION", "MIGRATE_HINT", "COMPANIONS", "SET_ASIDE_PREFIX", "Store", "marker_present", "missing_marker", "read_marker"]
+__all__ = ["STORE_FORMAT", "STORE_VERSION", "MIGRATE_HINT", "COMPANIONS", "SET_ASIDE_PREFIX", "Store", "layout_damage", "marker_present", "missing_marker", "read_marker"]
 
 STORE_FORMAT = "subagents-store"
 STORE_VERSION = 4
@@ -94,8 +94,9 @@ def missing_marker(root: str) -> StoreFormatError:
     return StoreFormatError(f"{root} is not a store: it holds {shown} and no STORE marker", path=root)
 
 
-def _layout_damage(root: str) -> StoreFormatError | None:
-    """The error for the first folder of the layout that is missing or not a folder, or None.
+def layout_damage(root: str) -> StoreFormatError | None:
+    """The error for the first folder of the layout that is missing or not a folder, or None: the one
+    check of every verb, ``store migrate`` too (the layout is the same in every format version).
 
     Links are followed: a folder moved to another disk and linked back is still the store's. A
     folder this process may not reach is left to the call that needs it to name
@@ -235,7 +236,7 @@ class Store:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_RECORD_BYTES:
             raise StoreFormatError(f"{marker} holds max_record_bytes {limit!r}, not an integer up to {MAX_RECORD_BYTES}", path=self.root)
         self.max_record_bytes = limit
-        damaged = _layout_damage(self.root)
+        damaged = layout_damage(self.root)
         if damaged is not None:
             raise damaged
 
@@ -249,7 +250,7 @@ class Store:
         which root's permission bypass does not; not guaranteed: a store that turns
         read-only afterwards fails at its next write instead.
         """
-        damaged = _layout_damage(self.root)  # removed since the store was opened: named, not a bare FileNotFoundError
+        damaged = layout_damage(self.root)  # removed since the store was opened: named, not a bare FileNotFoundError
         if damaged is not None:
             raise damaged
         present = [p for p in also if os.path.lexists(p)]

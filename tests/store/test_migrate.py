@@ -362,3 +362,53 @@ def test_a_version_3_store_loses_its_index_lock_files_and_nothing_else(tmp_path)
     assert [r.id for r in list_children(st, "r1")] == ["c1", "c2", "c3", "c4"]
     assert sorted(os.listdir(os.path.join(st.root, "index", "children"))) == ["r1"]
     assert migrate(tmp_path / "s").steps == 0
+
+
+def _store_of_version(root, version: int) -> None:
+    if version == 1:
+        build_sample(root)
+    elif version == 3:
+        v3_store(root)
+    else:
+        build_sample(root)
+        migrate(root)
+
+
+@pytest.mark.parametrize("version", [1, 3, 4])
+@pytest.mark.parametrize("folder", ["sessions", "owners", "index", os.path.join("index", "children")])
+def test_a_store_missing_one_of_its_folders_is_refused_naming_it(tmp_path, version, folder):
+    """Found by a probe: with ``sessions/`` gone, migrate died on a bare ``FileNotFoundError`` (``OS_ERROR``);
+    with ``owners/`` or ``index/`` gone, a converted store's migrate said "nothing to convert" and exited 0,
+    while every other verb refuses the store. Now migrate refuses it as they do, by the same check
+    (``STORE_FORMAT`` naming the folder and what to do), before anything changes, whatever its version."""
+    _store_of_version(tmp_path / "s", version)
+    target = tmp_path / "s" / folder
+    for path in sorted(target.rglob("*"), reverse=True):
+        path.rmdir() if path.is_dir() else path.unlink()
+    target.rmdir()
+    before = snapshot(tmp_path / "s")
+    with pytest.raises(StoreFormatError) as caught:
+        migrate(tmp_path / "s")
+    assert caught.value.code == "STORE_FORMAT"
+    assert f"has no {folder}/ folder (moved or deleted?)" in caught.value.message, caught.value.message
+    assert snapshot(tmp_path / "s") == before
+    if version == 4:
+        with pytest.raises(StoreFormatError) as opened:
+            Store(tmp_path / "s", create=False)
+        assert opened.value.message == caught.value.message
+
+
+@pytest.mark.parametrize("folder", ["sessions", "owners", "index"])
+def test_the_cli_refuses_to_migrate_a_store_missing_one_of_its_folders(tmp_path, folder):
+    from tests.supervisor.test_cli import cli
+
+    _store_of_version(tmp_path / "s", 4)
+    target = tmp_path / "s" / folder
+    for path in sorted(target.rglob("*"), reverse=True):
+        path.rmdir() if path.is_dir() else path.unlink()
+    target.rmdir()
+    listed = cli("--store", str(tmp_path / "s"), "ls", cwd=tmp_path)
+    done = cli("--store", str(tmp_path / "s"), "store", "migrate", cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (2, ""), (done.stdout, done.stderr)
+    assert done.stderr.startswith("error: STORE_FORMAT: ") and f"has no {folder}/ folder" in done.stderr, done.stderr
+    assert done.stderr == listed.stderr
