@@ -470,8 +470,11 @@ def _every_record(_payload: dict[str, Any]) -> bool:
     return True
 
 
-def scan_suffix(data: bytes | memoryview, *, check: Check | None = None) -> list[dict[str, Any]]:
-    """The records of the last bytes of a file of independent records (the roots index), read from its end.
+def scan_suffix(data: bytes | memoryview, *, check: Check | None = None) -> tuple[list[dict[str, Any]], bool]:
+    """The records of the last bytes of a file of independent records (the roots index), read from its end,
+    and whether anything after the first chained frame did not read (damage stepped over, a record that
+    fails ``check``, or an end that is no record: a torn tail or a damaged last record, which only the
+    whole file tells apart). A reader that must not lose a record to damage reads the whole file then.
 
     ``data`` may begin inside a record: reading starts at the first frame that
     chains (``find_committed``), then goes on as ``scan_all`` does, skipping a
@@ -480,13 +483,15 @@ def scan_suffix(data: bytes | memoryview, *, check: Check | None = None) -> list
     """
     start = find_committed(data, 0, 0, lambda _payload: True, torn_reason="crc-mismatch")
     if start is None:
-        return []
+        return [], False
     records: list[dict[str, Any]] = []
     pos, total = start, len(data)
     expected = _frame_at(data, start)[1]["seq"]
+    damaged = False
     while pos < total:
         status, value, nxt = _frame_at(data, pos)
         if status != "ok" or value["seq"] != expected:
+            damaged = True
             found = find_committed(data, pos + 1, expected, lambda _payload: True, torn_reason=status)
             if found is None:
                 break  # a torn tail
@@ -494,6 +499,8 @@ def scan_suffix(data: bytes | memoryview, *, check: Check | None = None) -> list
             continue
         if check is None or check(value) is None:
             records.append(value)
+        else:
+            damaged = True
         expected += 1
         pos = nxt
-    return records
+    return records, damaged

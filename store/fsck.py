@@ -322,11 +322,17 @@ def _index_findings(store: Store, session_ids: list[str]) -> list[dict[str, Any]
                          "sessions (run `subagents store reindex`)"})
     listed = indexed_roots(store)
     if listed is not None:  # without a readable index, listings read every header: none is missed
+        # an index with records stepped over is read beside the headers (store/roots.py): a root its damage
+        # lost is still listed, only slower; one an index reading clean does not list is missed
+        if not listed:  # emptied, or tombstones alone: listings read the headers around it
+            consequence = "it lists no root, and listings read every header around it, with a warning"
+        elif problem is not None:
+            consequence = "its damage is read around, from the headers"
+        else:
+            consequence = "listings miss it"
         for root in sorted(tops - listed):
             findings.append({"id": root, "kind": "index-missing", "detail": "top-level session absent from index/roots: "
-                             "listings miss it (run `subagents store reindex`)" if listed else "top-level session absent "
-                             "from index/roots, which lists no root: listings read every header around it, with a "
-                             "warning (run `subagents store reindex`)"})
+                             f"{consequence} (run `subagents store reindex`)"})
     indexed_parents = {n for n in names if is_valid_session_id(n)}
     for parent in sorted(indexed_parents | set(proven)):
         found = read_index(store, parent)

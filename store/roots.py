@@ -11,6 +11,10 @@ existed gets it built from headers by the first root created afterwards;
 until then listings scan ``sessions/``. What is not guaranteed: entries are
 in append order, which two processes creating roots in the same instant may
 swap; the newest-first read sorts what it read by ``(created_at, id)``.
+A listing that steps over damaged records reads the headers beside the index
+(a scan of every header, until a reindex), as a damaged children index is read:
+any root may have been in the damaged bytes, and none may drop out of a listing.
+An index that reads clean costs what it always did: the headers are read only then.
 Called by the CLI (``ls``, ``tree``, ``summary``, ``gc``) and anyone listing a store.
 """
 
@@ -20,7 +24,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from .appender import append_durably
 from .atomic import NOFOLLOW, read_bytes, write_atomic
@@ -113,7 +117,7 @@ def rebuild_roots(store: Store) -> list[str]:
         found = _read_suffix(store, 1 << 62, read_around_empty=False)  # what it lists: no warning to run what runs
         if found is not None:
             headed = {sid for _, sid in roots}
-            roots = sorted(roots + [(ts, sid) for ts, sid in found[0] if sid not in headed and _unreadable(store, sid)])
+            roots = sorted(roots + [(ts, sid) for ts, sid in found.entries if sid not in headed and _unreadable(store, sid)])
         _write_index(store, roots)
     return [sid for _, sid in roots]
 
@@ -227,8 +231,9 @@ def roots_index_problem(store: Store) -> str | None:
 
 
 def indexed_roots(store: Store) -> set[str] | None:
-    """The ids ``index/roots`` lists as live; ``None`` when it is absent or holds no readable record
-    (listings then read every header).
+    """The ids ``index/roots`` lists as live (not those its damage may have held: ``check`` and ``fsck``
+    name a root it misses); ``None`` when it is absent or holds no readable record (listings then read
+    every header).
 
     What the file lists, not what a listing shows: an index emptied, or left with tombstones alone,
     beside top-level sessions lists none (an empty set), though listings read the headers around it
@@ -236,11 +241,32 @@ def indexed_roots(store: Store) -> set[str] | None:
     headers' own list, no root would ever be missing from it, and both said clean while every
     listing warned to run ``store reindex``."""
     found = _read_suffix(store, 1 << 62, read_around_empty=False)
-    return None if found is None else {sid for _, sid in found[0]}
+    return None if found is None else {sid for _, sid in found.entries}
 
 
-def _read_suffix(store: Store, size: int, *, read_around_empty: bool = True) -> tuple[list[tuple[float, str]], bool] | None:
-    """Live entries in the last ``size`` bytes of the index, newest first, and whether that was the whole file.
+class _Suffix(NamedTuple):
+    """What ``_read_suffix`` read of the index."""
+
+    entries: list[tuple[float, str]]  # live entries, newest first
+    whole: bool  # the whole file was read
+    damaged: bool = False  # records were stepped over: any root may be missing from ``entries``
+
+
+def _with_headers(store: Store, found: _Suffix) -> list[tuple[float, str]]:
+    """``found``'s entries, newest first, and when its damage may have hidden roots, the roots whose headers
+    read that it does not list: a scan of every header, made only then (until a reindex), as a damaged
+    children index is read beside the headers that name its parent. (A root whose header does not read
+    and whose entry was in the damaged bytes is not found so: ``store reindex`` cannot place it either.)"""
+    if not found.damaged:
+        return found.entries
+    listed = {sid for _, sid in found.entries}
+    hidden = [(ts, sid) for ts, sid in _root_headers(store) if sid not in listed]
+    return sorted([*found.entries, *hidden], reverse=True) if hidden else found.entries
+
+
+def _read_suffix(store: Store, size: int, *, read_around_empty: bool = True) -> _Suffix | None:
+    """Live entries in the last ``size`` bytes of the index, newest first, whether that was the whole file,
+    and whether records were stepped over (``_with_headers`` then reads around them).
 
     ``None`` when there is no index, it cannot be read, or it holds no readable record at all (logged:
     that is damage, not a torn tail): the caller scans headers. A whole index that lists no root while
@@ -262,7 +288,8 @@ def _read_suffix(store: Store, size: int, *, read_around_empty: bool = True) -> 
     finally:
         os.close(fd)
     if start > 0:
-        return _live(scan_suffix(data, check=_problem)), False
+        records, damaged = scan_suffix(data, check=_problem)
+        return _Suffix(_live(records), False, damaged)
     skim = scan_all(data, check=_problem)
     for skipped in skim.skipped:
         log.warning("index/roots: records %d..%d skipped (%s at byte %d); run `subagents store reindex`",
@@ -279,8 +306,8 @@ def _read_suffix(store: Store, size: int, *, read_around_empty: bool = True) -> 
         return None
     live = _live(skim.records)
     if not live and read_around_empty and store.session_ids():
-        return _unindexed(store), True
-    return live, True
+        return _Suffix(_unindexed(store), True)
+    return _Suffix(live, True, bool(skim.skipped))
 
 
 def _unindexed(store: Store) -> list[tuple[float, str]]:
@@ -344,10 +371,11 @@ def list_roots(store: Store, query: Matcher | None = None) -> list[Row]:
     return _rows(store, _read_suffix(store, 1 << 62), query)
 
 
-def _rows(store: Store, found: tuple[list[tuple[float, str]], bool] | None, query: Matcher | None) -> list[Row]:
-    """The rows of ``found`` (``_read_suffix`` of the whole index; ``None``: every header), oldest first."""
+def _rows(store: Store, found: _Suffix | None, query: Matcher | None) -> list[Row]:
+    """The rows of ``found`` (``_read_suffix`` of the whole index, read around its damage; ``None``: every
+    header), oldest first."""
     owners = OwnerCache(store)
-    roots = sorted(found[0]) if found is not None else _root_headers(store)
+    roots = sorted(_with_headers(store, found)) if found is not None else _root_headers(store)
     rows = [r for r in (_entry(store, sid, owners, ts) for ts, sid in roots) if r is not None]
     return [r for r in rows if query is None or query.matches(r)]
 
@@ -371,9 +399,11 @@ def find_roots(
     size = _FIRST_WINDOW
     while True:
         found = _read_suffix(store, size)
+        if found is not None and found.damaged and not found.whole:
+            found = _read_suffix(store, 1 << 62)  # damage in the window: the whole file says what it hides
         if found is None:  # no index yet, or a damaged one: every header
             return paginate(_rows(store, None, None), query=query, sort=sort, reverse=True, limit=limit, cursor=cursor)
-        entries, whole = found
+        entries, whole = _with_headers(store, found), found.whole
         page: list[Row] = []
         for ts, sid in entries:
             if after is not None and not [ts, sid] < list(after):

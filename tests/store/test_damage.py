@@ -497,6 +497,63 @@ def test_a_roots_index_that_lists_no_root_beside_sessions_is_read_around(st, cap
     assert any("store reindex" in r.getMessage() for r in caplog.records), caplog.records
 
 
+def _flip_roots_record(st, index: int, at: int = 5) -> None:
+    """Flip byte ``at`` (5: inside its CRC, as the probe did) of record ``index`` of ``index/roots``."""
+    from subagents.store.framing import scan
+    from subagents.store.roots import roots_index_path
+
+    path = roots_index_path(st)
+    data = bytearray(read_file(path))
+    data[scan(bytes(data)).offsets[index] + at] ^= 0xFF
+    write_file(path, bytes(data))
+
+
+@pytest.mark.parametrize("record", [0, 1])
+def test_one_damaged_record_of_the_roots_index_drops_no_root(st, caplog, record):
+    """Found by a probe: one flipped byte in a record of ``index/roots`` dropped that root from `ls`, `tree`
+    and `summary` (a warning, then the other roots), while a wholly garbage index fell back to the headers
+    and listed every root. The listing now reads the headers beside an index whose records it stepped over,
+    as a damaged children index is read (until a reindex; only then), so no root whose header reads drops
+    out. ``indexed_roots`` still says what the index lists: check and fsck name the root it lost."""
+    from subagents.store.roots import indexed_roots
+
+    for rid in ("r1", "r2", "r3"):
+        store.create_session(st, rid, created_at=float(rid[1]))
+    store.create_session(st, "c1", parent_session=f"r{record + 1}", origin="subagent")
+    _flip_roots_record(st, record)
+    with caplog.at_level(logging.WARNING, logger="subagents.store.roots"):
+        assert roots_of(st) == ["r3", "r2", "r1"]
+        assert [r.id for r in store.list_roots(st)] == ["r1", "r2", "r3"]
+        first = store.find_roots(st, limit=2)
+        assert [r.id for r in first.rows] == ["r3", "r2"] and first.next_cursor is not None
+        assert [r.id for r in store.find_roots(st, limit=2, cursor=first.next_cursor).rows] == ["r1"]
+        assert (store.summarize(st).roots, store.summarize(st).subagents) == (3, 1)
+    assert any("store reindex" in r.getMessage() for r in caplog.records), caplog.records
+    assert indexed_roots(st) == {"r1", "r2", "r3"} - {f"r{record + 1}"}
+    missing = [f for f in fsck(st, repair=False, lease_ttl_s=5.0)["findings"] if f["kind"] == "index-missing"]
+    assert [f["id"] for f in missing] == [f"r{record + 1}"]
+    assert "listings miss it" not in missing[0]["detail"] and "read around" in missing[0]["detail"], missing
+
+
+def test_a_damaged_record_in_the_window_a_page_reads_drops_no_root(st, caplog):
+    """The same in an index longer than the first window a newest-first page reads from its end: the
+    damaged record lies inside the window, and the page that reaches it lists its root."""
+    from subagents.store.roots import _FIRST_WINDOW, roots_index_path
+
+    count = 700
+    for i in range(count):
+        store.create_session(st, f"r{i:04d}", created_at=float(i + 1))
+    assert os.path.getsize(roots_index_path(st)) > _FIRST_WINDOW  # a page of 20 reads the end alone
+    _flip_roots_record(st, count - 10)
+    with caplog.at_level(logging.WARNING, logger="subagents.store.roots"):
+        page = store.find_roots(st, limit=20)
+        assert [r.id for r in page.rows] == [f"r{i:04d}" for i in range(count - 1, count - 21, -1)]
+        assert [r.id for r in store.find_roots(st, limit=20, cursor=page.next_cursor).rows] == [
+            f"r{i:04d}" for i in range(count - 21, count - 41, -1)]
+        assert len(roots_of(st)) == count
+    assert any("store reindex" in r.getMessage() for r in caplog.records), caplog.records
+
+
 def test_a_first_root_between_publication_and_entry_is_listed_without_a_warning(st, caplog):
     """The state of an index that lists no root beside a session is also that of a store whose first root
     is being created: that root is listed, and no damage is claimed for it."""
