@@ -126,7 +126,9 @@ def test_log_follow_ends_at_damage_written_while_it_follows(tmp_path: Path) -> N
         damaged = bytearray(records[0])
         damaged[FRAME.size + 4] ^= 0xFF
         append_log(st, "c", bytes(damaged) + records[1])
-        assert lines.next().strip() == f"(corrupt log: crc-mismatch at byte {start}, {len(damaged) + len(records[1])} bytes after the valid prefix)"
+        # counted to the last non-zero byte (the zero padding is no data, nor is a record's own last 0 told from it)
+        after = len((bytes(damaged) + records[1]).rstrip(b"\0"))
+        assert lines.next().strip() == f"(corrupt log: crc-mismatch at byte {start}, {after} bytes after the valid prefix)"
         assert proc.wait(timeout=FOLLOW_DEADLINE_S) == 0
     finally:
         if proc.poll() is None:
