@@ -20,6 +20,11 @@ and writer: a length above it is damage, never a record. A store may set a
 lower limit for its writers (``Store.max_record_bytes``), never a higher one,
 so every record a writer accepted is one every reader reads. A record above
 the writer's limit is refused by ``encode_record`` before a byte is written.
+
+Why a little over 500 lines in one module: the forward scan, the backward
+suffix scan of the indexes, the committed-end search and the padding rules
+are one definition of what a valid frame is; split, each part would need the
+others' private helpers, and a change to the rules could miss one of them.
 """
 
 from __future__ import annotations
