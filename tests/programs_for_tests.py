@@ -210,6 +210,14 @@ async def returns_text_no_encoding_holds(ctx: TurnContext) -> str:
     return "bad \udcff"
 
 
+async def raises_with_text_no_encoding_holds(ctx: TurnContext) -> str:
+    raise ValueError("unexpected file caf\udce9.txt")  # a name os.listdir decoded from Latin-1 bytes
+
+
+async def returns_a_diagnostic_no_encoding_holds(ctx: TurnContext) -> TurnResult:
+    return TurnResult(output="x", stop_reason="error", diagnostic="bad \ud800")
+
+
 async def returns_more_than_the_store_takes(ctx: TurnContext) -> str:
     return "x" * (256 * 1024)
 

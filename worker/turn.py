@@ -45,12 +45,14 @@ _TRUNCATED = "\n[diagnostic truncated]"
 
 
 def truncate_diagnostic(text: str | None) -> str | None:
-    """At most 4096 UTF-8 bytes, cut on a character boundary, with a marker."""
+    """At most 4096 UTF-8 bytes, cut on a character boundary, with a marker; a character no UTF-8
+    holds (a lone surrogate: a file name ``os.listdir`` decoded from other bytes, in an exception's
+    text) written as its escape, so the diagnostic can be stored and the turn closed with it."""
     if text is None:
         return None
-    raw = text.encode("utf-8")
+    raw = text.encode("utf-8", errors="backslashreplace")
     if len(raw) <= MAX_DIAGNOSTIC_BYTES:
-        return text
+        return raw.decode("utf-8")
     room = MAX_DIAGNOSTIC_BYTES - len(_TRUNCATED.encode("utf-8"))
     return raw[:room].decode("utf-8", errors="ignore") + _TRUNCATED
 

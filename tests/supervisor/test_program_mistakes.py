@@ -38,6 +38,9 @@ CASES = [
     ("raises_its_own_base_exception", "tests.programs_for_tests.OwnBaseException: mine"),
     ("returns_text_no_encoding_holds", "INVALID_RECORD: the turn's closing message cannot be stored"),
     ("returns_more_than_the_store_takes", "RECORD_TOO_LARGE: the turn's closing message cannot be stored"),
+    # a lone surrogate in the error's own text (found by a probe: the turn was left open, read as a host crash)
+    ("raises_with_text_no_encoding_holds", "ValueError: unexpected file caf\\udce9.txt"),
+    ("returns_a_diagnostic_no_encoding_holds", "bad \\ud800"),
     ("returns_bytes", "TypeError: a program returns text or a TurnResult, not bytes"),
     ("returns_a_dict", "TypeError: a program returns text or a TurnResult, not dict"),
     ("yields_its_output", "TypeError: a program returns text or a TurnResult, not async_generator"),
