@@ -91,7 +91,8 @@ class TurnRpc:
         return await handler(**args)
 
     async def _start(self, args: dict[str, Any]) -> SubagentRun:
-        provider = args.pop("provider", None) or self._spec.provider
+        provider = self._provider(args.pop("provider", None))
+        InvalidRequestError.require(args.get("label"), (str, type(None)), "label")
         budget = None
         max_steps, timeout_ms = args.pop("max_steps", None), args.pop("timeout_ms", None)
         if max_steps is not None or timeout_ms is not None:
@@ -119,7 +120,19 @@ class TurnRpc:
         self._rt.tg.start_soon(_dispose_when_done, run)
         return run.id
 
+    def _provider(self, asked: Any) -> str:
+        """The provider a child of this turn runs: the caller's own when none is named. A name that is
+        not one (empty, or not text) is ``INVALID_REQUEST``: an empty one used to fall back to the
+        caller's program, and a program that named none by mistake started itself without end."""
+        if asked is None:
+            return self._spec.provider or ""
+        InvalidRequestError.require(asked, str, "provider")
+        if not asked:
+            raise InvalidRequestError("provider must be a provider's name, not empty text", field="provider")
+        return asked
+
     async def _rpc_wait_run(self, run_id: str) -> dict[str, Any]:
+        InvalidRequestError.require(run_id, str, "run_id")
         run = self._background.get(run_id)
         if run is None:
             raise RpcError.no_run(run_id)
@@ -134,7 +147,7 @@ class TurnRpc:
 
     async def _rpc_start_continuable(self, prompt: Any, label: str, provider: str | None = None, options: dict[str, Any] | None = None) -> list[str]:
         _refuse_fixed("ContinuableSpec", options or {}, ("parent", "provider", "prompt", "label"))
-        spec = ContinuableSpec(parent=self._spec.session_id, provider=provider or self._spec.provider or "", prompt=prompt, label=label, **(options or {}))
+        spec = ContinuableSpec(parent=self._spec.session_id, provider=self._provider(provider), prompt=prompt, label=label, **(options or {}))
         with self._child_start():
             child_id, message_id = await self._continuation.start_continuable(spec)
         return [child_id, message_id]
@@ -147,6 +160,7 @@ class TurnRpc:
         return await self._continuation.report_from(self._spec.session_id, content, delivery=delivery)
 
     async def _rpc_interrupt(self, child_id: str) -> bool:
+        InvalidRequestError.require(child_id, str, "child_id")
         return self._continuation.interrupt(child_id, AncestorAuthority(self._spec.session_id))
 
 

@@ -243,6 +243,28 @@ async def uses_a_kept_context(ctx: TurnContext) -> str:
     return "\n".join(lines)
 
 
+async def calls_with_wrong_kinds(ctx: TurnContext) -> str:
+    """Calls whose provider, id or label is of the wrong kind, or empty: what each raises (its code)."""
+    calls = {
+        "spawn provider ''": lambda: ctx.spawn("x", provider=""),
+        "spawn provider []": lambda: ctx.spawn("x", provider=[]),  # type: ignore[arg-type]
+        "spawn provider 123": lambda: ctx.spawn("x", provider=123),  # type: ignore[arg-type]
+        "spawn label bytes": lambda: ctx.spawn("x", provider="script", label=b"x"),  # type: ignore[arg-type]
+        "start_continuable provider ''": lambda: ctx.start_continuable("x", label="l", provider=""),
+        "wait []": lambda: ctx.wait([]),  # type: ignore[arg-type]
+        "interrupt {}": lambda: ctx.interrupt({}),  # type: ignore[arg-type]
+        "interrupt None": lambda: ctx.interrupt(None),  # type: ignore[arg-type]
+    }
+    lines = []
+    for name, call in calls.items():
+        try:
+            await call()
+            lines.append(f"{name}: no error")
+        except Exception as exc:  # noqa: BLE001 - what it raised is the answer
+            lines.append(f"{name}: {getattr(exc, 'code', type(exc).__name__)}")
+    return "\n".join(lines)
+
+
 async def interrupts_what_it_cannot(ctx: TurnContext) -> str:
     """Interrupts a background one-shot child and an unknown id: what each ``interrupt`` answers."""
     child = await ctx.spawn('{"script": [{"sleep": 200}, {"return": "slept"}]}', provider="script", wait=False)

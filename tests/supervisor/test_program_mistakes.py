@@ -17,7 +17,7 @@ import anyio
 import pytest
 
 from subagents.store import inspect
-from subagents.supervisor import Provider, SubagentRequest
+from subagents.supervisor import Capabilities, Provider, SubagentRequest
 
 from ..conftest import HELPERS, open_supervisor
 
@@ -119,6 +119,24 @@ async def test_interrupt_from_a_program_says_whether_it_stopped_a_turn(tmp_path)
         with anyio.fail_after(20):
             result = await run.result()
         assert (result.stop_reason, result.output) == ("completed", "False False"), result
+        await run.dispose()
+
+
+async def test_a_request_with_a_provider_id_or_label_of_the_wrong_kind_is_invalid_and_creates_nothing(tmp_path) -> None:
+    """Found by a probe: ``provider=""`` (or ``[]``) started a child of the caller's own program (a program
+    that did so recursed without end), a list or a map as an id was ``RPC_FAILED`` with a traceback in the
+    host's log, and a label of bytes was taken. Each is ``INVALID_REQUEST``, and no child is made."""
+    async with open_supervisor(tmp_path, pool_size=1) as sup:
+        sup.register_provider(Provider(name="wrong", program=f"{HELPERS}:calls_with_wrong_kinds", capabilities=Capabilities.all(),
+                                       continuable=True))
+        root = await sup.open_root()
+        run = await sup.start("wrong", SubagentRequest(parent=root, prompt="go"))
+        with anyio.fail_after(20):
+            result = await run.result()
+        assert result.stop_reason == "completed", result
+        lines = result.output.splitlines()
+        assert [line.rsplit(": ", 1)[1] for line in lines] == ["INVALID_REQUEST"] * len(lines), lines
+        assert await sup.list_children(run.id) == []
         await run.dispose()
 
 
