@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 
 RpcFactory = Callable[[TurnSpec], TurnRpcHandler]
 
+# how a turn ends when it was stopped rather than finished: an interrupt, a drain or its budget
+_STOPPED = frozenset({"aborted", "budget-exhausted"})
+
 
 def continuable_turn_spec(rt: Runtime, act: Activation, program: ProgramRef, quiet: list[MailboxMessage], main: MailboxMessage) -> TurnSpec:
     """The turn that consumes ``main`` (and the ``quiet`` messages before it) under the activation's lease."""
@@ -133,6 +136,10 @@ class Driver:
                 # a child start the turn left in flight lands in this session's children index
                 # before anything follows the turn: a settlement's release writes the catalog row
                 await on_rpc.starts_done()
+        if turn.cancel_reason is not None or turn.crashed or turn.outcome.stop_reason in _STOPPED:
+            # the one-shot children it started belong to the turn (``supervisor/rpc.py``), as a one-shot
+            # parent's do: one it waited on would otherwise run on for a result nobody reads
+            on_rpc.cancel_children("parent")
         if not turn.dispatched:
             # stopped before a worker took it, so nothing was logged: an interrupt or a
             # drain consumes it unrun (durably); closing the supervisor leaves it pending

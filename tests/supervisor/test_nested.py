@@ -160,3 +160,40 @@ async def test_a_settlement_notice_to_a_one_shot_parent_is_dropped_not_written_a
     assert not __import__("os").path.lexists(store.path(run.id, "mailbox"))
     assert check_store(store).clean
     assert [f for f in fsck(store, repair=False, lease_ttl_s=5.0)["findings"] if f["kind"] != "clean"] == []
+
+
+@pytest.mark.parametrize("how", ["interrupt", "timeout_ms"])
+async def test_a_continuable_turn_stopped_while_it_waits_on_a_one_shot_child_stops_that_child(tmp_path, how):
+    """Found by a probe: a continuable turn interrupted (or out of its ``timeout_ms``) while it waited in
+    ``ctx.spawn`` ended, and the one-shot child it started ran on to its end, holding a worker for a result
+    nobody would read. The child belongs to the turn, as a one-shot parent's does: it is stopped too."""
+    from subagents.supervisor import UserAuthority
+
+    from .test_continuable import S, continuable_supervisor, turn_ends, turn_started
+
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        waits = S({"spawn": {"prompt": S({"say": "up"}, {"sleep": 60_000}), "provider": "script", "label": "gc"}}, {"return": "never"})
+        budget = {"budget": {"timeout_ms": 1000}} if how == "timeout_ms" else {}
+        child_id, _ = await sup.start_continuable(_spec(root, waits, **budget))
+        await turn_started(sup, child_id)
+        grandchild = await wait_until(lambda: _only_child(sup, child_id), what="the one-shot child to start")
+        await wait_until(lambda: "up" in [e["data"].get("text") for e in inspect(sup.store, grandchild).events], what="it to run")
+        if how == "interrupt":
+            await sup.interrupt(child_id, authority=UserAuthority(root.id))
+        await wait_until(lambda: turn_ends(sup.store, child_id), what="the continuable turn to end")
+        await wait_until(lambda: turn_ends(sup.store, grandchild), what="the one-shot child to stop", timeout=10)
+        assert turn_ends(sup.store, grandchild) == ["aborted"]
+
+
+def _spec(root, prompt, **fields):
+    from subagents.supervisor import ContinuableSpec
+
+    return ContinuableSpec(parent=root, provider="script", prompt=prompt, label="waits", **fields)
+
+
+def _only_child(sup, parent_id):
+    from subagents.store import list_children
+
+    rows = list_children(sup.store, parent_id)
+    return rows[0].id if rows else None
