@@ -474,12 +474,8 @@ def test_a_damaged_roots_index_is_rebuilt_by_the_next_root_and_reported_until_th
     assert [f for f in fsck(st, repair=False, lease_ttl_s=5.0)["findings"] if f["kind"] != "clean"] == []
 
 
-@pytest.mark.parametrize("left", ["empty", "tombstones-only"])
-def test_a_roots_index_that_lists_no_root_beside_sessions_is_read_around(st, caplog, left):
-    """Found by a probe: an index/roots emptied behind the store's back made `ls`, `tree` and `summary`
-    show an empty store, silently. An index that lists no root while sessions/ holds sessions is read
-    around (the headers, as before the index existed), with a warning naming reindex once a root has
-    been missing from it longer than a creation takes."""
+def _two_roots_none_listed(st, left: str) -> None:
+    """Roots r1 and r2 (r1 with a child), their index/roots then ``empty`` or left with tombstones alone."""
     from subagents.store.roots import remove_root, roots_index_path
 
     for rid in ("r1", "r2"):
@@ -490,6 +486,15 @@ def test_a_roots_index_that_lists_no_root_beside_sessions_is_read_around(st, cap
     else:
         for rid in ("r1", "r2"):
             remove_root(st, rid)
+
+
+@pytest.mark.parametrize("left", ["empty", "tombstones-only"])
+def test_a_roots_index_that_lists_no_root_beside_sessions_is_read_around(st, caplog, left):
+    """Found by a probe: an index/roots emptied behind the store's back made `ls`, `tree` and `summary`
+    show an empty store, silently. An index that lists no root while sessions/ holds sessions is read
+    around (the headers, as before the index existed), with a warning naming reindex once a root has
+    been missing from it longer than a creation takes."""
+    _two_roots_none_listed(st, left)
     with caplog.at_level(logging.WARNING, logger="subagents.store.roots"):
         assert roots_of(st) == ["r2", "r1"]
         assert [r.id for r in store.list_roots(st)] == ["r1", "r2"]
@@ -588,16 +593,7 @@ def test_a_roots_index_that_lists_no_root_beside_sessions_is_reported(st, caplog
     compared with the headers' own list, which listings read around it with. Each root it does not
     list is ``index-missing``, as a single damaged record already made it; reindex ends it (without the
     listings' warning that tells to run it)."""
-    from subagents.store.roots import remove_root, roots_index_path
-
-    for rid in ("r1", "r2"):
-        store.create_session(st, rid, created_at=float(rid[1]))
-    store.create_session(st, "c1", parent_session="r1", origin="subagent")
-    if left == "empty":
-        os.truncate(roots_index_path(st), 0)
-    else:
-        for rid in ("r1", "r2"):
-            remove_root(st, rid)
+    _two_roots_none_listed(st, left)
     report = store.check_store(st, in_flight_s=0.0)
     assert [(v.session_id, v.kind) for v in report.violations] == [("r1", "index-missing"), ("r2", "index-missing")], str(report)
     found = fsck(st, repair=False, lease_ttl_s=5.0)
