@@ -56,7 +56,7 @@ import anyio
 
 from subagents.store.errors import SubagentError
 from subagents.worker.budget import TIMEOUT
-from subagents.worker.protocol import BLOCKING_RPCS, Reply, Rpc, TurnOutcome, TurnSpec, cancelled_before_start
+from subagents.worker.protocol import BLOCKING_RPCS, CancelRpc, Reply, Rpc, TurnOutcome, TurnSpec, cancelled_before_start
 
 from .backend import PoolStatistics, RpcHandler, StartedCallback, TurnResult, TurnTicket, WorkerRef
 from .errors import RpcError, SupervisorClosedError
@@ -158,6 +158,8 @@ class Dispatcher(Generic[W]):
         self._crash_count = 0
         self._withdrawn = 0
         self._shields: set[anyio.CancelScope] = set()  # the pool's tasks a caller's cancellation must not end
+        # the waits a turn may give up (``BLOCKING_RPCS``), by worker and rpc id: a ``CancelRpc`` cancels one
+        self._waits: dict[tuple[int, int], anyio.CancelScope] = {}
 
     # -- the pool's tasks and the caller's cancellation ---------------------------------
 
@@ -409,32 +411,56 @@ class Dispatcher(Generic[W]):
         self._finish(turn, outcome)
         self._schedule()
 
-    async def _serve_rpc(self, worker: W, turn: Turn | None, msg: Rpc) -> None:
-        """Answer one RPC of a resident turn (``None``: a turn already gone); a waiting one parks it meanwhile."""
+    def _serve_rpc_soon(self, worker: W, turn: Turn | None, msg: Rpc) -> None:
+        """Serve ``msg`` in a task of the pool; a wait (``BLOCKING_RPCS``) is registered first, so that a
+        ``CancelRpc`` read right behind it finds it before its task has begun."""
+        scope = anyio.CancelScope()
+        if msg.method in BLOCKING_RPCS:
+            self._waits[(id(worker), msg.rpc_id)] = scope
+        assert self._tg is not None
+        self._tg.start_soon(self._serve_rpc, worker, turn, msg, scope)
+
+    def _cancel_rpc(self, worker: W, msg: CancelRpc) -> None:
+        """The turn gave up waiting for ``msg.rpc_id``: its handler is cancelled (``spawn_wait`` then
+        disposes the child it waited on: ``supervisor/rpc.py``); a request already answered is left."""
+        scope = self._waits.get((id(worker), msg.rpc_id))
+        if scope is not None:
+            scope.cancel()
+
+    async def _serve_rpc(self, worker: W, turn: Turn | None, msg: Rpc, scope: anyio.CancelScope) -> None:
+        """Answer one RPC of a resident turn (``None``: a turn already gone); a waiting one parks it meanwhile.
+        A wait the turn gave up (``CancelRpc``: ``scope`` cancelled) is answered with nothing."""
         blocking = msg.method in BLOCKING_RPCS and turn is not None
         if blocking:
             assert turn is not None
             turn.parked += 1
             self._schedule()
+        reply: Reply | None = None
+        try:
+            with scope:
+                reply = await self._answer(turn, msg)
+        finally:
+            self._waits.pop((id(worker), msg.rpc_id), None)
+            if blocking:
+                assert turn is not None
+                turn.parked -= 1
+        if reply is not None and worker.alive:
+            await self._send_reply(worker, turn, reply)
+
+    async def _answer(self, turn: Turn | None, msg: Rpc) -> Reply:
         try:
             if turn is None:
                 raise RpcError.turn_gone()
             value = await turn.on_rpc(msg.method, msg.args)
-            reply = Reply(rpc_id=msg.rpc_id, ok=True, value=value)
+            return Reply(rpc_id=msg.rpc_id, ok=True, value=value)
         except SubagentError as exc:
-            reply = Reply(rpc_id=msg.rpc_id, ok=False, error=exc.to_wire())
+            return Reply(rpc_id=msg.rpc_id, ok=False, error=exc.to_wire())
         except (KeyboardInterrupt, SystemExit, anyio.get_cancelled_exc_class()):
             raise
         except BaseException as exc:  # isolation boundary: a failure serving one request goes back to its turn as an
             # error, a host hook's own BaseException too (an installer's, under ``ctx.start_continuable``)
             log.exception("rpc %s failed", msg.method)
-            reply = Reply(rpc_id=msg.rpc_id, ok=False, error=RpcError.failed(exc).to_wire())
-        finally:
-            if blocking:
-                assert turn is not None
-                turn.parked -= 1
-        if worker.alive:
-            await self._send_reply(worker, turn, reply)
+            return Reply(rpc_id=msg.rpc_id, ok=False, error=RpcError.failed(exc).to_wire())
 
     def _end_resident(self, worker: W, crash: str) -> None:
         """End every turn resident on a dead worker (``crash`` says how it died): ``aborted`` if its

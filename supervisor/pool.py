@@ -53,7 +53,7 @@ from subagents.store.errors import SubagentError
 from subagents.worker.errors import ProtocolError, WorkerCrashedError
 from subagents.worker.main import worker_entry
 from subagents.worker.pipe import serve_pipe
-from subagents.worker.protocol import Cancel, Ready, Reply, Rpc, RunTurn, Shutdown, Started, TurnDone, Withdraw, Withdrawn, decode, encode
+from subagents.worker.protocol import Cancel, CancelRpc, Ready, Reply, Rpc, RunTurn, Shutdown, Started, TurnDone, Withdraw, Withdrawn, decode, encode
 
 from .backend import WorkerRef
 from .dispatch import Dispatcher, Turn, WorkerSlot
@@ -344,8 +344,9 @@ class WorkerPool(Dispatcher[_Worker]):
         elif isinstance(msg, Withdrawn):
             self._turn_withdrawn(worker, msg.call_id)
         elif isinstance(msg, Rpc):
-            assert self._tg is not None
-            self._tg.start_soon(self._serve_rpc, worker, worker.turns.get(msg.call_id), msg)
+            self._serve_rpc_soon(worker, worker.turns.get(msg.call_id), msg)
+        elif isinstance(msg, CancelRpc):
+            self._cancel_rpc(worker, msg)
 
     async def _watch(self, worker: _Worker) -> None:
         try:

@@ -48,7 +48,7 @@ from typing import Any
 import anyio
 
 from subagents.worker.errors import WorkerCrashedError
-from subagents.worker.protocol import Reply, Rpc, RunTurn, TurnDone, TurnOutcome, decode, encode
+from subagents.worker.protocol import CancelRpc, Reply, Rpc, RunTurn, TurnDone, TurnOutcome, decode, encode
 
 from .backend import PoolStatistics, WorkerRef
 from .config import RayConfig
@@ -313,8 +313,9 @@ class RayPool(Dispatcher[_Actor]):
             async for ref in stream:
                 msg = decode(await ref)
                 if isinstance(msg, Rpc):
-                    assert self._tg is not None
-                    self._tg.start_soon(self._serve_rpc, actor, turn, msg)
+                    self._serve_rpc_soon(actor, turn, msg)
+                elif isinstance(msg, CancelRpc):
+                    self._cancel_rpc(actor, msg)
                 elif isinstance(msg, TurnDone):
                     self._turn_done(turn, msg.outcome)
                     return

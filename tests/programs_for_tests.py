@@ -265,6 +265,18 @@ async def calls_with_wrong_kinds(ctx: TurnContext) -> str:
     return "\n".join(lines)
 
 
+async def gives_up_on_a_spawn(ctx: TurnContext) -> str:
+    """Waits half a second for a child that sleeps a minute, under a timeout of its own, then returns."""
+    import asyncio
+
+    child = json.dumps({"script": [{"say": "up"}, {"sleep": 60_000}, {"return": "slept"}]})
+    try:
+        await asyncio.wait_for(ctx.spawn(child, provider="script", label="given-up"), 0.5)
+    except asyncio.TimeoutError:
+        return "gave up"
+    return "waited"
+
+
 async def interrupts_what_it_cannot(ctx: TurnContext) -> str:
     """Interrupts a background one-shot child and an unknown id: what each ``interrupt`` answers."""
     child = await ctx.spawn('{"script": [{"sleep": 200}, {"return": "slept"}]}', provider="script", wait=False)

@@ -33,6 +33,7 @@ import msgpack
 from .errors import ProtocolError
 
 __all__ = [
+    "CancelRpc",
     "Budget",
     "TurnSpec",
     "RunTurn",
@@ -194,7 +195,17 @@ class Rpc:
     args: dict[str, Any] = field(default_factory=dict)
 
 
-Message = RunTurn | Cancel | Withdraw | Reply | Shutdown | Ready | TurnDone | Started | Withdrawn | Rpc
+@dataclass
+class CancelRpc:
+    """The turn stopped waiting for its request ``rpc_id`` (its program cancelled the call: a timeout of
+    its own around ``ctx.spawn``): the host stops serving it, and a child the request waited on is
+    stopped with it, as if the turn had ended. Sent for ``BLOCKING_RPCS`` only; no ``Reply`` follows."""
+
+    op: ClassVar[str] = "cancel-rpc"
+    rpc_id: int
+
+
+Message = RunTurn | Cancel | Withdraw | Reply | Shutdown | Ready | TurnDone | Started | Withdrawn | Rpc | CancelRpc
 
 # RPCs during which the calling turn waits on other turns: its worker slot is
 # free for them, which is what keeps nested delegation from deadlocking the pool.
@@ -204,7 +215,7 @@ BLOCKING_RPCS = frozenset({"spawn_wait", "wait_run"})
 CHILD_STARTS = frozenset({"spawn", "spawn_wait", "start_continuable"})
 
 _MESSAGES: dict[str, type] = {
-    cls.op: cls for cls in (RunTurn, Cancel, Withdraw, Reply, Shutdown, Ready, TurnDone, Started, Withdrawn, Rpc)
+    cls.op: cls for cls in (RunTurn, Cancel, Withdraw, Reply, Shutdown, Ready, TurnDone, Started, Withdrawn, Rpc, CancelRpc)
 }
 # the field names of each class, in order: what ``encode`` writes and ``decode`` accepts
 _FIELDS: dict[type, tuple[str, ...]] = {

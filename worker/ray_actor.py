@@ -31,7 +31,7 @@ import ray
 
 from .logcontext import FieldsFilter
 from .forks import worker_started
-from .protocol import Cancel, Reply, Rpc, RunTurn, TurnDone, TurnOutcome, decode, encode
+from .protocol import Cancel, CancelRpc, Reply, Rpc, RunTurn, TurnDone, TurnOutcome, decode, encode
 from .runner import TurnRunner
 from .service_writer import ServiceCall, ServiceSessions
 from .store_service import decode_reply, encode_request
@@ -103,8 +103,8 @@ class SubagentWorker:
             self._runner.cancel(Cancel(call_id=msg.call_id, reason=early))
         frames: asyncio.Queue[bytes] = asyncio.Queue()
 
-        def send(rpc: Rpc) -> None:
-            frames.put_nowait(encode(rpc))
+        def send(request: Rpc | CancelRpc) -> None:
+            frames.put_nowait(encode(request))
 
         turn = asyncio.ensure_future(self._runner.run(msg, send))
         try:

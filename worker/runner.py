@@ -27,7 +27,7 @@ from subagents.store.root import Store
 
 from .budget import TIMEOUT, TurnControl
 from .logcontext import bind
-from .protocol import BLOCKING_RPCS, CHILD_STARTS, Cancel, Reply, Rpc, RunTurn, TurnOutcome, TurnSpec
+from .protocol import BLOCKING_RPCS, CHILD_STARTS, Cancel, CancelRpc, Reply, Rpc, RunTurn, TurnOutcome, TurnSpec
 from .sessions import LocalSessions, SessionAccess
 from .turn import run_turn
 
@@ -35,7 +35,7 @@ __all__ = ["TurnRunner", "RpcSender", "SessionsFor", "LocalStores"]
 
 log = logging.getLogger(__name__)
 
-RpcSender = Callable[[Rpc], None]
+RpcSender = Callable[[Rpc | CancelRpc], None]
 SessionsFor = Callable[[TurnSpec], SessionAccess]
 
 # open store handles a worker keeps: opening one reads and checks the STORE marker, which
@@ -158,6 +158,10 @@ class TurnRunner:
             self._waiters.pop(rpc_id, None)
             if parked and on_park is not None:
                 on_park(False)
+            if waiter.reply is None and method in BLOCKING_RPCS:
+                # the program stopped waiting (its own timeout, a cancel): the host stops the wait and
+                # what it waited on, or a child started for nobody would run to its end
+                send(CancelRpc(rpc_id=rpc_id))
         reply = waiter.reply
         assert reply is not None
         if not reply.ok:

@@ -112,6 +112,27 @@ async def test_parent_and_child_share_one_worker(tmp_path: Path, kind: str) -> N
         await run.dispose()
 
 
+async def test_a_wait_the_program_gives_up_stops_its_child(tmp_path: Path, kind: str) -> None:
+    """A program's own timeout around ``ctx.spawn(wait=True)``: the worker says so (``CancelRpc``) through
+    either transport, and the host stops the child the wait was for."""
+    from subagents.store import list_children
+    from subagents.supervisor import Provider
+
+    from ..conftest import HELPERS
+
+    async with open_pool_supervisor(tmp_path, kind, pool_size=2) as sup:
+        sup.register_provider(Provider(name="quitter", program=f"{HELPERS}:gives_up_on_a_spawn"))
+        root = await sup.open_root()
+        run = await sup.start("quitter", SubagentRequest(parent=root, prompt="go"))
+        with anyio.fail_after(DEADLINE_S):
+            assert (await run.result()).output == "gave up"
+        [child] = [row.id for row in list_children(sup.store, run.id)]
+        ends = await wait_until(lambda: [e["data"] for e in events_of(sup.store, child) if e["type"] == "turn/end"],
+                                what="the given-up child to stop")
+        assert [end["stop_reason"] for end in ends] == ["aborted"], ends
+        await run.dispose()
+
+
 async def test_ignored_cancel_kills_the_worker(tmp_path: Path, kind: str) -> None:
     """A turn spinning on the event loop never sees its cancel: after the grace its worker is killed, the turn aborted."""
     async with open_pool_supervisor(tmp_path, kind, pool_size=1, cancel_grace_s=0.5) as sup:

@@ -186,6 +186,28 @@ async def test_a_continuable_turn_stopped_while_it_waits_on_a_one_shot_child_sto
         assert turn_ends(sup.store, grandchild) == ["aborted"]
 
 
+async def test_a_program_that_gives_up_on_a_spawn_stops_the_child(tmp_path):
+    """Found by a probe: a program's own timeout around ``ctx.spawn(wait=True)`` gave up the wait, and the
+    child, whose id the program never got, ran on to its end (it held a worker all the while). The worker
+    tells the host the wait was given up (``CancelRpc``); the host stops serving it, and the child with it."""
+    from subagents.store import list_children
+    from subagents.supervisor import Provider
+
+    from ..conftest import HELPERS
+    from .test_continuable import turn_ends
+
+    async with open_supervisor(tmp_path, pool_size=2) as sup:
+        sup.register_provider(Provider(name="quitter", program=f"{HELPERS}:gives_up_on_a_spawn"))
+        root = await sup.open_root()
+        run = await sup.start("quitter", SubagentRequest(parent=root, prompt="go"))
+        with anyio.fail_after(20):
+            assert (await run.result()).output == "gave up"
+        [child] = [row.id for row in list_children(sup.store, run.id)]
+        await wait_until(lambda: turn_ends(sup.store, child), what="the given-up child to stop", timeout=10)
+        assert turn_ends(sup.store, child) == ["aborted"]
+        await run.dispose()
+
+
 def _spec(root, prompt, **fields):
     from subagents.supervisor import ContinuableSpec
 
