@@ -37,7 +37,7 @@ from .index import IndexEntry, read_children
 from .roots import indexed_roots, roots_index_problem
 from .mailbox import scan_mailbox
 from .leftovers import find_leftovers
-from .lease import Lease, OwnerRecord, check_lease, host_identity, owner_alive, process_start_time, read_lease, read_owner
+from .lease import Lease, OwnerRecord, check_lease, host_identity, owner_alive, owner_record_unreadable, process_start_time, read_lease, read_owner
 from .projection import Projection
 from .reader import Inspection, inspect, inspect_error_kind, read_header
 from .root import Store
@@ -389,7 +389,7 @@ def _abandoned(store: Store, owner_id: str, record: OwnerRecord | None, *, now: 
     """Why a lease no live owner proves is a violation, or ``None`` when the owner crashed (the lease is
     then harmless). An owner file that is there but does not read proves neither: it is named as such."""
     if record is None:
-        if os.path.lexists(store.owner_path(owner_id)):
+        if owner_record_unreadable(store, owner_id):
             return "owner-unreadable", f"its owner's record owners/{owner_id} does not read: the owner may still run"
         return "lease-expired", "its owner's record is gone: the owner closed without releasing it"
     if record.host == host and record.pid_start is not None and process_start_time(record.pid) == record.pid_start:

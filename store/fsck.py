@@ -40,7 +40,7 @@ from .errors import LeaseHeldError, SubagentError, UnreadableStoreError
 from .ids import is_valid_session_id, new_id
 from .index import read_index
 from .leftovers import find_leftovers
-from .lease import acquire_lease, check_lease, owner_alive, read_lease, read_owner, register_owner, release_lease, remove_owner
+from .lease import acquire_lease, check_lease, owner_alive, owner_record_unreadable, read_lease, read_owner, register_owner, release_lease, remove_owner
 from .log import LogWriter
 from .mailbox import read_mailbox, require_consumed_prefix
 from .reader import Inspection, inspect, inspect_error_kind, read_header
@@ -236,7 +236,7 @@ def _abandoned_lease(store: Store, session_id: str, *, repair: bool, lease_ttl_s
         return None  # ``lease-unreadable``, from ``_side_files``
     if lease is None or lease.state == "released" or read_owner(store, lease.owner) is not None:
         return None
-    if os.path.lexists(store.owner_path(lease.owner)):
+    if owner_record_unreadable(store, lease.owner):
         # there, but it does not read: its supervisor may still run, and a release would fence it
         unread: dict[str, Any] = {
             "id": session_id, "kind": "owner-unreadable",

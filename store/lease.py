@@ -62,6 +62,7 @@ __all__ = [
     "heartbeat",
     "remove_owner",
     "read_owner",
+    "owner_record_unreadable",
     "owner_alive",
     "owner_gone",
     "read_lease",
@@ -193,6 +194,18 @@ def read_owner(store: Store, owner_id: str) -> OwnerRecord | None:
     except ValueError:  # an owner id that is not an id
         return None
     return read_owner_file(path)
+
+
+def owner_record_unreadable(store: Store, owner_id: str) -> bool:
+    """Whether ``owners/<owner_id>`` is there though ``read_owner`` found no record in it (empty, garbage,
+    a folder): it proves neither a live owner nor a dead one, so nothing that cannot be undone (a gc,
+    fsck's release) may take it for gone. Asked after ``read_owner`` gave ``None``; an owner that is no
+    id names no file."""
+    try:
+        path = store.owner_path(owner_id)
+    except ValueError:
+        return False
+    return os.path.lexists(path)
 
 
 def read_owner_file(path: str) -> OwnerRecord | None:

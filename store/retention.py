@@ -57,7 +57,7 @@ from .errors import REFUSED, DurabilityError, InvalidQueryError, LockTimeoutErro
 from .header import SessionHeader, parse_header
 from .ids import is_valid_session_id
 from .index import drop_index, indexed_children, mark_all_active, read_children, remove_child
-from .lease import check_lease, host_identity, owner_alive, process_start_time, read_owner
+from .lease import check_lease, host_identity, owner_alive, owner_record_unreadable, process_start_time, read_owner
 from .leftovers import remove_leftovers
 from .reaper import reap_owners
 from .reserve import keep_reserve, reserve_path, spend_reserve
@@ -206,7 +206,7 @@ class _Pass:
             return None
         if lease.owner not in self.owners:
             record = read_owner(self.store, lease.owner)
-            if record is None and os.path.lexists(self.store.owner_path(lease.owner)):
+            if record is None and owner_record_unreadable(self.store, lease.owner):
                 self.owners[lease.owner] = None
             else:
                 running = (record is not None and record.host == self.host and record.pid_start is not None

@@ -358,6 +358,19 @@ def test_a_lease_whose_owner_record_does_not_read_is_named_and_never_released(st
     assert store.read_lease(st, child) == lease
 
 
+def test_a_lease_whose_owner_is_no_id_names_no_owner_file(st):
+    """A lease naming an owner that is no id (damage that still decodes) has no record in owners/ to
+    be unreadable: it reads as an owner that left, in check, fsck and gc alike. The owner-unreadable
+    check first raised INVALID_SESSION_ID here, ending check and fsck."""
+    from subagents.store.fsck import fsck
+    root, child = tree(st)
+    store.acquire_lease(st, child, "not an id!")
+    assert only(check_store(st), "lease-expired").session_id == child
+    [finding] = [f for f in fsck(st, repair=False, lease_ttl_s=30.0)["findings"] if f["id"] == child]
+    assert finding["kind"] == "lease-abandoned", finding
+    assert [c.id for c in store.collect(st, 0.0).collected] == [root]
+
+
 def test_fsck_leaves_alone_a_lease_of_a_live_owner_and_of_a_crashed_one(st):
     """A live owner's lease is its own; a crashed owner's is harmless (the next acquisition takes it)."""
     from subagents.store.fsck import fsck
