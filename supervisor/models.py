@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
 
 from subagents.worker.programs import reference_problem
 
@@ -138,13 +138,14 @@ class SubagentRequest(_Request):
 
     parent: AgentRef | str
     prompt: Any
-    label: str | None = None
+    # text, never coerced to it: a label of bytes was decoded and taken, silently (StrictStr, here and below)
+    label: StrictStr | None = None
     output_schema: dict[str, Any] | None = None
     max_depth: Any = None
     tool_filter: dict[str, list[str]] | None = None
-    persona: str | None = None
-    sandbox: str | None = None
-    model: str | None = None
+    persona: StrictStr | None = None
+    sandbox: StrictStr | None = None
+    model: StrictStr | None = None
     budget: RunBudget | None = None
 
     _sandbox = field_validator("sandbox")(_known_sandbox)
@@ -167,16 +168,16 @@ class ContinuableSpec(_Request):
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
     parent: AgentRef | str
-    provider: str
+    provider: StrictStr
     prompt: Any
-    label: str
-    child_id: str | None = None
+    label: StrictStr
+    child_id: StrictStr | None = None
     max_depth: Any = None
     tool_filter: dict[str, list[str]] | None = None
-    persona: str | None = None
-    sandbox: str | None = None
-    agent_provider: str | None = None
-    model: str | None = None
+    persona: StrictStr | None = None
+    sandbox: StrictStr | None = None
+    agent_provider: StrictStr | None = None
+    model: StrictStr | None = None
     budget: RunBudget | None = None
 
     _sandbox = field_validator("sandbox")(_known_sandbox)

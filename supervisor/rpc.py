@@ -92,7 +92,6 @@ class TurnRpc:
 
     async def _start(self, args: dict[str, Any]) -> SubagentRun:
         provider = self._provider(args.pop("provider", None))
-        InvalidRequestError.require(args.get("label"), (str, type(None)), "label")
         budget = None
         max_steps, timeout_ms = args.pop("max_steps", None), args.pop("timeout_ms", None)
         if max_steps is not None or timeout_ms is not None:

@@ -25,7 +25,7 @@ import os
 import pytest
 
 from subagents.store import InvalidQueryError, Query, SubagentError, collect, list_children
-from subagents.supervisor import AncestorAuthority, InvalidRequestError, SubagentRequest, UserAuthority
+from subagents.supervisor import AncestorAuthority, ContinuableSpec, InvalidRequestError, SubagentRequest, UserAuthority
 
 from ..conftest import disk_snapshot, open_supervisor
 
@@ -137,6 +137,20 @@ def test_an_authority_of_the_wrong_type_is_invalid_request() -> None:
         with pytest.raises(InvalidRequestError) as refused:
             build()
         assert refused.value.code == "INVALID_REQUEST"
+
+
+@pytest.mark.parametrize("build", [
+    lambda: SubagentRequest(parent="01M0000000000000000000ROOT", prompt="x", label=b"x"),
+    lambda: SubagentRequest(parent="01M0000000000000000000ROOT", prompt="x", persona=b"p"),
+    lambda: ContinuableSpec(parent="01M0000000000000000000ROOT", provider=b"script", prompt="x", label="l"),
+    lambda: ContinuableSpec(parent="01M0000000000000000000ROOT", provider="script", prompt="x", label=b"l"),
+], ids=["label", "persona", "continuable provider", "continuable label"])
+def test_a_request_text_field_of_bytes_is_invalid_request(build) -> None:
+    """A label (or another text field) of bytes was decoded and taken, by the API and from a program's
+    ``ctx.spawn`` alike (a probe): text fields take text only, as every other field of the wrong type."""
+    with pytest.raises(InvalidRequestError) as refused:
+        build()
+    assert refused.value.code == "INVALID_REQUEST"
 
 
 @pytest.mark.parametrize("call", ["get_provider", "providers", "statistics"])
