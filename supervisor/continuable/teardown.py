@@ -312,7 +312,7 @@ class Teardown:
     async def drain(self, roots: list[str]) -> None:
         """Close admission below the live ``roots`` and dispose their continuable descendants child-first.
 
-        Descendants this supervisor does not host are reached too (``_reach``): another live
+        Descendants this supervisor does not host are reached too (``_reach_descendants``): another live
         supervisor's get a durable drain request, which that host carries out (not awaited here);
         those nobody hosts are drained here."""
         live_roots = [r for r in roots if self._table.is_live(r)]
@@ -347,7 +347,8 @@ class Teardown:
                 raise UnauthorizedError.not_direct_child(child_id, parent_id)
             selected.append(act)
         if elsewhere:
-            elsewhere = await self._rt.store_thread.run(self._stored_children, parent_id, elsewhere)
+            # a listing of the parent's children: off the store thread, whose calls (acceptances) wait behind it
+            elsewhere = await anyio.to_thread.run_sync(self._stored_children, parent_id, elsewhere)
         for act in selected:
             self.open_disposal(act, discard=True)
         for act in selected:
