@@ -158,12 +158,13 @@ class TurnRunner:
             self._waiters.pop(rpc_id, None)
             if parked and on_park is not None:
                 on_park(False)
-            control = self._turns.get(call_id)
-            if waiter.reply is None and method in BLOCKING_RPCS and control is not None and not control.stopping:
+            if waiter.reply is None and method in BLOCKING_RPCS:
                 # the program stopped waiting (its own timeout, a cancel) while its turn goes on: the host
                 # stops the wait and what it waited on, or a child started for nobody would run to its end.
                 # A stopped turn's children are the host's to stop, once their creation has landed
-                send(CancelRpc(rpc_id=rpc_id))
+                control = self._turns.get(call_id)
+                if control is not None and not control.stopping:
+                    send(CancelRpc(rpc_id=rpc_id))
         reply = waiter.reply
         assert reply is not None
         if not reply.ok:
