@@ -7,10 +7,11 @@ import json
 import anyio
 import pytest
 
-from subagents.store import inspect
-from subagents.supervisor import SubagentRequest
+from subagents.store import inspect, list_children
+from subagents.supervisor import ContinuableSpec, Provider, SubagentRequest, UserAuthority
 
-from ..conftest import last_turn_end, open_supervisor, wait_until
+from ..conftest import HELPERS, last_turn_end, open_supervisor, wait_until
+from .test_continuable import S, continuable_supervisor, turn_ends, turn_started
 
 pytestmark = pytest.mark.anyio
 
@@ -167,10 +168,6 @@ async def test_a_continuable_turn_stopped_while_it_waits_on_a_one_shot_child_sto
     """Found by a probe: a continuable turn interrupted (or out of its ``timeout_ms``) while it waited in
     ``ctx.spawn`` ended, and the one-shot child it started ran on to its end, holding a worker for a result
     nobody would read. The child belongs to the turn, as a one-shot parent's does: it is stopped too."""
-    from subagents.supervisor import UserAuthority
-
-    from .test_continuable import S, continuable_supervisor, turn_ends, turn_started
-
     async with continuable_supervisor(tmp_path) as sup:
         root = await sup.open_root()
         waits = S({"spawn": {"prompt": S({"say": "up"}, {"sleep": 60_000}), "provider": "script", "label": "gc"}}, {"return": "never"})
@@ -190,12 +187,6 @@ async def test_a_program_that_gives_up_on_a_spawn_stops_the_child(tmp_path):
     """Found by a probe: a program's own timeout around ``ctx.spawn(wait=True)`` gave up the wait, and the
     child, whose id the program never got, ran on to its end (it held a worker all the while). The worker
     tells the host the wait was given up (``CancelRpc``); the host stops serving it, and the child with it."""
-    from subagents.store import list_children
-    from subagents.supervisor import Provider
-
-    from ..conftest import HELPERS
-    from .test_continuable import turn_ends
-
     async with open_supervisor(tmp_path, pool_size=2) as sup:
         sup.register_provider(Provider(name="quitter", program=f"{HELPERS}:gives_up_on_a_spawn"))
         root = await sup.open_root()
@@ -209,13 +200,9 @@ async def test_a_program_that_gives_up_on_a_spawn_stops_the_child(tmp_path):
 
 
 def _spec(root, prompt, **fields):
-    from subagents.supervisor import ContinuableSpec
-
     return ContinuableSpec(parent=root, provider="script", prompt=prompt, label="waits", **fields)
 
 
 def _only_child(sup, parent_id):
-    from subagents.store import list_children
-
     rows = list_children(sup.store, parent_id)
     return rows[0].id if rows else None
