@@ -17,11 +17,14 @@ it raises ``SupervisorClosedError`` only for a turn queued after ``aclose``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 
 import anyio
 
 from subagents.worker.protocol import TurnOutcome, TurnSpec
+
+if TYPE_CHECKING:
+    from .oneshot import SubagentRun
 
 __all__ = ["Pool", "PoolStatistics", "RpcHandler", "TurnChildren", "TurnRpcHandler", "TurnResult", "TurnTicket", "WorkerRef", "StartedCallback"]
 
@@ -34,7 +37,9 @@ class TurnChildren(Protocol):
 
     def cancel_children(self, reason: str) -> None: ...
 
-    async def dispose_children(self) -> None: ...
+    def started_runs(self) -> list[SubagentRun]:
+        """The runs the turn started, oldest first (``SubagentRun.dispose`` walks them, and theirs, level by level)."""
+        ...
 
     async def starts_done(self) -> None:
         """Return once no child start of the turn is in progress."""

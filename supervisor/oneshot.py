@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
@@ -145,14 +146,27 @@ class SubagentRun:
         Quiescence includes the one-shot children its turn started: each is
         cancelled (if still running) and disposed before this returns, so no
         descendant still runs or holds a lease. The supervisor then forgets
-        the run.
+        the run and them.
+
+        The tree below is walked level by level, not by recursion: a program
+        that delegates to itself builds a chain deeper than Python's recursion
+        limit in seconds, and a recursive walk then failed half-way and left
+        the close waiting for good.
         """
-        if not self.done:
-            self.cancel("disposed")
-        await self._state.done.wait()
-        if self._state.children is not None:
-            await self._state.children.dispose_children()
-        self._runs.forget(self.id)
+        level, disposed = [self], []
+        while level:
+            for run in level:
+                if not run.done:
+                    run.cancel("disposed")
+            below = []
+            for run in level:
+                await run._state.done.wait()
+                if run._state.children is not None:
+                    below.extend(run._state.children.started_runs())
+            disposed.extend(level)
+            level = below
+        for run in disposed:
+            self._runs.forget(run.id)
 
 
 class OneShotRuns:
@@ -163,6 +177,7 @@ class OneShotRuns:
         self._rpc_for = rpc_for
         self._runs: dict[str, SubagentRun] = {}
         self._creator = SessionCreator(rt.store)
+        self._cancelling: deque[tuple[_RunState, str]] = deque()  # the cancel cascade running (``cancel_run``)
 
     @property
     def runs(self) -> Mapping[str, SubagentRun]:
@@ -278,14 +293,28 @@ class OneShotRuns:
         return created
 
     def cancel_run(self, state: _RunState, reason: str) -> None:
-        """Stop a run's turn and the children it started; the first reason wins, a finished run is left alone."""
-        if state.done.is_set() or state.cancelled is not None:
-            return
-        state.cancelled = reason
-        if state.ticket is not None:
-            self._rt.pool.cancel(state.ticket, reason)
-        if state.children is not None:
-            state.children.cancel_children("parent")
+        """Stop a run's turn and the children it started; the first reason wins, a finished run is left alone.
+
+        The cascade is a queue, not a recursion: a child's ``cancel`` made while a cascade runs joins it
+        and returns, and the outermost call stops the whole tree before it returns. Recursing, a chain
+        of children deeper than Python's recursion limit (a program delegating to itself) was stopped
+        half-way, by a ``RecursionError`` in whatever cancelled it.
+        """
+        self._cancelling.append((state, reason))
+        if len(self._cancelling) > 1:
+            return  # a cascade is running further up this stack: it takes this one too
+        try:
+            while self._cancelling:
+                state, reason = self._cancelling[0]
+                if not (state.done.is_set() or state.cancelled is not None):
+                    state.cancelled = reason
+                    if state.ticket is not None:
+                        self._rt.pool.cancel(state.ticket, reason)
+                    if state.children is not None:
+                        state.children.cancel_children("parent")
+                self._cancelling.popleft()
+        finally:
+            self._cancelling.clear()
 
     def forget(self, child_id: str) -> None:
         self._runs.pop(child_id, None)

@@ -80,9 +80,8 @@ class TurnRpc:
                 assert self._started is not None
                 self._started.set()
 
-    async def dispose_children(self) -> None:
-        for run in list(self._children):
-            await run.dispose()
+    def started_runs(self) -> list[SubagentRun]:
+        return list(self._children)
 
     async def __call__(self, method: str, args: dict[str, Any]) -> Any:
         handler = getattr(self, f"_rpc_{method}", None)

@@ -429,3 +429,14 @@ async def fails_in_a_task_group(ctx: TurnContext) -> str:
     async with anyio.create_task_group() as tg:
         tg.start_soon(connect)
     return "never"
+
+
+async def descends(ctx: TurnContext) -> str:
+    """Delegates to itself ``int(prompt)`` levels deep (waiting at each level); the deepest sleeps until stopped."""
+    levels = int(ctx.text)
+    if levels == 0:
+        await anyio.sleep(3600)
+        return "woke"
+    await ctx.spawn(str(levels - 1), provider="descends", label=f"level-{levels - 1}")
+    return "returned"
+
