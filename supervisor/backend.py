@@ -17,19 +17,33 @@ it raises ``SupervisorClosedError`` only for a turn queued after ``aclose``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable, Protocol
 
 import anyio
 
 from subagents.worker.protocol import TurnOutcome, TurnSpec
 
-if TYPE_CHECKING:
-    from .oneshot import SubagentRun
-
-__all__ = ["Pool", "PoolStatistics", "RpcHandler", "TurnChildren", "TurnRpcHandler", "TurnResult", "TurnTicket", "WorkerRef", "StartedCallback"]
+__all__ = ["ChildRun", "Pool", "PoolStatistics", "RpcHandler", "TurnChildren", "TurnRpcHandler", "TurnResult", "TurnTicket", "WorkerRef", "StartedCallback"]
 
 # What a turn asks of its supervisor (``supervisor/rpc.py`` answers): method name, arguments.
 RpcHandler = Callable[[str, dict[str, Any]], Awaitable[Any]]
+
+
+class ChildRun(Protocol):
+    """What stopping and disposing a turn's tree needs of each one-shot run in it (``oneshot.SubagentRun``)."""
+
+    id: str
+
+    @property
+    def done(self) -> bool: ...
+
+    def cancel(self, reason: str = "user") -> None: ...
+
+    async def result(self) -> Any: ...
+
+    def started_runs(self) -> list[ChildRun]:
+        """The runs its own turn started, oldest first."""
+        ...
 
 
 class TurnChildren(Protocol):
@@ -37,7 +51,7 @@ class TurnChildren(Protocol):
 
     def cancel_children(self, reason: str) -> None: ...
 
-    def started_runs(self) -> list[SubagentRun]:
+    def started_runs(self) -> list[ChildRun]:
         """The runs the turn started, oldest first (``SubagentRun.dispose`` walks them, and theirs, level by level)."""
         ...
 

@@ -40,7 +40,7 @@ from subagents.store.session import CreatedSession, NewSession, create_under_set
 from subagents.worker.logcontext import bind
 from subagents.worker.protocol import Budget, TurnOutcome, TurnSpec
 
-from .backend import TurnChildren, TurnResult, TurnRpcHandler, TurnTicket, WorkerRef
+from .backend import ChildRun, TurnChildren, TurnResult, TurnRpcHandler, TurnTicket, WorkerRef
 from .creator import CreatorStatistics, SessionCreator
 from .errors import CancelledBeforeStartError, InvalidRequestError, NoParentError, SupervisorClosedError
 from .models import Provider, SubagentRequest, SubagentResult
@@ -140,6 +140,10 @@ class SubagentRun:
         InvalidRequestError.require_reason(reason)
         self._runs.cancel_run(self._state, reason)
 
+    def started_runs(self) -> list[ChildRun]:
+        """The one-shot runs this run's turn started, oldest first (none before it ran)."""
+        return [] if self._state.children is None else self._state.children.started_runs()
+
     async def dispose(self) -> None:
         """Cancel if still running, wait for the result and quiescence. Idempotent.
 
@@ -153,16 +157,16 @@ class SubagentRun:
         limit in seconds, and a recursive walk then failed half-way and left
         the close waiting for good.
         """
-        level, disposed = [self], []
+        level: list[ChildRun] = [self]
+        disposed: list[ChildRun] = []
         while level:
             for run in level:
                 if not run.done:
                     run.cancel("disposed")
-            below = []
+            below: list[ChildRun] = []
             for run in level:
-                await run._state.done.wait()
-                if run._state.children is not None:
-                    below.extend(run._state.children.started_runs())
+                await run.result()
+                below.extend(run.started_runs())
             disposed.extend(level)
             level = below
         for run in disposed:

@@ -19,6 +19,7 @@ import anyio
 from subagents.store import list_children, list_descendants
 from subagents.worker.protocol import TurnSpec
 
+from .backend import ChildRun
 from .continuable import ContinuationManager
 from .errors import InvalidRequestError, RpcError
 from .models import AncestorAuthority, ContinuableSpec, RunBudget, SubagentRequest
@@ -80,7 +81,7 @@ class TurnRpc:
                 assert self._started is not None
                 self._started.set()
 
-    def started_runs(self) -> list[SubagentRun]:
+    def started_runs(self) -> list[ChildRun]:
         return list(self._children)
 
     async def __call__(self, method: str, args: dict[str, Any]) -> Any:

@@ -440,3 +440,13 @@ async def descends(ctx: TurnContext) -> str:
     await ctx.spawn(str(levels - 1), provider="descends", label=f"level-{levels - 1}")
     return "returned"
 
+
+
+async def descends_continuable(ctx: TurnContext) -> str:
+    """Starts itself as a continuable child ``int(prompt)`` levels deep, then sleeps until stopped (run it
+    with ``turns_per_worker`` above the depth, so that every level's turn is in flight at once)."""
+    levels = int(ctx.text)
+    if levels:
+        await ctx.start_continuable(str(levels - 1), label=f"level-{levels - 1}", provider="descends-continuable")
+    await anyio.sleep(3600)
+    return "woke"

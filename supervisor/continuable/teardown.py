@@ -142,20 +142,27 @@ class Teardown:
     # -- disposal ----------------------------------------------------------------------
 
     def open_disposal(self, act: Activation, *, discard: bool) -> None:
-        """Top-down: mark, cancel the current turn, wake; then the same for owned children."""
-        if act.disposing:
-            return
-        act.lifecycle = Lifecycle.DISPOSING
-        act.discard = discard
-        if act.ticket is not None:
-            # a drain (which discards) cancels with its own reason, so the log says the turn was
-            # drained; closing the supervisor or disposing a parent stops it as the parent's act
-            self._rt.pool.cancel(act.ticket, "drain" if discard else "parent")
-        act.poke()
-        for child_id in self._table.owned(act.child_id):
-            child = self._table.get(child_id)
-            if child is not None:
-                self.open_disposal(child, discard=discard)
+        """Top-down: mark, cancel the current turn, wake; then the same for owned children.
+
+        The tree is walked with a work list, not by recursion: a program that
+        starts itself builds a chain of live children deeper than Python's
+        recursion limit, and a recursive walk then failed half-way through a
+        close or a drain and left it waiting for good.
+        """
+        pending = [act]
+        while pending:
+            act = pending.pop()
+            if act.disposing:
+                continue
+            act.lifecycle = Lifecycle.DISPOSING
+            act.discard = discard
+            if act.ticket is not None:
+                # a drain (which discards) cancels with its own reason, so the log says the turn was
+                # drained; closing the supervisor or disposing a parent stops it as the parent's act
+                self._rt.pool.cancel(act.ticket, "drain" if discard else "parent")
+            act.poke()
+            owned = (self._table.get(child_id) for child_id in self._table.owned(act.child_id))
+            pending.extend(reversed([child for child in owned if child is not None]))
 
     def fence(self, act: Activation) -> None:
         """Another supervisor took this child over: stop, and never write to its files again."""
