@@ -37,7 +37,7 @@ class MailboxCounts:
 class SessionDescription:
     inspection: Inspection  # header, valid events, log status and damage
     projection: Projection  # the fold of the valid events
-    status: ChildStatus
+    status: ChildStatus | None  # None when the lease does not read: whether a live owner holds it is unknown
     lease: Lease | None
     owner: OwnerRecord | None
     owner_alive: bool
@@ -83,7 +83,9 @@ def describe_session(store: Store, session_id: str) -> SessionDescription:
     projection.fold(found.events, found.offsets, found.end)
     lease, lease_problem = _lease(store, session_id)
     owner = read_owner(store, lease.owner) if lease is not None else None
-    status = session_status(store, session_id)
+    # a lease that does not read proves no holder to a writer (``read_lease``), but a description
+    # must not call the session complete on it: ``ls`` shows the same child as a diagnostic row
+    status = session_status(store, session_id) if lease_problem is None else None
     return SessionDescription(
         inspection=found,
         projection=projection,
@@ -93,6 +95,7 @@ def describe_session(store: Store, session_id: str) -> SessionDescription:
         owner_alive=owner_alive(owner) if owner is not None else False,
         mailbox=mailbox_counts(store, session_id, projection),
         children=subagent_count(store, session_id),
+        # held unless known free: a lease that does not read claims no crash
         outcome=outcome_of(projection, held=status != "complete", root=found.header.parent_session is None),
         node=running_node(projection, held=status != "complete"),
         lease_problem=lease_problem,

@@ -213,7 +213,7 @@ def render_show(out: Output, doc: dict[str, Any]) -> None:
         if header.get("label"):
             fields.append(("label", columns.visible(header["label"])))  # a root's: in its header (a child's is in its identity)
         fields.append(("identity", doc["identity"]))
-    fields.append(("status", doc["status"]))
+    fields.append(("status", doc["status"] or "unknown: its lease does not read"))
     if lease is None:
         fields.append(("lease", f"unreadable ({doc['lease_problem']})" if doc.get("lease_problem") else "(none)"))
     else:

@@ -232,9 +232,13 @@ def test_fsck_and_show_say_that_a_lease_does_not_read(st: Store) -> None:
     kinds = [f["kind"] for f in json.loads(done.stdout)["findings"] if f["id"] == "c0000000AAAA"]
     assert done.returncode == 1 and "lease-unreadable" in kinds, (done.returncode, kinds)
     # show said "lease (none)", as for a session never leased
-    assert re.search(r"^lease\s+unreadable \(CORRUPT_SESSION: ", ok(st, "show", "c0000000AAAA"), re.M)
+    shown = ok(st, "show", "c0000000AAAA")
+    assert re.search(r"^lease\s+unreadable \(CORRUPT_SESSION: ", shown, re.M)
+    # and "status complete" (with its outcome), where ls shows a diagnostic row: whether a live owner holds it is unknown
+    assert re.search(r"^status\s+unknown: its lease does not read$", shown, re.M), shown
     doc = json.loads(ok(st, "show", "c0000000AAAA", "--json"))
     assert doc["lease"] is None and doc["lease_problem"].startswith("CORRUPT_SESSION: ")
+    assert doc["status"] is None and doc["outcome"] == "completed"  # what its log says: its last turn completed
 
 
 def test_a_root_whose_header_is_damaged_is_listed_as_a_diagnostic(st: Store) -> None:
