@@ -283,6 +283,9 @@ def test_an_index_file_with_no_readable_record_is_damage_not_an_empty_parent(st)
     # nor is the child dropped from its parent's listing: its header names the parent (found by a probe:
     # `ls PARENT` said "(no subagents)" until a reindex, though listings promise to read around damage)
     assert [(r.id, r.label) for r in store.list_children(st, "r")] == [("c1", "c1")]
+    # nor from the count `ls` and `show` print beside the parent (it read the damaged index alone: 0)
+    assert store.subagent_count(st, "r") == 1
+    assert [(row.id, row.children) for row in store.list_roots(st)] == [("r", 1)]
     report = fsck(st, repair=False, lease_ttl_s=5.0)
     assert any(f["kind"] == "index-damaged" and f["id"] == "r" for f in report["findings"])
     store.reindex(st)
