@@ -59,12 +59,13 @@ from typing import Literal
 
 from .errors import SessionNotFoundError, SubagentError, UnsupportedFormatError
 from .identity import DiagnosticReason, Identity, read_identity
+from .ids import validate_session_id
 from .index import IndexEntry, children_from_headers, read_index
 from .lease import Lease, OwnerCache, lease_of
 from .mailbox import require_consumed_prefix
 from .outcome import OUTCOMES, Outcome, outcome_of
 from .projection import Projection
-from .query import Query
+from .query import Query, check_query
 from .reader import header_of, open_session
 from .root import Store
 from .session_file import HEADER_AT
@@ -286,6 +287,8 @@ def _status(lease: Lease | None, owners: OwnerCache) -> ChildStatus:
 def list_children(store: Store, parent_id: str, query: Query | None = None) -> list[ChildEntry | DiagnosticEntry]:
     """Direct subagent children of ``parent_id`` in (created_at, id) order; ``query`` keeps only the matching
     rows (store/query.py; a diagnostic row matches only an empty query)."""
+    validate_session_id(parent_id)
+    check_query(query)
     owners = OwnerCache(store)
     out: list[ChildEntry | DiagnosticEntry] = []
     for indexed in indexed_children(store, parent_id):
@@ -302,6 +305,8 @@ def list_descendants(store: Store, root_id: str, query: Query | None = None) -> 
 
     ``query`` keeps only the matching rows; the walk still goes through the others
     (a matching grandchild below a parent that does not match is listed)."""
+    validate_session_id(root_id)
+    check_query(query)
     owners = OwnerCache(store)
     rows: list[DescendantRow] = []
     visited = {root_id}

@@ -8,13 +8,13 @@ refused on write (``InvalidHeaderError``) and reported corrupt on read.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from .errors import InvalidHeaderError, UnsupportedFormatError
 from .ids import is_valid_session_id
+from .records import finite_number
 
 __all__ = ["HEADER_VERSION", "SessionHeader", "parse_header"]
 
@@ -49,7 +49,7 @@ class SessionHeader(BaseModel):
     def _created_at(cls, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError("created_at must be a number of seconds")
-        if not math.isfinite(value) or value < 0:
+        if not finite_number(value) or value < 0:
             raise ValueError("created_at must be a non-negative finite number")
         if value >= LATEST_CREATED_AT:
             raise ValueError("created_at must be a time before the year 10000")

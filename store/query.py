@@ -17,14 +17,14 @@ from __future__ import annotations
 import base64
 import fnmatch
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterable, Protocol, Sequence, TypeVar
 
 from .errors import InvalidQueryError
 from .outcome import OUTCOMES
+from .records import finite_number
 
-__all__ = ["Query", "Matcher", "Page", "SORTS", "STATUSES", "paginate", "sort_key", "encode_cursor", "decode_cursor"]
+__all__ = ["Query", "Matcher", "Page", "SORTS", "STATUSES", "check_page", "check_query", "paginate", "sort_key", "encode_cursor", "decode_cursor"]
 
 T = TypeVar("T")
 
@@ -61,7 +61,7 @@ def _moment(name: str, value: Any) -> None:
     every time, so ``since=nan`` would have kept every row rather than any it names."""
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+    if not finite_number(value):
         raise InvalidQueryError(f"{name} must be None or a time in seconds since the epoch, not {value!r}")
 
 
@@ -147,15 +147,47 @@ def encode_cursor(sort: str, reverse: bool, key: tuple[Any, ...]) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
+# what each sort's key holds (``sort_key``): a cursor's key is compared with rows' keys, so a key of
+# other types (a hand-edited cursor) raised a bare TypeError in the comparison
+_NUMBER, _TEXT = "number", "text"
+_KEY_KINDS = {"created": (_NUMBER, _TEXT), "label": (_TEXT, _NUMBER, _TEXT), "status": (_NUMBER, _NUMBER, _TEXT)}
+
+
+def _of_kind(value: Any, kind: str) -> bool:
+    return finite_number(value) if kind == _NUMBER else isinstance(value, str)
+
+
 def decode_cursor(cursor: str, sort: str, reverse: bool) -> tuple[Any, ...]:
+    shown = repr(cursor[:40]) if isinstance(cursor, str) else f"of type {type(cursor).__name__}"
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         got_sort, got_reverse, key = json.loads(raw)
     except (ValueError, TypeError):
-        raise InvalidQueryError(f"the cursor {cursor[:40]!r} is not one this program printed") from None
-    if got_sort != sort or got_reverse != reverse or not isinstance(key, list):
+        raise InvalidQueryError(f"the cursor {shown} is not one this program printed") from None
+    if got_sort != sort or got_reverse != reverse:
         raise InvalidQueryError("the cursor belongs to a listing with another sort or order: repeat that listing's options")
+    kinds = _KEY_KINDS.get(sort, ())
+    if not (isinstance(key, list) and len(key) == len(kinds) and all(_of_kind(v, k) for v, k in zip(key, kinds))):
+        raise InvalidQueryError(f"the cursor {shown} is not one this program printed")
     return tuple(key)
+
+
+def check_page(*, query: Any = None, limit: Any = None, cursor: Any = None) -> None:
+    """A listing's arguments, checked before it reads a byte, on every path the listing may take
+    (``find_roots`` has one that never reaches ``paginate``)."""
+    check_query(query)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+        raise InvalidQueryError(f"limit must be a whole number of rows, not {limit!r}")
+    if limit is not None and limit < 1:
+        raise InvalidQueryError("limit must be at least 1")
+    if cursor is not None and not isinstance(cursor, str):
+        raise InvalidQueryError(f"the cursor must be the text a listing printed, not {type(cursor).__name__}")
+
+
+def check_query(query: Any) -> None:
+    """``None`` or a ``Matcher``: a dict or a string was taken, and failed only once a row was there to match."""
+    if query is not None and not callable(getattr(query, "matches", None)):
+        raise InvalidQueryError(f"query must be a Query or None, not {type(query).__name__}")
 
 
 def paginate(
@@ -163,8 +195,7 @@ def paginate(
     limit: int | None = None, cursor: str | None = None,
 ) -> Page[T]:
     """The rows ``query`` keeps, ordered by ``sort`` (``reverse``: descending), after ``cursor``, at most ``limit``."""
-    if limit is not None and limit < 1:
-        raise InvalidQueryError("limit must be at least 1")
+    check_page(query=query, limit=limit, cursor=cursor)
     key = sort_key(sort)
     kept: Sequence[T] = sorted((r for r in rows if query is None or query.matches(r)), key=key, reverse=reverse)
     if cursor is not None:

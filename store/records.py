@@ -174,8 +174,15 @@ def problem_of(model: type[BaseModel]) -> Check:
 mailbox_problem = problem_of(MailboxFields)
 
 
-def _finite_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def finite_number(value: Any) -> bool:
+    """A number a float holds: no bool, NaN or infinity, and no int past a float's range (``math.isfinite``
+    raises ``OverflowError`` for ``10**400``, which reached callers as a bare exception)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def event_problem(record: dict[str, Any]) -> str | None:
@@ -204,7 +211,7 @@ def _envelope_problem(record: dict[str, Any]) -> str | None:
     kind = record.get("type")
     if not isinstance(kind, str):
         return f"type must be a string, not {type(kind).__name__}"
-    if not _finite_number(record.get("ts")):
+    if not finite_number(record.get("ts")):
         return "ts must be a finite number"
     epoch = record.get("epoch", 0)
     if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:

@@ -38,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
 import os
 import re
 import resource
@@ -60,6 +59,7 @@ from .index import drop_index, indexed_children, mark_all_active, read_children,
 from .lease import check_lease, host_identity, owner_alive, owner_record_unreadable, process_start_time, read_owner
 from .leftovers import remove_leftovers
 from .reaper import reap_owners
+from .records import finite_number
 from .reserve import keep_reserve, reserve_path, spend_reserve
 from .locks import PinnedLock
 from .log import read_projection
@@ -164,6 +164,8 @@ def age_seconds(text: str) -> float | None:
 
 def parse_age(text: str) -> float:
     """``30s``, ``15m`` (or ``15min``), ``12h``, ``7d``, ``2w``, ``1.5h``, ``.5h`` in seconds; ``InvalidQueryError`` otherwise."""
+    if not isinstance(text, str):
+        raise InvalidQueryError(f"an age is text such as 30s, 15m, 12h, 7d or 2w, not {type(text).__name__}")
     seconds = age_seconds(text)
     if seconds is None:
         raise InvalidQueryError(f"{text!r} is not an age such as 30s, 15m, 12h, 7d or 2w")
@@ -621,6 +623,8 @@ def _collect(
     store: Store, older_than_s: float, *, outcomes: Iterable[str], dry_run: bool, now: float | None,
 ) -> GcReport:
     started = time.monotonic()
+    if not isinstance(dry_run, bool):  # any false value ran a real collection: ``dry_run=None`` deleted
+        raise InvalidQueryError(f"dry_run must be True or False, not {dry_run!r}")
     if isinstance(outcomes, (str, bytes)):  # a string is iterable: "completed" was read as c, o, m, p, ...
         raise InvalidQueryError(f"outcomes must be a list of outcomes, not the string {outcomes!r}")
     if not isinstance(outcomes, Iterable):  # None, a number: a bare TypeError from frozenset() otherwise
@@ -633,7 +637,7 @@ def _collect(
     bad = sorted(wanted - {*OUTCOMES, "none"})
     if bad:
         raise InvalidQueryError(f"outcome {', '.join(bad)} is not one of {', '.join((*OUTCOMES, 'none'))}")
-    if isinstance(older_than_s, bool) or not isinstance(older_than_s, (int, float)) or not math.isfinite(older_than_s) or older_than_s < 0:
+    if not finite_number(older_than_s) or older_than_s < 0:
         raise InvalidQueryError(f"older_than_s must be a non-negative number of seconds, not {older_than_s!r}")
     cutoff = (time.time() if now is None else now) - older_than_s
     state = _Pass(store, cutoff)

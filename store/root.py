@@ -23,7 +23,7 @@ import msgpack
 from .atomic import make_dirs, read_bytes, write_atomic
 from .checkpoints import AppendCheckpoints
 from .durability import Durability, durability_policy
-from .errors import REFUSED, ReadOnlyStoreError, StoreFormatError, StoreNotFoundError, UnreadableStoreError
+from .errors import REFUSED, ReadOnlyStoreError, StoreFormatError, StoreNotFoundError, SubagentError, UnreadableStoreError
 from .framing import DEFAULT_RECORD_LIMIT, MAX_RECORD_BYTES
 from .ids import is_valid_session_id, validate_session_id
 
@@ -175,6 +175,8 @@ class Store:
     ) -> None:
         """``max_record_bytes`` is used only when this call creates the store; an existing
         store keeps the limit in its marker (every writer of a store must agree)."""
+        if not isinstance(root, (str, os.PathLike)):  # ``os.fspath(None)``'s bare TypeError otherwise
+            raise SubagentError(f"a store's path must be text or a path, not {type(root).__name__}", code="INVALID_REQUEST")
         self.root = os.path.abspath(os.fspath(root))
         self.durability = durability if isinstance(durability, Durability) else durability_policy(durability)
         # where this handle's last append to each shared framed file (children index,

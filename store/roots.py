@@ -36,7 +36,7 @@ from .lease import OwnerCache, session_status
 from .index_file import IndexFile, rebuilding
 from .log import read_projection
 from .outcome import Outcome, outcome_of
-from .query import Matcher, Page, decode_cursor, encode_cursor, paginate, sort_key
+from .query import Matcher, Page, check_page, decode_cursor, encode_cursor, paginate, sort_key
 from .reader import read_header
 from .records import IndexFields, problem_of
 from .root import Store
@@ -391,6 +391,7 @@ def find_roots(
     only, growing the window until the page is full: the cost follows the page,
     not the store. Any other order reads every root.
     """
+    check_page(query=query, limit=limit, cursor=cursor)
     if sort != "created" or not newest_first or limit is None:
         return paginate(list_roots(store), query=query, sort=sort, reverse=newest_first, limit=limit, cursor=cursor)
     key = sort_key(sort)

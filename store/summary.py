@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from .catalog import DiagnosticEntry, list_descendants
 from .held import held_sessions
+from .ids import validate_session_id
 from .root import Store
 from .roots import list_roots
 
@@ -42,6 +43,8 @@ class Summary:
 
 
 def summarize(store: Store, root: str | None = None) -> Summary:
+    if root is not None:
+        validate_session_id(root)
     tops = [] if root is not None else list_roots(store)
     roots = [root] if root is not None else [r.id for r in tops]
     # a damaged root is a session too: counted, or a store whose roots no longer read sums up as healthy
