@@ -223,6 +223,10 @@ def load_config(path: str | os.PathLike[str] | None = None, *, env: Mapping[str,
     ``path`` defaults to ``$SUBAGENTS_CONFIG``; ``env`` defaults to
     ``os.environ``. A missing file named explicitly is an error.
     """
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise ConfigError(f"the configuration file must be a path, not {type(path).__name__}")
+    if env is not None and not (isinstance(env, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+        raise ConfigError("env must map names to values, both text, as os.environ does")
     environ = os.environ if env is None else env
     layers: list[tuple[str, dict[str, Any]]] = [(DEFAULT_SOURCE, _parse(DEFAULT_TOML, DEFAULT_SOURCE))]
     file_path = os.fspath(path) if path is not None else environ.get(ENV_CONFIG) or None

@@ -29,10 +29,10 @@ text, so each is written once.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from subagents.store.errors import SubagentError
+from subagents.store.records import finite_number
 from subagents.worker.errors import describe_exit
 from subagents.worker.tools import SANDBOX_MODES
 
@@ -137,7 +137,7 @@ class InvalidRequestError(SubagentError, ValueError):
     @classmethod
     def require_seconds(cls, value: Any, name: str) -> None:
         """``None`` or a finite, non-negative number of seconds."""
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0):
+        if value is not None and (not finite_number(value) or value < 0):
             raise cls(f"{name} must be None or a finite number of seconds >= 0, not {value!r}", field=name)
 
     @classmethod

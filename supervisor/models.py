@@ -127,7 +127,8 @@ class AgentRef:
 def ref_id(agent: Any, name: str = "parent") -> str:
     """The id an ``AgentRef`` or a string names. Anything else is ``INVALID_REQUEST`` here, at the public
     boundary (a list or a dict was a bare ``TypeError: unhashable type`` from a table lookup inside)."""
-    if isinstance(agent, AgentRef):
+    if isinstance(agent, AgentRef):  # built by anyone, checked by nobody: its id may be anything
+        InvalidRequestError.require(agent.id, str, f"{name}.id")
         return agent.id
     InvalidRequestError.require(agent, (AgentRef, str), name)
     return agent
@@ -152,7 +153,7 @@ class SubagentRequest(_Request):
 
     @property
     def parent_id(self) -> str:
-        return self.parent.id if isinstance(self.parent, AgentRef) else self.parent
+        return ref_id(self.parent)
 
 
 class SubagentResult(BaseModel):
@@ -184,7 +185,7 @@ class ContinuableSpec(_Request):
 
     @property
     def parent_id(self) -> str:
-        return self.parent.id if isinstance(self.parent, AgentRef) else self.parent
+        return ref_id(self.parent)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,9 @@ import os
 import pytest
 
 from subagents.store import InvalidQueryError, Query, SubagentError, collect, list_children
-from subagents.supervisor import AncestorAuthority, ContinuableSpec, InvalidRequestError, SubagentRequest, UserAuthority
+from subagents.supervisor import AgentRef, AncestorAuthority, ContinuableSpec, InvalidRequestError, SubagentRequest, Supervisor, UserAuthority
+
+from subagents.supervisor.errors import ConfigError
 
 from ..conftest import disk_snapshot, open_supervisor
 
@@ -52,6 +54,16 @@ WRONG_TYPES = {
     "followup(root, 5, ...)": lambda sup, root: sup.followup(root, 5, "hi"),
     "interrupt(['x'])": lambda sup, root: sup.interrupt(["x"], authority=UserAuthority(root.id)),
     "interrupt(None)": lambda sup, root: sup.interrupt(None, authority=UserAuthority(root.id)),
+    # an AgentRef checks nothing as it is built: an id that is no text was a bare unhashable TypeError inside
+    "start(parent=AgentRef(['x']))": lambda sup, root: sup.start("echo", SubagentRequest(parent=AgentRef(["x"]), prompt="x")),
+    "start_continuable(parent=AgentRef(['x']))":
+        lambda sup, root: sup.start_continuable(ContinuableSpec(parent=AgentRef(["x"]), provider="echo", prompt="x")),
+    "followup(AgentRef(['x']), ...)": lambda sup, root: sup.followup(AgentRef(["x"]), "c", "hi"),
+    "take_messages(AgentRef({}))": lambda sup, root: sup.take_messages(AgentRef({})),
+    "take_messages(AgentRef(None))": lambda sup, root: sup.take_messages(AgentRef(None)),
+    # seconds past a float's range: a bare OverflowError from math.isfinite
+    "wait_for_message(timeout_s=10**400)": lambda sup, root: sup.wait_for_message(root, timeout_s=10**400),
+    "interrupt(wait_s=10**400)": lambda sup, root: sup.interrupt(root.id, authority=UserAuthority(root.id), wait_s=10**400),
 }
 
 
@@ -191,3 +203,24 @@ async def test_a_root_label_utf8_cannot_hold_is_refused_as_a_child_label_is(tmp_
             await sup.open_root(label="\ud800")
         assert str(top.value) == str(child.value)
         assert disk_snapshot(sup.store) == before
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [{"config_file": 5}, {"env": "x"}, {"env": {5: "x"}}, {"env": {"SUBAGENTS_POOL_SIZE": 2}}, {"env": ["SUBAGENTS_STORE"]}],
+    ids=repr,
+)
+async def test_open_configured_refuses_arguments_of_the_wrong_type_as_config_invalid(tmp_path, arguments) -> None:
+    """Each was a bare ``TypeError`` or ``AttributeError`` from inside the configuration loader."""
+    arguments = {"env": {"SUBAGENTS_STORE": str(tmp_path / "store")}} | arguments
+    with pytest.raises(ConfigError) as refused:
+        async with Supervisor.open_configured(**arguments):
+            pass
+    assert refused.value.code == "CONFIG_INVALID"
+    assert not (tmp_path / "store").exists()
+
+
+async def test_gc_refuses_seconds_past_a_floats_range_as_invalid_query(tmp_path) -> None:
+    async with open_supervisor(tmp_path) as sup:
+        with pytest.raises(InvalidQueryError):
+            await sup.gc(10**400, dry_run=True)
