@@ -42,6 +42,9 @@ from subagents.store import (
 )
 from subagents.store.catalog import damage_reason
 from subagents.store.committed import CommittedEnds
+from subagents.store.lease import OwnerCache, check_lease
+from subagents.store.log import read_projection
+from subagents.store.outcome import OutcomeVerdict, outcome_of
 
 from subagents.store.query import Matcher, paginate
 from subagents.store.reader import committed_damage
@@ -105,7 +108,7 @@ def register(verbs: Verbs) -> None:
     log_cmd = verbs.add("log", cmd_log, "the events of a session",
                         example="subagents log 01M8MVY0PZ9RKY15DPNHER70WX --follow")
     log_cmd.add_argument("id", metavar="ID", help="a session id, as `ls`, `tree` or `run` print it, or a unique prefix of one")
-    log_cmd.add_argument("--follow", "-f", action="store_true", help="keep printing new events until interrupted (a one-shot child's, until its turn ends; a corrupt log's, until its damage, which it prints as `log` does)")
+    log_cmd.add_argument("--follow", "-f", action="store_true", help="keep printing new events until interrupted (a one-shot child's, until its turn ends or its host is gone, which it prints as the child's outcome; a corrupt log's, until its damage, which it prints as `log` does)")
     log_cmd.add_argument("--full", action="store_true", help="print each event's data whole (default: one line of 96 characters; --json is never cut)")
 
     summary = verbs.add("summary", cmd_summary, "counts of subagents by status and outcome, and live per supervisor",
@@ -311,24 +314,50 @@ def cmd_log(inv: Invocation) -> int:
     _stop_on_ctrl_c()
     tail = LogTail(store, session_id, found)
     ended = _OneShotEnd()
+
+    def drain() -> None:
+        for event in tail.poll():
+            emit(event)
+            ended.see(event)
+
+    abandoned: OutcomeVerdict | None = None
     try:  # from the first line printed: a Ctrl-C right after it still ends with 0
         for event in found.events:
             emit(event)
             ended.see(event)
         while not ended.ended and tail.damage is None:
             time.sleep(FOLLOW_POLL_S)
-            for event in tail.poll():
-                emit(event)
-                ended.see(event)
+            drain()
+            if ended.one_shot and not ended.ended and tail.damage is None and not _may_grow(store, session_id):
+                drain()  # what its last holder wrote before it let go (a turn/end, then the release)
+                if not ended.ended and tail.damage is None:
+                    abandoned = outcome_of(read_projection(store, session_id), held=False)
+                    break
         if tail.damage is not None:  # committed damage: nothing past it ever reads, so waiting would be silent for good
             damaged = {"session": session_id, "log_status": "corrupt", "damage": dataclasses.asdict(tail.damage)}
             if out.json_mode:
                 out.json(damaged, compact=True)
             else:
                 out.line(render.damage_line(damaged))
+        elif abandoned is not None:  # a one-shot child nobody holds is never resumed: its log ends here
+            closing = {"session": session_id, "outcome": abandoned.outcome, "error": abandoned.error}
+            if out.json_mode:
+                out.json(closing, compact=True)
+            else:
+                out.line(f"({abandoned.outcome}: {abandoned.error})" if abandoned.error else f"({abandoned.outcome})")
     except KeyboardInterrupt:
         pass
     return 0  # as plain `log` on the same damage: the records that read were shown, and where they stop
+
+
+def _may_grow(store: Store, session_id: str) -> bool:
+    """Whether a live owner may still write the session: its lease is held by one, or does not read
+    (unknown, so the follow goes on, as for any session it cannot prove abandoned)."""
+    try:
+        lease = check_lease(store, session_id)
+    except SubagentError:
+        return True
+    return lease is not None and lease.state != "released" and OwnerCache(store).alive(lease.owner)
 
 
 class _OneShotEnd:
@@ -344,6 +373,10 @@ class _OneShotEnd:
     @property
     def ended(self) -> bool:
         return self._one_shot and self._turn_over
+
+    @property
+    def one_shot(self) -> bool:
+        return self._one_shot
 
     def see(self, event: dict[str, Any]) -> None:
         kind = event.get("type")

@@ -20,6 +20,7 @@ import pytest
 
 from subagents import store
 from subagents.store.framing import FRAME, encode_record
+from subagents.store.outcome import CRASHED_ONE_SHOT_TEXT
 
 from ..session_bytes import HEADER_AT, append_log, log_data, log_start, patch
 from .test_cli import _env, _Lines, cli
@@ -113,8 +114,10 @@ def test_log_follow_ends_at_damage_written_while_it_follows(tmp_path: Path) -> N
     """The same when the damage lands after the follow began: a running one-shot child's records, the
     second one damaged, then its turn/end (a committed record past the damage, so no write in flight)."""
     st = store.Store(tmp_path / "st", durability="none")
-    store.create_session(st, "c", events=[("subagent/descriptor", {"version": 1, "mode": "one-shot", "provider": "p"}),
-                                          ("turn/start", {})])
+    owner = store.new_id()
+    store.register_owner(st, owner, ttl=60.0)  # this process: the turn's host, alive while it follows
+    store.create_session(st, "c", lease_owner=owner, events=[("subagent/descriptor", {"version": 1, "mode": "one-shot", "provider": "p"}),
+                                                             ("turn/start", {})])
     proc = subprocess.Popen([sys.executable, "-m", "subagents.supervisor.cli", "--store", "st", "log", "c", "--follow"],
                             cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -134,3 +137,42 @@ def test_log_follow_ends_at_damage_written_while_it_follows(tmp_path: Path) -> N
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("json_mode", [False, True], ids=["text", "json"])
+def test_log_follow_of_a_one_shot_child_whose_host_died_ends_with_the_crash(tmp_path: Path, json_mode: bool) -> None:
+    """Found by a probe: `log --follow` of a one-shot child whose host was killed mid-turn waited in silence
+    for good, while `ls` called it crashed (a one-shot child is never resumed: its log grows no more). It
+    follows while the host lives, and ends with the crash once the host is gone, exiting 0 as at damage."""
+    st = store.Store(tmp_path / "st", durability="none")
+    owner = store.new_id()
+    script = "import sys, time; from subagents import store; store.register_owner(store.Store(sys.argv[1]), sys.argv[2], ttl=60.0); print('up', flush=True); time.sleep(600)"
+    host = subprocess.Popen([sys.executable, "-c", script, st.root, owner], env=_env(), stdout=subprocess.PIPE, text=True)
+    proc = None
+    try:
+        assert host.stdout is not None and host.stdout.readline().strip() == "up"
+        store.create_session(st, "r")
+        store.create_session(st, "c", parent_session="r", origin="subagent", delegation_depth=1, lease_owner=owner, events=[
+            ("subagent/descriptor", {"version": 1, "mode": "one-shot", "provider": "p"}), ("turn/start", {}),
+            ("assistant/message", {"text": "starting"}),
+        ])
+        extra = ["--json"] if json_mode else []
+        proc = subprocess.Popen([sys.executable, "-m", "subagents.supervisor.cli", "--store", "st", "log", "c", "--follow", *extra],
+                                cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        lines = _Lines(proc)
+        assert [lines.next() for _ in range(3)][-1].count("starting") == 1
+        time.sleep(1.0)  # several polls: a live host may still end the turn, so the follow goes on
+        assert proc.poll() is None
+        host.kill()
+        host.wait()
+        last = lines.next().strip()
+        if json_mode:
+            assert json.loads(last) == {"session": "c", "outcome": "crashed", "error": CRASHED_ONE_SHOT_TEXT}
+        else:
+            assert last == f"(crashed: {CRASHED_ONE_SHOT_TEXT})"
+        assert proc.wait(timeout=FOLLOW_DEADLINE_S) == 0
+    finally:
+        for running in (host, proc):
+            if running is not None and running.poll() is None:
+                running.kill()
+                running.wait()
