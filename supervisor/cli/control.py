@@ -224,6 +224,8 @@ def cmd_drain(inv: Invocation) -> int:
     args.root = inv.parent(inv.open_store(write=True), args.root)  # SESSION_NOT_FOUND before any supervisor starts
     doc = inv.stop.host(_drain, inv.config, args.root, args.wait_s)
     inv.emit(doc, render.render_drain)
+    if doc["failed"]:
+        return 1  # each named in the report: the rest was drained
     if not doc["settled"]:
         left = [c["id"] for c in doc["children"] if c["status"] != "complete"]
         raise WaitTimeoutError(
@@ -242,11 +244,14 @@ async def _drain(config: DeploymentConfig, root: str, wait_s: float) -> dict[str
     async with Supervisor.open(store=config.store.path, config=_control_config(config)) as sup:
         asked: list[str] = []
         here: list[str] = []
+        failed: dict[str, str] = {}  # the last reach's word on each child it could not drain
 
         async def reach() -> None:
             reached = await sup.continuation.drain_remote(root)
             asked.extend(c for c in reached.asked if c not in asked)
             here.extend(c for c in reached.here if c not in here)
+            failed.clear()
+            failed.update(reached.failed)
 
         await reach()
         settled = False
@@ -264,4 +269,5 @@ async def _drain(config: DeploymentConfig, root: str, wait_s: float) -> dict[str
         # a host that died while asked leaves its children unhosted, their queued messages in place: drained here
         await reach()
         rows = await anyio.to_thread.run_sync(_continuable_rows, sup.store, root)
-    return {"root": root, "drained": asked, "drained_here": here, "settled": settled, "children": rows}
+    return {"root": root, "drained": asked, "drained_here": here, "settled": settled, "children": rows,
+            "failed": [{"id": child, "problem": problem} for child, problem in failed.items()]}

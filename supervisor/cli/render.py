@@ -483,13 +483,15 @@ def render_interrupt(out: Output, doc: dict[str, Any]) -> None:
 
 def render_drain(out: Output, doc: dict[str, Any]) -> None:
     asked, here = doc["drained"], doc["drained_here"]
+    for failure in doc["failed"]:
+        out.line(f"could not drain {failure['id']}: {failure['problem']} (see `subagents store fsck`)")
     if asked:
         noun = "descendant" if len(asked) == 1 else "descendants"
         out.line(f"asked {len(asked)} continuable {noun} of {doc['root']} to drain: {', '.join(asked)}")
     if here:
         noun = "descendant" if len(here) == 1 else "descendants"
         out.line(f"drained {len(here)} continuable {noun} of {doc['root']} that no supervisor hosted, here: {', '.join(here)}")
-    if not asked and not here:
+    if not asked and not here and not doc["failed"]:
         out.line(f"nothing to drain below {doc['root']}: no continuable descendant of it is hosted or has messages waiting")
     rows = [{k: v for k, v in row.items() if k not in ("parent_id", "depth")} for row in doc["children"]]
     if rows:

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import anyio
 
-from subagents.store import ChildEntry, LogWriter, list_children, list_descendants, pending, read_header, release_lease
+from subagents.store import ChildEntry, DiagnosticEntry, LogWriter, list_children, list_descendants, pending, read_header, release_lease
 from subagents.store.control import ControlRecord
 from subagents.store.control import request as control_request
 from subagents.store.errors import FencedError, RecordTooLargeError, SubagentError
@@ -48,6 +48,8 @@ class Reached:
 
     asked: list[str]  # another live supervisor hosts it: a durable drain request, carried out by that host
     here: list[str]  # nobody hosts it: drained by the caller (an open turn closed, pending messages discarded)
+    # not drained, and why: its files do not read (its row is a diagnostic, or they refused the drain)
+    failed: dict[str, str] = field(default_factory=dict)
 
 
 def _notice(child_id: str, reason: str, output: str, *, cut: int | None = None) -> tuple[dict[str, Any], str]:
@@ -401,15 +403,25 @@ class Teardown:
 
         def targets() -> Reached:
             reached = Reached([], [])
-            below = [row.entry.id for row in list_descendants(store, top_id) if getattr(row.entry, "mode", None) == "continuable"]
+            rows = [row.entry for row in list_descendants(store, top_id)]
+            below = [entry.id for entry in rows if getattr(entry, "mode", None) == "continuable"]
+            for entry in rows:
+                # whether it is a continuable child with work waiting cannot be told: said, not skipped in silence
+                if isinstance(entry, DiagnosticEntry) and entry.id not in skip and entry.id not in self._table:
+                    reached.failed[entry.id] = f"its files do not read ({entry.reason})"
             for child_id in [top_id, *below] if itself else below:
                 if child_id in skip or child_id in self._table:
                     continue
                 if self._delivery.held_elsewhere(child_id):
                     control_request(store, child_id, "drain", request, ids=ids)
                     reached.asked.append(child_id)
-                elif drain_unhosted(store, child_id, self._rt.owner_id):
-                    reached.here.append(child_id)
+                    continue
+                try:
+                    if drain_unhosted(store, child_id, self._rt.owner_id):
+                        reached.here.append(child_id)
+                except SubagentError as exc:
+                    log.warning("could not drain %s, which no supervisor hosts: %s", child_id, exc)
+                    reached.failed[child_id] = f"{exc.code}: {exc.message}"
             return reached
 
         with anyio.CancelScope(shield=True):

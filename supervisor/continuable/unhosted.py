@@ -32,16 +32,14 @@ def pending_of(store: Store, child_id: str, writer: LogWriter | None = None) -> 
 
 def drain_unhosted(store: Store, child_id: str, owner_id: str) -> bool:
     """Tear down a child nobody hosts (blocking); whether anything was written. A child that another
-    supervisor took meanwhile, or whose files refuse it, is left (logged)."""
+    supervisor took meanwhile is left; one whose files refuse it (a mailbox that does not read) raises
+    that ``SubagentError``, which the drain reports for the child: it was not drained."""
     try:
         if read_projection(store, child_id).open_turn is None and not pending_of(store, child_id):
             return False
         lease = acquire_lease(store, child_id, owner_id, state="idle")
     except LeaseHeldError:
         return False  # hosted after all: its host was asked
-    except SubagentError:
-        log.warning("could not drain %s, which no supervisor hosts", child_id, exc_info=True)
-        return False
     try:
         with LogWriter.open(store, child_id, epoch=lease.epoch, cause="drain") as writer:
             messages = pending_of(store, child_id, writer)
@@ -51,9 +49,6 @@ def drain_unhosted(store: Store, child_id: str, owner_id: str) -> bool:
             log.info("drained %s, which no supervisor hosted: %d pending message(s) discarded%s", child_id, len(messages),
                      ", its open turn closed" if writer.repaired else "")
         return True
-    except SubagentError:
-        log.warning("could not drain %s, which no supervisor hosts", child_id, exc_info=True)
-        return False
     finally:
         try:
             release_lease(store, child_id, owner_id, lease.epoch)

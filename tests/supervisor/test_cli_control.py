@@ -329,6 +329,27 @@ def test_drain_of_a_child_whose_host_died_discards_its_queued_messages(host) -> 
     assert texts == ["after the drain"], texts
 
 
+@pytest.mark.parametrize("json_mode", [False, True], ids=["text", "json"])
+def test_drain_of_an_unhosted_child_whose_mailbox_does_not_read_names_it_without_a_traceback(host, json_mode: bool) -> None:
+    """Found by a probe: with the mailbox of a child nobody hosts replaced by a folder, drain printed two
+    tracebacks, then "nothing to drain", and exited 0. It now names the child and why, and exits 1."""
+    store_path, ids, proc = host
+    _kill(proc)
+    path = Store(store_path, create=False).path(ids["child"], "mailbox")
+    os.remove(path)
+    os.mkdir(path)
+    done = cli(store_path, "drain", ids["root"], *(["--json"] if json_mode else []))
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr and "nothing to drain" not in done.stdout, (done.stdout, done.stderr)
+    if json_mode:
+        doc = json.loads(done.stdout)
+        assert (doc["drained"], doc["drained_here"]) == ([], [])
+        assert [f["id"] for f in doc["failed"]] == [ids["child"]] and doc["failed"][0]["problem"] == "its files do not read (unavailable)", doc
+    else:
+        first = done.stdout.splitlines()[0]
+        assert first == f"could not drain {ids['child']}: its files do not read (unavailable) (see `subagents store fsck`)", done.stdout
+
+
 def test_drain_text_with_nothing_hosted(host) -> None:
     """A child nobody hosts (its host killed mid-turn) is drained by the command itself, and the text
     says so: before, it said "nothing to drain" while it closed the turn the dead host left open (a

@@ -11,6 +11,7 @@ exited 0. Now ``ls`` lists it ``corrupt`` and ``show`` prints
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -36,7 +37,7 @@ def settled_children(path: Path, mode: str = "one-shot") -> store.Store:
     store.register_owner(st, owner, ttl=60.0)
     for child in ("a", "b"):
         store.create_session(st, child, parent_session="r", origin="subagent", delegation_depth=1, lease_owner=owner,
-                             events=[("subagent/descriptor", {"version": 1, "mode": mode, "provider": "p"})])
+                             events=[("subagent/descriptor", {"version": 1, "mode": mode, "provider": "p", "label": child})])
         with store.LogWriter.open(st, child, epoch=1) as writer:
             writer.append(TURN, commit=True)
         store.release_lease(st, child, owner, 1)
@@ -176,3 +177,13 @@ def test_log_follow_of_a_one_shot_child_whose_host_died_ends_with_the_crash(tmp_
             if running is not None and running.poll() is None:
                 running.kill()
                 running.wait()
+
+
+def test_drain_of_a_settled_child_whose_mailbox_is_a_folder_names_it_without_a_traceback(tmp_path: Path) -> None:
+    """Found by a probe: a settled continuable child (its row read from the index, its mailbox not) whose
+    mailbox was replaced by a folder made drain print two tracebacks, then "nothing to drain", exit 0."""
+    st = settled_children(tmp_path / "st", "continuable")
+    os.mkdir(st.path("b", "mailbox"))
+    done = cli("--store", "st", "drain", "r", cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, (done.stdout, done.stderr)
+    assert done.stdout.splitlines()[0].startswith("could not drain b: SESSION_UNAVAILABLE: "), done.stdout
