@@ -41,7 +41,7 @@ from .ids import is_valid_session_id, new_id
 from .index import read_index
 from .leftovers import find_leftovers
 from .lease import acquire_lease, check_lease, owner_alive, owner_record_unreadable, read_lease, read_owner, register_owner, release_lease, remove_owner
-from .log import LogWriter
+from .log import LogWriter, read_projection
 from .mailbox import read_mailbox, require_consumed_prefix
 from .reader import Inspection, inspect, inspect_error_kind, read_header
 from .root import COMPANIONS, Store
@@ -178,9 +178,19 @@ def _mailbox_damage(store: Store, session_id: str) -> str | None:
     (``mailbox-corrupt``) and ``show`` and a send from a new process run into (an append with no
     checkpoint reads the mailbox from its start, and refuses). So the whole mailbox is read too.
     Either way the mailbox is left as it is, ``--repair`` or not: only a torn tail may be cut,
-    by the next acceptance, and every other byte may be an accepted message."""
+    by the next acceptance, and every other byte may be an accepted message.
+
+    The first reading needs the log's projection: a log that does not read is the log's own
+    finding (``corrupt``), and was reported a second time as this mailbox's, which was intact;
+    the mailbox is then read whole, alone."""
+    consumed_end = 0
     try:
-        consumed_end = require_consumed_prefix(store, session_id)
+        projection = read_projection(store, session_id)
+    except (SubagentError, OSError):
+        projection = None
+    try:
+        if projection is not None:
+            consumed_end = require_consumed_prefix(store, session_id, projection)
     except (SubagentError, OSError) as exc:
         # an acceptance is refused until the mailbox is restored: it would never be delivered
         return f"{_said(exc)} (messages sent to it are refused)"

@@ -668,3 +668,30 @@ def test_fsck_reports_no_stale_entry_for_a_child_created_after_it_listed_the_ses
     assert _index_findings(st, listed_before) == []
     os.unlink(st.session_path("c1"))  # an entry no header proves: stale, as before
     assert [f["kind"] for f in _index_findings(st, st.session_ids())] == ["index-stale"]
+
+
+def test_fsck_reports_damage_in_a_log_as_the_logs_not_its_mailboxs(st):
+    """Found by a probe: zeros in the middle of a child's log (its mailbox untouched) were reported twice, as
+    ``corrupt`` and as ``mailbox-damaged`` ("messages sent to it are refused", in ``damaged_mailboxes``): the
+    mailbox check reads the log's projection first, and took the log's damage for the mailbox's."""
+    from ..session_bytes import patch
+
+    store.create_session(st, "r", created_at=1.0)
+    owner = store.new_id()
+    store.register_owner(st, owner, ttl=60.0)
+    make_child(st, "r", "c", descriptor={"version": 1, "mode": "continuable", "provider": "p", "label": "c"}, created_at=2.0, lease_owner=owner)
+    with store.LogWriter.open(st, "c", epoch=1) as writer:
+        writer.append(TURN, commit=True)  # committed: damage before it is corruption, not a torn tail
+    store.release_lease(st, "c", owner, 1)
+    store.accept(st, "c", source={"kind": "user"}, content="waiting", ids=store.IdGenerator())
+    mailbox = read_file(st.path("c", "mailbox"))
+    found = store.inspect(st, "c")
+    patch(st, "c", log_start(st, "c") + found.offsets[1] + FRAME.size + 8, b"\0" * 20)
+    report = fsck(st, repair=False, lease_ttl_s=5.0)
+    assert [f["kind"] for f in report["findings"] if f["id"] == "c"] == ["corrupt"], report["findings"]
+    assert report["damaged_mailboxes"] == []
+    assert read_file(st.path("c", "mailbox")) == mailbox
+    # damage in the mailbox itself is still its own finding beside the log's
+    write_file(st.path("c", "mailbox"), b"\x13" * 64)
+    report = fsck(st, repair=False, lease_ttl_s=5.0)
+    assert sorted(f["kind"] for f in report["findings"] if f["id"] == "c") == ["corrupt", "mailbox-damaged"], report["findings"]
