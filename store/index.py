@@ -250,8 +250,11 @@ def reindex(store: Store, *, keep_unacknowledged: bool = False) -> ReindexReport
         elif header.parent_session is not None:
             proven[header.parent_session][header.id] = _entry_of(store, header)
     parents = set(proven) | {name for name in os.listdir(store.children_index_dir) if is_valid_session_id(name)}
-    # every index it rewrites, before the first: one it may not write (another user's) would stop it halfway
-    store.require_writable(*(store.children_index_path(parent_id) for parent_id in parents))
+    # every index it rewrites, before the first: one it may not write (another user's), or a folder in
+    # an index's place (the roots index too, which ``rebuild_roots`` rewrites next), would stop it halfway
+    indexes = [store.children_index_path(parent_id) for parent_id in parents]
+    store.require_index_files(*indexes, store.roots_index_path)
+    store.require_writable(*indexes)
     report = ReindexReport({}, {}, {}, {})
     steps = Steps(KILL_AFTER_ENV)
     for parent_id in sorted(parents):

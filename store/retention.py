@@ -648,6 +648,7 @@ def _collect(
         if not dry_run:
             # every folder and index gc writes, before anything moves: a gc that could not record
             # its deletions would leave the trash and stale index entries behind
+            store.require_index_files(roots_index_path(store))
             store.require_writable(store.index_dir, roots_index_path(store), store.trash_dir)
             make_dirs(store.trash_dir, durable=store.durability.syncs_at_commit)
             # gc's lock, made with the reserve (or by the first gc: on a full disk, from the reserve)

@@ -324,6 +324,27 @@ class Store:
     def children_index_path(self, parent_id: str) -> str:
         return os.path.join(self.root, "index", "children", validate_session_id(parent_id))
 
+    @property
+    def roots_index_path(self) -> str:
+        return os.path.join(self.root, "index", "roots")
+
+    def require_index_files(self, *paths: str) -> None:
+        """``StoreFormatError`` for an index path of these that exists and is no regular file (a folder,
+        a link): an index is replaced by a rename and appended in place, which a folder there refuses
+        only after the writer began (``gc`` had moved the sessions it collects to its trash), and
+        its error named the index as a session. Checked before a writer that rewrites indexes begins."""
+        for path in paths:
+            try:
+                mode = os.lstat(path).st_mode
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISREG(mode):
+                what = "a folder" if stat.S_ISDIR(mode) else "a symbolic link" if stat.S_ISLNK(mode) else "no regular file"
+                raise StoreFormatError(
+                    f"{os.path.relpath(path, self.root)} in the store at {self.root} is {what}, not the index file the store keeps "
+                    "there: move it out of the store, then run `subagents store reindex`", path=path,
+                )
+
     def exists(self, session_id: str) -> bool:
         """Whether ``sessions/<id>`` exists (a session is published exactly when its file is)."""
         return os.path.lexists(self.session_path(session_id))

@@ -76,7 +76,7 @@ Row = RootEntry | DiagnosticEntry  # a top-level listing's row: a root, or one w
 
 
 def roots_index_path(store: Store) -> str:
-    return os.path.join(store.root, "index", "roots")
+    return store.roots_index_path
 
 
 def subagent_count(store: Store, session_id: str) -> int:
@@ -113,6 +113,7 @@ def rebuild_roots(store: Store) -> list[str]:
 
     A listed root whose header does not read keeps its entry (as ``reindex`` keeps a damaged
     child's): it stays listed as a diagnostic row until its file is restored or removed."""
+    store.require_index_files(store.roots_index_path)
     with rebuilding(_index_file(store)):
         roots = _root_headers(store)
         found = _read_suffix(store, 1 << 62, read_around_empty=False)  # what it lists: no warning to run what runs

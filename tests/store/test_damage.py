@@ -695,3 +695,30 @@ def test_fsck_reports_damage_in_a_log_as_the_logs_not_its_mailboxs(st):
     write_file(st.path("c", "mailbox"), b"\x13" * 64)
     report = fsck(st, repair=False, lease_ttl_s=5.0)
     assert sorted(f["kind"] for f in report["findings"] if f["id"] == "c") == ["corrupt", "mailbox-damaged"], report["findings"]
+
+
+@pytest.mark.parametrize("which", ["roots", "children"])
+def test_an_index_file_replaced_by_a_folder_is_refused_before_reindex_or_gc_changes_anything(tmp_path, which):
+    """Found by a probe: with ``index/roots`` a folder, ``reindex`` failed with SESSION_UNAVAILABLE naming
+    a session "roots", and ``gc`` moved every session it collects to its trash, then failed the same way,
+    every time after too. Both now refuse first (``STORE_FORMAT``, naming the path and what to do)."""
+    st = store.Store(tmp_path / "store", durability="none")
+    store.create_session(st, "r", created_at=1.0)
+    make_child(st, "r", "c", created_at=2.0)
+    path = os.path.join(st.index_dir, "roots") if which == "roots" else st.children_index_path("r")
+    os.remove(path)
+    os.mkdir(path)
+    before = tree_state(st.root)
+    with pytest.raises(store.StoreFormatError, match="move it out of the store") as refused:
+        store.reindex(st)
+        store.rebuild_roots(st)
+    assert os.path.relpath(path, st.root) in refused.value.message
+    if which == "roots":
+        with pytest.raises(store.StoreFormatError, match="move it out of the store"):
+            store.collect(st, 0)
+    assert tree_state(st.root) == before
+    os.rmdir(path)  # as the error says: then reindex, and gc, go through
+    store.reindex(st, keep_unacknowledged=True)  # the child was never used: only its lost entry proved it was handed out
+    store.rebuild_roots(st)
+    assert [row.id for row in store.list_children(st, "r")] == ["c"]
+    assert store.collect(st, 0).sessions == 2
