@@ -80,6 +80,23 @@ def test_show_prints_the_result_the_outcome_and_the_failure(st: Store) -> None:
     assert re.search(r"^failure\s+RuntimeError: boom$", ok(st, "show", "c0000000AAAB"), re.M)
 
 
+def test_show_takes_the_result_from_the_last_finished_turn_never_from_an_open_one(st: Store) -> None:
+    """Found by a probe: show printed an open (or crashed) turn's last message as the child's ``result``, e.g.
+    "starting" for a one-shot child killed mid-turn. A result is a finished turn's closing message."""
+    parent = "r3AAAAAAAAAA"
+    events = [("subagent/descriptor", {**ONE_SHOT, "label": "crashed"}),
+              ("message/accepted", {"message_id": "m-x", "source": {"kind": "user"}, "content": "go"}),
+              ("turn/start", {"message_id": "m-x"}), ("assistant/message", {"text": "starting"})]
+    create_session(st, "c0000000AAAF", parent_session=parent, origin="subagent", delegation_depth=1, events=events)
+    doc = json.loads(ok(st, "show", "c0000000AAAF", "--json"))
+    assert (doc["outcome"], doc["result"]) == ("crashed", None), doc
+    assert not re.search(r"^result\s", ok(st, "show", "c0000000AAAF"), re.M)
+    # a later turn, open: the result stays the finished turn's
+    with store.LogWriter.open(st, "c0000000AAAA", epoch=0) as writer:
+        writer.append([("turn/start", {}), ("assistant/message", {"text": "half-way"})], commit=True)
+    assert json.loads(ok(st, "show", "c0000000AAAA", "--json"))["result"] == "the closing message\nwith a second line"
+
+
 def test_log_full_and_json_are_never_cut(st: Store) -> None:
     """log cuts data at 96 characters; --full and --json print it whole."""
     cut = ok(st, "log", "c0000000AAAB")
