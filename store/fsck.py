@@ -22,7 +22,8 @@ header does not read (``index-unproven``: kept, the only record of where the
 damaged session belongs), and index entries of sessions an
 interrupted ``gc`` left in ``trash/`` (``collecting``: harmless, the next gc ends it), and folders
 a gc moved aside in ``trash/`` rather than delete (``set-aside``: another program's), and the
-temporary files of rewrites a kill interrupted (``interrupted-write``: ``store/leftovers.py``). Every read goes through the store's
+temporary files of rewrites a kill interrupted (``interrupted-write``: ``store/leftovers.py``), and sessions whose
+header names a parent the store no longer holds (``parent-missing``: no listing reaches them). Every read goes through the store's
 defensive readers, so a damaged file is a finding about its own session.
 """
 
@@ -369,6 +370,15 @@ def _index_findings(store: Store, session_ids: list[str]) -> list[dict[str, Any]
             if _header_names(store, child, parent):
                 continue  # created after ``sessions/`` was listed (a host at work beside fsck): not stale
             findings.append({"id": child, "kind": "index-stale", "detail": f"indexed under {parent} but no header proves it (harmless; `subagents store reindex` drops it)"})
+    present = set(session_ids)
+    for parent in sorted(set(proven) - present):
+        if store.exists(parent):
+            continue  # created since ``sessions/`` was listed
+        for child in sorted(proven[parent]):
+            # ``store check`` said so; fsck was silent and exited 0 while no listing showed the child
+            findings.append({"id": child, "kind": "parent-missing", "detail": f"its header names parent {parent}, which the "
+                             "store does not hold: no listing reaches it and no gc collects it (restore the parent's file, "
+                             "or remove this session's files by hand)"})
     return findings
 
 

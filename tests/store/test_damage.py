@@ -722,3 +722,14 @@ def test_an_index_file_replaced_by_a_folder_is_refused_before_reindex_or_gc_chan
     store.rebuild_roots(st)
     assert [row.id for row in store.list_children(st, "r")] == ["c"]
     assert store.collect(st, 0).sessions == 2
+
+
+def test_fsck_reports_a_session_whose_parent_is_gone(st):
+    """Found by a probe: with a root's file removed, its child dropped out of every listing; ``store check``
+    said so (``parent-missing``), but fsck was silent and exited 0."""
+    store.create_session(st, "r", created_at=1.0)
+    make_child(st, "r", "c", created_at=2.0)
+    make_child(st, "c", "g", created_at=3.0, delegation_depth=2)
+    os.remove(st.session_path("r"))
+    report = fsck(st, repair=False, lease_ttl_s=5.0)
+    assert [(f["id"], f["kind"]) for f in report["findings"] if f["kind"] == "parent-missing"] == [("c", "parent-missing")], report["findings"]

@@ -258,6 +258,14 @@ def test_fsck_and_show_say_that_a_lease_does_not_read(st: Store) -> None:
     assert doc["status"] is None and doc["outcome"] == "completed"  # what its log says: its last turn completed
 
 
+def test_fsck_names_the_children_of_a_removed_root_and_exits_1(st: Store) -> None:
+    """Found by a probe: with a root's file removed, fsck was silent about its children and exited 0."""
+    os.remove(st.session_path("r3AAAAAAAAAA"))
+    done = run_cli(st, "store", "fsck", "--json")
+    orphans = [f["id"] for f in json.loads(done.stdout)["findings"] if f["kind"] == "parent-missing"]
+    assert done.returncode == 1 and len(orphans) == 5, (done.returncode, orphans)
+
+
 def test_a_root_whose_header_is_damaged_is_listed_as_a_diagnostic(st: Store) -> None:
     """A listed root whose header no longer reads shows as a `corrupt` row; it never silently disappears."""
     patch(st, "r2AAAAAAAAAA", HEADER_AT + 8, b"junk")
