@@ -47,13 +47,16 @@ def refused(done: subprocess.CompletedProcess[str], code: str) -> str:
     return lines[0][len(f"error: {code}: "):]
 
 
-def _family(tmp_path: Path) -> tuple[Path, str, str]:
-    """A store holding a root and one continuable-looking child of it (headers only)."""
+def _family(tmp_path: Path, *, described: bool = False) -> tuple[Path, str, str]:
+    """A store holding a root and one continuable-looking child of it (headers only; ``described``: the
+    child's log opens with a continuable descriptor, so that listings read it as a sound child, not a
+    damaged one, which ``drain`` names as one it could not drain)."""
     path = tmp_path / "st"
     st = Store(path, durability="none")
     root, child = store.new_id(), store.new_id()
     create_session(st, root, events=[("approval/policy", {"policy": "never", "source": "test"})])
-    create_session(st, child, parent_session=root, origin="subagent", delegation_depth=1)
+    events = [("subagent/descriptor", {"version": 1, "mode": "continuable", "provider": "echo", "label": "c"})] if described else []
+    create_session(st, child, parent_session=root, origin="subagent", delegation_depth=1, events=events)
     return path, root, child
 
 
@@ -365,7 +368,7 @@ def test_top_refuses_an_interval_it_cannot_wait_or_that_would_spin(tmp_path: Pat
 @pytest.mark.parametrize("wait_s", ["inf", "1e300"])
 def test_drain_may_wait_without_limit(tmp_path: Path, wait_s: str) -> None:
     """``--wait-s`` of ``send`` and ``drain`` takes inf (no limit): a deadline that far is no sleep that overflows."""
-    path, root, _child = _family(tmp_path)
+    path, root, _child = _family(tmp_path, described=True)
     done = cli("--store", str(path), "drain", root, "--wait-s", wait_s, "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["settled"] is True
