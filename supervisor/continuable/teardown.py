@@ -21,7 +21,8 @@ from typing import Any, Iterable
 
 import anyio
 
-from subagents.store import ChildEntry, DiagnosticEntry, LogWriter, list_children, list_descendants, pending, read_header, release_lease
+from subagents.store import ChildEntry, DiagnosticEntry, LogWriter, Store, list_children, list_descendants, pending, read_header, release_lease
+from subagents.store.catalog import indexed_children
 from subagents.store.control import ControlRecord
 from subagents.store.control import request as control_request
 from subagents.store.errors import FencedError, RecordTooLargeError, SubagentError
@@ -403,11 +404,14 @@ class Teardown:
 
         def targets() -> Reached:
             reached = Reached([], [])
-            rows = [row.entry for row in list_descendants(store, top_id)]
-            below = [entry.id for entry in rows if getattr(entry, "mode", None) == "continuable"]
-            for entry in rows:
-                # whether it is a continuable child with work waiting cannot be told: said, not skipped in silence
-                if isinstance(entry, DiagnosticEntry) and entry.id not in skip and entry.id not in self._table:
+            rows = list_descendants(store, top_id)
+            below = [row.entry.id for row in rows if getattr(row.entry, "mode", None) == "continuable"]
+            for row in rows:
+                entry = row.entry
+                # whether it is a continuable child with work waiting cannot be told from its files: said, not
+                # skipped in silence, unless its parent's index recorded it one-shot (no drain's business)
+                if (isinstance(entry, DiagnosticEntry) and entry.id not in skip and entry.id not in self._table
+                        and _indexed_mode(store, row.parent_id, entry.id) != "one-shot"):
                     reached.failed[entry.id] = f"its files do not read ({entry.reason})"
             for child_id in [top_id, *below] if itself else below:
                 if child_id in skip or child_id in self._table:
@@ -436,6 +440,11 @@ class Teardown:
             self.open_disposal(act, discard=False)
         for act in acts:
             await act.disposed.wait()
+
+
+def _indexed_mode(store: Store, parent_id: str, child_id: str) -> str | None:
+    """The mode the parent's children index recorded for the child at its creation (None: not recorded)."""
+    return next((e.mode for e in indexed_children(store, parent_id) if e.id == child_id), None)
 
 
 def _aimed_at(act: Activation, aim: dict[str, Any]) -> bool | None:

@@ -187,3 +187,15 @@ def test_drain_of_a_settled_child_whose_mailbox_is_a_folder_names_it_without_a_t
     done = cli("--store", "st", "drain", "r", cwd=tmp_path)
     assert done.returncode == 1 and "Traceback" not in done.stderr, (done.stdout, done.stderr)
     assert done.stdout.splitlines()[0].startswith("could not drain b: SESSION_UNAVAILABLE: "), done.stdout
+
+
+def test_drain_passes_over_a_damaged_child_its_index_records_as_one_shot(tmp_path: Path) -> None:
+    """A drain tears down continuable descendants only: a damaged child whose index entry says it is
+    one-shot is none of its business, and does not make it exit 1 (one of unknown mode does, above)."""
+    st = settled_children(tmp_path / "st", "one-shot")
+    assert {e.id: e.mode for e in store.read_children(st, "r")} == {"a": "one-shot", "b": "one-shot"}
+    flip(st, "b", HEADER_AT + 11)
+    listed = json.loads(cli("--store", "st", "ls", "r", "--json", cwd=tmp_path).stdout)
+    assert [row.get("kind") for row in listed] == ["child", "diagnostic"], listed
+    done = cli("--store", "st", "drain", "r", cwd=tmp_path)
+    assert done.returncode == 0 and "could not drain" not in done.stdout, (done.stdout, done.stderr)
