@@ -71,7 +71,7 @@ from .root import Store
 from .session_file import HEADER_AT
 
 __all__ = [
-    "ChildStatus", "DiagnosticReason", "ChildEntry", "DiagnosticEntry", "damage_reason", "DescendantRow", "Identity", "indexed_children",
+    "ChildStatus", "DiagnosticReason", "ChildEntry", "DiagnosticEntry", "damage_reason", "DescendantRow", "Identity", "listed_children",
     "read_identity", "list_children", "list_descendants",
 ]
 
@@ -118,8 +118,9 @@ def _has_subagent_children(children: list[IndexEntry]) -> bool:
     return any(e.origin == "subagent" for e in children)
 
 
-def indexed_children(store: Store, parent_id: str) -> list[IndexEntry]:
-    """The index entries; a damaged index is logged (``fsck`` flags it for reindex) and read past, and
+def listed_children(store: Store, parent_id: str) -> list[IndexEntry]:
+    """The entries a listing lists from (not ``index.indexed_children``, every id any index lists): the
+    index entries; a damaged index is logged (``fsck`` flags it for reindex) and read past, and
     the children whose headers name the parent are read beside it (a scan of every header, until a
     reindex): the entries its damage hid would otherwise drop out of every listing."""
     found = read_index(store, parent_id)
@@ -195,7 +196,7 @@ def _settled_row(store: Store, indexed: IndexEntry, children: list[IndexEntry] |
         mode=indexed.mode,  # type: ignore[arg-type]
         status="complete",
         has_children=settled.has_children if settled.has_children is not None and children is None
-        else _has_subagent_children(indexed_children(store, indexed.id) if children is None else children),
+        else _has_subagent_children(listed_children(store, indexed.id) if children is None else children),
         outcome=settled.outcome,  # type: ignore[arg-type]
         error_code=settled.error_code,
         error=settled.error,
@@ -263,7 +264,7 @@ def _row(
         label=descriptor.label,
         mode=descriptor.mode,
         status=status,
-        has_children=_has_subagent_children(indexed_children(store, child_id) if children is None else children),
+        has_children=_has_subagent_children(listed_children(store, child_id) if children is None else children),
         outcome=verdict.outcome,
         error_code=verdict.error_code,
         error=verdict.error,
@@ -291,7 +292,7 @@ def list_children(store: Store, parent_id: str, query: Query | None = None) -> l
     check_query(query)
     owners = OwnerCache(store)
     out: list[ChildEntry | DiagnosticEntry] = []
-    for indexed in indexed_children(store, parent_id):
+    for indexed in listed_children(store, parent_id):
         if indexed.origin != "subagent":
             continue
         row = _entry(store, parent_id, indexed, owners)
@@ -311,7 +312,7 @@ def list_descendants(store: Store, root_id: str, query: Query | None = None) -> 
     rows: list[DescendantRow] = []
     visited = {root_id}
     stack: list[tuple[IndexEntry, str, int]] = [
-        (e, root_id, 1) for e in reversed(indexed_children(store, root_id))
+        (e, root_id, 1) for e in reversed(listed_children(store, root_id))
     ]
     while stack:
         indexed, parent, depth = stack.pop()
@@ -319,7 +320,7 @@ def list_descendants(store: Store, root_id: str, query: Query | None = None) -> 
         if node in visited:
             continue
         visited.add(node)
-        below = indexed_children(store, node)
+        below = listed_children(store, node)
         row = _entry(store, parent, indexed, owners, below)
         if row is not None and (query is None or query.matches(row)):
             rows.append(DescendantRow(row, parent, depth))

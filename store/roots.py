@@ -28,7 +28,7 @@ from typing import Any, Literal, NamedTuple
 
 from .appender import append_durably
 from .atomic import NOFOLLOW, read_bytes, write_atomic
-from .catalog import ChildStatus, DiagnosticEntry, damage_reason, indexed_children
+from .catalog import ChildStatus, DiagnosticEntry, damage_reason, listed_children
 from .errors import CorruptSessionError, SessionNotFoundError, SubagentError
 from .framing import SkimResult, encode_record, scan_all, scan_suffix, torn_tail
 from .ids import is_valid_session_id
@@ -83,7 +83,7 @@ def subagent_count(store: Store, session_id: str) -> int:
     """Direct subagent children per the index (cheap; the catalog re-checks each header). A damaged
     index is read around as the listings read it, or the count beside a parent would miss the
     children its own listing shows."""
-    return sum(1 for e in indexed_children(store, session_id) if e.origin == "subagent")
+    return sum(1 for e in listed_children(store, session_id) if e.origin == "subagent")
 
 
 # -- the index -------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from typing import Any, Iterable
 import anyio
 
 from subagents.store import ChildEntry, DiagnosticEntry, LogWriter, Store, list_children, list_descendants, pending, read_header, release_lease
-from subagents.store.catalog import indexed_children
+from subagents.store.catalog import listed_children
 from subagents.store.control import ControlRecord
 from subagents.store.control import request as control_request
 from subagents.store.errors import FencedError, RecordTooLargeError, SubagentError
@@ -444,7 +444,7 @@ class Teardown:
 
 def _indexed_mode(store: Store, parent_id: str, child_id: str) -> str | None:
     """The mode the parent's children index recorded for the child at its creation (None: not recorded)."""
-    return next((e.mode for e in indexed_children(store, parent_id) if e.id == child_id), None)
+    return next((e.mode for e in listed_children(store, parent_id) if e.id == child_id), None)
 
 
 def _aimed_at(act: Activation, aim: dict[str, Any]) -> bool | None:
