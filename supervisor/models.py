@@ -118,17 +118,21 @@ class RunBudget(_Request):
 
 @dataclass(frozen=True)
 class AgentRef:
-    """A live agent of this supervisor (a root opened by the host)."""
+    """A live agent of this supervisor (a root opened by the host). An id that is no text is
+    ``INVALID_REQUEST`` as the reference is built: ``AgentRef(["x"])`` was taken, then failed as a
+    bare ``TypeError: unhashable type`` from a table lookup inside."""
 
     id: str
     label: str | None = None
+
+    def __post_init__(self) -> None:
+        InvalidRequestError.require(self.id, str, "id")
 
 
 def ref_id(agent: Any, name: str = "parent") -> str:
     """The id an ``AgentRef`` or a string names. Anything else is ``INVALID_REQUEST`` here, at the public
     boundary (a list or a dict was a bare ``TypeError: unhashable type`` from a table lookup inside)."""
-    if isinstance(agent, AgentRef):  # built by anyone, checked by nobody: its id may be anything
-        InvalidRequestError.require(agent.id, str, f"{name}.id")
+    if isinstance(agent, AgentRef):
         return agent.id
     InvalidRequestError.require(agent, (AgentRef, str), name)
     return agent
