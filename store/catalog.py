@@ -280,7 +280,7 @@ def running_node(projection: Projection, *, held: bool) -> str | None:
 
 def _status(lease: Lease | None, owners: OwnerCache) -> ChildStatus:
     """``session_status`` of a lease read with ``lease_of``, which lets a damaged lease raise (the row becomes a diagnostic)."""
-    if lease is None or lease.state == "released" or not owners.alive(lease.owner):
+    if lease is None or not owners.holds(lease):
         return "complete"
     return "idle" if lease.state == "idle" else "running"
 

@@ -50,7 +50,7 @@ def held_sessions(store: Store) -> list[HeldSession]:
     rows = []
     for session_id in store.session_ids():
         lease = read_lease(store, session_id)
-        if lease is None or lease.state == "released" or not owners.alive(lease.owner):
+        if lease is None or not owners.holds(lease):
             continue
         status = session_status(store, session_id, owners)
         if status == "complete":

@@ -280,6 +280,10 @@ class OwnerCache:
             self._alive[owner_id] = owner_alive(read_owner(self._store, owner_id), now=self._now, host=self._host)
         return self._alive[owner_id]
 
+    def holds(self, lease: Lease | None) -> bool:
+        """Whether ``lease`` is held by a live owner: taken, not released, its owner alive."""
+        return lease is not None and lease.state != "released" and self.alive(lease.owner)
+
 
 # -- leases -------------------------------------------------------------------
 
@@ -436,9 +440,6 @@ def write_released(
 def session_status(store: Store, session_id: str, owners: OwnerCache | None = None) -> Literal["running", "idle", "complete"]:
     """``running`` / ``idle`` from a live owner's lease, else ``complete``."""
     lease = read_lease(store, session_id)
-    if lease is None or lease.state == "released":
-        return "complete"
-    owners = owners or OwnerCache(store)
-    if not owners.alive(lease.owner):
+    if lease is None or not (owners or OwnerCache(store)).holds(lease):
         return "complete"
     return "idle" if lease.state == "idle" else "running"

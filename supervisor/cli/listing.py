@@ -360,7 +360,7 @@ def _may_grow(store: Store, session_id: str) -> bool:
         lease = check_lease(store, session_id)
     except SubagentError:
         return True
-    return lease is not None and lease.state != "released" and OwnerCache(store).alive(lease.owner)
+    return OwnerCache(store).holds(lease)
 
 
 class _OneShotEnd:
