@@ -189,12 +189,12 @@ def _mailbox_damage(store: Store, session_id: str) -> str | None:
         projection = read_projection(store, session_id)
     except (SubagentError, OSError):
         projection = None
-    try:
-        if projection is not None:
+    if projection is not None:
+        try:
             consumed_end = require_consumed_prefix(store, session_id, projection)
-    except (SubagentError, OSError) as exc:
-        # an acceptance is refused until the mailbox is restored: it would never be delivered
-        return f"{_said(exc)} (messages sent to it are refused)"
+        except (SubagentError, OSError) as exc:
+            # an acceptance is refused until the mailbox is restored: it would never be delivered
+            return f"{_said(exc)} (messages sent to it are refused)"
     try:
         read_mailbox(store, session_id)
     except (SubagentError, OSError) as exc:
