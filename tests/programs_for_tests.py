@@ -63,6 +63,20 @@ def blocking_program(ctx) -> str:  # type: ignore[no-untyped-def]
     return "sync:" + ctx.text
 
 
+def says_from_its_own_threads(ctx) -> str:  # type: ignore[no-untyped-def]
+    """A plain ``def`` that fans out to threads it starts itself, each of which records through ``ctx``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def part(n: int) -> int:
+        ctx.step()
+        ctx.say(f"part {n}")
+        return n
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        total = sum(pool.map(part, range(3)))
+    return f"sum {total}"
+
+
 async def script_or_notice(ctx: TurnContext) -> str:
     """A ``script`` turn, except that a turn woken by a report or settlement notice answers in words.
 

@@ -17,6 +17,7 @@ from typing import Any, Awaitable, Callable, Literal
 
 import anyio
 import anyio.from_thread
+import anyio.lowlevel
 import msgpack
 
 from subagents.store.events import TOOL_OUTCOME_UNKNOWN
@@ -319,18 +320,25 @@ def _require_sendable(call: str, args: dict[str, Any]) -> None:
 
 
 class BlockingTurnContext:
-    """The same API for a plain ``def`` program running in a worker thread."""
+    """The same API for a plain ``def`` program running in a worker thread.
+
+    Built on the turn's event loop, it keeps that loop's token, so that its calls
+    work from any thread: the one the turn runs in and the threads the program
+    starts itself (a ``ThreadPoolExecutor`` fanning out work), which anyio's
+    thread-local lookup alone would refuse with ``NoEventLoopError``.
+    """
 
     def __init__(self, ctx: TurnContext, control: TurnControl) -> None:
         self._ctx = ctx
         self._control = control
+        self._loop = anyio.lowlevel.current_token()
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._ctx, name)
         if callable(value) and name in _ASYNC_METHODS:
             def call(*args: Any, **kwargs: Any) -> Any:
                 self._control.check()
-                return anyio.from_thread.run(lambda: value(*args, **kwargs))
+                return anyio.from_thread.run(lambda: value(*args, **kwargs), token=self._loop)
             return call
         return value
 

@@ -9,7 +9,7 @@ import pytest
 
 from subagents.supervisor import RunBudget, SubagentRequest
 
-from ..conftest import DEADLINE_S, events_of, last_turn_end, open_supervisor, said, types_of, wait_until
+from ..conftest import DEADLINE_S, HELPERS, events_of, last_turn_end, open_supervisor, said, types_of, wait_until
 from ..programs_for_tests import HUGE_TEXT
 
 pytestmark = pytest.mark.anyio
@@ -183,6 +183,19 @@ async def test_blocking_program_runs_in_a_thread(tmp_path):
         assert (result.stop_reason, result.output) == ("completed", "sync:hi")
         assert said(sup.store, run.id) == ["from a thread", "sync:hi"]
         assert_balanced(sup.store, run.id)
+
+
+async def test_a_blocking_program_records_from_threads_it_started_itself(tmp_path):
+    """Found as a known gap: ``ctx.say`` from a ``ThreadPoolExecutor`` thread raised anyio's ``NoEventLoopError``
+    (only the thread the turn runs in knew its event loop), so fanning work out to threads ended the turn ``error``."""
+    from subagents.supervisor import Provider
+
+    async with open_supervisor(tmp_path) as sup:
+        sup.register_provider(Provider(name="fans-out", program=f"{HELPERS}:says_from_its_own_threads"))
+        run, result = await run_to_end(sup, "fans-out", "go")
+        assert (result.stop_reason, result.output, result.diagnostic) == ("completed", "sum 3", None)
+        assert sorted(said(sup.store, run.id)) == ["part 0", "part 1", "part 2", "sum 3"]
+        assert types_of(sup.store, run.id).count("step/start") == 3
 
 
 async def test_callable_program_travels_by_dill(tmp_path):
