@@ -31,7 +31,7 @@ from typing import Any, Literal
 from .acknowledgment import evidence_of_use
 from .descriptor import ContinuableDescriptor
 from .errors import SessionNotFoundError, SubagentError, UnavailableSessionError
-from .header import SessionHeader
+from .header import SessionHeader, parent_loops
 from .ids import is_valid_session_id
 from .index import IndexEntry, read_children
 from .roots import indexed_roots, roots_index_problem
@@ -60,6 +60,7 @@ ViolationKind = Literal[
     "mailbox-corrupt",  # damage in a mailbox that is no torn tail (accepted messages may lie in it)
     "index-missing",  # a header names a parent whose index lacks the child
     "parent-missing",  # a header names a parent the store no longer holds: no listing reaches it, no gc collects it
+    "parent-cycle",  # a session that is its own ancestor by its headers: no listing reaches it, no gc collects it
     "index-stale",  # an index entry no header proves
     "index-row",  # a catalog row (static fields, settled state) that the child's log or lease contradicts
     "index-damaged",  # index/roots with records that do not read: listings may miss top-level sessions
@@ -427,6 +428,8 @@ def _check_index(state: _Pass, in_flight_s: float) -> None:
             proven.setdefault(header.parent_session, set()).add(session_id)
             if header.parent_session not in state.headers:
                 _confirm_orphan(state, session_id, header.parent_session)
+    for session_id, loop in parent_loops({sid: h.parent_session for sid, h in state.headers.items()}).items():
+        state.flag(session_id, "parent-cycle", f"its header's parents loop ({' → '.join(loop)}): no listing reaches it and no gc collects it")
     try:
         names = os.listdir(state.store.children_index_dir)
     except FileNotFoundError:

@@ -23,7 +23,8 @@ damaged session belongs), and index entries of sessions an
 interrupted ``gc`` left in ``trash/`` (``collecting``: harmless, the next gc ends it), and folders
 a gc moved aside in ``trash/`` rather than delete (``set-aside``: another program's), and the
 temporary files of rewrites a kill interrupted (``interrupted-write``: ``store/leftovers.py``), and sessions whose
-header names a parent the store no longer holds (``parent-missing``: no listing reaches them). Every read goes through the store's
+header names a parent the store no longer holds (``parent-missing``: no listing reaches them), and sessions
+that are their own ancestors by headers edited by hand (``parent-cycle``: the same). Every read goes through the store's
 defensive readers, so a damaged file is a finding about its own session.
 """
 
@@ -38,6 +39,7 @@ from .acknowledgment import evidence_of_use
 from .control import INVALID, read_controls
 from .committed import CommittedEnds
 from .errors import LeaseHeldError, SubagentError, UnreadableStoreError
+from .header import parent_loops
 from .ids import is_valid_session_id, new_id
 from .index import read_index
 from .leftovers import find_leftovers
@@ -370,6 +372,11 @@ def _index_findings(store: Store, session_ids: list[str]) -> list[dict[str, Any]
             if _header_names(store, child, parent):
                 continue  # created after ``sessions/`` was listed (a host at work beside fsck): not stale
             findings.append({"id": child, "kind": "index-stale", "detail": f"indexed under {parent} but no header proves it (harmless; `subagents store reindex` drops it)"})
+    parents = {child: parent for parent, children in proven.items() for child in children}
+    for session_id, loop in sorted(parent_loops(parents).items()):
+        findings.append({"id": session_id, "kind": "parent-cycle", "detail": f"its header's parents loop ({' → '.join(loop)}): "
+                         "no listing reaches it and no gc collects it (restore the headers' files, or remove these "
+                         "sessions' files by hand)"})
     present = set(session_ids)
     for parent in sorted(set(proven) - present):
         if store.exists(parent):

@@ -8,6 +8,7 @@ refused on write (``InvalidHeaderError``) and reported corrupt on read.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
@@ -16,7 +17,7 @@ from .errors import InvalidHeaderError, UnsupportedFormatError
 from .ids import is_valid_session_id
 from .records import finite_number
 
-__all__ = ["HEADER_VERSION", "SessionHeader", "parse_header"]
+__all__ = ["HEADER_VERSION", "SessionHeader", "parse_header", "parent_loops"]
 
 HEADER_VERSION = 1
 # 10000-01-01T00:00:00Z: a creation time is a date a reader can print (ISO 8601's four-digit years,
@@ -92,3 +93,29 @@ def parse_header(data: Any, *, expected_id: str | None = None) -> SessionHeader:
     if expected_id is not None and header.id != expected_id:
         raise InvalidHeaderError(f'session header id "{header.id}" does not match session id "{expected_id}"')
     return header
+
+
+def parent_loops(parents: Mapping[str, str | None]) -> dict[str, list[str]]:
+    """Each session of ``parents`` (id → the parent its header names) that is its own ancestor, with
+    its loop from itself back to itself (``["a", "b", "a"]``).
+
+    Such a session descends from no top-level session: no listing reaches it and no gc collects
+    it. Creation refuses a parent the store does not hold, so only headers edited by hand loop.
+    One walk per session, none repeated: linear in the number of sessions.
+    """
+    done: set[str] = set()
+    loops: dict[str, list[str]] = {}
+    for start in parents:
+        path: list[str] = []
+        on_path: set[str] = set()
+        node: str | None = start
+        while node is not None and node in parents and node not in done and node not in on_path:
+            path.append(node)
+            on_path.add(node)
+            node = parents[node]
+        if node is not None and node in on_path:
+            loop = path[path.index(node):]
+            for i, member in enumerate(loop):
+                loops[member] = loop[i:] + loop[:i] + [member]
+        done.update(path)
+    return loops

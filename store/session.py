@@ -43,7 +43,7 @@ from .atomic import NewFile, fsync_dir, remove_durably, write_unnamed
 from .errors import DurabilityError, SessionExistsError, SessionNotFoundError, SubagentError
 from .framing import encode_record
 from .header import SessionHeader, parse_header
-from .ids import validate_session_id
+from .ids import is_valid_session_id, validate_session_id
 from .descriptor import ContinuableDescriptor, OneShotDescriptor
 from .index import IndexEntry, add_child, add_children, drop_index, prepare_index, remove_child
 from .lease import Lease, LeaseState
@@ -197,10 +197,13 @@ def publish_sessions(store: Store, requests: Sequence[NewSession]) -> list[Creat
     outcomes: list[CreatedSession | BaseException | None] = [None] * len(requests)
     written: list[tuple[int, NewFile, CreatedSession]] = []
     published: list[int] = []
+    held = _held_parents(store, requests)
     try:
         for i, request in enumerate(requests):
             try:
                 header = request.header()
+                if header.parent_session is not None and header.parent_session not in held:
+                    raise SessionNotFoundError(header.parent_session)
                 projection, blob = _encode_new_session(store, request, header)
                 new_file = write_unnamed(store.session_path(request.session_id), blob)
             except Exception as exc:  # reported per request; the batch goes on
@@ -237,6 +240,14 @@ def publish_sessions(store: Store, requests: Sequence[NewSession]) -> list[Creat
     done = [_reported(requests[i], o) for i, o in enumerate(outcomes) if o is not None]
     assert len(done) == len(requests), "every request has an outcome"
     return done
+
+
+def _held_parents(store: Store, requests: Sequence[NewSession]) -> set[str]:
+    """The parents of the batch the store holds, one look per parent. A child of a parent it does not
+    hold (a mistaken id, a session naming itself, a parent made in the same batch and so not yet
+    created) would be listed by no listing and collected by no gc: it is refused, nothing written."""
+    parents = {r.parent_session for r in requests if isinstance(r.parent_session, str) and is_valid_session_id(r.parent_session)}
+    return {parent for parent in parents if store.exists(parent)}
 
 
 def _reported(request: NewSession, outcome: CreatedSession | BaseException) -> CreatedSession | BaseException:

@@ -94,8 +94,8 @@ def cmd_fsck(inv: Invocation) -> int:
     report = fsck(inv.open_store(write=inv.args.repair), repair=inv.args.repair, lease_ttl_s=inv.config.supervisor.lease_ttl_s)
     inv.emit(report, render.render_fsck)
     # a lease that does not read is a damaged session too: nobody can tell whether it is held; a session
-    # whose parent is gone is one no listing shows, and no reindex brings back
-    unreadable = any(f["kind"] in ("lease-unreadable", "parent-missing") for f in report["findings"])
+    # whose parent is gone, or whose parents loop, is one no listing shows, and no reindex brings back
+    unreadable = any(f["kind"] in ("lease-unreadable", "parent-missing", "parent-cycle") for f in report["findings"])
     return 1 if report["counts"]["corrupt"] or report["damaged_mailboxes"] or unreadable else 0
 
 

@@ -26,6 +26,7 @@ import pytest
 
 from subagents import store
 from subagents.store import InvalidQueryError, Query, SubagentError
+from subagents.store.session import NewSession, create_sessions
 
 from ..conftest import REPO_ROOT, disk_snapshot
 from ._support import make_child
@@ -143,3 +144,32 @@ def test_a_number_of_seconds_beyond_a_float_is_refused_not_an_overflow(tree: sto
         Query(until=-(10**400))
     with pytest.raises(InvalidQueryError, match="older_than_s"):
         store.collect(tree, 10**400, dry_run=True)
+
+
+@pytest.mark.parametrize("parent", ["nobody", "orphan"])
+def test_a_child_of_a_parent_the_store_does_not_hold_is_refused_before_anything_is_written(tree: store.Store, parent: str) -> None:
+    """Found as a probe made a cycle of parents: ``create_session(st, "a", parent_session="b")`` with no ``b``
+    wrote ``a`` and an index for ``b``; no listing reached it and no gc collected it. A session naming
+    itself as its parent (``orphan`` under ``orphan``) was the same."""
+    before = disk_snapshot(tree)
+    with pytest.raises(store.SessionNotFoundError) as caught:
+        make_child(tree, parent, "orphan", created_at=400.0)
+    assert caught.value.session_id == parent
+    assert disk_snapshot(tree) == before
+    assert not tree.exists("orphan")
+
+
+def test_a_batch_refuses_only_the_child_whose_parent_is_missing(tree: store.Store) -> None:
+    """The rest of the batch is created. A parent made in the same batch is not yet created: a child of it
+    is refused too (nothing creates the two together; a parent comes back created before its children start)."""
+    child = dict(origin="subagent", delegation_depth=2, events=[("subagent/descriptor", {"mode": "one-shot"})])
+    outcomes = create_sessions(tree, [
+        NewSession("n1", parent_session="r0", **child),
+        NewSession("n2", parent_session="gone", **child),
+        NewSession("n3", created_at=500.0),
+        NewSession("n4", parent_session="n3", **child),
+    ])
+    assert [type(o).__name__ for o in outcomes] == ["SessionHeader", "SessionNotFoundError", "SessionHeader", "SessionNotFoundError"]
+    assert [tree.exists(s) for s in ("n1", "n2", "n3", "n4")] == [True, False, True, False]
+    assert [row.id for row in store.list_children(tree, "r0")] == ["n1"]
+    assert list(store.list_children(tree, "n3")) == []

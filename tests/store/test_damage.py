@@ -21,7 +21,8 @@ from subagents.store.index import read_index
 from subagents.store.framing import FRAME, encode_record
 
 from ..session_bytes import (
-    SLOT_SIZE, SLOTS_AT, append_log, file_bytes, log_data, log_start, newest_slot, slot_bytes, synced_slot, write_header, write_log, write_slot,
+    SLOT_SIZE, SLOTS_AT, append_log, file_bytes, header_map, log_data, log_start, newest_slot, slot_bytes, synced_slot, write_header,
+    write_header_value, write_log, write_slot,
 )
 from ._support import ONE_SHOT, make_child, read_file, records_blob, tree_state, write_file
 
@@ -184,6 +185,7 @@ def test_a_folder_in_place_of_a_file_is_unavailable_not_an_os_error(st, how):
 
 def test_an_event_with_a_list_type_is_damage_not_a_type_error(st):
     """A CRC-valid event whose type is a list: the valid prefix ends there (torn at the tail, corrupt before a turn/end)."""
+    store.create_session(st, "r")
     make_child(st, "r", "c", events=TURN)
     events = store.inspect(st, "c").events
     bad = [dict(e) for e in events] + [{"seq": len(events), "ts": 1.0, "type": ["x"], "data": {}, "epoch": 0}]
@@ -733,3 +735,25 @@ def test_fsck_reports_a_session_whose_parent_is_gone(st):
     os.remove(st.session_path("r"))
     report = fsck(st, repair=False, lease_ttl_s=5.0)
     assert [(f["id"], f["kind"]) for f in report["findings"] if f["kind"] == "parent-missing"] == [("c", "parent-missing")], report["findings"]
+
+
+def test_fsck_and_check_report_sessions_whose_parents_loop(st):
+    """Seen by hand: headers edited into a loop of parents (``a`` under ``b`` under ``a``, ``s`` under itself)
+    dropped those sessions from every listing, and neither ``fsck`` nor ``store check`` said so."""
+    from subagents.store.check import check_store
+
+    store.create_session(st, "r", created_at=1.0)
+    make_child(st, "r", "a", created_at=2.0)
+    make_child(st, "a", "b", created_at=3.0, delegation_depth=2)
+    make_child(st, "b", "d", created_at=4.0, delegation_depth=3)  # hangs below the loop: reached once it is mended
+    make_child(st, "r", "s", created_at=5.0)
+    for session_id, parent in (("a", "b"), ("s", "s")):
+        value = dict(header_map(st, session_id))
+        value["parent_session"] = parent
+        write_header_value(st, session_id, value)
+    report = fsck(st, repair=False, lease_ttl_s=5.0)
+    looped = [(f["id"], f["kind"]) for f in report["findings"] if f["kind"] == "parent-cycle"]
+    assert looped == [("a", "parent-cycle"), ("b", "parent-cycle"), ("s", "parent-cycle")], report["findings"]
+    assert "a → b → a" in next(f["detail"] for f in report["findings"] if f["id"] == "a" and f["kind"] == "parent-cycle")
+    violations = check_store(st, in_flight_s=0.0)
+    assert sorted((v.session_id, v.kind) for v in violations.of_kind("parent-cycle")) == [("a", "parent-cycle"), ("b", "parent-cycle"), ("s", "parent-cycle")], str(violations)

@@ -205,6 +205,7 @@ def test_a_session_file_that_is_a_link_is_refused(st, tmp_path):
     """A link in place of a session's file, to a whole valid session file elsewhere, is never followed:
     the session is unavailable (read, accept, resume, lease), listed as a diagnostic, and the file
     behind the link keeps every byte."""
+    store.create_session(st, "r")
     make_child(st, "r", "c1")
     make_child(st, "r", "c2")
     elsewhere = tmp_path / "elsewhere"

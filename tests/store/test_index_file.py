@@ -14,7 +14,7 @@ import pytest
 from subagents import store
 from subagents.store.atomic import write_atomic
 from subagents.store.framing import encode_record, scan_all
-from subagents.store.index import drop_index, remove_child
+from subagents.store.index import add_child, drop_index, remove_child
 from subagents.store.index_file import IndexFile
 
 from ._support import ONE_SHOT, REPO_ROOT, make_child, read_file
@@ -80,7 +80,9 @@ def test_an_append_waiting_for_drop_index_lands_in_a_new_file(st):
     """``drop_index`` unlinks the index under its lock; a writer whose descriptor still names the
     unlinked file finds so once it holds the lock and opens the path again, so what it appends
     goes to the file readers read."""
-    make_child(st, "gone", "a", created_at=1.0)  # "gone" has no session: its index may be dropped
+    store.create_session(st, "gone")
+    make_child(st, "gone", "a", created_at=1.0)
+    os.remove(st.session_path("gone"))  # "gone" has no session now: its index may be dropped
     holder = index_of(st, "gone")
     holder.acquire()
     dropped: list[bool] = []
@@ -96,11 +98,12 @@ def test_an_append_waiting_for_drop_index_lands_in_a_new_file(st):
         assert os.fstat(holder.fd).st_nlink == 1 and holder.size == 0
     finally:
         holder.close()
-    make_child(st, "gone", "b", created_at=2.0)
+    add_child(st, "gone", "b", created_at=2.0, origin="subagent", mode="one-shot")  # an appender that opened the index before the drop
     assert [e.id for e in store.read_children(st, "gone")] == ["b"]
 
 
 def test_a_rebuild_reports_a_stuck_appender_instead_of_waiting_forever(st):
+    store.create_session(st, "p")
     make_child(st, "p", "a")
     stuck = index_of(st, "p")
     stuck.acquire()

@@ -21,7 +21,7 @@ from subagents import store
 from subagents.store import Query, Store, create_session, find_roots, list_children, list_descendants
 
 from ..conftest import REPO_ROOT
-from ..session_bytes import HEADER_AT, patch, write_slot
+from ..session_bytes import HEADER_AT, header_map, patch, write_header_value, write_slot
 
 ONE_SHOT = {"version": 1, "mode": "one-shot", "provider": "script"}
 HOUR = 3600.0
@@ -303,3 +303,15 @@ def test_short_ids_are_unique_prefixes_taken_back(st: Store) -> None:
     assert json.loads(ok(st, "show", "c0000000aaac", "--json"))["header"]["id"] == "c0000000AAAC"
     assert "AMBIGUOUS_ID" in run_cli(st, "show", "C0000000").stderr
     assert store.short_ids(st, ["r3AAAAAAAAAA"]) == {"r3AAAAAAAAAA": "r3AAAAAA"}
+
+
+def test_fsck_names_sessions_whose_parents_loop_and_exits_1(st: Store) -> None:
+    """Seen by hand: a header edited to name its own child as its parent dropped both from every listing,
+    and fsck was silent, exit 0."""
+    child = next(row.id for row in store.list_children(st, "r3AAAAAAAAAA"))
+    value = dict(header_map(st, "r3AAAAAAAAAA"))
+    value.update(parent_session=child, origin="subagent", delegation_depth=1)
+    write_header_value(st, "r3AAAAAAAAAA", value)
+    done = run_cli(st, "store", "fsck", "--json")
+    looped = sorted(f["id"] for f in json.loads(done.stdout)["findings"] if f["kind"] == "parent-cycle")
+    assert done.returncode == 1 and looped == sorted(["r3AAAAAAAAAA", child]), (done.returncode, looped)
