@@ -13,6 +13,7 @@
     ├── NotResumableError         NOT_RESUMABLE: a continuable child cannot be materialised from the store
     ├── ActivationClosingError    ACTIVATION_CLOSING: the activation concerned is being disposed
     ├── DrainingError             DRAINING: admission is closed (a drain, or the supervisor closing)
+    ├── TeardownFailedError       ACTIVATION_TEARDOWN_FAILED: a drain did all it could; these children it could not tear down
     ├── ParentUnavailableError    PARENT_UNAVAILABLE: a report found no live direct parent
     ├── SetupError                ACTIVATION_SETUP_REVOKED, ACTIVATION_SETUP_RELEASE_FAILED
     ├── RpcError                  UNKNOWN_RPC, NO_RUN, TURN_GONE, RPC_FAILED: a turn's request to its supervisor failed
@@ -49,6 +50,7 @@ __all__ = [
     "NotResumableError",
     "ActivationClosingError",
     "DrainingError",
+    "TeardownFailedError",
     "ParentUnavailableError",
     "SetupError",
     "RpcError",
@@ -327,6 +329,19 @@ class DrainingError(SubagentError):
             super().__init__("continuable subagents are draining; the operation was not admitted")
         else:
             super().__init__(f'continuable subagents below parent "{parent}" are draining; the operation was not admitted', parent=parent)
+
+
+class TeardownFailedError(SubagentError):
+    """Raised by a drain after every branch settled, for the children it could not tear down (their files
+    do not read, or refused the drain): the rest was torn down. ``failed``: child id → why; ``reached``:
+    the ids ``drain_remote`` reached (asked, or drained here), which it would have returned."""
+
+    code = "ACTIVATION_TEARDOWN_FAILED"
+
+    def __init__(self, scope: str, failed: dict[str, str], *, reached: list[str] | None = None) -> None:
+        causes = "; ".join(f'subagent "{child_id}" activation teardown failed: {why}' for child_id, why in failed.items())
+        super().__init__(f"continuable subagent teardown failed for {len(failed)} {scope} activation(s): {causes}",
+                         failed=dict(failed), reached=list(reached or []))
 
 
 class ParentUnavailableError(SubagentError):

@@ -58,7 +58,7 @@ from .config_loader import load_config
 from .backend import Pool, PoolStatistics
 from .continuable import ContinuationManager
 from .control_poller import ControlPoller
-from .errors import InvalidRequestError, SupervisorClosedError, UnauthorizedError, WaitTimeoutError
+from .errors import InvalidRequestError, SupervisorClosedError, TeardownFailedError, UnauthorizedError, WaitTimeoutError
 from .events import EVENT_NAMES, EventBus
 from .interrupts import Interrupts
 from .lease_keeper import LeaseKeeper
@@ -412,30 +412,41 @@ class Supervisor:
         """Close admission below ``parents`` and dispose their continuable descendants child-first.
 
         Descendants another live supervisor hosts get a durable drain request, carried out by their
-        host and not awaited here (as ``drain_remote``); those nobody hosts are drained here."""
+        host and not awaited here (as ``drain_remote``); those nobody hosts are drained here.
+        ``TeardownFailedError`` once all that is done, naming each descendant whose files did not let
+        it be torn down (they do not read): logging it alone let a caller believe the tree was drained."""
         self._check_open()
         InvalidRequestError.require(parents, (list, tuple), "parents")
         for item in parents:
             InvalidRequestError.require(item, (AgentRef, str), "each of parents")
-        await self.continuation.drain(parents)
+        reached = await self.continuation.drain(parents)
+        if reached.failed:
+            raise TeardownFailedError("scoped", reached.failed)
 
     async def drain_remote(self, root: AgentRef | str) -> list[str]:
         """Ask other supervisors to tear down the continuable descendants of ``root`` they host
         (durable ``drain`` control records), and drain here those nobody hosts; returns the ids
-        reached: those asked, then those drained here (which had an open turn or messages waiting)."""
+        reached: those asked, then those drained here (which had an open turn or messages waiting).
+        ``TeardownFailedError`` instead, once all that is done, if a descendant's files did not let it be
+        torn down; its ``reached`` holds the ids that would have been returned."""
         self._check_open()
         reached = await self.continuation.drain_remote(ref_id(root, "root"))
+        if reached.failed:
+            raise TeardownFailedError("scoped", reached.failed, reached=reached.asked + reached.here)
         return reached.asked + reached.here
 
     async def drain_children(self, parent: AgentRef | str, child_ids: list[str]) -> None:
         """Dispose the listed continuable children of ``parent`` (as ``drain``, for those children only,
-        wherever they are hosted); ids that name no session are skipped."""
+        wherever they are hosted); ids that name no session are skipped. ``TeardownFailedError`` once
+        the others are torn down, for those whose files did not let them be."""
         self._check_open()
         InvalidRequestError.require(parent, (AgentRef, str), "parent")
         InvalidRequestError.require(child_ids, (list, tuple), "child_ids")  # a string would be drained letter by letter
         for item in child_ids:
             InvalidRequestError.require(item, str, "each of child_ids")
-        await self.continuation.drain_children(parent, child_ids)
+        reached = await self.continuation.drain_children(parent, child_ids)
+        if reached.failed:
+            raise TeardownFailedError("selected", reached.failed)
 
     async def resume_pending(self, root: AgentRef | str) -> list[str]:
         """Run what a closed or crashed host left waiting under ``root`` (a root opened here): each of its

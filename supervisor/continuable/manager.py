@@ -79,14 +79,14 @@ class ContinuationManager:
         """Whether the child has an activation resident in this supervisor."""
         return child_id in self._table
 
-    async def drain(self, parents: Iterable[AgentRef | str]) -> None:
-        await self._teardown.drain([ref_id(p) for p in parents])
+    async def drain(self, parents: Iterable[AgentRef | str]) -> Reached:
+        return await self._teardown.drain([ref_id(p) for p in parents])
 
     async def drain_remote(self, root_id: str) -> Reached:
         return await self._teardown.drain_remote(root_id)
 
-    async def drain_children(self, parent: AgentRef | str, child_ids: Iterable[str]) -> None:
-        await self._teardown.drain_children(ref_id(parent), child_ids)
+    async def drain_children(self, parent: AgentRef | str, child_ids: Iterable[str]) -> Reached:
+        return await self._teardown.drain_children(ref_id(parent), child_ids)
 
     def open_mailboxes(self) -> int:
         return self._delivery.open_mailboxes()

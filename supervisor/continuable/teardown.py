@@ -52,6 +52,9 @@ class Reached:
     # not drained, and why: its files do not read (its row is a diagnostic, or they refused the drain)
     failed: dict[str, str] = field(default_factory=dict)
 
+    def merged(self, other: "Reached") -> "Reached":
+        return Reached(self.asked + other.asked, self.here + other.here, {**self.failed, **other.failed})
+
 
 def _notice(child_id: str, reason: str, output: str, *, cut: int | None = None) -> tuple[dict[str, Any], str]:
     """A settlement notice's source and text (``settlement_text``; ``cut`` as there)."""
@@ -319,12 +322,12 @@ class Teardown:
 
     # -- drain and close -----------------------------------------------------------------
 
-    async def drain(self, roots: list[str]) -> None:
+    async def drain(self, roots: list[str]) -> Reached:
         """Close admission below the live ``roots`` and dispose their continuable descendants child-first.
 
         Descendants this supervisor does not host are reached too (``_reach_descendants``): another live
         supervisor's get a durable drain request, which that host carries out (not awaited here);
-        those nobody hosts are drained here."""
+        those nobody hosts are drained here. Returns what that reach did, and could not do."""
         live_roots = [r for r in roots if self._table.is_live(r)]
         self._admission.drain_below(live_roots)
         targets = [a for a in self._table if any(r in a.identity.ancestry for r in live_roots)]
@@ -334,17 +337,20 @@ class Teardown:
         for act in targets:
             await act.disposed.wait()
         here = {act.child_id for act in targets}
+        reached = Reached([], [])
         for root_id in live_roots:
-            await self._reach_descendants(root_id, {"root": root_id}, skip=here)
+            reached = reached.merged(await self._reach_descendants(root_id, {"root": root_id}, skip=here))
         # admission stays closed below each root until that root is disposed (``Admission.reopen``)
+        return reached
 
-    async def drain_children(self, parent_id: str, child_ids: Iterable[str]) -> None:
+    async def drain_children(self, parent_id: str, child_ids: Iterable[str]) -> Reached:
         """Dispose the named direct children of the live ``parent_id`` (admission stays open).
 
         Resident ones here, child-first. The others, with their continuable descendants, as ``drain``
         reaches them: a child another supervisor hosts gets a drain request, one nobody hosts (its
         pending messages left by a closed or dead host) is drained here. Every id is authorized
-        before anything is torn down; an id that names no session is skipped."""
+        before anything is torn down; an id that names no session is skipped. Returns what the
+        reach of the others did, and could not do."""
         if not self._table.is_live(parent_id):
             raise UnauthorizedError.teardown_needs_parent()
         selected, elsewhere = [], []
@@ -363,8 +369,10 @@ class Teardown:
             self.open_disposal(act, discard=True)
         for act in selected:
             await act.disposed.wait()
+        reached = Reached([], [])
         for child_id in elsewhere:
-            await self._reach_descendants(child_id, {"parent": parent_id}, skip=set(), itself=True)
+            reached = reached.merged(await self._reach_descendants(child_id, {"parent": parent_id}, skip=set(), itself=True))
+        return reached
 
     def _stored_children(self, parent_id: str, child_ids: list[str]) -> list[str]:
         """Which of ``child_ids`` (hosted nowhere here) are continuable children of ``parent_id`` in the

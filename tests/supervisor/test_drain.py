@@ -8,6 +8,7 @@ disposes only the selected direct children and keeps admission open.
 
 from __future__ import annotations
 
+import os
 import time
 
 import anyio
@@ -355,3 +356,39 @@ async def test_drain_reaches_descendants_hosted_elsewhere_and_nowhere(tmp_path):
         assert turn_ends(holder.store, moved) == ["completed", "aborted"]
         assert discarded(holder.store, left) == [left_queued]
         assert await holder.resume_pending(root) == []
+
+
+@pytest.mark.parametrize("call", ["drain", "drain_remote", "drain_children"])
+async def test_a_drain_that_cannot_reach_a_damaged_child_drains_the_rest_then_says_which(tmp_path, call):
+    """Found by a probe: a continuable child whose mailbox no longer reads (a folder in its place) was
+    only logged by the library's drains, which returned as if all were torn down (``subagents drain``
+    alone named it and exited 1). Now each drain does all it can, then raises ``ACTIVATION_TEARDOWN_FAILED``
+    naming the child and why, as the reference's drain does after every branch settled."""
+    async with continuable_supervisor(tmp_path) as first:
+        root = await first.open_root(label="host")
+        fine = await sleeping(first, root)
+        queued = await first.followup(root, fine, S({"return": "never"}))
+        broken, _ = await start(first, root, S({"return": "x"}))
+        await settled(first, root, broken)
+        root_id = root.id
+    mailbox = first.store.path(broken, "mailbox")
+    os.replace(mailbox, mailbox + ".kept")
+    os.mkdir(mailbox)
+    async with continuable_supervisor(tmp_path) as second:
+        root = await second.open_root(id=root_id)
+        with pytest.raises(SubagentError) as caught:
+            if call == "drain":
+                await second.drain([root])
+            elif call == "drain_remote":
+                await second.drain_remote(root)
+            else:
+                await second.drain_children(root, [fine, broken])
+        error = caught.value
+        assert error.code == "ACTIVATION_TEARDOWN_FAILED", error
+        scope = "selected" if call == "drain_children" else "scoped"
+        assert error.message.startswith(f'continuable subagent teardown failed for 1 {scope} activation(s): subagent "{broken}" '
+                                        "activation teardown failed: SESSION_UNAVAILABLE: "), error.message
+        assert list(error.failed) == [broken]
+        assert discarded(second.store, fine) == [queued]  # the rest was drained before the error
+        if call == "drain_remote":
+            assert error.reached == [fine]

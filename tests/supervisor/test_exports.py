@@ -19,6 +19,7 @@ SUPERVISOR_ALL = [
     "NotResumableError",
     "ActivationClosingError",
     "DrainingError",
+    "TeardownFailedError",
     "DuplicateChildError",
     "NoParentError",
     "ParentUnavailableError",
