@@ -313,7 +313,7 @@ class Teardown:
             if not messages:
                 return False
             with LogWriter.open(self._rt.store, act.child_id, epoch=act.epoch) as writer:
-                writer.append([("message/discarded", {"message_id": m.id, "mailbox_end": m.end}) for m in messages], commit=True)
+                writer.append([("message/discarded", {"message_id": m.id, "mailbox_end": m.end, "cause": "drain"}) for m in messages], commit=True)
         except SubagentError:
             log.exception("could not discard pending messages of %s", act.child_id, extra=log_fields(act))
             return False

@@ -67,6 +67,8 @@ async def test_drain_stops_descendants_and_closes_admission_below_the_root(tmp_p
         assert c1 not in sup.continuation.activations and c2 not in sup.continuation.activations
         assert turn_ends(sup.store, c1) == ["aborted"] and turn_ends(sup.store, c2) == ["aborted"]
         assert discarded(sup.store, c2) == [queued]
+        # who dropped it, as a drain of a child nobody hosts says (found by a docs probe: a host's own drain said nothing)
+        assert [e["data"].get("cause") for e in events_of(sup.store, c2) if e["type"] == "message/discarded"] == ["drain"]
         assert read_lease(sup.store, c1).state == "released"
         assert {e.id: e.status for e in await sup.list_children(root.id)} == {c1: "complete", c2: "complete"}
         notices = await settled_all(sup, root, [c1, c2])
