@@ -71,7 +71,7 @@ def resolve_id(store: Store, text: str) -> str:
     matches = _starting(names, text)
     if not matches:
         folded = text.lower()
-        matches = [name for name in names if name.lower().startswith(folded)][:6]
+        matches = [name for name in names if name.lower().startswith(folded)]
     if len(matches) > 1:
         raise AmbiguousIdError(text, matches)
     if not matches:
@@ -80,10 +80,10 @@ def resolve_id(store: Store, text: str) -> str:
 
 
 def _starting(names: list[str], text: str) -> list[str]:
-    """Up to six of the sorted ``names`` that start with ``text`` (two say it is ambiguous; six show how)."""
-    i = bisect.bisect_left(names, text)
-    matches = []
-    while i < len(names) and names[i].startswith(text) and len(matches) <= 5:
-        matches.append(names[i])
-        i += 1
-    return matches
+    """Every one of the sorted ``names`` that starts with ``text``: a slice found by bisection (the error
+    shows five, and says how many there are: it said 6 of 40 when the lookup stopped counting there)."""
+    start = bisect.bisect_left(names, text)
+    end = start
+    while end < len(names) and names[end].startswith(text):
+        end += 1
+    return names[start:end]

@@ -54,7 +54,7 @@ def register(verbs: Verbs) -> None:
 
     run = verbs.add("run", cmd_run, "run one one-shot child of PROGRAM under a new root",
                     example='subagents run echo --prompt "hello"\nsubagents run myprog:hello   # myprog.py in the working folder')
-    run.add_argument("program", metavar="PROGRAM", help='a built-in program (echo, script) or "package.module:function"')
+    run.add_argument("program", metavar="PROGRAM", help='a built-in program (echo, script, llm) or "package.module:function"')
     run.add_argument("--prompt", type=utf8_text, default="", help="the child's message ('-' reads stdin)")
     run.add_argument("--label", type=utf8_text, default=None, help="the child's label")
 

@@ -85,7 +85,7 @@ def register(verbs: Verbs) -> None:
     ls.add_argument("parent", metavar="PARENT", nargs="?",
                     help="the session whose direct subagents to list, its id or a unique prefix (omit it for the top-level sessions)")
     add_filters(ls)
-    add_paging(ls, default_limit=None)
+    add_paging(ls, default_limit=None, unlimited=f"all of PARENT's; with no PARENT, the {DEFAULT_ROOT_LIMIT} newest")
 
     tree = verbs.add("tree", cmd_tree, "every subagent below ROOT (no ROOT: below each of the newest top-level sessions)",
                      example="subagents tree 01M8MVY0\nsubagents tree 01M8MVY0 --status running,idle\n"
@@ -93,13 +93,13 @@ def register(verbs: Verbs) -> None:
     tree.description = (
         f"{tree.description}.\n\n"
         "With no ROOT, the top-level sessions are ordered and paged as `ls` pages them (by default newest first,\n"
-        "20 unless --limit; --sort, --cursor), each with its tree. Filters pick subagents, never the session\n"
+        f"{DEFAULT_ROOT_LIMIT} unless --limit; --sort, --cursor), each with its tree. Filters pick subagents, never the session\n"
         "heading a tree: with ROOT, the ones below ROOT that match; with no ROOT, also only the top-level\n"
         "sessions with a match below them (pages count those).")
     tree.add_argument("root", metavar="ROOT", nargs="?",
                       help="the session whose descendants to show, its id or a unique prefix (omit it for the newest top-level sessions)")
     add_filters(tree)
-    add_paging(tree, default_limit=None)
+    add_paging(tree, default_limit=None, unlimited=f"all below ROOT; with no ROOT, the {DEFAULT_ROOT_LIMIT} newest trees")
 
     show = verbs.add("show", cmd_show, "one session: header, identity, status, lease, timing, log",
                      example="subagents show 01M8MVY0PZ9RKY15DPNHER70WX --json")
@@ -215,8 +215,8 @@ def cmd_tree(inv: Invocation) -> int:
     forest = [{"root": r.id, "label": getattr(r, "label", None),
                **({"kind": r.kind, "reason": r.reason} if isinstance(r, DiagnosticEntry) else {}),
                "descendants": render.descendant_rows(subtrees.below(r.id))} for r in page.rows]
-    if inv.out.json_mode:
-        inv.out.json({"rows": forest, "next_cursor": page.next_cursor} if _paged(args) else forest)
+    if inv.out.json_mode:  # always a page, as `ls` with no PARENT prints it: 20 by default, so the cursor says there is more
+        inv.out.json({"rows": forest, "next_cursor": page.next_cursor})
     else:
         ids = [i for tree in forest for i in _ids_in(tree["descendants"], tree["root"])]
         render.render_tree(inv.out, forest, short_ids(store, ids))

@@ -35,11 +35,12 @@ SHELLS = ("bash", "zsh", "fish", "tcsh")
 
 def register(verbs: Verbs) -> None:
     gc = verbs.add("gc", cmd_gc, "delete top-level sessions and their subtrees that have been settled longer than an age",
-                   example="subagents gc --older-than 7d --dry-run\nsubagents gc --older-than 12h --outcome completed,drained --json")
+                   example="subagents gc --older-than 7d --dry-run\nsubagents gc --older-than 12h --json")
     gc.add_argument("--older-than", required=True, metavar="AGE",
                     help="keep everything active within AGE: 30s, 15m, 12h, 7d, 2w (last activity, not creation)")
     gc.add_argument("--outcome", action="append", metavar="O[,O]",
-                    help="only roots with these outcomes (repeatable; the values of `ls --outcome`; none: a root that never ran a turn, as one the API opened)")
+                    help="only roots with these outcomes (repeatable; the values of `ls --outcome`): a root's own turns, not its "
+                         "children's, so a root that `run`, `demo` or `open_root` made, which runs none, is `none`")
     gc.add_argument("--dry-run", action="store_true", help="list what would be deleted; change nothing")
 
     store = verbs.group("store", "store maintenance (fsck, check, reindex, migrate)",

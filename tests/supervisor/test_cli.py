@@ -237,7 +237,7 @@ def test_tree(demo: DemoStore) -> None:
                 for r in list_descendants(Store(demo.path, create=False), demo.root)]
     assert rows == expected
     forest = json.loads(ok("--store", "st", "tree", "--json", cwd=demo.cwd))
-    assert forest == [{"root": demo.root, "label": "demo", "descendants": expected}]
+    assert forest == {"rows": [{"root": demo.root, "label": "demo", "descendants": expected}], "next_cursor": None}
 
 
 def test_tree_heads_its_tree_with_what_the_session_is(demo: DemoStore) -> None:
@@ -505,7 +505,7 @@ def test_run_prints_output_and_stop_reason(tmp_path: Path) -> None:
     assert failed.returncode == 1, failed.stderr
     doc = json.loads(failed.stdout)
     assert doc["stop_reason"] == "error" and "boom" in (doc["diagnostic"] or "")
-    labels = [r["label"] for r in json.loads(ok("--store", "st", "tree", "--json", cwd=tmp_path)) for r in r["descendants"]]
+    labels = [r["label"] for r in json.loads(ok("--store", "st", "tree", "--json", cwd=tmp_path))["rows"] for r in r["descendants"]]
     assert labels == [None, "greet"]  # tree with no ROOT: the newest top-level sessions first
 
 

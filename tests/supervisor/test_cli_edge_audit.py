@@ -277,7 +277,7 @@ def test_ls_and_tree_show_a_damaged_root_as_a_diagnostic_row(roots_copy: tuple[P
 
     tree = cli("--store", "st", "tree", "--json", cwd=path.parent)
     assert tree.returncode == 0, tree.stderr
-    forest = {t["root"]: t for t in json.loads(tree.stdout)}
+    forest = {t["root"]: t for t in json.loads(tree.stdout)["rows"]}
     assert (forest[root]["kind"], forest[root]["reason"]) == ("diagnostic", "corrupt"), forest[root]
     assert len(forest[root]["descendants"]) == 4 and "kind" not in forest[newer], forest
     drawn = cli("--store", "st", "tree", cwd=path.parent)

@@ -185,7 +185,7 @@ def test_tree_without_root_filters_subagents_and_shows_only_the_roots_above_a_ma
     child(st, "r1AAAAAAAAAA", "c1000000AAAB", "fix-2", time.time() - 29 * HOUR, {"stop_reason": "completed", "diagnostic": None})
 
     def trees(*args: str) -> dict[str, list[str]]:
-        return {t["root"]: [r["id"] for r in t["descendants"]] for t in json.loads(ok(st, "tree", "--json", *args))}
+        return {t["root"]: [r["id"] for r in t["descendants"]] for t in json.loads(ok(st, "tree", "--json", *args))["rows"]}
 
     assert trees("--outcome", "error") == {"r3AAAAAAAAAA": ["c0000000AAAB"], "r1AAAAAAAAAA": ["c1000000AAAA"]}
     assert trees("--label", "fix-*") == {"r1AAAAAAAAAA": ["c1000000AAAA", "c1000000AAAB"]}
@@ -315,3 +315,29 @@ def test_fsck_names_sessions_whose_parents_loop_and_exits_1(st: Store) -> None:
     done = run_cli(st, "store", "fsck", "--json")
     looped = sorted(f["id"] for f in json.loads(done.stdout)["findings"] if f["kind"] == "parent-cycle")
     assert done.returncode == 1 and looped == sorted(["r3AAAAAAAAAA", child]), (done.returncode, looped)
+
+
+def test_tree_without_root_prints_its_page_with_a_cursor_in_json_as_ls_does(st: Store) -> None:
+    """Found by a docs probe: with no ROOT and no --limit, `tree --json` printed a bare list of the 20 newest
+    trees and no `next_cursor`, so a script never learned of the rest (the text form said `(more sessions: ...)`)."""
+    now = time.time()
+    for i in range(17):
+        create_session(st, f"s{i:02d}AAAAAAAAA", label=f"extra-{i}", created_at=now - 30 + i)
+    doc = json.loads(ok(st, "tree", "--json"))
+    assert isinstance(doc, dict) and len(doc["rows"]) == 20 and doc["next_cursor"], doc
+    rest = json.loads(ok(st, "tree", "--json", "--cursor", doc["next_cursor"]))
+    assert [t["root"] for t in rest["rows"]] == ["r1AAAAAAAAAA", "r0AAAAAAAAAA"] and rest["next_cursor"] is None
+    assert [t["root"] for t in doc["rows"]] == [r["id"] for r in json.loads(ok(st, "ls", "--json"))["roots"]]
+
+
+def test_an_ambiguous_prefix_says_how_many_ids_it_starts(st: Store) -> None:
+    """Found by a docs probe: a prefix of 40 ids was said to start 6 (the lookup stopped counting there)."""
+    for i in range(12):
+        create_session(st, f"q{i:02d}AAAAAAAAA", created_at=time.time() - 1000 + i)
+    with pytest.raises(store.AmbiguousIdError) as caught:
+        store.resolve_id(st, "q0")
+    assert caught.value.message == '"q0" starts 10 session ids (q00AAAAAAAAA, q01AAAAAAAAA, q02AAAAAAAAA, q03AAAAAAAAA, q04AAAAAAAAA, …); type more of it'
+    with pytest.raises(store.AmbiguousIdError) as caught:
+        store.resolve_id(st, "Q1")  # case-insensitive: also counted whole
+    assert caught.value.message.startswith('"Q1" starts 2 session ids (q10AAAAAAAAA, q11AAAAAAAAA)')
+    assert "starts 12 session ids" in run_cli(st, "show", "q").stderr
