@@ -109,6 +109,22 @@ async def test_listing_agents_in_a_scope_there_is_not_is_an_error_not_the_childr
         await run.dispose()
 
 
+async def test_the_script_list_action_says_the_listing_as_a_model_reads_it(tmp_path) -> None:
+    """Found by a docs probe: ``{"list": "children"}`` said a JSON dump of the rows, where the script's own
+    docstring and the behaviour notes promise the rendered listing (``<id> [<status>] — <label>``)."""
+    async with open_supervisor(tmp_path, pool_size=1) as sup:
+        root = await sup.open_root()
+        script = '{"script": [{"list": "children"}, {"spawn": {"prompt": {"script": [{"return": "x"}]}, "label": "kid"}}, {"list": "children"}]}'
+        run = await sup.start("script", SubagentRequest(parent=root, prompt=script))
+        with anyio.fail_after(20):
+            result = await run.result()
+        assert result.stop_reason == "completed", result
+        said = [e["data"]["text"] for e in inspect(sup.store, run.id).events if e["type"] == "assistant/message"]
+        kid = (await sup.list_children(run.id))[0].id
+        assert said[0] == "(no subagents)" and said[-1] == f"{kid} [complete] — kid", said
+        await run.dispose()
+
+
 async def test_interrupt_from_a_program_says_whether_it_stopped_a_turn(tmp_path) -> None:
     """Found by a probe: ``ctx.interrupt`` of a one-shot child or an unknown id returned None, which reads as done.
     It does nothing there (the reference's rule: no error), and now answers False."""

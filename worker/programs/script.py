@@ -40,6 +40,7 @@ from typing import Any
 import anyio
 
 from ..context import RunResult, TurnContext, TurnResult
+from ..listing import render_rows
 
 __all__ = ["script", "parse_script"]
 
@@ -150,8 +151,8 @@ async def script(ctx: TurnContext) -> str | TurnResult:
             child_id, _ = await ctx.start_continuable(_prompt(spec.pop("prompt", "")), **spec)
             last_child = child_id
         elif name == "list":
-            rows = await ctx.list_agents(scope=arg or "children")
-            await ctx.say(rows[0]["text"] if rows and "text" in rows[0] else json.dumps(rows))
+            scope = arg or "children"
+            await ctx.say(render_rows(await ctx.list_agents(scope=scope), descendants=scope == "descendants"))
         elif name == "interrupt":
             await ctx.interrupt(last_child if arg == "$last" else arg)
         elif name == "return":
