@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import anyio
 
-from subagents.store import IdGenerator, list_children, list_descendants, read_header, read_identity
+from subagents.store import IdGenerator, list_children, list_descendants, read_header, read_identity, short_ids
 from subagents.store.events import widest_event
 from subagents.store.framing import encode_record
 
@@ -108,7 +108,9 @@ def cmd_demo(inv: Invocation) -> int:
     doc["speedup"] = doc["busy_s"] / doc["wall_s"] if doc["wall_s"] > 0 else 0.0
     doc["listing"] = render.entry_rows(list_children(store, doc["root"]))
     doc["tree"] = render.descendant_rows(list_descendants(store, doc["root"]))
-    inv.emit(doc, render.render_demo)
+    doc["label"] = read_header(store, doc["root"]).label
+    shorts = short_ids(store, [doc["root"], *(row["id"] for row in doc["tree"])])
+    inv.emit(doc, lambda out, shown: render.render_demo(out, shown, shorts))
     return 0 if all(r["stop_reason"] == "completed" for r in doc["results"]) else 1
 
 

@@ -418,7 +418,8 @@ class DemoProgress:
             self._progress.__exit__(kind, exc, tb)
 
 
-def render_demo(out: Output, doc: dict[str, Any]) -> None:
+def render_demo(out: Output, doc: dict[str, Any], shorts: Mapping[str, str] | None = None) -> None:
+    """``shorts``: the ids as the commands it shows print them (their shortest unique prefixes)."""
     per = f"{doc['children']} children × {doc['cpu_ms']} ms of CPU on {doc['pool_size']} workers"
     cpu = f"{doc['cpu_s']:.2f} s ({doc['cpu_source']}; less than the children's time when the host is busy)"
     out.line("")
@@ -434,11 +435,12 @@ def render_demo(out: Output, doc: dict[str, Any]) -> None:
             worker = result.get("worker") or {}
             out.line(f"  {result['label']:<10} {worker.get('host', '-')}  pid {worker.get('pid', '-')}")
     out.line("")
-    out.line(f"$ subagents ls {doc['root']}")
-    render_listing(out, doc["listing"])
+    root = (shorts or {}).get(doc["root"], doc["root"])
+    out.line(f"$ subagents ls {root}")
+    render_listing(out, doc["listing"], shorts)
     out.line("")
-    out.line(f"$ subagents tree {doc['root']}")
-    render_tree(out, [{"root": doc["root"], "descendants": doc["tree"]}])
+    out.line(f"$ subagents tree {root}")
+    render_tree(out, [{"root": doc["root"], "label": doc.get("label"), "descendants": doc["tree"]}], shorts)
 
 
 # -- send, interrupt, drain ----------------------------------------------------------------

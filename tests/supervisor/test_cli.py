@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from subagents import store
-from subagents.store import LogWriter, Store, create_session, inspect, list_children, list_descendants, read_lease
+from subagents.store import LogWriter, Store, create_session, inspect, list_children, list_descendants, read_lease, resolve_id, short_ids
 from subagents.supervisor.cli import columns, render
 from subagents.supervisor.config_loader import load_config
 from subagents.store.framing import data_end
@@ -88,8 +88,10 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoStore:
     root = re.search(r"^demo root (\S+):", out, re.M)
     assert root is not None, out
     lines = out.splitlines()
-    listing = lines[lines.index(f"$ subagents ls {root.group(1)}") + 2 :][:4]  # under the header row
-    children = [line.split()[0] for line in listing if line.split()[1:3] == ["complete", "completed"]]
+    shown = next(line for line in lines if line.startswith("$ subagents ls "))
+    listing = lines[lines.index(shown) + 2 :][:4]  # under the header row
+    st = Store(cwd / "st", create=False)
+    children = [resolve_id(st, line.split()[0]) for line in listing if line.split()[1:3] == ["complete", "completed"]]
     assert len(children) == 4, out
     return DemoStore(cwd, cwd / "st", root.group(1), children, out)
 
@@ -109,14 +111,28 @@ def test_demo_quick_lists_three_complete_children(demo: DemoStore) -> None:
     lines = demo.stdout.splitlines()
     assert sum(1 for line in lines if re.match(r"^\[\d/3\] \S+ part-\d completed after", line)) == 3
     assert any(line.startswith("speedup") for line in lines)
-    assert lines[lines.index(f"$ subagents ls {demo.root}") + 1].split() == LS_HEADER
-    listing = lines[lines.index(f"$ subagents ls {demo.root}") + 2 :][:3]
+    short = short_ids(Store(demo.path, create=False), [demo.root])[demo.root]
+    assert lines[lines.index(f"$ subagents ls {short}") + 1].split() == LS_HEADER
+    listing = lines[lines.index(f"$ subagents ls {short}") + 2 :][:3]
     assert [ROW.match(line).group(2) for line in listing] == ["1", "2", "3"]  # type: ignore[union-attr]
-    tree = lines[lines.index(f"$ subagents tree {demo.root}") + 1 :]
-    assert tree[0] == f"{demo.root} (root)"
+    tree = lines[lines.index(f"$ subagents tree {short}") + 1 :]
+    assert tree[0] == f"{short} (root) — demo"
     assert [CHILD.match(line.strip()).groups() for line in tree[1:4]] == [  # type: ignore[union-attr]
         (line.split()[0], f"part-{i}") for i, line in enumerate(listing, 1)]
     assert all(line.startswith("  ") for line in tree[1:4])
+
+
+def test_the_demo_shows_what_its_ls_and_tree_commands_print(demo: DemoStore) -> None:
+    """Found by a docs probe: the demo's `$ subagents ls` / `$ subagents tree` blocks showed whole ids and no root
+    label, where the commands it names print shortest prefixes and `— demo`."""
+    lines = demo.stdout.splitlines()
+    ls_at = next(i for i, line in enumerate(lines) if line.startswith("$ subagents ls "))
+    tree_at = next(i for i, line in enumerate(lines) if line.startswith("$ subagents tree "))
+    shown_ls, shown_tree = lines[ls_at + 1 : tree_at - 1], lines[tree_at + 1 :]
+    now_ls = ok("--store", "st", *lines[ls_at].split()[2:], cwd=demo.cwd).splitlines()
+    assert [line.split()[:4] for line in shown_ls] == [line.split()[:4] for line in now_ls]  # CREATED is relative: it moves
+    assert [line.split()[-1] for line in shown_ls] == [line.split()[-1] for line in now_ls]
+    assert shown_tree == ok("--store", "st", *lines[tree_at].split()[2:], cwd=demo.cwd).splitlines()
 
 
 def test_demo_json_as_the_console_script(tmp_path: Path) -> None:
