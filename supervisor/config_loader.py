@@ -341,8 +341,11 @@ def _merge_env(merged: dict[str, Any], origins: dict[tuple[str, ...], str], envi
     known = {ENV_PREFIX + f.upper(): f for f in SupervisorConfig.model_fields if f not in _NESTED}
     used: list[str] = []
     for name in sorted(environ):
-        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG or name.startswith(ENV_LLM_PREFIX):
-            continue  # SUBAGENTS_LLM_* belong to the llm program (worker/programs/llm.py), read where it runs
+        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG:
+            continue
+        if name.startswith(ENV_LLM_PREFIX):
+            _require_llm_variable(name)  # the llm program's own (worker/programs/llm.py), read where it runs
+            continue
         value = environ[name]
         source = f"environment variable {name}"
         if name == ENV_STORE:
@@ -362,6 +365,15 @@ def _merge_env(merged: dict[str, Any], origins: dict[tuple[str, ...], str], envi
             )
         used.append(source)
     return used
+
+
+def _require_llm_variable(name: str) -> None:
+    """``CONFIG_INVALID`` for a ``SUBAGENTS_LLM_*`` name the llm program does not read: a typo that was taken in silence."""
+    from subagents.worker.programs.llm import ENVIRONMENT  # only when such a name is set: the program is no light import
+
+    if name not in ENVIRONMENT:
+        raise ConfigError(f'unknown key "{name}" in the environment (the llm program reads: {", ".join(ENVIRONMENT)})',
+                          key=name, source="environment")
 
 
 def _validate(merged: dict[str, Any], origins: dict[tuple[str, ...], str]) -> DeploymentConfig:

@@ -61,7 +61,9 @@ def register(verbs: Verbs) -> None:
     completion = verbs.add("completion", cmd_completion, "print the shell code that completes subagents' verbs and options",
                            json=False, reads_config=False, example='eval "$(subagents completion bash)"   # in ~/.bashrc\n'
                                                 "subagents completion fish > ~/.config/fish/completions/subagents.fish")
-    completion.add_argument("shell", metavar="SHELL", choices=SHELLS, help=f"the shell to complete in: {', '.join(SHELLS)}")
+    completion.add_argument("shell", metavar="SHELL", choices=SHELLS,
+                            help=f"the shell to complete in: {', '.join(SHELLS)} (tcsh's code calls `python-argcomplete-tcsh`, "
+                                 "which pip's argcomplete does not install: it comes with the system's argcomplete package)")
 
     config = verbs.group("config", "configuration", example="subagents config show --json")
     config.add("show", cmd_config_show, "the effective configuration (default, file, environment, --store)",

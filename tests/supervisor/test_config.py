@@ -116,6 +116,16 @@ def test_unknown_environment_variable() -> None:
         load_config(env={"SUBAGENTS_POOLSIZE": "2"})
 
 
+def test_an_unknown_llm_environment_variable_is_refused_and_the_known_ones_pass() -> None:
+    """Found by a docs probe: every ``SUBAGENTS_LLM_*`` name was passed over (the llm program reads them where it
+    runs), so a typo such as ``SUBAGENTS_LLM_MODLE`` was taken without a word, against "unknown names are errors"."""
+    with pytest.raises(ConfigError, match='unknown key "SUBAGENTS_LLM_MODLE" in the environment') as caught:
+        load_config(env={"SUBAGENTS_LLM_MODLE": "m"})
+    assert "SUBAGENTS_LLM_MODEL" in caught.value.message
+    load_config(env={"SUBAGENTS_LLM_MODEL": "m", "SUBAGENTS_LLM_BASE_URL": "http://127.0.0.1:1/v1", "SUBAGENTS_LLM_MAX_STEPS": "4",
+                     "SUBAGENTS_LLM_TIMEOUT_S": "5", "SUBAGENTS_LLM_MAX_RETRIES": "1", "SUBAGENTS_LLM_API_KEY_ENV": "KEY"})
+
+
 def test_bad_value_names_its_source(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r'"supervisor.pool_size" in environment variable SUBAGENTS_POOL_SIZE'):
         load_config(env={"SUBAGENTS_POOL_SIZE": "many"})

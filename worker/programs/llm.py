@@ -155,6 +155,12 @@ def _result_text(data: dict[str, Any]) -> str:
     return json.dumps(value)
 
 
+
+# every variable ``from_environment`` reads: the supervisor's configuration refuses any other SUBAGENTS_LLM_* name (a typo)
+ENVIRONMENT = ("SUBAGENTS_LLM_BASE_URL", "SUBAGENTS_LLM_MODEL", "SUBAGENTS_LLM_API_KEY_ENV", "SUBAGENTS_LLM_TIMEOUT_S",
+               "SUBAGENTS_LLM_MAX_RETRIES", "SUBAGENTS_LLM_MAX_STEPS")
+
+
 @dataclass
 class LlmProgram:
     """A configured LLM agent program (a callable object, so dill carries it to workers)."""
