@@ -97,6 +97,8 @@ class SupervisorConfig(_Settings):
     control_poll_s: float = Field(default=0.05, gt=0)
     worker_ready_timeout_s: float = Field(default=30.0, gt=0)
     worker_log_level: int = 30
+    # workers print their log records as JSON lines (the CLI's --log-json sets it), else text lines
+    worker_log_json: bool = False
     # the largest record (a message, an event) writers of a store this supervisor CREATES accept;
     # an existing store keeps the limit in its STORE marker, so every process on it agrees
     max_record_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, le=MAX_RECORD_BYTES)

@@ -75,6 +75,7 @@ worker_prefetch = 2             # turns a local worker is handed ahead, to start
 control_poll_s = 0.05           # how often a supervisor looks for messages/controls other processes wrote for its children
 worker_ready_timeout_s = 30.0   # a worker that is not READY by then is a startup failure
 worker_log_level = 30           # logging level inside workers (30 = WARNING)
+worker_log_json = false         # workers log JSON lines, as the CLI's --log-json does (which sets it)
 max_record_bytes = 16777216     # largest record (message, event) a store created here accepts; kept in its STORE marker; at most 64 MiB
 
 # Used only with pool = "ray" (pip install 'subagents[ray]').

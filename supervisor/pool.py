@@ -142,7 +142,7 @@ class WorkerPool(Dispatcher[_Worker]):
 
     def __init__(
         self, *, size: int, start_method: str, ready_timeout_s: float, cancel_grace_s: float,
-        log_level: int = logging.WARNING, turns_per_worker: int = 1, prefetch: int = 0,
+        log_level: int = logging.WARNING, log_json: bool = False, turns_per_worker: int = 1, prefetch: int = 0,
     ) -> None:
         super().__init__(size=size, turns_per_worker=turns_per_worker, cancel_grace_s=cancel_grace_s, prefetch=prefetch)
         self._context = multiprocess.get_context(start_method)
@@ -151,6 +151,7 @@ class WorkerPool(Dispatcher[_Worker]):
             self._context.set_forkserver_preload(_PRELOAD)
         self._ready_timeout_s = ready_timeout_s
         self._log_level = log_level
+        self._log_json = log_json
         self._host = socket.gethostname()
 
     # -- life cycle ------------------------------------------------------------
@@ -180,7 +181,7 @@ class WorkerPool(Dispatcher[_Worker]):
         # that tells it we died (even by kill -9) never comes and it outlives us
         inherited = parent_conn if self._start_method == "fork" else None
         process = self._context.Process(
-            target=worker_entry, args=(child_conn, self._log_level, inherited, self._turns_per_worker), daemon=True,
+            target=worker_entry, args=(child_conn, self._log_level, inherited, self._turns_per_worker, self._log_json), daemon=True,
             name=f"subagents-worker-{index}",
         )
         try:

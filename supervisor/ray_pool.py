@@ -117,7 +117,7 @@ class RayPool(Dispatcher[_Actor]):
 
     def __init__(
         self, *, size: int, ray: RayConfig, store_root: str, durability: str, ready_timeout_s: float, cancel_grace_s: float,
-        log_level: int = logging.WARNING, turns_per_worker: int = 1,
+        log_level: int = logging.WARNING, log_json: bool = False, turns_per_worker: int = 1,
     ) -> None:
         super().__init__(size=size, turns_per_worker=turns_per_worker, cancel_grace_s=cancel_grace_s)
         self._config = ray
@@ -125,6 +125,7 @@ class RayPool(Dispatcher[_Actor]):
         self._durability = durability
         self._ready_timeout_s = ready_timeout_s
         self._log_level = log_level
+        self._log_json = log_json
         self._joined = False
         self._service: Any = None
         self._worker_class: Any = None
@@ -179,7 +180,7 @@ class RayPool(Dispatcher[_Actor]):
             service = self._service
             handle = self._worker_class.options(
                 num_cpus=self._config.worker_num_cpus, max_restarts=0, max_task_retries=0, scheduling_strategy="SPREAD",
-            ).remote(service, self._log_level)
+            ).remote(service, self._log_level, self._log_json)
             self._pending[index] = handle
             try:
                 where = await handle.ready.remote()

@@ -103,6 +103,7 @@ def _make_pool(config: SupervisorConfig, store: Store) -> Pool:
             ready_timeout_s=config.worker_ready_timeout_s,
             cancel_grace_s=config.cancel_grace_s,
             log_level=config.worker_log_level,
+            log_json=config.worker_log_json,
             turns_per_worker=config.turns_per_worker,
         )
     return WorkerPool(
@@ -111,6 +112,7 @@ def _make_pool(config: SupervisorConfig, store: Store) -> Pool:
         ready_timeout_s=config.worker_ready_timeout_s,
         cancel_grace_s=config.cancel_grace_s,
         log_level=config.worker_log_level,
+        log_json=config.worker_log_json,
         turns_per_worker=config.turns_per_worker,
         prefetch=config.worker_prefetch,
     )

@@ -38,7 +38,7 @@ import anyio
 
 from .forks import worker_started
 from .leftovers import untracked
-from .logcontext import FieldsFilter
+from .logformat import install_logging
 from .pipe import frame, serve_pipe
 from .protocol import Cancel, Ready, Reply, RunTurn, Shutdown, Started, TurnDone, Withdraw, Withdrawn, cancelled_before_start, decode, encode
 from .runner import TurnRunner
@@ -245,16 +245,6 @@ class _Turns:
             await asyncio.wait(list(self._tasks))
 
 
-class _Defaults(logging.Filter):
-    """Records logged outside any turn still format (``child=- epoch=-``)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        for key in ("child", "epoch"):
-            if not hasattr(record, key):
-                setattr(record, key, "-")
-        return True
-
-
 def _exit_at_hangup(fd: int) -> None:
     """Thread body: wait for the pipe's hang-up (the supervisor's end closed), then end the process.
 
@@ -269,7 +259,8 @@ def _exit_at_hangup(fd: int) -> None:
     os._exit(0)
 
 
-def worker_entry(conn: Any, log_level: int = logging.WARNING, inherited: Any = None, turns_per_worker: int = 1) -> None:
+def worker_entry(conn: Any, log_level: int = logging.WARNING, inherited: Any = None, turns_per_worker: int = 1,
+                 log_json: bool = False) -> None:
     """Process target: serve the supervisor on ``conn`` until it goes away.
 
     ``inherited`` is the supervisor's end of the pipe when the worker was forked
@@ -294,10 +285,7 @@ def worker_entry(conn: Any, log_level: int = logging.WARNING, inherited: Any = N
     except (AttributeError, OSError, ValueError):  # no real stdout or stderr here (an embedding host): nothing to keep apart
         pass
     threading.Thread(target=_exit_at_hangup, args=(conn.fileno(),), name="subagents-hangup", daemon=True).start()
-    logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s [child=%(child)s epoch=%(epoch)s]")
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(FieldsFilter())  # first: the turn's fields, then "-" for what they leave unset
-        handler.addFilter(_Defaults())
+    install_logging(log_level, as_json=log_json)  # as the host prints: a turn's records name its child, parent and epoch
     try:
         # A fresh context: a forked worker inherits the context of the supervisor task that
         # started it, where anyio (4.16 and later) has marked asyncio as running, and

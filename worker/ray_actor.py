@@ -30,6 +30,7 @@ from typing import Any, AsyncIterator
 import ray
 
 from .logcontext import FieldsFilter
+from .logformat import install_logging
 from .forks import worker_started
 from .protocol import Cancel, CancelRpc, Reply, Rpc, RunTurn, TurnDone, TurnOutcome, decode, encode
 from .runner import TurnRunner
@@ -60,11 +61,13 @@ def service_transport(handle: Any) -> ServiceCall:
 class SubagentWorker:
     """One worker on a cluster node: the turns resident in this actor's process."""
 
-    def __init__(self, service: Any, log_level: int = logging.WARNING) -> None:
+    def __init__(self, service: Any, log_level: int = logging.WARNING, log_json: bool = False) -> None:
         worker_started()
-        logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
-        for handler in logging.getLogger().handlers:
-            handler.addFilter(FieldsFilter())
+        if logging.getLogger().handlers:  # Ray's own: kept as they print, with the child's fields added
+            for handler in logging.getLogger().handlers:
+                handler.addFilter(FieldsFilter())
+        else:
+            install_logging(log_level, as_json=log_json)
         sessions = ServiceSessions(service_transport(service))
         self._runner = TurnRunner(sessions_for=lambda spec: sessions)
         self._resident: set[int] = set()

@@ -81,9 +81,12 @@ def _main(argv: Sequence[str] | None) -> int:
         # user gets help while they fix it
         loaded = load_config(args.config) if args.reads_config else LoadedConfig(DeploymentConfig(), ())
         config = loaded.config.with_store(args.store) if args.store else loaded.config
+        if args.log_json:  # the workers print as the host does: one format on one stderr
+            config = config.model_copy(update={"supervisor": config.supervisor.model_copy(update={"worker_log_json": True})})
         store_path = os.path.abspath(config.store.path)
-        sources = tuple(loaded.sources) + (("--store",) if args.store else ())
-        origins = {**loaded.origins, **({"store.path": "flag --store"} if args.store else {})}
+        sources = tuple(loaded.sources) + (("--store",) if args.store else ()) + (("--log-json",) if args.log_json else ())
+        origins = {**loaded.origins, **({"store.path": "flag --store"} if args.store else {}),
+                   **({"supervisor.worker_log_json": "flag --log-json"} if args.log_json else {})}
         out = Output(json_mode=getattr(args, "json", False))
         with stop.installed():
             return int(args.func(Invocation(args, config, out, sources, origins, stop)) or 0)
