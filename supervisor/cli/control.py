@@ -177,22 +177,33 @@ async def _send(config: DeploymentConfig, child: str, message: str, parent: str,
         end = ends[0] if ends else {}
         # the root's files refused the notice: the closing message is printed from here instead, with why
         undelivered: str | None = end.get("notice_problem")
+        taken_over = bool(end.get("taken_over"))
         notice = None
-        if settled and undelivered is None:
+        if settled and end.get("notice_id") is not None:
             try:
                 notices = await anyio.to_thread.run_sync(_settlement_notices, sup.store, parent, child, accepted_at)
             except SubagentError as exc:  # delivered, and the root's mailbox no longer reads
                 undelivered = f"{exc.code}: {exc.message}"
             else:
-                notice = notices[0] if notices else None
+                # this activation's own notice, by its id: after a takeover the root also holds the notices
+                # of the supervisor that took the child over, which this command printed as its own
+                notice = next((n for n in notices if n["id"] == end["notice_id"]), None)
         taken = (await _take_root_mail(sup, parent) or []) if notice is not None else []
         # the root's other messages taken with the notice are printed too: taken means delivered
         others = [m for m in taken if m.id != notice["id"]] if notice is not None else []
         stop_reason = end.get("stop_reason")
-        diagnostic = await anyio.to_thread.run_sync(_last_diagnostic, sup.store, child) if stop_reason not in (None, "completed") else None
+        if taken_over:
+            diagnostic: str | None = (f"{child} was taken over by another process (its lease at epoch {doc['epoch']} lapsed while this "
+                                      "command was stopped or stalled): that process closed this turn and runs the child now; "
+                                      f"see `subagents log {child}`")
+        elif stop_reason not in (None, "completed"):
+            diagnostic = await anyio.to_thread.run_sync(_last_diagnostic, sup.store, child)
+        else:
+            diagnostic = None
         doc.update(settled=settled, stop_reason=stop_reason, diagnostic=diagnostic, notice=notice,
                    also_delivered=[_message_doc(m) for m in others], notice_taken=len(others) < len(taken),
-                   output=end.get("last_assistant_message"), notice_problem=undelivered)
+                   output=None if taken_over else end.get("last_assistant_message"), notice_problem=undelivered,
+                   taken_over=taken_over)
     return doc
 
 

@@ -195,7 +195,7 @@ class Teardown:
                 self.open_disposal(child, discard=act.discard)
                 await child.disposed.wait()
         if act.fenced:
-            self._finish(act, "error", None)
+            self._finish(act, "error", None, taken_over=True)
             return False
         dropped = False
         rt = self._rt
@@ -218,19 +218,20 @@ class Teardown:
         # lease still held; it left the message for us. Re-read after releasing: one of us sees it.
         resume_after = (not act.discard and not act.stalled and not self._admission.closing
                         and await rt.store_thread.run(self._has_waking_pending, act))
-        undelivered = None
+        undelivered = notice_id = None
         if act.reasons or dropped:
-            undelivered = await self._notify_parent(act, reason)
+            notice_id, undelivered = await self._notify_parent(act, reason)
         else:
             # resumed for a message its acceptance then refused (a full disk, a damaged mailbox): nothing
             # ran or was dropped, so the parent's last notice still says how it stands
             log.info("subagent %s settled again without a turn: no settlement notice", act.child_id, extra=log_fields(act))
-        self._finish(act, reason, act.last_output or None, undelivered)
+        self._finish(act, reason, act.last_output or None, undelivered, notice_id=notice_id)
         return resume_after
 
-    async def _notify_parent(self, act: Activation, reason: str) -> str | None:
+    async def _notify_parent(self, act: Activation, reason: str) -> tuple[str | None, str | None]:
         """The settlement notice, durably in the parent's mailbox (quiet when the parent's lineage is closing).
-        Returns why the parent's files refused it (``CODE: message``), for ``subagent/end``; None once delivered."""
+        Returns, for ``subagent/end``, the notice's message id (None when none was sent) and why the parent's
+        files refused it (``CODE: message``; None once delivered)."""
         wake = not self._admission.closed_below(act.parent_id)
         try:
             output, limit = act.last_output, self._rt.store.max_record_bytes
@@ -240,17 +241,16 @@ class Teardown:
                 source, body = await self._rt.store_thread.run(self._fitting_notice, act.child_id, act.parent_id, reason, output, wake)
             # resident: its driver takes it; else its mailbox, unless it can never have a next turn
             if await self._delivery.takes_messages(act.parent_id):
-                await self._delivery.send_to(act.parent_id, source, body, wake=wake)
-            else:
-                log.info("subagent %s settled; its parent %s is a one-shot child (or gone), which takes no message: "
-                         "the settlement notice is dropped", act.child_id, act.parent_id, extra=log_fields(act))
+                return await self._delivery.send_to(act.parent_id, source, body, wake=wake), None
+            log.info("subagent %s settled; its parent %s is a one-shot child (or gone), which takes no message: "
+                     "the settlement notice is dropped", act.child_id, act.parent_id, extra=log_fields(act))
         except SubagentError as exc:
             # the parent's files refused it (damage, a takeover): the child is settled all the same. The
             # error's code and text say why; a traceback of the store's internals would say nothing more
             log.error("subagent %s settlement notice was not delivered to its parent %s: %s: %s", act.child_id, act.parent_id,
                       exc.code, exc, extra=log_fields(act))
-            return f"{exc.code}: {exc.message}"
-        return None
+            return None, f"{exc.code}: {exc.message}"
+        return None, None
 
     def _fitting_notice(self, child_id: str, parent_id: str, reason: str, output: str, wake: bool) -> tuple[dict[str, Any], str]:
         """The notice's source and text, its closing message cut (by halves) until the parent's mailbox
@@ -267,10 +267,13 @@ class Teardown:
                     raise
                 cut = (len(output.encode("utf-8")) if cut is None else cut) // 2
 
-    def _finish(self, act: Activation, reason: str, last_message: str | None, undelivered: str | None = None) -> None:
+    def _finish(self, act: Activation, reason: str, last_message: str | None, undelivered: str | None = None, *,
+                notice_id: str | None = None, taken_over: bool = False) -> None:
         """The last steps of every disposal: setup released, out of the table, the parent stops owning
-        the child, ``subagent/end`` (with ``notice_problem`` when the parent's files refused its
-        settlement notice: a caller waiting for the notice learns it will not come), done.
+        the child, ``subagent/end`` (with ``notice_id``, the id of the settlement notice this activation
+        sent; ``notice_problem`` when the parent's files refused it: a caller waiting for the notice
+        learns it will not come; ``taken_over`` when another supervisor took the child over, and the
+        notice of its next settlement, if any, is that supervisor's), done.
 
         The activation leaves the table only here, after its settlement notice is in its
         parent's mailbox: a parent disposing meanwhile finds it among what it owns and waits
@@ -290,7 +293,9 @@ class Teardown:
             "subagent/end",
             {"run_id": act.identity.run_id, "provider": act.identity.descriptor.provider, "id": act.child_id, "local": True,
              "stop_reason": reason, "last_assistant_message": last_message,
-             **({"notice_problem": undelivered} if undelivered is not None else {})},
+             **({"notice_id": notice_id} if notice_id is not None else {}),
+             **({"notice_problem": undelivered} if undelivered is not None else {}),
+             **({"taken_over": True} if taken_over else {})},
         )
         act.lifecycle = Lifecycle.DISPOSED
         act.disposed.set()

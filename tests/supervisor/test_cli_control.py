@@ -169,6 +169,40 @@ def test_send_cold_resumes_and_waits_for_the_settlement_notice(host) -> None:
     assert read_lease(Store(store_path, create=False), child).state == "released"
 
 
+def test_a_send_whose_child_was_taken_over_says_so_and_prints_no_other_turns_notice(host) -> None:
+    """Found by a probe: a ``send`` hosting the child's turn, paused (SIGSTOP) past its lease, while a second
+    ``send`` took the child over and ran its own message, printed, once resumed, the second one's settlement
+    notice ("finished", "two") as its own result; only a log warning said it had been taken over."""
+    store_path, ids, proc = host
+    root, child = ids["root"], ids["child"]
+    _kill(proc)
+    env = {**cli_env(), "SUBAGENTS_LEASE_TTL_S": "1.0"}
+    first = subprocess.Popen([sys.executable, "-m", "subagents.supervisor.cli", "--store", store_path, "send", child,
+                              script({"say": "ran ONE"}, {"sleep": 5000}, {"return": "one"}), "--parent", root, "--json", "--wait-s", "50"],
+                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        until(lambda: any(e["type"] == "assistant/message" and e["data"].get("text") == "ran ONE" for e in events(store_path, child)))
+        first.send_signal(signal.SIGSTOP)
+        time.sleep(2.5)  # past its lease: its heartbeat stopped with it
+        second = subprocess.run([sys.executable, "-m", "subagents.supervisor.cli", "--store", store_path, "send", child,
+                                 script({"return": "two"}), "--parent", root, "--json"],
+                                cwd=REPO, env=env, capture_output=True, text=True, timeout=DEADLINE_S)
+        assert second.returncode == 0, second.stderr
+        assert json.loads(second.stdout)["output"] == "two"
+        first.send_signal(signal.SIGCONT)
+        out, err = first.communicate(timeout=DEADLINE_S)
+    finally:
+        if first.poll() is None:
+            first.send_signal(signal.SIGCONT)
+            first.kill()
+            first.wait(10)
+    doc = json.loads(out)
+    assert first.returncode == 1, (out, err)
+    assert doc["notice"] is None and doc["output"] != "two" and doc["taken_over"] is True, doc
+    assert doc["diagnostic"].startswith(f"{child} was taken over by another process (its lease at epoch "), doc
+    assert stop_reasons(store_path, child)[-2:] == ["interrupted", "completed"]  # the taker closed ONE, then ran its own
+
+
 def test_send_takes_the_notice_it_printed_from_the_roots_mailbox(host) -> None:
     """The notice send printed is delivered: taken into the root's log, not left waiting in its mailbox
     for a reader that never comes (a waiting message keeps ``gc`` from ever collecting the subtree)."""
