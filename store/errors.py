@@ -305,9 +305,11 @@ class FencedError(SubagentError):
 
     code = "FENCED"
 
-    def __init__(self, session_id: str, *, epoch: int, current_epoch: int | None) -> None:
+    def __init__(self, session_id: str, *, epoch: int, current_epoch: int | None, lease: str | None = None) -> None:
+        """``current_epoch``: the epoch a writer must match now, None when none may write; ``lease``: what the
+        lease reads as, when that is not one epoch (``epoch 2, released``: "lease epoch None" said nothing)."""
         super().__init__(
-            f'session "{session_id}" was taken over: writer epoch {epoch}, lease epoch {current_epoch}',
+            f'session "{session_id}" was taken over: writer epoch {epoch}, lease {lease or f"epoch {current_epoch}"}',
             session_id=session_id,
             epoch=epoch,
             current_epoch=current_epoch,

@@ -245,11 +245,17 @@ class LogWriter:
         """
         try:
             slots = self._file.read_slots()
-        except OSError:
-            raise FencedError(self.session_id, epoch=self.epoch, current_epoch=None) from None
+        except OSError as exc:
+            raise FencedError(self.session_id, epoch=self.epoch, current_epoch=None, lease=f"unreadable ({exc.strerror})") from None
         current = None if slots.problem is not None else slots.epoch
         if current != self.epoch:
-            raise FencedError(self.session_id, epoch=self.epoch, current_epoch=current)
+            if slots.problem is not None:
+                shown = "slots that do not read"
+            elif current is None and slots.lease is not None:
+                shown = f"epoch {slots.lease.epoch}, released"
+            else:
+                shown = None
+            raise FencedError(self.session_id, epoch=self.epoch, current_epoch=current, lease=shown)
         return slots
 
     # -- appending ---------------------------------------------------------------

@@ -10,6 +10,12 @@ a later supervisor or ``store gc``. One ``OwnerReaper`` serves both passes:
 the one at close reads only the leases the first found naming a gone owner,
 and the first, too, only those an earlier process found (``store/reaper.py``).
 
+A lapse (two renewals further apart than the streak allows: the process was
+stopped, or stalled) calls ``on_lapse``: another supervisor may have taken
+sessions over meanwhile, and a turn that does not write for a while (a long
+tool call, a model's request) would learn it only at its next append, running
+on beside the taker's turn until then; the supervisor reads its leases instead.
+
 It also answers, without reading the store, whether a lease this supervisor
 took can have been taken over since (``held_surely``): another supervisor
 takes a lease only once its owner's heartbeat is older than the TTL, so while
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import anyio
@@ -50,8 +57,9 @@ class LeaseKeeperStatistics:
 
 
 class LeaseKeeper:
-    def __init__(self, store: Store, *, ttl_s: float, ids: IdGenerator) -> None:
+    def __init__(self, store: Store, *, ttl_s: float, ids: IdGenerator, on_lapse: Callable[[], Awaitable[None]] | None = None) -> None:
         self.store = store
+        self._on_lapse = on_lapse
         self.ttl_s = ttl_s
         self.owner_id = ids.new()
         self._record: OwnerRecord | None = None
@@ -103,8 +111,20 @@ class LeaseKeeper:
             if failing:
                 log.warning("this supervisor's heartbeat is renewed again")
             failing = False
+            streak = self._streak
             self._renewed(before)
             self._beats += 1
+            if self._streak != streak and self._on_lapse is not None:
+                await self._lapsed()
+
+    async def _lapsed(self) -> None:
+        """``on_lapse``, an isolation boundary: a failure is logged, and the heartbeat goes on."""
+        assert self._on_lapse is not None
+        log.info("this supervisor's heartbeat lapsed (stopped or stalled): reading the leases it holds")
+        try:
+            await self._on_lapse()
+        except Exception:
+            log.exception("could not check the leases of this supervisor after its heartbeat lapsed")
 
     async def reap(self) -> list[str]:
         """Remove the records of owners gone for good that hold nothing (``OwnerReaper``); the ids removed.

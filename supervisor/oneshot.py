@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 import anyio
 
-from subagents.store import LogWriter, OneShotDescriptor, acquire_lease, delete_session, read_from, release_lease
+from subagents.store import LogWriter, OneShotDescriptor, acquire_lease, delete_session, read_from, read_lease, release_lease
 from subagents.store.control import ControlRecord
 from subagents.store.errors import FencedError, SessionNotFoundError, SubagentError
 from subagents.store.session import CreatedSession, NewSession, create_under_settled_parent
@@ -205,6 +205,29 @@ class OneShotRuns:
             return False
         run.cancel("user")
         return True
+
+    async def stop_taken_over(self) -> list[str]:
+        """Stop the turn of each live run whose lease reads as another supervisor's (after this one's
+        heartbeat lapsed: ``fsck --repair`` or a takeover closed it meanwhile); the ids stopped. The turn
+        is cancelled (``fenced``), and its closing append, refused, ends it as a fenced write does."""
+        live = {child_id: run for child_id, run in self._runs.items() if not run.done and run.cancelled is None}
+        owner_id, store = self._rt.owner_id, self._rt.store
+
+        def lost() -> list[str]:
+            gone = []
+            for child_id in live:
+                try:
+                    lease = read_lease(store, child_id)
+                except (SubagentError, OSError):
+                    continue
+                if lease is None or lease.owner != owner_id:
+                    gone.append(child_id)
+            return gone
+
+        taken = await anyio.to_thread.run_sync(lost)
+        for child_id in taken:
+            live[child_id].cancel("fenced")
+        return taken
 
     def _apply_control(self, run: SubagentRun, record: ControlRecord) -> None:
         if record.kind == "interrupt":
@@ -455,9 +478,11 @@ _INTERRUPTS = frozenset({"user", "parent"})
 
 
 def _result_of(state: _RunState, outcome: TurnOutcome) -> SubagentResult:
-    """A turn's result as its caller reads it: one cancelled meanwhile that did not complete reads ``aborted``."""
+    """A turn's result as its caller reads it: one cancelled meanwhile that did not complete reads ``aborted``,
+    but for a turn another process took over (a fenced write; stopped as ``fenced`` after a lapse), which
+    reads ``error`` with the store's ``FENCED`` text, as a continuable child's does: nobody stopped it."""
     result = result_from_outcome(outcome)
-    if state.cancelled is not None and result.stop_reason != "completed":
+    if state.cancelled is not None and state.cancelled != "fenced" and result.stop_reason != "completed":
         result = result.model_copy(update={"stop_reason": "aborted"})
     return result
 

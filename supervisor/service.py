@@ -128,7 +128,7 @@ class Supervisor:
         self.events = EventBus()
         self.registry = ProviderRegistry(self.events)
         self.agents = LiveAgents()
-        self.lease_keeper = LeaseKeeper(store, ttl_s=config.lease_ttl_s, ids=self.ids)
+        self.lease_keeper = LeaseKeeper(store, ttl_s=config.lease_ttl_s, ids=self.ids, on_lapse=self._after_lapse)
         self.pool: Pool = _make_pool(config, store)
         self.runtime = Runtime(
             store=store, config=config, ids=self.ids, tg=tg, owner_id=self.lease_keeper.owner_id, pool=self.pool,
@@ -141,6 +141,13 @@ class Supervisor:
         self._root_epochs: dict[str, int] = {}
         self._root_streaks: dict[str, int] = {}  # the lease keeper's streak each root's lease was taken in
         self._closed = False
+
+    async def _after_lapse(self) -> None:
+        """The heartbeat lapsed: stop every run and activation whose lease another supervisor took meanwhile,
+        now, rather than at its turn's next append (which may be a long tool call away)."""
+        stopped = [*await self.runs.stop_taken_over(), *await self.continuation.fence_taken_over()]
+        # each one says so itself, once (a fenced activation as it is dropped, a run as its lease is not released)
+        log.info("after the lapse: %d of this supervisor's sessions were taken over", len(stopped))
 
     def _turn_rpc(self, spec: TurnSpec) -> TurnRpc:
         """The RPC handler of one turn: what it may ask of the one-shot runs and the continuable children."""

@@ -75,6 +75,10 @@ class ContinuationManager:
         act = self._table.get(child_id)
         return act is not None and act.being_stopped
 
+    async def fence_taken_over(self) -> list[str]:
+        """Drop the resident activations whose lease another supervisor holds now; their ids."""
+        return await self._teardown.fence_taken_over()
+
     def hosts(self, child_id: str) -> bool:
         """Whether the child has an activation resident in this supervisor."""
         return child_id in self._table

@@ -21,7 +21,7 @@ from typing import Any, Iterable
 
 import anyio
 
-from subagents.store import ChildEntry, DiagnosticEntry, LogWriter, Store, list_children, list_descendants, pending, read_header, release_lease
+from subagents.store import ChildEntry, DiagnosticEntry, LogWriter, Store, list_children, list_descendants, pending, read_header, read_lease, release_lease
 from subagents.store.catalog import listed_children
 from subagents.store.control import ControlRecord
 from subagents.store.control import request as control_request
@@ -181,6 +181,30 @@ class Teardown:
         act.lifecycle = Lifecycle.DISPOSING
         if act.ticket is not None:
             self._rt.pool.cancel(act.ticket, "fenced")
+        act.poke()  # an idle activation's driver waits for a message: it ends now
+
+    async def fence_taken_over(self) -> list[str]:
+        """``fence`` each resident activation whose lease reads as another supervisor's, or at another epoch
+        (after this one's heartbeat lapsed); the ids fenced. A lease that does not read is left to the
+        activation's next write, which decides as always."""
+        acts = [act for act in self._table if not act.fenced]
+        owner_id, store = self._rt.owner_id, self._rt.store
+
+        def lost() -> list[Activation]:
+            gone = []
+            for act in acts:
+                try:
+                    lease = read_lease(store, act.child_id)
+                except (SubagentError, OSError):
+                    continue
+                if lease is None or lease.owner != owner_id or lease.epoch != act.epoch:
+                    gone.append(act)
+            return gone
+
+        taken = await anyio.to_thread.run_sync(lost)
+        for act in taken:
+            self.fence(act)
+        return [act.child_id for act in taken]
 
     async def dispose(self, act: Activation) -> bool:
         """Child-first teardown, on the driver's task after its loop ends.

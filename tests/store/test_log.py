@@ -288,6 +288,8 @@ def test_old_epoch_writer_is_fenced_after_takeover(st):
         with pytest.raises(store.FencedError) as released:
             old.append([("assistant/message", {})])
         assert released.value.current_epoch is None
+        # found by a probe: it said "lease epoch None" of a lease at a higher epoch, released by its taker
+        assert released.value.message.endswith(f"writer epoch {first.epoch}, lease epoch {first.epoch}, released"), released.value.message
         second = store.acquire_lease(st, "s1", "o2")
         assert second.epoch == first.epoch + 1
         with store.LogWriter.open(st, "s1", epoch=second.epoch) as new:

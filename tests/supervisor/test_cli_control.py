@@ -24,7 +24,10 @@ from typing import Any, Callable
 
 import pytest
 
-from subagents.store import IdGenerator, Store, accept, inspect, mailbox_counts, read_lease, read_mailbox, read_projection
+from subagents.store import (
+    IdGenerator, LogWriter, Store, SubagentError, accept, acquire_lease, find_roots, inspect, list_children, mailbox_counts, read_lease,
+    read_mailbox, read_projection, register_owner, release_lease, remove_owner,
+)
 from subagents.supervisor.cli import columns, render, top_view
 
 REPO = str(Path(__file__).resolve().parents[2])
@@ -201,6 +204,83 @@ def test_a_send_whose_child_was_taken_over_says_so_and_prints_no_other_turns_not
     assert doc["notice"] is None and doc["output"] != "two" and doc["taken_over"] is True, doc
     assert doc["diagnostic"].startswith(f"{child} was taken over by another process (its lease at epoch "), doc
     assert stop_reasons(store_path, child)[-2:] == ["interrupted", "completed"]  # the taker closed ONE, then ran its own
+
+
+def test_a_turn_whose_child_was_taken_over_during_a_pause_is_stopped_once_its_host_resumes(host) -> None:
+    """Found by a probe: a ``send`` paused (SIGSTOP) past its lease while another took the child over kept
+    running its turn once resumed (a program's tool calls, a model's requests) until the turn next wrote, a
+    minute later here, beside the turn of the process that took the child over. Its heartbeat's lapse now
+    makes it read its leases at once and stop the turns on leases no longer its own."""
+    store_path, ids, proc = host
+    root, child = ids["root"], ids["child"]
+    _kill(proc)
+    env = {**cli_env(), "SUBAGENTS_LEASE_TTL_S": "1.0"}
+    first = subprocess.Popen([sys.executable, "-m", "subagents.supervisor.cli", "--store", store_path, "send", child,
+                              script({"say": "ran ONE"}, {"sleep": 60000}, {"say": "ONE went on"}), "--parent", root, "--json",
+                              "--wait-s", "50"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        until(lambda: any(e["type"] == "assistant/message" and e["data"].get("text") == "ran ONE" for e in events(store_path, child)))
+        first.send_signal(signal.SIGSTOP)
+        time.sleep(2.5)
+        second = subprocess.run([sys.executable, "-m", "subagents.supervisor.cli", "--store", store_path, "send", child,
+                                 script({"return": "two"}), "--parent", root, "--json"],
+                                cwd=REPO, env=env, capture_output=True, text=True, timeout=DEADLINE_S)
+        assert second.returncode == 0, second.stderr
+        first.send_signal(signal.SIGCONT)
+        out, err = first.communicate(timeout=25)  # far less than the minute its turn would sleep on
+    finally:
+        if first.poll() is None:
+            first.send_signal(signal.SIGCONT)
+            first.kill()
+            first.wait(10)
+    doc = json.loads(out)
+    assert first.returncode == 1 and doc["taken_over"] is True and doc["notice"] is None, (doc, err[-2000:])
+    assert not any(e["type"] == "assistant/message" and e["data"].get("text") == "ONE went on" for e in events(store_path, child))
+
+
+def test_a_one_shot_turn_repaired_by_another_process_during_a_pause_is_stopped_once_its_host_resumes(tmp_path: Path) -> None:
+    """The same for a one-shot child: ``run`` paused past its lease while another process took the child's
+    lease and closed its turn (nothing in this build takes a one-shot child over but the store's own calls,
+    which any program may make), resumed, stops the turn at once (its result ``error``) instead of running it on."""
+    store_path = str(tmp_path / "st")
+    env = {**cli_env(), "SUBAGENTS_LEASE_TTL_S": "1.0"}
+    run = subprocess.Popen([sys.executable, "-m", "subagents.supervisor.cli", "--store", store_path, "run", "script", "--prompt",
+                            script({"say": "ran ONE"}, {"sleep": 60000}, {"say": "ONE went on"}), "--json"],
+                           cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def child() -> str | None:
+            try:
+                st = Store(store_path, create=False)
+                roots = [r.id for r in find_roots(st).rows]
+                kids = [c.id for r in roots for c in list_children(st, r)]
+            except SubagentError:
+                return None
+            return next((c for c in kids if any(e["data"].get("text") == "ran ONE" for e in events(store_path, c)
+                                                if e["type"] == "assistant/message")), None)
+
+        child_id = until(child)
+        run.send_signal(signal.SIGSTOP)
+        time.sleep(2.5)
+        st = Store(store_path, create=False)
+        taker = IdGenerator().new()
+        register_owner(st, taker, ttl=60.0)
+        taken = acquire_lease(st, child_id, taker)  # the paused host's heartbeat is older than its TTL
+        with LogWriter.open(st, child_id, epoch=taken.epoch):
+            pass  # opening repairs: the open turn is closed "interrupted"
+        release_lease(st, child_id, taker, taken.epoch)
+        remove_owner(st, taker)
+        assert stop_reasons(store_path, child_id) == ["interrupted"]
+        run.send_signal(signal.SIGCONT)
+        out, err = run.communicate(timeout=25)  # far less than the minute its turn would sleep on
+    finally:
+        if run.poll() is None:
+            run.send_signal(signal.SIGCONT)
+            run.kill()
+            run.wait(10)
+    doc = json.loads(out)
+    assert run.returncode == 1 and doc["stop_reason"] == "error" and doc["diagnostic"].startswith("FENCED: "), (out, err[-2000:])
+    assert not any(e["type"] == "assistant/message" and e["data"].get("text") == "ONE went on" for e in events(store_path, child_id))
+    assert stop_reasons(store_path, child_id) == ["interrupted"]  # nothing written after the repair's closers
 
 
 def test_send_takes_the_notice_it_printed_from_the_roots_mailbox(host) -> None:
