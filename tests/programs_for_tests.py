@@ -464,3 +464,36 @@ async def descends_continuable(ctx: TurnContext) -> str:
         await ctx.start_continuable(str(levels - 1), label=f"level-{levels - 1}", provider="descends-continuable")
     await anyio.sleep(3600)
     return "woke"
+
+
+def stops_what_it_starts(ctx) -> str:  # type: ignore[no-untyped-def]
+    """Starts a process by exec (``subprocess``) and one by fork (``multiprocessing``), then stops each with SIGTERM and
+    a third with SIGINT; says how each ended (``-15`` / ``-2``: the signal ended it; ``ignored``: it ran on)."""
+    import multiprocessing
+    import signal
+    import subprocess
+    import time
+
+    said = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        proc = subprocess.Popen(["sleep", "30"])
+        time.sleep(0.2)
+        proc.send_signal(sig)
+        try:
+            said.append(str(proc.wait(timeout=5)))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            said.append("ignored")
+    forked = multiprocessing.get_context("fork").Process(target=time.sleep, args=(30,))
+    forked.start()
+    time.sleep(0.2)
+    forked.terminate()
+    forked.join(5)
+    if forked.exitcode is None:
+        forked.kill()
+        forked.join()
+        said.append("ignored")
+    else:
+        said.append(str(forked.exitcode))
+    return " ".join(said)

@@ -28,7 +28,6 @@ import contextvars
 import logging
 import os
 import select
-import signal
 import sys
 import threading
 from collections import deque
@@ -39,6 +38,7 @@ import anyio
 from .forks import worker_started
 from .leftovers import untracked
 from .logformat import install_logging
+from .signals import survive_stop_signals
 from .pipe import frame, serve_pipe
 from .protocol import Cancel, Ready, Reply, RunTurn, Shutdown, Started, TurnDone, Withdraw, Withdrawn, cancelled_before_start, decode, encode
 from .runner import TurnRunner
@@ -269,14 +269,7 @@ def worker_entry(conn: Any, log_level: int = logging.WARNING, inherited: Any = N
     worker_started()
     if inherited is not None:
         inherited.close()
-    # A terminal's Ctrl-C (and its hangup) goes to the whole foreground process group, and a service manager
-    # stops a whole group with SIGTERM: the supervisor takes each and stops the turns (``aborted``); a worker
-    # that died of it would read as a crash, its turn closed ``interrupted``. A worker ends when its
-    # supervisor says so or goes away (its pipe's end), or by SIGKILL
-    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    for signum in stops:
-        signal.signal(signum, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)  # a forkserver's child inherits them blocked (supervisor/pool.py)
+    survive_stop_signals()  # a group's Ctrl-C or stop is the supervisor's to act on (``signals.py``)
     # the host's stdout is the host's (``subagents run --json`` prints one document there): what a program
     # prints goes to stderr, where the user still sees it
     try:

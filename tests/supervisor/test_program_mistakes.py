@@ -125,6 +125,20 @@ async def test_the_script_list_action_says_the_listing_as_a_model_reads_it(tmp_p
         await run.dispose()
 
 
+async def test_the_processes_a_program_starts_obey_the_stop_signals_the_worker_survives(tmp_path) -> None:
+    """Found by a probe: the worker ignored SIGTERM, SIGINT and SIGHUP (so a group's Ctrl-C or a service manager's
+    stop reaches the supervisor alone), and an ignored signal stays ignored across fork and exec: a ``sleep`` the
+    program started ran on after ``terminate()``, and a ``multiprocessing`` pool's ``terminate`` hung for good."""
+    async with open_supervisor(tmp_path, pool_size=1) as sup:
+        sup.register_provider(Provider(name="stops", program=f"{HELPERS}:stops_what_it_starts"))
+        root = await sup.open_root()
+        run = await sup.start("stops", SubagentRequest(parent=root, prompt="go"))
+        with anyio.fail_after(60):
+            result = await run.result()
+        assert (result.stop_reason, result.output) == ("completed", "-15 -2 -15"), result
+        await run.dispose()
+
+
 async def test_interrupt_from_a_program_says_whether_it_stopped_a_turn(tmp_path) -> None:
     """Found by a probe: ``ctx.interrupt`` of a one-shot child or an unknown id returned None, which reads as done.
     It does nothing there (the reference's rule: no error), and now answers False."""
