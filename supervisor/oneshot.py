@@ -19,8 +19,14 @@ finished right there when its worker committed the turn and released the
 lease; only a crash repair or a release left to us runs as a task of the
 runtime's task group (starting a task costs more CPU than a whole child's
 bookkeeping otherwise does). A running turn is stopped by its holder
-(``SubagentRun.cancel``), by a user interrupt here (``interrupt``), or by one
-from another process through the child's control file (``ControlPoller``).
+(``SubagentRun.cancel``), by a user interrupt here (``interrupt``), by one
+from another process through the child's control file (``ControlPoller``), or
+because another process took the child over while this one was stopped
+(``stop_taken_over``, after the heartbeat lapsed).
+
+(About 500 lines: a run's whole life, from the checks before its creation to
+its repair after a crash, kept in one place so that who owns a run at each
+step reads in one file.)
 """
 
 from __future__ import annotations
