@@ -65,7 +65,7 @@ class _Request(BaseModel):
         try:
             super().__init__(**data)
         except ValidationError as exc:
-            raise InvalidRequestError.wrong_fields(type(self).__name__, _problems(exc)) from None
+            raise InvalidRequestError.wrong_fields(type(self).__name__, field_problems(exc)) from None
 
 
 class Capabilities(_Request):
@@ -250,7 +250,7 @@ class InterruptResult(BaseModel):
     detail: str = ""
 
 
-def _problems(exc: ValidationError) -> list[tuple[str, str]]:
+def field_problems(exc: ValidationError) -> list[tuple[str, str]]:
     """Each refused field as ``(path, what is wrong)``; a nested request model (pydantic builds it through
     ``_Request.__init__``) contributes its own fields under its path, not one wrapped "Value error"."""
     problems: list[tuple[str, str]] = []

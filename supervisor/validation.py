@@ -27,7 +27,7 @@ from subagents.worker.tools import SANDBOX_MODES
 
 from .agents import LiveAgents
 from .errors import InvalidRequestError, NoParentError, SubagentDepthError
-from .models import RunBudget
+from .models import RunBudget, field_problems
 
 __all__ = ["MAX_TIMEOUT_MS", "RequestFields", "Placement", "request_fields", "place_child", "prompt_text", "delegation_events"]
 
@@ -102,7 +102,8 @@ def _tool_filter(raw: Any) -> ToolFilter | None:
     try:
         return ToolFilter.model_validate(raw)
     except ValidationError as exc:
-        raise InvalidRequestError(f"tool_filter is invalid: {exc}") from None
+        problems = "; ".join(f"{path}: {what}" if path else what for path, what in field_problems(exc))
+        raise InvalidRequestError(f"tool_filter is invalid: {problems}", field="tool_filter") from None
 
 
 def _encodable(name: str, value: Any) -> None:

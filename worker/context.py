@@ -217,7 +217,7 @@ class TurnContext:
         """Run a visible tool, recording ``tool/call`` and ``tool/result``."""
         self._control.check()
         tool = self.tools.get(name)
-        return await self.recorded_call(name, args, lambda: anyio.to_thread.run_sync(lambda: tool.run(**args)))
+        return await self.recorded_call(name, args, lambda: anyio.to_thread.run_sync(tool.invoke, args))
 
     async def recorded_call(self, name: str, args: dict[str, Any], run: Callable[[], Awaitable[Any]]) -> Any:
         """Record ``tool/call``, await ``run()``, record its ``tool/result`` (or the error, then re-raise).

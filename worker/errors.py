@@ -15,7 +15,7 @@ import signal
 
 from subagents.store.errors import SubagentError
 
-__all__ = ["BudgetExhaustedError", "ToolDeniedError", "UnsendableArgumentError", "TurnGoneError", "ProgramLoadError", "ProtocolError", "WorkerCrashedError", "describe_exit"]
+__all__ = ["BudgetExhaustedError", "ToolDeniedError", "ToolArgumentsError", "UnsendableArgumentError", "TurnGoneError", "ProgramLoadError", "ProtocolError", "WorkerCrashedError", "describe_exit"]
 
 
 class BudgetExhaustedError(SubagentError):
@@ -39,6 +39,18 @@ class UnsendableArgumentError(SubagentError, TypeError):
 
     def __init__(self, call: str, argument: str, cause: Exception) -> None:
         super().__init__(f"{call}: {argument} cannot be sent ({cause})", call=call, argument=argument)
+
+
+class ToolArgumentsError(SubagentError, TypeError):
+    """Raised when a tool is called with arguments its function does not take, before it runs: a model or
+    a program reads which argument and what the tool takes, not a ``TypeError`` naming the function
+    behind the tool (``_read_file() got an unexpected keyword argument``)."""
+
+    code = "INVALID_REQUEST"
+
+    def __init__(self, tool: str, problem: str, parameters: list[str]) -> None:
+        takes = ", ".join(parameters) if parameters else "none"
+        super().__init__(f'tool "{tool}" {problem} (its parameters: {takes})', tool=tool)
 
 
 class TurnGoneError(SubagentError):

@@ -12,10 +12,11 @@ own tools to ``Toolbox`` the same way.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .errors import ToolDeniedError
+from .errors import ToolArgumentsError, ToolDeniedError
 
 __all__ = ["SANDBOX_MODES", "Tool", "Toolbox", "builtin_tools"]
 
@@ -30,6 +31,23 @@ class Tool:
     run: Callable[..., Any]
     writes: bool = False
     parameters: dict[str, Any] = field(default_factory=dict)
+
+    def invoke(self, args: dict[str, Any]) -> Any:
+        """``run(**args)``, the arguments checked against its signature first (``ToolArgumentsError``)."""
+        try:
+            signature = inspect.signature(self.run)
+        except (TypeError, ValueError):  # a callable without one (some builtins): its own error says what is wrong
+            return self.run(**args)
+        named = signature.parameters
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in named.values()):
+            unknown = [name for name in args if name not in named]
+            if unknown:
+                raise ToolArgumentsError(self.name, f"takes no argument {unknown[0]!r}", list(named))
+        try:
+            signature.bind(**args)
+        except TypeError as exc:  # a required argument missing, or one that only goes by position
+            raise ToolArgumentsError(self.name, str(exc), list(named)) from None
+        return self.run(**args)
 
 
 def _echo(text: str = "") -> str:

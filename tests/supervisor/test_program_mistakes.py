@@ -139,6 +139,22 @@ async def test_the_processes_a_program_starts_obey_the_stop_signals_the_worker_s
         await run.dispose()
 
 
+async def test_a_tool_called_with_arguments_it_does_not_take_says_so_in_its_own_words(tmp_path) -> None:
+    """Found by a probe: ``ctx.call_tool("read_file", nope=1)`` raised a bare ``TypeError`` naming the tool's
+    internal function (``_read_file() got an unexpected keyword argument``), with no code, and a model read
+    the same text as the call's result."""
+    async with open_supervisor(tmp_path, pool_size=1) as sup:
+        root = await sup.open_root()
+        run = await sup.start("script", SubagentRequest(parent=root, prompt='{"script": [{"tool": "read_file", "args": {"nope": 1}}]}'))
+        with anyio.fail_after(20):
+            result = await run.result()
+        expected = """tool "read_file" takes no argument 'nope' (its parameters: path)"""
+        assert (result.stop_reason, result.diagnostic) == ("error", f"INVALID_REQUEST: {expected}"), result
+        [answer] = [e["data"] for e in inspect(sup.store, run.id).events if e["type"] == "tool/result"]
+        assert answer["is_error"] and answer["error"] == f"ToolArgumentsError: {expected}", answer
+        await run.dispose()
+
+
 async def test_interrupt_from_a_program_says_whether_it_stopped_a_turn(tmp_path) -> None:
     """Found by a probe: ``ctx.interrupt`` of a one-shot child or an unknown id returned None, which reads as done.
     It does nothing there (the reference's rule: no error), and now answers False."""

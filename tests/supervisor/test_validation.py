@@ -182,6 +182,11 @@ async def test_invalid_tool_filter(tmp_path):
             await sup.start("echo", SubagentRequest(parent=root, prompt="x", tool_filter={}))
         assert info.value.code == "INVALID_REQUEST"
         assert disk_snapshot(sup.store) == before
+        # found by a probe: pydantic's own report, on several lines, with a link, where other fields say one line
+        with pytest.raises(InvalidRequestError) as info:
+            await sup.start("echo", SubagentRequest(parent=root, prompt="x", tool_filter={"allow": ["read_file"], "bogus": []}))
+        assert info.value.message == "tool_filter is invalid: bogus: Extra inputs are not permitted", info.value.message
+        assert disk_snapshot(sup.store) == before
 
 
 async def test_depth_exceeded(tmp_path):
