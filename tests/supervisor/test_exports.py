@@ -74,7 +74,7 @@ WORKER_MODULES = {
         "Budget", "TurnSpec", "RunTurn", "Cancel", "Withdraw", "Reply", "Shutdown", "Ready", "TurnOutcome", "TurnDone", "Started",
         "Withdrawn", "Rpc", "CancelRpc", "cancelled_before_start", "encode", "decode", "non_text_key", "BLOCKING_RPCS", "CHILD_STARTS",
     ],
-    "subagents.worker.errors": ["BudgetExhaustedError", "ToolDeniedError", "UnsendableArgumentError", "TurnGoneError", "ProgramLoadError", "ProtocolError", "WorkerCrashedError", "describe_exit"],
+    "subagents.worker.errors": ["BudgetExhaustedError", "ToolDeniedError", "ToolArgumentsError", "UnsendableArgumentError", "TurnGoneError", "ProgramLoadError", "ProtocolError", "WorkerCrashedError", "describe_exit"],
     "subagents.worker.programs.script": ["script", "parse_script"],
 }
 
