@@ -275,7 +275,19 @@ class TurnContext:
         """Wait for a background child started with ``spawn(wait=False)``."""
         return RunResult.from_wire(await self._call("wait_run", run_id=run_id))
 
-    async def start_continuable(self, prompt: Any, *, label: str, provider: str | None = None, **options: Any) -> tuple[str, str]:
+    async def start_continuable(
+        self, prompt: Any, *, label: str, provider: str | None = None, max_steps: int | None = None, timeout_ms: int | None = None,
+        **options: Any,
+    ) -> tuple[str, str]:
+        """Start a continuable child: ``(child id, message id)`` once its first message is accepted.
+
+        ``max_steps`` and ``timeout_ms`` bound each of its turns, as ``spawn`` takes them (or
+        ``budget={"max_steps": ..., "timeout_ms": ...}``, not both); ``options`` are the other fields of
+        ``ContinuableSpec`` (``max_depth``, ``tool_filter``, ``persona``, ``sandbox``, ``child_id``, ...)."""
+        if max_steps is not None or timeout_ms is not None:
+            if "budget" in options:
+                raise TypeError("start_continuable takes max_steps and timeout_ms, or budget, not both")
+            options["budget"] = {k: v for k, v in (("max_steps", max_steps), ("timeout_ms", timeout_ms)) if v is not None}
         _require_sendable("start_continuable", options)  # each option by its own name, not as "options"
         child_id, message_id = await self._call("start_continuable", prompt=prompt, label=label, provider=provider, options=options)
         return child_id, message_id

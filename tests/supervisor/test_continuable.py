@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator
 import anyio
 import pytest
 
-from subagents.store import MailboxMessage, read_header, read_lease, read_mailbox
+from subagents.store import MailboxMessage, inspect, read_header, read_lease, read_mailbox
 from subagents.store.errors import InvalidSessionIdError
 from subagents.supervisor import (
     Capabilities,
@@ -592,3 +592,22 @@ async def test_a_later_silent_turn_keeps_the_closing_message(tmp_path, second):
         notice, _ = await settled(sup, root, child_id)
         assert notice.content.endswith("Its closing message:\nfirst answer")
         assert [e["last_assistant_message"] for e in ends] == ["first answer"]
+
+
+async def test_a_program_gives_a_continuable_child_its_budget_as_it_gives_a_spawn_one(tmp_path) -> None:
+    """Found by a probe: ``ctx.spawn(..., max_steps=2)`` worked, ``ctx.start_continuable(..., max_steps=2)`` was
+    ``INVALID_REQUEST ... Extra inputs are not permitted`` (it wanted ``budget={"max_steps": 2}``, said nowhere)."""
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        child_prompt = S({"step": 3}, {"return": "never"})
+        parent, _ = await start(sup, root, S({"start_continuable": {"prompt": json.loads(child_prompt), "label": "capped", "max_steps": 2}},
+                                             {"return": "started"}))
+        await settled(sup, root, parent)
+        [child] = [e.id for e in await sup.list_children(parent)]
+        with anyio.fail_after(DEADLINE_S):
+            while True:
+                ends = [e["data"] for e in inspect(sup.store, child).events if e["type"] == "turn/end"]
+                if ends:
+                    break
+                await anyio.sleep(0.05)
+        assert ends[0]["stop_reason"] == "budget-exhausted", ends
