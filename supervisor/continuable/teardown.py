@@ -10,6 +10,9 @@ parent durably, and only then release the parent's ownership and emit
 ``subagent/end``. ``drain`` does that below some parents and closes
 admission there; ``close`` does it everywhere and keeps pending messages for
 the next activation. Only this module writes an activation's lifecycle.
+
+(About 500 lines: every way an activation stops, fences included, in the one
+module that writes its lifecycle, so that their order reads in one place.)
 """
 
 from __future__ import annotations
@@ -184,9 +187,11 @@ class Teardown:
         act.poke()  # an idle activation's driver waits for a message: it ends now
 
     async def fence_taken_over(self) -> list[str]:
-        """``fence`` each resident activation whose lease reads as another supervisor's, or at another epoch
-        (after this one's heartbeat lapsed); the ids fenced. A lease that does not read is left to the
-        activation's next write, which decides as always."""
+        """``fence`` each resident activation whose lease reads as another supervisor's (after this one's
+        heartbeat lapsed); the ids fenced. Its owner alone says so: a lease of ours at a higher epoch is
+        this supervisor's own fence before a crash repair, caught between its acquisition and the
+        activation taking the new epoch. A lease that does not read is left to the activation's next
+        write, which decides as always."""
         acts = [act for act in self._table if not act.fenced]
         owner_id, store = self._rt.owner_id, self._rt.store
 
@@ -197,7 +202,7 @@ class Teardown:
                     lease = read_lease(store, act.child_id)
                 except (SubagentError, OSError):
                     continue
-                if lease is None or lease.owner != owner_id or lease.epoch != act.epoch:
+                if lease is None or lease.owner != owner_id:
                     gone.append(act)
             return gone
 
