@@ -34,13 +34,14 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgpack
 
 from .atomic import NOFOLLOW, write_atomic
-from .errors import CorruptSessionError, DurabilityError, FencedError, LeaseHeldError, SessionNotFoundError, UnavailableSessionError
+from .errors import CorruptSessionError, DurabilityError, FencedError, LeaseHeldError, SessionNotFoundError, SubagentError, UnavailableSessionError
 from .locks import pin_flock
 from .header import SessionHeader
 from .index_writers import IndexWriters
@@ -66,6 +67,7 @@ __all__ = [
     "owner_alive",
     "owner_gone",
     "read_lease",
+    "taken_over",
     "check_lease",
     "lease_of",
     "acquire_lease",
@@ -294,6 +296,22 @@ def check_lease(store: Store, session_id: str) -> Lease | None:
     cannot be read, ``SessionNotFoundError`` without a session."""
     with open_session(store, session_id) as file:
         return lease_of(file)
+
+
+def taken_over(store: Store, owner_id: str, session_ids: Iterable[str]) -> list[str]:
+    """Which of ``session_ids``, leased by ``owner_id``, another owner's lease holds now: once that
+    owner's heartbeat lapsed (a stopped or stalled process), the sessions whose turns it must stop.
+    Its owner alone says so (a higher epoch of ``owner_id``'s own is its own re-acquisition); a lease
+    that does not read is not counted, since the holder's next write decides, as always."""
+    lost = []
+    for session_id in session_ids:
+        try:
+            lease = check_lease(store, session_id)
+        except (SubagentError, OSError):
+            continue
+        if lease is not None and lease.owner != owner_id:
+            lost.append(session_id)
+    return lost
 
 
 def lease_of(file: SessionFile) -> Lease | None:

@@ -39,7 +39,8 @@ from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 import anyio
 
-from subagents.store import LogWriter, OneShotDescriptor, acquire_lease, delete_session, read_from, read_lease, release_lease
+from subagents.store import LogWriter, OneShotDescriptor, acquire_lease, delete_session, read_from, release_lease
+from subagents.store.lease import taken_over
 from subagents.store.control import ControlRecord
 from subagents.store.errors import FencedError, SessionNotFoundError, SubagentError
 from subagents.store.session import CreatedSession, NewSession, create_under_settled_parent
@@ -217,20 +218,7 @@ class OneShotRuns:
         heartbeat lapsed: ``fsck --repair`` or a takeover closed it meanwhile); the ids stopped. The turn
         is cancelled (``fenced``), and its closing append, refused, ends it as a fenced write does."""
         live = {child_id: run for child_id, run in self._runs.items() if not run.done and run.cancelled is None}
-        owner_id, store = self._rt.owner_id, self._rt.store
-
-        def lost() -> list[str]:
-            gone = []
-            for child_id in live:
-                try:
-                    lease = read_lease(store, child_id)
-                except (SubagentError, OSError):
-                    continue
-                if lease is None or lease.owner != owner_id:
-                    gone.append(child_id)
-            return gone
-
-        taken = await anyio.to_thread.run_sync(lost)
+        taken = await anyio.to_thread.run_sync(taken_over, self._rt.store, self._rt.owner_id, list(live))
         for child_id in taken:
             live[child_id].cancel("fenced")
         return taken

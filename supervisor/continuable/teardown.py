@@ -24,7 +24,8 @@ from typing import Any, Iterable
 
 import anyio
 
-from subagents.store import ChildEntry, DiagnosticEntry, LogWriter, Store, list_children, list_descendants, pending, read_header, read_lease, release_lease
+from subagents.store import ChildEntry, DiagnosticEntry, LogWriter, Store, list_children, list_descendants, pending, read_header, release_lease
+from subagents.store.lease import taken_over
 from subagents.store.catalog import listed_children
 from subagents.store.control import ControlRecord
 from subagents.store.control import request as control_request
@@ -187,29 +188,15 @@ class Teardown:
         act.poke()  # an idle activation's driver waits for a message: it ends now
 
     async def fence_taken_over(self) -> list[str]:
-        """``fence`` each resident activation whose lease reads as another supervisor's (after this one's
-        heartbeat lapsed); the ids fenced. Its owner alone says so: a lease of ours at a higher epoch is
-        this supervisor's own fence before a crash repair, caught between its acquisition and the
-        activation taking the new epoch. A lease that does not read is left to the activation's next
-        write, which decides as always."""
-        acts = [act for act in self._table if not act.fenced]
-        owner_id, store = self._rt.owner_id, self._rt.store
-
-        def lost() -> list[Activation]:
-            gone = []
-            for act in acts:
-                try:
-                    lease = read_lease(store, act.child_id)
-                except (SubagentError, OSError):
-                    continue
-                if lease is None or lease.owner != owner_id:
-                    gone.append(act)
-            return gone
-
-        taken = await anyio.to_thread.run_sync(lost)
-        for act in taken:
-            self.fence(act)
-        return [act.child_id for act in taken]
+        """``fence`` each resident activation whose lease reads as another supervisor's (``taken_over``,
+        after this one's heartbeat lapsed); the ids fenced. A lease of ours at a higher epoch is this
+        supervisor's own fence before a crash repair, caught between its acquisition and the activation
+        taking the new epoch: not counted."""
+        acts = {act.child_id: act for act in self._table if not act.fenced}
+        taken = await anyio.to_thread.run_sync(taken_over, self._rt.store, self._rt.owner_id, list(acts))
+        for child_id in taken:
+            self.fence(acts[child_id])
+        return taken
 
     async def dispose(self, act: Activation) -> bool:
         """Child-first teardown, on the driver's task after its loop ends.

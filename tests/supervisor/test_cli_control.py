@@ -172,6 +172,33 @@ def test_send_cold_resumes_and_waits_for_the_settlement_notice(host) -> None:
     assert read_lease(Store(store_path, create=False), child).state == "released"
 
 
+def _send_paused_while_taken_over(store_path: str, root: str, child: str, first: str) -> tuple[int, str, str]:
+    """``send`` of ``first`` (a script that says "ran ONE", then sleeps), stopped (SIGSTOP) past its lease once
+    its turn said so, while a second ``send`` takes the child over and runs its own message ("two"); then
+    resumed: the first one's exit code, stdout and stderr."""
+    env = {**cli_env(), "SUBAGENTS_LEASE_TTL_S": "1.0"}
+    proc = subprocess.Popen([sys.executable, "-m", "subagents.supervisor.cli", "--store", store_path, "send", child, first,
+                             "--parent", root, "--json", "--wait-s", "50"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        until(lambda: any(e["type"] == "assistant/message" and e["data"].get("text") == "ran ONE" for e in events(store_path, child)))
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(2.5)  # past its lease: its heartbeat stopped with it
+        second = subprocess.run([sys.executable, "-m", "subagents.supervisor.cli", "--store", store_path, "send", child,
+                                 script({"return": "two"}), "--parent", root, "--json"],
+                                cwd=REPO, env=env, capture_output=True, text=True, timeout=DEADLINE_S)
+        assert second.returncode == 0, second.stderr
+        assert json.loads(second.stdout)["output"] == "two"
+        proc.send_signal(signal.SIGCONT)
+        out, err = proc.communicate(timeout=25)  # far less than the minute a turn of the second test sleeps
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+            proc.wait(10)
+    return proc.returncode, out, err
+
+
 def test_a_send_whose_child_was_taken_over_says_so_and_prints_no_other_turns_notice(host) -> None:
     """Found by a probe: a ``send`` hosting the child's turn, paused (SIGSTOP) past its lease, while a second
     ``send`` took the child over and ran its own message, printed, once resumed, the second one's settlement
@@ -179,28 +206,9 @@ def test_a_send_whose_child_was_taken_over_says_so_and_prints_no_other_turns_not
     store_path, ids, proc = host
     root, child = ids["root"], ids["child"]
     _kill(proc)
-    env = {**cli_env(), "SUBAGENTS_LEASE_TTL_S": "1.0"}
-    first = subprocess.Popen([sys.executable, "-m", "subagents.supervisor.cli", "--store", store_path, "send", child,
-                              script({"say": "ran ONE"}, {"sleep": 5000}, {"return": "one"}), "--parent", root, "--json", "--wait-s", "50"],
-                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        until(lambda: any(e["type"] == "assistant/message" and e["data"].get("text") == "ran ONE" for e in events(store_path, child)))
-        first.send_signal(signal.SIGSTOP)
-        time.sleep(2.5)  # past its lease: its heartbeat stopped with it
-        second = subprocess.run([sys.executable, "-m", "subagents.supervisor.cli", "--store", store_path, "send", child,
-                                 script({"return": "two"}), "--parent", root, "--json"],
-                                cwd=REPO, env=env, capture_output=True, text=True, timeout=DEADLINE_S)
-        assert second.returncode == 0, second.stderr
-        assert json.loads(second.stdout)["output"] == "two"
-        first.send_signal(signal.SIGCONT)
-        out, err = first.communicate(timeout=DEADLINE_S)
-    finally:
-        if first.poll() is None:
-            first.send_signal(signal.SIGCONT)
-            first.kill()
-            first.wait(10)
+    code, out, err = _send_paused_while_taken_over(store_path, root, child, script({"say": "ran ONE"}, {"sleep": 5000}, {"return": "one"}))
     doc = json.loads(out)
-    assert first.returncode == 1, (out, err)
+    assert code == 1, (out, err)
     assert doc["notice"] is None and doc["output"] != "two" and doc["taken_over"] is True, doc
     assert doc["diagnostic"].startswith(f"{child} was taken over by another process (its lease at epoch "), doc
     assert stop_reasons(store_path, child)[-2:] == ["interrupted", "completed"]  # the taker closed ONE, then ran its own
@@ -214,27 +222,10 @@ def test_a_turn_whose_child_was_taken_over_during_a_pause_is_stopped_once_its_ho
     store_path, ids, proc = host
     root, child = ids["root"], ids["child"]
     _kill(proc)
-    env = {**cli_env(), "SUBAGENTS_LEASE_TTL_S": "1.0"}
-    first = subprocess.Popen([sys.executable, "-m", "subagents.supervisor.cli", "--store", store_path, "send", child,
-                              script({"say": "ran ONE"}, {"sleep": 60000}, {"say": "ONE went on"}), "--parent", root, "--json",
-                              "--wait-s", "50"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        until(lambda: any(e["type"] == "assistant/message" and e["data"].get("text") == "ran ONE" for e in events(store_path, child)))
-        first.send_signal(signal.SIGSTOP)
-        time.sleep(2.5)
-        second = subprocess.run([sys.executable, "-m", "subagents.supervisor.cli", "--store", store_path, "send", child,
-                                 script({"return": "two"}), "--parent", root, "--json"],
-                                cwd=REPO, env=env, capture_output=True, text=True, timeout=DEADLINE_S)
-        assert second.returncode == 0, second.stderr
-        first.send_signal(signal.SIGCONT)
-        out, err = first.communicate(timeout=25)  # far less than the minute its turn would sleep on
-    finally:
-        if first.poll() is None:
-            first.send_signal(signal.SIGCONT)
-            first.kill()
-            first.wait(10)
+    code, out, err = _send_paused_while_taken_over(store_path, root, child,
+                                                   script({"say": "ran ONE"}, {"sleep": 60000}, {"say": "ONE went on"}))
     doc = json.loads(out)
-    assert first.returncode == 1 and doc["taken_over"] is True and doc["notice"] is None, (doc, err[-2000:])
+    assert code == 1 and doc["taken_over"] is True and doc["notice"] is None, (doc, err[-2000:])
     assert not any(e["type"] == "assistant/message" and e["data"].get("text") == "ONE went on" for e in events(store_path, child))
 
 
