@@ -217,6 +217,7 @@ class Teardown:
         rt = self._rt
         try:
             if act.discard:
+                await self._deliveries_landed(act)
                 dropped = await rt.store_thread.run(self._discard_pending, act)
         except (SubagentError, OSError):  # the store takes no write now: the messages stay pending, as at a close
             log.warning("could not discard the pending messages of %s", act.child_id, extra=log_fields(act), exc_info=True)
@@ -315,6 +316,17 @@ class Teardown:
         )
         act.lifecycle = Lifecycle.DISPOSED
         act.disposed.set()
+
+    @staticmethod
+    async def _deliveries_landed(act: Activation) -> None:
+        """Wait for the acceptances in flight as the disposal began (``Delivery.deliver``): acknowledged, they
+        are pending messages the drain drops with the rest; read before they land, they were left pending,
+        and ran when a later host resumed the drained child. No new one starts once the activation is
+        disposing (its senders wait for it to be disposed, then find admission closed)."""
+        while act.admitted:
+            act.wake = anyio.Event()
+            if act.admitted:
+                await act.wake.wait()
 
     def _has_waking_pending(self, act: Activation) -> bool:
         try:

@@ -394,3 +394,29 @@ async def test_a_drain_that_cannot_reach_a_damaged_child_drains_the_rest_then_sa
         assert discarded(second.store, fine) == [queued]  # the rest was drained before the error
         if call == "drain_remote":
             assert error.reached == [fine]
+
+
+async def test_a_drain_drops_every_followup_acknowledged_as_it_began(tmp_path):
+    """Found by a probe: followups accepted while a drain began (their acceptance in flight as the activation
+    was torn down) were acknowledged, then neither run nor logged ``message/discarded``: left pending, they ran
+    when a later host resumed the drained child. Each acknowledged one is now dropped with the rest."""
+    async with continuable_supervisor(tmp_path) as sup:
+        for _ in range(5):
+            root = await sup.open_root()
+            child = await sleeping(sup, root)
+            acked: list[str] = []
+
+            async def send(i: int) -> None:
+                try:
+                    acked.append(await sup.followup(root, child, S({"return": f"f{i}"})))
+                except SubagentError as exc:
+                    assert exc.code in ("DRAINING", "ACTIVATION_CLOSING"), exc
+
+            async with anyio.create_task_group() as tg:
+                for i in range(20):
+                    tg.start_soon(send, i)
+                await anyio.sleep(0)
+                await sup.drain([root])
+            assert acked, "no followup was acknowledged: the race was not run"
+            left = {m.id for m in read_mailbox(sup.store, child)} - set(discarded(sup.store, child)) - set(accepted_ids(sup.store, child))
+            assert not set(acked) & left, f"{len(set(acked) & left)} acknowledged followups left pending by the drain"
