@@ -254,9 +254,12 @@ class Delivery:
         if header.parent_session != parent_id:
             raise UnauthorizedError.other_parent(child_id)
         message_id = await self._accept(child_id, source, text, wake=True)
-        if not await self._rt.store_thread.run(self.held_elsewhere, child_id):
-            # the holder let go meanwhile: run it here (it may also resume it; the lease decides)
-            await self.resume_for_pending(parent_id, child_id)
+        # accepted, durable: its id goes back to the caller, cancelled or not. A cancellation raised here
+        # said "not sent" of a message that ran, and a caller that sent it again ran it twice
+        with anyio.CancelScope(shield=True):
+            if not await self._rt.store_thread.run(self.held_elsewhere, child_id):
+                # the holder let go meanwhile: run it here (it may also resume it; the lease decides)
+                await self.resume_for_pending(parent_id, child_id)
         return message_id
 
     def held_elsewhere(self, child_id: str) -> bool:

@@ -81,3 +81,36 @@ async def test_followup_reaches_a_child_hosted_by_another_supervisor(tmp_path) -
         finally:
             adopter.kill()
             adopter.wait(10)
+
+
+@pytest.mark.anyio
+async def test_a_send_routed_to_another_host_is_acknowledged_exactly_when_accepted_under_cancellation(tmp_path) -> None:
+    """Found by a probe: a ``send`` (or ``followup``) cancelled right after the message was durably accepted into
+    the mailbox of a child another supervisor hosts raised the cancellation, with no id, while the message ran:
+    a caller that retried ran it twice. Cancelled at any instant, a send now either returns the id of an accepted
+    message or accepted none."""
+    store_path = str(tmp_path / "st")
+    cfg = SupervisorConfig(pool_size=1, durability="none", control_poll_s=0.02)
+    async with Supervisor.open(store=store_path, config=cfg) as sup:
+        sup.register_provider(Provider(name="script", program="script", capabilities=Capabilities.all(), continuable=True))
+        root = await sup.open_root(label="own")
+        child, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="script", prompt=S({"return": "one"}), label="c"))
+        await sup.wait_for_message(root, timeout_s=30)
+        env = {**os.environ, "PYTHONPATH": REPO}
+        adopter = subprocess.Popen([sys.executable, "-c", ADOPTER, store_path, root.id, child], stdout=subprocess.PIPE,
+                                   text=True, env=env, cwd=REPO)
+        try:
+            assert adopter.stdout.readline().strip() == "hosting"
+            acked: set[str] = set()
+            tried = 0
+            for delay_ms in [0.1 * n for n in range(1, 61)]:  # deadlines across the whole call: before, at and after the acceptance
+                tried += 1
+                with anyio.move_on_after(delay_ms / 1000):
+                    acked.add(await sup.send(child, S({"return": f"m{tried}"}), parent=root.id))
+            in_mailbox = {m.id for m in read_mailbox(sup.store, child)}
+            # every message the mailbox holds beside the two of the set-up was acknowledged to its sender
+            first_two = {m.id for m in read_mailbox(sup.store, child)[:2]}
+            assert in_mailbox - first_two == acked, f"{len(in_mailbox - first_two - acked)} accepted but not acknowledged"
+        finally:
+            adopter.kill()
+            adopter.wait(10)
