@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Mapping
 
 import anyio
+import anyio.lowlevel
 
 from subagents.store import (
     ChildEntry,
@@ -124,6 +125,7 @@ class Supervisor:
     def __init__(self, store: Store, config: SupervisorConfig, tg: anyio.abc.TaskGroup) -> None:
         self.store = store
         self.config = config
+        self._loop = anyio.lowlevel.current_token()  # the loop its threads hand results back to
         self.ids = IdGenerator()
         self.events = EventBus()
         self.registry = ProviderRegistry(self.events)
@@ -256,6 +258,15 @@ class Supervisor:
         nothing can run), not its last state; the store's own functions read what it left."""
         if self._closed:
             raise SupervisorClosedError()
+        try:
+            loop = anyio.lowlevel.current_token()
+        except RuntimeError:  # a plain thread (``statistics()``, ``providers``): no loop to wait on the wrong one
+            return
+        if loop != self._loop:
+            # the supervisor's threads hand results back to the loop that opened it: awaited from
+            # another one, a call could wait for good, saying nothing
+            raise InvalidRequestError("this supervisor answers on the event loop that opened it: from another thread or event "
+                                      "loop, call it through that loop (anyio.from_thread, a BlockingPortal)")
 
     # -- providers (ProviderRegistry) ------------------------------------------------
 
