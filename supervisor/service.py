@@ -60,7 +60,7 @@ from .backend import Pool, PoolStatistics
 from .continuable import ContinuationManager
 from .control_poller import ControlPoller
 from .errors import InvalidRequestError, SupervisorClosedError, TeardownFailedError, UnauthorizedError, WaitTimeoutError
-from .events import EVENT_NAMES, EventBus
+from .events import EVENT_NAMES, EventBus, HostStop
 from .interrupts import Interrupts
 from .lease_keeper import LeaseKeeper
 from .models import AgentRef, AncestorAuthority, ContinuableSpec, InterruptResult, Provider, SubagentRequest, UserAuthority, ref_id
@@ -122,12 +122,12 @@ def _make_pool(config: SupervisorConfig, store: Store) -> Pool:
 class Supervisor:
     """Use ``async with Supervisor.open(store=..., config=...) as sup``."""
 
-    def __init__(self, store: Store, config: SupervisorConfig, tg: anyio.abc.TaskGroup) -> None:
+    def __init__(self, store: Store, config: SupervisorConfig, tg: anyio.abc.TaskGroup, host_stop: HostStop | None = None) -> None:
         self.store = store
         self.config = config
         self._loop = anyio.lowlevel.current_token()  # the loop its threads hand results back to
         self.ids = IdGenerator()
-        self.events = EventBus()
+        self.events = EventBus(stop=None if host_stop is None else host_stop.stop)
         self.registry = ProviderRegistry(self.events)
         self.agents = LiveAgents()
         self.lease_keeper = LeaseKeeper(store, ttl_s=config.lease_ttl_s, ids=self.ids, on_lapse=self._after_lapse)
@@ -169,8 +169,12 @@ class Supervisor:
         handle.require_writable()  # a supervisor writes from its first step (its owner record): STORE_READ_ONLY now
         own_error: BaseException | None = None  # what the pool's start or the body raised
         try:
+            # a listener's KeyboardInterrupt or SystemExit stops the program as its own code raising it would: the
+            # body is cancelled, the supervisor closes in order, then it is raised (from inside the supervisor's
+            # bookkeeping, it skipped the close, and the process hung at exit)
+            host_stop = HostStop()
             async with anyio.create_task_group() as tg:
-                sup = cls(handle, cfg, tg)
+                sup = cls(handle, cfg, tg, host_stop)
                 # space only gc spends, so a disk this store fills can still be collected (store/reserve.py)
                 await sup.runtime.store_thread.run(keep_reserve, handle)
                 try:
@@ -187,7 +191,8 @@ class Supervisor:
                     tg.start_soon(sup.continuation.watch_store, cfg.control_poll_s)
                     tg.start_soon(sup.runtime.control.run, cfg.control_poll_s)
                     try:
-                        yield sup
+                        with anyio.CancelScope() as host_stop.body:
+                            yield sup
                     except BaseException as exc:
                         own_error = exc
                         raise
@@ -195,6 +200,8 @@ class Supervisor:
                     with anyio.CancelScope(shield=True):
                         await sup._close()
                     tg.cancel_scope.cancel()
+            if host_stop.raised is not None:
+                raise host_stop.raised
         except BaseExceptionGroup as group:
             # The task group wraps whatever left the body (or the pool's start); when that is
             # all it holds, the caller gets that exception back (``except ValueError`` must see

@@ -123,3 +123,54 @@ async def test_on_refuses_what_could_never_fire_and_answers_closed_after_close(t
         with pytest.raises(SubagentError) as refused:
             call()
         assert refused.value.code == "SUPERVISOR_CLOSED"
+
+
+STOPPING_HOST = """
+import json, sys, anyio
+from subagents.supervisor import *
+
+def stop(name, payload):
+    if payload.get("provider") == "script":
+        raise SystemExit(3) if sys.argv[2] == "exit" else KeyboardInterrupt()
+
+async def main(store):
+    cfg = SupervisorConfig(pool_size=2, durability="none")
+    async with Supervisor.open(store=store, config=cfg) as sup:
+        sup.register_provider(Provider(name="script", program="script", capabilities=Capabilities.all(), continuable=True))
+        sup.on("subagent/end", stop)
+        root = await sup.open_root()
+        kept, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="script", label="kept",
+                                                              prompt=json.dumps({"script": [{"sleep": 60000}]})))
+        print(kept, flush=True)
+        ended, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="script", label="ends",
+                                                               prompt=json.dumps({"script": [{"return": "done"}]})))
+        await anyio.sleep(60)
+        print("the body went on", flush=True)
+
+anyio.run(main, sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize(("how", "code"), [("exit", 3), ("interrupt", -2)])  # an uncaught KeyboardInterrupt ends Python by SIGINT
+def test_a_listener_that_stops_the_process_stops_it_through_an_orderly_close(tmp_path, how, code):
+    """Found by a probe: ``SystemExit`` or ``KeyboardInterrupt`` from a ``subagent/end`` listener went on from inside
+    the supervisor's own bookkeeping (a disposal, the pool's reader): the close was skipped, a resident child was
+    left ``crashed``, and the process hung at exit waiting for idle threads. It now stops the host's program as its
+    own code raising it would: the supervisor closes (the resident child ``aborted``), then ``open`` raises it."""
+    import subprocess
+    import sys
+
+    from subagents.store import Store, check_store, list_roots, list_children
+
+    from ..conftest import REPO_ROOT
+
+    done = subprocess.run([sys.executable, "-c", STOPPING_HOST, str(tmp_path / "st"), how], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=60, env={"PYTHONPATH": REPO_ROOT, "PATH": "/usr/bin:/bin"})
+    assert done.returncode == code, (done.returncode, done.stdout, done.stderr[-3000:])
+    assert "the body went on" not in done.stdout
+    kept = done.stdout.split()[0]
+    st = Store(tmp_path / "st", create=False)
+    [root] = [r.id for r in list_roots(st)]
+    rows = {row.id: row for row in list_children(st, root)}
+    assert (rows[kept].status, rows[kept].outcome) == ("complete", "aborted"), rows[kept]
+    assert check_store(st).clean
