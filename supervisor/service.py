@@ -275,6 +275,13 @@ class Supervisor:
             raise InvalidRequestError("this supervisor answers on the event loop that opened it: from another thread or event "
                                       "loop, call it through that loop (anyio.from_thread, a BlockingPortal)")
 
+    async def _begin(self) -> None:
+        """``_check_open``, then a checkpoint, for the calls that act: in a scope already cancelled a call has no
+        effect, anyio's rule (``followup`` accepted a message whose id went to nobody, and ``drain`` tore a
+        tree down, before the cancellation was raised)."""
+        self._check_open()
+        await anyio.lowlevel.checkpoint_if_cancelled()
+
     # -- providers (ProviderRegistry) ------------------------------------------------
 
     def register_provider(self, provider: Provider) -> Callable[[], None]:
@@ -351,7 +358,7 @@ class Supervisor:
 
         ``provider`` is a registered provider's name: anything but text is ``INVALID_REQUEST`` (``None``
         was looked up and said ``NO_PROVIDER "None"``, a list was a bare ``TypeError``)."""
-        self._check_open()
+        await self._begin()
         InvalidRequestError.require(provider, str, "provider")
         InvalidRequestError.require(request, SubagentRequest, "request")
         if cancel is not None:  # a Protocol's isinstance walks its members: not on every start without a token
@@ -362,14 +369,14 @@ class Supervisor:
 
     async def start_continuable(self, spec: ContinuableSpec) -> tuple[str, str]:
         """Start a continuable child; returns ``(child_id, message_id)`` once the prompt is durably accepted."""
-        self._check_open()
+        await self._begin()
         InvalidRequestError.require(spec, ContinuableSpec, "spec")
         await self._require_root_held(spec.parent)
         return await self.continuation.start_continuable(spec)
 
     async def followup(self, parent: AgentRef | str, child_id: str, content: Any, *, source: dict[str, Any] | None = None) -> str:
         """Send the next FIFO turn to a child of ``parent``; cold-resumes it from the store when needed."""
-        self._check_open()
+        await self._begin()
         InvalidRequestError.require(child_id, str, "child_id")  # not INVALID_SESSION_ID: that says the text is no id
         await self._require_root_held(parent)
         return await self.continuation.followup(parent, child_id, content, source=source)
@@ -402,7 +409,7 @@ class Supervisor:
         nothing was stopped. An ``AncestorAuthority`` reaches continuable
         activations held here only (as a turn's ``ctx.interrupt`` does).
         """
-        self._check_open()
+        await self._begin()
         InvalidRequestError.require(child_id, str, "child_id")
         InvalidRequestError.require(authority, (UserAuthority, AncestorAuthority), "authority")
         InvalidRequestError.require(wait_s, (int, float), "wait_s")  # no None: a bound of 0 is "do not wait"
@@ -416,7 +423,7 @@ class Supervisor:
         the supervisor hosting the child (through its durable mailbox), or cold-resumes
         the child here when nobody hosts it. Returns once the message is durable.
         """
-        self._check_open()
+        await self._begin()
         InvalidRequestError.require(child_id, str, "child_id")
         parent_id = ref_id(parent)
         return await self.continuation.send(child_id, content, parent=parent_id, source=source)
@@ -424,7 +431,7 @@ class Supervisor:
     async def report_from(self, child_id: str, content: Any, *, delivery: str = "wakeup") -> str:
         """A live continuable child's message to its live direct parent (``quiet``: context; ``wakeup``: a turn).
         A ``child_id`` that is no text is ``INVALID_REQUEST`` (a list was a bare ``TypeError``)."""
-        self._check_open()
+        await self._begin()
         InvalidRequestError.require(child_id, str, "child_id")
         return await self.continuation.report_from(child_id, content, delivery=delivery)
 
@@ -442,7 +449,7 @@ class Supervisor:
         host and not awaited here (as ``drain_remote``); those nobody hosts are drained here.
         ``TeardownFailedError`` once all that is done, naming each descendant whose files did not let
         it be torn down (they do not read): logging it alone let a caller believe the tree was drained."""
-        self._check_open()
+        await self._begin()
         InvalidRequestError.require(parents, (list, tuple), "parents")
         for item in parents:
             InvalidRequestError.require(item, (AgentRef, str), "each of parents")
@@ -456,7 +463,7 @@ class Supervisor:
         reached: those asked, then those drained here (which had an open turn or messages waiting).
         ``TeardownFailedError`` instead, once all that is done, if a descendant's files did not let it be
         torn down; its ``reached`` holds the ids that would have been returned."""
-        self._check_open()
+        await self._begin()
         reached = await self.continuation.drain_remote(ref_id(root, "root"))
         if reached.failed:
             raise TeardownFailedError("scoped", reached.failed, reached=reached.asked + reached.here)
@@ -466,7 +473,7 @@ class Supervisor:
         """Dispose the listed continuable children of ``parent`` (as ``drain``, for those children only,
         wherever they are hosted); ids that name no session are skipped. ``TeardownFailedError`` once
         the others are torn down, for those whose files did not let them be."""
-        self._check_open()
+        await self._begin()
         InvalidRequestError.require(parent, (AgentRef, str), "parent")
         InvalidRequestError.require(child_ids, (list, tuple), "child_ids")  # a string would be drained letter by letter
         for item in child_ids:

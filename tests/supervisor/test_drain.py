@@ -420,3 +420,28 @@ async def test_a_drain_drops_every_followup_acknowledged_as_it_began(tmp_path):
             assert acked, "no followup was acknowledged: the race was not run"
             left = {m.id for m in read_mailbox(sup.store, child)} - set(discarded(sup.store, child)) - set(accepted_ids(sup.store, child))
             assert not set(acked) & left, f"{len(set(acked) & left)} acknowledged followups left pending by the drain"
+
+
+async def test_a_call_made_in_a_scope_already_cancelled_does_nothing(tmp_path):
+    """Found by a probe: ``followup`` under a scope already cancelled accepted the message (and returned its id
+    to nobody), and ``drain`` tore the tree down, then raised the cancellation. anyio's convention, which the
+    other calls keep: a call in a cancelled scope has no effect."""
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        child = await sleeping(sup, root)
+        before = [m.id for m in read_mailbox(sup.store, child)]
+        calls = [
+            lambda: sup.followup(root, child, S({"return": "never"})),
+            lambda: sup.send(child, S({"return": "never"}), parent=root.id),
+            lambda: sup.drain([root]),
+            lambda: sup.drain_children(root, [child]),
+            lambda: sup.drain_remote(root),
+            lambda: sup.interrupt(child, authority=UserAuthority(parent_session=root.id)),
+        ]
+        for call in calls:
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                await call()
+            assert scope.cancelled_caught
+        assert [m.id for m in read_mailbox(sup.store, child)] == before
+        assert child in sup.continuation.activations and turn_ends(sup.store, child) == []  # still running its first turn
