@@ -311,6 +311,7 @@ def _index_findings(store: Store, session_ids: list[str]) -> list[dict[str, Any]
     ``sessions/`` whatever its file type: a folder, a link or a FIFO in a session's place has a header
     that does not read, and ``reindex`` keeps its entry as it keeps a damaged file's."""
     proven: dict[str, set[str]] = {}
+    parent_of: dict[str, str] = {}
     tops: set[str] = set()
     unreadable: set[str] = set()
     for session_id in session_ids:
@@ -321,6 +322,7 @@ def _index_findings(store: Store, session_ids: list[str]) -> list[dict[str, Any]
             continue
         if header.parent_session is not None:
             proven.setdefault(header.parent_session, set()).add(session_id)
+            parent_of[session_id] = header.parent_session
         else:
             tops.add(session_id)
     findings: list[dict[str, Any]] = []
@@ -372,8 +374,7 @@ def _index_findings(store: Store, session_ids: list[str]) -> list[dict[str, Any]
             if _header_names(store, child, parent):
                 continue  # created after ``sessions/`` was listed (a host at work beside fsck): not stale
             findings.append({"id": child, "kind": "index-stale", "detail": f"indexed under {parent} but no header proves it (harmless; `subagents store reindex` drops it)"})
-    parents = {child: parent for parent, children in proven.items() for child in children}
-    for session_id, loop in sorted(parent_loops(parents).items()):
+    for session_id, loop in sorted(parent_loops(parent_of).items()):
         findings.append({"id": session_id, "kind": "parent-cycle", "detail": f"its header's parents loop ({' → '.join(loop)}): "
                          "no listing reaches it and no gc collects it (restore the headers' files, or remove these "
                          "sessions' files by hand)"})

@@ -246,7 +246,7 @@ def _held_parents(store: Store, requests: Sequence[NewSession]) -> set[str]:
     """The parents of the batch the store holds, one look per parent. A child of a parent it does not
     hold (a mistaken id, a session naming itself, a parent made in the same batch and so not yet
     created) would be listed by no listing and collected by no gc: it is refused, nothing written."""
-    parents = {r.parent_session for r in requests if isinstance(r.parent_session, str) and is_valid_session_id(r.parent_session)}
+    parents = {r.parent_session for r in requests if is_valid_session_id(r.parent_session)}
     return {parent for parent in parents if store.exists(parent)}
 
 

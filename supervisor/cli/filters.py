@@ -65,12 +65,11 @@ def add_filters(parser: argparse.ArgumentParser, *, times: bool = True, statuses
         group.add_argument("--until", type=moment, metavar="WHEN", help="created before WHEN (same forms)")
 
 
-def add_paging(parser: argparse.ArgumentParser, *, default_limit: int | None, unlimited: str = "all") -> None:
-    """``unlimited``: what the verb shows with no ``--limit`` and no default (``ls`` with no PARENT pages 20 roots
-    anyway: its help said "default: all")."""
+def add_paging(parser: argparse.ArgumentParser, *, unlimited: str) -> None:
+    """``unlimited``: what the verb shows with no ``--limit`` (``ls`` with no PARENT pages 20 roots: its
+    help said "default: all")."""
     group = parser.add_argument_group("order and pages")
-    shown = f" (default {default_limit})" if default_limit is not None else f" (default: {unlimited})"
-    group.add_argument("--limit", type=positive, default=default_limit, metavar="N", help=f"at most N rows{shown}")
+    group.add_argument("--limit", type=positive, default=None, metavar="N", help=f"at most N rows (default: {unlimited})")
     group.add_argument("--sort", choices=SORTS, default="created", help="order of the rows (default created; ties by time, then id)")
     group.add_argument("--cursor", metavar="C", help="continue after the last page: its next_cursor in --json")
 

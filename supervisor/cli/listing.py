@@ -85,7 +85,7 @@ def register(verbs: Verbs) -> None:
     ls.add_argument("parent", metavar="PARENT", nargs="?",
                     help="the session whose direct subagents to list, its id or a unique prefix (omit it for the top-level sessions)")
     add_filters(ls)
-    add_paging(ls, default_limit=None, unlimited=f"all of PARENT's; with no PARENT, the {DEFAULT_ROOT_LIMIT} newest")
+    add_paging(ls, unlimited=f"all of PARENT's; with no PARENT, the {DEFAULT_ROOT_LIMIT} newest")
 
     tree = verbs.add("tree", cmd_tree, "every subagent below ROOT (no ROOT: below each of the newest top-level sessions)",
                      example="subagents tree 01M8MVY0\nsubagents tree 01M8MVY0 --status running,idle\n"
@@ -99,7 +99,7 @@ def register(verbs: Verbs) -> None:
     tree.add_argument("root", metavar="ROOT", nargs="?",
                       help="the session whose descendants to show, its id or a unique prefix (omit it for the newest top-level sessions)")
     add_filters(tree)
-    add_paging(tree, default_limit=None, unlimited=f"all below ROOT; with no ROOT, the {DEFAULT_ROOT_LIMIT} newest trees")
+    add_paging(tree, unlimited=f"all below ROOT; with no ROOT, the {DEFAULT_ROOT_LIMIT} newest trees")
 
     show = verbs.add("show", cmd_show, "one session: header, identity, status, lease, timing, log",
                      example="subagents show 01M8MVY0PZ9RKY15DPNHER70WX --json")
