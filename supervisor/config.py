@@ -102,4 +102,14 @@ class SupervisorConfig(_Settings):
     # the largest record (a message, an event) writers of a store this supervisor CREATES accept;
     # an existing store keeps the limit in its STORE marker, so every process on it agrees
     max_record_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, le=MAX_RECORD_BYTES)
+    # the deepest child this supervisor creates, whatever a request asks (a request's own
+    # ``max_depth`` caps only that request, as in the reference, so a program that delegates to
+    # itself would otherwise grow without bound); None ("none" in a file or the environment): no cap
+    max_depth: int | None = Field(default=None, ge=0)
     ray: RayConfig = RayConfig()
+
+    @field_validator("max_depth", mode="before")
+    @classmethod
+    def _none_is_no_cap(cls, value: Any) -> Any:
+        """TOML has no null, and the environment holds text: both say ``"none"``."""
+        return None if value == "none" else value

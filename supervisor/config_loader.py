@@ -77,6 +77,7 @@ worker_ready_timeout_s = 30.0   # a worker that is not READY by then is a startu
 worker_log_level = 30           # logging level inside workers (30 = WARNING)
 worker_log_json = false         # workers log JSON lines, as the CLI's --log-json does (which sets it)
 max_record_bytes = 16777216     # largest record (message, event) a store created here accepts; kept in its STORE marker; at most 64 MiB
+max_depth = "none"              # deepest child this supervisor creates, whatever a request asks ("none": no cap)
 
 # Used only with pool = "ray" (pip install 'subagents[ray]').
 [ray]
@@ -428,6 +429,8 @@ def toml_escaped(text: str) -> str:
 
 
 def _toml_value(value: Any) -> str:
+    if value is None:
+        return '"none"'  # the one setting that may be unset (max_depth) reads "none" back as None
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):

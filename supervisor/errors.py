@@ -175,13 +175,14 @@ class InvalidRequestError(SubagentError, ValueError):
 
 
 class SubagentDepthError(SubagentError):
-    """Raised when a child would be deeper than the request's ``max_depth``."""
+    """Raised when a child would be deeper than the request's ``max_depth``, or the supervisor's
+    (``host``: its ``max_depth`` setting, which the text names, since the request gave none so low)."""
 
     code = "DEPTH_EXCEEDED"
 
-    def __init__(self, attempted_depth: int, max_depth: int) -> None:
+    def __init__(self, attempted_depth: int, max_depth: int, *, host: bool = False) -> None:
         super().__init__(
-            f"subagent depth {attempted_depth} exceeds maxDepth {max_depth}",
+            f"subagent depth {attempted_depth} exceeds maxDepth {max_depth}" + (" (this supervisor's max_depth setting)" if host else ""),
             attempted_depth=attempted_depth,
             max_depth=max_depth,
         )

@@ -251,7 +251,7 @@ class OneShotRuns:
             max_depth=request.max_depth, budget=request.budget, tool_filter=request.tool_filter, output_schema=request.output_schema,
             texts={"persona": request.persona, "model": request.model, "label": request.label},
         )
-        placement = place_child(rt.agents, rt.store, request.parent_id, max_depth=fields.max_depth, sandbox=request.sandbox)
+        placement = place_child(rt.agents, rt.store, request.parent_id, max_depth=fields.max_depth, host_max_depth=rt.config.max_depth, sandbox=request.sandbox)
         if cancel is not None and cancel.is_set():
             raise CancelledBeforeStartError.before_creation()
         child_id = rt.ids.new()

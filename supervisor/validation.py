@@ -136,13 +136,16 @@ def request_fields(
     return RequestFields(depth, checked_budget, checked_filter)
 
 
-def place_child(agents: LiveAgents, store: Store, parent_id: str, *, max_depth: int | None, sandbox: str | None) -> Placement:
+def place_child(
+    agents: LiveAgents, store: Store, parent_id: str, *, max_depth: int | None, host_max_depth: int | None, sandbox: str | None,
+) -> Placement:
     """The policy snapshot of the parent (no await: it is the state at the call) and the child's depth check.
 
     A live agent's depth already includes its header's (``open_root`` and the
     starts read it); a parent known only from the store contributes its
     header's depth and no sandbox mode. A mode asked for may narrow the
-    parent's, never widen it (``INVALID_REQUEST``).
+    parent's, never widen it (``INVALID_REQUEST``). ``host_max_depth`` is the
+    supervisor's own cap; the request's, when narrower or equal, is the one named.
     """
     live = agents.get(parent_id)
     if live is not None:
@@ -155,6 +158,8 @@ def place_child(agents: LiveAgents, store: Store, parent_id: str, *, max_depth: 
     depth = parent_depth + 1
     if max_depth is not None and depth > max_depth:
         raise SubagentDepthError(depth, max_depth)
+    if host_max_depth is not None and depth > host_max_depth:
+        raise SubagentDepthError(depth, host_max_depth, host=True)
     if sandbox is not None and parent_sandbox is not None and SANDBOX_MODES.index(sandbox) > SANDBOX_MODES.index(parent_sandbox):
         # the modes run from the narrowest to the widest: a read-only agent could otherwise have a
         # child write for it, which is the widening the delegation rule forbids

@@ -107,7 +107,7 @@ class Materializer:
         if not table.is_live(parent_id):
             raise UnauthorizedError.not_live_parent(child_id)
         self._check_parent_open(parent_id)
-        placement = place_child(rt.agents, rt.store, parent_id, max_depth=fields.max_depth, sandbox=spec.sandbox)
+        placement = place_child(rt.agents, rt.store, parent_id, max_depth=fields.max_depth, host_max_depth=rt.config.max_depth, sandbox=spec.sandbox)
         descriptor = ContinuableDescriptor(
             provider=provider.name, label=spec.label, agent_provider=spec.agent_provider, agent_model=spec.model,
             persona=spec.persona, tool_filter=fields.tool_filter,
