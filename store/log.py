@@ -172,6 +172,7 @@ class LogWriter:
         self._broken: BaseException | None = None
         self._cache_mark: tuple[int | None, int, int] | None = None  # what the identity cache last got
         self.repaired: list[dict[str, Any]] = []
+        self.closed_turn: int | None = None  # the seq of the ``turn/start`` whose open turn ``open`` closed
 
     # -- opening (the resume path) -------------------------------------------
 
@@ -203,6 +204,7 @@ class LogWriter:
                         if committed is not None:
                             raise committed_damage(session_id, lost_damage(end, committed, None))
                     if fix:
+                        writer.closed_turn = projection.open_turn  # the append below folds the closers into it
                         writer.repaired = writer._append_locked(fix)
                     if status == "torn" or fix:
                         writer._commit_locked()

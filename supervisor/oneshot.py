@@ -31,7 +31,6 @@ step reads in one file.)
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import deque
 from dataclasses import dataclass, field
@@ -53,6 +52,7 @@ from .errors import CancelledBeforeStartError, InvalidRequestError, NoParentErro
 from .models import Provider, SubagentRequest, SubagentResult
 from .registry import program_fields
 from .runtime import Runtime
+from .turn_log import committed_outcome, last_reply
 from .validation import Placement, delegation_events, place_child, prompt_text, request_fields
 
 __all__ = ["CancelToken", "SubagentRun", "OneShotRuns", "TurnChildren", "result_from_outcome", "one_shot_turn_spec"]
@@ -394,11 +394,13 @@ class OneShotRuns:
         epoch = spec.epoch  # raised by the fence before a crash repair
         try:
             if turn.crashed:
-                epoch, committed = await anyio.to_thread.run_sync(self._repair, spec, turn.cancel_reason, turn.crash)
+                epoch, committed, said = await anyio.to_thread.run_sync(self._repair, spec, turn.cancel_reason, turn.crash)
                 if committed is not None:
                     log.warning("the worker of %s died after the turn's closing commit: its result is read from the log (%s)",
                                 spec.session_id, turn.crash, extra=fields)
                     result = _result_of(state, committed)
+                elif said:
+                    result = result.model_copy(update={"output": said})
             elif not turn.dispatched and turn.cancel_reason in _INTERRUPTS:
                 await anyio.to_thread.run_sync(self._record_unrun, spec, turn.cancel_reason, turn.outcome.diagnostic)
         finally:
@@ -439,9 +441,10 @@ class OneShotRuns:
         except (SubagentError, OSError):
             log.warning("could not log the unrun turn of %s", spec.session_id, extra={"child": spec.session_id}, exc_info=True)
 
-    def _repair(self, spec: TurnSpec, cause: str | None, crash: str | None) -> tuple[int, TurnOutcome | None]:
+    def _repair(self, spec: TurnSpec, cause: str | None, crash: str | None) -> tuple[int, TurnOutcome | None, str]:
         """Fence, then balance a log whose worker died mid-turn (closers, torn tail); returns the new epoch,
-        and the turn's outcome as its log says when the worker had committed its closing records.
+        the turn's outcome as its log says when the worker had committed its closing records, and
+        else the last reply the turn logged before its worker died (its output; "" if none).
         ``cause``: the cancel the turn was under (its worker killed for ignoring it), recorded on its ``turn/end``
         with ``crash``, how the worker died (the words the run's result gives).
 
@@ -460,11 +463,14 @@ class OneShotRuns:
             epoch = acquire_lease(self._rt.store, session_id, self._rt.owner_id).epoch
             with LogWriter.open(self._rt.store, session_id, epoch=epoch, cause=cause, crash=crash) as writer:
                 closed_by_worker = not writer.repaired and writer.projection.open_turn is None and writer.projection.turns > 0
+                closed_turn = writer.closed_turn
             if closed_by_worker:
-                return epoch, _committed_outcome(read_from(self._rt.store, session_id, 0), spec)
+                return epoch, committed_outcome(read_from(self._rt.store, session_id, 0), spec.output_schema), ""
+            if closed_turn is not None:
+                return epoch, None, last_reply(read_from(self._rt.store, session_id, closed_turn))
         except SubagentError:
             log.exception("repair of %s after a worker crash failed", session_id)
-        return epoch, None
+        return epoch, None, ""
 
 
 # the cancel reasons of an interrupt (a user's, or an ancestor's): ``store/outcome.py`` reads them as ``aborted``
@@ -479,25 +485,4 @@ def _result_of(state: _RunState, outcome: TurnOutcome) -> SubagentResult:
     if state.cancelled is not None and state.cancelled != "fenced" and result.stop_reason != "completed":
         result = result.model_copy(update={"stop_reason": "aborted"})
     return result
-
-
-def _committed_outcome(events: list[dict[str, Any]], spec: TurnSpec) -> TurnOutcome | None:
-    """The outcome a one-shot turn's worker committed (its ``turn/end``, its last message), read back from
-    its log. The output is the last ``assistant/message`` of the turn, as the worker's own outcome has it;
-    a structured value is the output's JSON (what the worker validated), as a value the program gave
-    beside its output is not logged. ``None`` if the log holds no ``turn/end``."""
-    start = max((i for i, e in enumerate(events) if e["type"] == "turn/start"), default=0)
-    turn = events[start:]
-    end = next((e["data"] for e in reversed(turn) if e["type"] == "turn/end"), None)
-    if end is None:
-        return None
-    output = next((str(e["data"].get("text") or "") for e in reversed(turn) if e["type"] == "assistant/message"), "")
-    reason = "refusal" if end.get("stop_reason") == "blocked" else str(end.get("stop_reason"))  # the worker logs a refusal so
-    structured = None
-    if reason == "completed" and spec.output_schema is not None:
-        try:
-            structured = json.loads(output)
-        except ValueError:
-            structured = None
-    return TurnOutcome(stop_reason=reason, output=output, structured=structured, diagnostic=end.get("diagnostic"))
 

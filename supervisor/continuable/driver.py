@@ -24,15 +24,16 @@ from typing import Callable
 
 import anyio
 
-from subagents.store import LogWriter, MailboxMessage, acquire_lease, pending, read_projection, set_lease_state
+from subagents.store import LogWriter, MailboxMessage, acquire_lease, pending, read_from, read_projection, set_lease_state
 from subagents.store.errors import FencedError, SubagentError
 from subagents.worker.logcontext import bind
-from subagents.worker.protocol import TurnSpec
+from subagents.worker.protocol import TurnOutcome, TurnSpec
 
 from ..backend import TurnRpcHandler, TurnTicket
 from ..errors import SupervisorClosedError, program_missing
 from ..registry import ProgramRef
 from ..runtime import Runtime
+from ..turn_log import committed_outcome, last_reply
 from .activation import Activation, ActivationTable, LeaseState, log_fields
 from .teardown import Teardown
 
@@ -140,6 +141,7 @@ class Driver:
             # the one-shot children it started belong to the turn (``supervisor/rpc.py``), as a one-shot
             # parent's do: one it waited on would otherwise run on for a result nobody reads
             on_rpc.cancel_children("parent")
+        outcome = turn.outcome
         if not turn.dispatched:
             # stopped before a worker took it, so nothing was logged: an interrupt or a
             # drain consumes it unrun (durably); closing the supervisor leaves it pending
@@ -147,7 +149,7 @@ class Driver:
                 cause = "drain" if act.disposing else turn.cancel_reason
                 await rt.store_thread.run(self._discard, act, [*quiet, main], cause)
         elif turn.crashed:
-            await rt.store_thread.run(self._repair, act, turn.cancel_reason, turn.crash)
+            outcome = await rt.store_thread.run(self._repair, act, turn.cancel_reason, turn.crash, turn.outcome, main.id)
         elif turn.outcome.stop_reason == "error" and not turn.outcome.fenced:
             # a turn can fail before it logs its message (its log would not open):
             # what it consumed is what the log says, never an assumption
@@ -159,9 +161,9 @@ class Driver:
                             act.child_id, main.id, turn.outcome.diagnostic, extra=log_fields(act))
         elif not act.fenced:
             act.cursor.advance([*quiet, main])
-        act.reasons.append(turn.outcome.stop_reason)
-        if turn.outcome.output:  # the closing message is the epoch's last non-empty reply
-            act.last_output = turn.outcome.output
+        act.reasons.append(outcome.stop_reason)
+        if outcome.output:  # the closing message is the epoch's last non-empty reply
+            act.last_output = outcome.output
         if turn.outcome.fenced:
             self._teardown.fence(act)
         return not act.stalled
@@ -188,11 +190,14 @@ class Driver:
         except SubagentError:
             log.exception("could not re-read what %s consumed", act.child_id, extra=log_fields(act))
 
-    def _repair(self, act: Activation, cause: str | None, crash: str | None) -> None:
+    def _repair(self, act: Activation, cause: str | None, crash: str | None, outcome: TurnOutcome, message_id: str) -> TurnOutcome:
         """Fence, then balance the log of a turn whose worker died; what it consumed is what its log
         says (a message the dead worker never logged stays pending and runs again). ``cause``: the
         cancel the turn was under (its worker killed for ignoring it), recorded on its ``turn/end`` with
-        ``crash``, how the worker died.
+        ``crash``, how the worker died. Returns the turn's outcome as the epoch counts it: the pool's
+        ``outcome`` (the crash) with the last reply the turn logged as its output, or what the log
+        says when the worker died after the closing commit of this turn (the one that took ``message_id``;
+        ``supervisor/turn_log.py``).
 
         Fence before repair: the activation takes its own lease again (epoch + 1,
         the lease state kept) before it repairs, so a worker only *believed* dead
@@ -205,8 +210,16 @@ class Driver:
             act.identity = dataclasses.replace(act.identity, epoch=lease.epoch)
             with LogWriter.open(self._rt.store, act.child_id, epoch=act.epoch, cause=cause, crash=crash) as writer:
                 act.cursor.reset(writer.projection)
+                closed_by_worker = not writer.repaired and writer.projection.open_turn is None and writer.projection.turns > 0
+                closed_turn = writer.closed_turn
+            if closed_by_worker:
+                committed = committed_outcome(read_from(self._rt.store, act.child_id, 0), None, message_id=message_id)
+                return outcome if committed is None else committed
+            if closed_turn is not None:
+                return dataclasses.replace(outcome, output=last_reply(read_from(self._rt.store, act.child_id, closed_turn)))
         except SubagentError:
             log.exception("repair of %s failed", act.child_id, extra=log_fields(act))
+        return outcome
 
     def _discard(self, act: Activation, messages: list[MailboxMessage], cause: str | None) -> None:
         """Record the head of the pending mailbox as consumed unrun (``message/discarded``), with who

@@ -16,7 +16,7 @@ import signal
 import anyio
 import pytest
 
-from subagents.supervisor import SubagentRequest
+from subagents.supervisor import Capabilities, ContinuableSpec, Provider, SubagentRequest
 
 from ..conftest import DEADLINE_S, events_of, last_turn_end, open_supervisor, said, wait_until
 
@@ -155,3 +155,33 @@ async def test_turn_ignoring_cancellation_has_its_worker_killed(tmp_path):
         with anyio.fail_after(DEADLINE_S):
             assert (await after.result()).output == "next"
         await after.dispose()
+
+
+async def test_a_turn_whose_worker_died_gives_what_it_said_as_its_output(tmp_path):
+    """The reply a turn logged before its worker died is its output, as a turn that fails by raising
+    gives its last reply: the caller's result, ``subagent/end`` and (below) a continuable child's
+    settlement notice said "no closing message" of a reply the log holds."""
+    ends: list[tuple[str, str | None]] = []
+    async with open_supervisor(tmp_path, pool_size=1) as sup:
+        sup.on("subagent/end", lambda name, data: ends.append((data["stop_reason"], data["last_assistant_message"])))
+        root = await sup.open_root()
+        run = await sup.start("script", SubagentRequest(parent=root, prompt=json.dumps([{"say": "my last words"}, {"exit": 3}])))
+        with anyio.fail_after(DEADLINE_S):
+            result = await run.result()
+            await run.dispose()
+        assert (result.stop_reason, result.output) == ("error", "my last words")
+        assert result.diagnostic.endswith("exited with code 3")
+        assert ends == [("error", "my last words")]
+        assert_repaired(sup.store, run.id)
+
+
+async def test_a_continuable_childs_notice_after_its_worker_died_carries_what_it_said(tmp_path):
+    async with open_supervisor(tmp_path, pool_size=1) as sup:
+        sup.register_provider(Provider(name="script-continuable", program="script", capabilities=Capabilities.all(), continuable=True))
+        root = await sup.open_root()
+        child_id, _ = await sup.start_continuable(ContinuableSpec(
+            parent=root, provider="script-continuable", label="c", prompt=json.dumps([{"say": "my last words"}, {"exit": 3}])))
+        with anyio.fail_after(DEADLINE_S):
+            notices = await sup.wait_for_message(root)
+        assert [m.content for m in notices] == [
+            f"Background subagent {child_id} failed before it finished.\nIts closing message:\nmy last words"]
