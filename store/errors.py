@@ -31,6 +31,8 @@ rebuilt as the same class, so every subclass keeps its fields in ``fields``.
 from __future__ import annotations
 
 import errno
+import importlib
+import sys
 from typing import Any, ClassVar
 
 __all__ = [
@@ -118,9 +120,29 @@ def error_registry() -> dict[str, type[SubagentError]]:
     return found
 
 
+# the package whose modules a wire may name (``subagents.``): the rooms install under it
+_PACKAGE = __name__.split(".")[0] + "."
+
+
+def _class_of(module: Any, name: Any) -> type[SubagentError]:
+    """The class the wire names. One of this package's modules not loaded yet is imported, as
+    pickle imports the module a class names: a worker that never imported the supervisor's errors
+    would otherwise rebuild them as the root class, and ``except PermissionError`` would miss an
+    ``UNAUTHORIZED`` that the same code on the host catches. Anything else unknown is the root."""
+    key = f"{module}.{name}"
+    cls = error_registry().get(key)
+    if cls is None and isinstance(module, str) and module.startswith(_PACKAGE) and module not in sys.modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            return SubagentError
+        cls = error_registry().get(key)
+    return cls or SubagentError
+
+
 def from_wire(data: dict[str, Any]) -> SubagentError:
-    """Rebuild an error sent by ``to_wire``; unknown classes become the root."""
-    cls = error_registry().get(f"{data.get('module')}.{data.get('class')}", SubagentError)
+    """Rebuild an error sent by ``to_wire`` as its own class (``_class_of``); unknown classes become the root."""
+    cls = _class_of(data.get("module"), data.get("class"))
     err = cls.__new__(cls)
     SubagentError.__init__(err, str(data.get("message", "")), code=data.get("code"), **dict(data.get("fields") or {}))
     return err

@@ -497,3 +497,20 @@ def stops_what_it_starts(ctx) -> str:  # type: ignore[no-untyped-def]
     else:
         said.append(str(forked.exitcode))
     return " ".join(said)
+
+
+async def names_the_errors_it_catches(ctx: TurnContext) -> str:
+    """The classes of the errors its requests raise, and whether the builtin base catches them, with
+    nothing of the supervisor's imported here (as a program that imports only ``ctx``'s module)."""
+    found = []
+    try:
+        await ctx.spawn("x", provider="echo", max_depth=0)
+    except Exception as exc:  # noqa: BLE001 - what it is, is the finding
+        found.append(f"{type(exc).__name__} {getattr(exc, 'attempted_depth', None)}")
+    try:
+        await ctx.send_message(ctx.session_id, "to myself")
+    except PermissionError as exc:
+        found.append(f"PermissionError {type(exc).__name__}")
+    except Exception as exc:  # noqa: BLE001
+        found.append(f"not a PermissionError: {type(exc).__name__}")
+    return "\n".join(found)
