@@ -48,7 +48,7 @@ from ..errors import (
     no_provider,
     not_continuable,
 )
-from ..models import ContinuableSpec, Provider
+from ..models import ContinuableSpec
 from ..runtime import Runtime
 from ..setup import ActivationInfo, SetupBatch
 from ..validation import RequestFields, delegation_events, place_child, prompt_text, request_fields
@@ -78,13 +78,14 @@ class Materializer:
     # -- fresh start ---------------------------------------------------------------
 
     async def start(self, spec: ContinuableSpec) -> tuple[str, str]:
-        """Create, accept the prompt, publish; returns ``(child_id, message_id)`` once the prompt is durable."""
+        """Create, accept the prompt, publish; returns ``(child_id, message_id)`` once the prompt is durable.
+
+        A bad request fails before anything is made, checked in the reference's order: admission
+        (``DRAINING``), the request's fields (``max_depth`` first), the child id (``DUPLICATE_CHILD``),
+        the parent, the depth, then the provider (``NO_PROVIDER``, ``UNSUPPORTED_CAPABILITY``)."""
         rt, table = self._rt, self._table
         parent_id = spec.parent_id
         self._admission.admit(parent_id)
-        provider = rt.registry.require(spec.provider)
-        if not provider.continuable:
-            raise not_continuable(provider.name)
         fields = request_fields(max_depth=spec.max_depth, budget=spec.budget, tool_filter=spec.tool_filter,
                                 texts={"persona": spec.persona, "model": spec.model, "agent_provider": spec.agent_provider, "label": spec.label})
         if not isinstance(spec.label, str):
@@ -99,15 +100,19 @@ class Materializer:
         # marked before anything awaits: a second start of a reserved id is a duplicate from here on,
         # and a message to it waits for this start instead of resuming the child from the store
         with self._admission.materializing(child_id):
-            return await self._create_and_publish(spec, child_id, provider, fields)
+            return await self._create_and_publish(spec, child_id, fields)
 
-    async def _create_and_publish(self, spec: ContinuableSpec, child_id: str, provider: Provider, fields: RequestFields) -> tuple[str, str]:
+    async def _create_and_publish(self, spec: ContinuableSpec, child_id: str, fields: RequestFields) -> tuple[str, str]:
         rt, table = self._rt, self._table
         parent_id = spec.parent_id
         if not table.is_live(parent_id):
             raise UnauthorizedError.not_live_parent(child_id)
         self._check_parent_open(parent_id)
         placement = place_child(rt.agents, rt.store, parent_id, max_depth=fields.max_depth, host_max_depth=rt.config.max_depth, sandbox=spec.sandbox)
+        # the provider is asked last, as the reference's order has it (after the id and the depth)
+        provider = rt.registry.require(spec.provider)
+        if not provider.continuable:
+            raise not_continuable(provider.name)
         descriptor = ContinuableDescriptor(
             provider=provider.name, label=spec.label, agent_provider=spec.agent_provider, agent_model=spec.model,
             persona=spec.persona, tool_filter=fields.tool_filter,

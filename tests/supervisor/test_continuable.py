@@ -169,6 +169,28 @@ async def test_failed_starts_leave_nothing(tmp_path):
             assert await sup.list_children(root.id) == []
 
 
+async def test_a_request_bad_in_several_ways_fails_as_the_reference_orders_its_checks(tmp_path):
+    """max_depth, then the child id, then the depth, then the provider: the same bad request fails
+    with the same code as in the reference (the provider was asked first)."""
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        taken, _ = await start(sup, root, S({"return": "x"}), label="taken")
+        before = disk_snapshot(sup.store)
+        cases: list[tuple[dict[str, Any], str]] = [
+            ({"max_depth": -1, "provider": "nobody"}, "INVALID_REQUEST"),
+            ({"max_depth": 0, "provider": "nobody"}, "DEPTH_EXCEEDED"),
+            ({"child_id": taken, "provider": "nobody"}, "DUPLICATE_CHILD"),
+            ({"child_id": taken, "provider": "oneshot-only"}, "DUPLICATE_CHILD"),
+            ({"child_id": taken, "max_depth": 0}, "DUPLICATE_CHILD"),
+        ]
+        for override, code in cases:
+            spec = {"parent": root, "provider": "script", "prompt": S({"return": "x"}), "label": "w", **override}
+            with pytest.raises(SubagentError) as caught:
+                await sup.start_continuable(ContinuableSpec(**spec))
+            assert caught.value.code == code, override
+            assert disk_snapshot(sup.store) == before, override
+
+
 async def test_depth_error_names_attempted_and_max_depth(tmp_path):
     async with continuable_supervisor(tmp_path) as sup:
         root = await sup.open_root()
