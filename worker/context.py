@@ -113,6 +113,14 @@ class TurnContext:
         return self.spec.message_id
 
     @property
+    def message_source(self) -> dict[str, Any]:
+        """Where the turn's message came from: ``{"kind": "user"}`` (a prompt, a followup),
+        ``"subagent-settled"`` (a child's settlement notice) or ``"subagent-report"`` (a child's
+        report), the latter two naming the child as ``sender_session_id``. A program that delegates
+        is woken by its children's notices, which are prose, whatever its prompts are."""
+        return dict(self.spec.message_source)
+
+    @property
     def text(self) -> str:
         """The message as text (JSON for structured content)."""
         content = self.spec.message

@@ -633,3 +633,22 @@ async def test_a_program_gives_a_continuable_child_its_budget_as_it_gives_a_spaw
                     break
                 await anyio.sleep(0.05)
         assert ends[0]["stop_reason"] == "budget-exhausted", ends
+
+
+async def test_a_script_parent_takes_note_of_its_childs_notice_instead_of_failing(tmp_path):
+    """A continuable ``script`` child that starts its own child is woken by that child's notice, which
+    is prose: it ended ``error`` (``a script is JSON or TOML``) and its parent heard ``failed``."""
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        parent, _ = await start(sup, root, S({"start_continuable": {"prompt": {"script": [{"return": "kid done"}]}, "label": "kid"}},
+                                             {"return": "parent done"}), label="parent")
+        with anyio.fail_after(DEADLINE_S):
+            texts = [m.content for m in await sup.wait_for_message(root)]
+        kid = next(e.id for e in await sup.list_children(parent))
+        # one epoch: the parent settles once its child has (the notice's turn is its last)
+        assert texts == [
+            f"Background subagent {parent} finished and will do no further work unless you send it more.\nIts closing message:\n"
+            f"noted: Background subagent {kid} finished and will do no further work unless you send it more.",
+        ]
+        rows = {row.entry.label: row.entry.outcome for row in await sup.list_descendants(root.id)}
+        assert rows == {"parent": "completed", "kid": "completed"}

@@ -26,7 +26,9 @@ The turn's message is the script: a JSON string or a map ``{"script": [...]}``
     {"structured": {...}}           end the turn with this structured output
     {"exit": code}                  kill the worker process (tests of crash handling)
 
-A child's prompt given as a map or list is sent as JSON, so scripts nest.
+A child's prompt given as a map or list is sent as JSON, so scripts nest. A
+turn woken by a child's settlement notice or report runs no script: it ends
+``completed`` with ``noted: `` and the notice's first line.
 """
 
 from __future__ import annotations
@@ -96,7 +98,15 @@ def _prompt(value: Any) -> Any:
     return json.dumps(value) if isinstance(value, (dict, list)) else value
 
 
+# the waking messages a child sends its parent: prose, not a script (``TurnContext.message_source``)
+NOTICE_KINDS = frozenset({"subagent-settled", "subagent-report"})
+
+
 async def script(ctx: TurnContext) -> str | TurnResult:
+    if ctx.message_source.get("kind") in NOTICE_KINDS:
+        # a script that delegated is woken by its children's notices: it takes note, as a model
+        # would read one, instead of failing to parse it (which ended every such parent ``error``)
+        return "noted: " + ctx.text.splitlines()[0] if ctx.text else "noted"
     actions = parse_script(ctx.message)
     background: list[str] = []
     last_child: str | None = None
