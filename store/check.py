@@ -217,7 +217,7 @@ def _check_session(state: _Pass, session_id: str) -> None:
     elif found.status == "corrupt":
         assert found.damage is not None
         state.flag(session_id, "log-corrupt", f"{found.damage.reason} at byte {found.damage.offset}, and a committed "
-                   f"turn/end follows it ({found.damage.dropped} bytes after the valid prefix)")
+                   f"record follows it ({found.damage.dropped} bytes after the valid prefix)")
     own = found.events[found.header.seed_length or 0 :]
     _check_epochs_and_turns(state, session_id, own)
     lease = _read_lease(state, session_id)

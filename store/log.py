@@ -105,7 +105,8 @@ def _fold(store: Store, session_id: str, header: SessionHeader, file: SessionFil
         rest, base = file.read_log(0, size), 0
     else:
         projection, rest, base = found
-    events, offsets, end, damage, status = scan_log(session_id, rest, start_seq=projection.next_seq, base_offset=base)
+    events, offsets, end, damage, status = scan_log(session_id, rest, start_seq=projection.next_seq, base_offset=base,
+                                                    root=header.parent_session is None)
     if status == "corrupt":
         assert damage is not None
         raise committed_damage(session_id, damage)

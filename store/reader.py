@@ -101,16 +101,29 @@ def read_log(file: SessionFile, offset: int = 0) -> bytes:
         raise UnavailableSessionError(file.session_id, f"its log cannot be read ({exc.strerror or exc})") from None
 
 
-def _is_turn_end(payload: dict[str, Any]) -> bool:
-    return payload.get("type") == "turn/end"
+# the records that end a committed write in every log: a turn's end, and a drain's or an
+# interrupt's discards (cutting those would run again the messages they dropped)
+_COMMITS = frozenset({"turn/end", "message/discarded"})
+# and in a root's log, which runs no turn: its takes (``take_messages``), each one committed before
+# the messages it took are handed out (cutting them would deliver those messages again)
+_ROOT_COMMITS = _COMMITS | {"message/accepted"}
 
 
-def classify(data: bytes, damage: Damage | None, expected_seq: int = 0) -> LogStatus:
-    """``corrupt`` unless the damage is a torn tail by the rule the mailbox uses too (``framing.torn_tail``),
-    the log's commit points being its ``turn/end`` records: one that chains after the damage."""
+def _commits(payload: dict[str, Any]) -> bool:
+    return payload.get("type") in _COMMITS
+
+
+def _root_commits(payload: dict[str, Any]) -> bool:
+    return payload.get("type") in _ROOT_COMMITS
+
+
+def classify(data: bytes, damage: Damage | None, expected_seq: int = 0, *, root: bool = False) -> LogStatus:
+    """``corrupt`` unless the damage is a torn tail by the rule the mailbox uses too (``framing.torn_tail``):
+    no commit point chains after it. A log's commit points are its ``turn/end`` and ``message/discarded``
+    records, and a root's (``root``: a session with no parent) its ``message/accepted`` ones too."""
     if damage is None:
         return "clean"
-    return "torn" if torn_tail(data, damage, expected_seq, commits=_is_turn_end, padded=True) else "corrupt"
+    return "torn" if torn_tail(data, damage, expected_seq, commits=_root_commits if root else _commits, padded=True) else "corrupt"
 
 
 def committed_damage(session_id: str, damage: Damage) -> CorruptSessionError:
@@ -135,7 +148,9 @@ def scan_events(data: bytes | memoryview, *, start_seq: int = 0, base_offset: in
     return scan(data, start_seq=start_seq, base_offset=base_offset, check=event_problem, padded=True)
 
 
-def scan_log(session_id: str, data: bytes, *, start_seq: int = 0, base_offset: int = 0) -> tuple[list[dict[str, Any]], list[int], int, Damage | None, LogStatus]:
+def scan_log(
+    session_id: str, data: bytes, *, start_seq: int = 0, base_offset: int = 0, root: bool = False,
+) -> tuple[list[dict[str, Any]], list[int], int, Damage | None, LogStatus]:
     result = scan_events(data, start_seq=start_seq, base_offset=base_offset)
     for event in result.records:
         kind = unknown_type(event)
@@ -148,7 +163,7 @@ def scan_log(session_id: str, data: bytes, *, start_seq: int = 0, base_offset: i
     status: LogStatus = "clean"
     if result.damage is not None:
         local = Damage(result.damage.offset - base_offset, result.damage.dropped, result.damage.reason, result.damage.detail)
-        status = classify(data, local, start_seq + len(result.records))
+        status = classify(data, local, start_seq + len(result.records), root=root)
     return result.records, result.offsets, result.end, result.damage, status
 
 
@@ -189,7 +204,7 @@ def inspect_file(file: SessionFile) -> Inspection:
     """``inspect`` of a session file its caller has open (and reads more of)."""
     header = header_of(file)
     data = read_log(file)
-    events, offsets, end, damage, status = scan_log(file.session_id, data)
+    events, offsets, end, damage, status = scan_log(file.session_id, data, root=header.parent_session is None)
     # the log's size, not what was read: a file extended with zeros is read only as far as its data reaches
     return Inspection(header, events, offsets, end, max(len(data), file.log_size()), status, damage)
 

@@ -42,6 +42,7 @@ class LogTail:
         self._next_seq = len(start.events)
         # committed damage where the valid prefix ends: the log shows nothing more, ever
         self._damage = start.damage if start.status == "corrupt" else None
+        self._root = start.header.parent_session is None  # its commit points (``reader.classify``)
 
     @property
     def damage(self) -> Damage | None:
@@ -64,7 +65,7 @@ class LogTail:
         result = scan_events(added, start_seq=self._next_seq, base_offset=self._end)
         if result.damage is not None:
             local = Damage(result.damage.offset - self._end, result.damage.dropped, result.damage.reason, result.damage.detail)
-            if classify(added, local, self._next_seq + len(result.records)) == "corrupt":
+            if classify(added, local, self._next_seq + len(result.records), root=self._root) == "corrupt":
                 return self._read_again()  # only when damage is found: the whole log, under the lock if need be
         self._end, self._next_seq = result.end, self._next_seq + len(result.records)
         return list(result.records)

@@ -162,3 +162,26 @@ def test_a_tail_follows_the_log_region_of_the_session_file(st, cwd):
     with store.LogWriter.open(st, "s1", epoch=0) as writer:
         assert [r["type"] for r in writer.repaired] == ["turn/end"]
     assert [e["type"] for e in tail.poll()] == ["turn/end"] and tail.poll() == []
+
+
+def test_discards_and_a_roots_takes_are_commit_points_too(st):
+    """A drain's ``message/discarded`` records, and a root's takes (``message/accepted``: a root runs
+    no turn), are committed writes: damage they chain after is corruption, never cut as a torn tail
+    (which would run the dropped messages again, or deliver the taken ones again). A child's
+    ``message/accepted`` opens a turn, and commits nothing until its ``turn/end``."""
+    store.create_session(st, "p")
+    took = [event(0, "message/accepted", {"message_id": "m1"}), event(1, "message/accepted", {"message_id": "m2"}),
+            event(2, "message/accepted", {"message_id": "m3"})]
+    blob, offsets = write_log(st, took, sid="root")
+    raw.write_log(st, "root", damage_at(blob, offsets, 0, "crc-mismatch"))
+    assert store.inspect(st, "root").status == "corrupt"
+
+    dropped = [*COMMITTED[:4], event(4, "message/discarded", {"message_id": "m1", "cause": "drain"}),
+               event(5, "message/discarded", {"message_id": "m2", "cause": "drain"})]
+    for sid, damaged, status in [("drained", 2, "corrupt"), ("opened", 4, "torn")]:
+        store.create_session(st, sid, parent_session="p", origin="subagent")
+        payloads = dropped if sid == "drained" else [*COMMITTED[:4], event(4, "message/accepted", {"message_id": "m1"}),
+                                                      event(5, "message/accepted", {"message_id": "m2"}), event(6, "turn/start")]
+        blob, offsets = records_blob(payloads)
+        raw.write_log(st, sid, damage_at(blob, offsets, damaged, "crc-mismatch"))
+        assert store.inspect(st, sid).status == status, sid
