@@ -148,10 +148,14 @@ def write_hint(store: Store, owner_id: str, sessions: set[str]) -> None:
 
 
 def remove_hint(store: Store, owner_id: str) -> None:
+    """Best effort, as writing one is: a hint left in place (a folder where it was, a file the process
+    may not remove) is one a reader ignores or rescans past, and fails no pass that meets it."""
     try:
         os.unlink(_hint_path(store, owner_id))
     except FileNotFoundError:
         pass
+    except OSError as exc:
+        log.warning("could not remove the lease hint of owner %s (%s); it is left in place", owner_id, exc.strerror or exc)
 
 
 def reap_owners(store: Store, *, dry_run: bool = False) -> list[str]:

@@ -46,13 +46,13 @@ import stat
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Literal, TypeVar
+from typing import Callable, Iterable, Iterator, Literal, TypeVar
 
 from .atomic import DIR_MODE, Removal, fsync_dir, make_dirs
 from .committed import CommittedEnds
 from .description import mailbox_counts
 from .steps import Steps
-from .errors import REFUSED, DurabilityError, InvalidQueryError, LockTimeoutError, SubagentError, out_of_room
+from .errors import REFUSED, DurabilityError, InvalidQueryError, LockTimeoutError, StoreFormatError, SubagentError, out_of_room
 from .header import SessionHeader, parse_header
 from .ids import is_valid_session_id
 from .index import drop_index, indexed_children, mark_all_active, read_children, remove_child
@@ -542,10 +542,23 @@ def _foreign(store: Store, path: str, *, trash: bool) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def _trash_in_place(store: Store) -> Iterator[None]:
+    """``trash/`` or its lock (``trash/.lock``) that is not what gc keeps there, a hand edit's work:
+    ``STORE_FORMAT`` naming it (as a layout folder that is a file is), not a bare OS error."""
+    try:
+        yield
+    except (IsADirectoryError, NotADirectoryError, FileExistsError) as exc:
+        what = exc.filename if isinstance(exc.filename, str) else store.trash_dir
+        raise StoreFormatError(f"the store at {store.root} is damaged: {what} is not what gc keeps there "
+                               f"(trash/ is a folder, trash/{GC_LOCK_NAME} a file): move it away", path=store.root) from None
+
+
 def _trashed(store: Store) -> list[tuple[str, str]]:
     """(session id, folder) of everything in ``trash/``."""
     try:
-        names = sorted(os.listdir(store.trash_dir))
+        with _trash_in_place(store):
+            names = sorted(os.listdir(store.trash_dir))
     except FileNotFoundError:
         return []
     entries = []
@@ -650,9 +663,10 @@ def _collect(
             # its deletions would leave the trash and stale index entries behind
             store.require_index_files(roots_index_path(store))
             store.require_writable(store.index_dir, roots_index_path(store), store.trash_dir)
-            make_dirs(store.trash_dir, durable=store.durability.syncs_at_commit)
-            # gc's lock, made with the reserve (or by the first gc: on a full disk, from the reserve)
-            room.attempt(lambda: stack.enter_context(PinnedLock(os.path.join(store.trash_dir, GC_LOCK_NAME))))
+            with _trash_in_place(store):
+                make_dirs(store.trash_dir, durable=store.durability.syncs_at_commit)
+                # gc's lock, made with the reserve (or by the first gc: on a full disk, from the reserve)
+                room.attempt(lambda: stack.enter_context(PinnedLock(os.path.join(store.trash_dir, GC_LOCK_NAME))))
             finished = room.attempt(lambda: _finish(store, steps))  # each of its steps can be done again
         headers, children, damaged = _lineage(store)
         damaged_roots, unplaced = _placed(store, damaged)
