@@ -48,6 +48,7 @@ from subagents.store import (
     read_header,
     read_lease,
     release_lease,
+    validate_session_id,
 )
 from subagents.store.errors import FencedError
 from subagents.store.reserve import keep_reserve
@@ -411,6 +412,7 @@ class Supervisor:
         """
         await self._begin()
         InvalidRequestError.require(child_id, str, "child_id")
+        validate_session_id(child_id)  # whatever the authority: an id no session can have is no child of anyone
         InvalidRequestError.require(authority, (UserAuthority, AncestorAuthority), "authority")
         InvalidRequestError.require(wait_s, (int, float), "wait_s")  # no None: a bound of 0 is "do not wait"
         InvalidRequestError.require_seconds(wait_s, "wait_s")  # before a control record is written, not after

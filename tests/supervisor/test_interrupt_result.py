@@ -291,3 +291,13 @@ async def test_a_request_aimed_after_a_message_never_stops_a_turn_whose_message_
         gate.touch()
         await wait_until(lambda: len(turn_ends(sup.store, child)) == 2, what="the second turn to end")
         assert turn_ends(sup.store, child) == ["completed", "completed"]
+
+
+async def test_an_id_no_session_can_have_is_refused_whatever_the_authority(tmp_path):
+    """``../x`` was ``INVALID_SESSION_ID`` with a ``UserAuthority`` and ``no_turn_running`` with an
+    ``AncestorAuthority``: the id is checked at the boundary, before the authority is asked."""
+    async with open_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        for authority in (UserAuthority(parent_session=root.id), AncestorAuthority(root)):
+            with pytest.raises(store.InvalidSessionIdError):
+                await sup.interrupt("../x", authority=authority)
