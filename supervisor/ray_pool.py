@@ -47,6 +47,7 @@ from typing import Any
 
 import anyio
 
+from subagents.store import MAX_RECORD_BYTES
 from subagents.worker.errors import WorkerCrashedError
 from subagents.worker.protocol import CancelRpc, Reply, Rpc, RunTurn, TurnDone, TurnOutcome, decode, encode
 
@@ -132,6 +133,7 @@ class RayPool(Dispatcher[_Actor]):
         self._pending: dict[int, Any] = {}  # index → an actor handle not ready yet (killed on close)
         self._service_class: Any = None
         self._service_restarts = 0
+        self._record_limit = MAX_RECORD_BYTES  # the store's, once its service answered (``start``)
 
     # -- life cycle ------------------------------------------------------------
 
@@ -151,7 +153,8 @@ class RayPool(Dispatcher[_Actor]):
         self._service = self._service_class.remote(self._store_root, self._durability)
         try:
             with anyio.fail_after(self._ready_timeout_s):
-                await self._service.ping.remote()
+                served = await self._service.ping.remote()
+            self._record_limit = int(served["max_record_bytes"])  # the workers' writers refuse above it, as local ones do
         except TimeoutError:
             await self.aclose()
             raise RayUnavailableError(
@@ -180,7 +183,7 @@ class RayPool(Dispatcher[_Actor]):
             service = self._service
             handle = self._worker_class.options(
                 num_cpus=self._config.worker_num_cpus, max_restarts=0, max_task_retries=0, scheduling_strategy="SPREAD",
-            ).remote(service, self._log_level, self._log_json)
+            ).remote(service, self._log_level, self._log_json, self._record_limit)
             self._pending[index] = handle
             try:
                 where = await handle.ready.remote()

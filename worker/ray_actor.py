@@ -29,6 +29,8 @@ from typing import Any, AsyncIterator
 
 import ray
 
+from subagents.store.framing import MAX_RECORD_BYTES
+
 from .logcontext import FieldsFilter
 from .logformat import install_logging
 from .forks import worker_started
@@ -61,14 +63,14 @@ def service_transport(handle: Any) -> ServiceCall:
 class SubagentWorker:
     """One worker on a cluster node: the turns resident in this actor's process."""
 
-    def __init__(self, service: Any, log_level: int = logging.WARNING, log_json: bool = False) -> None:
+    def __init__(self, service: Any, log_level: int = logging.WARNING, log_json: bool = False, max_record_bytes: int = MAX_RECORD_BYTES) -> None:
         worker_started()
         if logging.getLogger().handlers:  # Ray's own: kept as they print, with the child's fields added
             for handler in logging.getLogger().handlers:
                 handler.addFilter(FieldsFilter())
         else:
             install_logging(log_level, as_json=log_json)
-        sessions = ServiceSessions(service_transport(service))
+        sessions = ServiceSessions(service_transport(service), max_record_bytes=max_record_bytes)
         self._runner = TurnRunner(sessions_for=lambda spec: sessions)
         self._resident: set[int] = set()
         self._early_cancels: OrderedDict[int, str] = OrderedDict()

@@ -30,7 +30,8 @@ import uuid
 from typing import Any, Callable, Sequence
 
 from subagents.store.errors import SubagentError, UnsupportedFormatError, from_wire
-from subagents.store.events import EVENT_TYPES
+from subagents.store.events import EVENT_TYPES, widest_event
+from subagents.store.framing import MAX_RECORD_BYTES, RecordEncoder
 
 from .sessions import attachable
 from .store_service import join_events, pack_event
@@ -43,6 +44,9 @@ ServiceCall = Callable[..., dict[str, Any]]
 
 # how much of a transport failure's text a diagnostic keeps
 _CAUSE_MAX = 300
+# more than a record's envelope (seq, ts, type, epoch) adds to its packed data: below this, no record
+# can reach the store's limit, and nothing but a length comparison is paid
+_ENVELOPE_BYTES = 256
 
 
 class StoreServiceError(SubagentError, ConnectionError):
@@ -74,10 +78,12 @@ class ServiceWriter:
 
     def __init__(
         self, call: ServiceCall, session_id: str, epoch: int, writer_id: str, next_seq: int, *, opening: dict[str, Any] | None = None,
+        max_record_bytes: int = MAX_RECORD_BYTES,
     ) -> None:
         self.session_id = session_id
         self.epoch = epoch
         self._call = call
+        self._encode = RecordEncoder(max_record_bytes)  # sizes a record that may be above the store's limit
         self._writer_id = writer_id
         # not yet open on the service: the first batch carries this and opens it (one round trip, not two)
         self._opening = opening
@@ -105,6 +111,11 @@ class ServiceWriter:
             if kind not in EVENT_TYPES:
                 raise UnsupportedFormatError(f'event type "{kind}" is not one this store writes', event_type=kind)
         packed = [pack_event(kind, data) for kind, data in batch]  # once; refuses what msgpack cannot carry now
+        for (kind, data), one in zip(batch, packed):
+            if len(one) + _ENVELOPE_BYTES > self._encode.limit:
+                # refused here, as a local writer refuses it: the service would refuse the whole coalesced
+                # batch, and the writer, broken, would take not even the turn's closing ``turn/end``
+                self._encode(widest_event(kind, data))
         with self._cond:
             if self._error is not None:
                 raise self._error
@@ -227,8 +238,9 @@ class ServiceSessions:
 
     remote = True  # every call is a round trip that blocks its caller
 
-    def __init__(self, call: ServiceCall) -> None:
+    def __init__(self, call: ServiceCall, *, max_record_bytes: int = MAX_RECORD_BYTES) -> None:
         self._call = call
+        self._max_record_bytes = max_record_bytes  # the store's (``StoreService.ping``), which its writers refuse above
 
     def open_writer(self, session_id: str, *, epoch: int, log_state: dict[str, Any] | None = None) -> ServiceWriter:
         """With a usable ``log_state`` (a session its supervisor just created), no call: the first batch
@@ -238,9 +250,10 @@ class ServiceSessions:
         state = attachable(log_state)
         if state is not None:
             opening = {"session_id": session_id, "epoch": epoch, "log_state": log_state}
-            return ServiceWriter(self._call, session_id, epoch, writer_id, state[1].next_seq, opening=opening)
+            return ServiceWriter(self._call, session_id, epoch, writer_id, state[1].next_seq, opening=opening,
+                                 max_record_bytes=self._max_record_bytes)
         reply = _call(self._call, "open_writer", writer_id=writer_id, session_id=session_id, epoch=epoch)
-        return ServiceWriter(self._call, session_id, epoch, writer_id, int(reply["next_seq"]))
+        return ServiceWriter(self._call, session_id, epoch, writer_id, int(reply["next_seq"]), max_record_bytes=self._max_record_bytes)
 
     def history(self, session_id: str) -> list[dict[str, Any]]:
         return list(_call(self._call, "history", session_id=session_id)["events"])

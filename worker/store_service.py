@@ -113,8 +113,10 @@ class StoreService:
         self._in_threads = 0  # works submitted to the threads, not over yet
 
     async def ping(self) -> Reply:
-        """The store this service serves (a readiness probe)."""
-        return {"store_root": self._store.root, "durability": self._store.durability.name, "pid": os.getpid()}
+        """The store this service serves (a readiness probe), with its record limit, which the pool hands
+        its workers: a remote writer refuses a record above it as a local one does, at ``append``."""
+        return {"store_root": self._store.root, "durability": self._store.durability.name, "pid": os.getpid(),
+                "max_record_bytes": self._store.max_record_bytes}
 
     async def watch(self) -> None:
         """Never returns: the pool keeps one call pending, and the service's death fails it."""

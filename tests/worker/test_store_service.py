@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from subagents.store import Store, acquire_lease, create_session, inspect, read_header, read_lease, read_projection
-from subagents.store.errors import FencedError, SubagentError
+from subagents.store.errors import FencedError, RecordTooLargeError, SubagentError
 from subagents.store.log import SeqMismatchError
 from subagents.worker.service_writer import ServiceSessions, ServiceWriter, StoreServiceError
 from subagents.worker.store_service import StoreService, decode_reply, encode_request, join_events, pack_event, pack_events, unpack_events
@@ -378,3 +378,27 @@ def test_a_remote_release_does_not_hold_up_the_other_turns_of_the_worker(st: Sto
     assert progressed == [True], "the other turn waited for the slow turn's release"
     assert read_lease(st, "01SLOWRELEASE").state == "released"
     assert [e["type"] for e in inspect(st, "01OTHERTURN").events][-1] == "turn/end"
+
+
+def test_a_record_above_the_stores_limit_is_refused_at_append_and_the_writer_goes_on(tmp_path: Path) -> None:
+    """As a local writer does: ``RECORD_TOO_LARGE`` from ``append`` itself, nothing sent, and the records
+    after it (a turn's closing ``turn/end``) still land. The remote writer only queued it; the service
+    refused the whole coalesced batch, the writer broke, and the turn's log was left open for good
+    (a one-shot child listed ``crashed``), on Ray only."""
+    st = Store(tmp_path / "store", durability="strict", max_record_bytes=4096)
+    host = ServiceHost(st)
+    try:
+        assert host.run(host.service.ping)["max_record_bytes"] == 4096  # what a pool hands its workers
+        epoch = leased(st, "s1")
+        writer = ServiceSessions(host.call, max_record_bytes=4096).open_writer("s1", epoch=epoch)
+        writer.append([("turn/start", {"message_id": "m"}), ("assistant/message", {"text": "before"})])
+        with pytest.raises(RecordTooLargeError) as caught:
+            writer.append([("assistant/message", {"text": "x" * 5000})])
+        assert caught.value.code == "RECORD_TOO_LARGE"
+        writer.append([("assistant/message", {"text": "after"}), ("turn/end", {"stop_reason": "completed", "diagnostic": None})], commit=True)
+        asyncio.run(writer.flush())
+        writer.close()
+        assert [(e["type"], e["data"].get("text")) for e in inspect(st, "s1").events] == [
+            ("turn/start", None), ("assistant/message", "before"), ("assistant/message", "after"), ("turn/end", None)]
+    finally:
+        host.close()
