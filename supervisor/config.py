@@ -54,6 +54,10 @@ class _Settings(BaseModel):
         return value
 
 
+# resources Ray schedules itself (``num_cpus``, ``num_gpus``, ``memory``, ...), which it refuses by name
+_RAY_OWN_RESOURCES = frozenset({"CPU", "GPU", "TPU", "memory", "object_store_memory"})
+
+
 class RayConfig(_Settings):
     """How a supervisor with ``pool = "ray"`` joins its cluster (the ``[ray]`` table)."""
 
@@ -67,6 +71,22 @@ class RayConfig(_Settings):
     worker_num_cpus: float = Field(default=1.0, gt=0)
     # a custom resource only the store's host advertises: the store service is pinned by it
     store_resource: str = Field(default="subagents_store", min_length=1)
+
+    @field_validator("worker_num_cpus")
+    @classmethod
+    def _ray_precision(cls, value: float) -> float:
+        """Ray refuses a finer fraction only as each actor is made, inside the pool's start."""
+        if round(value, 4) != value:
+            raise ValueError(f"Ray counts a CPU to 4 decimal places (0.0001 at the finest), not {value!r}")
+        return value
+
+    @field_validator("store_resource")
+    @classmethod
+    def _custom_resource(cls, value: str) -> str:
+        """Ray's own resources are asked for by their own options, and refused as a custom one."""
+        if value in _RAY_OWN_RESOURCES:
+            raise ValueError(f'"{value}" is one of Ray\'s own resources, not a custom one only the store\'s host advertises')
+        return value
 
 
 # workers one supervisor starts: far above any host's cores or a cluster's actors a store serves,

@@ -265,3 +265,18 @@ def test_a_nested_bad_value_in_a_layer_still_names_its_key_and_source(tmp_path: 
         load_config(write(tmp_path, "[ray]\nworker_num_cpus = 0\n"), env={})
     assert info.value.message.startswith('invalid value for "ray.worker_num_cpus" in ')
     assert info.value.message.endswith("deploy.toml: Input should be greater than 0")
+
+
+@pytest.mark.parametrize(("fields", "problem"), [
+    ({"worker_num_cpus": 1e-9}, "Ray counts a CPU to 4 decimal places"),
+    ({"worker_num_cpus": 0.00015}, "Ray counts a CPU to 4 decimal places"),
+    ({"store_resource": "CPU"}, "one of Ray's own resources"),
+    ({"store_resource": "memory"}, "one of Ray's own resources"),
+])
+def test_ray_values_that_ray_would_refuse_are_config_errors(fields: dict, problem: str) -> None:
+    """Ray refused these only as the pool started, with a raw ValueError inside a task group (the CLI
+    said ``INTERNAL`` and printed a traceback); they are ``CONFIG_INVALID`` where the value is given."""
+    with pytest.raises(ConfigError) as caught:
+        RayConfig(**fields)
+    assert caught.value.code == "CONFIG_INVALID" and problem in str(caught.value)
+    assert RayConfig(worker_num_cpus=0.0001, store_resource="my_store").worker_num_cpus == 0.0001
