@@ -25,7 +25,7 @@ from typing import Literal
 
 from .projection import Projection
 
-__all__ = ["Outcome", "OUTCOMES", "OutcomeVerdict", "outcome_of", "split_diagnostic"]
+__all__ = ["Outcome", "OUTCOMES", "OutcomeVerdict", "dropped_text", "is_dropped_text", "outcome_of", "split_diagnostic"]
 
 Outcome = Literal[
     "completed", "error", "aborted", "drained", "interrupted", "crashed",
@@ -83,10 +83,25 @@ def _turn_outcome(p: Projection) -> Outcome:
     return _BY_REASON.get(reason, "error")  # an unknown reason is a failure: say so, with its text
 
 
-def _discard_outcome(p: Projection) -> Outcome:
+def _discard_verdict(p: Projection) -> OutcomeVerdict:
     """Work dropped unrun (``p.discarded`` > 0): by an interrupt (``user`` / ``parent``) or by a drain
-    (``drain``, or no cause: logs written before ``message/discarded`` said who dropped it)."""
-    return "aborted" if p.discard_cause in _INTERRUPT_CAUSES else "drained"
+    (``drain``, or no cause: logs written before ``message/discarded`` said who dropped it), saying
+    how much and by whom, as a turn a drain stopped says it was cancelled."""
+    outcome: Outcome = "aborted" if p.discard_cause in _INTERRUPT_CAUSES else "drained"
+    return OutcomeVerdict(outcome, None, dropped_text(p.discarded, p.discard_cause or "drain"))
+
+
+def dropped_text(count: int, cause: str) -> str:
+    """What a row of a session whose accepted work was dropped unrun says (its ``error``)."""
+    return f"{count} accepted message{'' if count == 1 else 's'} dropped unrun ({cause})"
+
+
+def is_dropped_text(text: str | None) -> bool:
+    """Whether ``text`` is ``dropped_text``'s: a settled row an earlier build wrote has none there (``store check``)."""
+    return text is not None and _DROPPED.fullmatch(text) is not None
+
+
+_DROPPED = re.compile(r"[0-9]+ accepted messages? dropped unrun \([^()]*\)")
 
 
 def outcome_of(p: Projection, *, held: bool, root: bool = False) -> OutcomeVerdict:
@@ -105,12 +120,12 @@ def outcome_of(p: Projection, *, held: bool, root: bool = False) -> OutcomeVerdi
         return OutcomeVerdict("crashed", None, CRASHED_ONE_SHOT_TEXT if one_shot else CRASHED_TEXT)
     if p.turns == 0:
         if p.discarded:
-            return OutcomeVerdict(_discard_outcome(p))
+            return _discard_verdict(p)
         if p.open_turn is not None or held or root:
             return OutcomeVerdict(None)
         return OutcomeVerdict("not-started")
     if p.discarded:
-        return OutcomeVerdict(_discard_outcome(p))
+        return _discard_verdict(p)
     outcome = _turn_outcome(p)
     if outcome == "completed":
         return OutcomeVerdict(outcome)

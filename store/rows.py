@@ -35,7 +35,7 @@ from .header import SessionHeader
 from .index import IndexEntry, Settled, mark_active, mark_settled, read_index
 from .index_writers import IndexWriters
 from .lease_record import Lease
-from .outcome import outcome_of
+from .outcome import is_dropped_text, outcome_of
 from .projection import Projection
 from .reader import inspect, open_session, read_header
 from .root import Store
@@ -154,6 +154,8 @@ def row_problem(store: Store, entry: IndexEntry, header: SessionHeader, lease: L
         now = replace(now, mtime_ns=entry.settled.mtime_ns)
         if entry.settled.end is None:
             now = replace(now, end=None)  # a row an earlier build wrote says nothing of where the log ended
+        if entry.settled.error is None and is_dropped_text(now.error):
+            now = replace(now, error=None)  # ... nor what work was dropped unrun
     if now != entry.settled:
         return f"its settled row says {entry.settled}; its log says {now}"
     return None

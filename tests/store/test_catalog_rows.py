@@ -284,3 +284,22 @@ def test_a_settled_row_written_before_rows_said_where_the_log_ended_is_no_violat
     assert check_store(st).clean, check_store(st).violations
     [row] = store.list_children(st, "r")
     assert (row.id, row.outcome) == ("c1", "completed")
+
+
+def test_a_settled_row_written_before_rows_said_what_a_drain_dropped_is_no_violation(st, owner):
+    """A child whose accepted work a drain dropped lists ``2 accepted messages dropped unrun (drain)``;
+    an earlier build's settled row has no text there, which ``check`` takes as unknown, not as a
+    contradiction of the log."""
+    from subagents.store.mailbox import accept
+
+    store.create_session(st, "r")
+    make_child(st, "r", "c1", created_at=OLD, lease_owner=owner)
+    ids = [accept(st, "c1", source={"kind": "user"}, content=text, ids=store.IdGenerator()) for text in ("one", "two")]
+    with store.LogWriter.open(st, "c1", epoch=1) as writer:
+        writer.append([*TURN, *(("message/discarded", {"message_id": m, "cause": "drain"}) for m in ids)], commit=True)
+    store.release_lease(st, "c1", owner, 1)
+    [row] = store.list_children(st, "r")
+    assert (row.outcome, row.error) == ("drained", "2 accepted messages dropped unrun (drain)")
+    old = [{k: v for k, v in record.items() if k != "error"} for record in index_records(st, "r")]
+    write_file(st.children_index_path("r"), b"".join(encode_record(record) for record in old))
+    assert check_store(st).clean, check_store(st).violations

@@ -203,3 +203,23 @@ async def test_a_child_queued_for_a_worker_has_no_outcome_yet(tmp_path) -> None:
         await hog.dispose()
         rows = {e.label: (e.status, e.outcome) for e in await sup.list_children(root.id)}
         assert rows == {"hog": ("complete", "aborted"), "queued": ("complete", "not-started")}
+
+
+async def test_a_child_drained_with_work_queued_says_what_the_drain_dropped(tmp_path) -> None:
+    """Its sibling drained with nothing queued lists ``the turn was cancelled (drain)``; it listed
+    ``drained`` with no text at all. Its settled row says the same, and the store checks clean."""
+    from subagents.store.check import check_store
+
+    async with open_supervisor(tmp_path, pool_size=2) as sup:
+        sup.register_provider(Provider(name="cscript", program="script", capabilities=Capabilities.all(), continuable=True))
+        root = await sup.open_root(label="drain")
+        busy, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="cscript", prompt=S({"sleep": 20_000}), label="busy"))
+        queued, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="cscript", prompt=S({"sleep": 20_000}), label="queued"))
+        for child in (busy, queued):
+            await wait_until(lambda: turn_started(sup.store, child), what="the turn to start")
+        await sup.followup(root, queued, S({"return": "never runs"}))
+        await sup.followup(root, queued, S({"return": "nor this"}))
+        await sup.drain([root])
+        rows = {e.label: (e.outcome, e.error) for e in await sup.list_children(root.id)}
+    assert rows == {"busy": ("drained", "the turn was cancelled (drain)"), "queued": ("drained", "2 accepted messages dropped unrun (drain)")}
+    assert check_store(Store(tmp_path / "store", create=False)).clean
