@@ -227,9 +227,15 @@ class TurnContext:
         tool = self.tools.get(name)
         return await self.recorded_call(name, args, lambda: anyio.to_thread.run_sync(tool.invoke, args))
 
-    async def recorded_call(self, name: str, args: dict[str, Any], run: Callable[[], Awaitable[Any]]) -> Any:
+    async def recorded_call(
+        self, name: str, args: dict[str, Any] | str, run: Callable[[], Awaitable[Any]], *, failed: Callable[[Any], str | None] | None = None,
+    ) -> Any:
         """Record ``tool/call``, await ``run()``, record its ``tool/result`` (or the error, then re-raise).
 
+        ``args`` is the call's arguments, or their text when they were unusable (the call is then
+        recorded with its refusal, so a rebuilt transcript is what the model saw). ``failed(value)``
+        says why a returned value is a failure (a tool that answers its errors rather than raising
+        them): the result is then logged ``is_error`` with that ``error``, beside the value.
         Crash repair closes a call left without a result (``TOOL_OUTCOME_UNKNOWN``).
         """
         self._control.check()
@@ -244,7 +250,11 @@ class TurnContext:
             self._writer.append([("tool/result", {"call_id": call_id, "is_error": True, "error": f"{type(exc).__name__}: {exc}"})])
             raise
         self._open_calls.remove(call_id)
-        self._writer.append([("tool/result", {"call_id": call_id, "is_error": False, "value": value})])
+        error = failed(value) if failed is not None else None
+        result: dict[str, Any] = {"call_id": call_id, "is_error": error is not None, "value": value}
+        if error is not None:
+            result["error"] = error
+        self._writer.append([("tool/result", result)])
         return value
 
     # -- other agents (RPCs to the supervisor) ------------------------------------

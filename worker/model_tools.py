@@ -155,6 +155,8 @@ def _delegate_tool(config: DelegationConfig) -> ModelTool:
         if not isinstance(label, str) or not isinstance(prompt, str):
             return ToolOutcome(f"{config.tool_name} needs string description and prompt", is_error=True)
         background = args.get("run_in_background")
+        if background is not None and not isinstance(background, bool):  # "false" (a stringified boolean) is truthy: it started one
+            return ToolOutcome(f"{config.tool_name} needs a boolean run_in_background", is_error=True)
         if background and not config.enable_run_in_background:
             return ToolOutcome("run_in_background is disabled for this tool instance (enableRunInBackground: false)", is_error=True)
         if background is None:
@@ -225,15 +227,25 @@ def model_tools(
     return tools
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_arguments(text: str) -> Any:
+    """A model's JSON text parsed, or ``None`` when it is none: NaN and Infinity are refused (no JSON, and
+    ``subagents log --json`` printed them as they were), as is nesting too deep for the parser."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        return None
+
+
 def tool_arguments(raw: Any) -> dict[str, Any]:
-    """Arguments as the model sent them (a JSON string in the OpenAI shape)."""
+    """Arguments as the model sent them (a JSON string in the OpenAI shape); ``{}`` for what is no JSON object."""
     if isinstance(raw, dict):
         return raw
-    try:
-        value = json.loads(raw or "{}")
-    except ValueError:
-        return {}
+    value = parse_arguments(raw or "{}")
     return value if isinstance(value, dict) else {}
 
 
-__all__ += ["tool_arguments"]
+__all__ += ["parse_arguments", "tool_arguments"]

@@ -211,7 +211,9 @@ async def test_arguments_that_are_not_a_json_object_are_answered_as_an_error_not
     answers += [completion(calls=[("list_agents", "{cut")]), completion("gave up")]
     result, events, _ = await run_once(tmp_path, program(base_url))
     assert (result.stop_reason, result.output) == ("completed", "gave up")
-    assert not [e for e in events if e["type"] == "tool/call"]
+    # never run, but logged with its answer (probe): a later turn's transcript is what the model saw
+    assert [(e["type"], e["data"].get("args")) for e in events if e["type"] in ("tool/call", "tool/result")] == [
+        ("tool/call", "{cut"), ("tool/result", None)]
     tool = [m for m in seen[1]["messages"] if m["role"] == "tool"]
     assert len(tool) == 1 and "not a JSON object" in tool[0]["content"]
 

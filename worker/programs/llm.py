@@ -25,14 +25,25 @@ results, so a resumed child knows what it did (the ids of children it
 started). A reply cut off at the token limit ends the turn ``max-tokens``
 without running the tool calls it holds (their arguments may be cut too);
 arguments that are not a JSON object are answered as an error, never run as
-``{}``. An ``output_schema`` is given to the model in the system prompt.
+``{}``. Every call is logged with its answer, the failed ones too (an unknown
+tool, arguments that are no JSON object or hold a number the store cannot
+hold, NaN among them): a later turn's rebuilt transcript is what the model saw.
+An ``output_schema`` is given to the model in the system prompt.
 
 The key is read from the environment variable named by ``api_key_env`` at
 call time, stripped of surrounding whitespace (a CRLF ``.env`` file leaves a
 trailing ``\r``), checked to be a value an HTTP header can carry, and sent
 only in the ``Authorization`` header. Every diagnostic passes a ``Redactor``
 (``worker/redaction.py``) before it is returned, so neither the key nor an
-endpoint's echo of it is ever written to the store, a log or a result.
+endpoint's echo of it is ever written to the store, a log or a result;
+every text the model sends back (its reply, a tool's name, each string in a
+call's arguments, which become a child's prompt or a report) has the key
+removed, and lone surrogates (a cut emoji, which no record can hold)
+replaced with U+FFFD, before it is recorded or used. An unset key variable
+sends no ``Authorization`` header, and a refusal then says so.
+
+The module is over 500 lines because the endpoint's failures and the model's
+malformed output are each named here, beside the loop that meets them.
 """
 
 from __future__ import annotations
@@ -46,12 +57,14 @@ import random
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
+from urllib.parse import urlsplit
 
 import anyio
+import anyio.lowlevel
 
 from ..context import TurnContext, TurnResult
-from ..model_tools import DelegationConfig, ToolOutcome, model_tools, tool_arguments
+from ..model_tools import DelegationConfig, ToolOutcome, model_tools, parse_arguments
 from ..redaction import Redactor
 
 __all__ = ["DELEGATION_TEXT", "REPORT_TEXT", "SCHEMA_TEXT", "MAX_RETRY_WAIT_S", "ApiKeyError", "LlmProgram", "llm", "load_api_key"]
@@ -129,7 +142,9 @@ def _transcript(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if open_step is None:
                 open_step = {"role": "assistant", "content": None}
                 out.append(open_step)
-            arguments = json.dumps(data.get("args") if isinstance(data.get("args"), dict) else {})
+            args = data.get("args")
+            # a call whose arguments were unusable is logged with their text, as the model sent it
+            arguments = args if isinstance(args, str) else json.dumps(args if isinstance(args, dict) else {})
             open_step.setdefault("tool_calls", []).append(
                 {"id": str(data.get("call_id")), "type": "function", "function": {"name": str(data.get("name")), "arguments": arguments}})
             waiting.append(str(data.get("call_id")))
@@ -212,6 +227,14 @@ class LlmProgram:
         except ApiKeyError as exc:
             return TurnResult(stop_reason="error", diagnostic=str(exc))
         redact = Redactor([key, os.environ.get(self.api_key_env)])
+        wrong = _url_problem(self.base_url)
+        if wrong is not None:
+            return TurnResult(stop_reason="error", diagnostic=redact(
+                f"base_url (SUBAGENTS_LLM_BASE_URL) is not a valid http or https URL ({wrong}): {self.base_url}"))
+
+        def clean(text: str) -> str:
+            return _storable(redact.known(text))
+
         tools = {t.name: t for t in model_tools(ctx, delegation=self.delegation, report_delivery=self.report_delivery)}  # type: ignore[arg-type]
         messages: list[dict[str, Any]] = [{"role": "system", "content": self.system_prompt(ctx)}]
         messages += _transcript(await ctx.history())
@@ -226,14 +249,14 @@ class LlmProgram:
             while True:
                 await ctx.step()
                 request = {"model": model, "messages": messages, "tools": [t.schema() for t in tools.values()], **extra}
-                response = await self._create(client, request)
+                response = await self._create(client, request, keyless=key is None)
                 if isinstance(response, _Failure):
                     return TurnResult(stop_reason="error", diagnostic=redact(response.diagnostic))
                 reply = _reply_of(response)
                 if isinstance(reply, str):
                     return TurnResult(stop_reason="error", diagnostic=redact(f"the model endpoint {self.base_url} {reply}"))
                 content, calls, finish = reply
-                content = redact.known(content)  # an echo of the request (a proxy's) must not carry the key into the log
+                content = clean(content)  # an echo of the request (a proxy's) must not carry the key into the log
                 if content:
                     await ctx.say(content)  # beside tool calls too: what the model said is in the log
                 if finish == "length":  # cut off: tool calls it holds may be cut too, and are not run
@@ -246,27 +269,25 @@ class LlmProgram:
                     return content
                 messages.append({"role": "assistant", "content": content or None, "tool_calls": calls})
                 for call in calls:
-                    name, raw = call["function"]["name"], call["function"]["arguments"]
-                    args = tool_arguments(raw)
+                    name = clean(call["function"]["name"])
+                    args, wrong = _call_arguments(call["function"]["arguments"], name, clean)
                     tool = tools.get(name)
                     if tool is None:
-                        outcome = ToolOutcome(f'unknown tool "{name}"', is_error=True)
-                    elif not _an_object(raw):
-                        outcome = ToolOutcome(f"the arguments of this {name} call are not a JSON object; nothing was run", is_error=True)
-                    else:
-                        async def run(t: Any = tool, a: dict[str, Any] = args) -> dict[str, Any]:
-                            done = await t.run(ctx, a)
-                            return {"text": done.text, "is_error": done.is_error}
+                        wrong = f'unknown tool "{name}"'
+                    # every call is logged with its answer, a refused one too: the transcript of a later turn is rebuilt from the log
+                    async def run(t: Any = tool, a: Any = args, refused: str | None = wrong) -> dict[str, Any]:
+                        done = ToolOutcome(refused, is_error=True) if refused is not None else await t.run(ctx, a)
+                        return {"text": done.text, "is_error": done.is_error}
 
-                        recorded = await ctx.recorded_call(name, args, run)
-                        outcome = ToolOutcome(recorded["text"], recorded["is_error"])
-                    messages.append({"role": "tool", "tool_call_id": call["id"], "content": outcome.text})
+                    recorded = await ctx.recorded_call(name, args, run, failed=_failure)
+                    messages.append({"role": "tool", "tool_call_id": call["id"], "content": recorded["text"]})
         finally:
-            await client.close()
+            await _close(client)
 
-    async def _create(self, client: Any, request: dict[str, Any]) -> Any:
+    async def _create(self, client: Any, request: dict[str, Any], *, keyless: bool = False) -> Any:
         """One chat completion (whatever the client made of the body), each attempt whole within ``timeout_s``,
-        retried as the module says; ``_Failure`` with what went wrong (to be redacted) when no attempt answered."""
+        retried as the module says; ``_Failure`` with what went wrong (to be redacted) when no attempt answered.
+        ``keyless``: no key was sent, which a refusal must say rather than blame a key."""
         import openai
 
         attempt = 0
@@ -277,11 +298,13 @@ class LlmProgram:
             except (openai.OpenAIError, TimeoutError, ValueError) as exc:  # ValueError: a body that is not JSON
                 wait = _retry_wait(exc, attempt)
                 if wait is None or attempt >= self.max_retries:
-                    return _Failure(self._diagnostic(exc, attempt))
+                    return _Failure(self._diagnostic(exc, attempt, keyless=keyless))
+            except Exception as exc:  # noqa: BLE001 (a body nested too deep, whatever else the HTTP layer raises: never out of the program)
+                return _Failure(self._diagnostic(exc, attempt, keyless=keyless))
             attempt += 1
             await anyio.sleep(wait)
 
-    def _diagnostic(self, exc: Exception, retries: int = 0) -> str:
+    def _diagnostic(self, exc: Exception, retries: int = 0, *, keyless: bool = False) -> str:
         """What went wrong, in words an operator acts on (redacted by the caller before it is returned), with
         the ``retries`` made before it (the count, not the setting)."""
         import openai
@@ -294,6 +317,8 @@ class LlmProgram:
             return f"the model endpoint did not answer within timeout_s={self.timeout_s:g}{retried}"
         if isinstance(exc, openai.APIConnectionError):
             cause = type(exc.__cause__).__name__ if exc.__cause__ is not None else "connection error"
+            if "DecodingError" in {cls.__name__ for cls in type(exc.__cause__).__mro__}:  # reached: its body was no gzip it said
+                return f"the model endpoint {self.base_url} answered with a body it could not decode ({cause}){retried}"
             if _broke_off(exc.__cause__):
                 return f"the model endpoint {self.base_url} broke off its reply ({cause}){retried}"
             return f"the model endpoint {self.base_url} is unreachable ({cause}){retried}"
@@ -304,6 +329,9 @@ class LlmProgram:
                 what = f"the model endpoint is rate limiting (HTTP 429){retried}"
             elif status >= 500:
                 what = f"the model endpoint failed (HTTP {status}){retried}"
+            elif isinstance(exc, (openai.AuthenticationError, openai.PermissionDeniedError)) and keyless:
+                unset = "is not set" if os.environ.get(self.api_key_env) is None else "is blank"
+                what = f"the model endpoint refused the request (HTTP {status}): ${self.api_key_env} {unset}, so no API key was sent"
             elif isinstance(exc, (openai.AuthenticationError, openai.PermissionDeniedError)):
                 what = f"the model endpoint refused the API key from ${self.api_key_env} (HTTP {status})"
             else:
@@ -311,8 +339,25 @@ class LlmProgram:
             return f"{what}: {body}" if body else what
         if isinstance(exc, ValueError):
             return f"the model endpoint {self.base_url} answered with a body that is not JSON ({type(exc).__name__}){retried}"
+        if isinstance(exc, RecursionError):
+            return f"the model endpoint {self.base_url} answered with a body nested too deep to read{retried}"
         log.warning("llm call failed", exc_info=exc)
+        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:  # a task group's wrapping says nothing
+            exc = exc.exceptions[0]
         return f"the model call failed: {type(exc).__name__}"
+
+
+def _failure(value: dict[str, Any]) -> str | None:
+    """Why a tool's answer is a failure (its text), logged as the result's ``error``; ``None``: it is not one."""
+    return str(value["text"]) if value.get("is_error") else None
+
+
+async def _close(client: Any) -> None:
+    """Close the client, then let the loop run once: a body it failed to decode (a false ``Content-Encoding``)
+    leaves an async generator whose closing the loop schedules as a task, which the turn's end otherwise
+    cancelled as a task the program left running."""
+    await client.close()
+    await anyio.lowlevel.checkpoint()
 
 
 # a transport failure in reaching the endpoint (refused, no route, no name, a proxy in the way), by class name:
@@ -348,14 +393,70 @@ def _setting(env: Mapping[str, str], name: str, default: Any, kind: type, valid:
     return value
 
 
-def _an_object(raw: Any) -> bool:
-    """Whether tool-call arguments are a JSON object (an absent or empty string counts as ``{}``)."""
-    if isinstance(raw, dict) or raw in (None, ""):
-        return True
+def _url_problem(url: str) -> str | None:
+    """What makes ``url`` no endpoint to connect to, or ``None``: the HTTP layer's own complaint came out of
+    the program raw (``InvalidURL``, an ``OverflowError`` for a port past 65535 inside an ``ExceptionGroup``)."""
     try:
-        return isinstance(json.loads(raw), dict)
-    except (TypeError, ValueError):
-        return False
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (it checks the port: ValueError when out of range or no number)
+    except ValueError as exc:
+        return str(exc)
+    if parts.scheme not in ("http", "https"):
+        return "not http or https"
+    if not parts.hostname:
+        return "no host"
+    return None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _storable(text: str) -> str:
+    """``text`` with each lone surrogate (a cut emoji, ``"\\ud83d"`` in a JSON body) replaced by U+FFFD:
+    no record can hold one, and the turn ended ``INVALID_RECORD`` on it."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
+# the integers a record holds (msgpack: signed or unsigned 64 bits)
+_INT_RANGE = range(-(2 ** 63), 2 ** 64)
+# the deepest nesting of arguments taken: walking them (each string redacted) recurses, and JSON nested near
+# the interpreter's recursion limit would end the turn with a RecursionError; no tool takes more than a few levels
+_MAX_NESTING = 100
+
+
+class _Unstorable(ValueError):
+    """Arguments no record holds: what is wrong with them, as the model reads it."""
+
+
+def _call_arguments(raw: Any, name: str, clean: Callable[[str], str]) -> tuple[dict[str, Any] | str, str | None]:
+    """``(arguments, None)``: the call's JSON object with every string (keys too) passed through ``clean``;
+    or ``(their text, cleaned; what is wrong)`` when they are no JSON object (an absent or empty string counts
+    as ``{}``) or hold a number no record holds: the call is then logged with its text and answered, never run."""
+    text = raw if isinstance(raw, str) else ""
+    value = parse_arguments(text or "{}")
+    if not isinstance(value, dict):
+        return clean(text), f"the arguments of this {name} call are not a JSON object; nothing was run"
+    try:
+        return _cleaned(value, clean), None
+    except _Unstorable as exc:
+        return clean(text), f"the arguments of this {name} call {exc}; nothing was run"
+
+
+def _cleaned(value: Any, clean: Callable[[str], str], depth: int = 0) -> Any:
+    """A parsed JSON value with every string passed through ``clean``; ``_Unstorable`` for what no record holds."""
+    if depth > _MAX_NESTING:
+        raise _Unstorable(f"are nested deeper than {_MAX_NESTING}")
+    if isinstance(value, str):
+        return clean(value)
+    if isinstance(value, dict):
+        return {clean(k): _cleaned(v, clean, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cleaned(v, clean, depth + 1) for v in value]
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int) and value not in _INT_RANGE or isinstance(value, float) and not math.isfinite(value):
+        raise _Unstorable("hold a number out of range")
+    return value
 
 
 def _reply_of(response: Any) -> tuple[str, list[dict[str, Any]], str | None] | str:
@@ -376,6 +477,8 @@ def _reply_of(response: Any) -> tuple[str, list[dict[str, Any]], str | None] | s
     message = getattr(choice, "message", None)
     if message is None:
         return "answered with a choice that has no message"
+    if isinstance(message, (str, bytes, list, tuple, int, float)):  # the client keeps what it cannot type as it came
+        return "answered with a choice whose message is not an object"
     raw_calls = getattr(message, "tool_calls", None) or []
     if not isinstance(raw_calls, list):
         return "answered with tool calls that are not a list"
