@@ -100,10 +100,13 @@ async def _interrupt_agent(ctx: TurnContext | None, args: dict[str, Any]) -> Too
     if not isinstance(agent_id, str):
         return ToolOutcome("interrupt_agent needs a string agent_id", is_error=True)
     try:
-        await ctx.interrupt(agent_id)
+        stopped = await ctx.interrupt(agent_id)
     except SubagentError as exc:
         return _error(exc)
-    return ToolOutcome(f"interrupt requested for agent {agent_id}", value={"accepted": True})
+    # the reference answered the same text whatever it found: a model then took an idle or unknown
+    # agent for one it had stopped, and waited for a turn that was never running
+    found = "" if stopped else ": it had no turn running, so nothing was stopped"
+    return ToolOutcome(f"interrupt requested for agent {agent_id}{found}", value={"accepted": True, "interrupted": stopped})
 
 
 def _report_tool(delivery: Literal["quiet", "wakeup"]) -> Callable[[TurnContext | None, dict[str, Any]], Awaitable[ToolOutcome]]:

@@ -252,3 +252,16 @@ async def test_a_tool_call_that_failed_is_logged_as_a_failure(tmp_path, endpoint
     results = [data for kind, data in _tool_events(events) if kind == "tool/result"]
     assert [(r["is_error"], r.get("error")) for r in results] == [(True, 'unknown tool "no_such_tool"'), (False, None)]
     assert results[0]["value"] == {"text": 'unknown tool "no_such_tool"', "is_error": True}  # what the transcript rebuilds from
+
+
+async def test_interrupt_agent_says_when_it_found_no_turn_to_stop(tmp_path, endpoint) -> None:
+    """It answered ``interrupt requested`` whatever it found (the reference's text), so a model took an idle
+    or unknown agent for one it had stopped; the text now says nothing was stopped, and ``interrupted`` false."""
+    base_url, seen, answers = endpoint
+    answers += [completion(calls=[("interrupt_agent", {"agent_id": "01NOSUCHAGENT0000000000000"})]), completion("done")]
+    result, events, _ = await run_once(tmp_path, program(base_url))
+    assert (result.stop_reason, result.output) == ("completed", "done"), result
+    told = [m["content"] for m in seen[1]["messages"] if m["role"] == "tool"]
+    assert told == ["interrupt requested for agent 01NOSUCHAGENT0000000000000: it had no turn running, so nothing was stopped"]
+    [answer] = [data for kind, data in _tool_events(events) if kind == "tool/result"]
+    assert answer["value"]["is_error"] is False
