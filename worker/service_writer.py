@@ -211,6 +211,15 @@ class ServiceWriter:
         if self._closed_on_service or not self._on_service():
             return  # closed by the release, or never opened on the service: nothing to close there
         self._closed_on_service = True
+        if isinstance(self._error, StoreServiceError):
+            # a batch's call already failed or timed out: waiting as long again for the close (the turn
+            # waited 2 × the call timeout on a hung store host) is left to a thread, for a service that
+            # comes back and would otherwise keep the writer open
+            threading.Thread(target=self._close_on_service, name=f"store-writer-close-{self.session_id}", daemon=True).start()
+            return
+        self._close_on_service()
+
+    def _close_on_service(self) -> None:
         try:
             _call(self._call, "close_writer", writer_id=self._writer_id)
         except SubagentError:

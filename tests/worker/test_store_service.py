@@ -402,3 +402,31 @@ def test_a_record_above_the_stores_limit_is_refused_at_append_and_the_writer_goe
             ("turn/start", None), ("assistant/message", "before"), ("assistant/message", "after"), ("turn/end", None)]
     finally:
         host.close()
+
+
+def test_a_writer_whose_service_stopped_answering_closes_without_waiting_on_it_again(st: Store, host: ServiceHost) -> None:
+    """A batch whose call timed out (a hung store host) failed the turn after one timeout, then the
+    writer's close asked the same service to close it and waited a second whole timeout (2 × 60 s on
+    Ray). The close goes out in the background: the turn ends after one timeout."""
+    epoch = leased(st, "s1")
+    closing = threading.Event()
+    hung = threading.Event()
+
+    def call(method: str, **kwargs: Any) -> dict[str, Any]:
+        if method == "append":
+            raise TimeoutError("the store service did not answer")  # as Ray's GetTimeoutError, a transport failure
+        if method == "close_writer":
+            closing.set()
+            assert hung.wait(DEADLINE_S)
+        return host.call(method, **kwargs)
+
+    writer = ServiceSessions(call).open_writer("s1", epoch=epoch)
+    writer.append([("turn/start", {"message_id": "m"})], commit=True)
+    with pytest.raises(StoreServiceError):
+        asyncio.run(writer.flush())
+    started = time.monotonic()
+    writer.close()
+    assert time.monotonic() - started < DEADLINE_S / 4
+    assert closing.wait(DEADLINE_S)  # still asked, in the background, for a service that comes back
+    hung.set()
+    wait_for(lambda: not [t for t in threading.enumerate() if t.name == "store-writer-close-s1"], "the background close to end")
