@@ -38,7 +38,7 @@ from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 import anyio
 
-from subagents.store import LogWriter, OneShotDescriptor, acquire_lease, delete_session, read_from, release_lease
+from subagents.store import LogWriter, OneShotDescriptor, acquire_lease, delete_session, release_lease
 from subagents.store.lease import taken_over
 from subagents.store.control import ControlRecord
 from subagents.store.errors import FencedError, SessionNotFoundError, SubagentError
@@ -52,7 +52,7 @@ from .errors import CancelledBeforeStartError, InvalidRequestError, NoParentErro
 from .models import Provider, SubagentRequest, SubagentResult
 from .registry import program_fields
 from .runtime import Runtime
-from .turn_log import committed_outcome, last_reply
+from .turn_log import read_back
 from .validation import Placement, delegation_events, place_child, prompt_text, request_fields
 
 __all__ = ["CancelToken", "SubagentRun", "OneShotRuns", "TurnChildren", "result_from_outcome", "one_shot_turn_spec"]
@@ -462,12 +462,8 @@ class OneShotRuns:
         try:
             epoch = acquire_lease(self._rt.store, session_id, self._rt.owner_id).epoch
             with LogWriter.open(self._rt.store, session_id, epoch=epoch, cause=cause, crash=crash) as writer:
-                closed_by_worker = not writer.repaired and writer.projection.open_turn is None and writer.projection.turns > 0
-                closed_turn = writer.closed_turn
-            if closed_by_worker:
-                return epoch, committed_outcome(read_from(self._rt.store, session_id, 0), spec.output_schema), ""
-            if closed_turn is not None:
-                return epoch, None, last_reply(read_from(self._rt.store, session_id, closed_turn))
+                committed, said = read_back(self._rt.store, writer, output_schema=spec.output_schema)
+            return epoch, committed, said
         except SubagentError:
             log.exception("repair of %s after a worker crash failed", session_id)
         return epoch, None, ""

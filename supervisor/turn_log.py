@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from subagents.store import LogWriter, Store, read_from
 from subagents.worker.protocol import TurnOutcome
 
-__all__ = ["committed_outcome", "last_reply"]
+__all__ = ["ReadBack", "committed_outcome", "last_reply", "read_back"]
 
 
 def _last_turn(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -50,3 +51,20 @@ def committed_outcome(
         except ValueError:
             structured = None
     return TurnOutcome(stop_reason=reason, output=output, structured=structured, diagnostic=end.get("diagnostic"))
+
+
+ReadBack = tuple[TurnOutcome | None, str]
+
+
+def read_back(
+    store: Store, writer: LogWriter, *, output_schema: dict[str, Any] | None = None, message_id: str | None = None,
+) -> ReadBack:
+    """What the log says of a turn whose worker died, once ``LogWriter.open`` (``writer``) repaired it:
+    ``(the outcome its worker committed, "")`` when it died after the turn's closing commit (of the turn
+    that took ``message_id``, when given), else ``(None, the last reply the turn logged before it died)``."""
+    projection = writer.projection
+    if not writer.repaired and projection.open_turn is None and projection.turns > 0:
+        return committed_outcome(read_from(store, writer.session_id, 0), output_schema, message_id=message_id), ""
+    if writer.closed_turn is not None:
+        return None, last_reply(read_from(store, writer.session_id, writer.closed_turn))
+    return None, ""

@@ -24,7 +24,7 @@ from typing import Callable
 
 import anyio
 
-from subagents.store import LogWriter, MailboxMessage, acquire_lease, pending, read_from, read_projection, set_lease_state
+from subagents.store import LogWriter, MailboxMessage, acquire_lease, pending, read_projection, set_lease_state
 from subagents.store.errors import FencedError, SubagentError
 from subagents.worker.logcontext import bind
 from subagents.worker.protocol import TurnOutcome, TurnSpec
@@ -33,7 +33,7 @@ from ..backend import TurnRpcHandler, TurnTicket
 from ..errors import SupervisorClosedError, program_missing
 from ..registry import ProgramRef
 from ..runtime import Runtime
-from ..turn_log import committed_outcome, last_reply
+from ..turn_log import read_back
 from .activation import Activation, ActivationTable, LeaseState, log_fields
 from .teardown import Teardown
 
@@ -210,13 +210,8 @@ class Driver:
             act.identity = dataclasses.replace(act.identity, epoch=lease.epoch)
             with LogWriter.open(self._rt.store, act.child_id, epoch=act.epoch, cause=cause, crash=crash) as writer:
                 act.cursor.reset(writer.projection)
-                closed_by_worker = not writer.repaired and writer.projection.open_turn is None and writer.projection.turns > 0
-                closed_turn = writer.closed_turn
-            if closed_by_worker:
-                committed = committed_outcome(read_from(self._rt.store, act.child_id, 0), None, message_id=message_id)
-                return outcome if committed is None else committed
-            if closed_turn is not None:
-                return dataclasses.replace(outcome, output=last_reply(read_from(self._rt.store, act.child_id, closed_turn)))
+                committed, said = read_back(self._rt.store, writer, message_id=message_id)
+            return committed if committed is not None else dataclasses.replace(outcome, output=said) if said else outcome
         except SubagentError:
             log.exception("repair of %s failed", act.child_id, extra=log_fields(act))
         return outcome
