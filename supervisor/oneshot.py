@@ -163,21 +163,28 @@ class SubagentRun:
         that delegates to itself builds a chain deeper than Python's recursion
         limit in seconds, and a recursive walk then failed half-way and left
         the close waiting for good.
+
+        It runs shielded, as a cleanup in a ``finally`` must: in a scope already
+        cancelled (a request handler's deadline) its wait was a checkpoint that
+        raised before the run was forgotten, and the supervisor held every such
+        run until it closed. The wait is bounded: a turn that ignores its
+        cancellation has its worker killed after ``cancel_grace_s``.
         """
-        level: list[ChildRun] = [self]
-        disposed: list[ChildRun] = []
-        while level:
-            for run in level:
-                if not run.done:
-                    run.cancel("disposed")
-            below: list[ChildRun] = []
-            for run in level:
-                await run.result()
-                below.extend(run.started_runs())
-            disposed.extend(level)
-            level = below
-        for run in disposed:
-            self._runs.forget(run.id)
+        with anyio.CancelScope(shield=True):
+            level: list[ChildRun] = [self]
+            disposed: list[ChildRun] = []
+            while level:
+                for run in level:
+                    if not run.done:
+                        run.cancel("disposed")
+                below: list[ChildRun] = []
+                for run in level:
+                    await run.result()
+                    below.extend(run.started_runs())
+                disposed.extend(level)
+                level = below
+            for run in disposed:
+                self._runs.forget(run.id)
 
 
 class OneShotRuns:

@@ -86,6 +86,7 @@ class SupervisorStatistics:
     owner_id: str
     pool: PoolStatistics
     runs_live: int
+    runs_held: int  # one-shot runs published and not yet disposed, finished or not (each is memory until disposed)
     roots: int
     creation: CreatorStatistics  # one-shot children created: thread hops and group commits
     store_thread: StoreThreadStatistics  # short store calls (acceptances) on the store thread, and those that overflowed
@@ -594,6 +595,7 @@ class Supervisor:
             owner_id=self.lease_keeper.owner_id,
             pool=self.pool.statistics(),
             runs_live=self.runs.live(),
+            runs_held=len(self.runs.runs),
             roots=len(self._root_epochs),
             creation=self.runs.creation_statistics(),
             store_thread=self.runtime.store_thread.statistics(),

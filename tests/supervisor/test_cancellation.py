@@ -127,3 +127,20 @@ async def test_close_disposes_live_runs(tmp_path):
         assert run.done
         assert (await run.result()).stop_reason == "aborted"
         assert last_turn_end(st, run.id)["stop_reason"] == "aborted"
+
+
+async def test_a_dispose_in_a_cancelled_scope_still_forgets_the_run(tmp_path):
+    """``try: await run.result() finally: await run.dispose()`` under a deadline, as a request handler
+    writes it: the dispose's wait for the cancelled run was a checkpoint, raised before the run was
+    forgotten, and the supervisor held every such run (about 7 KB each) until it closed."""
+    async with open_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        for _ in range(3):
+            with anyio.move_on_after(0.05):
+                run = await sup.start("script", SubagentRequest(parent=root, prompt='[{"sleep": 20000}]'))
+                try:
+                    await run.result()
+                finally:
+                    await run.dispose()
+        assert sup.statistics().runs_held == 0
+        assert sup.statistics().runs_live == 0
