@@ -25,11 +25,17 @@ take a clean log at its word. Not guaranteed: a child that lost records and was 
 
 from __future__ import annotations
 
-from dataclasses import replace
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, replace
 
 from .errors import SubagentError
 from .header import SessionHeader
-from .index_read import read_index
+from .atomic import NOFOLLOW, pread_all
+from .framing import scan_clean
+from .index_read import IndexFold, read_index
+from .records import index_problem
 from .reader import Inspection, inspect, lost_damage, open_session
 from .root import Store
 from .session_file import SessionFile
@@ -37,8 +43,78 @@ from .session_file import SessionFile
 __all__ = ["CommittedEnds", "committed_end", "lost_committed"]
 
 
+@dataclass
+class _Folded:
+    """A children index as this process last read it whole and clean: the same file (``ino``), read to
+    ``end`` (the ``mark`` bytes before it, to tell a file rewritten in place), and its fold."""
+
+    ino: int
+    end: int
+    next_seq: int
+    mark: bytes
+    fold: IndexFold
+
+
+# the children indexes this process read last (parent folder → its fold): a cold resume asks one
+# child's committed end, and reading its parent's whole index each time cost ~12 ms per 1,000
+# siblings (a probe: a followup to a settled child of a parent with 4,000 children took 50 ms)
+_FOLDED: OrderedDict[str, _Folded] = OrderedDict()
+_FOLDED_LOCK = threading.Lock()
+_FOLDED_MAX = 256
+_MARK = 16
+
+
 def _ends_of(store: Store, parent_id: str) -> dict[str, int]:
-    """Each child's committed end (in its file) per the parent's index (which reads around damage)."""
+    """Each child's committed end (in its file) per the parent's index (which reads around damage).
+
+    An index is appended to (its records are independent), and rewritten only as a new file (a
+    reindex, a compaction: another inode). So a file this process read before, whole and without
+    damage, is read on from where it stopped: only the records appended since. Anything else (another
+    file, one shorter or changed before that point, damage, a record in flight) is read whole, the
+    careful way (``read_index``), and kept only when it read clean."""
+    path = store.children_index_path(parent_id)
+    with _FOLDED_LOCK:  # one reader of a kept fold at a time: each reads on from where the last stopped
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
+        except OSError:
+            _FOLDED.pop(path, None)
+            return _careful(store, parent_id)
+        try:
+            known = _read_on(fd, _FOLDED.pop(path, None))
+        except OSError:
+            known = None
+        finally:
+            os.close(fd)
+        if known is None:
+            return _careful(store, parent_id)
+        _FOLDED[path] = known
+        while len(_FOLDED) > _FOLDED_MAX:
+            _FOLDED.popitem(last=False)
+        return dict(known.fold.committed)
+
+
+def _read_on(fd: int, known: _Folded | None) -> _Folded | None:
+    """The fold of the open index, read on from ``known`` when it is still this file's prefix, else
+    from its start; ``None`` when what it reads is not clean (the caller reads it the careful way)."""
+    info = os.fstat(fd)
+    if known is not None and known.ino == info.st_ino and known.end <= info.st_size and (
+            known.end < _MARK or os.pread(fd, _MARK, known.end - _MARK) == known.mark):
+        data = pread_all(fd, known.end)
+        more = scan_clean(data, check=index_problem, start_seq=known.next_seq)
+        if more is not None:
+            known.fold.apply(more.records)
+            mark = (known.mark + data)[-_MARK:] if data else known.mark
+            return _Folded(info.st_ino, known.end + more.end, more.next_seq, mark, known.fold)
+    data = pread_all(fd)
+    whole = scan_clean(data, check=index_problem)
+    if whole is None:
+        return None
+    fold = IndexFold()
+    fold.apply(whole.records)
+    return _Folded(info.st_ino, whole.end, whole.next_seq, bytes(data[max(0, whole.end - _MARK):whole.end]), fold)
+
+
+def _careful(store: Store, parent_id: str) -> dict[str, int]:
     return {e.id: e.committed_end for e in read_index(store, parent_id).entries if e.committed_end is not None}
 
 

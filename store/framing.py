@@ -54,6 +54,7 @@ __all__ = [
     "Skipped",
     "SkimResult",
     "scan_all",
+    "scan_clean",
     "scan_suffix",
     "find_committed",
     "torn_tail",
@@ -327,14 +328,21 @@ def scan_all(data: bytes | memoryview, *, check: Check | None = None) -> SkimRes
     return SkimResult(records, skipped, None, pos, expected)
 
 
-def _scan_clean(data: bytes | memoryview, check: Check | None) -> SkimResult | None:
+def scan_clean(data: bytes | memoryview, *, check: Check | None = None, start_seq: int = 0) -> SkimResult | None:
+    """``scan_all`` of records without damage whose first has seq ``start_seq`` (a file's bytes, or
+    those appended after a point a reader already read); ``None`` at the first anomaly (a torn or
+    damaged record, one in flight): the caller then reads the whole file the careful way."""
+    return _scan_clean(data, check, start_seq)
+
+
+def _scan_clean(data: bytes | memoryview, check: Check | None, start_seq: int = 0) -> SkimResult | None:
     """``scan_all`` of a file without damage, in one tight loop; ``None`` at the first anomaly
     (the caller then reads it the careful way). A listing reads a whole children index per
     query, so a clean file must cost little more than its decoding."""
     view = memoryview(data)
     unpack_from, crc32, unpackb = FRAME.unpack_from, zlib.crc32, msgpack.unpackb
     records: list[dict[str, Any]] = []
-    pos, seq, total, head = 0, 0, len(view), FRAME.size
+    pos, seq, total, head = 0, start_seq, len(view), FRAME.size
     while pos < total:
         if total - pos < head:
             return None

@@ -17,7 +17,7 @@ from .ids import is_valid_session_id
 from .records import index_problem
 from .root import Store
 
-__all__ = ["Settled", "IndexEntry", "IndexRead", "read_index", "read_children"]
+__all__ = ["Settled", "IndexEntry", "IndexFold", "IndexRead", "read_index", "read_children"]
 
 
 @dataclass(frozen=True)
@@ -106,31 +106,50 @@ def read_index(store: Store, parent_id: str) -> IndexRead:
     if data and not skim.records and skim.tail is not None:
         # a torn tail leaves the records before it; a file with none is not an index at all
         problems.append(f"no readable record: {skim.tail.reason} at byte {skim.tail.offset}")
-    entries: dict[str, dict[str, Any]] = {}  # child → its entry record
-    last_state: dict[str, dict[str, Any] | None] = {}  # child → its latest state record (None: active)
-    committed: dict[str, int] = {}  # child → the end its latest settled record gives
-    for record in skim.records:
-        child = record["id"]
-        state = record.get("state")
-        if state is not None:
-            if child in entries:  # a state record of a child not (or no longer) listed is ignored
-                last_state[child] = record if state == "settled" else None
-                end = record.get("end") if state == "settled" else None
-                if isinstance(end, int) and not isinstance(end, bool):
-                    committed[child] = end
-        elif record.get("removed"):
-            entries.pop(child, None)
-            last_state.pop(child, None)
-            committed.pop(child, None)
-        elif child not in entries and is_valid_session_id(child):
-            entries[child] = record
-    out = []
-    for child, r in entries.items():
-        settled = last_state.get(child)
-        out.append(IndexEntry(child, float(r.get("created_at", 0.0)), r.get("origin"), r.get("mode"), r.get("label"),
-                              None if settled is None else _settled(settled), committed.get(child)))
-    out.sort(key=lambda e: (e.created_at, e.id))
-    return IndexRead(out, problems)
+    fold = IndexFold()
+    fold.apply(skim.records)
+    return IndexRead(fold.entries(), problems)
+
+
+class IndexFold:
+    """The fold of an index file's records, in file order: which children are listed, each one's latest
+    state, and the end its latest settled record gives. Records may come in several calls (a reader that
+    read a file before reads on from where it stopped: ``store/committed.py``)."""
+
+    __slots__ = ("_entries", "_last_state", "committed")
+
+    def __init__(self) -> None:
+        self._entries: dict[str, dict[str, Any]] = {}  # child → its entry record
+        self._last_state: dict[str, dict[str, Any] | None] = {}  # child → its latest state record (None: active)
+        self.committed: dict[str, int] = {}  # child → the end its latest settled record gives (listed children only)
+
+    def apply(self, records: list[dict[str, Any]]) -> None:
+        entries, last_state, committed = self._entries, self._last_state, self.committed
+        for record in records:
+            child = record["id"]
+            state = record.get("state")
+            if state is not None:
+                if child in entries:  # a state record of a child not (or no longer) listed is ignored
+                    last_state[child] = record if state == "settled" else None
+                    end = record.get("end") if state == "settled" else None
+                    if isinstance(end, int) and not isinstance(end, bool):
+                        committed[child] = end
+            elif record.get("removed"):
+                entries.pop(child, None)
+                last_state.pop(child, None)
+                committed.pop(child, None)
+            elif child not in entries and is_valid_session_id(child):
+                entries[child] = record
+
+    def entries(self) -> list[IndexEntry]:
+        """Live entries in (created_at, id) order."""
+        out = []
+        for child, r in self._entries.items():
+            settled = self._last_state.get(child)
+            out.append(IndexEntry(child, float(r.get("created_at", 0.0)), r.get("origin"), r.get("mode"), r.get("label"),
+                                  None if settled is None else _settled(settled), self.committed.get(child)))
+        out.sort(key=lambda e: (e.created_at, e.id))
+        return out
 
 
 def _settled(record: dict[str, Any]) -> Settled:
