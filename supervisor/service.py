@@ -353,6 +353,30 @@ class Supervisor:
         self.agents.add_root(root_id, label=stored, sandbox=sandbox, depth=depth)
         return AgentRef(root_id, stored)
 
+    async def release_root(self, root: AgentRef | str) -> None:
+        """Let go of a root this supervisor opened, without closing: its lease is released, and it is no
+        parent here until ``open_root(id=...)`` opens it again (``UNAUTHORIZED`` meanwhile, and for a
+        root not open here).
+
+        For a service that opens a root per conversation: an open root holds memory and its lease,
+        which keeps ``gc`` off its whole tree, until the supervisor closes. Its children are left as
+        they are: one still working settles as usual, its notice waiting in the root's mailbox for
+        whoever opens the root next; ``drain([root])`` first stops them.
+        """
+        await self._begin()
+        root_id = ref_id(root, "root")
+        epoch = self._root_epochs.pop(root_id, None) if isinstance(root_id, str) else None
+        if epoch is None:
+            raise UnauthorizedError.not_own_root(str(root_id))
+        self._root_streaks.pop(root_id, None)
+        self.agents.remove(root_id)
+        self.continuation.root_released(root_id)
+        with anyio.CancelScope(shield=True):  # forgotten here: its lease goes too, cancelled or not
+            try:
+                await anyio.to_thread.run_sync(release_lease, self.store, root_id, self.lease_keeper.owner_id, epoch)
+            except FencedError:
+                log.warning("root %s was taken over before it was released", root_id)
+
     # -- one-shot children (OneShotRuns) ------------------------------------------------
 
     async def start(self, provider: str, request: SubagentRequest, *, cancel: CancelToken | None = None) -> SubagentRun:

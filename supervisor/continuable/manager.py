@@ -70,6 +70,11 @@ class ContinuationManager:
         """Resume the unhosted children of ``parent_id`` that have messages waiting (``Delivery.resume_pending``)."""
         return await self._delivery.resume_pending(parent_id)
 
+    def root_released(self, root_id: str) -> None:
+        """A root its supervisor let go of: a drain's closing of admission below it ends with it, as when an
+        activation is disposed (a root opened again takes children again)."""
+        self._admission.reopen(root_id)
+
     def stopping(self, child_id: str) -> bool:
         """Whether an interrupt already cancelled the turn the child has in flight here."""
         act = self._table.get(child_id)

@@ -1,0 +1,60 @@
+"""``release_root``: a supervisor lets go of a root it opened, without closing.
+
+A probe ran a root per conversation in one long-lived supervisor: every root stayed open until
+the supervisor closed (1,000 roots: 1,000 live agents, ~1.4 KB each, and 1,000 held leases, so
+``gc`` collected none of their trees). A released root's lease is released, it is no parent here
+until it is opened again, and its children are left as they are.
+"""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import pytest
+
+from subagents.store import collect, read_lease
+from subagents.supervisor import Capabilities, ContinuableSpec, Provider, UnauthorizedError
+
+from ..conftest import DEADLINE_S, open_supervisor
+
+pytestmark = pytest.mark.anyio
+
+
+def S(*actions: dict) -> str:
+    return json.dumps({"script": list(actions)})
+
+
+async def test_a_released_root_is_let_go_and_can_be_opened_again(tmp_path) -> None:
+    async with open_supervisor(tmp_path) as sup:
+        sup.register_provider(Provider(name="cont", program="script", capabilities=Capabilities.all(), continuable=True))
+        root = await sup.open_root(label="conversation")
+        child, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="cont", label="c", prompt=S({"return": "one"})))
+        with anyio.fail_after(DEADLINE_S):
+            await sup.wait_for_message(root)
+        await sup.release_root(root)
+
+        assert sup.statistics().roots == 0
+        assert read_lease(sup.store, root.id).state == "released"
+        with pytest.raises(UnauthorizedError):
+            await sup.followup(root, child, S({"return": "two"}))
+        with pytest.raises(UnauthorizedError):
+            await sup.release_root(root)
+        # its tree is settled and nobody holds it: gc may take it now, as after a close
+        assert [r.id for r in collect(sup.store, older_than_s=0, dry_run=True).collected] == [root.id]
+
+        again = await sup.open_root(id=root.id)
+        await sup.followup(again, child, S({"return": "two"}))
+        with anyio.fail_after(DEADLINE_S):
+            assert "two" in (await sup.wait_for_message(again))[0].content
+
+
+async def test_a_drained_root_released_and_opened_again_takes_children_again(tmp_path) -> None:
+    """A drain keeps a root closed to new children until it is disposed, and roots never were."""
+    async with open_supervisor(tmp_path) as sup:
+        sup.register_provider(Provider(name="cont", program="script", capabilities=Capabilities.all(), continuable=True))
+        root = await sup.open_root(label="conversation")
+        await sup.drain([root])
+        await sup.release_root(root)
+        again = await sup.open_root(id=root.id)
+        await sup.start_continuable(ContinuableSpec(parent=again, provider="cont", label="c", prompt=S({"return": "one"})))
