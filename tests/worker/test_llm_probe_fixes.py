@@ -12,27 +12,18 @@ body nested too deep, a false ``Content-Encoding`` and an invalid ``base_url``.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import pytest
 
 from subagents.worker.programs.llm import LlmProgram, _transcript
 
+from .test_llm import _all_bytes
 from .test_llm_faults import ECHOED_KEY, completion, endpoint, program, run_once  # noqa: F401 (endpoint: a fixture)
 
 pytestmark = pytest.mark.anyio
 
 JSON = {"Content-Type": "application/json"}
-
-
-def _stored(root: Any) -> bytes:
-    blob = b""
-    for folder, _, files in os.walk(root):
-        for name in files:
-            with open(os.path.join(folder, name), "rb") as handle:
-                blob += handle.read()
-    return blob
 
 
 def _tool_events(events: list[dict[str, Any]]) -> list[tuple[str, Any]]:
@@ -61,7 +52,7 @@ async def test_an_echoed_key_in_tool_arguments_never_reaches_the_store_nor_a_chi
     assert [c["args"] for c in calls] == [{"scope": "children [redacted]"},
                                           {"description": "d", "prompt": "use [redacted]", "run_in_background": False}]
     assert seen[1]["messages"][-1] == {"role": "user", "content": "use [redacted]"}  # what the child was asked
-    assert ECHOED_KEY.encode() not in _stored(tmp_path / "st")
+    assert ECHOED_KEY.encode() not in _all_bytes(str(tmp_path / "st"))
 
 
 async def test_arguments_with_an_integer_wider_than_64_bits_are_answered_as_an_error(tmp_path, endpoint) -> None:
