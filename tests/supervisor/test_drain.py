@@ -14,7 +14,7 @@ import time
 import anyio
 import pytest
 
-from subagents.store import read_lease, read_mailbox
+from subagents.store import Store, read_lease, read_mailbox
 from subagents.supervisor import SubagentError, UserAuthority
 
 from ..conftest import disk_snapshot, events_of, said, wait_until
@@ -44,6 +44,18 @@ async def sleeping(sup, parent, **spec) -> str:
 
 def discarded(st, session_id) -> list[str]:
     return [e["data"]["message_id"] for e in events_of(st, session_id) if e["type"] == "message/discarded"]
+
+
+async def left_by_a_closed_host(tmp_path) -> tuple[str, str, str, str]:
+    """A root whose host closed, leaving a child whose turn was running with a followup queued behind
+    it, and a child that settled: the root's id, the first child, its queued message, the second."""
+    async with continuable_supervisor(tmp_path) as host:
+        root = await host.open_root(label="host")
+        running = await sleeping(host, root)
+        queued = await host.followup(root, running, S({"return": "queued"}))
+        done, _ = await start(host, root, S({"return": "done"}))
+        await settled(host, root, done)
+    return root.id, running, queued, done
 
 
 async def draining(call) -> str:
@@ -342,13 +354,7 @@ async def test_drain_children_refuses_a_non_resident_child_of_another_parent(tmp
 async def test_drain_reaches_descendants_hosted_elsewhere_and_nowhere(tmp_path):
     """``drain(roots)`` tears down the root's continuable descendants wherever they are: one another
     supervisor hosts gets a drain request; one nobody hosts has its pending messages discarded here."""
-    async with continuable_supervisor(tmp_path) as first:
-        root = await first.open_root(label="host")
-        left = await sleeping(first, root)
-        left_queued = await first.followup(root, left, S({"return": "left"}))
-        moved, _ = await start(first, root, S({"return": "first"}))
-        await settled(first, root, moved)
-        root_id = root.id
+    root_id, left, left_queued, moved = await left_by_a_closed_host(tmp_path)
     async with continuable_supervisor(tmp_path) as holder, continuable_supervisor(tmp_path) as other:
         root = await holder.open_root(id=root_id)
         await other.send(moved, SLEEP, parent=root_id)
@@ -366,14 +372,8 @@ async def test_a_drain_that_cannot_reach_a_damaged_child_drains_the_rest_then_sa
     only logged by the library's drains, which returned as if all were torn down (``subagents drain``
     alone named it and exited 1). Now each drain does all it can, then raises ``ACTIVATION_TEARDOWN_FAILED``
     naming the child and why, as the reference's drain does after every branch settled."""
-    async with continuable_supervisor(tmp_path) as first:
-        root = await first.open_root(label="host")
-        fine = await sleeping(first, root)
-        queued = await first.followup(root, fine, S({"return": "never"}))
-        broken, _ = await start(first, root, S({"return": "x"}))
-        await settled(first, root, broken)
-        root_id = root.id
-    mailbox = first.store.path(broken, "mailbox")
+    root_id, fine, queued, broken = await left_by_a_closed_host(tmp_path)
+    mailbox = Store(tmp_path / "store", create=False).path(broken, "mailbox")
     os.replace(mailbox, mailbox + ".kept")
     os.mkdir(mailbox)
     async with continuable_supervisor(tmp_path) as second:

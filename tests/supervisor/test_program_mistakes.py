@@ -61,20 +61,30 @@ async def test_a_program_mistake_ends_its_turn_error_and_its_worker_runs_the_nex
         assert sup.statistics().pool.crashed == 0
 
 
+async def _run(sup, program: str, prompt: str = "go", *, provider: str | None = None, within: float = 20) -> tuple[str, Any]:
+    """Run a one-shot child under a new root: of the test program ``program`` (registered here), or of the
+    registered ``provider``; its id and result, once disposed."""
+    if provider is None:
+        provider = program
+        sup.register_provider(Provider(name=provider, program=f"{HELPERS}:{program}"))
+    root = await sup.open_root()
+    run = await sup.start(provider, SubagentRequest(parent=root, prompt=prompt))
+    with anyio.fail_after(within):
+        result = await run.result()
+    await run.dispose()
+    return run.id, result
+
+
 async def _run_then_the_next(sup, name: str) -> tuple[str, Any]:
     """Run the test program ``name`` as a one-shot child, then an echo child, which must complete: the
     faulty child's id and result."""
-    sup.register_provider(Provider(name="faulty", program=f"{HELPERS}:{name}"))
+    run_id, result = await _run(sup, name)
     root = await sup.open_root()
-    run = await sup.start("faulty", SubagentRequest(parent=root, prompt="go"))
-    with anyio.fail_after(20):
-        result = await run.result()
-    await run.dispose()
     after = await sup.start("echo", SubagentRequest(parent=root, prompt="still here"))
     with anyio.fail_after(20):
         assert (await after.result()).output == "still here"
     await after.dispose()
-    return run.id, result
+    return run_id, result
 
 
 async def test_a_context_kept_past_its_turn_says_the_turn_is_gone(tmp_path) -> None:
@@ -101,12 +111,8 @@ async def test_a_context_kept_past_its_turn_says_the_turn_is_gone(tmp_path) -> N
 async def test_listing_agents_in_a_scope_there_is_not_is_an_error_not_the_children(tmp_path) -> None:
     """Found by a probe: ``ctx.list_agents("bogus")`` listed the children."""
     async with open_supervisor(tmp_path, pool_size=1) as sup:
-        root = await sup.open_root()
-        run = await sup.start("script", SubagentRequest(parent=root, prompt='{"script": [{"list": "bogus"}]}'))
-        with anyio.fail_after(20):
-            result = await run.result()
+        _, result = await _run(sup, "script", '{"script": [{"list": "bogus"}]}', provider="script")
         assert (result.stop_reason, result.diagnostic) == ("error", """ValueError: scope must be "children" or "descendants", not 'bogus'""")
-        await run.dispose()
 
 
 async def test_the_script_list_action_says_the_listing_as_a_model_reads_it(tmp_path) -> None:
@@ -130,13 +136,8 @@ async def test_the_processes_a_program_starts_obey_the_stop_signals_the_worker_s
     stop reaches the supervisor alone), and an ignored signal stays ignored across fork and exec: a ``sleep`` the
     program started ran on after ``terminate()``, and a ``multiprocessing`` pool's ``terminate`` hung for good."""
     async with open_supervisor(tmp_path, pool_size=1) as sup:
-        sup.register_provider(Provider(name="stops", program=f"{HELPERS}:stops_what_it_starts"))
-        root = await sup.open_root()
-        run = await sup.start("stops", SubagentRequest(parent=root, prompt="go"))
-        with anyio.fail_after(60):
-            result = await run.result()
+        _, result = await _run(sup, "stops_what_it_starts", within=60)
         assert (result.stop_reason, result.output) == ("completed", "-15 -2 -15"), result
-        await run.dispose()
 
 
 async def test_a_tool_called_with_arguments_it_does_not_take_says_so_in_its_own_words(tmp_path) -> None:
@@ -144,28 +145,19 @@ async def test_a_tool_called_with_arguments_it_does_not_take_says_so_in_its_own_
     internal function (``_read_file() got an unexpected keyword argument``), with no code, and a model read
     the same text as the call's result."""
     async with open_supervisor(tmp_path, pool_size=1) as sup:
-        root = await sup.open_root()
-        run = await sup.start("script", SubagentRequest(parent=root, prompt='{"script": [{"tool": "read_file", "args": {"nope": 1}}]}'))
-        with anyio.fail_after(20):
-            result = await run.result()
+        run_id, result = await _run(sup, "script", '{"script": [{"tool": "read_file", "args": {"nope": 1}}]}', provider="script")
         expected = """tool "read_file" takes no argument 'nope' (its parameters: path)"""
         assert (result.stop_reason, result.diagnostic) == ("error", f"INVALID_REQUEST: {expected}"), result
-        [answer] = [e["data"] for e in inspect(sup.store, run.id).events if e["type"] == "tool/result"]
+        [answer] = [e["data"] for e in inspect(sup.store, run_id).events if e["type"] == "tool/result"]
         assert answer["is_error"] and answer["error"] == f"ToolArgumentsError: {expected}", answer
-        await run.dispose()
 
 
 async def test_interrupt_from_a_program_says_whether_it_stopped_a_turn(tmp_path) -> None:
     """Found by a probe: ``ctx.interrupt`` of a one-shot child or an unknown id returned None, which reads as done.
     It does nothing there (the reference's rule: no error), and now answers False."""
     async with open_supervisor(tmp_path, pool_size=2) as sup:
-        sup.register_provider(Provider(name="interrupter", program=f"{HELPERS}:interrupts_what_it_cannot"))
-        root = await sup.open_root()
-        run = await sup.start("interrupter", SubagentRequest(parent=root, prompt="go"))
-        with anyio.fail_after(20):
-            result = await run.result()
+        _, result = await _run(sup, "interrupts_what_it_cannot")
         assert (result.stop_reason, result.output) == ("completed", "False False"), result
-        await run.dispose()
 
 
 async def test_a_request_with_a_provider_id_or_label_of_the_wrong_kind_is_invalid_and_creates_nothing(tmp_path) -> None:
