@@ -74,23 +74,22 @@ def _ends_of(store: Store, parent_id: str) -> dict[str, int]:
     careful way (``read_index``), and kept only when it read clean."""
     path = store.children_index_path(parent_id)
     with _FOLDED_LOCK:  # one reader of a kept fold at a time: each reads on from where the last stopped
+        known = _FOLDED.pop(path, None)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
-        except OSError:
-            _FOLDED.pop(path, None)
-            return _careful(store, parent_id)
-        try:
-            known = _read_on(fd, _FOLDED.pop(path, None))
+            try:
+                known = _read_on(fd, known)
+            finally:
+                os.close(fd)
         except OSError:
             known = None
-        finally:
-            os.close(fd)
-        if known is None:
-            return _careful(store, parent_id)
-        _FOLDED[path] = known
-        while len(_FOLDED) > _FOLDED_MAX:
-            _FOLDED.popitem(last=False)
-        return dict(known.fold.committed)
+        if known is not None:
+            _FOLDED[path] = known
+            while len(_FOLDED) > _FOLDED_MAX:
+                _FOLDED.popitem(last=False)
+            return dict(known.fold.committed)
+    # outside the lock: a careful read of one parent's index holds up no other's
+    return {e.id: e.committed_end for e in read_index(store, parent_id).entries if e.committed_end is not None}
 
 
 def _read_on(fd: int, known: _Folded | None) -> _Folded | None:
@@ -112,10 +111,6 @@ def _read_on(fd: int, known: _Folded | None) -> _Folded | None:
     fold = IndexFold()
     fold.apply(whole.records)
     return _Folded(info.st_ino, whole.end, whole.next_seq, bytes(data[max(0, whole.end - _MARK):whole.end]), fold)
-
-
-def _careful(store: Store, parent_id: str) -> dict[str, int]:
-    return {e.id: e.committed_end for e in read_index(store, parent_id).entries if e.committed_end is not None}
 
 
 def committed_end(store: Store, header: SessionHeader, file: SessionFile) -> int | None:

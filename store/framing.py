@@ -300,7 +300,7 @@ def scan_all(data: bytes | memoryview, *, check: Check | None = None) -> SkimRes
     right but fails ``check`` is skipped in place (its length is trustworthy:
     the CRC matched). Damage with nothing chained after it is the torn tail.
     """
-    whole = _scan_clean(data, check)
+    whole = scan_clean(data, check=check)
     if whole is not None:
         return whole
     records: list[dict[str, Any]] = []
@@ -329,16 +329,10 @@ def scan_all(data: bytes | memoryview, *, check: Check | None = None) -> SkimRes
 
 
 def scan_clean(data: bytes | memoryview, *, check: Check | None = None, start_seq: int = 0) -> SkimResult | None:
-    """``scan_all`` of records without damage whose first has seq ``start_seq`` (a file's bytes, or
-    those appended after a point a reader already read); ``None`` at the first anomaly (a torn or
-    damaged record, one in flight): the caller then reads the whole file the careful way."""
-    return _scan_clean(data, check, start_seq)
-
-
-def _scan_clean(data: bytes | memoryview, check: Check | None, start_seq: int = 0) -> SkimResult | None:
-    """``scan_all`` of a file without damage, in one tight loop; ``None`` at the first anomaly
-    (the caller then reads it the careful way). A listing reads a whole children index per
-    query, so a clean file must cost little more than its decoding."""
+    """``scan_all`` of records without damage whose first has seq ``start_seq`` (a file's bytes, or those
+    appended after a point a reader already read), in one tight loop; ``None`` at the first anomaly (a
+    torn or damaged record, one in flight): the caller then reads the whole file the careful way. A
+    listing reads a whole children index per query, so a clean file must cost little more than its decoding."""
     view = memoryview(data)
     unpack_from, crc32, unpackb = FRAME.unpack_from, zlib.crc32, msgpack.unpackb
     records: list[dict[str, Any]] = []

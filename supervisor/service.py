@@ -287,6 +287,13 @@ class Supervisor:
             raise InvalidRequestError("this supervisor answers on the event loop that opened it: from another thread or event "
                                       "loop, call it through that loop (anyio.from_thread, a BlockingPortal)")
 
+    def _own_root(self, root: AgentRef | str) -> str:
+        """The id of ``root``, a root this supervisor opened and still holds (``UNAUTHORIZED`` otherwise)."""
+        root_id = ref_id(root, "root")
+        if root_id not in self._root_epochs:
+            raise UnauthorizedError.not_own_root(root_id)
+        return root_id
+
     async def _begin(self) -> None:
         """``_check_open``, then a checkpoint, for the calls that act: in a scope already cancelled a call has no
         effect, anyio's rule (``followup`` accepted a message whose id went to nobody, and ``drain`` tore a
@@ -374,11 +381,9 @@ class Supervisor:
         whoever opens the root next; ``drain([root])`` first stops them.
         """
         await self._begin()
-        root_id = ref_id(root, "root")
-        epoch = self._root_epochs.pop(root_id, None) if isinstance(root_id, str) else None
-        if epoch is None:
-            raise UnauthorizedError.not_own_root(str(root_id))
-        self._root_streaks.pop(root_id, None)
+        root_id = self._own_root(root)
+        epoch = self._root_epochs.pop(root_id)
+        del self._root_streaks[root_id]
         self.agents.remove(root_id)
         self.continuation.root_released(root_id)
         with anyio.CancelScope(shield=True):  # forgotten here: its lease goes too, cancelled or not
@@ -525,18 +530,13 @@ class Supervisor:
         resumed here and runs them in order; the ids resumed. Not automatic on ``open_root``: a short-lived
         process opening a root (``subagents send``) would start turns it then stops as it closes."""
         self._check_open()
-        root_id = ref_id(root, "root")
-        if root_id not in self._root_epochs:
-            raise UnauthorizedError.not_own_root(root_id)
-        return await self.continuation.resume_pending(root_id)
+        return await self.continuation.resume_pending(self._own_root(root))
 
     async def take_messages(self, root: AgentRef | str) -> list[MailboxMessage]:
         """Messages delivered to a root (reports, settlement notices), consumed durably into its log."""
         self._check_open()
-        root_id = ref_id(root, "root")
-        epoch = self._root_epochs.get(root_id)
-        if epoch is None:
-            raise UnauthorizedError.not_own_root(root_id)
+        root_id = self._own_root(root)
+        epoch = self._root_epochs[root_id]
 
         def take() -> list[MailboxMessage]:
             # what is pending is read from the projection of the writer that consumes it, and consumed only
@@ -573,9 +573,7 @@ class Supervisor:
         self._check_open()
         InvalidRequestError.require_seconds(timeout_s, "timeout_s")
         deadline = math.inf if timeout_s is None else anyio.current_time() + timeout_s
-        root_id = ref_id(root, "root")
-        if root_id not in self._root_epochs:  # before its mailbox is looked at: an id of no root open here
-            raise UnauthorizedError.not_own_root(root_id)
+        root_id = self._own_root(root)  # before its mailbox is looked at: an id of no root open here
         looked: int | None = None  # where the root's mailbox data ended before the last take that found nothing
         while True:
             # a take opens the root's log writer: each idle waiter cost 2-4% of a core at one take per poll.
