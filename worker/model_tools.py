@@ -243,12 +243,4 @@ def parse_arguments(text: str) -> Any:
         return None
 
 
-def tool_arguments(raw: Any) -> dict[str, Any]:
-    """Arguments as the model sent them (a JSON string in the OpenAI shape); ``{}`` for what is no JSON object."""
-    if isinstance(raw, dict):
-        return raw
-    value = parse_arguments(raw or "{}")
-    return value if isinstance(value, dict) else {}
-
-
-__all__ += ["parse_arguments", "tool_arguments"]
+__all__ += ["parse_arguments"]

@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 
 from subagents.store.errors import SubagentError, UnsupportedFormatError, from_wire
 from subagents.store.events import EVENT_TYPES, widest_event
-from subagents.store.framing import MAX_RECORD_BYTES, RecordEncoder
+from subagents.store.framing import MAX_RECORD_BYTES, encode_record
 
 from .sessions import attachable
 from .store_service import join_events, pack_event
@@ -83,7 +83,7 @@ class ServiceWriter:
         self.session_id = session_id
         self.epoch = epoch
         self._call = call
-        self._encode = RecordEncoder(max_record_bytes)  # sizes a record that may be above the store's limit
+        self._limit = max_record_bytes  # the store's: a record above it is refused at ``append``
         self._writer_id = writer_id
         # not yet open on the service: the first batch carries this and opens it (one round trip, not two)
         self._opening = opening
@@ -112,10 +112,10 @@ class ServiceWriter:
                 raise UnsupportedFormatError(f'event type "{kind}" is not one this store writes', event_type=kind)
         packed = [pack_event(kind, data) for kind, data in batch]  # once; refuses what msgpack cannot carry now
         for (kind, data), one in zip(batch, packed):
-            if len(one) + _ENVELOPE_BYTES > self._encode.limit:
+            if len(one) + _ENVELOPE_BYTES > self._limit:
                 # refused here, as a local writer refuses it: the service would refuse the whole coalesced
                 # batch, and the writer, broken, would take not even the turn's closing ``turn/end``
-                self._encode(widest_event(kind, data))
+                encode_record(widest_event(kind, data), limit=self._limit, what=f'a "{kind}" event')
         with self._cond:
             if self._error is not None:
                 raise self._error

@@ -211,7 +211,10 @@ class Driver:
             with LogWriter.open(self._rt.store, act.child_id, epoch=act.epoch, cause=cause, crash=crash) as writer:
                 act.cursor.reset(writer.projection)
                 committed, said = read_back(self._rt.store, writer, message_id=message_id)
-            return committed if committed is not None else dataclasses.replace(outcome, output=said) if said else outcome
+            if committed is not None:
+                return committed
+            if said:
+                return dataclasses.replace(outcome, output=said)
         except SubagentError:
             log.exception("repair of %s failed", act.child_id, extra=log_fields(act))
         return outcome

@@ -226,11 +226,11 @@ def test_a_false_content_encoding_leaves_no_task_running(endpoint) -> None:
     assert asyncio.run(main()) == []
 
 
-def test_tool_arguments_refuse_nan_and_infinity() -> None:
+def test_parsed_arguments_refuse_nan_and_infinity() -> None:
     """``json.loads`` takes NaN and Infinity, which are no JSON: arguments holding them are no object to run with."""
-    from subagents.worker.model_tools import tool_arguments
+    from subagents.worker.model_tools import parse_arguments
 
-    assert [tool_arguments(raw) for raw in ('{"a": NaN}', '{"a": Infinity}', '{"a": 1}')] == [{}, {}, {"a": 1}]
+    assert [parse_arguments(raw) for raw in ('{"a": NaN}', '{"a": Infinity}', '{"a": 1}', "[" * 100_000)] == [None, None, {"a": 1}, None]
 
 
 async def test_a_tool_call_that_failed_is_logged_as_a_failure(tmp_path, endpoint) -> None:
