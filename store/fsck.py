@@ -40,10 +40,10 @@ from .control import INVALID, read_controls
 from .committed import CommittedEnds
 from .errors import LeaseHeldError, SubagentError, UnreadableStoreError
 from .header import parent_loops
-from .ids import is_valid_session_id, new_id
+from .ids import is_valid_session_id
 from .index import read_index
 from .leftovers import find_leftovers
-from .lease import acquire_lease, check_lease, owner_alive, owner_record_unreadable, read_lease, read_owner, register_owner, release_lease, remove_owner
+from .lease import acquire_lease, check_lease, maintenance_owner, owner_alive, owner_record_unreadable, read_lease, read_owner, release_lease
 from .log import LogWriter, read_projection
 from .mailbox import read_mailbox, require_consumed_prefix
 from .reader import Inspection, inspect, inspect_error_kind, read_header
@@ -262,16 +262,13 @@ def _abandoned_lease(store: Store, session_id: str, *, repair: bool, lease_ttl_s
     finding: dict[str, Any] = {"id": session_id, "kind": "lease-abandoned", "detail": f"lease epoch {lease.epoch} "
                                f"({lease.state}) held by {lease.owner}: its owner's record is gone: the owner closed without releasing it"}
     if repair:
-        owner_id = new_id()
-        register_owner(store, owner_id, ttl=lease_ttl_s)
-        try:
-            taken = acquire_lease(store, session_id, owner_id)
-            release_lease(store, session_id, owner_id, taken.epoch)
-            finding["repair"] = f"released at epoch {taken.epoch}"
-        except SubagentError as exc:  # taken meanwhile by a live owner, or damaged: left as it is
-            finding["repair"] = f"not released: {exc.code}: {exc.message}"
-        finally:
-            remove_owner(store, owner_id)
+        with maintenance_owner(store, ttl=lease_ttl_s) as owner_id:
+            try:
+                taken = acquire_lease(store, session_id, owner_id)
+                release_lease(store, session_id, owner_id, taken.epoch)
+                finding["repair"] = f"released at epoch {taken.epoch}"
+            except SubagentError as exc:  # taken meanwhile by a live owner, or damaged: left as it is
+                finding["repair"] = f"not released: {exc.code}: {exc.message}"
         finding["repaired"] = finding["repair"].startswith("released")
     return finding
 
@@ -288,9 +285,7 @@ def _repair_torn(store: Store, session_id: str, lease_ttl_s: float) -> str:
         with LogWriter.open(store, session_id, epoch=0) as writer:
             closed = len(writer.repaired)
         return "repaired at epoch 0" + (f", {closed} closing events appended" if closed else "")
-    owner_id = new_id()
-    register_owner(store, owner_id, ttl=lease_ttl_s)
-    try:
+    with maintenance_owner(store, ttl=lease_ttl_s) as owner_id:
         try:
             taken = acquire_lease(store, session_id, owner_id)
         except LeaseHeldError as exc:
@@ -300,8 +295,6 @@ def _repair_torn(store: Store, session_id: str, lease_ttl_s: float) -> str:
                 closed = len(writer.repaired)
         finally:
             release_lease(store, session_id, owner_id, taken.epoch)
-    finally:
-        remove_owner(store, owner_id)
     return f"repaired under lease epoch {taken.epoch}" + (f", {closed} closing events appended" if closed else "")
 
 

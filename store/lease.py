@@ -34,7 +34,8 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -44,6 +45,7 @@ from .atomic import NOFOLLOW, write_atomic
 from .errors import CorruptSessionError, DurabilityError, FencedError, LeaseHeldError, SessionNotFoundError, SubagentError, UnavailableSessionError
 from .locks import pin_flock
 from .header import SessionHeader
+from .ids import new_id
 from .index_writers import IndexWriters
 from .lease_record import Lease, LeaseState
 from .reader import open_session, scan_events
@@ -60,6 +62,7 @@ __all__ = [
     "host_identity",
     "process_start_time",
     "register_owner",
+    "maintenance_owner",
     "heartbeat",
     "remove_owner",
     "read_owner",
@@ -114,6 +117,8 @@ def process_start_time(pid: int) -> int | None:
 
 # the owner record's "renewal": its heartbeats set the file's modification time (``heartbeat``)
 RENEWED_BY_MTIME = "mtime"
+# the owner record's "role" when it is a maintenance pass, not a host (absent for a host)
+MAINTENANCE_ROLE = "maintenance"
 # more than any owner record takes (ids of 64 characters, a host name and boot id, six numbers)
 _OWNER_BYTES = 4096
 
@@ -127,9 +132,12 @@ class OwnerRecord:
     started_at: float
     heartbeat_at: float
     ttl: float
+    # a maintenance pass (``store fsck --repair``) that holds leases for a moment and runs no turn: a
+    # message sent to a child it holds waits it out, as no watcher of its would run that message
+    maintenance: bool = False
 
     def to_record(self) -> dict[str, Any]:
-        return {
+        record = {
             "owner": self.owner_id,
             "host": self.host,
             "pid": self.pid,
@@ -139,18 +147,36 @@ class OwnerRecord:
             "ttl": self.ttl,
             "renewal": RENEWED_BY_MTIME,
         }
+        if self.maintenance:
+            record["role"] = MAINTENANCE_ROLE
+        return record
 
 
 # -- owners -------------------------------------------------------------------
 
 
-def register_owner(store: Store, owner_id: str, *, ttl: float) -> OwnerRecord:
+def register_owner(store: Store, owner_id: str, *, ttl: float, maintenance: bool = False) -> OwnerRecord:
     pid = os.getpid()
     now_ns = time.time_ns()
     now = now_ns / 1e9
-    record = OwnerRecord(owner_id, host_identity(), pid, process_start_time(pid), now, now, float(ttl))
+    record = OwnerRecord(owner_id, host_identity(), pid, process_start_time(pid), now, now, float(ttl), maintenance)
     _write_owner(store.owner_path(owner_id), record, now_ns)
     return record
+
+
+@contextmanager
+def maintenance_owner(store: Store, *, ttl: float) -> Iterator[str]:
+    """A new owner for a maintenance pass (its id), registered as one and removed at the end.
+
+    Its leases are held for a repair, never for a turn: delivery waits until it lets go
+    rather than leave a message for it to run (``OwnerRecord.maintenance``). It keeps no
+    heartbeat, so a pass longer than ``ttl`` reads as dead and loses what it holds."""
+    owner_id = new_id()
+    register_owner(store, owner_id, ttl=ttl, maintenance=True)
+    try:
+        yield owner_id
+    finally:
+        remove_owner(store, owner_id)
 
 
 def _write_owner(path: str, record: OwnerRecord, beat_ns: int) -> None:
@@ -233,7 +259,8 @@ def read_owner_file(path: str) -> OwnerRecord | None:
     # only a record that says so is renewed through its file's time: an owner file written by a
     # build that replaced it whole (or copied without its times) would otherwise read as fresh
     beat = max(data.heartbeat_at, renewed) if value.get("renewal") == RENEWED_BY_MTIME else data.heartbeat_at
-    return OwnerRecord(data.owner, data.host, data.pid, data.pid_start, data.started_at, beat, data.ttl)
+    return OwnerRecord(data.owner, data.host, data.pid, data.pid_start, data.started_at, beat, data.ttl,
+                       value.get("role") == MAINTENANCE_ROLE)
 
 
 

@@ -19,6 +19,7 @@ pays no ``open``/``close`` of the session's file and mailbox.
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -28,7 +29,7 @@ from subagents.store import ChildEntry, OneShotDescriptor, Store, accept, list_c
 from subagents.store.changes import ChangeWatch
 from subagents.store.errors import SubagentError
 from subagents.store.ids import validate_session_id
-from subagents.store.lease import owner_alive, read_lease, read_owner
+from subagents.store.lease import OwnerRecord, owner_alive, read_lease, read_owner
 from subagents.store.mailbox import MailboxWriter, check_message
 
 from ..errors import ActivationClosingError, InvalidRequestError, NotResumableError, ParentUnavailableError, UnauthorizedError
@@ -47,6 +48,8 @@ log = logging.getLogger(__name__)
 # the children a host follows up on in turn; a supervisor with thousands resident stays far below
 # a 1,024-descriptor limit, and a child past the bound pays two opens per delivery again.
 MAX_OPEN_MAILBOXES = 64
+# how often a message for a child that a maintenance pass holds looks whether it has let go
+MAINTENANCE_POLL_S = 0.02
 
 
 class Delivery:
@@ -248,8 +251,12 @@ class Delivery:
         is returned once durable. ``followup`` and ``send`` share this rule.
         None: nobody else holds it, so the caller resumes it here.
         """
-        if not await self._rt.store_thread.run(self.held_elsewhere, child_id):
+        holder = await self._rt.store_thread.run(self.holder_elsewhere, child_id)
+        if holder is None:
             return None
+        if holder.maintenance:
+            await self._wait_out_maintenance(child_id)
+            return None  # let go: the caller resumes it here, or routes to whoever took it since
         header = await self._rt.store_thread.run(read_header, self._rt.store, child_id)
         if header.parent_session != parent_id:
             raise UnauthorizedError.other_parent(child_id)
@@ -257,17 +264,41 @@ class Delivery:
         # accepted, durable: its id goes back to the caller, cancelled or not. A cancellation raised here
         # said "not sent" of a message that ran, and a caller that sent it again ran it twice
         with anyio.CancelScope(shield=True):
+            # a maintenance pass that took the lease as its host let go runs nothing: outwait it
+            await self._wait_out_maintenance(child_id)
             if not await self._rt.store_thread.run(self.held_elsewhere, child_id):
                 # the holder let go meanwhile: run it here (it may also resume it; the lease decides)
                 await self.resume_for_pending(parent_id, child_id)
         return message_id
 
+    async def _wait_out_maintenance(self, child_id: str) -> None:
+        """Until no live maintenance pass (``store fsck --repair``) holds the child: it holds a lease for
+        a repair, and dies by its heartbeat's age if it stops, so the wait is as bounded as the lease."""
+        while True:
+            holder = await self._rt.store_thread.run(self.holder_elsewhere, child_id)
+            if holder is None or not holder.maintenance:
+                return
+            await anyio.sleep(MAINTENANCE_POLL_S)
+
+    def settled_holder_elsewhere(self, child_id: str) -> OwnerRecord | None:
+        """``holder_elsewhere`` once no maintenance pass holds the child (blocking, sleeps: run it in a
+        worker thread, not the store thread): what a teardown reaches, which must not take a repair
+        for a host that would carry out its drain request."""
+        while (holder := self.holder_elsewhere(child_id)) is not None and holder.maintenance:
+            time.sleep(MAINTENANCE_POLL_S)
+        return holder
+
     def held_elsewhere(self, child_id: str) -> bool:
-        """Whether a live other supervisor holds the child's lease (blocking: run it in a thread)."""
+        """Whether a live other owner holds the child's lease (blocking: run it in a thread)."""
+        return self.holder_elsewhere(child_id) is not None
+
+    def holder_elsewhere(self, child_id: str) -> OwnerRecord | None:
+        """The live other owner holding the child's lease, if any (blocking: run it in a thread)."""
         lease = read_lease(self._rt.store, child_id)
         if lease is None or lease.state == "released" or lease.owner == self._rt.owner_id:
-            return False
-        return owner_alive(read_owner(self._rt.store, lease.owner))
+            return None
+        owner = read_owner(self._rt.store, lease.owner)
+        return owner if owner_alive(owner) else None
 
     async def resume_pending(self, parent_id: str) -> list[str]:
         """Resume each continuable child of ``parent_id`` that no supervisor hosts and whose mailbox holds

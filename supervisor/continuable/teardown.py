@@ -457,7 +457,7 @@ class Teardown:
             for child_id in [top_id, *below] if itself else below:
                 if child_id in skip or child_id in self._table:
                     continue
-                if self._delivery.held_elsewhere(child_id):
+                if self._delivery.settled_holder_elsewhere(child_id) is not None:
                     control_request(store, child_id, "drain", request, ids=ids)
                     reached.asked.append(child_id)
                     continue
