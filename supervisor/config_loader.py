@@ -39,6 +39,8 @@ __all__ = [
     "LoadedConfig",
     "load_config",
     "toml_escaped",
+    "toml_value",
+    "llm_settings",
     "env_variables",
     "dump_toml",
 ]
@@ -208,6 +210,8 @@ class LoadedConfig:
     # where each value that a layer set came from, by dotted key ("supervisor.pool_size", "ray.address",
     # "providers"): "default", "<file>:<line>" or "env <NAME>"; a key absent here has the model's default
     origins: Mapping[str, str] = field(default_factory=dict)
+    # the SUBAGENTS_LLM_* variables set (checked): the llm program reads them where its turns run, not from here
+    llm: Mapping[str, str] = field(default_factory=dict)
 
 
 def env_variables() -> dict[str, str]:
@@ -245,7 +249,8 @@ def load_config(path: str | os.PathLike[str] | None = None, *, env: Mapping[str,
     env_sources = _merge_env(merged, origins, environ)
     sources.extend(env_sources)
     labels = {".".join(key): _label(source, key, file_path, key_lines) for key, source in origins.items()}
-    return LoadedConfig(_validate(merged, origins), tuple(sources), labels)
+    llm = {name: value for name, value in environ.items() if name.startswith(ENV_LLM_PREFIX)}
+    return LoadedConfig(_validate(merged, origins), tuple(sources), labels, llm)
 
 
 def _label(source: str, key: tuple[str, ...], file_path: str | None, key_lines: dict[tuple[str, ...], int]) -> str:
@@ -346,7 +351,7 @@ def _merge_env(merged: dict[str, Any], origins: dict[tuple[str, ...], str], envi
         if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG:
             continue
         if name.startswith(ENV_LLM_PREFIX):
-            _require_llm_variable(name)  # the llm program's own (worker/programs/llm.py), read where it runs
+            _require_llm_variable(name, environ[name])  # the llm program's own (worker/programs/llm.py), read where it runs
             continue
         value = environ[name]
         source = f"environment variable {name}"
@@ -369,13 +374,32 @@ def _merge_env(merged: dict[str, Any], origins: dict[tuple[str, ...], str], envi
     return used
 
 
-def _require_llm_variable(name: str) -> None:
-    """``CONFIG_INVALID`` for a ``SUBAGENTS_LLM_*`` name the llm program does not read: a typo that was taken in silence."""
-    from subagents.worker.programs.llm import ENVIRONMENT  # only when such a name is set: the program is no light import
+def _require_llm_variable(name: str, value: str) -> None:
+    """``CONFIG_INVALID`` for a ``SUBAGENTS_LLM_*`` name the llm program does not read (a typo that was taken in
+    silence), or a value it would refuse at its first turn (``SUBAGENTS_LLM_TIMEOUT_S=soon``), as for any setting."""
+    from subagents.worker.programs.llm import ENVIRONMENT, LlmProgram  # only when such a name is set: no light import
 
     if name not in ENVIRONMENT:
         raise ConfigError(f'unknown key "{name}" in the environment (the llm program reads: {", ".join(ENVIRONMENT)})',
                           key=name, source="environment")
+    try:
+        LlmProgram.from_environment({name: value})
+    except ValueError as exc:
+        raise ConfigError(str(exc), key=name, source="environment") from None
+
+
+def llm_settings(llm_environment: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The llm program's settings as its workers will read them from ``llm_environment`` (``LoadedConfig.llm``),
+    by field name, and where each came from (``"env <NAME>"`` or ``"default"``): for ``config show``."""
+    from subagents.worker.programs.llm import ENVIRONMENT, LlmProgram
+
+    program = LlmProgram.from_environment(llm_environment)
+    values, sources = {}, {}
+    for name in ENVIRONMENT:
+        key = name.removeprefix(ENV_LLM_PREFIX).lower()
+        values[key] = getattr(program, key)
+        sources[key] = f"env {name}" if name in llm_environment else "default"
+    return values, sources
 
 
 def _validate(merged: dict[str, Any], origins: dict[tuple[str, ...], str]) -> DeploymentConfig:
@@ -403,16 +427,16 @@ def _config_error(exc: ValidationError, origins: dict[tuple[str, ...], str]) -> 
 def dump_toml(config: DeploymentConfig) -> str:
     """The configuration as a TOML deployment file (loads back to the same config)."""
     lines = [] if config.providers else ["providers = []", ""]  # top-level keys come before any table
-    lines += ["[store]", f"path = {_toml_value(config.store.path)}", "", "[supervisor]"]
+    lines += ["[store]", f"path = {toml_value(config.store.path)}", "", "[supervisor]"]
     for key, value in config.supervisor.model_dump(exclude=set(_NESTED)).items():
-        lines.append(f"{key} = {_toml_value(value)}")
+        lines.append(f"{key} = {toml_value(value)}")
     lines += ["", "[ray]"]
     for key, value in config.supervisor.ray.model_dump().items():
-        lines.append(f"{key} = {_toml_value(value)}")
+        lines.append(f"{key} = {toml_value(value)}")
     for provider in config.providers:
         lines += ["", "[[providers]]"]
         for key, value in provider.model_dump().items():
-            lines.append(f"{key} = {_toml_value(value)}")
+            lines.append(f"{key} = {toml_value(value)}")
     return "\n".join(lines) + "\n"
 
 
@@ -428,7 +452,8 @@ def toml_escaped(text: str) -> str:
     return _ESCAPED.sub(lambda m: _SHORT_ESCAPES.get(m.group(), f"\\u{ord(m.group()):04X}"), text)
 
 
-def _toml_value(value: Any) -> str:
+def toml_value(value: Any) -> str:
+    """One value as TOML, on one line."""
     if value is None:
         return '"none"'  # the one setting that may be unset (max_depth) reads "none" back as None
     if isinstance(value, bool):
@@ -438,5 +463,5 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, str):
         return f'"{toml_escaped(value)}"'
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     raise TypeError(f"cannot render {type(value).__name__} as TOML")

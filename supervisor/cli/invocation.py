@@ -32,6 +32,7 @@ class Invocation:
     sources: tuple[str, ...]  # the configuration layers that applied, lowest first
     origins: Mapping[str, str] = field(default_factory=dict)  # dotted key -> where its value came from (LoadedConfig.origins)
     stop: StopSignals = field(default_factory=StopSignals)  # a verb that hosts turns runs them through ``stop.host``
+    llm: Mapping[str, str] = field(default_factory=dict)  # the SUBAGENTS_LLM_* variables set (LoadedConfig.llm)
 
     def open_store(self, *, create: bool = False, write: bool = False) -> Store:
         """The configured store; it must exist unless ``create``; with ``write``, it must be writable."""

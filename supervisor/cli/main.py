@@ -89,7 +89,7 @@ def _main(argv: Sequence[str] | None) -> int:
                    **({"supervisor.worker_log_json": "flag --log-json"} if args.log_json else {})}
         out = Output(json_mode=getattr(args, "json", False))
         with stop.installed():
-            return int(args.func(Invocation(args, config, out, sources, origins, stop)) or 0)
+            return int(args.func(Invocation(args, config, out, sources, origins, stop, loaded.llm)) or 0)
     except BaseException as exc:  # the CLI's boundary: every failure becomes an exit code
         return _exit_code(exc, store_path, stop)
 

@@ -21,7 +21,7 @@ from subagents.store import OUTCOMES, InvalidQueryError, check_store, collect, p
 from subagents.store.fsck import fsck
 from subagents.store.migrate import migrate
 
-from ..config_loader import dump_toml
+from ..config_loader import dump_toml, llm_settings
 from . import render
 from .config_view import render_config
 from .gc_view import gc_doc, render_gc
@@ -132,8 +132,10 @@ def _value_sources(inv: Invocation) -> dict[str, str]:
 
 def cmd_config_show(inv: Invocation) -> int:
     sources = _value_sources(inv)
+    llm, llm_sources = llm_settings(inv.llm)
     if inv.out.json_mode:
-        inv.out.json({**inv.config.model_dump(mode="json"), "sources": sources})
+        inv.out.json({**inv.config.model_dump(mode="json"), "llm": llm,
+                      "sources": {**sources, **{f"llm.{key}": source for key, source in llm_sources.items()}}})
     else:
-        render_config(inv.out, dump_toml(inv.config), inv.sources, sources)
+        render_config(inv.out, dump_toml(inv.config), inv.sources, sources, (llm, llm_sources))
     return 0

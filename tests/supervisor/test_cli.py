@@ -541,7 +541,8 @@ def test_what_a_program_prints_goes_to_stderr_so_run_json_stays_one_document(tmp
 
 def test_config_show_json_is_the_default(tmp_path: Path) -> None:
     doc = json.loads(ok("config", "show", "--json", cwd=tmp_path))
-    assert {k: v for k, v in doc.items() if k != "sources"} == load_config(env={}).config.model_dump(mode="json")
+    assert {k: v for k, v in doc.items() if k not in ("sources", "llm")} == load_config(env={}).config.model_dump(mode="json")
+    assert doc["llm"]["model"] == "deepseek-chat" and doc["llm"]["max_steps"] == 32  # the llm program's own defaults
     assert set(doc["sources"].values()) == {"default"}
     assert doc["store"]["path"] == "./.subagents"
 

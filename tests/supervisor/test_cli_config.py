@@ -126,3 +126,32 @@ def test_a_store_path_beginning_with_a_tilde_is_in_the_home_folder(tmp_path: Pat
     done = subprocess.run([*CLI, *args, "run", "echo", "--prompt", "hi"], cwd=work, env=env, capture_output=True, text=True, timeout=DEADLINE_S)
     assert done.returncode == 0, done.stderr
     assert (home / "stores" / "main" / "sessions").is_dir() and not (work / "~").exists()
+
+
+def test_config_show_lists_the_llm_programs_settings_and_where_each_came_from(tmp_path: Path) -> None:
+    """Found by a probe: ``SUBAGENTS_LLM_*`` were read by the llm program where its turns run, and ``config show``
+    said nothing of them, so a user could not see which model or endpoint their agents would use."""
+    env = {**ENV, "SUBAGENTS_LLM_MODEL": "m-1", "SUBAGENTS_LLM_TIMEOUT_S": "7.5"}
+    done = subprocess.run([*CLI, "config", "show", "--json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=DEADLINE_S)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["llm"]["model"] == "m-1" and doc["llm"]["timeout_s"] == 7.5 and doc["llm"]["base_url"] == "https://api.deepseek.com"
+    assert doc["sources"]["llm.model"] == "env SUBAGENTS_LLM_MODEL" and doc["sources"]["llm.base_url"] == "default"
+    text = subprocess.run([*CLI, "config", "show"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=DEADLINE_S)
+    assert text.returncode == 0, text.stderr
+    assert '# SUBAGENTS_LLM_MODEL = "m-1"  # env SUBAGENTS_LLM_MODEL' in text.stdout.splitlines()
+    assert "# SUBAGENTS_LLM_MAX_STEPS = 32  # default" in text.stdout.splitlines()
+    tomllib.loads(text.stdout)  # comments: the text still loads back as a deployment file
+
+
+def test_a_bad_llm_setting_is_refused_where_the_configuration_loads(tmp_path: Path) -> None:
+    """A bad value (``SUBAGENTS_LLM_TIMEOUT_S=soon``) was taken at start and failed every llm turn later; it is a
+    configuration error now, as a bad ``SUBAGENTS_POOL_SIZE`` is, naming the variable."""
+    from subagents.supervisor.config_loader import ConfigError
+
+    with pytest.raises(ConfigError, match="SUBAGENTS_LLM_TIMEOUT_S must be a finite number of seconds above 0, not 'soon'") as caught:
+        load_config(env={"SUBAGENTS_LLM_TIMEOUT_S": "soon"})
+    assert caught.value.code == "CONFIG_INVALID"
+    done = subprocess.run([*CLI, "config", "show"], cwd=tmp_path, env={**ENV, "SUBAGENTS_LLM_MAX_STEPS": "0"},
+                          capture_output=True, text=True, timeout=DEADLINE_S)
+    assert done.returncode == 2 and "CONFIG_INVALID" in done.stderr and "SUBAGENTS_LLM_MAX_STEPS" in done.stderr, (done.returncode, done.stderr)
