@@ -32,7 +32,7 @@ EXPECTED = {
     # index, lease
     "IndexEntry", "IndexRead", "ReindexReport", "add_child", "read_children", "read_index", "reindex",
     "Lease", "OwnerCache", "OwnerRecord", "acquire_lease", "check_lease", "heartbeat", "owner_alive", "owner_gone", "read_lease", "read_owner",
-    "OwnerReaper", "reap_owners", "register_owner", "release_lease", "remove_owner", "session_status", "set_lease_state",
+    "OwnerReaper", "reap_owners", "register_owner", "maintenance_owner", "release_lease", "remove_owner", "session_status", "set_lease_state",
     # log, mailbox, projection, reader, root, session
     "LogWriter", "SeqMismatchError", "load_projection", "read_projection",
     "MailboxMessage", "accept", "pending", "read_mailbox",
