@@ -67,6 +67,7 @@ ViolationKind = Literal[
     "lease-expired",  # a lease held by an owner that left without releasing it
     "owner-unreadable",  # a lease held by an owner whose record is there but does not read: it may still run
     "lease-unreadable",  # lease slots that do not decode, or a session file that cannot be read
+    "trash-damaged",  # trash/ that is a link or a file: gc refuses to run (it removes what it finds there)
 ]
 
 # A creation publishes its header, then appends the index entry; a rollback removes the
@@ -178,6 +179,8 @@ def check_store(store: Store | str | os.PathLike[str], *, in_flight_s: float = I
     _check_index(state, in_flight_s)
     _recheck_leases(state)
     state.add("set_aside", len(handle.set_aside()))
+    if (problem := handle.trash_problem()) is not None:
+        state.flag("trash", "trash-damaged", f"{problem}: gc refuses to run until it is moved away (gc makes a new one)")
     state.add("interrupted_writes", len(find_leftovers(handle)))
     return CheckReport(handle.root, state.now, CheckCounts(**state.counts), tuple(state.violations))
 

@@ -112,6 +112,9 @@ def fsck(store: Store, *, repair: bool, lease_ttl_s: float) -> dict[str, Any]:
     findings.extend({"id": name, "kind": "set-aside", "detail": "a folder gc found where it was about to delete (another "
                      "program's: a name a power loss and `e2fsck -y` left after an interrupted gc) and moved to trash/ "
                      "instead; no gc touches it: look inside and remove it by hand"} for name in store.set_aside())
+    if (problem := store.trash_problem()) is not None:
+        findings.append({"id": "trash", "kind": "trash-damaged",
+                         "detail": f"{problem}: gc refuses to run until it is moved away (gc makes a new one)"})
     return {
         "store": store.root,
         "sessions": checked,

@@ -50,6 +50,9 @@ def keep_reserve(store: Store) -> bool:
     """Make the reserve unless it is there or the disk has no room to spare; whether it is there
     now. Never raises: a store it cannot be made in (read-only, full, a folder in the way) goes on
     without one, and a ``gc`` on a full disk then says it found no room, as it would anyway."""
+    if (problem := store.trash_problem()) is not None:
+        log.warning("the store's reserve for gc was not made: %s", problem)  # never written through a link
+        return False
     path = reserve_path(store)
     if os.path.lexists(path):
         return True

@@ -554,6 +554,16 @@ def _trash_in_place(store: Store) -> Iterator[None]:
                                f"(trash/ is a folder, trash/{GC_LOCK_NAME} a file): move it away", path=store.root) from None
 
 
+def _require_own_trash(store: Store) -> None:
+    """``STORE_FORMAT`` for a ``trash/`` that is a link or a file (``Store.trash_problem``), before gc reads
+    it: gc removes what it finds there, and through a link it emptied the folder the link leads to."""
+    problem = store.trash_problem()
+    if problem is not None:
+        raise StoreFormatError(f"the store at {store.root} is damaged: {problem}, which is not what gc keeps there "
+                               f"(trash/ is a folder of the store's own; gc removes what it finds in it): move it away "
+                               f"(gc makes a new one)", path=store.root)
+
+
 def _trashed(store: Store) -> list[tuple[str, str]]:
     """(session id, folder) of everything in ``trash/``."""
     try:
@@ -638,6 +648,7 @@ def _collect(
     started = time.monotonic()
     if not isinstance(dry_run, bool):  # any false value ran a real collection: ``dry_run=None`` deleted
         raise InvalidQueryError(f"dry_run must be True or False, not {dry_run!r}")
+    _require_own_trash(store)
     if isinstance(outcomes, (str, bytes)):  # a string is iterable: "completed" was read as c, o, m, p, ...
         raise InvalidQueryError(f"outcomes must be a list of outcomes, not the string {outcomes!r}")
     if not isinstance(outcomes, Iterable):  # None, a number: a bare TypeError from frozenset() otherwise

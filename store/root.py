@@ -285,6 +285,28 @@ class Store:
         """``trash/``: session folders ``gc`` removed (renamed here, then deleted); readers never look in it."""
         return os.path.join(self.root, "trash")
 
+    def trash_problem(self) -> str | None:
+        """What makes ``trash/`` no folder of the store's own (a symbolic link, a file), or None (a folder,
+        or not made yet). gc deletes what it finds there: unlike the other layout folders, which may be
+        links to where they were moved, a link here would have it empty another program's folder."""
+        try:
+            mode = os.lstat(self.trash_dir).st_mode
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno in REFUSED:
+                return None  # there: the call that needs it names what keeps it out
+            raise
+        if stat.S_ISDIR(mode):
+            return None
+        if stat.S_ISLNK(mode):
+            try:
+                target = os.readlink(self.trash_dir)
+            except OSError:
+                target = "?"
+            return f"{self.trash_dir} is a symbolic link (to {target}), not the store's own folder"
+        return f"{self.trash_dir} is not a folder"
+
     def in_trash(self, session_id: str) -> bool:
         """Whether a folder of ``session_id`` waits in ``trash/`` (``<id>.<hex>``): an interrupted ``gc``."""
         try:
