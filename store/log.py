@@ -37,7 +37,7 @@ import time
 from typing import Any, Callable, Sequence
 
 
-from .errors import NO_ROOM, CorruptSessionError, DurabilityError, FencedError, SubagentError, UnavailableSessionError, UnsupportedFormatError
+from .errors import NO_ROOM, CorruptSessionError, DurabilityError, FencedError, NoRoomError, SubagentError, UnavailableSessionError, UnsupportedFormatError
 from .committed import committed_end
 from .events import EVENT_TYPES, closers
 from .framing import Damage, RecordEncoder
@@ -344,9 +344,11 @@ class LogWriter:
             # out of space, the log cut back to where it was: whole, and the writer goes on (a turn
             # can still close with the error, in the block the log already has); any other failure
             # leaves the file's state unknown, and breaks it
+            message = f'append to session "{self.session_id}" failed: {exc}'
             if not (self._cut_back(self.projection.end_offset) and exc.errno in NO_ROOM):
                 self._broken = exc
-            raise DurabilityError(f'append to session "{self.session_id}" failed: {exc}', session_id=self.session_id) from exc
+                raise DurabilityError(message, session_id=self.session_id) from exc
+            raise NoRoomError(message, session_id=self.session_id) from exc
         return records, chunks
 
     def _settle(self, records: list[dict[str, Any]], chunks: list[bytes], *, locked: bool) -> None:

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 import anyio
 import msgpack
 
-from subagents.store.errors import FencedError, InvalidRecordError, RecordTooLargeError, SubagentError
+from subagents.store.errors import FencedError, InvalidRecordError, NoRoomError, RecordTooLargeError, SubagentError
 from subagents.store.events import widest_event
 from subagents.store.framing import RecordEncoder
 from subagents.store.root import Store
@@ -398,9 +398,10 @@ async def _run(
     closing.append(("turn/end", end))
     try:
         writer.append(closing, commit=True)
-    except (RecordTooLargeError, InvalidRecordError) as exc:
-        # what the program left cannot be stored (larger than the store takes, text no encoding holds):
-        # the turn still ends, in the log as in its result, saying why
+    except (RecordTooLargeError, InvalidRecordError, NoRoomError) as exc:
+        # what the program left cannot be stored (larger than the store takes, text no encoding holds, more
+        # than the disk has room for: that append was cut back whole, and a short closing record fits in
+        # the block the log already has): the turn still ends, in the log as in its result, saying why
         output, structured, stop_reason = "", None, "error"
         diagnostic = truncate_diagnostic(f"{exc.code}: the turn's closing message cannot be stored: {exc}")
         closing = [event for event in closing if event[0] not in ("assistant/message", "turn/end")]

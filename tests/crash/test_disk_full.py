@@ -139,6 +139,29 @@ async def test_a_turn_whose_output_does_not_fit_ends_as_an_error_not_a_crash(dis
     assert fsck(st, repair=False, lease_ttl_s=5.0)["findings"] == []
 
 
+async def test_a_turn_whose_returned_output_does_not_fit_ends_as_an_error_not_a_crash(disk: LoopFs, tmp_path: Path) -> None:
+    """Found by a probe: the same for a program's return value, which goes out in the turn's closing
+    append itself. That append failed for room and the turn ended with no ``turn/end``: its caller
+    heard ``error``, and its row listed ``crashed`` for good while ``store check`` said clean."""
+    root_dir = disk.mount / "store"
+    gate = tmp_path / "gate"
+    async with Supervisor.open(store=str(root_dir), config=SupervisorConfig(pool_size=1, durability="batched")) as sup:
+        sup.register_provider(Provider(name="script", program="script"))
+        root = await sup.open_root(label="main")
+        run = await sup.start("script", SubagentRequest(parent=root, prompt=script({"hold": str(gate)}, {"return": "z" * 200_000})))
+        big = fill(disk.mount)
+        gate.touch()
+        result = await run.result()
+
+        assert result.stop_reason == "error" and "DURABILITY_FAILED" in (result.diagnostic or ""), result
+        assert "closing message cannot be stored" in result.diagnostic
+        [row] = await sup.list_children(root.id)
+        assert (row.status, row.outcome) == ("complete", "error") and "DURABILITY_FAILED" in (row.error or ""), row
+        big.unlink()
+    st = store.Store(str(root_dir), create=False)
+    assert store.check_store(st).clean
+
+
 async def test_no_inode_left_refuses_a_creation_with_its_code(disk: LoopFs) -> None:
     """Blocks free but every inode taken: a new session's file cannot be made. ``start`` and
     ``open_root`` fail with ``DURABILITY_FAILED`` (not a bare ``OSError``) and leave nothing."""
