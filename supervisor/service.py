@@ -569,6 +569,8 @@ class Supervisor:
         read at least once: ``timeout_s=0`` takes what is there or times out.
         A take that has begun is finished even past the deadline (it is a
         durable consumption), so the bound is on the waiting between takes.
+        A wait under way ends as a new call would: ``SUPERVISOR_CLOSED`` once
+        the supervisor closes, ``UNAUTHORIZED`` once its root is released.
         """
         self._check_open()
         InvalidRequestError.require_seconds(timeout_s, "timeout_s")
@@ -589,6 +591,9 @@ class Supervisor:
             if left <= 0:
                 break
             await anyio.sleep(min(0.02, left))
+            # as a new call would be answered: nothing moves a mailbox no take will read any more
+            self._check_open()
+            self._own_root(root_id)
         raise WaitTimeoutError(f"no message reached root {ref_id(root, 'root')} within {timeout_s} s")
 
     # -- catalog (store) ------------------------------------------------------------------

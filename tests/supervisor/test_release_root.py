@@ -58,3 +58,33 @@ async def test_a_drained_root_released_and_opened_again_takes_children_again(tmp
         await sup.release_root(root)
         again = await sup.open_root(id=root.id)
         await sup.start_continuable(ContinuableSpec(parent=again, provider="cont", label="c", prompt=S({"return": "one"})))
+
+
+async def test_a_wait_for_message_under_way_ends_when_its_root_is_released_or_the_supervisor_closes(tmp_path) -> None:
+    """Found by a probe: a waiter with no timeout checked its root and the supervisor once, at its start, and
+    then only looked again when the mailbox moved, which nothing did any more: it polled for good. It now
+    ends as a new call would: ``UNAUTHORIZED`` once its root is released, ``SUPERVISOR_CLOSED`` once closed."""
+    from subagents.supervisor import SubagentError
+
+    codes: list[str] = []
+
+    async def wait(sup, root) -> None:
+        try:
+            await sup.wait_for_message(root)
+        except SubagentError as exc:
+            codes.append(exc.code)
+
+    with anyio.fail_after(DEADLINE_S):
+        async with anyio.create_task_group() as tg:
+            async with open_supervisor(tmp_path) as sup:
+                released = await sup.open_root(label="released")
+                kept = await sup.open_root(label="kept")
+                tg.start_soon(wait, sup, released)
+                tg.start_soon(wait, sup, kept)
+                await anyio.sleep(0.2)
+                await sup.release_root(released)
+                with anyio.fail_after(5):
+                    while not codes:
+                        await anyio.sleep(0.01)
+                assert codes == ["UNAUTHORIZED"]
+    assert codes == ["UNAUTHORIZED", "SUPERVISOR_CLOSED"]
