@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 import anyio
+from anyio.lowlevel import EventLoopToken
 
 from subagents.store import LogWriter, OneShotDescriptor, acquire_lease, delete_session, release_lease
 from subagents.store.lease import taken_over
@@ -49,6 +50,7 @@ from subagents.worker.protocol import Budget, TurnOutcome, TurnSpec
 from .backend import ChildRun, TurnChildren, TurnResult, TurnRpcHandler, TurnTicket, WorkerRef
 from .creator import CreatorStatistics, SessionCreator
 from .errors import CancelledBeforeStartError, InvalidRequestError, NoParentError, SupervisorClosedError
+from .event_loop import on_loop, require_loop
 from .models import Provider, SubagentRequest, SubagentResult
 from .registry import program_fields
 from .runtime import Runtime
@@ -123,6 +125,7 @@ class SubagentRun:
         self._state = state
 
     async def result(self) -> SubagentResult:
+        require_loop(self._runs.loop)  # awaited elsewhere, the result's event would never wake that loop
         await self._state.done.wait()
         assert self._state.result is not None
         return self._state.result
@@ -145,7 +148,8 @@ class SubagentRun:
         """Stop the run; its result becomes ``aborted`` unless it already finished. ``reason`` (text,
         ``INVALID_REQUEST`` otherwise, before anything changes) is recorded with the turn's end."""
         InvalidRequestError.require_reason(reason)
-        self._runs.cancel_run(self._state, reason)
+        # from a plain thread (a UI's stop button) too: what it starts, the worker's kill after the grace, runs there
+        on_loop(self._runs.loop, self._runs.cancel_run, self._state, reason)
 
     def started_runs(self) -> list[ChildRun]:
         """The one-shot runs this run's turn started, oldest first (none before it ran)."""
@@ -170,6 +174,7 @@ class SubagentRun:
         run until it closed. The wait is bounded: a turn that ignores its
         cancellation has its worker killed after ``cancel_grace_s``.
         """
+        require_loop(self._runs.loop)
         with anyio.CancelScope(shield=True):
             level: list[ChildRun] = [self]
             disposed: list[ChildRun] = []
@@ -196,6 +201,11 @@ class OneShotRuns:
         self._runs: dict[str, SubagentRun] = {}
         self._creator = SessionCreator(rt.store)
         self._cancelling: deque[tuple[_RunState, str]] = deque()  # the cancel cascade running (``cancel_run``)
+
+    @property
+    def loop(self) -> EventLoopToken:
+        """The event loop its runs answer on (the supervisor's)."""
+        return self._rt.loop
 
     @property
     def runs(self) -> Mapping[str, SubagentRun]:

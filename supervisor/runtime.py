@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import anyio
+from anyio.lowlevel import EventLoopToken
 
 from subagents.store import IdGenerator, Store
 
@@ -43,3 +44,4 @@ class Runtime:
     setups: SetupRegistry
     control: ControlPoller  # the control files of every child held here, one-shot or continuable
     store_thread: StoreThread  # short blocking store calls of the event loop (acceptances): no thread hop each
+    loop: EventLoopToken  # the loop the supervisor answers on (``event_loop.py``): its threads hand results back there

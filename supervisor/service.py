@@ -61,6 +61,7 @@ from .config_loader import load_config
 from .backend import Pool, PoolStatistics
 from .continuable import ContinuationManager
 from .control_poller import ControlPoller
+from .event_loop import require_asyncio, require_loop
 from .errors import InvalidRequestError, SupervisorClosedError, TeardownFailedError, UnauthorizedError, WaitTimeoutError
 from .events import EVENT_NAMES, EventBus, HostStop
 from .interrupts import Interrupts
@@ -137,7 +138,6 @@ class Supervisor:
     def __init__(self, store: Store, config: SupervisorConfig, tg: anyio.abc.TaskGroup, host_stop: HostStop | None = None) -> None:
         self.store = store
         self.config = config
-        self._loop = anyio.lowlevel.current_token()  # the loop its threads hand results back to
         self.ids = IdGenerator()
         self.events = EventBus(stop=None if host_stop is None else host_stop.stop)
         self.registry = ProviderRegistry(self.events)
@@ -147,7 +147,7 @@ class Supervisor:
         self.runtime = Runtime(
             store=store, config=config, ids=self.ids, tg=tg, owner_id=self.lease_keeper.owner_id, pool=self.pool,
             registry=self.registry, events=self.events, agents=self.agents, setups=SetupRegistry(), control=ControlPoller(store),
-            store_thread=StoreThread(),
+            store_thread=StoreThread(), loop=anyio.lowlevel.current_token(),
         )
         self.runs = OneShotRuns(self.runtime, rpc_for=self._turn_rpc)
         self.continuation = ContinuationManager(self.runtime, rpc_for=self._turn_rpc)
@@ -177,6 +177,7 @@ class Supervisor:
         cfg = config or SupervisorConfig()
         if cfg.pool == "ray":
             require_ray()  # before anything exists: Ray installed, asyncio loop
+        require_asyncio()
         handle = Store(store, durability=cfg.durability, max_record_bytes=cfg.max_record_bytes)
         handle.require_writable()  # a supervisor writes from its first step (its owner record): STORE_READ_ONLY now
         own_error: BaseException | None = None  # what the pool's start or the body raised
@@ -277,15 +278,7 @@ class Supervisor:
         nothing can run), not its last state; the store's own functions read what it left."""
         if self._closed:
             raise SupervisorClosedError()
-        try:
-            loop = anyio.lowlevel.current_token()
-        except RuntimeError:  # a plain thread (``statistics()``, ``providers``): no loop to wait on the wrong one
-            return
-        if loop != self._loop:
-            # the supervisor's threads hand results back to the loop that opened it: awaited from
-            # another one, a call could wait for good, saying nothing
-            raise InvalidRequestError("this supervisor answers on the event loop that opened it: from another thread or event "
-                                      "loop, call it through that loop (anyio.from_thread, a BlockingPortal)")
+        require_loop(self.runtime.loop)
 
     def _own_root(self, root: AgentRef | str) -> str:
         """The id of ``root``, a root this supervisor opened and still holds (``UNAUTHORIZED`` otherwise)."""

@@ -45,3 +45,66 @@ def test_a_call_from_another_event_loop_is_refused_and_a_portal_still_works(tmp_
     finally:
         done.set()
         thread.join(60)
+
+
+def test_a_run_cancelled_from_a_plain_thread_stops_and_its_result_is_refused_on_another_loop(tmp_path) -> None:
+    """Found by a probe: ``run.cancel()`` (a plain ``def``, as a UI thread calls it) from a thread raised anyio's
+    ``NoEventLoopError`` after it had marked the run cancelled, so the worker kill after ``cancel_grace_s`` was
+    never armed and no later cancel did anything; ``run.result()`` awaited on another loop waited in silence.
+    A cancel from a thread is handed to the supervisor's loop; ``result`` and ``dispose`` elsewhere are refused."""
+    opened: dict[str, object] = {}
+    ready, done = threading.Event(), threading.Event()
+
+    async def host() -> None:
+        async with anyio.from_thread.BlockingPortal() as portal:
+            config = SupervisorConfig(pool_size=1, durability="none", cancel_grace_s=1.0)
+            async with Supervisor.open(store=tmp_path / "st", config=config) as sup:
+                sup.register_provider(Provider(name="script", program="script"))
+                root = await sup.open_root()
+                run = await sup.start("script", SubagentRequest(parent=root, prompt='{"script": [{"spin": 60000}]}'))
+                opened.update(sup=sup, portal=portal, run=run)
+                ready.set()
+                await anyio.to_thread.run_sync(done.wait)
+
+    thread = threading.Thread(target=anyio.run, args=(host,), daemon=True)
+    thread.start()
+    try:
+        assert ready.wait(60), "the supervisor did not open"
+        portal, run = opened["portal"], opened["run"]
+
+        async def elsewhere() -> None:
+            with anyio.fail_after(20):
+                with pytest.raises(InvalidRequestError, match="event loop that opened it"):
+                    await run.result()  # type: ignore[attr-defined]
+                with pytest.raises(InvalidRequestError, match="event loop that opened it"):
+                    await run.dispose()  # type: ignore[attr-defined]
+
+        anyio.run(elsewhere)
+        run.cancel("user pressed stop")  # type: ignore[attr-defined]
+        async def bounded_result():
+            with anyio.fail_after(30):  # the worker is killed cancel_grace_s after the cancel: it ignores it
+                return await run.result()  # type: ignore[attr-defined]
+
+        result = portal.call(bounded_result)  # type: ignore[arg-type]
+        assert result.stop_reason == "aborted", result
+        assert run.cancelled == "user pressed stop"  # type: ignore[attr-defined]
+        portal.call(run.dispose)  # type: ignore[attr-defined]
+    finally:
+        done.set()
+        thread.join(60)
+
+
+def test_trio_is_refused_where_the_supervisor_opens_before_anything_is_made(tmp_path) -> None:
+    """Found by a probe: under trio ``Supervisor.open`` and ``open_root`` worked, then every ``start`` failed with a
+    bare ``RuntimeError: no running event loop`` (the worker pool runs on asyncio). Refused at ``open`` now, with
+    a code and what to do, before the store is made."""
+    from subagents.supervisor import SubagentError
+
+    async def main() -> None:
+        async with Supervisor.open(store=tmp_path / "st", config=SupervisorConfig(pool_size=1)):
+            raise AssertionError("opened under trio")
+
+    with pytest.raises(SubagentError) as caught:
+        anyio.run(main, backend="trio")
+    assert caught.value.code == "INVALID_REQUEST" and 'backend="asyncio"' in caught.value.message, caught.value
+    assert not (tmp_path / "st").exists()

@@ -1,0 +1,61 @@
+"""The event loop a supervisor answers on: every public call is checked against it.
+
+A supervisor's threads (the store thread, the pool's readers) hand their
+results back to the loop that opened it, so a call awaited on another loop
+would wait for good, saying nothing; it is ``INVALID_REQUEST`` at once. A
+plain ``def`` that a UI thread calls (``SubagentRun.cancel``) is handed to
+that loop instead: what it starts (the worker's kill after the cancel grace)
+must run there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+from anyio.lowlevel import EventLoopToken
+
+from .errors import InvalidRequestError, SupervisorClosedError
+
+__all__ = ["current_loop", "require_asyncio", "require_loop", "on_loop"]
+
+
+def current_loop() -> EventLoopToken | None:
+    """The loop running in this thread, or None (a plain thread)."""
+    try:
+        return anyio.lowlevel.current_token()
+    except RuntimeError:
+        return None
+
+
+def require_asyncio() -> None:
+    """``INVALID_REQUEST`` unless the running loop is asyncio's: the worker pool waits on asyncio futures and
+    timers, so under trio a supervisor opened, then every ``start`` failed with a bare ``RuntimeError``."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        raise InvalidRequestError('a supervisor runs on the asyncio event loop (anyio.run(..., backend="asyncio")), '
+                                  "which its worker pool waits on; this loop is another (trio)") from None
+
+
+def require_loop(loop: EventLoopToken) -> None:
+    """``INVALID_REQUEST`` when called on another event loop than ``loop``; a plain thread passes (the
+    synchronous reads, ``statistics()``, have no loop to wait on the wrong one)."""
+    current = current_loop()
+    if current is not None and current != loop:
+        raise InvalidRequestError("this supervisor answers on the event loop that opened it: from another thread or event "
+                                  "loop, call it through that loop (anyio.from_thread, a BlockingPortal)")
+
+
+def on_loop(loop: EventLoopToken, func: Callable[..., Any], *args: Any) -> Any:
+    """``func(*args)`` on ``loop``: at once when called there, else handed to it from this thread (which
+    waits for it). ``SUPERVISOR_CLOSED`` when that loop no longer runs."""
+    if current_loop() == loop:
+        return func(*args)
+    try:
+        return anyio.from_thread.run_sync(func, *args, token=loop)
+    except RuntimeError as exc:  # its loop has ended: the supervisor is long closed
+        raise SupervisorClosedError() from exc
