@@ -38,7 +38,7 @@ from ..runtime import Runtime
 from .activation import Activation, ActivationTable, LeaseState, Lifecycle, log_fields
 from .admission import Admission
 from .delivery import Delivery
-from .unhosted import drain_unhosted
+from .unhosted import drain_unhosted, pending_of
 from .settlement import bounded_line, epoch_stop_reason, settlement_text
 
 # what a notice's record holds beside its text (its source, ids, framing) and what its log record adds, with room to spare
@@ -212,7 +212,12 @@ class Teardown:
                 await child.disposed.wait()
         if act.fenced:
             self._finish(act, "error", None, taken_over=True)
-            return False
+            # a message accepted for it here before its fence was known (its host paused past its lease, say)
+            # was left for this activation, and the one that took the child over may have let go already:
+            # read as the log stands (this activation's cursor is stale), and the caller resumes it, which
+            # a live holder refuses (it runs the message itself)
+            return (not act.discard and not self._admission.closing
+                    and await self._rt.store_thread.run(self._unhosted_waking_pending, act.child_id))
         dropped = False
         rt = self._rt
         try:
@@ -334,6 +339,13 @@ class Teardown:
         except SubagentError:
             return False
         return any(m.wake for m in messages)
+
+    def _unhosted_waking_pending(self, child_id: str) -> bool:
+        """Whether the child's mailbox holds a waking message its log has not taken (as the log reads)."""
+        try:
+            return any(m.wake for m in pending_of(self._rt.store, child_id))
+        except SubagentError:
+            return False
 
     def _pending(self, act: Activation) -> list:
         c = act.cursor
