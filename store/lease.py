@@ -160,7 +160,7 @@ def register_owner(store: Store, owner_id: str, *, ttl: float, maintenance: bool
     now_ns = time.time_ns()
     now = now_ns / 1e9
     record = OwnerRecord(owner_id, host_identity(), pid, process_start_time(pid), now, now, float(ttl), maintenance)
-    _write_owner(store.owner_path(owner_id), record, now_ns)
+    _write_owner(store, store.owner_path(owner_id), record, now_ns)
     return record
 
 
@@ -179,13 +179,17 @@ def maintenance_owner(store: Store, *, ttl: float) -> Iterator[str]:
         remove_owner(store, owner_id)
 
 
-def _write_owner(path: str, record: OwnerRecord, beat_ns: int) -> None:
+def _write_owner(store: Store, path: str, record: OwnerRecord, beat_ns: int) -> None:
     """Write the owner file whole, its time set to ``beat_ns`` (the record's ``heartbeat_at``).
 
     Readers take the later of the record's time and the file's; a new file's time is the clock's
     coarse tick at the write, which can follow ``beat_ns`` (a tick between the two), and the
-    writer's record would then not be the one its readers read."""
-    write_atomic(path, msgpack.packb(record.to_record()), durable=False)
+    writer's record would then not be the one its readers read.
+
+    Durable as the store's commits are: the leases that name the owner are, and a record lost to a
+    power loss while its lease survived read empty, an owner that "may still run", whose lease no
+    ``fsck --repair`` or ``gc`` would then ever free. Once per supervisor: heartbeats set the time."""
+    write_atomic(path, msgpack.packb(record.to_record()), durable=store.durability.syncs_at_commit)
     os.utime(path, ns=(beat_ns, beat_ns), follow_symlinks=False)
 
 
@@ -204,7 +208,7 @@ def heartbeat(store: Store, record: OwnerRecord) -> OwnerRecord:
     try:
         os.utime(path, ns=(now_ns, now_ns), follow_symlinks=False)
     except FileNotFoundError:
-        _write_owner(path, fresh, now_ns)
+        _write_owner(store, path, fresh, now_ns)
     return fresh
 
 
