@@ -77,7 +77,13 @@ def make_dirs(*paths: str, durable: bool = False) -> None:
 
 
 def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
+            raise  # the folder is not there, or keeps this process out: its caller says which
+        # the process (or the system) has no descriptor left: the fsync could not be made
+        raise DurabilityError(f"fsync of folder {path} failed: {exc.strerror or exc}", path=path) from exc
     try:
         os.fsync(fd)
     except OSError as exc:
