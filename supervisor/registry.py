@@ -16,7 +16,7 @@ from typing import Callable
 
 from subagents.worker.programs import BUILTIN_PROGRAMS
 
-from .errors import duplicate_provider, no_provider, unsupported_capability
+from .errors import InvalidRequestError, duplicate_provider, no_provider, unsupported_capability
 from .events import EventBus
 from .models import Provider
 
@@ -37,12 +37,20 @@ CAPABILITY_ORDER = (
 
 
 def program_fields(provider: Provider) -> ProgramRef:
-    """A program reference travels as its import path; a bare callable travels by dill."""
+    """A program reference travels as its import path; a bare callable travels by dill, with the globals
+    it refers to (``recurse``): modules by name, functions and values by value. Without them a program
+    written in the user's script ran in a worker whose ``__main__`` is not that script, and every name
+    it took from there (``json``, a constant, a helper) was a ``NameError``. ``INVALID_REQUEST`` when
+    it refers to something no pickle carries (a lock, an open file)."""
     if isinstance(provider.program, str):
         return provider.program, None
     import dill  # here, not at the top: only a callable program needs it, and it costs ~35 ms to import
 
-    return None, dill.dumps(provider.program)
+    try:
+        return None, dill.dumps(provider.program, recurse=True)
+    except Exception as exc:  # dill raises what the refused object's own pickling raised
+        raise InvalidRequestError(f'the program of provider "{provider.name}" cannot be carried to a worker (by dill, '
+                                  f"with the globals it refers to): {type(exc).__name__}: {exc}", field="program") from None
 
 
 class ProviderRegistry:
@@ -54,6 +62,7 @@ class ProviderRegistry:
     def register(self, provider: Provider) -> Callable[[], None]:
         if provider.name in self._providers:
             raise duplicate_provider(provider.name)
+        program_fields(provider)  # a program no worker can be sent is refused now, not at each start
         self._providers[provider.name] = provider
         try:
             self._events.emit_strict("subagent/provider-added", {"provider": provider.name})
