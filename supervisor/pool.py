@@ -41,12 +41,14 @@ import sys
 import threading
 import time
 import types
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import anyio
 import multiprocess
 import multiprocess.forkserver
+import multiprocess.process as mp_process
 import multiprocess.resource_tracker
 
 from subagents.store.errors import SubagentError
@@ -137,6 +139,27 @@ class _Worker(WorkerSlot):
         return WorkerRef(self.host, self.pid)
 
 
+# every pool of this process, for the fork hook below
+_POOLS: "weakref.WeakSet[WorkerPool]" = weakref.WeakSet()
+
+
+def _disown_workers() -> None:
+    """In a process ``os.fork`` made from a host: its pools' workers are the host's, not its own.
+
+    The fork has a copy of the host's event loop, and whatever it runs of it (a ``sys.exit`` unwinding
+    the supervisor's ``async with``) read the host's worker pipes: the reply a worker sent for the host's
+    turn went to the fork, and the host waited for it for good. Its ends of those pipes are closed here
+    (the host's stay open). And ``multiprocess`` lists every process it started as a child: a forked
+    copy of that list made the fork's exit (its ``atexit`` handler terminates daemonic children) SIGTERM
+    the host's workers. ``multiprocess`` clears that list itself in a child it starts; a bare
+    ``os.fork`` needs this."""
+    for pool in list(_POOLS):
+        pool.disown_after_fork()
+
+
+os.register_at_fork(after_in_child=_disown_workers)
+
+
 class WorkerPool(Dispatcher[_Worker]):
     """``Pool`` over local worker processes (``multiprocess``, started by ``start_method``)."""
 
@@ -153,6 +176,18 @@ class WorkerPool(Dispatcher[_Worker]):
         self._log_level = log_level
         self._log_json = log_json
         self._host = socket.gethostname()
+        _POOLS.add(self)
+
+    def disown_after_fork(self) -> None:
+        """In a forked copy of the host (``_disown_workers``): let go of the host's workers, touching none."""
+        for worker in self._slots:
+            if worker is None:
+                continue
+            mp_process._children.discard(worker.process)
+            try:
+                worker.conn.close()
+            except OSError:
+                pass
 
     # -- life cycle ------------------------------------------------------------
 

@@ -138,6 +138,7 @@ class Supervisor:
     def __init__(self, store: Store, config: SupervisorConfig, tg: anyio.abc.TaskGroup, host_stop: HostStop | None = None) -> None:
         self.store = store
         self.config = config
+        self._pid = os.getpid()  # only this process closes it (``_close``): a fork's copy is no owner of its workers
         self.ids = IdGenerator()
         self.events = EventBus(stop=None if host_stop is None else host_stop.stop)
         self.registry = ProviderRegistry(self.events)
@@ -246,6 +247,13 @@ class Supervisor:
 
     async def _close(self) -> None:
         self._closed = True
+        if os.getpid() != self._pid:
+            # a process forked from the host, unwinding its copy of the ``async with``: the workers, pipes,
+            # leases and threads are the host's (its threads are not even here), and a close from here
+            # cancelled the host's turns, killed its workers and released its leases
+            log.warning("a supervisor opened in process %d is not closed from process %d, forked from it: left to "
+                        "its own process", self._pid, os.getpid())
+            return
         with anyio.move_on_after(self.config.cancel_grace_s + 10):
             await self.continuation.close()
         runs = list(self.runs.runs.values())
