@@ -82,7 +82,7 @@ def open_appendable(path: str, *, owner: str, key: str, in_place: bool = False) 
             raise NoRoomError(f"{key} cannot be created ({exc.strerror or exc})", key=key) from exc
         if exc.errno in REFUSED:  # another user's file or folder, a read-only mount: a write refused
             raise ReadOnlyStoreError.cannot_write(owner, key, exc) from None
-        raise UnavailableSessionError(owner, f"{key} cannot be opened ({exc.strerror or exc})") from None
+        raise UnavailableSessionError.of(owner, f"{key} cannot be opened", exc) from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):

@@ -280,8 +280,16 @@ class UnavailableSessionError(SubagentError, OSError):
 
     code = "SESSION_UNAVAILABLE"
 
-    def __init__(self, session_id: str, reason: str) -> None:
-        super().__init__(f'stored session "{session_id}" is unavailable: {reason}', session_id=session_id, reason=reason)
+    def __init__(self, session_id: str, reason: str, *, out_of_descriptors: bool = False) -> None:
+        # ``out_of_descriptors``: this process (or the system) had no file descriptor left to open it with
+        # (``EMFILE``, ``ENFILE``): the session's files are not at fault, and a later try may succeed
+        super().__init__(f'stored session "{session_id}" is unavailable: {reason}', session_id=session_id, reason=reason,
+                         **({"out_of_descriptors": True} if out_of_descriptors else {}))
+
+    @classmethod
+    def of(cls, session_id: str, what: str, exc: OSError) -> "UnavailableSessionError":
+        """``what`` (``"its log cannot be read"``) failed with ``exc``: the error, saying whether descriptors ran out."""
+        return cls(session_id, f"{what} ({exc.strerror or exc})", out_of_descriptors=exc.errno in OUT_OF_DESCRIPTORS)
 
 
 class RecordTooLargeError(SubagentError, ValueError):
@@ -341,6 +349,8 @@ class FencedError(SubagentError):
 # the errnos of a file system with no room left (no block, no inode, over quota, or a file at its
 # size limit): the disk refused, nothing of the store's is damaged or in the way
 NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+# no file descriptor left, in this process or the system: nothing wrong with the file being opened
+OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
 
 
 class DurabilityError(SubagentError, OSError):

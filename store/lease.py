@@ -354,7 +354,7 @@ def _slots(file: SessionFile) -> LeaseSlots:
     try:
         slots = file.read_slots()
     except OSError as exc:
-        raise UnavailableSessionError(file.session_id, f"its lease cannot be read ({exc.strerror or exc})") from None
+        raise UnavailableSessionError.of(file.session_id, "its lease cannot be read", exc) from None
     if slots.problem is not None:
         raise CorruptSessionError(file.session_id, slots.problem)
     return slots

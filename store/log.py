@@ -150,7 +150,7 @@ def read_projection(store: Store, session_id: str, *, verify_committed: bool = F
         try:
             projection, _end, _status = load_projection(store, session_id, header, file, verify_committed=verify_committed)
         except OSError as exc:
-            raise UnavailableSessionError(session_id, f"its log cannot be read ({exc.strerror or exc})") from None
+            raise UnavailableSessionError.of(session_id, "its log cannot be read", exc) from None
         return projection
 
 

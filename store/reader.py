@@ -69,7 +69,7 @@ def read_session_file(
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise UnavailableSessionError(session_id, f"its {name} cannot be read ({exc.strerror or exc})") from None
+        raise UnavailableSessionError.of(session_id, f"its {name} cannot be read", exc) from None
 
 
 def open_session(store: Store, session_id: str, *, write: bool = False) -> SessionFile:
@@ -98,7 +98,7 @@ def read_log(file: SessionFile, offset: int = 0) -> bytes:
     try:
         return file.read_log(offset)
     except OSError as exc:
-        raise UnavailableSessionError(file.session_id, f"its log cannot be read ({exc.strerror or exc})") from None
+        raise UnavailableSessionError.of(file.session_id, "its log cannot be read", exc) from None
 
 
 # the records that end a committed write in every log: a turn's end, and a drain's or an

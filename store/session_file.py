@@ -249,9 +249,9 @@ class SessionFile:
         except OSError as exc:
             if write and exc.errno in REFUSED and os.access(path, os.R_OK, follow_symlinks=False):
                 raise ReadOnlyStoreError.cannot_write(session_id, "its file", exc) from None  # another user's, a read-only mount
-            why = "it is a symbolic link (refused: nothing is read or written through it)" if exc.errno == errno.ELOOP else (
-                f"its file cannot be opened ({exc.strerror or exc})")
-            raise UnavailableSessionError(session_id, why) from None
+            if exc.errno == errno.ELOOP:
+                raise UnavailableSessionError(session_id, "it is a symbolic link (refused: nothing is read or written through it)") from None
+            raise UnavailableSessionError.of(session_id, "its file cannot be opened", exc) from None
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise UnavailableSessionError(session_id, "its file is not a regular file")
@@ -262,7 +262,7 @@ class SessionFile:
                     blob = os.pread(fd, _START.unpack_from(blob, 4)[0], 0)
                     found = parse_preamble(blob)
             except OSError as exc:
-                raise UnavailableSessionError(session_id, f"its file cannot be read ({exc.strerror or exc})") from None
+                raise UnavailableSessionError.of(session_id, "its file cannot be read", exc) from None
             if isinstance(found, str):
                 raise CorruptSessionError(session_id, "its file is truncated" if found == "short" else found)
             # a session's file copied or moved under another id's name (a header of another
@@ -378,7 +378,7 @@ class SessionLock:
         except FileNotFoundError:
             raise SessionNotFoundError(session_id) from None
         except OSError as exc:
-            raise UnavailableSessionError(session_id, f"its file cannot be opened ({exc.strerror or exc})") from None
+            raise UnavailableSessionError.of(session_id, "its file cannot be opened", exc) from None
 
     def acquire(self, *, bounded: bool = False) -> None:
         """``bounded``: as ``SessionFile.lock``."""

@@ -30,6 +30,7 @@ from subagents.worker.logcontext import bind
 from subagents.worker.protocol import TurnOutcome, TurnSpec
 
 from ..backend import TurnRpcHandler, TurnTicket
+from ..descriptors import outlasting
 from ..errors import SupervisorClosedError, program_missing
 from ..registry import ProgramRef
 from ..runtime import Runtime
@@ -87,7 +88,7 @@ class Driver:
         program: ProgramRef | None = None
         while not act.disposing:
             act.wake = anyio.Event()
-            messages = await self._rt.store_thread.run(self._pending, act)
+            messages = await outlasting(lambda: self._rt.store_thread.run(self._pending, act), f"the mailbox read of {act.child_id}")
             waking = next((i for i, m in enumerate(messages) if m.wake), None)
             if waking is None:
                 # a delivery in flight (accepting, or still finding this activation), or one that

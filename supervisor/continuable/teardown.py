@@ -32,6 +32,7 @@ from subagents.store.control import request as control_request
 from subagents.store.errors import FencedError, RecordTooLargeError, SubagentError
 from subagents.store.mailbox import check_message
 
+from ..descriptors import outlasting
 from ..errors import UnauthorizedError
 from ..models import AncestorAuthority, UserAuthority
 from ..runtime import Runtime
@@ -228,7 +229,8 @@ class Teardown:
             log.warning("could not discard the pending messages of %s", act.child_id, extra=log_fields(act), exc_info=True)
         reason = epoch_stop_reason(act.reasons, dropped)
         try:
-            await rt.store_thread.run(release_lease, rt.store, act.child_id, rt.owner_id, act.epoch)
+            await outlasting(lambda: rt.store_thread.run(release_lease, rt.store, act.child_id, rt.owner_id, act.epoch),
+                             f"the lease release of {act.child_id}")
         except FencedError:
             log.warning("lease of %s was taken over before release", act.child_id, extra=log_fields(act))
         except (SubagentError, OSError):
@@ -262,8 +264,9 @@ class Teardown:
             else:  # framed as the mailbox would, off the event loop (up to the record limit of text)
                 source, body = await self._rt.store_thread.run(self._fitting_notice, act.child_id, act.parent_id, reason, output, wake)
             # resident: its driver takes it; else its mailbox, unless it can never have a next turn
-            if await self._delivery.takes_messages(act.parent_id):
-                return await self._delivery.send_to(act.parent_id, source, body, wake=wake), None
+            if await outlasting(lambda: self._delivery.takes_messages(act.parent_id), f"the settlement notice of {act.child_id}"):
+                return await outlasting(lambda: self._delivery.send_to(act.parent_id, source, body, wake=wake),
+                                        f"the settlement notice of {act.child_id}"), None
             log.info("subagent %s settled; its parent %s is a one-shot child (or gone), which takes no message: "
                      "the settlement notice is dropped", act.child_id, act.parent_id, extra=log_fields(act))
         except SubagentError as exc:
