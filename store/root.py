@@ -59,12 +59,16 @@ _FOLDERS: tuple[tuple[str, str], ...] = (
 )
 
 
-def _file_above(path: str) -> str:
-    """The nearest existing ancestor of ``path`` (or ``path`` itself) that is not a folder."""
+def _in_the_way(path: str) -> str:
+    """What keeps a store from being made at ``path``: the nearest of it and its ancestors that is there
+    (a link to nothing counts) and is no folder, said as it is."""
     probe = path
-    while probe and not os.path.exists(probe):
+    while probe and not os.path.lexists(probe):
         probe = os.path.dirname(probe)
-    return probe or path
+    probe = probe or path
+    if os.path.islink(probe) and not os.path.exists(probe):
+        return f"{probe} is a symbolic link to {os.readlink(probe)}, which does not exist"
+    return f"{probe} is a file, not a folder"
 
 
 def _creating(name: str) -> bool:
@@ -206,7 +210,7 @@ class Store:
                 make_dirs(*(os.path.join(self.root, sub) for sub in subs), durable=self.durability.syncs_at_commit)
             except (NotADirectoryError, FileExistsError) as exc:
                 raise StoreFormatError(
-                    f"cannot make a store at {self.root}: {_file_above(self.root)} is a file, not a folder", path=self.root
+                    f"cannot make a store at {self.root}: {_in_the_way(self.root)}", path=self.root
                 ) from exc
             except PermissionError as exc:
                 raise ReadOnlyStoreError(f"cannot make a store at {self.root}: {exc.strerror}", path=self.root) from exc

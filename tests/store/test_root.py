@@ -167,3 +167,12 @@ def test_a_garbage_marker_says_what_is_wrong(tmp_path, content, reason):
         with pytest.raises(store.StoreFormatError) as info:
             store.Store(tmp_path / "s", create=create)
         assert str(info.value) == f"{tmp_path / 's' / 'STORE'} is unreadable: {reason}"
+
+
+def test_a_store_path_that_is_a_dangling_link_is_named_as_one(tmp_path) -> None:
+    """Found by a probe: ``--store`` naming a link to nothing said its parent folder "is a file, not a folder"."""
+    link = tmp_path / "dl"
+    os.symlink(tmp_path / "nowhere", link)
+    with pytest.raises(store.StoreFormatError) as caught:
+        store.Store(str(link))
+    assert caught.value.message == f"cannot make a store at {link}: {link} is a symbolic link to {tmp_path / 'nowhere'}, which does not exist"

@@ -77,3 +77,4 @@ def test_a_trash_that_is_the_stores_own_folder_is_no_finding(tmp_path) -> None:
     keep_reserve(st)
     assert store.check_store(st).clean
     assert store.collect(st, older_than_s=0).sessions >= 0
+
