@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _stdout_or_devnull()
     try:
         return _main(argv)
     except KeyboardInterrupt:  # while the parser is built or the arguments parsed, before the boundary below
@@ -92,6 +93,13 @@ def _main(argv: Sequence[str] | None) -> int:
             return int(args.func(Invocation(args, config, out, sources, origins, stop, loaded.llm)) or 0)
     except BaseException as exc:  # the CLI's boundary: every failure becomes an exit code
         return _exit_code(exc, store_path, stop)
+
+
+def _stdout_or_devnull() -> None:
+    """Started with stdout closed (``>&-``, as a daemon or a cron job may start it), Python has no ``sys.stdout``,
+    and every print would be an ``AttributeError``: the verb prints to /dev/null instead, as with ``> /dev/null``."""
+    if sys.stdout is None:
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")
 
 
 def _import_from_here() -> None:
