@@ -11,16 +11,17 @@ must run there.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, Callable
 
-import anyio
-import anyio.from_thread
 import anyio.lowlevel
 from anyio.lowlevel import EventLoopToken
 
 from .errors import InvalidRequestError, SupervisorClosedError
 
 __all__ = ["current_loop", "require_asyncio", "require_loop", "on_loop"]
+
+log = logging.getLogger(__name__)
 
 
 def current_loop() -> EventLoopToken | None:
@@ -50,12 +51,23 @@ def require_loop(loop: EventLoopToken) -> None:
                                   "loop, call it through that loop (anyio.from_thread, a BlockingPortal)")
 
 
-def on_loop(loop: EventLoopToken, func: Callable[..., Any], *args: Any) -> Any:
-    """``func(*args)`` on ``loop``: at once when called there, else handed to it from this thread (which
-    waits for it). ``SUPERVISOR_CLOSED`` when that loop no longer runs."""
+def on_loop(loop: EventLoopToken, func: Callable[..., Any], *args: Any) -> None:
+    """``func(*args)`` on ``loop``: at once when called there, else scheduled there from this thread
+    without waiting for it (a thread that waited would deadlock with a loop waiting for that thread,
+    a UI's ``join``). ``SUPERVISOR_CLOSED`` when that loop no longer runs. The loop is asyncio's
+    (``require_asyncio``)."""
     if current_loop() == loop:
-        return func(*args)
+        func(*args)
+        return
+    native: asyncio.AbstractEventLoop = loop.native_token
+    if native.is_closed():  # the supervisor is long closed
+        raise SupervisorClosedError()
+    # in a task of that loop, not a bare callback: what ``func`` starts in a task group needs one
+    asyncio.run_coroutine_threadsafe(_called(func, args), native)
+
+
+async def _called(func: Callable[..., Any], args: tuple[Any, ...]) -> None:
     try:
-        return anyio.from_thread.run_sync(func, *args, token=loop)
-    except RuntimeError as exc:  # its loop has ended: the supervisor is long closed
-        raise SupervisorClosedError() from exc
+        func(*args)
+    except Exception:  # nobody waits for it: said here, or it would be lost in an unread future
+        log.exception("%s, handed to the supervisor's event loop from another thread, failed", getattr(func, "__qualname__", func))

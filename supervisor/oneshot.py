@@ -146,7 +146,9 @@ class SubagentRun:
 
     def cancel(self, reason: str = "user") -> None:
         """Stop the run; its result becomes ``aborted`` unless it already finished. ``reason`` (text,
-        ``INVALID_REQUEST`` otherwise, before anything changes) is recorded with the turn's end."""
+        ``INVALID_REQUEST`` otherwise, before anything changes) is recorded with the turn's end. From
+        another thread it is scheduled on the supervisor's loop, without waiting, and takes effect there
+        (``cancelled`` reads its reason from then on)."""
         InvalidRequestError.require_reason(reason)
         # from a plain thread (a UI's stop button) too: what it starts, the worker's kill after the grace, runs there
         on_loop(self._runs.loop, self._runs.cancel_run, self._state, reason)

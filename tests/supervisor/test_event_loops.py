@@ -80,7 +80,14 @@ def test_a_run_cancelled_from_a_plain_thread_stops_and_its_result_is_refused_on_
                     await run.dispose()  # type: ignore[attr-defined]
 
         anyio.run(elsewhere)
-        run.cancel("user pressed stop")  # type: ignore[attr-defined]
+
+        async def cancel_from_a_thread_the_loop_joins() -> None:
+            stopper = threading.Thread(target=run.cancel, args=("user pressed stop",))  # type: ignore[attr-defined]
+            stopper.start()
+            stopper.join(20)  # blocking the loop, as a careless UI does: a cancel that waited for the loop deadlocked
+            assert not stopper.is_alive()
+
+        portal.call(cancel_from_a_thread_the_loop_joins)  # type: ignore[attr-defined]
         async def bounded_result():
             with anyio.fail_after(30):  # the worker is killed cancel_grace_s after the cancel: it ignores it
                 return await run.result()  # type: ignore[attr-defined]
