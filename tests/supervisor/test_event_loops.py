@@ -6,7 +6,10 @@ returned and raised nothing: the supervisor's threads hand results back to the l
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Iterator
 
 import anyio
 import anyio.from_thread
@@ -15,15 +18,17 @@ import pytest
 from subagents.supervisor import InvalidRequestError, Provider, SubagentRequest, Supervisor, SupervisorConfig
 
 
-def test_a_call_from_another_event_loop_is_refused_and_a_portal_still_works(tmp_path) -> None:
-    opened: dict[str, object] = {}
+@contextlib.contextmanager
+def hosted_in_a_thread(store: Path, config: SupervisorConfig, setup: Callable[[Supervisor], Awaitable[dict[str, Any]]]) -> Iterator[dict[str, Any]]:
+    """A supervisor open in a thread of its own, on its loop, behind a portal: what ``setup`` made, with
+    ``sup`` and ``portal``, until the block ends."""
+    opened: dict[str, Any] = {}
     ready, done = threading.Event(), threading.Event()
 
     async def host() -> None:
         async with anyio.from_thread.BlockingPortal() as portal:
-            async with Supervisor.open(store=tmp_path / "st", config=SupervisorConfig(pool_size=1, durability="none")) as sup:
-                sup.register_provider(Provider(name="echo", program="echo"))
-                opened.update(sup=sup, portal=portal, root=await sup.open_root())
+            async with Supervisor.open(store=store, config=config) as sup:
+                opened.update(await setup(sup), sup=sup, portal=portal)
                 ready.set()
                 await anyio.to_thread.run_sync(done.wait)
 
@@ -31,20 +36,29 @@ def test_a_call_from_another_event_loop_is_refused_and_a_portal_still_works(tmp_
     thread.start()
     try:
         assert ready.wait(60), "the supervisor did not open"
+        yield opened
+    finally:
+        done.set()
+        thread.join(60)
+
+
+def test_a_call_from_another_event_loop_is_refused_and_a_portal_still_works(tmp_path) -> None:
+    async def setup(sup: Supervisor) -> dict[str, Any]:
+        sup.register_provider(Provider(name="echo", program="echo"))
+        return {"root": await sup.open_root()}
+
+    with hosted_in_a_thread(tmp_path / "st", SupervisorConfig(pool_size=1, durability="none"), setup) as opened:
         sup, portal, root = opened["sup"], opened["portal"], opened["root"]
 
         async def elsewhere() -> None:
             with anyio.fail_after(20):
                 with pytest.raises(InvalidRequestError, match="event loop that opened it"):
-                    await sup.start("echo", SubagentRequest(parent=root, prompt="x"))  # type: ignore[attr-defined]
+                    await sup.start("echo", SubagentRequest(parent=root, prompt="x"))
 
         anyio.run(elsewhere)
-        run = portal.call(sup.start, "echo", SubagentRequest(parent=root, prompt="through the portal"))  # type: ignore[attr-defined]
-        assert portal.call(run.result).output == "through the portal"  # type: ignore[attr-defined]
-        portal.call(run.dispose)  # type: ignore[attr-defined]
-    finally:
-        done.set()
-        thread.join(60)
+        run = portal.call(sup.start, "echo", SubagentRequest(parent=root, prompt="through the portal"))
+        assert portal.call(run.result).output == "through the portal"
+        portal.call(run.dispose)
 
 
 def test_a_run_cancelled_from_a_plain_thread_stops_and_its_result_is_refused_on_another_loop(tmp_path) -> None:
@@ -52,53 +66,41 @@ def test_a_run_cancelled_from_a_plain_thread_stops_and_its_result_is_refused_on_
     ``NoEventLoopError`` after it had marked the run cancelled, so the worker kill after ``cancel_grace_s`` was
     never armed and no later cancel did anything; ``run.result()`` awaited on another loop waited in silence.
     A cancel from a thread is handed to the supervisor's loop; ``result`` and ``dispose`` elsewhere are refused."""
-    opened: dict[str, object] = {}
-    ready, done = threading.Event(), threading.Event()
 
-    async def host() -> None:
-        async with anyio.from_thread.BlockingPortal() as portal:
-            config = SupervisorConfig(pool_size=1, durability="none", cancel_grace_s=1.0)
-            async with Supervisor.open(store=tmp_path / "st", config=config) as sup:
-                sup.register_provider(Provider(name="script", program="script"))
-                root = await sup.open_root()
-                run = await sup.start("script", SubagentRequest(parent=root, prompt='{"script": [{"spin": 60000}]}'))
-                opened.update(sup=sup, portal=portal, run=run)
-                ready.set()
-                await anyio.to_thread.run_sync(done.wait)
+    async def setup(sup: Supervisor) -> dict[str, Any]:
+        sup.register_provider(Provider(name="script", program="script"))
+        root = await sup.open_root()
+        return {"run": await sup.start("script", SubagentRequest(parent=root, prompt='{"script": [{"spin": 60000}]}'))}
 
-    thread = threading.Thread(target=anyio.run, args=(host,), daemon=True)
-    thread.start()
-    try:
-        assert ready.wait(60), "the supervisor did not open"
+    config = SupervisorConfig(pool_size=1, durability="none", cancel_grace_s=1.0)
+    with hosted_in_a_thread(tmp_path / "st", config, setup) as opened:
         portal, run = opened["portal"], opened["run"]
 
         async def elsewhere() -> None:
             with anyio.fail_after(20):
                 with pytest.raises(InvalidRequestError, match="event loop that opened it"):
-                    await run.result()  # type: ignore[attr-defined]
+                    await run.result()
                 with pytest.raises(InvalidRequestError, match="event loop that opened it"):
-                    await run.dispose()  # type: ignore[attr-defined]
+                    await run.dispose()
 
         anyio.run(elsewhere)
 
         async def cancel_from_a_thread_the_loop_joins() -> None:
-            stopper = threading.Thread(target=run.cancel, args=("user pressed stop",))  # type: ignore[attr-defined]
+            stopper = threading.Thread(target=run.cancel, args=("user pressed stop",))
             stopper.start()
             stopper.join(20)  # blocking the loop, as a careless UI does: a cancel that waited for the loop deadlocked
             assert not stopper.is_alive()
 
-        portal.call(cancel_from_a_thread_the_loop_joins)  # type: ignore[attr-defined]
-        async def bounded_result():
-            with anyio.fail_after(30):  # the worker is killed cancel_grace_s after the cancel: it ignores it
-                return await run.result()  # type: ignore[attr-defined]
+        portal.call(cancel_from_a_thread_the_loop_joins)
 
-        result = portal.call(bounded_result)  # type: ignore[arg-type]
+        async def bounded_result() -> Any:
+            with anyio.fail_after(30):  # the worker is killed cancel_grace_s after the cancel: it ignores it
+                return await run.result()
+
+        result = portal.call(bounded_result)
         assert result.stop_reason == "aborted", result
-        assert run.cancelled == "user pressed stop"  # type: ignore[attr-defined]
-        portal.call(run.dispose)  # type: ignore[attr-defined]
-    finally:
-        done.set()
-        thread.join(60)
+        assert run.cancelled == "user pressed stop"
+        portal.call(run.dispose)
 
 
 def test_trio_is_refused_where_the_supervisor_opens_before_anything_is_made(tmp_path) -> None:
