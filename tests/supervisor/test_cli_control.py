@@ -206,7 +206,7 @@ def test_a_send_whose_child_was_taken_over_says_so_and_prints_no_other_turns_not
     store_path, ids, proc = host
     root, child = ids["root"], ids["child"]
     _kill(proc)
-    code, out, err = _send_paused_while_taken_over(store_path, root, child, script({"say": "ran ONE"}, {"sleep": 5000}, {"return": "one"}))
+    code, out, err = _send_paused_while_taken_over(store_path, root, child, script({"say": "ran ONE"}, {"sleep": 15000}, {"return": "one"}))
     doc = json.loads(out)
     assert code == 1, (out, err)
     assert doc["notice"] is None and doc["output"] != "two" and doc["taken_over"] is True, doc
