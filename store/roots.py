@@ -29,7 +29,7 @@ from typing import Any, Literal, NamedTuple
 from .appender import append_durably
 from .atomic import NOFOLLOW, read_bytes, write_atomic
 from .catalog import ChildStatus, DiagnosticEntry, damage_reason, listed_children
-from .errors import CorruptSessionError, SessionNotFoundError, SubagentError
+from .errors import CorruptSessionError, SessionNotFoundError, SubagentError, UnavailableSessionError
 from .framing import SkimResult, encode_record, scan_all, scan_suffix, torn_tail
 from .ids import is_valid_session_id
 from .lease import OwnerCache, session_status
@@ -152,6 +152,9 @@ def add_root(store: Store, root_id: str, created_at: float) -> None:
         with rebuilding(_index_file(store)):
             log.warning("index/roots does not read whole (%s): rebuilt from the session headers", exc.reason)
             _write_index(store, _root_headers(store))  # includes this root: its header is published
+    except UnavailableSessionError:
+        store.require_index_files(path)  # a folder or a link in its place: the store's format, said as such
+        raise
 
 
 def compact_roots(store: Store) -> int | None:

@@ -757,3 +757,18 @@ def test_fsck_and_check_report_sessions_whose_parents_loop(st):
     assert "a → b → a" in next(f["detail"] for f in report["findings"] if f["id"] == "a" and f["kind"] == "parent-cycle")
     violations = check_store(st, in_flight_s=0.0)
     assert sorted((v.session_id, v.kind) for v in violations.of_kind("parent-cycle")) == [("a", "parent-cycle"), ("b", "parent-cycle"), ("s", "parent-cycle")], str(violations)
+
+
+def test_a_folder_in_place_of_the_roots_index_is_named_when_a_root_is_made(tmp_path) -> None:
+    """Found by a probe: with ``index/roots`` replaced by a folder, making a root failed ``SESSION_UNAVAILABLE:
+    stored session "roots" is unavailable`` (no session is called that), and ``check``'s advice, ``reindex``,
+    refused. It is the store's format now, saying to move the folder out first."""
+    st = store.Store(str(tmp_path / "st"))
+    store.create_session(st, "first")
+    os.remove(st.roots_index_path)
+    os.mkdir(st.roots_index_path)
+    with pytest.raises(store.StoreFormatError) as caught:
+        store.create_session(st, "second")
+    assert "index/roots in the store at" in caught.value.message and "is a folder" in caught.value.message
+    assert "move it out of the store, then run `subagents store reindex`" in caught.value.message
+    assert not st.exists("second"), "a root that is in no index is rolled back"
