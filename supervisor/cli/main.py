@@ -118,10 +118,8 @@ def _exit_code(exc: BaseException, store_path: str | None, stop: StopSignals | N
         print("interrupted", file=sys.stderr)
         return 130
     if _find(exc, BrokenPipeError) is not None:
-        # the reader went away: nothing more to say, and nothing to say it on; stdout goes to
-        # /dev/null so the interpreter's last flush does not complain either
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        # the reader went away: nothing more to say, and nothing to say it on
+        _drop_stdout()
         return EXIT_BROKEN_PIPE
     error = _find(exc, SubagentError)
     if error is not None:
@@ -131,12 +129,24 @@ def _exit_code(exc: BaseException, store_path: str | None, stop: StopSignals | N
     failure = _find(exc, OSError)
     if failure is not None and failure.errno is not None:  # a system call failed (not a bare TimeoutError)
         log.debug("the command failed", exc_info=exc)
+        try:
+            sys.stdout.flush()
+        except OSError:  # it was stdout that failed (``> /dev/full``, a full disk)
+            _drop_stdout()
         filename = os.path.abspath(str(failure.filename)) if failure.filename is not None else None
         if failure.errno in _READ_ONLY and store_path and filename and filename.startswith(store_path + os.sep):
             return _error("STORE_READ_ONLY", f"the store at {store_path} is read-only: {failure.strerror}: {filename}")
         return _error("OS_ERROR", str(failure))
     traceback.print_exception(exc, file=sys.stderr)
     return _error("INTERNAL", f"{type(exc).__name__}: {exc}")
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, dropping what it still holds: a stdout that failed (a closed pipe, a full
+    disk) fails again at the interpreter's last flush, which prints ``Exception ignored ...`` after the
+    CLI's one line and turns its exit code into 120."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def _error(code: str, message: str) -> int:

@@ -7,12 +7,13 @@ is where a failing stdout spoke up a second time.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from .test_cli_mistakes import CLI, DEADLINE_S, FAST, cli
+from .test_cli_mistakes import CLI, DEADLINE_S, FAST, cli, refused
 
 BUFFERED = {k: v for k, v in FAST.items() if k != "PYTHONUNBUFFERED"}
 VERBS = [("ls",), ("ls", "--json"), ("tree",), ("summary",), ("config", "show"), ("store", "check"), ("top", "--once"),
@@ -40,3 +41,11 @@ def test_a_verb_with_stdout_closed_runs_with_its_output_discarded(tmp_path: Path
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
 
+
+def test_a_stdout_whose_writes_fail_is_one_os_error_line(tmp_path: Path) -> None:
+    """``subagents ls --json > /dev/full`` printed its ``OS_ERROR`` line, then the interpreter's own complaint
+    (``Exception ignored in: <_io.TextIOWrapper name='<stdout>'``) as its last flush failed again, and exited
+    120. What stdout still held is dropped, as for a closed pipe: one line, exit 2."""
+    _seeded(tmp_path)
+    done = _through_sh(">/dev/full", "--store", "st", "ls", "--json", cwd=tmp_path)
+    assert os.strerror(28) in refused(done, "OS_ERROR")
