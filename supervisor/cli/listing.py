@@ -283,10 +283,13 @@ def cmd_show(inv: Invocation) -> int:
 
 def _closing_message(events: list[dict[str, Any]]) -> Any:
     """The session's result: the last non-empty ``assistant/message`` (its text, or its data when it has no text)
-    of a finished turn. An open turn's messages are no result (a crashed one-shot child's "starting" was shown
-    as its result), and nor is anything after the last ``turn/end``."""
-    last_end = next((i for i in range(len(events) - 1, -1, -1) if events[i].get("type") == "turn/end"), -1)
-    for event in reversed(events[:last_end]):
+    of the last finished turn. An open turn's messages are no result (a crashed one-shot child's "starting" was
+    shown as its result), and nor is anything after the last ``turn/end``, or before the one ahead of it: a last
+    turn that failed before it said anything has no result, not an earlier turn's."""
+    ends = [i for i, event in enumerate(events) if event.get("type") == "turn/end"]
+    if not ends:
+        return None
+    for event in reversed(events[ends[-2] + 1 if len(ends) > 1 else 0:ends[-1]]):
         if event.get("type") == "assistant/message":
             data = event.get("data")
             text = data.get("text") if isinstance(data, dict) else data

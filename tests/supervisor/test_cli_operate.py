@@ -97,6 +97,16 @@ def test_show_takes_the_result_from_the_last_finished_turn_never_from_an_open_on
     assert json.loads(ok(st, "show", "c0000000AAAA", "--json"))["result"] == "the closing message\nwith a second line"
 
 
+def test_show_gives_no_result_when_the_last_turn_left_no_closing_message(st: Store) -> None:
+    """Found by a probe: a continuable child whose last turn failed before it said anything was shown with an
+    earlier turn's closing message as its ``result``, beside the last turn's ``error`` outcome (its settlement
+    notice said "It left no closing message."). The result is the last finished turn's closing message only."""
+    with store.LogWriter.open(st, "c0000000AAAA", epoch=0) as writer:
+        writer.append([("turn/start", {}), ("turn/end", {"stop_reason": "error", "diagnostic": "RuntimeError: boom"})], commit=True)
+    doc = json.loads(ok(st, "show", "c0000000AAAA", "--json"))
+    assert (doc["outcome"], doc["failure"], doc["result"]) == ("error", "RuntimeError: boom", None), doc
+    assert not re.search(r"^result\s", ok(st, "show", "c0000000AAAA"), re.M)
+
 def test_log_full_and_json_are_never_cut(st: Store) -> None:
     """log cuts data at 96 characters; --full and --json print it whole."""
     cut = ok(st, "log", "c0000000AAAB")
