@@ -81,6 +81,8 @@ def text_or_stdin(value: str) -> str:
     limit is checked where the message is written)."""
     if value != "-":
         return value
+    if sys.stdin is None:  # started with stdin closed (``<&-``): Python has none to read
+        raise UsageError("stdin is closed: there is no message to read from '-'")
     data = sys.stdin.buffer.read(MAX_RECORD_BYTES + 1)
     if len(data) > MAX_RECORD_BYTES:
         raise SubagentError(f"stdin holds more than {MAX_RECORD_BYTES} bytes: no store accepts a record that large "

@@ -79,6 +79,20 @@ def test_text_that_is_not_utf8_is_refused_before_anything_is_written(copy: tuple
     assert snapshot(path) == before
 
 
+
+@pytest.mark.parametrize("case", ["run --prompt -", "send -"])
+def test_a_message_from_a_closed_stdin_is_refused_before_anything_is_written(copy: tuple[Path, str, list[str]], case: str) -> None:
+    """``--prompt -`` or ``send CHILD -`` with stdin closed (``<&-``) was an ``INTERNAL`` traceback: Python has no
+    ``sys.stdin`` there, and it was read all the same. There is nothing to read: a ``USAGE`` line, as for a
+    stdin that is not UTF-8."""
+    path, root, children = copy
+    before = snapshot(path)
+    args = {"run --prompt -": ["run", "echo", "--prompt", "-"], "send -": ["send", children[-1], "-", "--parent", root]}[case]
+    done = subprocess.run(["sh", "-c", 'exec "$@" <&-', "sh", sys.executable, "-m", "subagents.supervisor.cli", "--store", "st", *args],
+                          cwd=path.parent, env=FAST, capture_output=True, text=True, timeout=90.0)
+    assert "stdin" in refused(done, "USAGE")
+    assert snapshot(path) == before
+
 # -- a session file that is no regular file ------------------------------------------------------
 
 
