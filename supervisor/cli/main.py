@@ -72,8 +72,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return _error(exc.code, exc.message)
     setup_logging(args.log_level, args.log_json)
     if not hasattr(args, "func"):
-        getattr(args, "usage", parser).print_help(sys.stderr)
-        return 2
+        return _error(UsageError.code, args.verbs.no_verb())
     _import_from_here()
     store_path: str | None = None
     stop = StopSignals()

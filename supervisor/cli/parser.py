@@ -132,11 +132,22 @@ class _Parser(argparse.ArgumentParser):
 
 
 class Verbs:
-    """A group of sub-commands (the top level, ``store``, ``config``) that verb modules add to."""
+    """A group of sub-commands (the top level, ``store``, ``config``) that verb modules add to.
 
-    def __init__(self, group: Any, common: argparse.ArgumentParser) -> None:
-        self._group = group
+    Its parser's defaults name it (``verbs``), so that a command line that stops before its verb (``subagents``,
+    ``subagents store``) is told which verbs go on from there (``no_verb``).
+    """
+
+    def __init__(self, parser: argparse.ArgumentParser, common: argparse.ArgumentParser, *, title: str) -> None:
+        self._group = parser.add_subparsers(title=title, metavar="COMMAND")
         self._common = common
+        self._prog = parser.prog
+        parser.set_defaults(verbs=self)
+
+    def no_verb(self) -> str:
+        """The ``USAGE`` message for a command line that names none of these verbs: the verbs to go on with, in
+        the one line every refusal is (it printed its whole usage, and no ``error:`` line for a script to read)."""
+        return f"a command is required: one of {', '.join(self._group.choices)} (see `{self._prog} --help`)"
 
     def add(self, name: str, func: Command, help: str, *, example: str, json: bool = True,
             json_help: str = "print one JSON document", reads_config: bool = True) -> argparse.ArgumentParser:
@@ -154,12 +165,11 @@ class Verbs:
         return sub
 
     def group(self, name: str, help: str, *, example: str) -> "Verbs":
-        """A verb that only groups others (``subagents store fsck``); alone it prints its usage. Its ``--help``
+        """A verb that only groups others (``subagents store fsck``); alone it is a ``USAGE`` error (``no_verb``). Its ``--help``
         ends with ``example``, as every verb's does."""
         parser = self._group.add_parser(name, help=help, description=help, formatter_class=argparse.RawDescriptionHelpFormatter,
                                         epilog="example:\n" + "\n".join(f"  {line}" for line in example.splitlines()))
-        parser.set_defaults(usage=parser)
-        return Verbs(parser.add_subparsers(title=f"{name} commands", metavar="COMMAND"), self._common)
+        return Verbs(parser, self._common, title=f"{name} commands")
 
 
 def new_parser() -> tuple[argparse.ArgumentParser, Verbs]:
@@ -175,4 +185,4 @@ def new_parser() -> tuple[argparse.ArgumentParser, Verbs]:
     _global_options(parser, top=True)
     common = _Parser(add_help=False)
     _global_options(common, top=False)
-    return parser, Verbs(parser.add_subparsers(title="commands", metavar="COMMAND"), common)
+    return parser, Verbs(parser, common, title="commands")

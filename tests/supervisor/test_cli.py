@@ -577,9 +577,16 @@ def test_config_file_from_the_environment_applies_to_commands(tmp_path: Path) ->
     assert done.returncode == 2 and "from-file" in done.stderr  # not a store yet: named in the error
 
 
-def test_no_command_prints_help_and_exits_2(tmp_path: Path) -> None:
-    done = cli(cwd=tmp_path)
-    assert done.returncode == 2 and "usage: subagents" in done.stderr
+@pytest.mark.parametrize("group, verbs", [((), ("demo", "run", "ls", "store", "config")), (("store",), ("fsck", "check", "reindex", "migrate")),
+                                          (("config",), ("show",))], ids=["subagents", "store", "config"])
+def test_no_command_is_one_usage_line_naming_the_commands(tmp_path: Path, group: tuple[str, ...], verbs: tuple[str, ...]) -> None:
+    """`subagents`, `subagents store`, `subagents config` printed their whole usage and exited 2 with no
+    `error:` line, where every other refusal is one `error: CODE: message` line. They say what to go on with."""
+    done = cli(*group, cwd=tmp_path)
+    lines = done.stderr.splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: USAGE: "), done.stderr
+    assert all(verb in lines[0] for verb in verbs) and f"`{' '.join(('subagents', *group))} --help`" in lines[0], lines[0]
+    assert done.stdout == ""
 
 
 # -- terminal rendering ----------------------------------------------------------------------------------
