@@ -138,6 +138,12 @@ def cmd_send(inv: Invocation) -> int:
     return 0 if doc["hosted"] == "elsewhere" or (doc["stop_reason"] == "completed" and doc["notice_problem"] is None) else 1
 
 
+# what ``send`` says of a turn it hosted; null when another supervisor hosts the child (``--json`` has the same keys
+# wherever it runs, so that a script reads ``doc["settled"]`` either way)
+_SETTLEMENT_KEYS = ("settled", "stop_reason", "diagnostic", "notice", "also_delivered", "notice_taken", "output",
+                    "notice_problem", "taken_over")
+
+
 async def _send(config: DeploymentConfig, child: str, message: str, parent: str, wait_s: float, out: render.Output) -> dict[str, Any]:
     """Send; when the child was resumed here, host it until it settles (closing earlier would cancel its turn)."""
     async with Supervisor.open(store=config.store.path, config=config.supervisor) as sup:
@@ -156,10 +162,10 @@ async def _send(config: DeploymentConfig, child: str, message: str, parent: str,
         accepted_at = next((m.ts for m in await anyio.to_thread.run_sync(read_mailbox, sup.store, child) if m.id == message_id), 0.0)
         lease = await anyio.to_thread.run_sync(read_lease, sup.store, child)
         doc: dict[str, Any] = {"message_id": message_id, "child": child, "parent": parent,
-                               "hosted": "here" if lease is not None and lease.owner == owner_id else "elsewhere"}
+                               "hosted": "here" if lease is not None and lease.owner == owner_id else "elsewhere",
+                               "epoch": lease.epoch if lease is not None else None, **dict.fromkeys(_SETTLEMENT_KEYS)}
         if doc["hosted"] == "elsewhere":
-            return doc  # durable in its mailbox: the hosting supervisor runs it
-        doc["epoch"] = lease.epoch if lease is not None else None
+            return doc  # durable in its mailbox: the hosting supervisor runs it, and this command sees none of it
         if not out.json_mode:
             render.render_sent(out, doc)
 

@@ -317,6 +317,22 @@ def test_send_json_after_a_cold_resume(host) -> None:
     assert notice["id"] in [m.id for m in read_mailbox(Store(store_path, create=False), ids["root"])]
 
 
+
+def test_send_json_has_the_same_keys_wherever_the_child_runs(host) -> None:
+    """Found by a probe: --json gave 14 keys when send hosted the child itself but 4 when another supervisor
+    did (``doc["settled"]`` was a KeyError there). The keys are the same; what this command did not see
+    happen, since it did not wait for a turn it does not host, is null."""
+    store_path, ids, proc = host
+    message = script({"return": "x"})
+    elsewhere = json.loads(ok(store_path, "send", ids["child"], message, "--parent", ids["root"], "--json"))
+    _kill(proc)
+    here = json.loads(ok(store_path, "send", ids["child"], message, "--parent", ids["root"], "--json"))
+    assert (elsewhere["hosted"], here["hosted"]) == ("elsewhere", "here")
+    assert list(elsewhere) == list(here), (list(elsewhere), list(here))
+    assert elsewhere["epoch"] == 1
+    unseen = set(elsewhere) - {"message_id", "child", "parent", "hosted", "epoch"}
+    assert {key: elsewhere[key] for key in unseen} == dict.fromkeys(unseen), elsewhere
+
 def test_send_says_why_the_resumed_turn_failed(host) -> None:
     """Found by a probe: send printed only "failed before it finished. It left no closing message." and exited 1,
     the cause being in `log`/`show` alone. It prints the diagnostic as `run` does (and --json carries it)."""
