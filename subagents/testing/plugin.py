@@ -97,8 +97,14 @@ async def supervisor(anyio_backend: Any, subagents_store: Path, request: pytest.
     """An open ``Supervisor`` on ``subagents_store`` with the built-in ``script`` and ``echo`` providers.
 
     Configured by ``@pytest.mark.subagents(...)``; closed (workers stopped, leases
-    released) after the test.
+    released) after the test. Skipped on a backend other than asyncio: with trio
+    installed, anyio's plugin runs each test on both unless the project defines
+    ``anyio_backend``, and a supervisor refuses trio.
     """
+    backend = anyio_backend if isinstance(anyio_backend, str) else anyio_backend[0]
+    if backend != "asyncio":
+        pytest.skip(f"the supervisor runs on asyncio, not {backend}: define an anyio_backend fixture returning "
+                    '"asyncio" to run the test on asyncio alone')
     from subagents.supervisor import Capabilities, Provider, Supervisor, SupervisorConfig
 
     options = supervisor_options(request.node)

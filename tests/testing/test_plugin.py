@@ -118,3 +118,14 @@ def test_plugin_fixture_names_are_not_the_projects() -> None:
                 if any("fixture" in ast.unparse(d) for d in node.decorator_list):
                     ours.add(node.name)
     assert ours and not (ours & PLUGIN_FIXTURES), ours & PLUGIN_FIXTURES
+
+
+def test_without_an_anyio_backend_of_its_own_a_test_runs_on_asyncio_and_its_trio_copy_is_skipped(pytester: pytest.Pytester) -> None:
+    """Found by a probe: with trio installed (the test extra has it), anyio's plugin runs each ``@pytest.mark.anyio``
+    test on asyncio and on trio, and the README's test, which defines no ``anyio_backend``, errored on trio
+    (the supervisor refuses it). The fixture skips that copy, saying how to run on asyncio alone."""
+    pytest.importorskip("trio")
+    pytester.makepyfile(test_user=USER_TESTS.replace('@pytest.fixture\ndef anyio_backend():\n    return "asyncio"\n', ""))
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider", "-rs")
+    result.assert_outcomes(passed=2, skipped=1)
+    result.stdout.fnmatch_lines(["*the supervisor runs on asyncio*anyio_backend*"])
