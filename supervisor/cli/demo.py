@@ -22,6 +22,7 @@ from subagents.store.events import widest_event
 from subagents.store.framing import encode_record
 
 from subagents.worker.programs import load_program
+from subagents.worker.programs.script import iterations_per_ms
 
 from ..config_loader import DeploymentConfig
 from ..errors import UsageError
@@ -43,7 +44,8 @@ def register(verbs: Verbs) -> None:
     demo = verbs.add("demo", cmd_demo, "run N CPU-bound one-shot children in parallel and show the result",
                      example="subagents demo --quick\nsubagents --store /tmp/st demo --children 16 --cpu-ms 200")
     demo.add_argument("--children", type=positive, default=None, help="how many children (default 8)")
-    demo.add_argument("--cpu-ms", type=non_negative, default=None, help="CPU each child burns, in ms (default 400)")
+    demo.add_argument("--cpu-ms", type=non_negative, default=None,
+                      help="each child's work, as ms of one free core of this host (a fixed number of iterations; default 400)")
     demo.add_argument("--quick", action="store_true", help=f"{QUICK_CHILDREN} children × {QUICK_CPU_MS} ms")
     demo.add_argument("--pool", choices=("local", "ray"), default=None, help="where children run (default: the configured pool)")
     demo.add_argument(
@@ -105,7 +107,7 @@ def cmd_demo(inv: Invocation) -> int:
         header = read_header(store, result["id"])
         result["turn_ms"] = read_identity(store, result["id"], header.seed_length or 0).projection.timing.settled_ms
     doc["busy_s"] = sum(r["turn_ms"] for r in doc["results"]) / 1000.0
-    doc["speedup"] = doc["busy_s"] / doc["wall_s"] if doc["wall_s"] > 0 else 0.0
+    doc["speedup"] = doc["work_s"] / doc["wall_s"] if doc["wall_s"] > 0 else 0.0
     doc["listing"] = render.entry_rows(list_children(store, doc["root"]))
     doc["tree"] = render.descendant_rows(list_descendants(store, doc["root"]))
     doc["label"] = read_header(store, doc["root"]).label
@@ -142,14 +144,12 @@ async def _demo(config: DeploymentConfig, children: int, cpu_ms: int, out: rende
         root = await sup.open_root(label="demo")
         if not out.json_mode:
             out.line(f"demo root {root.id}: {children} children × {cpu_ms} ms of CPU, pool of {config.supervisor.pool_size} workers")
+        # a fixed amount of work per child, sized here: a child that burned CPU *for* a time took that time
+        # however many workers shared its core, and the speedup measured the clock (1.9x on one CPU)
+        iterations = round(iterations_per_ms() * cpu_ms)
         pids = sup.pool.worker_pids()
         cpu_before = _worker_cpu_s(pids)
         started = time.perf_counter()
-        runs = []
-        for i in range(1, children + 1):
-            script = {"script": [{"cpu": cpu_ms}, {"return": f"part {i} of {children}: analysed with {cpu_ms} ms of CPU"}]}
-            request = SubagentRequest(parent=root, prompt=json.dumps(script), label=f"part-{i}")
-            runs.append((await sup.start("analyst", request), f"part-{i}"))
 
         with render.DemoProgress(out, children) as progress:
 
@@ -165,9 +165,12 @@ async def _demo(config: DeploymentConfig, children: int, cpu_ms: int, out: rende
                                 "worker": None if worker is None else {"host": worker.host, "pid": worker.pid}})
                 progress.finished(run.id, label, result.stop_reason, elapsed)
 
+            # each result is read (and timed) as it comes, while the next children are still being started
             async with anyio.create_task_group() as tg:
-                for run, label in runs:
-                    tg.start_soon(finish, run, label)
+                for i in range(1, children + 1):
+                    script = {"script": [{"cpu_iters": iterations}, {"return": f"part {i} of {children}: analysed with {cpu_ms} ms of CPU"}]}
+                    request = SubagentRequest(parent=root, prompt=json.dumps(script), label=f"part-{i}")
+                    tg.start_soon(finish, await sup.start("analyst", request), f"part-{i}")
         wall = time.perf_counter() - started
         cpu_after = _worker_cpu_s(pids)
         conversation = await _demo_conversation(sup, root, results, out)
@@ -178,7 +181,8 @@ async def _demo(config: DeploymentConfig, children: int, cpu_ms: int, out: rende
     results.sort(key=lambda r: r["id"])
     return {
         "root": root.id, "children": children, "cpu_ms": cpu_ms, "pool_size": config.supervisor.pool_size, "pool": config.supervisor.pool,
-        "wall_s": wall, "cpu_s": cpu, "cpu_source": source, "results": results, "conversation": conversation,
+        "wall_s": wall, "work_s": children * cpu_ms / 1000.0, "iterations": iterations,
+        "cpu_s": cpu, "cpu_source": source, "results": results, "conversation": conversation,
     }
 
 

@@ -421,13 +421,13 @@ class DemoProgress:
 def render_demo(out: Output, doc: dict[str, Any], shorts: Mapping[str, str] | None = None) -> None:
     """``shorts``: the ids as the commands it shows print them (their shortest unique prefixes)."""
     per = f"{doc['children']} children × {doc['cpu_ms']} ms of CPU on {doc['pool_size']} workers"
-    cpu = f"{doc['cpu_s']:.2f} s ({doc['cpu_source']}; less than the children's time when the host is busy)"
     out.line("")
     out.line(per)
     out.line(f"wall time        {doc['wall_s']:.2f} s")
-    out.line(f"children's time  {doc['busy_s']:.2f} s (the sum of their turns: what one worker would need)")
-    out.line(f"CPU time         {cpu}")
-    out.line(f"speedup          {doc['speedup']:.2f}× (children's time / wall time)")
+    out.line(f"children's work  {doc['work_s']:.2f} s (what one free core needs for all of it: what one worker would take)")
+    out.line(f"time in turns    {doc['busy_s']:.2f} s (the sum of their turns: more than their work when workers share a core)")
+    out.line(f"CPU time         {doc['cpu_s']:.2f} s ({doc['cpu_source']})")
+    out.line(f"speedup          {doc['speedup']:.2f}× (children's work / wall time)")
     if doc.get("pool") == "ray":
         out.line("")
         out.line("where each child ran (Ray node: address/id, worker pid):")

@@ -155,6 +155,32 @@ def test_demo_json_as_the_console_script(tmp_path: Path) -> None:
     assert doc["conversation"][-1]["content"].endswith("follow-up 2 answered: and summarise everything in one line")
 
 
+def test_the_demos_speedup_is_about_one_on_one_cpu(tmp_path: Path) -> None:
+    """Found by a probe: pinned to one CPU the demo still said ``speedup 1.94×``: each child burned CPU *for* a
+    wall-clock time, so two workers sharing one core each took their full time, and the sum of turn times over
+    the wall time measured the clock, not parallel work. Each child now does a fixed amount of work (iterations
+    calibrated on this host), and the speedup is that work's time alone, times the children, over the wall."""
+    if shutil.which("taskset") is None or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs taskset and two CPUs")
+    done = subprocess.run(["taskset", "-c", str(min(os.sched_getaffinity(0))), sys.executable, "-m", "subagents.supervisor.cli",
+                           "--store", "st", "demo", "--children", "4", "--cpu-ms", "150", "--json"],
+                          cwd=tmp_path, env={**FAST, "SUBAGENTS_POOL_SIZE": "2"}, capture_output=True, text=True, timeout=DEADLINE_S * 2)
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads(done.stdout)
+    assert 0 < doc["speedup"] < 1.3, {k: doc[k] for k in ("speedup", "wall_s", "work_s", "busy_s")}
+
+
+def test_each_demo_child_is_timed_when_it_finished_not_when_its_result_was_read(tmp_path: Path) -> None:
+    """Found by a probe: with 600 children every line said about the same ``completed after`` time: results were
+    read only once every child had been started. The first child done is read (and timed) while others start."""
+    done = subprocess.run([sys.executable, "-m", "subagents.supervisor.cli", "--store", "st", "demo", "--children", "120",
+                           "--cpu-ms", "0", "--json"], cwd=tmp_path, env=FAST, capture_output=True, text=True, timeout=DEADLINE_S * 2)
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads(done.stdout)
+    first = min(r["elapsed_s"] for r in doc["results"])
+    assert first < doc["wall_s"] / 2, (first, doc["wall_s"])
+
+
 # -- ls / tree -------------------------------------------------------------------------------
 
 

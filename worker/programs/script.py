@@ -44,7 +44,7 @@ import anyio
 from ..context import RunResult, TurnContext, TurnResult
 from ..listing import render_rows
 
-__all__ = ["script", "parse_script"]
+__all__ = ["script", "parse_script", "iterations_per_ms"]
 
 
 def parse_script(message: Any) -> list[dict[str, Any]]:
@@ -76,13 +76,35 @@ def _burn(ms: float, ctx: Any | None) -> int:
     return x
 
 
-def _iterate(n: int, ctx: Any) -> int:
+def _iterate(n: int, ctx: Any | None) -> int:
     x = 0
     for start in range(0, n, 20000):
         for i in range(start, min(n, start + 20000)):
             x = (x * 31 + i) % 1000003
-        ctx.check()
+        if ctx is not None:
+            ctx.check()
     return x
+
+
+def iterations_per_ms(sample_s: float = 0.1, rounds: int = 5) -> float:
+    """How many ``cpu_iters`` iterations this process runs per millisecond on a free core: the best of
+    ``rounds`` timings of about ``sample_s / rounds`` each (the best, as timings are: a slow round is one the
+    core was taken from, or its clock still ramping). ``subagents demo`` sizes its children's work with
+    it, so their speedup is that work's, not the clock's."""
+    n, best = 20_000, 0.0
+    while True:  # grow one round to its share of the sample
+        began = time.perf_counter()
+        _iterate(n, None)
+        elapsed = time.perf_counter() - began
+        if elapsed >= sample_s / rounds:
+            break
+        n *= 2
+    best = n / (elapsed * 1000.0)
+    for _ in range(rounds - 1):
+        began = time.perf_counter()
+        _iterate(n, None)
+        best = max(best, n / ((time.perf_counter() - began) * 1000.0))
+    return best
 
 
 # how often a ``hold`` looks for its file: a gate opened by a test is seen within this
