@@ -40,7 +40,8 @@ EXIT_NO_TURN = 3  # `interrupt` found no turn running (settled, idle, no live ho
 
 def register(verbs: Verbs) -> None:
     send = verbs.add("send", cmd_send, "send CHILD its next turn as the host user (cold-resumes it when nobody hosts it)",
-                     example='subagents send 01M8MW1K3J5T0000000000000B "and summarise it in one line" --parent 01M8MVY0PZ9RKY15DPNHER70WX')
+                     example='subagents send 01M8MW1K3J5T0000000000000B \'{"script": [{"return": "summarised"}]}\' --parent 01M8MVY0PZ9RKY15DPNHER70WX\n'
+                             '# the demo\'s reviewer runs the script program: its messages are scripts; an llm child takes text')
     send.add_argument("child", metavar="CHILD", help="the continuable child that takes the message")
     send.add_argument("message", metavar="MESSAGE", type=utf8_text, help="the message ('-' reads stdin)")
     send.add_argument("--parent", required=True, metavar="ROOT", help="the session CHILD's header names as its parent (a root, for a child started by a host)")
