@@ -75,7 +75,7 @@ WORKER_MODULES = {
         "Withdrawn", "Rpc", "CancelRpc", "cancelled_before_start", "encode", "decode", "non_text_key", "BLOCKING_RPCS", "CHILD_STARTS",
     ],
     "subagents.worker.errors": ["BudgetExhaustedError", "ToolDeniedError", "ToolArgumentsError", "UnsendableArgumentError", "TurnGoneError", "ProgramLoadError", "ProtocolError", "WorkerCrashedError", "describe_exit"],
-    "subagents.worker.programs.script": ["script", "parse_script"],
+    "subagents.worker.programs.script": ["script", "parse_script", "iterations_per_ms"],
 }
 
 
