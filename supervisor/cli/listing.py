@@ -52,7 +52,7 @@ from subagents.store.reader import committed_damage
 from . import render
 from .filters import add_filters, add_paging, query_of
 from .invocation import Invocation
-from .parser import Verbs
+from .parser import Verbs, number_of
 from .top_view import COLUMNS_HELP, TopView, render_top
 
 __all__ = ["register", "FOLLOW_POLL_S", "TOP_INTERVAL_S"]
@@ -71,7 +71,7 @@ def _stop_on_ctrl_c() -> None:
 def interval(value: str) -> float:
     """Seconds between ``top``'s refreshes, within ``TOP_INTERVALS_S``: ``time.sleep`` overflows on ``inf`` or
     ``1e300`` (after the first snapshot was drawn), and ``1e-300`` redraws in a busy loop."""
-    number = float(value)
+    number = number_of(value)
     low, high = TOP_INTERVALS_S
     if not low <= number <= high:
         raise argparse.ArgumentTypeError(f"must be from {low:g} to {high:g} seconds (a day), not {value!r}")

@@ -21,7 +21,7 @@ from ..config_loader import env_variables
 from ..errors import UsageError
 from .invocation import Invocation
 
-__all__ = ["Verbs", "new_parser", "positive", "non_negative", "positive_float", "utf8_text", "text_or_stdin"]
+__all__ = ["Verbs", "new_parser", "whole", "number_of", "positive", "non_negative", "positive_float", "utf8_text", "text_or_stdin"]
 
 Command = Callable[[Invocation], int]
 
@@ -32,15 +32,32 @@ def _log_level(value: str) -> str:
     raise argparse.ArgumentTypeError(f"{value!r} is not a logging level")
 
 
+def whole(value: str) -> int:
+    """``int(value)``, or the refusal naming what the option takes (argparse named the parser's function:
+    ``invalid positive value``)."""
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+
+
+def number_of(value: str) -> float:
+    """``float(value)``, or the refusal naming what the option takes (``invalid positive_float value``)."""
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+
+
 def positive(value: str) -> int:
-    number = int(value)
+    number = whole(value)
     if number < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return number
 
 
 def non_negative(value: str) -> int:
-    number = int(value)
+    number = whole(value)
     if number < 0:
         raise argparse.ArgumentTypeError("must be at least 0")
     return number
@@ -48,7 +65,7 @@ def non_negative(value: str) -> int:
 
 def seconds(value: str) -> float:
     """A finite number of seconds, 0 included (``--wait-s 0``: do not wait)."""
-    number = float(value)
+    number = number_of(value)
     if not (math.isfinite(number) and number >= 0):
         raise argparse.ArgumentTypeError("must be a finite number of seconds, at least 0")
     return number
@@ -57,7 +74,7 @@ def seconds(value: str) -> float:
 def positive_float(value: str) -> float:
     """A wait of more than 0 seconds, ``inf`` included: ``send`` and ``drain --wait-s inf`` wait as long as it takes
     (an anyio deadline of any size is no sleep that overflows; ``top --interval`` has bounds of its own)."""
-    number = float(value)
+    number = number_of(value)
     if not number > 0:
         raise argparse.ArgumentTypeError("must be more than 0")
     return number

@@ -304,7 +304,7 @@ def test_a_parent_whose_header_is_damaged_still_lists_its_children(tmp_path: Pat
     (["ls", "--bogus"], "unrecognized arguments: --bogus (see `subagents ls --help`)"),
     (["bogusverb"], "argument COMMAND: invalid choice: 'bogusverb' (choose from "),
     (["store", "fsck", "--nope"], "unrecognized arguments: --nope (see `subagents store fsck --help`)"),
-    (["ls", "--limit", "many"], "argument --limit: invalid "),
+    (["ls", "--limit", "many"], "argument --limit: 'many' is not a whole number"),
     (["send"], "the following arguments are required: "),
 ])
 def test_a_usage_error_is_one_error_line_with_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
@@ -372,3 +372,15 @@ def test_drain_may_wait_without_limit(tmp_path: Path, wait_s: str) -> None:
     done = cli("--store", str(path), "drain", root, "--wait-s", wait_s, "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["settled"] is True
+
+
+@pytest.mark.parametrize("argv, shown", [
+    (["send", "01M8MW1K3J5T0000000000000B", "x", "--parent", "01M8MVY0PZ9RKY15DPNHER70WX", "--wait-s", "abc"], "argument --wait-s: 'abc' is not a number"),
+    (["demo", "--children", "many"], "argument --children: 'many' is not a whole number"),
+    (["ls", "--limit", "1.5"], "argument --limit: '1.5' is not a whole number"),
+    (["top", "--interval", "soon"], "argument --interval: 'soon' is not a number"),
+])
+def test_a_number_that_is_not_one_is_named_as_such(tmp_path: Path, argv: list[str], shown: str) -> None:
+    """Found by a probe: ``--wait-s abc`` said ``invalid positive_float value: 'abc'``, naming a function of the
+    parser, not what the option takes."""
+    assert refused(cli(*argv, cwd=tmp_path), "USAGE").startswith(f"{shown} (see `subagents ")
