@@ -218,7 +218,7 @@ class Teardown:
             # read as the log stands (this activation's cursor is stale), and the caller resumes it, which
             # a live holder refuses (it runs the message itself)
             return (not act.discard and not self._admission.closing
-                    and await self._rt.store_thread.run(self._unhosted_waking_pending, act.child_id))
+                    and await self._rt.store_thread.run(lambda: self._has_waking_pending(act, as_logged=True)))
         dropped = False
         rt = self._rt
         try:
@@ -336,19 +336,14 @@ class Teardown:
             if act.admitted:
                 await act.wake.wait()
 
-    def _has_waking_pending(self, act: Activation) -> bool:
+    def _has_waking_pending(self, act: Activation, *, as_logged: bool = False) -> bool:
+        """Whether the child's mailbox holds a waking message not taken yet: past this activation's cursor,
+        or (``as_logged``) past what its log took, for an activation whose cursor is stale (fenced)."""
         try:
-            messages = self._pending(act)
+            messages = pending_of(self._rt.store, act.child_id) if as_logged else self._pending(act)
         except SubagentError:
             return False
         return any(m.wake for m in messages)
-
-    def _unhosted_waking_pending(self, child_id: str) -> bool:
-        """Whether the child's mailbox holds a waking message its log has not taken (as the log reads)."""
-        try:
-            return any(m.wake for m in pending_of(self._rt.store, child_id))
-        except SubagentError:
-            return False
 
     def _pending(self, act: Activation) -> list:
         c = act.cursor

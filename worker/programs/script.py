@@ -91,20 +91,15 @@ def iterations_per_ms(sample_s: float = 0.1, rounds: int = 5) -> float:
     ``rounds`` timings of about ``sample_s / rounds`` each (the best, as timings are: a slow round is one the
     core was taken from, or its clock still ramping). ``subagents demo`` sizes its children's work with
     it, so their speedup is that work's, not the clock's."""
-    n, best = 20_000, 0.0
-    while True:  # grow one round to its share of the sample
+    def timed(n: int) -> float:
         began = time.perf_counter()
         _iterate(n, None)
-        elapsed = time.perf_counter() - began
-        if elapsed >= sample_s / rounds:
-            break
+        return time.perf_counter() - began
+
+    n = 20_000
+    while timed(n) < sample_s / rounds:  # one round grown to its share of the sample
         n *= 2
-    best = n / (elapsed * 1000.0)
-    for _ in range(rounds - 1):
-        began = time.perf_counter()
-        _iterate(n, None)
-        best = max(best, n / ((time.perf_counter() - began) * 1000.0))
-    return best
+    return max(n / (timed(n) * 1000.0) for _ in range(rounds))
 
 
 # how often a ``hold`` looks for its file: a gate opened by a test is seen within this
