@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Mapping
 
@@ -135,8 +135,12 @@ def _make_pool(config: SupervisorConfig, store: Store) -> Pool:
 class Supervisor:
     """Use ``async with Supervisor.open(store=..., config=...) as sup``."""
 
-    def __init__(self, store: Store, config: SupervisorConfig, tg: anyio.abc.TaskGroup, host_stop: HostStop | None = None) -> None:
+    def __init__(
+        self, store: Store, config: SupervisorConfig, tg: anyio.abc.TaskGroup, host_stop: HostStop | None = None,
+        opening: object = None,
+    ) -> None:
         self.store = store
+        self._opening = opening  # its own context manager (``open``): alive as long as the supervisor's tasks are
         self.config = config
         self._pid = os.getpid()  # only this process closes it (``_close``): a fork's copy is no owner of its workers
         self.ids = IdGenerator()
@@ -169,8 +173,26 @@ class Supervisor:
         return TurnRpc(self.runtime, spec, runs=self.runs, continuation=self.continuation)
 
     @classmethod
+    def open(cls, store: str | os.PathLike[str] = "./.subagents", config: SupervisorConfig | None = None) -> AbstractAsyncContextManager["Supervisor"]:
+        """Open the store at ``store`` and start the workers: ``async with Supervisor.open(...) as sup``.
+
+        Leaving the ``async with`` closes it. One whose ``async with`` is never left (entered by
+        hand, ``await cm.__aenter__()``) stays open until its event loop ends, even if nothing
+        refers to its context manager any more; it is then closed as a crashed host would leave
+        it, with a warning: its workers are stopped, its roots released, its turns not awaited
+        (the tasks that would deliver their results are gone by then), and the next supervisor
+        finds every child settled or resumable.
+        """
+        held: list[AbstractAsyncContextManager["Supervisor"]] = []
+        opening = cls._opening(store, config, held)
+        held.append(opening)
+        return opening
+
+    @classmethod
     @asynccontextmanager
-    async def open(cls, store: str | os.PathLike[str] = "./.subagents", config: SupervisorConfig | None = None) -> AsyncIterator["Supervisor"]:
+    async def _opening(
+        cls, store: str | os.PathLike[str], config: SupervisorConfig | None, held: list[AbstractAsyncContextManager["Supervisor"]],
+    ) -> AsyncIterator["Supervisor"]:
         InvalidRequestError.require(store, (str, os.PathLike), "store")
         if store == "":  # the working folder itself: the store's folders made among the caller's files
             raise InvalidRequestError("store must name a folder, not the empty path", field="store")
@@ -182,13 +204,18 @@ class Supervisor:
         handle = Store(store, durability=cfg.durability, max_record_bytes=cfg.max_record_bytes)
         handle.require_writable()  # a supervisor writes from its first step (its owner record): STORE_READ_ONLY now
         own_error: BaseException | None = None  # what the pool's start or the body raised
+        opened_in = anyio.get_current_task().id
+        left_open = False  # finalised by the event loop's end, in a task of its own: the ``async with`` was never left
         try:
             # a listener's KeyboardInterrupt or SystemExit stops the program as its own code raising it would: the
             # body is cancelled, the supervisor closes in order, then it is raised (from inside the supervisor's
             # bookkeeping, it skipped the close, and the process hung at exit)
             host_stop = HostStop()
             async with anyio.create_task_group() as tg:
-                sup = cls(handle, cfg, tg, host_stop)
+                # the supervisor's tasks keep it, and so its context manager, alive until its loop ends: collected
+                # earlier (dropped after a bare ``__aenter__``), the close ran in a task of the garbage
+                # collector's choosing and cancelled the task the task group was entered in, the host's own
+                sup = cls(handle, cfg, tg, host_stop, opening=held)
                 # space only gc spends, so a disk this store fills can still be collected (store/reserve.py)
                 await sup.runtime.store_thread.run(keep_reserve, handle)
                 try:
@@ -211,16 +238,23 @@ class Supervisor:
                         own_error = exc
                         raise
                 finally:
+                    left_open = anyio.get_current_task().id != opened_in
                     with anyio.CancelScope(shield=True):
-                        await sup._close()
-                    tg.cancel_scope.cancel()
+                        await sup._close(left_open=left_open)
+                    if not left_open:
+                        tg.cancel_scope.cancel()
             if host_stop.raised is not None:
                 raise host_stop.raised
-        except BaseExceptionGroup as group:
+        except BaseException as exc:
+            if left_open:
+                # leaving the scopes entered in a task that has ended raises anyio's "different task"
+                # RuntimeError, which says nothing the warning did not; the loop is ending
+                log.debug("the scopes of a supervisor left open were left from another task", exc_info=exc)
+                return
             # The task group wraps whatever left the body (or the pool's start); when that is
             # all it holds, the caller gets that exception back (``except ValueError`` must see
             # a ValueError, ``except SubagentError`` a worker that could not start).
-            if own_error is not None and group.split(lambda exc: exc is own_error)[1] is None:
+            if isinstance(exc, BaseExceptionGroup) and own_error is not None and exc.split(lambda leaf: leaf is own_error)[1] is None:
                 raise own_error from None
             raise
 
@@ -245,7 +279,16 @@ class Supervisor:
                 sup.register_provider(settings.to_provider())
             yield sup
 
-    async def _close(self) -> None:
+    async def _close(self, *, left_open: bool = False) -> None:
+        """Close in order: the continuable children, the runs, the pool, the roots, the store thread.
+
+        ``left_open``: the ``async with`` was never left, and the event loop's end finalises it after
+        cancelling every task, the supervisor's own too. What those tasks would have delivered (a
+        turn's end read from its worker's pipe, an activation's disposal) never comes, so nothing
+        here waits for it: the workers are stopped and the turns they ran end with the pool.
+        Every wait is bounded (a run's ``dispose`` is not, being shielded: the result is awaited
+        here, and the runs forgotten, which is what ``dispose`` does once all of them are done).
+        """
         self._closed = True
         if os.getpid() != self._pid:
             # a process forked from the host, unwinding its copy of the ``async with``: the workers, pipes,
@@ -254,19 +297,25 @@ class Supervisor:
             log.warning("a supervisor opened in process %d is not closed from process %d, forked from it: left to "
                         "its own process", self._pid, os.getpid())
             return
-        with anyio.move_on_after(self.config.cancel_grace_s + 10):
+        if left_open:
+            log.warning("a supervisor of the store %s was never closed (its `async with Supervisor.open(...)` was not "
+                        "left): it is closed as its event loop ends, its turns stopped, not awaited", self.store.root)
+        with anyio.move_on_after(1.0 if left_open else self.config.cancel_grace_s + 10):
             await self.continuation.close()
-        runs = list(self.runs.runs.values())
+        runs = list(self.runs.runs.values())  # the children the runs' turns started too: each is one of them
         for run in runs:
             run.cancel("disposed")
-        with anyio.move_on_after(self.config.cancel_grace_s + 5):
-            for run in runs:
-                await run.dispose()
+        if not left_open:
+            with anyio.move_on_after(self.config.cancel_grace_s + 5):
+                for run in runs:
+                    await run.result()
         await self.runs.aclose()
         await self.pool.aclose()
-        with anyio.move_on_after(5):  # a run whose turn the pool ended at close: its repair and release
+        with anyio.move_on_after(0 if left_open else 5):  # a run whose turn the pool ended at close: its repair and release
             for run in runs:
-                await run.dispose()
+                await run.result()
+        for run in runs:
+            self.runs.forget(run.id)
         for root_id, epoch in list(self._root_epochs.items()):
             try:
                 await anyio.to_thread.run_sync(release_lease, self.store, root_id, self.lease_keeper.owner_id, epoch)
