@@ -15,8 +15,6 @@ is: the next supervisor finds every child settled or resumable.
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -24,7 +22,7 @@ import textwrap
 import anyio
 import pytest
 
-from subagents import Supervisor, SupervisorConfig, Provider, SubagentRequest
+from subagents import Supervisor, SupervisorConfig, Provider
 from subagents.store import check_store
 
 SCRIPT = """
