@@ -16,7 +16,8 @@ from typing import Any, Iterator
 
 import anyio
 
-from subagents.store import list_children, list_descendants
+from subagents.store import SubagentError, check_lease, list_children, list_descendants
+from subagents.store.errors import FencedError
 from subagents.worker.protocol import TurnSpec
 
 from .backend import ChildRun
@@ -29,6 +30,9 @@ from .runtime import Runtime
 __all__ = ["TurnRpc", "catalog_rows"]
 
 log = logging.getLogger(__name__)
+
+# the requests that act for the turn (child starts, messages, reports, interrupts): refused once it was taken over
+_ACTS = frozenset({"spawn", "spawn_wait", "start_continuable", "send_message", "report", "interrupt"})
 
 
 def catalog_rows(entries: list[Any], *, descendants: bool) -> list[dict[str, Any]]:
@@ -88,7 +92,29 @@ class TurnRpc:
         handler = getattr(self, f"_rpc_{method}", None)
         if handler is None:
             raise RpcError.unknown(method)
+        if method in _ACTS:
+            await self._rt.store_thread.run(self._require_lease)
         return await handler(**args)
+
+    def _require_lease(self) -> None:
+        """``FENCED`` when the turn's session is no longer leased to it: another supervisor took it over.
+
+        The worker's own appends are fenced by the store, but what it asks its host to do is written
+        by the host: a host stopped past its lease (``SIGSTOP``, a stalled machine) while the worker
+        went on woke with the worker's request waiting, and created a child under a session the
+        taker had already settled (``store check``: its settled row said it had no children). The
+        lease is read before each request that acts, so a request that arrives once the session was
+        taken over does nothing; one under way when the host stops can still land, as an append
+        under way does. A lease that does not read lets it through: the turn's next append decides.
+        """
+        store, session_id, epoch = self._rt.store, self._spec.session_id, self._spec.epoch
+        try:
+            lease = check_lease(store, session_id)
+        except (SubagentError, OSError):
+            return
+        if lease is not None and (lease.owner != self._rt.owner_id or lease.epoch != epoch):
+            raise FencedError(session_id, epoch=epoch, current_epoch=lease.epoch,
+                              lease=f"epoch {lease.epoch}, {lease.state}, held by {lease.owner}")
 
     async def _start(self, args: dict[str, Any]) -> SubagentRun:
         provider = self._provider(args.pop("provider", None))

@@ -54,3 +54,31 @@ async def test_a_message_accepted_by_a_host_that_was_taken_over_is_run_once_nobo
     assert said(sup.store, child) == ["one", "second"]  # the held turn wrote nothing more once fenced
     report = check_store(sup.store.root)
     assert report.clean, str(report)
+
+
+@pytest.mark.parametrize("effect", [
+    {"spawn": {"prompt": S({"return": "job"}), "label": "job", "wait": False}},
+    {"start_continuable": {"prompt": S({"return": "helper"}), "label": "helper"}},
+    {"report": "stale", "delivery": "wakeup"},
+])
+async def test_a_turn_whose_lease_was_taken_over_has_no_more_effects_through_its_host(tmp_path, effect) -> None:
+    """Found by a probe: host A, stopped past its lease while its child's worker went on, woke with the worker's
+    request to spawn a child waiting on the pipe, and served it: a child created under a session another host
+    had taken over and settled (``store check``: its settled row said it had no children). A turn's request
+    that acts (starts a child, reports, sends, interrupts) is refused once its lease is not its own."""
+    gate = tmp_path / "gate"
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root(label="main")
+        child, _ = await start(sup, root, S({"say": "one"}, {"hold": str(gate)}, effect, {"return": "first"}))
+        with anyio.fail_after(30):
+            while not said(sup.store, child):
+                await anyio.sleep(0.02)
+        _take_over_and_let_go(sup.store, child, sup.lease_keeper.owner_id)
+        gate.touch()  # the worker asks its host to act for a turn that is no longer this host's
+        with anyio.fail_after(30):
+            while child in sup.continuation.activations:
+                await anyio.sleep(0.02)
+        assert await sup.list_children(child) == []
+        assert "stale" not in [message.content for message in await sup.take_messages(root)]
+    report = check_store(sup.store.root)
+    assert report.clean, str(report)
