@@ -444,6 +444,9 @@ class OneShotRuns:
         rt.agents.remove(spec.session_id)
         rt.control.unwatch(spec.session_id)
         state.result = result
+        # the turn's ticket holds the pool's turn, whose end callback holds this state: a cycle that kept a
+        # disposed run, its output twice over, until the cyclic collector ran (a host swung by hundreds of MB)
+        state.ticket = None
         state.done.set()
         rt.events.emit("subagent/end", {**info, "stop_reason": result.stop_reason, "last_assistant_message": result.output or None})
 
