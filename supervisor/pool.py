@@ -15,6 +15,12 @@ event loop (never in threads), so the pending tables need no lock. This
 module hands turns over the pipe, reads the frames back, and turns a
 worker's death into its turns' outcome.
 
+A worker has the host's environment (``os.environ``) as it is when that worker
+starts, whatever the start method, as a ``spawn``ed process would: the pool
+sends it along with the start arguments, and the worker makes it its own
+first. A forkserver's children would otherwise all have the environment the
+host had when the forkserver started, at its first supervisor.
+
 A worker death is seen at once (its sentinel becomes readable): every turn
 resident on it ends — ``aborted`` if its cancellation was asked for, else
 ``error`` naming the pid, exit code or signal — and a replacement starts.
@@ -215,8 +221,12 @@ class WorkerPool(Dispatcher[_Worker]):
         # under fork the worker inherits our end of its pipe: it must close it, or the end of file
         # that tells it we died (even by kill -9) never comes and it outlives us
         inherited = parent_conn if self._start_method == "fork" else None
+        # the host's environment of this moment, which the worker takes for its own: a forkserver's child
+        # would have the host's of when the forkserver started (``worker/main.py``: ``_adopt_environment``)
+        environ = dict(os.environ)
         process = self._context.Process(
-            target=worker_entry, args=(child_conn, self._log_level, inherited, self._turns_per_worker, self._log_json), daemon=True,
+            target=worker_entry, args=(child_conn, self._log_level, inherited, self._turns_per_worker, self._log_json, environ),
+            daemon=True,
             name=f"subagents-worker-{index}",
         )
         try:

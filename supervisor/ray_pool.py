@@ -33,6 +33,15 @@ pending ``watch()`` call on it too) is replaced, and so is every worker actor,
 as each holds the dead service's handle: their turns end ``error`` saying so,
 and ``statistics().store_service_restarts`` counts it.
 
+The environment is not the host's of the moment: an actor runs in a Ray worker
+process of its node, with the environment Ray gave it (that of the process
+that started the node, ``ray start`` there, plus the job's ``runtime_env``
+``env_vars`` if the application joined the cluster itself with one). The local pool hands each worker the host's ``os.environ`` of the moment
+(``pool.py``); this one sends none, since a node elsewhere has its own, and a
+variable such as an API key set in the host would otherwise travel through the
+cluster. So the ``llm`` program's ``SUBAGENTS_LLM_*`` settings and key are the
+nodes' to set.
+
 One owner for the mutable state: every method and task runs on the
 supervisor's asyncio loop. Ray is imported only when this pool starts.
 """

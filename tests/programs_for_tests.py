@@ -123,6 +123,12 @@ async def node_then_hold(ctx: TurnContext) -> str:
     return "held"
 
 
+async def environment_value(ctx: TurnContext) -> str:
+    """``<pid> <value>`` of the environment variable the turn's message names (``<unset>``): what a program
+    that reads its settings from the environment (the ``llm`` program) sees in its worker."""
+    return f"{os.getpid()} {os.environ.get(ctx.text, '<unset>')}"
+
+
 async def echo_upper(ctx: TurnContext) -> str:
     """The turn's message in capitals: a program only reachable by its import path."""
     return ctx.text.upper()

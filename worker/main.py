@@ -24,6 +24,7 @@ neither runs on for nobody nor commits its end after its host is gone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import os
@@ -31,7 +32,7 @@ import select
 import sys
 import threading
 from collections import deque
-from typing import Any, Coroutine
+from typing import Any, Coroutine, Mapping
 
 import anyio
 
@@ -259,13 +260,39 @@ def _exit_at_hangup(fd: int) -> None:
     os._exit(0)
 
 
+def _adopt_environment(environ: Mapping[str, str]) -> None:
+    """Make this process's environment ``environ``: the host's ``os.environ`` as it was when the pool started this worker.
+
+    A forkserver forks every worker from itself, with the environment the host had when the forkserver
+    started (at the first supervisor of the host process): a later supervisor's workers, and a replacement
+    started after the host's environment changed, saw that old one, and the ``llm`` program sent its
+    requests to an endpoint the host's environment no longer named, with the old model and without a key
+    set since. Applied first, every start method gives what ``spawn`` gives. Nothing of the worker's own is
+    lost: neither ``multiprocess`` nor the pool sets a variable in a worker (all three start methods give
+    the host's environment, no more, no less). Only what differs is changed, through ``os.environ``, so
+    C code and the processes a program starts see it too. A variable the C library refuses (a name with
+    ``=``, which only a host's own startup environment can hold) is left as it is, not a failed start.
+    """
+    for name in [name for name in os.environ if name not in environ]:
+        with contextlib.suppress(ValueError, OSError):
+            del os.environ[name]
+    for name, value in environ.items():
+        if os.environ.get(name) != value:
+            with contextlib.suppress(ValueError, OSError):
+                os.environ[name] = value
+
+
 def worker_entry(conn: Any, log_level: int = logging.WARNING, inherited: Any = None, turns_per_worker: int = 1,
-                 log_json: bool = False) -> None:
+                 log_json: bool = False, environ: Mapping[str, str] | None = None) -> None:
     """Process target: serve the supervisor on ``conn`` until it goes away.
 
+    ``environ`` is the host's environment when the pool started this worker: it
+    replaces the worker's own before anything else runs (``_adopt_environment``).
     ``inherited`` is the supervisor's end of the pipe when the worker was forked
     with it: closed first, so that the supervisor's death reads as end of file.
     """
+    if environ is not None:
+        _adopt_environment(environ)
     worker_started()
     if inherited is not None:
         inherited.close()
