@@ -4,7 +4,9 @@ Each step sends the conversation (rebuilt from this session's own log, so a
 resumed continuable child keeps its transcript) with the model-facing tools
 of ``worker/model_tools.py`` as function tools; tool calls are recorded in the
 log and answered; a reply without tool calls ends the turn. ``finish_reason
-== "length"`` ends it ``max-tokens``, ``"content_filter"`` ends it ``refusal``.
+== "length"`` ends it ``max-tokens``, ``"content_filter"`` ends it ``refusal``,
+and any other but ``stop`` and ``tool_calls`` (DeepSeek's ``insufficient_system_resource``)
+ends it ``error``, its text kept as the output.
 
 The client is ``openai.AsyncOpenAI`` with ``base_url`` (DeepSeek and any
 compatible endpoint), for its typed errors. The program makes the attempts
@@ -157,6 +159,10 @@ def _transcript(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+# the finish reasons of a reply that ended as the model meant it to (``None``: an endpoint that sends none);
+# ``length``, ``content_filter`` and ``refusal`` have their own stop reasons, and any other is an error
+_NORMAL_ENDS = frozenset({"stop", "tool_calls", "function_call", None})
+
 _UNANSWERED = "error: its outcome is unknown: the turn ended before it returned"
 
 
@@ -265,6 +271,9 @@ class LlmProgram:
                     return TurnResult(output=content, stop_reason="refusal", diagnostic="the model declined the request")
                 if finish == "content_filter":
                     return TurnResult(output=content, stop_reason="refusal", diagnostic="the endpoint's content filter stopped the reply")
+                if finish not in _NORMAL_ENDS:  # DeepSeek's insufficient_system_resource: a cut reply, whose calls are not run
+                    return TurnResult(output=content, stop_reason="error", diagnostic=redact(
+                        f'the model ended its reply with finish_reason "{_clip(str(finish))}", which is no normal end: its text may be cut short'))
                 if not calls:
                     return content
                 messages.append({"role": "assistant", "content": content or None, "tool_calls": calls})
