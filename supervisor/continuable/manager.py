@@ -74,6 +74,7 @@ class ContinuationManager:
         """A root its supervisor let go of: a drain's closing of admission below it ends with it, as when an
         activation is disposed (a root opened again takes children again)."""
         self._admission.reopen(root_id)
+        self._delivery.forget(root_id)  # its mailbox, kept open for its notices
 
     def stopping(self, child_id: str) -> bool:
         """Whether an interrupt already cancelled the turn the child has in flight here."""
