@@ -1,12 +1,21 @@
 """How the ``llm`` program ends a turn on replies and records a second probe found it mishandled (127.0.0.1, port 0).
 
 Each test names what the probe saw: a finish reason the program did not know (DeepSeek's
-``insufficient_system_resource``) reported ``completed`` with the cut text.
+``insufficient_system_resource``) reported ``completed`` with the cut text; the answer of a call
+whose turn was stopped read to the model as a Python dict repr.
 """
 
 from __future__ import annotations
 
+import threading
+from http.server import BaseHTTPRequestHandler
+
+import anyio
 import pytest
+
+from subagents.store.events import TOOL_OUTCOME_UNKNOWN
+from subagents.supervisor import Capabilities, ContinuableSpec, Provider, Supervisor, SupervisorConfig, UserAuthority
+from subagents.worker.programs.llm import _transcript
 
 from . import test_llm_faults
 from .test_llm_faults import completion, program, run_once
@@ -34,3 +43,49 @@ async def test_a_stop_or_absent_finish_reason_still_completes(tmp_path, endpoint
     answers.append(completion("fine", finish=finish))
     result, _, _ = await run_once(tmp_path, program(base_url, max_retries=0))
     assert (result.stop_reason, result.output, result.diagnostic) == ("completed", "fine", None), result
+
+
+def test_a_failed_call_whose_error_is_a_record_reads_as_a_sentence() -> None:
+    """A call's ``error`` written as a record (``TOOL_OUTCOME_UNKNOWN``, by a stopped turn's end or crash repair)
+    was rendered with ``str()``: the model read ``error: {'name': 'ToolOutcomeUnknownError', ...}``."""
+    errors = [dict(TOOL_OUTCOME_UNKNOWN), {"code": "NOT_FOUND", "message": "no such agent"}, {"code": "NOT_FOUND"}, {"x": 1},
+              "RuntimeError: boom"]
+    events = [{"type": "message/accepted", "data": {"content": "go"}}, {"type": "step/start", "data": {}}]
+    for n, error in enumerate(errors):
+        events += [{"type": "tool/call", "data": {"call_id": f"c{n}", "name": "list_agents", "args": {}}},
+                   {"type": "tool/result", "data": {"call_id": f"c{n}", "is_error": True, "error": error}}]
+    assert [m["content"] for m in _transcript(events) if m["role"] == "tool"] == [
+        "error: its outcome is unknown: the turn ended before it returned", "error: NOT_FOUND: no such agent",
+        "error: NOT_FOUND", 'error: {"x": 1}', "error: RuntimeError: boom"]
+
+
+async def test_the_call_an_interrupt_cut_off_is_answered_in_words_at_the_next_turn(tmp_path, endpoint) -> None:
+    """Interrupted while its ``subagent`` call waited, a continuable child's next turn told its model the call's
+    answer as ``error: {'name': 'ToolOutcomeUnknownError', 'code': 'TOOL_OUTCOME_UNKNOWN'}``."""
+    base_url, seen, answers = endpoint
+    asked, release = threading.Event(), threading.Event()
+
+    def held(handler: BaseHTTPRequestHandler) -> None:  # the grandchild's request: answered only at the test's end
+        asked.set()
+        release.wait(30)
+        handler.close_connection = True
+
+    answers += [completion(calls=[("subagent", {"description": "g", "prompt": "GRAND"})]), held, completion("ok")]
+    try:
+        async with Supervisor.open(store=tmp_path / "st", config=SupervisorConfig(pool_size=2, durability="none")) as sup:
+            sup.register_provider(Provider(name="llm", program=program(base_url, max_retries=0), capabilities=Capabilities.all(),
+                                           continuable=True))
+            root = await sup.open_root()
+            child_id, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="llm", prompt="delegate", label="C"))
+            assert await anyio.to_thread.run_sync(asked.wait, 30)
+            await sup.interrupt(child_id, authority=UserAuthority(root.id), wait_s=5)
+            with anyio.fail_after(30):
+                await sup.wait_for_message(root)
+            await sup.followup(root, child_id, "again")
+            with anyio.fail_after(30):
+                await sup.wait_for_message(root)
+    finally:
+        release.set()
+    [again] = [request for request in seen if request["messages"][-1] == {"role": "user", "content": "again"}]
+    assert [m["content"] for m in again["messages"] if m["role"] == "tool"] == [
+        "error: its outcome is unknown: the turn ended before it returned"]

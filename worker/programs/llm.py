@@ -65,6 +65,8 @@ from urllib.parse import urlsplit
 import anyio
 import anyio.lowlevel
 
+from subagents.store.events import TOOL_OUTCOME_UNKNOWN
+
 from ..context import TurnContext, TurnResult
 from ..model_tools import DelegationConfig, ToolOutcome, model_tools, parse_arguments
 from ..redaction import Redactor
@@ -172,8 +174,21 @@ def _result_text(data: dict[str, Any]) -> str:
     if isinstance(value, dict) and isinstance(value.get("text"), str):
         return value["text"]
     if data.get("is_error"):
-        return f"error: {data.get('error')}"
+        return _error_text(data.get("error"))
     return json.dumps(value)
+
+
+def _error_text(error: Any) -> str:
+    """A call's logged ``error`` as a sentence: a record (``TOOL_OUTCOME_UNKNOWN``, written by a stopped turn's
+    end and by crash repair) was rendered with ``str()``, and the model read a Python dict."""
+    if isinstance(error, str) and error:
+        return f"error: {error}"
+    if isinstance(error, dict):
+        if error.get("code") == TOOL_OUTCOME_UNKNOWN["code"]:
+            return _UNANSWERED
+        said = ": ".join(part for part in (error.get("code"), error.get("message")) if isinstance(part, str) and part)
+        return f"error: {said or json.dumps(error, default=str)}"
+    return "error: the call failed"
 
 
 
