@@ -51,7 +51,7 @@ from subagents.store import (
     validate_session_id,
 )
 from subagents.store.errors import FencedError
-from subagents.store.mailbox import mailbox_data_end
+from subagents.store.mailbox import mailbox_data_end, require_consumed_prefix
 from subagents.store.reserve import keep_reserve
 from subagents.worker.protocol import TurnSpec
 
@@ -600,6 +600,10 @@ class Supervisor:
                         mailbox_end=projection.mailbox_end,
                     )
                     if not messages:
+                        # nothing pending, perhaps because the mailbox refuses every acceptance: damage in its
+                        # consumed part, which the pending read starts after. The host waiting on it is told,
+                        # as the notices' senders were (it waited out its timeout, for good without one)
+                        require_consumed_prefix(self.store, root_id, projection)
                         return messages
                     try:
                         writer.append([("message/accepted", m.to_event_data()) for m in messages], first_seq=writer.next_seq, commit=True)

@@ -139,3 +139,26 @@ async def test_a_notice_a_damaged_parent_mailbox_refuses_is_one_line_naming_the_
                 await anyio.sleep(0.02)
     [record] = [r for r in caplog.records if "settlement notice was not delivered" in r.getMessage()]
     assert record.exc_info is None and "CORRUPT_SESSION" in record.getMessage(), record.getMessage()
+
+
+async def test_a_roots_mailbox_damaged_in_its_consumed_part_is_reported_to_the_host_that_takes(tmp_path):
+    """Found by a corruption probe: with a byte of the root's last consumed notice flipped, every later notice
+    was refused (a log line), while ``take_messages`` read only past the consumed part, found nothing and
+    returned ``[]``, and ``wait_for_message`` waited out its timeout, for good without one. A take that finds
+    nothing now checks what acceptances check and says ``CORRUPT_SESSION``."""
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        child_id, _ = await start(sup, root, S({"return": "ready"}))
+        await settled(sup, root, child_id)
+        path = Path(sup.store.path(root.id, "mailbox"))
+        data = bytearray(path.read_bytes())
+        end = len(data.rstrip(b"\0"))
+        data[end - 3] ^= 0xFF  # inside the consumed notice
+        path.write_bytes(bytes(data))
+        await sup.followup(root, child_id, S({"return": "second"}))  # runs; its notice cannot be accepted
+        with pytest.raises(SubagentError) as caught:
+            await sup.wait_for_message(root, timeout_s=30)
+        assert caught.value.code == "CORRUPT_SESSION" and root.id in str(caught.value)
+        with pytest.raises(SubagentError) as caught:
+            await sup.take_messages(root)
+        assert caught.value.code == "CORRUPT_SESSION"
