@@ -24,7 +24,9 @@ interrupted ``gc`` left in ``trash/`` (``collecting``: harmless, the next gc end
 a gc moved aside in ``trash/`` rather than delete (``set-aside``: another program's), and the
 temporary files of rewrites a kill interrupted (``interrupted-write``: ``store/leftovers.py``), and sessions whose
 header names a parent the store no longer holds (``parent-missing``: no listing reaches them), and sessions
-that are their own ancestors by headers edited by hand (``parent-cycle``: the same). Every read goes through the store's
+that are their own ancestors by headers edited by hand (``parent-cycle``: the same), and ``settled`` rows that say a
+child has no children while its index lists one (``row-stale``: an earlier version's creation under a settled child;
+written again on repair). Every read goes through the store's
 defensive readers, so a damaged file is a finding about its own session.
 """
 
@@ -41,7 +43,7 @@ from .committed import CommittedEnds
 from .errors import LeaseHeldError, SubagentError, UnreadableStoreError
 from .header import parent_loops
 from .ids import is_valid_session_id
-from .index import read_index
+from .index import IndexEntry, read_index
 from .leftovers import find_leftovers
 from .lease import acquire_lease, check_lease, maintenance_owner, owner_alive, owner_record_unreadable, read_lease, read_owner, release_lease
 from .log import LogWriter, read_projection
@@ -49,6 +51,7 @@ from .mailbox import read_mailbox, require_consumed_prefix
 from .reader import Inspection, inspect, inspect_error_kind, read_header
 from .root import COMPANIONS, Store
 from .roots import indexed_roots, roots_index_problem
+from .rows import has_subagent_children, repair_has_children
 
 __all__ = ["fsck"]
 
@@ -104,7 +107,7 @@ def fsck(store: Store, *, repair: bool, lease_ttl_s: float) -> dict[str, Any]:
         abandoned = _abandoned_lease(store, name, repair=repair, lease_ttl_s=lease_ttl_s)
         if abandoned is not None:
             findings.append(abandoned)
-    findings.extend(_index_findings(store, [name for name in names if is_valid_session_id(name)]))
+    findings.extend(_index_findings(store, [name for name in names if is_valid_session_id(name)], repair=repair))
     findings.extend({"id": one.name, "kind": "interrupted-write", "detail": f"the temporary file of a rewrite whose "
                      f"process (pid {one.pid}) was killed before renaming it: harmless, never read; the next "
                      f"`subagents gc` removes it" + ("" if one.removable else " once it is a minute old and its process gone")}
@@ -301,9 +304,10 @@ def _repair_torn(store: Store, session_id: str, lease_ttl_s: float) -> str:
     return f"repaired under lease epoch {taken.epoch}" + (f", {closed} closing events appended" if closed else "")
 
 
-def _index_findings(store: Store, session_ids: list[str]) -> list[dict[str, Any]]:
+def _index_findings(store: Store, session_ids: list[str], *, repair: bool = False) -> list[dict[str, Any]]:
     """Index entries the headers do not back, headers the index misses (roots too), and damaged index
-    files, ``index/roots`` included (``store reindex`` fixes all three). ``session_ids``: every id in
+    files, ``index/roots`` included (``store reindex`` fixes all three); and ``settled`` rows that say a
+    child has no children while its index lists one (``row-stale``, written again on ``repair``). ``session_ids``: every id in
     ``sessions/`` whatever its file type: a folder, a link or a FIFO in a session's place has a header
     that does not read, and ``reindex`` keeps its entry as it keeps a damaged file's."""
     proven: dict[str, set[str]] = {}
@@ -350,6 +354,7 @@ def _index_findings(store: Store, session_ids: list[str]) -> list[dict[str, Any]
         for problem in found.problems:
             findings.append({"id": parent, "kind": "index-damaged", "detail": f"children index of {parent}: {problem} (run `subagents store reindex`)"})
         indexed = {e.id for e in found.entries}
+        findings.extend(_stale_rows(store, parent, found.entries, repair=repair))
         for child in sorted(proven.get(parent, set()) - indexed):
             if not found.needs_reindex and evidence_of_use(store, child, has_children=child in proven) is None:
                 findings.append({"id": child, "kind": "unacknowledged", "detail": f"child of {parent} by its header, absent from "
@@ -383,6 +388,31 @@ def _index_findings(store: Store, session_ids: list[str]) -> list[dict[str, Any]
             findings.append({"id": child, "kind": "parent-missing", "detail": f"its header names parent {parent}, which the "
                              "store does not hold: no listing reaches it and no gc collects it (restore the parent's file, "
                              "or remove this session's files by hand)"})
+    return findings
+
+
+def _stale_rows(store: Store, parent: str, entries: list[IndexEntry], *, repair: bool) -> list[dict[str, Any]]:
+    """``settled`` rows that say ``has_children`` false of a child whose own index lists a subagent child:
+    a child started under it once it had settled, by a version that left the row as it was (FORMAT.md
+    §9). Listings then say it has none, and ``store check`` reports ``index-row``. ``repair`` appends
+    the row again, under the child's lock, with ``has_children`` true (``store/rows.py``)."""
+    findings: list[dict[str, Any]] = []
+    for entry in entries:
+        if entry.settled is None or entry.settled.has_children is not False or not has_subagent_children(store, entry.id):
+            continue
+        finding: dict[str, Any] = {"id": entry.id, "kind": "row-stale", "detail": f"its settled row in the children index "
+                                   f"of {parent} says it has no children; its own index lists some (a child created under "
+                                   "it after it settled): listings say it has none (`subagents store fsck --repair` "
+                                   "writes the row again)"}
+        if repair:
+            try:
+                done = repair_has_children(store, entry.id)
+            except (SubagentError, OSError) as exc:
+                finding["repair"] = f"not repaired: {exc}"
+            else:
+                finding["repair"] = "row written again, has_children true" if done else "not repaired: the row changed meanwhile"
+            finding["repaired"] = finding["repair"].startswith("row written")
+        findings.append(finding)
     return findings
 
 

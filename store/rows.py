@@ -21,6 +21,13 @@ whose ``lstat`` finds the file shorter, or written since, reads the file
 instead, so a file damaged in place behind the store's back lists as damaged.
 A row that lies while its file keeps its time (an index edited by hand) is
 caught by ``check`` (``index-row``), not by every listing.
+
+A settled child gains a child only from outside (a one-shot start under it,
+``create_under_settled_parent``): that creation marks the row ``active``
+before and writes it again after, with ``has_children`` true
+(``childless_row``, ``note_active_for_child``, ``note_has_children``); a row
+an earlier version left saying otherwise is ``fsck --repair``'s
+(``repair_has_children``).
 """
 
 from __future__ import annotations
@@ -35,13 +42,17 @@ from .header import SessionHeader
 from .index import IndexEntry, Settled, mark_active, mark_settled, read_index
 from .index_writers import IndexWriters
 from .lease_record import Lease
+from .locks import PinnedLock
 from .outcome import is_dropped_text, outcome_of
 from .projection import Projection
 from .reader import inspect, open_session, read_header
 from .root import Store
 from .session_file import SessionFile
 
-__all__ = ["settled_row", "note_active", "note_settled", "row_problem"]
+__all__ = [
+    "settled_row", "note_active", "note_settled", "childless_row", "note_active_for_child", "note_has_children",
+    "repair_has_children", "has_subagent_children", "row_problem",
+]
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +80,7 @@ def settled_row(
     elif not isinstance(projection.identity, (OneShotDescriptor, ContinuableDescriptor)):
         return None
     verdict = outcome_of(projection, held=False)
-    # most children have no index of their own: one ``access`` says so without raising and catching
-    # the ``FileNotFoundError`` a read would (a release pays this for every child)
-    has_children = os.access(store.children_index_path(header.id), os.F_OK) and any(
-        e.origin == "subagent" for e in read_index(store, header.id).entries)
+    has_children = has_subagent_children(store, header.id)
     return Settled(verdict.outcome, verdict.error_code, verdict.error, projection.last_ts, has_children,
                    file.data_start + projection.end_offset, os.fstat(file.fd).st_mtime_ns)
 
@@ -122,6 +130,78 @@ def note_settled(
         log.warning("no 'settled' row for %s: %s", session_id, exc, extra={"session": session_id})
 
 
+def childless_row(store: Store, session_id: str) -> tuple[str, Settled] | None:
+    """Under the session's lock: its parent and its ``settled`` row, when that row says it has no
+    children (``has_children`` false); ``None`` for any other row (``active``, none, a row that says it
+    has some or does not say), or a session with no row (a root, a plain fork).
+
+    A settled child runs no turn, so nothing of its own gives it a child; one started under it from
+    outside (a one-shot start takes any parent the store holds: ``create_under_settled_parent``) would
+    leave this row wrong. Such a creation reads this first, under the same lock a release takes, and
+    marks the row ``active`` before it creates the child (``note_active_for_child``), then writes it
+    again with ``note_has_children``. One read of the parent's index: paid only by creations under a
+    session no live agent of the creator holds."""
+    header = _child_header(store, session_id)
+    if header is None:
+        return None
+    parent = header.parent_session
+    assert parent is not None
+    entry = next((e for e in read_index(store, parent).entries if e.id == session_id), None)
+    if entry is None or entry.settled is None or entry.settled.has_children is not False:
+        return None
+    return parent, entry.settled
+
+
+def note_active_for_child(store: Store, parent: str, session_id: str) -> None:
+    """Under the session's lock, before a child is created under it while its row says it has none
+    (``childless_row``): the row stops being ``settled``, durably (``mark_active``), so a kill before
+    ``note_has_children`` leaves it listed from its files, which then say what it has, never a
+    ``settled`` row that lies. A failure is logged, as for ``note_active``: the creation goes on."""
+    try:
+        mark_active(store, parent, session_id)
+    except (SubagentError, OSError) as exc:
+        log.warning("no 'active' row for %s before its new child: %s", session_id, exc, extra={"session": session_id})
+
+
+def note_has_children(store: Store, parent: str, session_id: str, settled: Settled) -> None:
+    """Under the session's lock, once a child of it is in its index: its ``settled`` row again (the
+    latest state record is the row), the same but for ``has_children``, now true. Its ``mtime_ns`` and
+    ``end`` stay the release's: creating a child writes nothing to this session's file. Not fsync'd,
+    like every ``settled`` row; one that is lost (or not written) leaves the row ``active`` when the
+    creation marked it so first, listed from the session's files, which are right."""
+    try:
+        mark_settled(store, parent, session_id, replace(settled, has_children=True))
+    except (SubagentError, OSError) as exc:
+        log.warning("no 'settled' row for %s after its new child: %s", session_id, exc, extra={"session": session_id})
+
+
+def repair_has_children(store: Store, session_id: str) -> bool:
+    """``fsck --repair``: under the session's lock, write its ``settled`` row again with ``has_children``
+    true when the row says it has none while its index lists a subagent child (a child started under it
+    once it had settled, by a version that left its row as it was). Whether a row was written."""
+    try:
+        lock = PinnedLock(store.session_path(session_id), create=False)
+        lock.acquire()
+    except FileNotFoundError:
+        return False  # collected meanwhile
+    try:
+        row = childless_row(store, session_id)
+        if row is None or not has_subagent_children(store, session_id):
+            return False
+        mark_settled(store, row[0], session_id, replace(row[1], has_children=True))
+        return True
+    finally:
+        lock.release()
+
+
+def has_subagent_children(store: Store, session_id: str) -> bool:
+    """Whether the session's own index lists a subagent child: the ``has_children`` of its row."""
+    # most sessions have no index of their own: one ``access`` says so without raising and catching
+    # the ``FileNotFoundError`` a read would (a release pays this for every child)
+    return os.access(store.children_index_path(session_id), os.F_OK) and any(
+        e.origin == "subagent" for e in read_index(store, session_id).entries)
+
+
 def row_problem(store: Store, entry: IndexEntry, header: SessionHeader, lease: Lease | None, lease_live: bool) -> str | None:
     """What in ``entry``'s row its child's files contradict, or ``None`` (``check``; the caller reads the lease).
 
@@ -157,5 +237,9 @@ def row_problem(store: Store, entry: IndexEntry, header: SessionHeader, lease: L
         if entry.settled.error is None and is_dropped_text(now.error):
             now = replace(now, error=None)  # ... nor what work was dropped unrun
     if now != entry.settled:
-        return f"its settled row says {entry.settled}; its log says {now}"
+        fix = ""
+        if now is not None and entry.settled.has_children is False and now == replace(entry.settled, has_children=True):
+            # a child started under it once it had settled, by a version that left the row as it was
+            fix = " (a child created under it since it settled; `subagents store fsck --repair` writes the row again)"
+        return f"its settled row says {entry.settled}; its log says {now}{fix}"
     return None

@@ -45,11 +45,12 @@ from .framing import encode_record
 from .header import SessionHeader, parse_header
 from .ids import is_valid_session_id, validate_session_id
 from .descriptor import ContinuableDescriptor, OneShotDescriptor
-from .index import IndexEntry, add_child, add_children, drop_index, prepare_index, remove_child
+from .index import IndexEntry, Settled, add_child, add_children, drop_index, prepare_index, remove_child
 from .lease import Lease, LeaseState
 from .locks import PinnedLock
 from .projection import Projection
 from .root import COMPANIONS, Store
+from .rows import childless_row, note_active_for_child, note_has_children
 from .roots import add_root, remove_root
 from .session_file import block_padding, encode_session
 
@@ -165,6 +166,15 @@ def create_under_settled_parent(store: Store, request: NewSession) -> CreatedSes
     entry, the child is either in the index when ``gc`` looks (the subtree stays) or created after
     ``gc`` moved the parent away (``SessionNotFoundError`` for the parent, nothing written). A parent
     this process holds a live lease on needs none of this: ``gc`` keeps a held subtree.
+
+    The same lock keeps the parent's own row true (FORMAT.md §9). A parent that has settled has a
+    ``settled`` row in its parent's children index, which may say ``has_children`` false; its first
+    child would make that row lie (``store check``: ``index-row``; listings: no children). So such a
+    row is marked ``active`` (durably) before the child is created, and appended again with
+    ``has_children`` true once it is indexed: the latest state record is the row. A kill between leaves
+    the row ``active``, listed from the parent's files (right, with or without the child); a failed
+    creation leaves it so too. A parent whose row already says it has children (every later child)
+    costs one read of that index, and no write.
     """
     parent = request.parent_session
     assert parent is not None, "a child has a parent"
@@ -174,12 +184,26 @@ def create_under_settled_parent(store: Store, request: NewSession) -> CreatedSes
     except FileNotFoundError:  # gone already, or moved to the trash while we waited
         raise SessionNotFoundError(parent) from None
     try:
+        row = _childless_row(store, parent)
+        if row is not None:
+            note_active_for_child(store, row[0], parent)
         outcome = commit_sessions(store, [request], publish_sessions(store, [request]))[0]
+        if row is not None and not isinstance(outcome, BaseException):
+            note_has_children(store, row[0], parent, row[1])
     finally:
         lock.release()
     if isinstance(outcome, BaseException):
         raise outcome
     return outcome
+
+
+def _childless_row(store: Store, parent: str) -> tuple[str, Settled] | None:
+    """``childless_row`` of the parent, or ``None`` when its header or its parent's index does not read
+    (a damaged parent lists as a diagnostic, and its row is no claim ``check`` compares)."""
+    try:
+        return childless_row(store, parent)
+    except (SubagentError, OSError):
+        return None
 
 
 def publish_sessions(store: Store, requests: Sequence[NewSession]) -> list[CreatedSession | BaseException]:
