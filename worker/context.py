@@ -41,9 +41,11 @@ RESULT_STOP_REASONS = ("completed", "refusal", "max-tokens", "error")
 @dataclass
 class TurnResult:
     """What a program may return instead of a plain string (checked at the turn's end: ``RESULT_STOP_REASONS``,
-    text for ``output`` and ``diagnostic``, ``structured`` a record can hold)."""
+    text for ``output`` and ``diagnostic``, ``structured`` a record can hold). ``output`` left ``None`` is the
+    turn's last ``ctx.say`` text, as a plain ``""`` return gives; text, ``""`` too, is the output as it is (the
+    ``llm`` program's empty reply, which must not answer with a remark made beside an earlier tool call)."""
 
-    output: str = ""
+    output: str | None = None
     structured: Any = None
     stop_reason: Literal["completed", "refusal", "max-tokens", "error"] = "completed"
     diagnostic: str | None = None

@@ -212,7 +212,7 @@ def _check_result(result: TurnResult) -> None:
     """A ``TurnResult`` a caller, a log and a listing can all hold: ``TypeError``/``ValueError`` (the turn ends
     ``error`` naming the field) for output or diagnostic that is no text, an unknown stop reason, or structured
     output no record can hold. A result the supervisor could not take used to leave its caller waiting."""
-    if not isinstance(result.output, str):
+    if result.output is not None and not isinstance(result.output, str):
         raise TypeError(f"TurnResult.output must be text, not {type(result.output).__name__}")
     if result.diagnostic is not None and not isinstance(result.diagnostic, str):
         raise TypeError(f"TurnResult.diagnostic must be text or None, not {type(result.diagnostic).__name__}")
@@ -335,6 +335,7 @@ async def _run(
 
     ctx = TurnContext(spec, writer, control, rpc, None, sessions)
     output, structured = "", None
+    given = False  # the program's TurnResult gave its output, "" too: no falling back to the last text said
     stop_reason, diagnostic = "completed", None
     try:
         program = load_program(spec.program, spec.program_blob)
@@ -363,7 +364,7 @@ async def _run(
         if control.cause is None:
             if isinstance(result, TurnResult):
                 _check_result(result)
-                output, structured = result.output, result.structured
+                output, structured, given = result.output or "", result.structured, result.output is not None
                 stop_reason, diagnostic = result.stop_reason, result.diagnostic
             elif isinstance(result, str):
                 output = result
@@ -384,7 +385,7 @@ async def _run(
     closing = ctx.closing_events()
     if output and output != ctx.last_output:
         closing.append(("assistant/message", {"text": output}))
-    elif not output:
+    elif not output and not given:
         output = ctx.last_output
     if stop_reason == "completed" and spec.output_schema is not None:
         structured, problem = _validate_structured(spec.output_schema, output, structured)

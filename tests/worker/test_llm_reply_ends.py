@@ -2,7 +2,8 @@
 
 Each test names what the probe saw: a finish reason the program did not know (DeepSeek's
 ``insufficient_system_resource``) reported ``completed`` with the cut text; the answer of a call
-whose turn was stopped read to the model as a Python dict repr.
+whose turn was stopped read to the model as a Python dict repr; an empty reply ended ``completed``,
+its output the remark the model made beside an earlier tool call.
 """
 
 from __future__ import annotations
@@ -89,3 +90,25 @@ async def test_the_call_an_interrupt_cut_off_is_answered_in_words_at_the_next_tu
     [again] = [request for request in seen if request["messages"][-1] == {"role": "user", "content": "again"}]
     assert [m["content"] for m in again["messages"] if m["role"] == "tool"] == [
         "error: its outcome is unknown: the turn ended before it returned"]
+
+
+@pytest.mark.parametrize("content", [None, ""])
+async def test_an_empty_reply_ends_the_turn_error_not_completed(tmp_path, endpoint, content) -> None:
+    """A reply with neither text nor a tool call ended ``completed`` with no output: its caller, or a delegating
+    model, took nothing for an answer."""
+    base_url, seen, answers = endpoint
+    answers.append(completion(content))
+    result, _, _ = await run_once(tmp_path, program(base_url, max_retries=0))
+    assert (result.stop_reason, result.output, result.diagnostic) == (
+        "error", "", "the model's reply held neither text nor a tool call"), result
+
+
+async def test_an_empty_reply_after_a_tool_step_does_not_answer_with_the_earlier_remark(tmp_path, endpoint) -> None:
+    """The turn's output fell back to the last text said, the remark beside an earlier tool call, which its
+    caller then read as the answer."""
+    base_url, seen, answers = endpoint
+    answers += [completion("Let me look at my subagents first.", calls=[("list_agents", {})]), completion("")]
+    result, events, _ = await run_once(tmp_path, program(base_url, max_retries=0))
+    assert (result.stop_reason, result.output, result.diagnostic) == (
+        "error", "", "the model's reply held neither text nor a tool call"), result
+    assert [e["data"]["text"] for e in events if e["type"] == "assistant/message"] == ["Let me look at my subagents first."]

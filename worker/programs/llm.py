@@ -6,7 +6,8 @@ of ``worker/model_tools.py`` as function tools; tool calls are recorded in the
 log and answered; a reply without tool calls ends the turn. ``finish_reason
 == "length"`` ends it ``max-tokens``, ``"content_filter"`` ends it ``refusal``,
 and any other but ``stop`` and ``tool_calls`` (DeepSeek's ``insufficient_system_resource``)
-ends it ``error``, its text kept as the output.
+ends it ``error``, its text kept as the output; so does a reply with neither text nor
+tool calls (its output empty, never a remark made beside an earlier call).
 
 The client is ``openai.AsyncOpenAI`` with ``base_url`` (DeepSeek and any
 compatible endpoint), for its typed errors. The program makes the attempts
@@ -289,6 +290,8 @@ class LlmProgram:
                 if finish not in _NORMAL_ENDS:  # DeepSeek's insufficient_system_resource: a cut reply, whose calls are not run
                     return TurnResult(output=content, stop_reason="error", diagnostic=redact(
                         f'the model ended its reply with finish_reason "{_clip(str(finish))}", which is no normal end: its text may be cut short'))
+                if not calls and not content:  # no answer: "" would end completed, its output an earlier remark
+                    return TurnResult(output="", stop_reason="error", diagnostic="the model's reply held neither text nor a tool call")
                 if not calls:
                     return content
                 messages.append({"role": "assistant", "content": content or None, "tool_calls": calls})
