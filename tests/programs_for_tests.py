@@ -520,3 +520,24 @@ async def names_the_errors_it_catches(ctx: TurnContext) -> str:
     except Exception as exc:  # noqa: BLE001
         found.append(f"not a PermissionError: {type(exc).__name__}")
     return "\n".join(found)
+
+
+async def times_itself(ctx: TurnContext) -> str:
+    """Its turn's start and end, as ``start end`` (a test of which turns ran at once)."""
+    began = time.time()
+    await anyio.sleep(0.3)
+    return f"{began} {time.time()}"
+
+
+async def waits_on_two_at_once(ctx: TurnContext) -> str:
+    """Two children waited on at once (two waiting calls in flight from one turn); their outputs, in order."""
+    outputs: list[str] = ["", ""]
+
+    async def one(index: int) -> None:
+        result = await ctx.spawn("time", provider="times-itself", label=f"t{index}", wait=True)
+        outputs[index] = result.output
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one, 0)
+        tg.start_soon(one, 1)
+    return json.dumps(outputs)

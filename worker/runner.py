@@ -84,6 +84,9 @@ class TurnRunner:
         self._waiters: dict[int, _Waiter] = {}
         # child-starting RPCs sent and not yet answered: rpc id → the turn's call id (``_release_allowed``)
         self._starting: dict[int, int] = {}
+        # waiting RPCs in flight per turn (call id → count): a turn parks at its first and unparks after its last.
+        # Told per call, a turn with two in flight (a model's tool calls run at once) freed two slots
+        self._waiting: dict[int, int] = {}
 
     @property
     def resident(self) -> int:
@@ -117,6 +120,16 @@ class TurnRunner:
             for rpc_id in [r for r, c in self._starting.items() if c == msg.call_id]:
                 del self._starting[rpc_id]
 
+    def _park(self, call_id: int, parked: bool) -> None:
+        """Count a waiting RPC of the turn in (True) or out (False); ``on_park`` hears the turn's first and last."""
+        count = self._waiting.get(call_id, 0) + (1 if parked else -1)
+        if count:
+            self._waiting[call_id] = count
+        else:
+            del self._waiting[call_id]
+        if self._on_park is not None and count == (1 if parked else 0):
+            self._on_park(parked)
+
     def cancel(self, msg: Cancel) -> None:
         """Stop a resident turn (first cause wins); an unknown or finished turn is a no-op."""
         control = self._turns.get(msg.call_id)
@@ -146,18 +159,18 @@ class TurnRunner:
         self._waiters[rpc_id] = waiter
         if method in CHILD_STARTS:
             self._starting[rpc_id] = call_id
-        on_park = self._on_park if method in BLOCKING_RPCS else None
+        waits = method in BLOCKING_RPCS
         parked = False
         try:
             send(Rpc(rpc_id=rpc_id, call_id=call_id, method=method, args=args))
-            if on_park is not None:
-                on_park(True)
+            if waits:
+                self._park(call_id, True)
                 parked = True
             await waiter.event.wait()
         finally:
             self._waiters.pop(rpc_id, None)
-            if parked and on_park is not None:
-                on_park(False)
+            if parked:
+                self._park(call_id, False)
             if waiter.reply is None and method in BLOCKING_RPCS:
                 # the program stopped waiting (its own timeout, a cancel) while its turn goes on: the host
                 # stops the wait and what it waited on, or a child started for nobody would run to its end.
