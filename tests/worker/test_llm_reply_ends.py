@@ -3,7 +3,9 @@
 Each test names what the probe saw: a finish reason the program did not know (DeepSeek's
 ``insufficient_system_resource``) reported ``completed`` with the cut text; the answer of a call
 whose turn was stopped read to the model as a Python dict repr; an empty reply ended ``completed``,
-its output the remark the model made beside an earlier tool call.
+its output the remark the model made beside an earlier tool call; an empty or scheme-less
+``SUBAGENTS_LLM_BASE_URL``, an empty or malformed ``SUBAGENTS_LLM_API_KEY_ENV`` and an empty
+``SUBAGENTS_LLM_MODEL`` passed where the configuration loads, and failed every turn instead.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import anyio
 import pytest
 
 from subagents.store.events import TOOL_OUTCOME_UNKNOWN
+from subagents.supervisor.config_loader import ConfigError, load_config
 from subagents.supervisor import Capabilities, ContinuableSpec, Provider, Supervisor, SupervisorConfig, UserAuthority
 from subagents.worker.programs.llm import _transcript
 
@@ -112,3 +115,34 @@ async def test_an_empty_reply_after_a_tool_step_does_not_answer_with_the_earlier
     assert (result.stop_reason, result.output, result.diagnostic) == (
         "error", "", "the model's reply held neither text nor a tool call"), result
     assert [e["data"]["text"] for e in events if e["type"] == "assistant/message"] == ["Let me look at my subagents first."]
+
+
+NOT_A_NAME = ("SUBAGENTS_LLM_API_KEY_ENV must be the name of an environment variable, "
+              "not the value it holds, not quoted: it may be the key itself")
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("SUBAGENTS_LLM_BASE_URL", "", "SUBAGENTS_LLM_BASE_URL must be an http or https URL (not http or https), not ''"),
+    ("SUBAGENTS_LLM_BASE_URL", "127.0.0.1:8080/v1",
+     "SUBAGENTS_LLM_BASE_URL must be an http or https URL (not http or https), not '127.0.0.1:8080/v1'"),
+    ("SUBAGENTS_LLM_BASE_URL", "http:///v1", "SUBAGENTS_LLM_BASE_URL must be an http or https URL (no host), not 'http:///v1'"),
+    ("SUBAGENTS_LLM_BASE_URL", "ftp://user:Pr0xyPassw0rd@host/v1",
+     "SUBAGENTS_LLM_BASE_URL must be an http or https URL (not http or https), not 'ftp://[redacted]@host/v1'"),
+    ("SUBAGENTS_LLM_API_KEY_ENV", "", "SUBAGENTS_LLM_API_KEY_ENV must be the name of an environment variable, not ''"),
+    ("SUBAGENTS_LLM_API_KEY_ENV", "sk-abc key", NOT_A_NAME),
+    ("SUBAGENTS_LLM_API_KEY_ENV", "1KEY", NOT_A_NAME),
+    ("SUBAGENTS_LLM_MODEL", "", "SUBAGENTS_LLM_MODEL must be a model name, not ''"),
+    ("SUBAGENTS_LLM_MODEL", "  ", "SUBAGENTS_LLM_MODEL must be a model name, not '  '"),
+])
+def test_a_bad_endpoint_model_or_key_variable_setting_is_config_invalid_where_the_configuration_loads(name, value, message) -> None:
+    """README: the ``SUBAGENTS_LLM_*`` settings are ``CONFIG_INVALID`` where the configuration loads. The numbers
+    were; the endpoint, the model and the key's variable were not, and every turn failed on them instead."""
+    with pytest.raises(ConfigError) as caught:
+        load_config(env={name: value})
+    assert (caught.value.code, caught.value.message) == ("CONFIG_INVALID", message)
+    assert "Pr0xyPassw0rd" not in str(caught.value) and "abc key" not in str(caught.value)
+
+
+def test_good_endpoint_model_and_key_variable_settings_load() -> None:
+    load_config(env={"SUBAGENTS_LLM_BASE_URL": "https://api.deepseek.com", "SUBAGENTS_LLM_MODEL": "deepseek-chat",
+                     "SUBAGENTS_LLM_API_KEY_ENV": "_MY_KEY_2"})

@@ -218,9 +218,11 @@ class LlmProgram:
         defaults = cls()
         env = os.environ if environ is None else environ
         return cls(
-            base_url=env.get("SUBAGENTS_LLM_BASE_URL", defaults.base_url),
-            model=env.get("SUBAGENTS_LLM_MODEL", defaults.model),
-            api_key_env=env.get("SUBAGENTS_LLM_API_KEY_ENV", defaults.api_key_env),
+            base_url=_text_setting(env, "SUBAGENTS_LLM_BASE_URL", defaults.base_url, _url_problem, "an http or https URL"),
+            model=_text_setting(env, "SUBAGENTS_LLM_MODEL", defaults.model, lambda v: None if v.strip() else "", "a model name"),
+            api_key_env=_text_setting(env, "SUBAGENTS_LLM_API_KEY_ENV", defaults.api_key_env,
+                                      lambda v: None if _VARIABLE_NAME.fullmatch(v) else "", "the name of an environment variable",
+                                      secret=True),
             timeout_s=_setting(env, "SUBAGENTS_LLM_TIMEOUT_S", defaults.timeout_s, float,
                                lambda v: math.isfinite(v) and v > 0, "a finite number of seconds above 0"),
             max_retries=_setting(env, "SUBAGENTS_LLM_MAX_RETRIES", defaults.max_retries, int,
@@ -418,6 +420,27 @@ def _setting(env: Mapping[str, str], name: str, default: Any, kind: type, valid:
     if value is None or not valid(value):
         raise ValueError(f"{name} must be {what}, not {raw!r}")
     return value
+
+
+def _text_setting(env: Mapping[str, str], name: str, default: str, problem: Callable[[str], str | None], what: str,
+                  *, secret: bool = False) -> str:
+    """A text setting from the environment: its default when unset, else the value or ``ValueError`` (with what
+    ``problem`` says, when it says something): an empty URL, model or key variable failed every turn instead
+    of where the configuration loads. A URL's user and password are not quoted, nor is a ``secret`` value (the
+    key put where its variable's name belongs)."""
+    raw = env.get(name)
+    if raw is None:
+        return default
+    wrong = problem(raw)
+    if wrong is None:
+        return raw
+    said = f" ({wrong})" if wrong else ""
+    shown = "the value it holds, not quoted: it may be the key itself" if secret and raw else repr(Redactor()(raw))
+    raise ValueError(f"{name} must be {what}{said}, not {shown}")
+
+
+# what a POSIX shell takes as a variable's name: anything else can never hold the key
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _url_problem(url: str) -> str | None:
