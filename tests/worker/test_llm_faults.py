@@ -79,7 +79,8 @@ def endpoint() -> Iterator[tuple[str, list[dict[str, Any]], list[Answer]]]:
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-            seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.request_json = json.loads(self.rfile.read(int(self.headers["Content-Length"])))  # a callable answer's
+            seen.append(self.request_json)
             answer = answers[min(len(seen), len(answers)) - 1]
             if callable(answer):
                 answer(self)

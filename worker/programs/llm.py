@@ -69,7 +69,7 @@ import anyio.lowlevel
 from subagents.store.events import TOOL_OUTCOME_UNKNOWN
 
 from ..context import TurnContext, TurnResult
-from ..model_tools import DelegationConfig, ToolOutcome, model_tools, parse_arguments
+from ..model_tools import DelegationConfig, ModelTool, ToolOutcome, model_tools, parse_arguments
 from ..redaction import Redactor
 
 __all__ = ["DELEGATION_TEXT", "REPORT_TEXT", "SCHEMA_TEXT", "MAX_RETRY_WAIT_S", "ApiKeyError", "LlmProgram", "llm", "load_api_key"]
@@ -119,28 +119,33 @@ SCHEMA_TEXT = "Your final reply must be one JSON document, and nothing else, val
 def _transcript(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The conversation of earlier and current turns, in log order: user and assistant messages, and each
     step's tool calls as one assistant message (with the text the model sent beside them) followed by
-    the calls' results, as the chat-completions format wants them."""
+    the calls' results in the order of the calls, as the chat-completions format wants them (the calls
+    of one reply run at once, and each result is logged as its call ends)."""
     out: list[dict[str, Any]] = []
     open_step: dict[str, Any] | None = None  # the assistant message of the current step, which its calls join
-    waiting: list[str] = []  # calls with no result yet
+    calls: list[str] = []  # the current step's calls, in the model's order
+    answered: dict[str, dict[str, Any]] = {}  # their answers, as they were logged
 
-    def answer_waiting() -> None:
+    def close_step() -> None:
         # a log written before a stopped turn's end answered its waiting calls (TOOL_OUTCOME_UNKNOWN) has
         # none: endpoints refuse a conversation whose tool calls are not each followed by an answer
-        out.extend({"role": "tool", "tool_call_id": call_id, "content": _UNANSWERED} for call_id in waiting)
-        waiting.clear()
+        out.extend(answered.pop(call_id, None) or {"role": "tool", "tool_call_id": call_id, "content": _UNANSWERED}
+                   for call_id in calls)
+        calls.clear()
+        answered.clear()
 
     for event in events:
         kind, data = event["type"], event.get("data") or {}
         if kind == "message/accepted":
-            answer_waiting()
+            close_step()
             content = data.get("content")
             out.append({"role": "user", "content": content if isinstance(content, str) else json.dumps(content)})
             open_step = None
         elif kind == "step/start":
-            answer_waiting()
+            close_step()
             open_step = None
         elif kind == "assistant/message" and data.get("text"):
+            close_step()
             open_step = {"role": "assistant", "content": data["text"]}
             out.append(open_step)
         elif kind == "tool/call" and isinstance(data, dict):
@@ -152,13 +157,15 @@ def _transcript(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             arguments = args if isinstance(args, str) else json.dumps(args if isinstance(args, dict) else {})
             open_step.setdefault("tool_calls", []).append(
                 {"id": str(data.get("call_id")), "type": "function", "function": {"name": str(data.get("name")), "arguments": arguments}})
-            waiting.append(str(data.get("call_id")))
+            calls.append(str(data.get("call_id")))
         elif kind == "tool/result" and isinstance(data, dict):
             call_id = str(data.get("call_id"))
-            if call_id in waiting:
-                waiting.remove(call_id)
-            out.append({"role": "tool", "tool_call_id": call_id, "content": _result_text(data)})
-    answer_waiting()
+            answer = {"role": "tool", "tool_call_id": call_id, "content": _result_text(data)}
+            if call_id in calls:
+                answered[call_id] = answer
+            else:
+                out.append(answer)
+    close_step()
     return out
 
 
@@ -167,6 +174,44 @@ def _transcript(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 _NORMAL_ENDS = frozenset({"stop", "tool_calls", "function_call", None})
 
 _UNANSWERED = "error: its outcome is unknown: the turn ended before it returned"
+
+
+async def _run_calls(ctx: TurnContext, calls: list[dict[str, Any]], tools: dict[str, ModelTool], clean: Callable[[str], str]) -> list[str]:
+    """Run the tool calls of one reply at once; what each answered, in the model's order.
+
+    A model fans out by asking for several calls in one reply (two ``subagent`` calls: two children in
+    their own workers), and run one after the other they took as long as they added up. Each call is
+    logged as it starts and its result as it ends (the transcript pairs them by id). A call that fails
+    outside its tool (the turn told to stop, a store failure) lets the others end, then its error ends
+    the turn, as it did when it came first; the first such failure, in the model's order, is raised.
+    """
+    answers: list[str] = [""] * len(calls)
+    failures: list[tuple[int, Exception]] = []
+
+    async def one(index: int, name: str, args: Any, tool: ModelTool | None, wrong: str | None) -> None:
+        # every call is logged with its answer, a refused one too: the transcript of a later turn is rebuilt from the log
+        async def run() -> dict[str, Any]:
+            done = ToolOutcome(wrong, is_error=True) if wrong is not None or tool is None else await tool.run(ctx, args)
+            return {"text": done.text, "is_error": done.is_error}
+
+        try:
+            recorded = await ctx.recorded_call(name, args, run, failed=_failure)
+        except Exception as exc:  # noqa: BLE001 (raised once the others ended: below)
+            failures.append((index, exc))
+            return
+        answers[index] = recorded["text"]
+
+    async with anyio.create_task_group() as tg:
+        for index, call in enumerate(calls):
+            name = clean(call["function"]["name"])
+            args, wrong = _call_arguments(call["function"]["arguments"], name, clean)
+            tool = tools.get(name)
+            if tool is None:
+                wrong = f'unknown tool "{name}"'
+            tg.start_soon(one, index, name, args, tool, wrong)
+    if failures:
+        raise min(failures, key=lambda failure: failure[0])[1]
+    return answers
 
 
 def _result_text(data: dict[str, Any]) -> str:
@@ -297,19 +342,8 @@ class LlmProgram:
                 if not calls:
                     return content
                 messages.append({"role": "assistant", "content": content or None, "tool_calls": calls})
-                for call in calls:
-                    name = clean(call["function"]["name"])
-                    args, wrong = _call_arguments(call["function"]["arguments"], name, clean)
-                    tool = tools.get(name)
-                    if tool is None:
-                        wrong = f'unknown tool "{name}"'
-                    # every call is logged with its answer, a refused one too: the transcript of a later turn is rebuilt from the log
-                    async def run(t: Any = tool, a: Any = args, refused: str | None = wrong) -> dict[str, Any]:
-                        done = ToolOutcome(refused, is_error=True) if refused is not None else await t.run(ctx, a)
-                        return {"text": done.text, "is_error": done.is_error}
-
-                    recorded = await ctx.recorded_call(name, args, run, failed=_failure)
-                    messages.append({"role": "tool", "tool_call_id": call["id"], "content": recorded["text"]})
+                answers = await _run_calls(ctx, calls, tools, clean)
+                messages += [{"role": "tool", "tool_call_id": call["id"], "content": text} for call, text in zip(calls, answers)]
         finally:
             await _close(client)
 
