@@ -15,18 +15,37 @@ bounded chunk at a time, so a GiB of holes costs a few calls.
 Everything here works on an open descriptor and never reads the file's
 timestamps (no ``fstat``): the held mailbox's writer relies on that
 (``store/changes.py``).
+
+**Bounded reads of a log.** ``reach`` alone bounds nothing when a stray
+non-zero byte lies far past the records (``f.seek(1 << 30); f.write(b"x")``:
+a GiB that takes one block on disk): the data then "ends" there. So a
+session's log is read by ``read_records``: the frames that verify from the
+read's start (a bounded chunk at a time), then the frame where they stop,
+and no further when more data lies beyond it. What lies beyond is
+``Beyond``'s: ``scan`` learns where the data ends from it (zeros up to there
+are damage, not the end), and the torn-tail test (``find_committed``) looks
+for a committed frame after the damage a bounded window at a time, over the
+file's data extents only (holes are never read) and reading past a window
+only as far as its candidate frames announce. Memory: the records read,
+then about one record of the store's limit and a window; time: the data
+present, not the file's size.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable
 
-from .framing import BLOCK, FRAME, data_end
+from .atomic import pread_all
+from .framing import _MAP_START, BLOCK, FRAME, data_end, find_committed
 
-__all__ = ["data_end_of", "reach", "last_data_end"]
+__all__ = ["data_end_of", "reach", "last_data_end", "read_records", "Beyond"]
 
 _SCAN_CHUNK = 1 << 20  # one read of a run of zeros: a bounded buffer, whatever the file's size
+_WINDOW = 1 << 20  # the candidate offsets ``Beyond.find_committed`` tries per read
 
 
 def data_end_of(fd: int, size: int | None = None) -> int:
@@ -67,21 +86,105 @@ def last_data_end(fd: int, stop: int) -> int:
     return 0
 
 
-def _data_extents(fd: int, stop: int) -> list[tuple[int, int]]:
-    """The file's data extents below ``stop``, as ``[start, end)`` (``SEEK_DATA``/``SEEK_HOLE``); the whole
-    range where the file system cannot tell holes from data."""
+def _data_extents(fd: int, stop: int, pos: int = 0) -> list[tuple[int, int]]:
+    """The file's data extents between ``pos`` and ``stop``, as ``[start, end)`` (``SEEK_DATA``/``SEEK_HOLE``);
+    the whole range where the file system cannot tell holes from data."""
     extents: list[tuple[int, int]] = []
-    pos = 0
+    first = pos
     while pos < stop:
         try:
             start = os.lseek(fd, pos, os.SEEK_DATA)
         except OSError as exc:
             if exc.errno == errno.ENXIO:  # no data from pos on
                 break
-            return [(0, stop)]  # EINVAL: holes unknown here
+            return [(first, stop)]  # EINVAL: holes unknown here
         if start >= stop:
             break
         end = min(os.lseek(fd, start, os.SEEK_HOLE), stop)
         extents.append((start, end))
         pos = end
     return extents
+
+
+def read_records(fd: int, start: int, limit: int) -> tuple[bytes, "Beyond | None"]:
+    """The bytes of a padded region (a session's log) from ``start`` a reader needs, and ``Beyond`` when
+    data lies past them (``None``: they hold all of it, and every zero a frame of ``limit`` could end in).
+
+    Up to ``reach`` when that is one record's reach from ``start``, or when the frames from ``start`` run
+    to the data's end (a log is read whole). Else only to the frame where the frames that verify stop
+    (length within ``limit``, CRC right): its header, and its payload when its length is one a record
+    can have; the rest is ``Beyond``'s. A log whose records are all there pays a CRC of them more."""
+    slack = FRAME.size + limit + BLOCK
+    size = os.lseek(fd, 0, os.SEEK_END)
+    if size - start <= slack:
+        return pread_all(fd, start, stop=size), None
+    last = data_end_of(fd, size)
+    stop = min(size, last + slack)
+    if stop - start <= slack:
+        return pread_all(fd, start, stop=stop), None
+    cut = _frames_end(fd, start, last, limit)
+    if cut >= last:
+        return pread_all(fd, start, stop=stop), None
+    return pread_all(fd, start, stop=cut), Beyond(fd, start, last - start, stop - start, limit)
+
+
+def _frames_end(fd: int, pos: int, last: int, limit: int) -> int:
+    """Where the frames that verify from ``pos`` stop, plus the bytes of the frame found there a scan
+    reads to name its damage; a bounded chunk at a time (a record longer than a chunk is read alone)."""
+    chunk, at = memoryview(b""), pos
+    while pos < last:
+        if pos + FRAME.size > at + len(chunk):
+            chunk, at = memoryview(os.pread(fd, _SCAN_CHUNK, pos)), pos
+            if len(chunk) < FRAME.size:
+                return pos + FRAME.size
+        length, crc = FRAME.unpack_from(chunk, pos - at)
+        if not 0 < length <= limit:
+            return pos + FRAME.size
+        body_at = pos + FRAME.size - at
+        body = chunk[body_at : body_at + length] if body_at + length <= len(chunk) else os.pread(fd, length, pos + FRAME.size)
+        if len(body) != length or zlib.crc32(body) != crc:
+            return pos + FRAME.size + length
+        pos += FRAME.size + length
+    return pos
+
+
+@dataclass(frozen=True)
+class Beyond:
+    """The data of a region past what ``read_records`` read: offsets relative to the read's start.
+
+    ``last``: where the data ends (after its last non-zero byte); ``end``: how far ``reach`` would
+    have read (past ``last`` by a record's reach, or the file's end). The descriptor is the caller's:
+    open while this is used."""
+
+    fd: int
+    base: int
+    last: int
+    end: int
+    limit: int
+
+    def find_committed(self, start: int, expected_seq: int, predicate: Callable[[dict[str, Any]], bool], *,
+                       torn_reason: str) -> int | None:
+        """``framing.find_committed`` of the region from ``start`` (padded), a window of candidate offsets
+        at a time. A candidate's payload starts with a non-zero byte, so only offsets whose payload
+        would start in a data extent are tried; a window is read past its end only as far as its
+        candidates' lengths (within the limit) and one more frame reach, and not at all without one."""
+        span = FRAME.size + self.limit
+        for first, after in _data_extents(self.fd, self.base + self.last, self.base + start + FRAME.size):
+            lo = max(start, first - self.base - FRAME.size)
+            stop = after - self.base - FRAME.size
+            while lo < stop:
+                hi = min(stop, lo + _WINDOW)
+                head = os.pread(self.fd, hi - lo + FRAME.size, self.base + lo)
+                needed = 0
+                for found in _MAP_START.finditer(head, FRAME.size):
+                    length = FRAME.unpack_from(head, found.start() - FRAME.size)[0]
+                    if 0 < length <= self.limit:
+                        needed = max(needed, found.start() + length)
+                if needed:
+                    window = os.pread(self.fd, min(self.end, lo + needed + span) - lo, self.base + lo)
+                    hit = find_committed(window, 0, expected_seq, predicate, torn_reason=torn_reason, padded=True,
+                                         last=self.last - lo, stop=hi - lo, limit=self.limit)
+                    if hit is not None:
+                        return lo + hit
+                lo = hi
+        return None

@@ -211,8 +211,9 @@ def zeros_from(data: bytes | memoryview, pos: int = 0) -> bool:
     return rest.count(0) == len(rest)
 
 
-def _padded_damage(data: bytes | memoryview, pos: int, status: str, detail: Any) -> tuple[str, Any] | None:
+def _padded_damage(data: bytes | memoryview, pos: int, status: str, detail: Any, last: int | None = None) -> tuple[str, Any] | None:
     """How a padded log reads damage at ``pos``: ``None`` for its all-zero end, else (reason, detail).
+    ``last``: where the data ends (``scan``'s), when ``data`` stops short of it.
 
     Zeros to the end are padding (never a record: a payload is a non-empty map,
     so its length is never 0). A frame whose CRC fails and whose announced
@@ -220,23 +221,26 @@ def _padded_damage(data: bytes | memoryview, pos: int, status: str, detail: Any)
     ``short-payload``, as the same write torn at the end of an unpadded file
     is, so that ``find_committed`` knows every byte after it is its own.
     """
-    if data[pos] == 0 and zeros_from(data, pos):
+    if data[pos] == 0 and (zeros_from(data, pos) if last is None else pos >= last):
         return None
     if status == "crc-mismatch":
-        end = data_end(data)
+        end = data_end(data) if last is None else last
         length, _ = FRAME.unpack_from(data, pos)
         if pos + FRAME.size + length > end:
             return "short-payload", f"need {length}, have {end - pos - FRAME.size} before the zero padding"
     return status, detail
 
 
-def _dropped(data: bytes | memoryview, pos: int, padded: bool) -> int:
+def _dropped(data: bytes | memoryview, pos: int, padded: bool, last: int | None = None) -> int:
     """``Damage.dropped`` at ``pos``; counting the padding, a log said thousands of bytes followed its damage."""
-    return max(1, data_end(data) - pos) if padded else len(data) - pos
+    if not padded:
+        return len(data) - pos
+    return max(1, (data_end(data) if last is None else last) - pos)
 
 
 def scan(
     data: bytes | memoryview, *, start_seq: int = 0, base_offset: int = 0, check: Check | None = None, padded: bool = False,
+    last: int | None = None,
 ) -> ScanResult:
     """Read records from ``data`` until the first invalid one.
 
@@ -246,7 +250,9 @@ def scan(
     (``store/records.py``): a record that fails it is damage (``not-a-record``).
     ``padded``: ``data`` is (a suffix of) a session log or a mailbox, which may end in
     zero padding: an all-zero remainder where a record would start is its
-    end (``end`` is where the zeros start, no damage).
+    end (``end`` is where the zeros start, no damage). ``last`` (padded only): where the data ends, relative
+    to ``data``, when ``data`` is a bounded read that stopped short of it (``store/extent.py: read_records``):
+    zeros to the end of ``data`` are then no end, and ``dropped`` counts to ``last``.
     """
     records: list[dict[str, Any]] = []
     offsets: list[int] = []
@@ -257,13 +263,13 @@ def scan(
         status, value, nxt = _frame_at(data, pos, check)
         if status != "ok":
             if padded and (data[pos] == 0 or status == "crc-mismatch"):
-                found = _padded_damage(data, pos, status, value)
+                found = _padded_damage(data, pos, status, value, last)
                 if found is None:
                     break
                 status, value = found
-            return ScanResult(records, base_offset + pos, offsets, Damage(base_offset + pos, _dropped(data, pos, padded), status, value))
+            return ScanResult(records, base_offset + pos, offsets, Damage(base_offset + pos, _dropped(data, pos, padded, last), status, value))
         if value["seq"] != expected:
-            gap = Damage(base_offset + pos, _dropped(data, pos, padded), "seq-gap", f"expected {expected}, got {value['seq']}")
+            gap = Damage(base_offset + pos, _dropped(data, pos, padded, last), "seq-gap", f"expected {expected}, got {value['seq']}")
             return ScanResult(records, base_offset + pos, offsets, gap)
         records.append(value)
         offsets.append(base_offset + pos)
@@ -382,6 +388,9 @@ def find_committed(
     *,
     torn_reason: str,
     padded: bool = False,
+    last: int | None = None,
+    stop: int | None = None,
+    limit: int = MAX_RECORD_BYTES,
 ) -> int | None:
     """The offset of the first frame at or after ``start`` that proves committed records follow damage.
 
@@ -401,15 +410,21 @@ def find_committed(
     offset where a payload could begin (a non-empty map's first byte, found by ``re``), its CRC
     computed only when it could chain (a plausible frame follows) or end the data. Every offset
     with a CRC for every length that fitted was quadratic: minutes of listing for a few MB.
+
+    A window of a larger file (``store/extent.py: Beyond``): ``last`` is where its data ends, relative
+    to ``data`` (past its end when the window stops short of it), only candidates before ``stop`` are
+    tried, and none longer than ``limit``.
     """
     total = len(data)
     inside_cut = torn_reason in ("short-payload", "short-header")
-    last = data_end(data) if padded else total
-    for found in _MAP_START.finditer(data, start + FRAME.size):
+    if last is None:
+        last = data_end(data) if padded else total
+    matches = _MAP_START.finditer(data, start + FRAME.size) if stop is None else _MAP_START.finditer(data, start + FRAME.size, stop + FRAME.size)
+    for found in matches:
         pos = found.start() - FRAME.size
         length, crc = FRAME.unpack_from(data, pos)
         end = pos + FRAME.size + length
-        if not 0 < length <= MAX_RECORD_BYTES or end > total:
+        if not 0 < length <= limit or end > total:
             continue
         alone = end >= last and not inside_cut  # may be accepted without a successor
         if not alone and not _may_start(data, end):

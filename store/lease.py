@@ -414,7 +414,8 @@ def _require_never_leased(file: SessionFile) -> None:
     written under a lease says they were emptied behind the store's back. Taking epoch 1 then would
     restart the epoch under a writer fenced long ago: ``CorruptSessionError``, as for slots that do
     not decode. Read only on this rare path (every session is created with a record in slot 0)."""
-    events = scan_events(file.read_log(0, file.log_reach())).records
+    data, beyond = file.read_records()
+    events = scan_events(data, beyond=beyond).records
     written = max((e["epoch"] for e in events if isinstance(e.get("epoch"), int)), default=0)
     if written > 0:
         raise CorruptSessionError(file.session_id, f"both lease slots are empty, but its log was written at epoch {written}: "

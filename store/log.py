@@ -40,6 +40,7 @@ from typing import Any, Callable, Sequence
 from .errors import NO_ROOM, CorruptSessionError, DurabilityError, FencedError, NoRoomError, SubagentError, UnavailableSessionError, UnsupportedFormatError
 from .committed import committed_end
 from .events import EVENT_TYPES, closers
+from .extent import Beyond
 from .framing import Damage, RecordEncoder
 from .header import SessionHeader
 from .projection import Projection, read_cache, write_cache
@@ -75,8 +76,8 @@ def _read_cache(store: Store, session_id: str) -> Projection | None:
         return None
 
 
-def _from_cache(store: Store, session_id: str, header: SessionHeader, file: SessionFile, size: int) -> tuple[Projection, bytes, int] | None:
-    """The cached projection if the record it ends on is still on disk, plus the log after it."""
+def _from_cache(store: Store, session_id: str, header: SessionHeader, file: SessionFile, size: int) -> tuple[Projection, bytes, int, Beyond | None] | None:
+    """The cached projection if the record it ends on is still on disk, plus the log after it (``SessionFile.read_records``)."""
     if size < CACHE_LAG_BYTES:
         return None  # no cache is written for a log this short (padding counted: never skipped wrongly)
     cached = _read_cache(store, session_id)
@@ -86,8 +87,8 @@ def _from_cache(store: Store, session_id: str, header: SessionHeader, file: Sess
     check = scan_events(anchor, start_seq=cached.seq)
     if check.damage is not None or len(check.records) != 1 or check.end != len(anchor):  # not padding after it either
         return None
-    rest = file.read_log(cached.end_offset, size - cached.end_offset)
-    return cached, rest, cached.end_offset
+    rest, beyond = file.read_records(cached.end_offset)
+    return cached, rest, cached.end_offset, beyond
 
 
 def _lost_from(store: Store, header: SessionHeader, file: SessionFile, end: int) -> int | None:
@@ -98,15 +99,14 @@ def _lost_from(store: Store, header: SessionHeader, file: SessionFile, end: int)
 
 
 def _fold(store: Store, session_id: str, header: SessionHeader, file: SessionFile, use_cache: bool) -> tuple[Projection, int, str, Damage | None]:
-    size = file.log_reach()  # its size, unless extended with zeros: as far as its data reaches
-    found = _from_cache(store, session_id, header, file, size) if use_cache else None
+    found = _from_cache(store, session_id, header, file, file.log_size()) if use_cache else None  # its size: padding included
     if found is None:
         projection = Projection(seed_length=header.seed_length or 0)
-        rest, base = file.read_log(0, size), 0
+        (rest, beyond), base = file.read_records(0), 0  # bounded: not to a stray byte far past the records
     else:
-        projection, rest, base = found
+        projection, rest, base, beyond = found
     events, offsets, end, damage, status = scan_log(session_id, rest, start_seq=projection.next_seq, base_offset=base,
-                                                    root=header.parent_session is None)
+                                                    root=header.parent_session is None, beyond=beyond)
     if status == "corrupt":
         assert damage is not None
         raise committed_damage(session_id, damage)
@@ -309,11 +309,11 @@ class LogWriter:
     def _sync_tail(self) -> None:
         """Fold records another writer of the same epoch appended since our last write (into the padding or after it)."""
         end = self.projection.end_offset
-        size = self._file.log_reach(end)
+        size = self._file.log_size()
         if size < end:
             raise CorruptSessionError(self.session_id, f"log shrank under its writer ({size} < {end} bytes)")
-        data = self._file.read_log(end, size - end)
-        result = scan_events(data, start_seq=self.next_seq, base_offset=end)
+        data, beyond = self._file.read_records(end)
+        result = scan_events(data, start_seq=self.next_seq, base_offset=end, beyond=beyond)
         if result.damage is not None:
             raise CorruptSessionError(self.session_id, f"another writer left {result.damage.reason} at byte {result.damage.offset}")
         self.projection.fold(result.records, result.offsets, result.end)

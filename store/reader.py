@@ -30,6 +30,7 @@ from .errors import (
     UnsupportedFormatError,
 )
 from .events import unknown_type
+from .extent import Beyond
 from .framing import Damage, ScanResult, scan, torn_tail
 from .header import SessionHeader, parse_header
 from .records import event_problem
@@ -93,10 +94,11 @@ def read_header(store: Store, session_id: str) -> SessionHeader:
         return header_of(file)
 
 
-def read_log(file: SessionFile, offset: int = 0) -> bytes:
-    """The log region of an open session file from ``offset``; ``UnavailableSessionError`` when unreadable."""
+def read_log(file: SessionFile, offset: int = 0) -> tuple[bytes, Beyond | None]:
+    """The log region of an open session file from ``offset``, read in bounded memory
+    (``SessionFile.read_records``); ``UnavailableSessionError`` when unreadable."""
     try:
-        return file.read_log(offset)
+        return file.read_records(offset)
     except OSError as exc:
         raise UnavailableSessionError.of(file.session_id, "its log cannot be read", exc) from None
 
@@ -117,13 +119,19 @@ def _root_commits(payload: dict[str, Any]) -> bool:
     return payload.get("type") in _ROOT_COMMITS
 
 
-def classify(data: bytes, damage: Damage | None, expected_seq: int = 0, *, root: bool = False) -> LogStatus:
+def classify(data: bytes, damage: Damage | None, expected_seq: int = 0, *, root: bool = False, beyond: Beyond | None = None) -> LogStatus:
     """``corrupt`` unless the damage is a torn tail by the rule the mailbox uses too (``framing.torn_tail``):
     no commit point chains after it. A log's commit points are its ``turn/end`` and ``message/discarded``
-    records, and a root's (``root``: a session with no parent) its ``message/accepted`` ones too."""
+    records, and a root's (``root``: a session with no parent) its ``message/accepted`` ones too.
+    ``beyond``: ``data`` is a bounded read and more data follows it; the commit point is looked for
+    there (in the file, a window at a time, holes skipped), not in ``data``."""
     if damage is None:
         return "clean"
-    return "torn" if torn_tail(data, damage, expected_seq, commits=_root_commits if root else _commits, padded=True) else "corrupt"
+    commits = _root_commits if root else _commits
+    if beyond is not None:  # rule 2 only (a log knows no checkpoint, and not every record commits)
+        found = beyond.find_committed(damage.offset + 1, expected_seq, commits, torn_reason=damage.reason)
+        return "torn" if found is None else "corrupt"
+    return "torn" if torn_tail(data, damage, expected_seq, commits=commits, padded=True) else "corrupt"
 
 
 def committed_damage(session_id: str, damage: Damage) -> CorruptSessionError:
@@ -142,16 +150,20 @@ def lost_damage(end: int, committed: int, damage: Damage | None) -> Damage:
                             f"its settled row says its records end at byte {committed} of its log")
 
 
-def scan_events(data: bytes | memoryview, *, start_seq: int = 0, base_offset: int = 0) -> ScanResult:
+def scan_events(data: bytes | memoryview, *, start_seq: int = 0, base_offset: int = 0, beyond: Beyond | None = None) -> ScanResult:
     """``framing.scan`` of log events, each checked against the event envelope; an all-zero
-    remainder is the log's padding (its end), not damage (FORMAT.md §3.4)."""
-    return scan(data, start_seq=start_seq, base_offset=base_offset, check=event_problem, padded=True)
+    remainder is the log's padding (its end), not damage (FORMAT.md §3.4), unless ``beyond`` says
+    more data follows ``data`` (a bounded read)."""
+    return scan(data, start_seq=start_seq, base_offset=base_offset, check=event_problem, padded=True,
+                last=None if beyond is None else beyond.last)
 
 
 def scan_log(
-    session_id: str, data: bytes, *, start_seq: int = 0, base_offset: int = 0, root: bool = False,
+    session_id: str, data: bytes, *, start_seq: int = 0, base_offset: int = 0, root: bool = False, beyond: Beyond | None = None,
 ) -> tuple[list[dict[str, Any]], list[int], int, Damage | None, LogStatus]:
-    result = scan_events(data, start_seq=start_seq, base_offset=base_offset)
+    """The events of ``data`` (the log from ``base_offset``, a record boundary), checked, and their damage
+    classified; ``beyond``: what ``SessionFile.read_records`` says lies past ``data``."""
+    result = scan_events(data, start_seq=start_seq, base_offset=base_offset, beyond=beyond)
     for event in result.records:
         kind = unknown_type(event)
         if kind is not None:
@@ -163,7 +175,7 @@ def scan_log(
     status: LogStatus = "clean"
     if result.damage is not None:
         local = Damage(result.damage.offset - base_offset, result.damage.dropped, result.damage.reason, result.damage.detail)
-        status = classify(data, local, start_seq + len(result.records), root=root)
+        status = classify(data, local, start_seq + len(result.records), root=root, beyond=beyond)
     return result.records, result.offsets, result.end, result.damage, status
 
 
@@ -203,9 +215,9 @@ def inspect(store: Store, session_id: str, *, locked: bool = False) -> Inspectio
 def inspect_file(file: SessionFile) -> Inspection:
     """``inspect`` of a session file its caller has open (and reads more of)."""
     header = header_of(file)
-    data = read_log(file)
-    events, offsets, end, damage, status = scan_log(file.session_id, data, root=header.parent_session is None)
-    # the log's size, not what was read: a file extended with zeros is read only as far as its data reaches
+    data, beyond = read_log(file)
+    events, offsets, end, damage, status = scan_log(file.session_id, data, root=header.parent_session is None, beyond=beyond)
+    # the log's size, not what was read: a file extended with zeros (or a stray byte) is read only as far as its records reach
     return Inspection(header, events, offsets, end, max(len(data), file.log_size()), status, damage)
 
 

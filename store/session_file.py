@@ -49,9 +49,9 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from .atomic import NOFOLLOW, pread_all
+from .atomic import NOFOLLOW
 from .errors import REFUSED, CorruptSessionError, ReadOnlyStoreError, SessionNotFoundError, UnavailableSessionError
-from .extent import reach
+from .extent import Beyond, read_records
 from .framing import BLOCK, FRAME, MAX_RECORD_BYTES, encode_record, zeros_from
 from .lease_record import Lease
 from .locks import flock_within, names_file
@@ -223,8 +223,8 @@ class SessionFile:
     ``open`` reads the preamble once; afterwards every log offset is relative
     to its ``data_start``. ``lock``/``unlock`` are ``flock`` on this
     descriptor: the session's one lock (FORMAT.md §7). ``record_limit`` is
-    the store's largest record: how far past the log's last non-zero byte a
-    reader may have to read (``log_reach``).
+    the store's largest record: how far past the records (or the log's last
+    non-zero byte) a reader may have to read (``read_records``).
     """
 
     def __init__(self, session_id: str, path: str, fd: int, preamble: Preamble, *, record_limit: int = MAX_RECORD_BYTES) -> None:
@@ -317,12 +317,6 @@ class SessionFile:
         """The bytes of the log region, its zero padding included (``log_ends_at`` tells where its data ends)."""
         return max(0, os.fstat(self.fd).st_size - self.data_start)
 
-    def log_reach(self, offset: int = 0) -> int:
-        """The bytes of the log region worth reading from ``offset``: its size, unless the file was extended
-        with zeros behind the store's back; then as far past its last non-zero byte as a record could
-        reach (``store/extent.py``). Every reader of the log to its end stops here."""
-        return max(0, reach(self.fd, self.record_limit, self.data_start + offset) - self.data_start)
-
     def log_ends_at(self, end: int) -> bool:
         """Whether the log holds ``end`` bytes and nothing but zero padding (or nothing) after them.
 
@@ -335,10 +329,18 @@ class SessionFile:
         return len(raw) >= 1 and zeros_from(raw, 1)
 
     def read_log(self, offset: int = 0, length: int | None = None) -> bytes:
-        """``length`` bytes of the log from ``offset``; without ``length``, as far as it reaches (``log_reach``)."""
+        """``length`` bytes of the log from ``offset``; without ``length``, what ``read_records`` reads."""
         if length is None:
-            return pread_all(self.fd, self.data_start + offset, stop=self.data_start + self.log_reach(offset))
+            return self.read_records(offset)[0]
         return os.pread(self.fd, length, self.data_start + offset)
+
+    def read_records(self, offset: int = 0) -> tuple[bytes, Beyond | None]:
+        """The log from ``offset`` (a record boundary) in bounded memory (``store/extent.py: read_records``):
+        its records and what a scan needs to name their end, and ``Beyond`` (offsets relative to
+        ``offset``) when more data lies past them, as far as the file's last non-zero byte. Every reader of
+        the log to its end reads it so: a stray byte far past the records (a sparse GiB) costs no more
+        than the records."""
+        return read_records(self.fd, self.data_start + offset, self.record_limit)
 
     def write_log(self, blob: bytes, offset: int) -> bool:
         """Write ``blob`` at log ``offset``, followed by zeros to the next ``BLOCK`` boundary, in one

@@ -21,8 +21,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .atomic import NOFOLLOW, pread_all
-from .extent import reach
+from .atomic import NOFOLLOW
+from .extent import Beyond, read_records
 from .framing import Damage, zeros_from
 from .reader import Inspection, classify, inspect, open_session, scan_events
 from .root import Store
@@ -57,16 +57,24 @@ class LogTail:
         if self._data_start is None:
             with open_session(self._store, self._session_id) as file:
                 self._data_start = file.data_start
-        added = self._read_after(self._data_start + self._end)
-        if added is None:  # gone or cut back under us (a repair): start over from what is valid now
-            return self._read_again()
-        if zeros_from(added):
-            return []  # nothing, or only the padding: no record was written since
-        result = scan_events(added, start_seq=self._next_seq, base_offset=self._end)
-        if result.damage is not None:
-            local = Damage(result.damage.offset - self._end, result.damage.dropped, result.damage.reason, result.damage.detail)
-            if classify(added, local, self._next_seq + len(result.records), root=self._root) == "corrupt":
-                return self._read_again()  # only when damage is found: the whole log, under the lock if need be
+        try:
+            fd = os.open(self._path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
+        except FileNotFoundError:
+            return self._read_again()  # gone under us: start over from what is valid now
+        try:
+            read = self._read_after(fd, self._data_start + self._end)
+            if read is None:  # cut back under us (a repair): start over from what is valid now
+                return self._read_again()
+            added, beyond = read
+            if beyond is None and zeros_from(added):
+                return []  # nothing, or only the padding: no record was written since
+            result = scan_events(added, start_seq=self._next_seq, base_offset=self._end, beyond=beyond)
+            if result.damage is not None:
+                local = Damage(result.damage.offset - self._end, result.damage.dropped, result.damage.reason, result.damage.detail)
+                if classify(added, local, self._next_seq + len(result.records), root=self._root, beyond=beyond) == "corrupt":
+                    return self._read_again()  # only when damage is found: the whole log, under the lock if need be
+        finally:
+            os.close(fd)
         self._end, self._next_seq = result.end, self._next_seq + len(result.records)
         return list(result.records)
 
@@ -80,15 +88,9 @@ class LogTail:
             self._damage = again.damage
         return events
 
-    def _read_after(self, offset: int) -> bytes | None:
-        """The file's bytes from ``offset`` on; ``None`` when the file is gone or shorter than ``offset``."""
-        try:
-            fd = os.open(self._path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
-        except FileNotFoundError:
+    def _read_after(self, fd: int, offset: int) -> tuple[bytes, Beyond | None] | None:
+        """The open file's bytes from ``offset`` on, read as a log is (``extent.read_records``: not through
+        zeros, nor to a stray byte far past the records); ``None`` when it is shorter than ``offset``."""
+        if os.fstat(fd).st_size < offset:
             return None
-        try:
-            if os.fstat(fd).st_size < offset:
-                return None
-            return pread_all(fd, offset, stop=reach(fd, self._store.max_record_bytes, offset))  # not through zeros
-        finally:
-            os.close(fd)
+        return read_records(fd, offset, self._store.max_record_bytes)
