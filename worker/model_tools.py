@@ -56,6 +56,10 @@ class DelegationConfig:
     enable_run_in_background: bool = True
     background_mode: Literal["one-shot", "continuable"] = "one-shot"
     max_depth: int | None = 3
+    # what a call that leaves out ``run_in_background`` does; None: the reference's rule (in the background
+    # iff ``background_mode`` is continuable). This project's own option, for a program that offers
+    # continuable background children to a model used to waiting on its calls (the ``llm`` program's)
+    background_by_default: bool | None = None
 
 
 def _no_agent(tool: str) -> ToolOutcome:
@@ -149,7 +153,10 @@ def _delegate_tool(config: DelegationConfig) -> ModelTool:
         "prompt": {"type": "string", "description": "The complete task for the subagent."},
     }
     if config.enable_run_in_background:
-        properties["run_in_background"] = {"type": "boolean", "description": "Start it and return at once."}
+        said = "Start it and return at once."
+        if config.background_mode == "continuable":
+            said += " You are told when it settles, and may message it meanwhile."
+        properties["run_in_background"] = {"type": "boolean", "description": said}
 
     async def run(ctx: TurnContext | None, args: dict[str, Any]) -> ToolOutcome:
         if ctx is None:
@@ -163,7 +170,8 @@ def _delegate_tool(config: DelegationConfig) -> ModelTool:
         if background and not config.enable_run_in_background:
             return ToolOutcome("run_in_background is disabled for this tool instance (enableRunInBackground: false)", is_error=True)
         if background is None:
-            background = config.background_mode == "continuable"
+            by_default = config.background_by_default
+            background = config.background_mode == "continuable" if by_default is None else by_default
         try:
             if background and config.background_mode == "continuable":
                 child_id, _ = await ctx.start_continuable(prompt, label=label, provider=config.provider, max_depth=config.max_depth)

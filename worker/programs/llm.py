@@ -59,7 +59,7 @@ import os
 import random
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
@@ -238,6 +238,22 @@ def _error_text(error: Any) -> str:
 
 
 
+def _delegation_for(ctx: TurnContext) -> DelegationConfig:
+    """The delegation tool's options for a turn of a program that configured none.
+
+    A background call needs something that brings its result back to the model. A one-shot job
+    has nothing here: no model tool lists, stops, messages or waits for one (the reference needs a
+    jobs tool for that), so its result was thrown away. A continuable child has all of it: in a
+    continuable turn a background call starts one (``list_agents``, ``send_message`` and
+    ``interrupt_agent`` reach it, and its settlement notice wakes the model's next turn), while a
+    call that says nothing still waits for its answer, as the program's calls always did; a
+    one-shot turn offers no ``run_in_background``, and the calls of one reply run at once instead.
+    """
+    if ctx.spec.mode == "continuable":
+        return DelegationConfig(background_mode="continuable", background_by_default=False)
+    return DelegationConfig(enable_run_in_background=False)
+
+
 # every variable ``from_environment`` reads: the supervisor's configuration refuses any other SUBAGENTS_LLM_* name (a typo)
 ENVIRONMENT = ("SUBAGENTS_LLM_BASE_URL", "SUBAGENTS_LLM_MODEL", "SUBAGENTS_LLM_API_KEY_ENV", "SUBAGENTS_LLM_TIMEOUT_S",
                "SUBAGENTS_LLM_MAX_RETRIES", "SUBAGENTS_LLM_MAX_STEPS")
@@ -253,7 +269,8 @@ class LlmProgram:
     timeout_s: float = 120.0
     max_retries: int = 3  # the SDK's retries on 429 / 5xx / timeouts, with exponential backoff
     max_steps: int = 32  # the turn's step budget when its caller sets none (``TurnContext.limit_steps``)
-    delegation: DelegationConfig = field(default_factory=DelegationConfig)
+    # the delegation tool's options; None: chosen per turn (``_delegation_for``)
+    delegation: DelegationConfig | None = None
     report_delivery: str = "wakeup"
 
     @classmethod
@@ -304,7 +321,8 @@ class LlmProgram:
         def clean(text: str) -> str:
             return _storable(redact.known(text))
 
-        tools = {t.name: t for t in model_tools(ctx, delegation=self.delegation, report_delivery=self.report_delivery)}  # type: ignore[arg-type]
+        delegation = self.delegation or _delegation_for(ctx)
+        tools = {t.name: t for t in model_tools(ctx, delegation=delegation, report_delivery=self.report_delivery)}  # type: ignore[arg-type]
         messages: list[dict[str, Any]] = [{"role": "system", "content": self.system_prompt(ctx)}]
         messages += _transcript(await ctx.history())
         model = ctx.spec.agent_model or self.model
