@@ -19,7 +19,7 @@ timestamps (no ``fstat``): the held mailbox's writer relies on that
 **Bounded reads of a log.** ``reach`` alone bounds nothing when a stray
 non-zero byte lies far past the records (``f.seek(1 << 30); f.write(b"x")``:
 a GiB that takes one block on disk): the data then "ends" there. So a
-session's log is read by ``read_records``: the frames that verify from the
+session's log, and a mailbox, are read by ``read_records``: the frames that verify from the
 read's start (a bounded chunk at a time), then the frame where they stop,
 and no further when more data lies beyond it. What lies beyond is
 ``Beyond``'s: ``scan`` learns where the data ends from it (zeros up to there

@@ -33,7 +33,7 @@ import re
 import struct
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import msgpack
 
@@ -451,6 +451,17 @@ def _may_start(data: bytes | memoryview, pos: int) -> bool:
     return 0 < length <= MAX_RECORD_BYTES and pos + FRAME.size + length <= len(data) and _MAP_START.match(data, pos + FRAME.size) is not None
 
 
+class Windowed(Protocol):
+    """The data of a file past a bounded read of it (``store/extent.py: Beyond``; offsets relative to the read's start):
+    where it ends, and ``find_committed`` of it a window at a time. A protocol: ``extent`` imports this module."""
+
+    @property
+    def last(self) -> int: ...
+
+    def find_committed(self, start: int, expected_seq: int, predicate: Callable[[dict[str, Any]], bool], *,
+                       torn_reason: str) -> int | None: ...
+
+
 def torn_tail(
     data: bytes | memoryview,
     damage: Damage,
@@ -459,6 +470,7 @@ def torn_tail(
     commits: Callable[[dict[str, Any]], bool] | None = None,
     padded: bool = False,
     committed_end: int = 0,
+    beyond: Windowed | None = None,
 ) -> bool:
     """Whether ``damage`` (``scan``'s, where the valid prefix of ``data`` ends) is a torn tail, which
     cutting loses nothing of, rather than damage to committed bytes (FORMAT.md §3.3): one rule for a
@@ -478,11 +490,25 @@ def torn_tail(
 
     A log's commit points are its ``turn/end`` records: a frame of a turn that never ended was
     promised to nobody, so only a ``turn/end`` that chains after the damage makes it corruption.
+
+    ``beyond`` (``store/extent.py: read_records``): ``data`` is a bounded read of a padded file that
+    stops at the damaged frame while more data follows (a stray byte far past the records), and the
+    same rule is applied to the file, not to ``data``. A frame ``data`` holds only the header of (its
+    length is over the store's limit) reads short there, but its announced bytes end before the
+    file's data does: it was written whole (the third point), as a read of the whole region said.
+    The committed frame is looked for in the file, a window at a time (``Beyond.find_committed``).
     """
     if damage.offset < committed_end:
         return False
     if commits is None and damage.reason not in ("short-header", "short-payload"):
         return False
+    if beyond is not None:
+        if commits is None and len(data) - damage.offset >= FRAME.size:
+            length = FRAME.unpack_from(data, damage.offset)[0]
+            if damage.offset + FRAME.size + length <= beyond.last:
+                return False  # not cut short: its bytes lie inside the data
+        found = beyond.find_committed(damage.offset + 1, expected_seq, commits or _every_record, torn_reason=damage.reason)
+        return found is None
     committed = find_committed(data, damage.offset + 1, expected_seq, commits or _every_record, torn_reason=damage.reason,
                                padded=padded)
     return committed is None

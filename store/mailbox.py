@@ -51,8 +51,8 @@ from .appender import WIDEST_SEQ, append_records, frame_record, open_appendable
 from .events import widest_event
 from .atomic import NOFOLLOW
 from .changes import ChangeWatch, Watched
-from .errors import CorruptSessionError, InvalidRecordError
-from .extent import data_end_of, reach
+from .errors import CorruptSessionError, InvalidRecordError, UnavailableSessionError
+from .extent import data_end_of, reach, read_records
 from .framing import FRAME, Damage, ScanResult, data_end, scan, torn_tail
 from .ids import IdGenerator
 from .projection import Projection
@@ -365,6 +365,7 @@ class MailboxScan:
     data: bytes  # the bytes read, from ``base``
     result: ScanResult
     corrupt: bool  # the scan stopped at damage that is no torn tail, judged where no acceptance was in flight
+    more: bool = False  # ``data`` stops at that damage and more data follows it (``extent.read_records``)
 
     @property
     def misplaced(self) -> bool:
@@ -374,8 +375,8 @@ class MailboxScan:
 
 
 def scan_mailbox(store: Store, session_id: str, *, base: int = 0, start_seq: int = 0, locked: bool = False) -> MailboxScan | None:
-    """Read and scan the mailbox from ``base`` (as far as its data reaches, ``extent.reach``: never through zeros
-    the file was extended with); ``None`` when there is none. ``UnavailableSessionError`` when unreadable.
+    """Read and scan the mailbox from ``base`` as a log is read (``extent.read_records``: never through zeros the file
+    was extended with, nor to a stray byte far past its records); ``None`` when there is none, ``UnavailableSessionError`` when unreadable.
 
     An acceptance writes its record with one ``pwrite`` under the session lock, and a reader that does not hold
     the lock may see part of it: a frame not all there yet, or bytes after where this process's checkpoint
@@ -385,17 +386,25 @@ def scan_mailbox(store: Store, session_id: str, *, base: int = 0, start_seq: int
     only then. A caller that holds it must say so: ``flock`` would wait for the caller's own descriptor.
     """
     checkpoint = store.index_tails.get(checkpoint_key(session_id))  # before the read: records reached this far then
-    data = read_session_file(store, session_id, "mailbox", offset=base, stop=lambda fd: reach(fd, store.max_record_bytes, base))
-    if data is None:
-        return None
-    result = scan(data, start_seq=start_seq, base_offset=base, check=mailbox_problem, padded=True)
-    found, damage = MailboxScan(base, data, result, False), result.damage
-    if damage is None or found.misplaced:
-        return found
-    local = Damage(damage.offset - base, damage.dropped, damage.reason, damage.detail)
     committed_end = (checkpoint[0] if checkpoint else 0) - base
-    if torn_tail(data, local, start_seq + len(result.records), padded=True, committed_end=committed_end):
-        return found
+    try:
+        fd = os.open(store.path(session_id, "mailbox"), os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
+        try:  # judged while it is open: past a bounded read, the rule looks at the file itself (``Beyond``)
+            data, beyond = read_records(fd, base, store.max_record_bytes)
+            result = scan(data, start_seq=start_seq, base_offset=base, check=mailbox_problem, padded=True,
+                          last=None if beyond is None else beyond.last)
+            found, damage = MailboxScan(base, data, result, False, beyond is not None), result.damage
+            if damage is None or found.misplaced:
+                return found
+            local = Damage(damage.offset - base, damage.dropped, damage.reason, damage.detail)
+            if torn_tail(data, local, start_seq + len(result.records), padded=True, committed_end=committed_end, beyond=beyond):
+                return found
+        finally:
+            os.close(fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise UnavailableSessionError.of(session_id, "its mailbox cannot be read", exc) from None
     if locked:
         return replace(found, corrupt=True)
     lock = SessionLock(session_id, store.session_path(session_id))
@@ -450,7 +459,7 @@ def pending(
         found = scan_mailbox(store, session_id, base=mailbox_end, start_seq=consumed, locked=locked)
         if found is not None and not found.misplaced:
             messages = _messages(session_id, found)
-            if messages or data_end(found.data) == 0:  # nothing after it, or only padding
+            if messages or (not found.more and data_end(found.data) == 0):  # nothing after it, or only padding
                 return messages
     disagree = f"mailbox and log disagree: log consumed {consumed} message(s) ending at {last_consumed_id!r}"
     try:
