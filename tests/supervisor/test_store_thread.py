@@ -214,6 +214,9 @@ async def test_a_resident_childs_mailbox_stays_open_from_its_first_followup_to_i
         assert sup.statistics().open_mailboxes == 2
         assert [len(read_mailbox(sup.store, child)) for child in children] == [4, 4]
         await sup.drain_children(root, children)
+        # the children's closed; the root's, which their settlement notices opened, is held until it is released
+        assert sup.statistics().open_mailboxes == 1
+        await sup.release_root(root)
         assert sup.statistics().open_mailboxes == 0
 
 
@@ -229,6 +232,8 @@ async def test_open_mailboxes_are_bounded(tmp_path, monkeypatch) -> None:
                 assert sup.statistics().open_mailboxes == 1
         assert [len(read_mailbox(sup.store, child)) for child in children] == [3, 3]
         await sup.drain_children(root, children)
+        assert sup.statistics().open_mailboxes == 1  # the root's, for the children's notices
+        await sup.release_root(root)
         assert sup.statistics().open_mailboxes == 0
 
 
@@ -270,5 +275,7 @@ async def test_held_mailboxes_share_one_change_watch_which_closing_the_superviso
         assert watches() == 2
         assert [m.content for m in read_mailbox(sup.store, children[0])][1:] == [f"queued {i}" for i in range(3)]
         await sup.drain_children(root, children)
+        assert watches() == 1  # the root's mailbox, which the children's settlement notices opened
+        await sup.release_root(root)
         assert watches() == 0
     assert _inotify_descriptors() == before
