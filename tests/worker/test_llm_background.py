@@ -22,7 +22,7 @@ import pytest
 from subagents.supervisor import Capabilities, ContinuableSpec, Provider, Supervisor, SupervisorConfig
 
 from . import test_llm_faults
-from .test_llm_faults import completion, program, run_once
+from .test_llm_faults import completion, program, run_once, send_answer
 
 endpoint = test_llm_faults.endpoint  # the fake endpoint fixture, shared (an assignment: no unused import)
 
@@ -44,15 +44,6 @@ async def test_a_one_shot_turn_offers_no_background_call(tmp_path, endpoint) -> 
     assert told == ["run_in_background is disabled for this tool instance (enableRunInBackground: false)"]
 
 
-def _answer(handler: BaseHTTPRequestHandler, reply: tuple[int, dict[str, str], bytes]) -> None:
-    status, headers, body = reply
-    handler.send_response(status)
-    for name, value in {"Content-Length": str(len(body)), **headers}.items():
-        handler.send_header(name, value)
-    handler.end_headers()
-    handler.wfile.write(body)
-
-
 async def test_a_continuable_turn_starts_a_continuable_child_whose_notice_wakes_the_model(tmp_path, endpoint) -> None:
     base_url, seen, answers = endpoint
 
@@ -60,13 +51,13 @@ async def test_a_continuable_turn_starts_a_continuable_child_whose_notice_wakes_
         messages = handler.request_json["messages"]  # type: ignore[attr-defined]
         users = [m["content"] for m in messages if m["role"] == "user"]
         if users[0] == "JOB":
-            _answer(handler, completion("JOB-RESULT-42"))
+            send_answer(handler, completion("JOB-RESULT-42"))
         elif any("JOB-RESULT-42" in text for text in users):
-            _answer(handler, completion("got the job's result"))
+            send_answer(handler, completion("got the job's result"))
         elif any(m["role"] == "tool" for m in messages):
-            _answer(handler, completion("waiting for my job"))
+            send_answer(handler, completion("waiting for my job"))
         else:
-            _answer(handler, completion(calls=[("subagent", {"description": "bg", "prompt": "JOB", "run_in_background": True})]))
+            send_answer(handler, completion(calls=[("subagent", {"description": "bg", "prompt": "JOB", "run_in_background": True})]))
 
     answers.append(route)
     config = SupervisorConfig(pool_size=2, durability="none")

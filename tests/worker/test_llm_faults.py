@@ -71,6 +71,16 @@ def cut_mid_reply(handler: BaseHTTPRequestHandler) -> None:
     handler.close_connection = True
 
 
+def send_answer(handler: BaseHTTPRequestHandler, answer: tuple[int, dict[str, str], bytes]) -> None:
+    """Write one ``(status, headers, body)`` answer (a callable answer writes its own, often with this)."""
+    status, headers, body = answer
+    handler.send_response(status)
+    for name, value in {"Content-Length": str(len(body)), **headers}.items():
+        handler.send_header(name, value)
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 @pytest.fixture
 def endpoint() -> Iterator[tuple[str, list[dict[str, Any]], list[Answer]]]:
     """A fake endpoint answering request N with ``answers[N]`` (the last one repeats); every request is kept."""
@@ -85,12 +95,7 @@ def endpoint() -> Iterator[tuple[str, list[dict[str, Any]], list[Answer]]]:
             if callable(answer):
                 answer(self)
                 return
-            status, headers, body = answer
-            self.send_response(status)
-            for name, value in {"Content-Length": str(len(body)), **headers}.items():
-                self.send_header(name, value)
-            self.end_headers()
-            self.wfile.write(body)
+            send_answer(self, answer)
 
         def log_message(self, *args: Any) -> None:
             pass

@@ -20,7 +20,7 @@ from subagents.store import inspect
 from subagents.supervisor import Capabilities, Provider, SubagentRequest, Supervisor, SupervisorConfig
 
 from . import test_llm_faults
-from .test_llm_faults import completion, program
+from .test_llm_faults import completion, program, send_answer
 
 endpoint = test_llm_faults.endpoint  # the fake endpoint fixture, shared (an assignment: no unused import)
 
@@ -36,14 +36,9 @@ async def test_two_subagent_calls_of_one_reply_run_at_once_and_answer_in_order(t
         prompt = handler.request_json["messages"][-1]["content"]  # type: ignore[attr-defined]
         began = time.monotonic()
         time.sleep(1.0)
-        status, headers, body = completion(f"answer to {prompt}")
         with lock:
             spans.append((prompt, began, time.monotonic()))
-        handler.send_response(status)
-        for name, value in {"Content-Length": str(len(body)), **headers}.items():
-            handler.send_header(name, value)
-        handler.end_headers()
-        handler.wfile.write(body)
+        send_answer(handler, completion(f"answer to {prompt}"))
 
     answers += [
         completion(calls=[("subagent", {"description": "a", "prompt": "JOB-A"}), ("subagent", {"description": "b", "prompt": "JOB-B"})]),
