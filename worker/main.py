@@ -32,7 +32,7 @@ import select
 import sys
 import threading
 from collections import deque
-from typing import Any, Coroutine, Mapping
+from typing import Any, Coroutine, Mapping, NoReturn
 
 import anyio
 
@@ -188,7 +188,12 @@ class WorkerLoop:
 
     async def _run(self, msg: RunTurn) -> None:
         try:
-            outcome = await self.runner.run(msg, self.send)
+            try:
+                outcome = await self.runner.run(msg, self.send)
+            except SystemExit as exc:
+                # now, before this turn's slot goes to a turn waiting here: started, it died with the worker
+                # (``error``), where a turn handed ahead and never started runs on another worker
+                exit_as_asked(exc)
             self.send(TurnDone(call_id=msg.call_id, outcome=outcome))
         finally:
             self._active -= 1
@@ -314,12 +319,20 @@ def worker_entry(conn: Any, log_level: int = logging.WARNING, inherited: Any = N
     except KeyboardInterrupt:
         pass
     except SystemExit as exc:
-        # a program's ``sys.exit``: the worker ends with its code now. Left to the interpreter's own exit, it
-        # waited for the thread a plain ``def`` program ran in, and never ended (nor answered) at all
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        _flush()
-        os._exit(code)
+        exit_as_asked(exc)
     os._exit(0)
+
+
+def exit_as_asked(exc: SystemExit) -> NoReturn:
+    """A program's ``sys.exit``: the worker ends with its code now, and its host replaces it.
+
+    Left to the interpreter's own exit, a local worker waited for the thread a plain ``def`` program
+    ran in, and never ended (nor answered) at all; a Ray actor took it into its event loop and went
+    on, with the turn never ending and its slot taken for good.
+    """
+    code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    _flush()
+    os._exit(code)
 
 
 def _flush() -> None:

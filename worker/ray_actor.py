@@ -33,6 +33,7 @@ from subagents.store.framing import MAX_RECORD_BYTES
 
 from .logcontext import FieldsFilter
 from .logformat import install_logging
+from .main import exit_as_asked
 from .forks import worker_started
 from .protocol import Cancel, CancelRpc, Reply, Rpc, RunTurn, TurnDone, TurnOutcome, decode, encode
 from .runner import TurnRunner
@@ -111,7 +112,7 @@ class SubagentWorker:
         def send(request: Rpc | CancelRpc) -> None:
             frames.put_nowait(encode(request))
 
-        turn = asyncio.ensure_future(self._runner.run(msg, send))
+        turn = asyncio.ensure_future(self._run(msg, send))
         try:
             while not turn.done():
                 frame = asyncio.ensure_future(frames.get())
@@ -128,6 +129,14 @@ class SubagentWorker:
                 turn.cancel()
             self._resident.discard(msg.call_id)
         yield encode(TurnDone(call_id=msg.call_id, outcome=self._located(outcome)))
+
+    async def _run(self, msg: RunTurn, send: Any) -> TurnOutcome:
+        """The turn, whose program's ``sys.exit`` ends this actor's process as it ends a local worker: Ray
+        reports the actor's death, the turn ends ``error`` and a new actor takes its slot."""
+        try:
+            return await self._runner.run(msg, send)
+        except SystemExit as exc:
+            exit_as_asked(exc)
 
     def _located(self, outcome: TurnOutcome) -> TurnOutcome:
         """A program this node cannot import is named with the node, so the operator knows where to install it."""

@@ -12,9 +12,9 @@ import anyio
 import pytest
 
 from subagents.store import read_lease
-from subagents.supervisor import SubagentRequest
+from subagents.supervisor import Capabilities, Provider, SubagentRequest
 
-from ..conftest import DEADLINE_S, events_of, last_turn_end, said, wait_until
+from ..conftest import DEADLINE_S, events_of, helper, last_turn_end, said, wait_until
 from ._pools import open_pool_supervisor
 
 from .conftest import RAY_TESTS
@@ -247,3 +247,22 @@ async def test_a_turn_committed_before_its_worker_died_reports_what_its_log_says
         assert read_lease(sup.store, run.id).state == "released"
         await wait_until(lambda: sup.statistics().pool.crashed == 1, what="the worker's death to be seen")
         await run.dispose()
+
+
+@pytest.mark.parametrize("program", ["exits_the_worker", "exits_the_worker_from_a_thread"])
+async def test_a_program_that_exits_ends_its_turn_and_the_next_runs(tmp_path: Path, kind: str, program: str) -> None:
+    """``sys.exit`` in a program ends its worker, which is replaced (README). Found by a probe on Ray: the actor
+    took the ``SystemExit`` into its event loop and went on, the turn never ended, the child was listed
+    ``running`` for good, and the child queued behind it on the one slot never started."""
+    async with open_pool_supervisor(tmp_path, kind, pool_size=1) as sup:
+        sup.register_provider(Provider(name="exits", program=helper(program), capabilities=Capabilities.all()))
+        root = await sup.open_root()
+        run = await sup.start("exits", SubagentRequest(parent=root, prompt="go"))
+        behind = await sup.start("echo", SubagentRequest(parent=root, prompt="after"))
+        with anyio.fail_after(DEADLINE_S):
+            result = await run.result()
+            after = await behind.result()
+        assert result.stop_reason == "error", result
+        assert (after.stop_reason, after.output) == ("completed", "after"), after
+        await run.dispose()
+        await behind.dispose()
