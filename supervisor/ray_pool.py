@@ -66,7 +66,7 @@ from .dispatch import Dispatcher, Turn, WorkerSlot
 from .errors import RayUnavailableError
 from .ray_cluster import join, require_ray
 
-__all__ = ["RayPool", "crash_cause"]
+__all__ = ["RayPool", "crash_cause", "unanswered_cause"]
 
 log = logging.getLogger(__name__)
 
@@ -106,11 +106,26 @@ def crash_cause(exc: BaseException) -> str:
         return "killed by Ray's memory monitor"
     reason = _between(text, "The actor is dead because ", ". ") or _between(text, "The actor died because ", ". ")
     if reason is None:
-        return text[:_CAUSE_MAX] or type(exc).__name__
+        return _clip(text) or type(exc).__name__
     exit_type = _between(text, "Worker exit type: ", " ")
     detail = _between(text, "Worker exit detail: ", " Some common causes") or ""
     extra = ": ".join(part for part in (exit_type, detail.strip()) if part)
-    return (f"{reason} ({extra})" if extra else reason)[:_CAUSE_MAX]
+    return _clip(f"{reason} ({extra})" if extra else reason)
+
+
+def unanswered_cause(waited_s: float) -> str:
+    """Why an actor that stopped answering was declared dead by the pool, not by Ray. Ray's own text for it
+    ("The actor is temporarily unavailable: RpcError ...") called a node lost for good temporarily away."""
+    return (f"it stopped answering for {waited_s:g} s without Ray declaring it dead (its node lost, or cut off from "
+            "this host), and the pool killed it")
+
+
+def _clip(text: str) -> str:
+    """At most ``_CAUSE_MAX`` characters, cut at a word with an ellipsis: a cause cut mid-word read as garbled."""
+    if len(text) <= _CAUSE_MAX:
+        return text
+    head = text[: _CAUSE_MAX - 1]
+    return (head.rsplit(" ", 1)[0] if " " in head else head).rstrip(" ,;:") + "…"
 
 
 def _between(text: str, start: str, end: str) -> str | None:
@@ -332,13 +347,13 @@ class RayPool(Dispatcher[_Actor]):
                 elif isinstance(msg, TurnDone):
                     self._turn_done(turn, msg.outcome)
                     return
-        except ActorUnavailableError as exc:
+        except ActorUnavailableError:
             # _watch gets the verdict (dead, with its cause; or killed past a deadline)
             with anyio.move_on_after(2 * _DEATH_VERDICT_S):
                 await actor.dead.wait()
                 return
             self._kill(actor.handle)
-            await self._crashed(actor, exc)
+            await self._crashed(actor, cause=unanswered_cause(2 * _DEATH_VERDICT_S))
             return
         except RayActorError as exc:
             await self._crashed(actor, exc)
@@ -372,12 +387,12 @@ class RayPool(Dispatcher[_Actor]):
             try:
                 await actor.handle.watch.remote()
                 return
-            except ActorUnavailableError as exc:
+            except ActorUnavailableError:
                 now = time.monotonic()
                 unavailable_since = unavailable_since or now
                 if now - unavailable_since > _DEATH_VERDICT_S:
                     self._kill(actor.handle)
-                    await self._crashed(actor, exc)
+                    await self._crashed(actor, cause=unanswered_cause(_DEATH_VERDICT_S))
                     return
                 await anyio.sleep(0.05)
             except RayActorError as exc:
@@ -408,9 +423,10 @@ class RayPool(Dispatcher[_Actor]):
                         self._kill(actor.handle)
                         self._tg.start_soon(self._replace, actor.index)
 
-    async def _crashed(self, actor: _Actor, exc: BaseException) -> None:
-        """End every turn resident on a dead actor, then start its replacement."""
-        if self._declare_dead(actor, crash_cause(exc)) and not self._closing:
+    async def _crashed(self, actor: _Actor, exc: BaseException | None = None, *, cause: str | None = None) -> None:
+        """End every turn resident on a dead actor (``cause``, else Ray's error ``exc`` says why), then start its
+        replacement."""
+        if self._declare_dead(actor, cause if cause is not None else crash_cause(exc or RuntimeError("died"))) and not self._closing:
             # no deadline: after a node loss the replacement waits until the cluster has room
             await self._replace(actor.index)
 
