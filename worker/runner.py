@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import anyio
 
-from subagents.store.errors import from_wire
+from subagents.store.errors import SubagentError, from_wire
 from subagents.store.root import Store
 
 from .budget import TIMEOUT, TurnControl
@@ -114,7 +114,9 @@ class TurnRunner:
             return await run_turn(spec, control, rpc, sessions=self._sessions_for(spec), node=msg.node, release_allowed=release_allowed)
         except Exception as exc:  # a store failure outside the program: report, never hang the caller
             log.exception("turn failed outside its program", extra={"session": spec.session_id})
-            return TurnOutcome(stop_reason="error", diagnostic=f"{type(exc).__name__}: {exc}"[:4000], steps=control.steps)
+            # a store's error by its code (``DURABILITY_FAILED``), as the turn's own diagnostics say it, not its class
+            cause = f"{exc.code}: {exc}" if isinstance(exc, SubagentError) else f"{type(exc).__name__}: {exc}"
+            return TurnOutcome(stop_reason="error", diagnostic=cause[:4000], steps=control.steps)
         finally:
             self._turns.pop(msg.call_id, None)
             for rpc_id in [r for r, c in self._starting.items() if c == msg.call_id]:

@@ -19,6 +19,19 @@ before a tool runs (``tool/call`` is write-ahead), at commit points, around
 a report and at the turn's end. A failed batch (``FencedError``, a dead
 service) is raised by the next ``append`` or ``flush``; what was queued
 behind it is dropped, so the log stays a prefix of what the turn wrote.
+
+A full disk is the local writer's verdict too, only later: the store cuts a
+batch it had no room for back whole and its writer goes on (``NoRoomError``,
+``DURABILITY_FAILED``), so this writer does not break on it. A coalesced
+batch refused so is sent again append by append, in order, until the first
+one refused: what fits lands, as the local writer appending them one by one
+would have written it (a turn's ``turn/start`` coalesced with a flood of
+output is kept, and the child is not listed ``not-started`` after it ran).
+That append and everything queued behind it are dropped, the refusal is
+raised once, by the next ``append`` or ``flush``, and the writer then takes
+appends again at the log's next seq: the turn can still close with the
+error (``worker/turn.py``), as on the local pool, instead of leaving an open
+turn that lists as a host crash.
 """
 
 from __future__ import annotations
@@ -29,8 +42,8 @@ import threading
 import uuid
 from typing import Any, Callable, Sequence
 
-from subagents.store.errors import SubagentError, UnsupportedFormatError, from_wire
-from subagents.store.events import EVENT_TYPES, widest_event
+from subagents.store.errors import NoRoomError, SubagentError, UnsupportedFormatError, from_wire
+from subagents.store.events import EVENT_TYPES
 from subagents.store.framing import MAX_RECORD_BYTES, encode_record
 
 from .sessions import attachable
@@ -88,8 +101,9 @@ class ServiceWriter:
         # not yet open on the service: the first batch carries this and opens it (one round trip, not two)
         self._opening = opening
         self._cond = threading.Condition()
-        self._queue: list[bytes] = []  # appended (each event packed), not yet sent
-        self._commit = False  # a commit point is among the queued appends
+        # appended, not yet sent: per append its events (each packed) and whether it is a commit point;
+        # kept apart so that a batch refused for want of room can be sent again append by append
+        self._queue: list[tuple[list[bytes], bool]] = []
         self._in_flight = False
         self._sent_seq = next_seq  # the log's next seq after every acknowledged batch
         self._queued_seq = next_seq  # ... after everything appended
@@ -111,23 +125,39 @@ class ServiceWriter:
             if kind not in EVENT_TYPES:
                 raise UnsupportedFormatError(f'event type "{kind}" is not one this store writes', event_type=kind)
         packed = [pack_event(kind, data) for kind, data in batch]  # once; refuses what msgpack cannot carry now
-        for (kind, data), one in zip(batch, packed):
-            if len(one) + _ENVELOPE_BYTES > self._limit:
-                # refused here, as a local writer refuses it: the service would refuse the whole coalesced
-                # batch, and the writer, broken, would take not even the turn's closing ``turn/end``
-                encode_record(widest_event(kind, data), limit=self._limit, what=f'a "{kind}" event')
         with self._cond:
-            if self._error is not None:
-                raise self._error
+            self._raise_failure()
             if self._closing:
                 raise SubagentError(f'writer of session "{self.session_id}" is closed', code="WRITER_CLOSED")
             seq = self._queued_seq
+            for i, ((kind, data), one) in enumerate(zip(batch, packed)):
+                if len(one) + _ENVELOPE_BYTES > self._limit:
+                    # refused here, as a local writer refuses it: the service would refuse the whole coalesced
+                    # batch, and the writer, broken, would take not even the turn's closing ``turn/end``
+                    self._check_size(seq + i, kind, data)
             records = [{"seq": seq + i, "ts": None, "type": kind, "data": data, "epoch": self.epoch} for i, (kind, data) in enumerate(batch)]
-            self._queue.extend(packed)
+            self._queue.append((packed, commit))
             self._queued_seq += len(batch)
-            self._commit = self._commit or commit
             self._cond.notify_all()
         return records
+
+    def _check_size(self, seq: int, kind: str, data: Any) -> None:
+        """``RecordTooLargeError`` for the record the store would write, framed as it frames it: the seq it
+        gets (appends are queued in seq order and never renumbered: a batch dropped for want of room is
+        not sent again), this writer's epoch, and ``ts`` a float, which msgpack packs in 9 bytes whatever
+        the host stamps. The same verdict and size as the local writer's, not a bound: seq and epoch at
+        their widest refused records 16 bytes short of the limit, naming a size no record had."""
+        encode_record({"seq": seq, "ts": 0.0, "type": kind, "data": data, "epoch": self.epoch}, limit=self._limit, what=f'a "{kind}" event')
+
+    def _raise_failure(self) -> None:
+        """Raise a failed batch's error, under the condition. A refusal for want of room is raised once: the
+        writer goes on after it, as a local one does (the module's docstring); any other failure, for good."""
+        error = self._error
+        if error is None:
+            return
+        if isinstance(error, NoRoomError):
+            self._error = None
+        raise error
 
     async def flush(self) -> None:
         """Return once every queued append is acknowledged by the store's host (durable at a commit point).
@@ -137,16 +167,14 @@ class ServiceWriter:
         """
         loop = asyncio.get_running_loop()
         with self._cond:
-            if self._error is not None:
-                raise self._error
+            self._raise_failure()
             if not self._queue and not self._in_flight:
                 return
             idle: asyncio.Future[None] = loop.create_future()
             self._idle_waiters.append((loop, idle))
         await idle
         with self._cond:
-            if self._error is not None:
-                raise self._error
+            self._raise_failure()
 
     def _wake_idle_waiters(self) -> None:
         """Called by the sender under the condition when nothing is queued or in flight, or on failure."""
@@ -161,33 +189,45 @@ class ServiceWriter:
                     self._cond.wait()
                 if not self._queue:
                     return
-                batch, commit = self._queue, self._commit
-                self._queue, self._commit = [], False
+                groups, self._queue = self._queue, []
                 self._in_flight = True
                 first_seq = self._sent_seq
-            error: SubagentError | None = None
-            next_seq = first_seq
-            opening = {"opening": self._opening} if self._opening is not None else {}
-            try:
-                reply = _call(self._call, "append", writer_id=self._writer_id, first_seq=first_seq, events=join_events(batch), commit=commit,
-                              **opening)
-                next_seq = int(reply["next_seq"])
-                self._opening = None  # only the sender thread reads or clears it
-            except SubagentError as exc:
-                error = exc
+            next_seq, error = self._send(first_seq, groups)
+            if isinstance(error, NoRoomError) and len(groups) > 1:
+                # the store cut the batch back whole: again append by append, what fits lands (the module's docstring)
+                next_seq, error = first_seq, None
+                for group in groups:
+                    next_seq, error = self._send(next_seq, [group])
+                    if error is not None:
+                        break
             with self._cond:
                 self._in_flight = False
-                self.batches_sent += 1
-                if error is None:
-                    self._sent_seq = next_seq
-                else:
+                self._sent_seq = next_seq
+                if error is not None:
                     self._error = error
                     self._queue.clear()  # never send past a failed batch: the log stays a prefix
+                    self._queued_seq = next_seq  # the log's next seq: where a writer that goes on appends
                 if error is not None or not self._queue:
                     self._wake_idle_waiters()
                 self._cond.notify_all()
-                if error is not None:
+                if error is not None and not isinstance(error, NoRoomError):
                     return
+
+    def _send(self, first_seq: int, groups: list[tuple[list[bytes], bool]]) -> tuple[int, SubagentError | None]:
+        """One append call of ``groups`` coalesced at ``first_seq``: the log's next seq after it, and its error."""
+        opening = {"opening": self._opening} if self._opening is not None else {}
+        events = [one for packed, _ in groups for one in packed]
+        commit = any(commit for _, commit in groups)
+        try:
+            reply = _call(self._call, "append", writer_id=self._writer_id, first_seq=first_seq, events=join_events(events), commit=commit,
+                          **opening)
+        except SubagentError as exc:
+            return first_seq, exc
+        finally:
+            with self._cond:
+                self.batches_sent += 1
+        self._opening = None  # only the sender thread reads or clears it
+        return int(reply["next_seq"]), None
 
     def release_lease(self, owner: str) -> None:
         """Release ``owner``'s lease and close this writer on the service, in one call.

@@ -399,6 +399,9 @@ async def _run(
     closing.append(("turn/end", end))
     try:
         writer.append(closing, commit=True)
+        # in the try too: a remote writer (``worker/service_writer.py``) hears the disk's refusal of what it
+        # queued, this append or one before it, only when the store's host answers, so here
+        await writer.flush()
     except (RecordTooLargeError, InvalidRecordError, NoRoomError) as exc:
         # what the program left cannot be stored (larger than the store takes, text no encoding holds, more
         # than the disk has room for: that append was cut back whole, and a short closing record fits in
@@ -407,5 +410,5 @@ async def _run(
         diagnostic = truncate_diagnostic(f"{exc.code}: the turn's closing message cannot be stored: {exc}")
         closing = [event for event in closing if event[0] not in ("assistant/message", "turn/end")]
         writer.append([*closing, ("turn/end", {"stop_reason": "error", "diagnostic": diagnostic})], commit=True)
-    await writer.flush()
+        await writer.flush()
     return TurnOutcome(output=output, structured=structured, stop_reason=stop_reason, diagnostic=diagnostic, steps=control.steps)
