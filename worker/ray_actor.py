@@ -20,7 +20,6 @@ The turn's appends go to the store's host through the store service
 
 from __future__ import annotations
 
-import dataclasses
 import asyncio
 import logging
 import os
@@ -72,11 +71,14 @@ class SubagentWorker:
         else:
             install_logging(log_level, as_json=log_json)
         sessions = ServiceSessions(service_transport(service), max_record_bytes=max_record_bytes)
-        self._runner = TurnRunner(sessions_for=lambda spec: sessions)
-        self._resident: set[int] = set()
-        self._early_cancels: OrderedDict[int, str] = OrderedDict()
         context = ray.get_runtime_context()
         self._where = {"node_id": context.get_node_id(), "ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
+        # a program this node cannot import is named with the node, in the log as in the result, so the
+        # operator (and the listings) know where to install it
+        hint = f" (on Ray node {self._where['node_id']} at {self._where['ip']}: install the program on every node, or ship it with runtime_env)"
+        self._runner = TurnRunner(sessions_for=lambda spec: sessions, load_hint=hint)
+        self._resident: set[int] = set()
+        self._early_cancels: OrderedDict[int, str] = OrderedDict()
 
     async def ready(self) -> dict[str, Any]:
         """Where this worker runs: node id, node address, pid."""
@@ -128,7 +130,7 @@ class SubagentWorker:
             if not turn.done():  # the stream was closed under us: the turn ends with it
                 turn.cancel()
             self._resident.discard(msg.call_id)
-        yield encode(TurnDone(call_id=msg.call_id, outcome=self._located(outcome)))
+        yield encode(TurnDone(call_id=msg.call_id, outcome=outcome))
 
     async def _run(self, msg: RunTurn, send: Any) -> TurnOutcome:
         """The turn, whose program's ``sys.exit`` ends this actor's process as it ends a local worker: Ray
@@ -137,11 +139,3 @@ class SubagentWorker:
             return await self._runner.run(msg, send)
         except SystemExit as exc:
             exit_as_asked(exc)
-
-    def _located(self, outcome: TurnOutcome) -> TurnOutcome:
-        """A program this node cannot import is named with the node, so the operator knows where to install it."""
-        diagnostic = outcome.diagnostic
-        if diagnostic and diagnostic.startswith("PROGRAM_LOAD_FAILED"):
-            where = f" (on Ray node {self._where['node_id']} at {self._where['ip']}: install the program on every node, or ship it with runtime_env)"
-            return dataclasses.replace(outcome, diagnostic=diagnostic + where)
-        return outcome

@@ -74,8 +74,10 @@ class _Waiter:
 class TurnRunner:
     """The turns resident in one process: admit, run, cancel, and the RPCs they make."""
 
-    def __init__(self, sessions_for: SessionsFor | None = None, *, on_park: Callable[[bool], None] | None = None) -> None:
+    def __init__(self, sessions_for: SessionsFor | None = None, *, on_park: Callable[[bool], None] | None = None,
+                 load_hint: str = "") -> None:
         self._sessions_for = sessions_for or LocalStores()
+        self._load_hint = load_hint  # after the diagnostic of a program this process cannot load (``run_turn``)
         # told when a turn begins (True) and ends (False) a waiting RPC (``BLOCKING_RPCS``): the
         # host frees that turn's slot meanwhile, as the pool does
         self._on_park = on_park
@@ -111,7 +113,8 @@ class TurnRunner:
 
         bind(child=spec.session_id, parent=spec.parent_session, epoch=spec.epoch)
         try:
-            return await run_turn(spec, control, rpc, sessions=self._sessions_for(spec), node=msg.node, release_allowed=release_allowed)
+            return await run_turn(spec, control, rpc, sessions=self._sessions_for(spec), node=msg.node, release_allowed=release_allowed,
+                                  load_hint=self._load_hint)
         except Exception as exc:  # a store failure outside the program: report, never hang the caller
             log.exception("turn failed outside its program", extra={"session": spec.session_id})
             # a store's error by its code (``DURABILITY_FAILED``), as the turn's own diagnostics say it, not its class

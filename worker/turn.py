@@ -29,7 +29,7 @@ from subagents.store.root import Store
 
 from .budget import TurnControl, TurnStopped
 from .context import RESULT_STOP_REASONS, BlockingTurnContext, RpcCaller, TurnContext, TurnResult
-from .errors import BudgetExhaustedError
+from .errors import BudgetExhaustedError, ProgramLoadError
 from .forks import exit_forked
 from .leftovers import cancel_leftovers, tracked
 from .programs import load_program
@@ -79,14 +79,16 @@ async def _timer(control: TurnControl, timeout_ms: int) -> None:
 
 async def run_turn(
     spec: TurnSpec, control: TurnControl, rpc: RpcCaller, *, sessions: SessionAccess | None = None, node: str | None = None,
-    release_allowed: Callable[[], bool] | None = None,
+    release_allowed: Callable[[], bool] | None = None, load_hint: str = "",
 ) -> TurnOutcome:
     """Run one turn; ``sessions`` reaches the store (default: the local store at ``spec.store_root``,
-    opened for this turn and closed after it); ``node`` (where the pool dispatched it) goes into ``turn/start``."""
+    opened for this turn and closed after it); ``node`` (where the pool dispatched it) goes into ``turn/start``;
+    ``load_hint`` follows the diagnostic of a program this process cannot load, in the log as in the result
+    (a Ray node: which one, and how to install the program there)."""
     if sessions is None:
         local = LocalSessions(Store(spec.store_root, durability=spec.durability, create=False))
         try:
-            return await run_turn(spec, control, rpc, sessions=local, node=node, release_allowed=release_allowed)
+            return await run_turn(spec, control, rpc, sessions=local, node=node, release_allowed=release_allowed, load_hint=load_hint)
         finally:
             local.close()  # the indexes it kept open for the release's row
     try:
@@ -94,7 +96,7 @@ async def run_turn(
     except FencedError as exc:  # taken over before the turn began: nothing was written
         return _fenced(spec, control, exc)
     try:
-        outcome = await _run(spec, control, rpc, writer, sessions, node)
+        outcome = await _run(spec, control, rpc, writer, sessions, node, load_hint)
         # a child start still unanswered (the turn was stopped during it) may add to this session's
         # children index after the release, under a settled row that says it has none: the
         # supervisor releases once the start is over (``OneShotRuns._drive``)
@@ -309,6 +311,7 @@ def _oversized_messages(first: list[tuple[str, Any]], exc: RecordTooLargeError) 
 
 async def _run(
     spec: TurnSpec, control: TurnControl, rpc: RpcCaller, writer: SessionWriter, sessions: SessionAccess, node: str | None,
+    load_hint: str = "",
 ) -> TurnOutcome:
     first: list[tuple[str, Any]] = []
     for notice in spec.notices:
@@ -372,6 +375,8 @@ async def _run(
                 _refuse_result(result)
     except (TurnStopped, BudgetExhaustedError):
         pass
+    except ProgramLoadError as exc:
+        stop_reason, diagnostic = "error", f"{exc.code}: {exc}{load_hint}"
     except SubagentError as exc:
         stop_reason, diagnostic = "error", f"{exc.code}: {exc}"
     except _ProgramFailed as exc:

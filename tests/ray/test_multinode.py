@@ -20,10 +20,10 @@ import pytest
 
 from subagents.store import LogWriter, list_children, read_lease
 from subagents.store.errors import FencedError
-from subagents.supervisor import ContinuableSpec, SubagentRequest
+from subagents.supervisor import Capabilities, ContinuableSpec, Provider, SubagentRequest
 from subagents.supervisor.ray_cluster import SimulatedCluster
 
-from ..conftest import DEADLINE_S, REPO_ROOT, events_of, said, wait_until
+from ..conftest import DEADLINE_S, REPO_ROOT, events_of, last_turn_end, said, wait_until
 from ._pools import open_pool_supervisor
 from .conftest import NAMESPACE, RAY_TESTS, alive
 
@@ -230,3 +230,20 @@ async def test_an_actor_starting_when_the_store_service_dies_is_not_left_tied_to
                 result = await run.result()
             assert result.stop_reason == "completed", result
             await run.dispose()
+
+
+async def test_a_program_no_node_can_import_names_the_node_in_the_log_too(tmp_path: Path, ray_cluster: SimulatedCluster) -> None:
+    """README: a program a node cannot import ends the turn ``PROGRAM_LOAD_FAILED``, naming that node. Found by a
+    probe: only the caller's result named it (the outcome was rewritten after the worker had logged the turn's
+    end), so the listings, ``show`` and another process reading the store never saw where it failed."""
+    async with open_pool_supervisor(tmp_path, "ray", pool_size=1) as sup:
+        sup.register_provider(Provider(name="nowhere", program="not_installed_here:program", capabilities=Capabilities.all()))
+        root = await sup.open_root()
+        run = await sup.start("nowhere", SubagentRequest(parent=root, prompt="go"))
+        with anyio.fail_after(DEADLINE_S):
+            result = await run.result()
+        await run.dispose()
+        [row] = await sup.list_children(root)
+    assert result.diagnostic.startswith("PROGRAM_LOAD_FAILED") and "on Ray node " in result.diagnostic, result
+    assert last_turn_end(sup.store, run.id)["diagnostic"] == result.diagnostic
+    assert "on Ray node " in (row.error or ""), row
