@@ -140,3 +140,23 @@ def tree_line(row: Mapping[str, Any], short: str) -> str:
     label = f" — {_label(row)}" if row.get("label") else ""
     error = f" ({_error(row)})" if row.get("error") else ""
     return f"{short} [{row['status']}, {state(row)}]{label}{error}"
+
+
+def tree_lines(rows: Sequence[Mapping[str, Any]], root: str, shorts: Mapping[str, str]) -> list[str]:
+    """Each row of a tree under ``root`` indented by its depth (two spaces a level), as ``tree_line``s.
+
+    A row is drawn under the nearest row above it with less indentation. When that is not its parent
+    (its parent has no row: its session file is gone, or a filter dropped it), the row says
+    `` (child of <parent>)``: drawn bare, it read as a child of whatever sibling was listed before."""
+    lines: list[str] = []
+    above: dict[int, str] = {0: root}  # the id drawn last at each depth
+    for row in rows:
+        depth = row["depth"]
+        line = "  " * depth + tree_line(row, shorts.get(row["id"], row["id"]))
+        parent = row.get("parent_id")
+        if parent is not None and above.get(depth - 1) != parent:
+            line += f" (child of {shorts.get(parent, parent)})"
+        above = {level: drawn for level, drawn in above.items() if level < depth}
+        above[depth] = row["id"]
+        lines.append(line)
+    return lines

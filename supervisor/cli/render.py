@@ -170,7 +170,7 @@ def render_tree(out: Output, forest: Sequence[dict[str, Any]], shorts: Mapping[s
         parent = tree.get("parent")
         role = f"(subagent of {names.get(parent, parent)})" if parent else "(root)"
         lines = [f"{names.get(tree['root'], tree['root'])} {role}{damage}{label}"]
-        lines += ["  " * row["depth"] + columns.tree_line(row, names.get(row["id"], row["id"])) for row in rows]
+        lines += columns.tree_lines(rows, tree["root"], names)
         if not rows:
             lines.append("  (no subagents)")
         if out.rich:
