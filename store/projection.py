@@ -23,7 +23,7 @@ import os
 from pydantic import Field
 
 from .atomic import FILE_MODE, NOFOLLOW, read_bytes
-from .framing import encode_record, scan
+from .framing import FRAME, MAX_RECORD_BYTES, encode_record, scan
 from .descriptor import ContinuableDescriptor, Descriptor, DescriptorError, identity_of, parse_descriptor
 from .records import Checked, validate
 
@@ -352,10 +352,23 @@ def decode_cache(raw: bytes) -> dict[str, Any] | None:
     return result.records[0]["projection"]
 
 
+def _cache_stop(fd: int) -> int:
+    """Where a read of a cache may end: one frame as its header announces it (a record within the
+    format's limit), and one byte more, so that anything after it still fails ``decode_cache``. A
+    stray byte far past the record (a sparse GiB) is never read."""
+    head = os.pread(fd, FRAME.size, 0)
+    if len(head) < FRAME.size:
+        return FRAME.size
+    length = FRAME.unpack(head)[0]
+    if not 0 < length <= MAX_RECORD_BYTES:
+        return FRAME.size + 1  # no record: the header says so
+    return FRAME.size + length + 1
+
+
 def read_cache(path: str) -> Projection | None:
     """The cached projection; ``None`` when absent or not valid. ``OSError`` when unreadable."""
     try:
-        raw = read_bytes(path)
+        raw = read_bytes(path, stop=_cache_stop)
     except FileNotFoundError:
         return None
     data = decode_cache(raw)

@@ -150,19 +150,27 @@ def marker_present(root: str) -> bool:
     return True
 
 
+_MARKER_LIMIT = 64 << 10  # a marker's bytes at most: a map of a few keys is under 100
+
+
 def read_marker(root: str) -> Any:
     """The decoded ``STORE`` marker of ``root`` (any msgpack value; the caller checks it).
 
     ``StoreFormatError`` saying what is wrong when it cannot be read or does not
-    decode: any garbage in the marker means "not our store".
+    decode: any garbage in the marker means "not our store". A marker is a small map: one
+    larger than ``_MARKER_LIMIT`` is garbage too, refused unread (a stray byte far past its end,
+    a sparse GiB, was read whole into memory by every command).
     """
     marker = os.path.join(root, "STORE")
     try:
-        raw = read_bytes(marker)
+        raw = read_bytes(marker, stop=lambda _fd: _MARKER_LIMIT + 1)
     except OSError as exc:
         raise StoreFormatError(f"{marker} is unreadable: {exc.strerror or exc}", path=root) from exc
     if not raw:
         raise StoreFormatError(f"{marker} is unreadable: it is empty", path=root)
+    if len(raw) > _MARKER_LIMIT:
+        raise StoreFormatError(f"{marker} is unreadable: its bytes are not msgpack (more than the {_MARKER_LIMIT} a marker may hold)",
+                               path=root)
     try:
         return msgpack.unpackb(raw, raw=False)
     except Exception as exc:  # msgpack raises several kinds, some without a message (FormatError)

@@ -1,0 +1,109 @@
+"""Store files other than a session log or mailbox, extended sparsely by one stray byte far past their end,
+are read in bounded memory, with the verdict they had for the same damage at a small size.
+
+``f.seek(1 << 30); f.write(b"x")`` makes a file of 1 GiB that takes a few KiB on disk. The ``STORE`` marker
+and an ``.identity`` cache should be tiny: past a size cap they are refused unread, as garbage is (the
+marker: ``StoreFormatError`` naming it; the cache: ignored, the log is the authority). The indexes and a
+``.control`` file are append logs: they are read as a session's log is (``store/extent.py: read_records``).
+Each operation runs in a child process that reports the growth of its peak RSS (``VmHWM``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from subagents import store
+
+from ._support import REPO_ROOT, child_env
+
+EXTENDED = 1 << 30
+BOUND_KIB = 48 << 10
+
+
+def extend(path) -> None:
+    with open(path, "r+b") as handle:
+        handle.seek(EXTENDED)
+        handle.write(b"x")
+    assert os.stat(path).st_blocks * 512 < 1 << 20  # sparse: it costs nothing on disk
+
+
+def measured(root, body: str) -> dict:
+    """Run ``body`` (which sets ``result``) in a child process: its result and the growth of its peak RSS (KiB)."""
+    script = textwrap.dedent("""
+        import json, sys
+        from subagents import store
+        from subagents.store.check import check_store
+        from subagents.store.fsck import fsck
+        root = sys.argv[1]
+        def peak():
+            with open("/proc/self/status") as status:
+                return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+        before = peak()
+    """) + textwrap.dedent(body) + textwrap.dedent("""
+        grown = peak() - before
+        print(json.dumps({"grown_kib": grown, "result": result}, default=str))
+    """)
+    done = subprocess.run([sys.executable, "-c", script, str(root)], capture_output=True, text=True, timeout=300,
+                          env=child_env(), cwd=str(REPO_ROOT))
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def assert_bounded(found: dict) -> None:
+    assert found["grown_kib"] < BOUND_KIB, f"peak RSS grew by {found['grown_kib'] >> 10} MiB"
+
+
+OPEN = """
+    try:
+        store.Store(root, create=False)
+        result = None
+    except store.StoreFormatError as exc:
+        result = [type(exc).__name__, str(exc)]
+"""
+
+
+def test_a_sparse_extended_store_marker_is_refused_as_garbage_in_bounded_memory(tmp_path):
+    root = tmp_path / "store"
+    store.Store(root, durability="none")
+    small = tmp_path / "small"
+    store.Store(small, durability="none")
+    with open(small / "STORE", "ab") as handle:
+        handle.write(b"\0x")  # the same damage at a small size: garbage after the map
+    found = measured(small, OPEN)
+    assert found["result"] is not None and "STORE" in found["result"][1]
+    extend(root / "STORE")
+    found = measured(root, OPEN)
+    assert_bounded(found)
+    kind, message = found["result"]
+    assert kind == "StoreFormatError" and str(root / "STORE") in message
+
+
+def test_a_sparse_extended_identity_cache_is_ignored_in_bounded_memory(tmp_path):
+    root = tmp_path / "store"
+    st = store.Store(root, durability="none")
+    padding = ("notice/received", {"padding": "x" * store.log.CACHE_LAG_BYTES})
+    store.create_session(st, "s1", events=[padding])
+    store.register_owner(st, "o1", ttl=60)
+    lease = store.acquire_lease(st, "s1", "o1")
+    with store.LogWriter.open(st, "s1", epoch=lease.epoch) as writer:
+        writer.append([("turn/start", {}), ("turn/end", {"stop_reason": "completed"})], commit=True)
+    store.release_lease(st, "s1", "o1", lease.epoch)
+    store.remove_owner(st, "o1")
+    path = st.path("s1", "identity")
+    assert os.path.exists(path)
+    extend(path)
+    found = measured(root, """
+        from subagents.store.projection import read_cache
+        st = store.Store(root)
+        cached = read_cache(st.path("s1", "identity"))
+        report = check_store(st)
+        result = [cached is None, store.read_projection(st, "s1").seq]
+    """)
+    assert_bounded(found)
+    ignored, _seq = found["result"]
+    assert ignored  # a cache that is not one whole valid record is ignored: the log is the authority
+
