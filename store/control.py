@@ -30,9 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .appender import append_durably
-from .atomic import read_bytes
+from .extent import skim_path
 from .errors import SessionNotFoundError
-from .framing import scan_all
 from .ids import IdGenerator
 from .records import ControlFields, problem_of
 from .root import Store
@@ -78,14 +77,13 @@ def request(store: Store, session_id: str, kind: str, data: dict[str, Any], *, i
 def read_controls(store: Store, session_id: str, *, after_seq: int = -1) -> list[ControlRecord]:
     """Records with ``seq > after_seq`` in seq order; a damaged one as kind ``INVALID`` in its place."""
     try:
-        data = read_bytes(store.path(session_id, "control"))
+        skim = skim_path(store.path(session_id, "control"), check=_problem)  # bounded by its records
     except FileNotFoundError:
         return []
     except OSError as exc:  # a folder or a link in its place: nothing to apply (fsck reports it;
         # debug only: the holder polls this file, and a warning would repeat every poll)
         log.debug("control file of %s cannot be read: %s", session_id, exc, extra={"session": session_id})
         return []
-    skim = scan_all(data, check=_problem)
     out = [
         ControlRecord(r["seq"], r["id"], float(r["ts"]), r["kind"], dict(r.get("data") or {}))
         for r in skim.records

@@ -35,14 +35,17 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import zlib
+
+import msgpack
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .atomic import pread_all
-from .framing import _MAP_START, BLOCK, FRAME, data_end, find_committed
+from .atomic import NOFOLLOW, pread_all
+from .framing import _MAP_START, BLOCK, FRAME, MAX_RECORD_BYTES, Check, Damage, Skipped, SkimResult, data_end, find_committed, scan_all
 
-__all__ = ["data_end_of", "reach", "last_data_end", "read_records", "Beyond"]
+__all__ = ["data_end_of", "reach", "last_data_end", "read_records", "Beyond", "skim_file", "skim_path"]
 
 _SCAN_CHUNK = 1 << 20  # one read of a run of zeros: a bounded buffer, whatever the file's size
 _WINDOW = 1 << 20  # the candidate offsets ``Beyond.find_committed`` tries per read
@@ -188,3 +191,60 @@ class Beyond:
                         return lo + hit
                 lo = hi
         return None
+
+
+def skim_file(fd: int, *, check: Check | None = None) -> SkimResult:
+    """``framing.scan_all`` of a file of independent records (a children index, ``index/roots``, a
+    ``.control`` file), read as a log is (``read_records``): the frames that verify, then the frame where
+    they stop; past it, the next frame that chains is looked for a window at a time over the file's data
+    (``Beyond.find_committed``) and the file is read on from there. The verdict of ``scan_all`` of the
+    whole file; memory: the records, not the file's apparent size (a stray byte far past them)."""
+    data, beyond = read_records(fd, 0, MAX_RECORD_BYTES)
+    if beyond is None:
+        return scan_all(data, check=check)
+    size = os.lseek(fd, 0, os.SEEK_END)
+    records: list[dict[str, Any]] = []
+    skipped: list[Skipped] = []
+    base = expected = 0
+    while True:
+        skim = scan_all(data, check=check, start_seq=expected)
+        records += skim.records
+        skipped += [Skipped(s.seqs, _moved(s.damage, base)) for s in skim.skipped]
+        tail, expected = skim.tail, skim.next_seq
+        if tail is None:
+            if beyond is None:
+                return SkimResult(records, skipped, None, base + skim.end, expected)
+            base += skim.end  # a frame found inside the damage chained to where the read stopped
+        else:
+            found = None if beyond is None else beyond.find_committed(tail.offset + 1, expected, lambda _p: True,
+                                                                       torn_reason=tail.reason)
+            if found is None:
+                damage = Damage(base + tail.offset, size - base - tail.offset, tail.reason, tail.detail)
+                return SkimResult(records, skipped, damage, base + skim.end, expected)
+            resumed = _seq_at(fd, base + found)
+            skipped.append(Skipped(range(expected, resumed), Damage(base + tail.offset, found - tail.offset, tail.reason, tail.detail)))
+            base, expected = base + found, resumed
+        data, beyond = read_records(fd, base, MAX_RECORD_BYTES)
+
+
+def skim_path(path: str, *, check: Check | None = None) -> SkimResult:
+    """``skim_file`` of the file at ``path``, opened as ``atomic.read_bytes`` opens one (no link, no
+    wait for a FIFO); ``OSError`` as the OS says, ``EINVAL`` for what is not a regular file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.pread(fd, 1, 0)  # a folder fails here, as the OS says (EISDIR)
+            raise OSError(errno.EINVAL, "not a regular file")
+        return skim_file(fd, check=check)
+    finally:
+        os.close(fd)
+
+
+def _moved(damage: Damage, base: int) -> Damage:
+    return Damage(base + damage.offset, damage.dropped, damage.reason, damage.detail)
+
+
+def _seq_at(fd: int, pos: int) -> int:
+    """The seq of the frame at ``pos`` (one ``find_committed`` found: it verifies)."""
+    length = FRAME.unpack(os.pread(fd, FRAME.size, pos))[0]
+    return msgpack.unpackb(os.pread(fd, length, pos + FRAME.size), raw=False, strict_map_key=False)["seq"]

@@ -297,7 +297,7 @@ class SkimResult:
     next_seq: int
 
 
-def scan_all(data: bytes | memoryview, *, check: Check | None = None) -> SkimResult:
+def scan_all(data: bytes | memoryview, *, check: Check | None = None, start_seq: int = 0) -> SkimResult:
     """Read every record of a file whose records are independent (children index, control).
 
     Unlike ``scan`` it does not stop at the first damage: it looks for the next
@@ -305,13 +305,15 @@ def scan_all(data: bytes | memoryview, *, check: Check | None = None) -> SkimRes
     record never hides the ones after it. A record that is framed and sequenced
     right but fails ``check`` is skipped in place (its length is trustworthy:
     the CRC matched). Damage with nothing chained after it is the torn tail.
+    ``start_seq``: the seq of ``data``'s first record (a file read on from a record it holds:
+    ``store/extent.py: skim_file``).
     """
-    whole = scan_clean(data, check=check)
+    whole = scan_clean(data, check=check, start_seq=start_seq)
     if whole is not None:
         return whole
     records: list[dict[str, Any]] = []
     skipped: list[Skipped] = []
-    pos, expected, total = 0, 0, len(data)
+    pos, expected, total = 0, start_seq, len(data)
     while pos < total:
         status, value, nxt = _frame_at(data, pos)
         if status == "ok" and value["seq"] == expected:

@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .atomic import read_bytes
-from .framing import scan_all
+from .extent import skim_path
 from .ids import is_valid_session_id
 from .records import index_problem
 from .root import Store
@@ -92,18 +91,17 @@ class IndexRead:
 def read_index(store: Store, parent_id: str) -> IndexRead:
     """Live entries in (created_at, id) order and the problems met; read-only, never raises for damage."""
     try:
-        data = read_bytes(store.children_index_path(parent_id))
+        skim = skim_path(store.children_index_path(parent_id), check=index_problem)  # bounded by its records
     except FileNotFoundError:
         return IndexRead([], [])
     except OSError as exc:
         return IndexRead([], [f"the index file cannot be read ({exc.strerror or exc})"])
-    skim = scan_all(data, check=index_problem)
     problems = [
         f"record(s) {s.seqs.start}..{s.seqs.stop - 1} skipped: {s.damage.reason} at byte {s.damage.offset}"
         + (f" ({s.damage.detail})" if s.damage.detail else "")
         for s in skim.skipped
     ]
-    if data and not skim.records and skim.tail is not None:
+    if not skim.records and skim.tail is not None:
         # a torn tail leaves the records before it; a file with none is not an index at all
         problems.append(f"no readable record: {skim.tail.reason} at byte {skim.tail.offset}")
     fold = IndexFold()

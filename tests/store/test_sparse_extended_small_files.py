@@ -107,3 +107,54 @@ def test_a_sparse_extended_identity_cache_is_ignored_in_bounded_memory(tmp_path)
     ignored, _seq = found["result"]
     assert ignored  # a cache that is not one whole valid record is ignored: the log is the authority
 
+
+def _extend_small(path) -> None:
+    with open(path, "r+b") as handle:
+        handle.seek(os.path.getsize(path) + 4096)
+        handle.write(b"x")
+
+
+def test_a_sparse_extended_children_index_lists_its_children_in_bounded_memory(tmp_path):
+    from ._support import make_child
+    verdicts = []
+    for name, damage in (("small", _extend_small), ("large", extend)):
+        root = tmp_path / name
+        st = store.Store(root, durability="none")
+        store.create_session(st, "root")
+        for child in ("c1", "c2"):
+            make_child(st, "root", child)
+        damage(st.children_index_path("root"))
+        found = measured(root, """
+            from subagents.store.index_read import read_index
+            st = store.Store(root)
+            read = read_index(st, "root")
+            result = [[e.id for e in read.entries], [p.split(" at byte")[0] for p in read.problems],
+                      sorted(r.id for r in store.list_children(st, "root"))]
+        """)
+        if name == "large":
+            assert_bounded(found)
+        verdicts.append(found["result"])
+    assert verdicts[0] == verdicts[1]
+    assert verdicts[1][0] == ["c1", "c2"] and verdicts[1][2] == ["c1", "c2"]
+
+
+def test_a_sparse_extended_control_file_reads_its_records_in_bounded_memory(tmp_path):
+    from subagents.store.control import request
+    verdicts = []
+    for name, damage in (("small", _extend_small), ("large", extend)):
+        root = tmp_path / name
+        st = store.Store(root, durability="none")
+        store.create_session(st, "s1")
+        request(st, "s1", "interrupt", {"reason": "user"}, ids=store.IdGenerator())
+        damage(st.path("s1", "control"))
+        found = measured(root, """
+            from subagents.store.control import read_controls
+            st = store.Store(root)
+            result = [[[c.kind, c.data] for c in read_controls(st, "s1")],
+                      sorted(f["kind"] for f in fsck(st, repair=False, lease_ttl_s=30.0)["findings"] if f["id"] == "s1")]
+        """)
+        if name == "large":
+            assert_bounded(found)
+        verdicts.append(found["result"])
+    assert verdicts[0] == verdicts[1]
+    assert verdicts[1][0] == [["interrupt", {"reason": "user"}]]
