@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
-from typing import Iterator
 
 import msgpack
 import pytest
@@ -22,19 +21,11 @@ from subagents.store.errors import NoRoomError, RecordTooLargeError
 from subagents.store.session_file import SessionFile
 from subagents.worker.service_writer import ServiceSessions
 
+from . import test_store_service
 from .test_store_service import ServiceHost, appends, leased
 
 
-@pytest.fixture
-def st(tmp_path: Path) -> Store:
-    return Store(tmp_path / "store", durability="strict")
-
-
-@pytest.fixture
-def host(st: Store) -> Iterator[ServiceHost]:
-    h = ServiceHost(st)
-    yield h
-    h.close()
+st, host = test_store_service.st, test_store_service.host  # the same fixtures (assignments: no unused import)
 
 
 def disk_with_room(monkeypatch: pytest.MonkeyPatch, path: str, room: int) -> None:
