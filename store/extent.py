@@ -33,6 +33,7 @@ present, not the file's size.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import stat
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .atomic import NOFOLLOW, pread_all
-from .framing import _MAP_START, BLOCK, FRAME, MAX_RECORD_BYTES, Check, Damage, Skipped, SkimResult, data_end, find_committed, scan_all
+from .framing import _MAP_START, BLOCK, FRAME, MAX_RECORD_BYTES, Check, Damage, Skipped, SkimResult, data_end, find_committed, scan_all, torn_tail
 
 __all__ = ["data_end_of", "reach", "last_data_end", "read_records", "Beyond", "skim_file", "skim_path"]
 
@@ -193,15 +194,20 @@ class Beyond:
         return None
 
 
-def skim_file(fd: int, *, check: Check | None = None) -> SkimResult:
+def skim_file(fd: int, *, check: Check | None = None, judge_tail: bool = False) -> SkimResult:
     """``framing.scan_all`` of a file of independent records (a children index, ``index/roots``, a
     ``.control`` file), read as a log is (``read_records``): the frames that verify, then the frame where
     they stop; past it, the next frame that chains is looked for a window at a time over the file's data
     (``Beyond.find_committed``) and the file is read on from there. The verdict of ``scan_all`` of the
-    whole file; memory: the records, not the file's apparent size (a stray byte far past them)."""
+    whole file; memory: the records, not the file's apparent size (a stray byte far past them).
+    ``judge_tail``: say whether the damage at the end is a torn tail (``SkimResult.tail_torn``), with what
+    lies past it in the file, as ``torn_tail`` of the whole file would."""
     data, beyond = read_records(fd, 0, MAX_RECORD_BYTES)
     if beyond is None:
-        return scan_all(data, check=check)
+        skim = scan_all(data, check=check)
+        if judge_tail and skim.tail is not None:
+            return dataclasses.replace(skim, tail_torn=torn_tail(data, skim.tail, skim.next_seq))
+        return skim
     size = os.lseek(fd, 0, os.SEEK_END)
     records: list[dict[str, Any]] = []
     skipped: list[Skipped] = []
@@ -220,14 +226,15 @@ def skim_file(fd: int, *, check: Check | None = None) -> SkimResult:
                                                                        torn_reason=tail.reason)
             if found is None:
                 damage = Damage(base + tail.offset, size - base - tail.offset, tail.reason, tail.detail)
-                return SkimResult(records, skipped, damage, base + skim.end, expected)
+                torn = torn_tail(data, tail, expected, beyond=beyond) if judge_tail else None
+                return SkimResult(records, skipped, damage, base + skim.end, expected, torn)
             resumed = _seq_at(fd, base + found)
             skipped.append(Skipped(range(expected, resumed), Damage(base + tail.offset, found - tail.offset, tail.reason, tail.detail)))
             base, expected = base + found, resumed
         data, beyond = read_records(fd, base, MAX_RECORD_BYTES)
 
 
-def skim_path(path: str, *, check: Check | None = None) -> SkimResult:
+def skim_path(path: str, *, check: Check | None = None, judge_tail: bool = False) -> SkimResult:
     """``skim_file`` of the file at ``path``, opened as ``atomic.read_bytes`` opens one (no link, no
     wait for a FIFO); ``OSError`` as the OS says, ``EINVAL`` for what is not a regular file."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
@@ -235,7 +242,7 @@ def skim_path(path: str, *, check: Check | None = None) -> SkimResult:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.pread(fd, 1, 0)  # a folder fails here, as the OS says (EISDIR)
             raise OSError(errno.EINVAL, "not a regular file")
-        return skim_file(fd, check=check)
+        return skim_file(fd, check=check, judge_tail=judge_tail)
     finally:
         os.close(fd)
 

@@ -295,6 +295,8 @@ class SkimResult:
     tail: Damage | None  # damage at the end with nothing chained after it (a torn tail)
     end: int  # byte offset after the last record read
     next_seq: int
+    # whether ``tail`` is a torn tail (``torn_tail``), for a reader that asked (``extent.skim_file``); else None
+    tail_torn: bool | None = None
 
 
 def scan_all(data: bytes | memoryview, *, check: Check | None = None, start_seq: int = 0) -> SkimResult:

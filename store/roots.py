@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 from .appender import append_durably
-from .atomic import NOFOLLOW, read_bytes, write_atomic
+from .atomic import NOFOLLOW, write_atomic
 from .catalog import ChildStatus, DiagnosticEntry, damage_reason, listed_children
 from .errors import CorruptSessionError, SessionNotFoundError, SubagentError, UnavailableSessionError
-from .framing import SkimResult, encode_record, scan_all, scan_suffix, torn_tail
+from .extent import skim_file, skim_path
+from .framing import SkimResult, encode_record, scan_suffix
 from .ids import is_valid_session_id
 from .lease import OwnerCache, session_status
 from .index_file import IndexFile, rebuilding
@@ -51,6 +52,7 @@ __all__ = [
 # as the store grows (each row costs a header, a lease and a projection read)
 DEFAULT_ROOT_LIMIT = 20
 _FIRST_WINDOW = 16 * 1024  # bytes read from the end of index/roots first (~300 entries)
+_MAX_WINDOW = 4 << 20  # past it the whole index is read instead, from its start (``_read_suffix``)
 # a root its index has missed this long is no creation in flight (publication to entry takes milliseconds)
 UNINDEXED_AFTER_S = 10.0
 
@@ -170,10 +172,9 @@ def compact_roots(store: Store) -> int | None:
         return None
     with rebuilding(_index_file(store)):
         try:
-            data = read_bytes(path)
+            skim = skim_path(path, check=_problem)  # bounded by its records, not the file's apparent size
         except OSError:
             return None
-        skim = scan_all(data, check=_problem)
         if skim.skipped or (skim.tail is not None and not skim.records):
             return None
         live = sorted(_live(skim.records))
@@ -221,18 +222,17 @@ def roots_index_problem(store: Store) -> str | None:
     """What is wrong with ``index/roots``, or ``None``: records it steps over, a file with no readable
     record, or one that cannot be read (``fsck`` and ``check`` report it; ``reindex`` rewrites it)."""
     try:
-        data = read_bytes(roots_index_path(store))
+        skim = skim_path(roots_index_path(store), check=_problem, judge_tail=True)  # bounded by its records
     except FileNotFoundError:
         return None
     except OSError as exc:
         return f"index/roots cannot be read ({exc.strerror or exc})"
-    skim = scan_all(data, check=_problem)
     if skim.skipped:
         first = skim.skipped[0]
         return f"index/roots: {len(skim.skipped)} damaged range(s) stepped over, the first {first.damage.reason} at byte {first.damage.offset}"
-    if data and not skim.records and skim.tail is not None:
+    if not skim.records and skim.tail is not None:
         return f"index/roots holds no readable record ({skim.tail.reason} at byte {skim.tail.offset})"
-    return _end_problem(data, skim)
+    return _end_problem(skim)
 
 
 def indexed_roots(store: Store) -> set[str] | None:
@@ -286,8 +286,14 @@ def _read_suffix(store: Store, size: int, *, read_around_empty: bool = True) -> 
         return _read_around(exc)
     try:
         total = os.fstat(fd).st_size
-        start = max(0, total - size)
-        data = os.pread(fd, total - start, start)
+        # a window past ``_MAX_WINDOW`` is the whole file, read from its start as a log is: bounded by its
+        # records. A window of zeros before a stray byte far past them held no record, and grew until it
+        # read the whole apparent size in one piece (every ``ls`` of the store paid it)
+        start = max(0, total - size) if size <= _MAX_WINDOW else 0
+        if start > 0:
+            data = os.pread(fd, total - start, start)
+        else:
+            skim = skim_file(fd, check=_problem, judge_tail=True)
     except OSError as exc:
         return _read_around(exc)
     finally:
@@ -295,17 +301,16 @@ def _read_suffix(store: Store, size: int, *, read_around_empty: bool = True) -> 
     if start > 0:
         records, damaged = scan_suffix(data, check=_problem)
         return _Suffix(_live(records), False, damaged)
-    skim = scan_all(data, check=_problem)
     for skipped in skim.skipped:
         log.warning("index/roots: records %d..%d skipped (%s at byte %d); run `subagents store reindex`",
                     skipped.seqs.start, skipped.seqs.stop - 1, skipped.damage.reason, skipped.damage.offset)
-    if data and not skim.records:
+    if total and not skim.records:
         # not a torn tail (that leaves the records before it): the file is not an index at all
         damage = skim.tail
         log.warning("index/roots holds no readable record (%s at byte %d); listing from the session headers: "
                     "run `subagents store reindex`", damage.reason if damage else "damage", damage.offset if damage else 0)
         return None
-    problem = _end_problem(data, skim)
+    problem = _end_problem(skim)
     if problem is not None:
         log.warning("%s; listing from the session headers: run `subagents store reindex`", problem)
         return None
@@ -330,13 +335,13 @@ def _unindexed(store: Store) -> list[tuple[float, str]]:
     return sorted(roots, reverse=True)
 
 
-def _end_problem(data: bytes, skim: SkimResult) -> str | None:
+def _end_problem(skim: SkimResult) -> str | None:
     """Damage at the index's end that would drop roots from a listing read as a clean or torn end: a whole
     last record changed since it was written (every append is a committed root). Not found here: an index
     cut at a record boundary, which reads as one that holds fewer roots; ``store check`` names the roots
     it misses. (One emptied, or cut to no live root, is read around by ``_unindexed``.)"""
     tail = skim.tail
-    if tail is not None and skim.records and not torn_tail(data, tail, skim.next_seq):
+    if tail is not None and skim.records and not skim.tail_torn:  # judged by the reader (``skim_file``)
         return f"index/roots: its last record is damaged ({tail.reason} at byte {tail.offset}), no torn tail"
     return None
 

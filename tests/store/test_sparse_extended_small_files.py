@@ -158,3 +158,29 @@ def test_a_sparse_extended_control_file_reads_its_records_in_bounded_memory(tmp_
         verdicts.append(found["result"])
     assert verdicts[0] == verdicts[1]
     assert verdicts[1][0] == [["interrupt", {"reason": "user"}]]
+
+
+def test_a_sparse_extended_roots_index_lists_its_roots_in_bounded_memory(tmp_path):
+    """``index/roots`` is read from its end, newest first, a window at a time: a window of zeros before a
+    stray byte held no record, the window grew until it was the whole file, read in one piece (every
+    ``ls`` of the store paid it)."""
+    verdicts = []
+    for name, damage in (("small", _extend_small), ("large", extend)):
+        root = tmp_path / name
+        st = store.Store(root, durability="none")
+        for session in ("r1", "r2", "r3"):
+            store.create_session(st, session)
+        damage(os.path.join(root, "index", "roots"))
+        found = measured(root, """
+            from subagents.store.roots import compact_roots, indexed_roots, roots_index_problem
+            st = store.Store(root)
+            page = store.find_roots(st, limit=2)
+            problem = roots_index_problem(st)
+            result = [sorted(r.id for r in store.list_roots(st)), [r.id for r in page.rows], sorted(indexed_roots(st) or []),
+                      problem is None, sorted(f["kind"] for f in fsck(st, repair=False, lease_ttl_s=30.0)["findings"])]
+        """)
+        if name == "large":
+            assert_bounded(found)
+        verdicts.append(found["result"])
+    assert verdicts[0] == verdicts[1]
+    assert verdicts[1][0] == ["r1", "r2", "r3"] and verdicts[1][1] == ["r3", "r2"]
