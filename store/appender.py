@@ -38,7 +38,8 @@ from typing import Any, Callable, Protocol, Sequence
 from .atomic import FILE_MODE, NOFOLLOW
 from .checkpoints import AppendCheckpoints
 from .errors import NO_ROOM, REFUSED, CorruptSessionError, NoRoomError, ReadOnlyStoreError, RecordTooLargeError, UnavailableSessionError, write_failed
-from .framing import FRAME, Check, encode_record, scan, scan_all, torn_tail, zeros_from
+from .extent import Beyond, read_records, skim_file
+from .framing import FRAME, Check, encode_record, scan, torn_tail, zeros_from
 from .session_file import block_padding
 from .root import Store
 
@@ -118,20 +119,21 @@ def append_records(
     # nobody appended since our checkpoint (the usual case for a mailbox): nothing, or only its padding, to read;
     # in a padded file, a zero frame header at the checkpoint says so (a record's length is never 0)
     nothing_new = offset == size or (padded and offset and zeros_from(os.pread(fd, FRAME.size, offset)))
-    data = b"" if nothing_new else os.pread(fd, size - offset, offset)
-    result = scan(data, start_seq=next_seq, base_offset=offset, check=check, padded=padded)
+    # read as a log is (``extent.read_records``): the records, not to a stray byte far past them
+    data, beyond = (b"", None) if nothing_new else read_records(fd, offset, limit)
+    result = scan(data, start_seq=next_seq, base_offset=offset, check=check, padded=padded, last=_last(beyond, padded))
     if result.damage is not None and offset:
         offset, next_seq = 0, 0  # our checkpoint is not a record boundary any more
-        result = scan(os.pread(fd, size, 0), check=check, padded=padded)
+        data, beyond = read_records(fd, 0, limit)
+        result = scan(data, check=check, padded=padded, last=_last(beyond, padded))
     end, seq, cut = result.end, next_seq + len(result.records), False
     if result.damage is not None:
-        data = os.pread(fd, size, 0)
         if refuse_damage:
             raise CorruptSessionError(owner, f"{key}: {result.damage.reason} at byte {result.damage.offset}", offset=result.damage.offset)
         if skip_damage:
-            skim = scan_all(data, check=check)
+            skim = skim_file(fd, check=check)
             end, seq, cut = skim.end, skim.next_seq, skim.tail is not None
-        elif not torn_tail(data, result.damage, seq, padded=padded, committed_end=committed_end):
+        elif not torn_tail(data, result.damage, seq, padded=padded, committed_end=committed_end, beyond=beyond):
             raise CorruptSessionError(owner, f"{key}: {result.damage.reason} at byte {result.damage.offset} is no torn tail "
                                       "(FORMAT.md §3.3): cutting it would drop accepted records", offset=result.damage.offset)
         else:
@@ -154,6 +156,11 @@ def append_records(
         raise write_failed(f"append to {key} failed: {exc}; nothing was appended", exc, key=key) from exc
     tails[key] = (end + len(blob), seq + len(records))
     return seq
+
+
+def _last(beyond: Beyond | None, padded: bool) -> int | None:
+    """``scan``'s ``last`` for a bounded read: where the data ends, for a padded file (zeros before it are no end)."""
+    return beyond.last if beyond is not None and padded else None
 
 
 def _cut_back(fd: int, end: int) -> None:

@@ -184,3 +184,75 @@ def test_a_sparse_extended_roots_index_lists_its_roots_in_bounded_memory(tmp_pat
         verdicts.append(found["result"])
     assert verdicts[0] == verdicts[1]
     assert verdicts[1][0] == ["r1", "r2", "r3"] and verdicts[1][1] == ["r3", "r2"]
+
+
+# Appends: the appender read from its checkpoint to the file's size, and on damage read the whole file
+# twice more; a stray byte a GiB past an index's records cost a child's creation (or an interrupt's
+# control record, or a new root) three GiB reads. The verdict is the small file's: the stray byte is a
+# torn tail an index append cuts, and what was there before stays listed.
+
+def test_a_child_created_under_a_sparse_extended_children_index_is_appended_in_bounded_memory(tmp_path):
+    from ._support import make_child
+    verdicts = []
+    for name, damage in (("small", _extend_small), ("large", extend)):
+        root = tmp_path / name
+        st = store.Store(root, durability="none")
+        store.create_session(st, "root")
+        make_child(st, "root", "c1")
+        damage(st.children_index_path("root"))
+        found = measured(root, """
+            import os
+            from subagents.store.index_read import read_index
+            from tests.store._support import make_child
+            st = store.Store(root)
+            make_child(st, "root", "c2")
+            read = read_index(st, "root")
+            result = [[e.id for e in read.entries], read.problems, os.path.getsize(st.children_index_path("root")) < 1 << 20]
+        """)
+        if name == "large":
+            assert_bounded(found)
+        verdicts.append(found["result"])
+    assert verdicts[0] == verdicts[1]
+    assert verdicts[1] == [["c1", "c2"], [], True]
+
+
+def test_a_control_record_appended_to_a_sparse_extended_control_file_costs_bounded_memory(tmp_path):
+    from subagents.store.control import request
+    verdicts = []
+    for name, damage in (("small", _extend_small), ("large", extend)):
+        root = tmp_path / name
+        st = store.Store(root, durability="none")
+        store.create_session(st, "s1")
+        request(st, "s1", "interrupt", {"reason": "first"}, ids=store.IdGenerator())
+        damage(st.path("s1", "control"))
+        found = measured(root, """
+            import os
+            from subagents.store.control import read_controls, request
+            st = store.Store(root)
+            request(st, "s1", "interrupt", {"reason": "second"}, ids=store.IdGenerator())
+            result = [[c.data["reason"] for c in read_controls(st, "s1")], os.path.getsize(st.path("s1", "control")) < 1 << 20]
+        """)
+        if name == "large":
+            assert_bounded(found)
+        verdicts.append(found["result"])
+    assert verdicts[0] == verdicts[1]
+    assert verdicts[1] == [["first", "second"], True]
+
+
+def test_a_root_registered_in_a_sparse_extended_roots_index_costs_bounded_memory(tmp_path):
+    verdicts = []
+    for name, damage in (("small", _extend_small), ("large", extend)):
+        root = tmp_path / name
+        st = store.Store(root, durability="none")
+        store.create_session(st, "r1")
+        damage(os.path.join(root, "index", "roots"))
+        found = measured(root, """
+            st = store.Store(root)
+            store.create_session(st, "r2")
+            result = sorted(r.id for r in store.list_roots(st))
+        """)
+        if name == "large":
+            assert_bounded(found)
+        verdicts.append(found["result"])
+    assert verdicts[0] == verdicts[1]
+    assert verdicts[1] == ["r1", "r2"]
