@@ -15,10 +15,12 @@ import os
 import subprocess
 import sys
 import textwrap
+from typing import Any, Callable
 
 from subagents import store
+from subagents.store.control import request
 
-from ._support import REPO_ROOT, child_env
+from ._support import REPO_ROOT, child_env, make_child
 
 EXTENDED = 1 << 30
 BOUND_KIB = 48 << 10
@@ -114,76 +116,76 @@ def _extend_small(path) -> None:
         handle.write(b"x")
 
 
-def test_a_sparse_extended_children_index_lists_its_children_in_bounded_memory(tmp_path):
-    from ._support import make_child
+def same_verdict(tmp_path, build: Callable[[store.Store], str], body: str) -> Any:
+    """``body``'s result for a store ``build`` made, whose file (the path ``build`` returns) got a stray byte 4 KiB
+    past its end, then a GiB past it: the two results must agree, and the second cost bounded memory."""
     verdicts = []
     for name, damage in (("small", _extend_small), ("large", extend)):
         root = tmp_path / name
-        st = store.Store(root, durability="none")
-        store.create_session(st, "root")
-        for child in ("c1", "c2"):
-            make_child(st, "root", child)
-        damage(st.children_index_path("root"))
-        found = measured(root, """
-            from subagents.store.index_read import read_index
-            st = store.Store(root)
-            read = read_index(st, "root")
-            result = [[e.id for e in read.entries], [p.split(" at byte")[0] for p in read.problems],
-                      sorted(r.id for r in store.list_children(st, "root"))]
-        """)
+        damage(build(store.Store(root, durability="none")))
+        found = measured(root, body)
         if name == "large":
             assert_bounded(found)
         verdicts.append(found["result"])
     assert verdicts[0] == verdicts[1]
-    assert verdicts[1][0] == ["c1", "c2"] and verdicts[1][2] == ["c1", "c2"]
+    return verdicts[1]
+
+
+def _parent_of_two(st: store.Store) -> str:
+    store.create_session(st, "root")
+    for child in ("c1", "c2"):
+        make_child(st, "root", child)
+    return st.children_index_path("root")
+
+
+def _interrupted_once(st: store.Store) -> str:
+    store.create_session(st, "s1")
+    request(st, "s1", "interrupt", {"reason": "first"}, ids=store.IdGenerator())
+    return st.path("s1", "control")
+
+
+def _roots(*ids: str) -> Callable[[store.Store], str]:
+    def build(st: store.Store) -> str:
+        for session in ids:
+            store.create_session(st, session)
+        return os.path.join(st.root, "index", "roots")
+    return build
+
+
+def test_a_sparse_extended_children_index_lists_its_children_in_bounded_memory(tmp_path):
+    found = same_verdict(tmp_path, _parent_of_two, """
+        from subagents.store.index_read import read_index
+        st = store.Store(root)
+        read = read_index(st, "root")
+        result = [[e.id for e in read.entries], [p.split(" at byte")[0] for p in read.problems],
+                  sorted(r.id for r in store.list_children(st, "root"))]
+    """)
+    assert found[0] == ["c1", "c2"] and found[2] == ["c1", "c2"]
 
 
 def test_a_sparse_extended_control_file_reads_its_records_in_bounded_memory(tmp_path):
-    from subagents.store.control import request
-    verdicts = []
-    for name, damage in (("small", _extend_small), ("large", extend)):
-        root = tmp_path / name
-        st = store.Store(root, durability="none")
-        store.create_session(st, "s1")
-        request(st, "s1", "interrupt", {"reason": "user"}, ids=store.IdGenerator())
-        damage(st.path("s1", "control"))
-        found = measured(root, """
-            from subagents.store.control import read_controls
-            st = store.Store(root)
-            result = [[[c.kind, c.data] for c in read_controls(st, "s1")],
-                      sorted(f["kind"] for f in fsck(st, repair=False, lease_ttl_s=30.0)["findings"] if f["id"] == "s1")]
-        """)
-        if name == "large":
-            assert_bounded(found)
-        verdicts.append(found["result"])
-    assert verdicts[0] == verdicts[1]
-    assert verdicts[1][0] == [["interrupt", {"reason": "user"}]]
+    found = same_verdict(tmp_path, _interrupted_once, """
+        from subagents.store.control import read_controls
+        st = store.Store(root)
+        result = [[[c.kind, c.data] for c in read_controls(st, "s1")],
+                  sorted(f["kind"] for f in fsck(st, repair=False, lease_ttl_s=30.0)["findings"] if f["id"] == "s1")]
+    """)
+    assert found[0] == [["interrupt", {"reason": "first"}]]
 
 
 def test_a_sparse_extended_roots_index_lists_its_roots_in_bounded_memory(tmp_path):
     """``index/roots`` is read from its end, newest first, a window at a time: a window of zeros before a
     stray byte held no record, the window grew until it was the whole file, read in one piece (every
     ``ls`` of the store paid it)."""
-    verdicts = []
-    for name, damage in (("small", _extend_small), ("large", extend)):
-        root = tmp_path / name
-        st = store.Store(root, durability="none")
-        for session in ("r1", "r2", "r3"):
-            store.create_session(st, session)
-        damage(os.path.join(root, "index", "roots"))
-        found = measured(root, """
-            from subagents.store.roots import compact_roots, indexed_roots, roots_index_problem
-            st = store.Store(root)
-            page = store.find_roots(st, limit=2)
-            problem = roots_index_problem(st)
-            result = [sorted(r.id for r in store.list_roots(st)), [r.id for r in page.rows], sorted(indexed_roots(st) or []),
-                      problem is None, sorted(f["kind"] for f in fsck(st, repair=False, lease_ttl_s=30.0)["findings"])]
-        """)
-        if name == "large":
-            assert_bounded(found)
-        verdicts.append(found["result"])
-    assert verdicts[0] == verdicts[1]
-    assert verdicts[1][0] == ["r1", "r2", "r3"] and verdicts[1][1] == ["r3", "r2"]
+    found = same_verdict(tmp_path, _roots("r1", "r2", "r3"), """
+        from subagents.store.roots import compact_roots, indexed_roots, roots_index_problem
+        st = store.Store(root)
+        page = store.find_roots(st, limit=2)
+        problem = roots_index_problem(st)
+        result = [sorted(r.id for r in store.list_roots(st)), [r.id for r in page.rows], sorted(indexed_roots(st) or []),
+                  problem is None, sorted(f["kind"] for f in fsck(st, repair=False, lease_ttl_s=30.0)["findings"])]
+    """)
+    assert found[0] == ["r1", "r2", "r3"] and found[1] == ["r3", "r2"]
 
 
 # Appends: the appender read from its checkpoint to the file's size, and on damage read the whole file
@@ -192,67 +194,33 @@ def test_a_sparse_extended_roots_index_lists_its_roots_in_bounded_memory(tmp_pat
 # torn tail an index append cuts, and what was there before stays listed.
 
 def test_a_child_created_under_a_sparse_extended_children_index_is_appended_in_bounded_memory(tmp_path):
-    from ._support import make_child
-    verdicts = []
-    for name, damage in (("small", _extend_small), ("large", extend)):
-        root = tmp_path / name
-        st = store.Store(root, durability="none")
-        store.create_session(st, "root")
-        make_child(st, "root", "c1")
-        damage(st.children_index_path("root"))
-        found = measured(root, """
-            import os
-            from subagents.store.index_read import read_index
-            from tests.store._support import make_child
-            st = store.Store(root)
-            make_child(st, "root", "c2")
-            read = read_index(st, "root")
-            result = [[e.id for e in read.entries], read.problems, os.path.getsize(st.children_index_path("root")) < 1 << 20]
-        """)
-        if name == "large":
-            assert_bounded(found)
-        verdicts.append(found["result"])
-    assert verdicts[0] == verdicts[1]
-    assert verdicts[1] == [["c1", "c2"], [], True]
+    found = same_verdict(tmp_path, _parent_of_two, """
+        import os
+        from subagents.store.index_read import read_index
+        from tests.store._support import make_child
+        st = store.Store(root)
+        make_child(st, "root", "c3")
+        read = read_index(st, "root")
+        result = [[e.id for e in read.entries], read.problems, os.path.getsize(st.children_index_path("root")) < 1 << 20]
+    """)
+    assert found == [["c1", "c2", "c3"], [], True]
 
 
 def test_a_control_record_appended_to_a_sparse_extended_control_file_costs_bounded_memory(tmp_path):
-    from subagents.store.control import request
-    verdicts = []
-    for name, damage in (("small", _extend_small), ("large", extend)):
-        root = tmp_path / name
-        st = store.Store(root, durability="none")
-        store.create_session(st, "s1")
-        request(st, "s1", "interrupt", {"reason": "first"}, ids=store.IdGenerator())
-        damage(st.path("s1", "control"))
-        found = measured(root, """
-            import os
-            from subagents.store.control import read_controls, request
-            st = store.Store(root)
-            request(st, "s1", "interrupt", {"reason": "second"}, ids=store.IdGenerator())
-            result = [[c.data["reason"] for c in read_controls(st, "s1")], os.path.getsize(st.path("s1", "control")) < 1 << 20]
-        """)
-        if name == "large":
-            assert_bounded(found)
-        verdicts.append(found["result"])
-    assert verdicts[0] == verdicts[1]
-    assert verdicts[1] == [["first", "second"], True]
+    found = same_verdict(tmp_path, _interrupted_once, """
+        import os
+        from subagents.store.control import read_controls, request
+        st = store.Store(root)
+        request(st, "s1", "interrupt", {"reason": "second"}, ids=store.IdGenerator())
+        result = [[c.data["reason"] for c in read_controls(st, "s1")], os.path.getsize(st.path("s1", "control")) < 1 << 20]
+    """)
+    assert found == [["first", "second"], True]
 
 
 def test_a_root_registered_in_a_sparse_extended_roots_index_costs_bounded_memory(tmp_path):
-    verdicts = []
-    for name, damage in (("small", _extend_small), ("large", extend)):
-        root = tmp_path / name
-        st = store.Store(root, durability="none")
-        store.create_session(st, "r1")
-        damage(os.path.join(root, "index", "roots"))
-        found = measured(root, """
-            st = store.Store(root)
-            store.create_session(st, "r2")
-            result = sorted(r.id for r in store.list_roots(st))
-        """)
-        if name == "large":
-            assert_bounded(found)
-        verdicts.append(found["result"])
-    assert verdicts[0] == verdicts[1]
-    assert verdicts[1] == ["r1", "r2"]
+    found = same_verdict(tmp_path, _roots("r1"), """
+        st = store.Store(root)
+        store.create_session(st, "r2")
+        result = sorted(r.id for r in store.list_roots(st))
+    """)
+    assert found == ["r1", "r2"]
