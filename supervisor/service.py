@@ -611,7 +611,19 @@ class Supervisor:
                         continue  # the other take's records are folded in now: what is left, again
                     return messages
 
-        return await anyio.to_thread.run_sync(take)
+        while True:
+            try:
+                return await anyio.to_thread.run_sync(take)
+            except FencedError:
+                # fenced by this supervisor's own letting go of the root while the take's thread ran (a
+                # ``release_root``, its close), not by a takeover: said as a new call would say it. A root
+                # opened again meanwhile is taken at its new epoch; a lease still ours at the same epoch
+                # was taken by another supervisor, which FENCED says
+                self._check_open()
+                root_id = self._own_root(root)
+                if self._root_epochs[root_id] == epoch:
+                    raise
+                epoch = self._root_epochs[root_id]
 
     async def wait_for_message(self, root: AgentRef | str, *, timeout_s: float | None = None) -> list[MailboxMessage]:
         """Wait until messages reach a root's mailbox, take them, and return them (the host side of ``report``).

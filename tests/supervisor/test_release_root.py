@@ -13,7 +13,7 @@ import json
 import anyio
 import pytest
 
-from subagents.store import collect, read_lease
+from subagents.store import collect, read_lease, read_mailbox
 from subagents.supervisor import Capabilities, ContinuableSpec, Provider, UnauthorizedError
 
 from ..conftest import DEADLINE_S, open_supervisor
@@ -88,3 +88,64 @@ async def test_a_wait_for_message_under_way_ends_when_its_root_is_released_or_th
                         await anyio.sleep(0.01)
                 assert codes == ["UNAUTHORIZED"]
     assert codes == ["UNAUTHORIZED", "SUPERVISOR_CLOSED"]
+
+
+@pytest.mark.parametrize("then", ["released", "reopened", "closed"])
+async def test_a_take_under_way_as_its_root_is_let_go_says_so_not_fenced(tmp_path, monkeypatch, then) -> None:
+    """Found by a probe: a ``take_messages`` (or a ``wait_for_message``'s take) whose thread had begun as the
+    same supervisor released its root raised ``FENCED`` ("was taken over"), which says another supervisor
+    took the root: nobody did. It now ends as a new call would: ``UNAUTHORIZED`` once the root is released,
+    ``SUPERVISOR_CLOSED`` once the supervisor closed, and a root opened again meanwhile is taken at its new
+    epoch (the message waiting there is returned, consumed once)."""
+    import threading
+
+    from subagents.supervisor import SubagentError, service
+
+    entered, gate = threading.Event(), threading.Event()
+    real = service.LogWriter
+
+    class Gated:
+        """``LogWriter`` whose first ``open`` waits, in the take's thread, until the root was let go."""
+
+        @staticmethod
+        def open(*args, **kwargs):
+            if not entered.is_set():
+                entered.set()
+                gate.wait(DEADLINE_S)
+            return real.open(*args, **kwargs)
+
+    monkeypatch.setattr(service, "LogWriter", Gated)
+    outcome: list[object] = []
+
+    async def take(sup, root) -> None:
+        try:
+            outcome.append([m.content for m in await sup.take_messages(root)])
+        except SubagentError as exc:
+            outcome.append(exc.code)
+
+    with anyio.fail_after(DEADLINE_S):
+        async with anyio.create_task_group() as tg:
+            async with open_supervisor(tmp_path) as sup:
+                sup.register_provider(Provider(name="cont", program="script", capabilities=Capabilities.all(), continuable=True))
+                root = await sup.open_root(label="conversation")
+                tg.start_soon(take, sup, root)
+                await anyio.to_thread.run_sync(entered.wait, DEADLINE_S)
+                if then != "closed":
+                    await sup.release_root(root)
+                if then == "reopened":
+                    root = await sup.open_root(id=root.id)
+                    await sup.start_continuable(ContinuableSpec(parent=root, provider="cont", label="c", prompt=S({"return": "one"})))
+                    while not read_mailbox(sup.store, root.id):  # its settlement notice, waiting in the root's mailbox
+                        await anyio.sleep(0.01)
+                if then != "closed":
+                    gate.set()
+                    while not outcome:
+                        await anyio.sleep(0.01)
+                    if then == "reopened":
+                        assert await sup.take_messages(root) == []  # the notice was taken once, by the take under way
+            gate.set()
+    expected = {"released": "UNAUTHORIZED", "closed": "SUPERVISOR_CLOSED"}.get(then)
+    if expected is not None:
+        assert outcome == [expected]
+    else:
+        assert len(outcome) == 1 and isinstance(outcome[0], list) and len(outcome[0]) == 1, outcome
