@@ -63,7 +63,16 @@ def on_loop(loop: EventLoopToken, func: Callable[..., Any], *args: Any) -> None:
     if native.is_closed():  # the supervisor is long closed
         raise SupervisorClosedError()
     # in a task of that loop, not a bare callback: what ``func`` starts in a task group needs one
-    asyncio.run_coroutine_threadsafe(_called(func, args), native)
+    call = _called(func, args)
+    try:
+        asyncio.run_coroutine_threadsafe(call, native)
+    except RuntimeError:
+        # the loop closed between the look above and the hand-over (the host's ``anyio.run`` ending as a
+        # UI thread cancels): asyncio says so with a bare RuntimeError, and the call never runs
+        call.close()  # not awaited, and never will be: no "never awaited" warning from the collector
+        if native.is_closed():
+            raise SupervisorClosedError() from None
+        raise
 
 
 async def _called(func: Callable[..., Any], args: tuple[Any, ...]) -> None:

@@ -117,3 +117,38 @@ def test_trio_is_refused_where_the_supervisor_opens_before_anything_is_made(tmp_
         anyio.run(main, backend="trio")
     assert caught.value.code == "INVALID_REQUEST" and 'backend="asyncio"' in caught.value.message, caught.value
     assert not (tmp_path / "st").exists()
+
+
+def test_a_cancel_from_a_thread_as_the_loop_closes_says_supervisor_closed(recwarn) -> None:
+    """Found by a probe (a thread calling ``run.cancel()`` while the host's ``anyio.run`` ended): the loop
+    closed between ``on_loop``'s look (``is_closed``) and its hand-over, and the cancel raised asyncio's bare
+    ``RuntimeError: Event loop is closed``, with a ``coroutine '_called' was never awaited`` warning. It is
+    ``SUPERVISOR_CLOSED``, as for a loop already closed, and leaves no coroutine behind."""
+    import asyncio
+    import gc
+
+    from subagents.supervisor import SupervisorClosedError
+    from subagents.supervisor.event_loop import on_loop
+
+    closed = asyncio.new_event_loop()
+    closed.close()
+
+    class ClosingAsItIsLookedAt:
+        """A loop that was still open when first looked at, and closed before the hand-over."""
+
+        looks = 0
+
+        def is_closed(self) -> bool:
+            self.looks += 1
+            return self.looks > 1
+
+        def call_soon_threadsafe(self, *args: Any, **kwargs: Any) -> Any:
+            return closed.call_soon_threadsafe(*args, **kwargs)
+
+    token = anyio.lowlevel.EventLoopToken(type(None), ClosingAsItIsLookedAt())  # type: ignore[arg-type]
+    called: list[str] = []
+    with pytest.raises(SupervisorClosedError):
+        on_loop(token, called.append, "never")
+    gc.collect()
+    assert called == []
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]
