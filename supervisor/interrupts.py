@@ -86,7 +86,7 @@ class Interrupts:
             # the turn is read before the cancel: a turn quick to stop has no open turn left to name after it
             turn = await anyio.to_thread.run_sync(self._open_turn, target_id) if self._continuation.hosts(target_id) else _Turn()
             if self._continuation.interrupt(target_id, authority):
-                return _cancelled(target_id, turn)
+                return _cancelled(target_id, await self._stopped_turn(target_id, turn))
             return _nothing(target_id, self._no_turn_here(target_id, "it has no turn running as a continuable child of this supervisor"))
         header = await anyio.to_thread.run_sync(self._header, target_id)
         if header is None:
@@ -101,7 +101,7 @@ class Interrupts:
         if self._continuation.hosts(target_id):
             turn = await anyio.to_thread.run_sync(self._open_turn, target_id)
             if self._continuation.interrupt(target_id, authority):
-                return _cancelled(target_id, turn)
+                return _cancelled(target_id, await self._stopped_turn(target_id, turn))
             return _nothing(target_id, self._no_turn_here(target_id, "it is idle in this supervisor: no turn is running or queued"))
         return await self._elsewhere(target_id, wait_s)
 
@@ -111,6 +111,20 @@ class Interrupts:
         """Why a continuable child held here had no turn to stop: an earlier interrupt's cancel is
         still under way (the turn may ignore it until ``cancel_grace_s``), or ``otherwise``."""
         return "its turn is already being stopped (an earlier interrupt)" if self._continuation.stopping(target_id) else otherwise
+
+    async def _stopped_turn(self, target_id: str, read: _Turn) -> _Turn:
+        """The turn a continuable child's cancel reached, named as the answer says it: ``read``, the turn
+        the log showed open before the cancel, unless the activation moved on while it was read (that
+        turn ended and the next one was dispatched, or none is in flight and the next one will be
+        stopped as it is). Named from the read, a ``cancelled`` answer named a turn that ran to its end,
+        whose message a caller might send again, and not the one it stopped."""
+        running = self._continuation.turn_message(target_id)
+        if running == read.message_id:
+            return read
+        if running is None:
+            return _Turn()  # the next turn is stopped before a worker takes it
+        again = await anyio.to_thread.run_sync(self._open_turn, target_id)
+        return again if again.message_id == running else _Turn(None, running)
 
     def _header(self, target_id: str) -> SessionHeader | None:
         """The target's header; None for a well-formed id with no session (a malformed one raises ``INVALID_SESSION_ID``)."""

@@ -81,6 +81,12 @@ class ContinuationManager:
         act = self._table.get(child_id)
         return act is not None and act.being_stopped
 
+    def turn_message(self, child_id: str) -> str | None:
+        """The message of the turn the child has in flight here (handed to the pool), or None: what an
+        interrupt's cancel reached, which the log read before it may no longer show."""
+        act = self._table.get(child_id)
+        return act.turn_message_id if act is not None and act.ticket is not None else None
+
     async def fence_taken_over(self) -> list[str]:
         """Drop the resident activations whose lease another supervisor holds now; their ids."""
         return await self._teardown.fence_taken_over()

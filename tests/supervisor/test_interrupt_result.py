@@ -301,3 +301,38 @@ async def test_an_id_no_session_can_have_is_refused_whatever_the_authority(tmp_p
         for authority in (UserAuthority(parent_session=root.id), AncestorAuthority(root)):
             with pytest.raises(store.InvalidSessionIdError):
                 await sup.interrupt("../x", authority=authority)
+
+
+@pytest.mark.parametrize("authority", ["user", "ancestor"])
+async def test_an_interrupt_whose_turn_ended_as_it_was_read_names_the_turn_it_stopped(tmp_path, monkeypatch, authority):
+    """Found by a probe (interrupts racing a queue of short turns): the answer named the turn the log showed
+    open before the cancel, but that turn completed while it was read and the cancel stopped the next one:
+    ``cancelled`` named a message that ran to its end (a caller that sent it again ran it twice), and not the
+    one it stopped. It now names the turn the cancel reached."""
+    gate = tmp_path / "gate"
+    read_open_turn = Interrupts._open_turn
+    reads = 0
+
+    def as_the_next_turn_starts(self, target_id):
+        nonlocal reads
+        reads += 1
+        seen = read_open_turn(self, target_id)
+        if reads == 1:  # the first turn ends, and the next one starts, between the read and the cancel
+            gate.touch()
+            deadline = time.monotonic() + DEADLINE_S
+            while time.monotonic() < deadline and [e["type"] for e in events_of(sup.store, target_id)].count("turn/start") < 2:
+                time.sleep(0.01)
+        return seen
+
+    monkeypatch.setattr(Interrupts, "_open_turn", as_the_next_turn_starts)
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        child_id, first = await start(sup, root, S({"say": "awake"}, {"hold": str(gate)}, {"return": "first"}))
+        second = await sup.followup(root, child_id, S({"say": "again"}, {"sleep": 60_000}))
+        await wait_until(lambda: said(sup.store, child_id) == ["awake"], what="the first turn to start")
+        who = UserAuthority(root.id) if authority == "user" else AncestorAuthority(root)
+        result = await sup.interrupt(child_id, authority=who)
+        await settled(sup, root, child_id)
+        assert turn_ends(sup.store, child_id) == ["completed", "aborted"]
+        assert (result.outcome, result.message_id) == ("cancelled", second), result
+        assert result.turn in (2, None), result
