@@ -37,9 +37,12 @@ def drain_unhosted(store: Store, child_id: str, owner_id: str) -> bool:
     try:
         if read_projection(store, child_id).open_turn is None and not pending_of(store, child_id):
             return False
-        lease = acquire_lease(store, child_id, owner_id, state="idle")
+        # never from this supervisor itself: the table said nobody hosts the child here, but a followup's
+        # cold resume may have installed an activation since; taken again (epoch + 1), it fenced that
+        # live activation, whose turn the repair below closed as a crash and whose notice never came
+        lease = acquire_lease(store, child_id, owner_id, state="idle", take_own=False)
     except LeaseHeldError:
-        return False  # hosted after all: its host was asked
+        return False  # hosted after all: its host was asked, or it is resident here now
     try:
         with LogWriter.open(store, child_id, epoch=lease.epoch, cause="drain") as writer:
             messages = pending_of(store, child_id, writer)

@@ -41,6 +41,20 @@ def test_acquire_release_reacquire(s1):
     assert store.acquire_lease(st, "s1", "o2").epoch == 3  # the holder itself may re-acquire: a new epoch
 
 
+def test_an_owner_that_must_not_fence_itself_is_refused_its_own_lease(s1):
+    """``take_own=False`` (a drain of a child it saw nobody host): the owner's own unreleased lease is held,
+    not taken again at ``epoch + 1``, which fenced that owner's live writer; a released one is taken."""
+    st = s1
+    store.register_owner(st, "o1", ttl=60)
+    held = store.acquire_lease(st, "s1", "o1")
+    with pytest.raises(store.LeaseHeldError):
+        store.acquire_lease(st, "s1", "o1", state="idle", take_own=False)
+    assert store.read_lease(st, "s1") == held  # untouched: the writer at its epoch is not fenced
+    store.release_lease(st, "s1", "o1", held.epoch)
+    taken = store.acquire_lease(st, "s1", "o1", state="idle", take_own=False)
+    assert (taken.owner, taken.epoch, taken.state) == ("o1", held.epoch + 1, "idle")
+
+
 def test_live_owner_holds_the_lease(s1):
     """Another owner's acquisition fails with LeaseHeldError while the holder is alive."""
     st = s1

@@ -17,11 +17,12 @@ import pytest
 from subagents.store import Store, read_lease, read_mailbox
 from subagents.supervisor import SubagentError, UserAuthority
 
-from ..conftest import disk_snapshot, events_of, said, wait_until
+from ..conftest import DEADLINE_S, disk_snapshot, events_of, said, wait_until
 from .test_continuable import (
     S,
     accepted_ids,
     continuable_supervisor,
+    is_notice,
     only_child_of,
     record_ends,
     settled,
@@ -445,3 +446,50 @@ async def test_a_call_made_in_a_scope_already_cancelled_does_nothing(tmp_path):
             assert scope.cancelled_caught
         assert [m.id for m in read_mailbox(sup.store, child)] == before
         assert child in sup.continuation.activations and turn_ends(sup.store, child) == []  # still running its first turn
+
+
+@pytest.mark.parametrize("call", ["drain_children", "drain_remote"])
+async def test_a_drain_reaching_an_unhosted_child_never_fences_its_own_supervisors_resume_of_it(tmp_path, monkeypatch, call):
+    """Found by a probe: a drain's reach of a child nobody hosted (pending messages a closed host left) looked
+    at this supervisor's activations, then took the child's lease to drain it; a followup's cold resume of the
+    child in between installed an activation, whose lease the drain then took again as the same owner (epoch + 1).
+    The live activation was fenced ("taken over by another supervisor"), its running turn was closed by the
+    drain's repair as a crash (``interrupted``), and the root never got the activation's settlement notice.
+    Now a lease this supervisor holds is not taken by its own drain: the child, hosted here after all, is left
+    to its activation, which runs and settles as usual."""
+    from subagents.supervisor.continuable import teardown
+
+    root_id, child, queued, _ = await left_by_a_closed_host(tmp_path)
+    real = teardown.drain_unhosted
+
+    def after_the_resume(store, child_id, owner_id):
+        deadline = time.monotonic() + DEADLINE_S  # the followup's resume installs the activation meanwhile
+        while child_id == child and time.monotonic() < deadline and read_lease(store, child_id).state == "released":
+            time.sleep(0.01)
+        return real(store, child_id, owner_id)
+
+    monkeypatch.setattr(teardown, "drain_unhosted", after_the_resume)
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root(id=root_id)
+        ends = record_ends(sup)
+        answers: dict[str, object] = {}
+
+        async def drain() -> None:
+            answers["drain"] = await (sup.drain_children(root, [child]) if call == "drain_children" else sup.drain_remote(root))
+
+        async def followup() -> None:
+            await anyio.sleep(0.1)  # the drain has looked, and found nobody hosting the child
+            answers["followup"] = await sup.followup(root, child, S({"sleep": 300}, {"return": "after"}))
+
+        with anyio.fail_after(DEADLINE_S):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(drain)
+                tg.start_soon(followup)
+        notices: list = []  # the closed host's notice first, then the one of this supervisor's activation
+        with anyio.move_on_after(10):
+            while not any("after" in m.content for m in notices):
+                notices += [m for m in await sup.wait_for_message(root) if is_notice(m, child)]
+        assert any("after" in m.content for m in notices), [m.content for m in notices]
+        assert [e.get("taken_over") for e in ends if e["id"] == child] == [None]
+        assert turn_ends(sup.store, child)[-1] == "completed", turn_ends(sup.store, child)
+        assert answers["followup"] in accepted_ids(sup.store, child)
