@@ -398,6 +398,13 @@ class Teardown:
             raise UnauthorizedError.teardown_needs_parent()
         selected, elsewhere = [], []
         for child_id in dict.fromkeys(child_ids):
+            starting = self._admission.in_flight(child_id)
+            if starting is not None:
+                # its start is still writing here (a reserved id): the header first, then the prompt, the index
+                # row, the activation. Looked at meanwhile, it read as nobody's child (UNAUTHORIZED) or as an
+                # unhosted child with nothing to drain, and then ran: what the start publishes is drained
+                # below, and one that rolls back leaves nothing
+                await starting.wait()
             act = self._table.get(child_id)
             if act is None:
                 elsewhere.append(child_id)
@@ -429,9 +436,11 @@ class Teardown:
                     found.append(child_id)
                 continue
             try:
-                read_header(self._rt.store, child_id)
+                header = read_header(self._rt.store, child_id)
             except SubagentError:
                 continue  # no such session (or one whose header does not read): nothing to tear down
+            if header.parent_session == parent_id:
+                continue  # its child, not indexed yet: a creation under way elsewhere, with nothing to drain so far
             raise UnauthorizedError.not_direct_child(child_id, parent_id)
         return found
 

@@ -493,3 +493,37 @@ async def test_a_drain_reaching_an_unhosted_child_never_fences_its_own_superviso
         assert [e.get("taken_over") for e in ends if e["id"] == child] == [None]
         assert turn_ends(sup.store, child)[-1] == "completed", turn_ends(sup.store, child)
         assert answers["followup"] in accepted_ids(sup.store, child)
+
+
+async def test_drain_children_of_a_child_whose_start_is_still_writing_drains_it(tmp_path, monkeypatch):
+    """Found by a probe: ``drain_children`` naming a child (its id reserved by the caller) whose
+    ``start_continuable`` was still writing found its header but no row in the parent's index yet, and said
+    ``UNAUTHORIZED`` ("is not a direct child"), though its header names that parent; the child then started
+    and ran. The drain now waits for that start, and drains the child it published."""
+    from subagents.supervisor.continuable import materialization
+
+    real_accept = materialization.accept
+
+    def slow_accept(*args, **kwargs):
+        time.sleep(0.3)  # the header is written; the index row and the activation come after the prompt's acceptance
+        return real_accept(*args, **kwargs)
+
+    monkeypatch.setattr(materialization, "accept", slow_accept)
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root()
+        child_id = "reservedchild0001"
+        started: list[object] = []
+
+        async def starting() -> None:
+            started.append(await start(sup, root, SLEEP, child_id=child_id))
+
+        with anyio.fail_after(DEADLINE_S):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(starting)
+                await wait_until(lambda: sup.store.exists(child_id), what="the child's header")
+                await sup.drain_children(root, [child_id])
+                assert child_id not in sup.continuation.activations
+            (_, prompt), = started
+        assert prompt in discarded(sup.store, child_id) + accepted_ids(sup.store, child_id)
+        assert turn_ends(sup.store, child_id) in ([], ["drained"], ["aborted"]), turn_ends(sup.store, child_id)
+        assert read_lease(sup.store, child_id).state == "released"
