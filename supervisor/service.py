@@ -606,9 +606,19 @@ class Supervisor:
                         require_consumed_prefix(self.store, root_id, projection)
                         return messages
                     try:
-                        writer.append([("message/accepted", m.to_event_data()) for m in messages], first_seq=writer.next_seq, commit=True)
+                        writer.append([("message/accepted", m.to_event_data()) for m in messages], first_seq=writer.next_seq)
                     except SeqMismatchError:
                         continue  # the other take's records are folded in now: what is left, again
+                    # written: the log has consumed them, and they are the caller's whatever comes next. The
+                    # commit point's fsync may still fail (DURABILITY_FAILED: not durable, said), but the fence
+                    # it checks again to refresh the identity cache (a log past 64 KiB) is no reason to drop
+                    # them: a root released (or taken over) since the write raised FENCED there, and messages
+                    # the log had consumed were returned to nobody
+                    try:
+                        writer.commit()
+                    except FencedError:
+                        log.info("root %s was let go after a take consumed %d message(s): they are returned all the same",
+                                 root_id, len(messages))
                     return messages
 
         while True:
