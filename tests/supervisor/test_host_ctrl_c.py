@@ -1,0 +1,99 @@
+"""Ctrl-C to a Python host (``anyio.run`` over ``async with Supervisor.open(...)``), at the moments that hung it (found by a probe).
+
+``asyncio.run`` takes a Ctrl-C by cancelling the main task natively (``Task.cancel()``), which an anyio
+shielded scope does not hold back. One that landed while the ``async with`` was being left cut the
+supervisor's close half-way: the pool's pipe readers, which only that close ends, kept the task group
+open, and the host waited in ``select`` for good (a second Ctrl-C did not end it either). A second
+Ctrl-C (asyncio.run then raises ``KeyboardInterrupt`` out of the loop) left the interpreter's exit to
+``multiprocess``'s exit handler, which SIGTERMs the workers (they outlive it, by design) and joins them,
+while they wait for the host's end of their pipes to close: the host hung at exit for good.
+
+Each test runs a real host process in its own session and sends it real signals; its workers are the
+processes left in that session.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from subagents.store import check_store
+
+HOST = r'''
+import os, signal, sys, threading, anyio
+from subagents import Supervisor, SupervisorConfig, Provider, Capabilities, SubagentRequest
+
+async def main(store: str, how: str) -> None:
+    async with Supervisor.open(store=store, config=SupervisorConfig(pool_size=2, cancel_grace_s=30)) as sup:
+        sup.register_provider(Provider(name="p", program="script", capabilities=Capabilities.all()))
+        root = await sup.open_root(label="main")
+        if how == "at-close":
+            run = await sup.start("p", SubagentRequest(parent=root, prompt='{"script": [{"return": "hi"}]}'))
+            print("result", (await run.result()).stop_reason, flush=True)
+            await run.dispose()
+            # the Ctrl-C lands as the ``async with`` is left: in the supervisor's close
+            threading.Timer(0, os.kill, (os.getpid(), signal.SIGINT)).start()
+        else:  # a turn that ignores its cancellation: the first Ctrl-C's close waits on it (cancel_grace_s)
+            run = await sup.start("p", SubagentRequest(parent=root, prompt='{"script": [{"say": "up"}, {"spin": 20000}]}'))
+            print("started", flush=True)
+            await run.result()
+    print("closed", flush=True)
+
+anyio.run(main, sys.argv[1], sys.argv[2])
+'''
+
+DEADLINE_S = 20.0
+
+
+def _session(sid: int) -> list[int]:
+    """The processes of session ``sid`` still running (zombies count as gone)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] not in ("Z", "X"):
+            found.append(int(entry))
+    return found
+
+
+def _host(store: Path, how: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", HOST, str(store), how], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def _ended(proc: subprocess.Popen[str], within_s: float) -> tuple[str, str]:
+    """The host's output once it exited within ``within_s``; its whole session is killed (and the test fails) otherwise.
+    Its workers must be gone within 5 s of its exit."""
+    try:
+        out, err = proc.communicate(timeout=within_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"the host did not exit within {within_s} s of the Ctrl-C\n{out}\n{err[-2000:]}") from None
+    deadline = time.monotonic() + 5
+    while _session(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = _session(proc.pid)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes of the host outlived it: {left}"
+    return out, err
+
+
+def test_a_ctrl_c_as_the_supervisor_closes_ends_the_host(tmp_path: Path) -> None:
+    proc = _host(tmp_path / "st", "at-close")
+    out, err = _ended(proc, DEADLINE_S)
+    assert "result completed" in out, err
+    assert proc.returncode == -signal.SIGINT, (proc.returncode, err[-2000:])  # asyncio.run's KeyboardInterrupt
+    assert "closed" not in out  # the Ctrl-C is not swallowed: the code after the ``async with`` does not run
+    assert not check_store(tmp_path / "st").violations
+
