@@ -38,6 +38,7 @@ without an outcome ends ``aborted``, marked crashed, so no caller waits on it.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -165,6 +166,28 @@ def _disown_workers() -> None:
 
 os.register_at_fork(after_in_child=_disown_workers)
 
+EXIT_GRACE_S = 1.0  # how long the interpreter's exit waits for the workers of a pool left open to go, before it kills them
+
+
+def _let_workers_go_at_exit() -> None:
+    """At the interpreter's exit, end the workers of every pool of this process still open.
+
+    A host leaves its supervisor open at exit when a second Ctrl-C raises ``KeyboardInterrupt`` out of
+    its event loop while the first one's close waits for the turns (or any error unwinds the loop past
+    the ``async with``). ``multiprocess``'s own exit handler then SIGTERMs its daemonic children and
+    joins them; a worker outlives SIGTERM (``worker/signals.py``) and waits for its host's end of the
+    pipe to close, which only the host's exit closes: the host hung at exit for good, its workers with
+    it. Registered after ``multiprocess``'s (imported above), this handler runs first: it closes the
+    host's ends of the pipes (a worker exits at the hang-up), kills what is still running after
+    ``EXIT_GRACE_S``, and leaves ``multiprocess`` nothing to wait for. The turns those workers ran are
+    left as a ``kill -9`` leaves them, for the next host's crash repair.
+    """
+    for pool in list(_POOLS):
+        pool.let_go_at_exit()
+
+
+atexit.register(_let_workers_go_at_exit)
+
 
 class WorkerPool(Dispatcher[_Worker]):
     """``Pool`` over local worker processes (``multiprocess``, started by ``start_method``)."""
@@ -194,6 +217,24 @@ class WorkerPool(Dispatcher[_Worker]):
                 worker.conn.close()
             except OSError:
                 pass
+
+    def let_go_at_exit(self) -> None:
+        """The interpreter exits with this pool open (``_let_workers_go_at_exit``): its workers go now, unasked."""
+        workers = [w for w in self._slots if w is not None and not w.released]
+        for worker in workers:
+            worker.alive = False
+            with contextlib.suppress(OSError):
+                worker.conn.close()
+        deadline = time.monotonic() + EXIT_GRACE_S
+        for worker in workers:
+            with contextlib.suppress(OSError, ValueError, AssertionError):  # a handle closed or not ours
+                worker.process.join(max(0.0, deadline - time.monotonic()))
+                if worker.process.exitcode is None:
+                    log.warning("worker %s did not exit at its host's exit; killing it", worker.pid)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(worker.pid, signal.SIGKILL)
+                    worker.process.join(EXIT_GRACE_S)
+            mp_process._children.discard(worker.process)
 
     # -- life cycle ------------------------------------------------------------
 

@@ -97,3 +97,17 @@ def test_a_ctrl_c_as_the_supervisor_closes_ends_the_host(tmp_path: Path) -> None
     assert "closed" not in out  # the Ctrl-C is not swallowed: the code after the ``async with`` does not run
     assert not check_store(tmp_path / "st").violations
 
+
+def test_a_second_ctrl_c_ends_the_host_without_waiting_for_its_workers(tmp_path: Path) -> None:
+    proc = _host(tmp_path / "st", "second")
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "started\n"
+    time.sleep(1.0)  # the turn spins in its worker
+    os.kill(proc.pid, signal.SIGINT)
+    time.sleep(0.5)  # the close waits for the spinning turn (cancel_grace_s 30)
+    os.kill(proc.pid, signal.SIGINT)
+    began = time.monotonic()
+    _out, err = _ended(proc, DEADLINE_S)
+    assert time.monotonic() - began < 10, err
+    assert proc.returncode == -signal.SIGINT, (proc.returncode, err[-2000:])
+    assert not check_store(tmp_path / "st").violations
