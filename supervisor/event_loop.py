@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Coroutine, TypeVar
 
 import anyio.lowlevel
 from anyio.lowlevel import EventLoopToken
 
 from .errors import InvalidRequestError, SupervisorClosedError
 
-__all__ = ["current_loop", "require_asyncio", "require_loop", "on_loop"]
+__all__ = ["current_loop", "require_asyncio", "require_loop", "on_loop", "to_its_end"]
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -80,3 +82,28 @@ async def _called(func: Callable[..., Any], args: tuple[Any, ...]) -> None:
         func(*args)
     except Exception:  # nobody waits for it: said here, or it would be lost in an unread future
         log.exception("%s, handed to the supervisor's event loop from another thread, failed", getattr(func, "__qualname__", func))
+
+
+async def to_its_end(work: Coroutine[Any, Any, T]) -> tuple[T, asyncio.CancelledError | None]:
+    """Run ``work`` to its end even if the awaiting task is cancelled natively meanwhile: its result, and that
+    cancellation if one came (the caller raises it once it has done what must follow the work).
+
+    An anyio shielded scope holds back anyio's cancellations only, not ``Task.cancel()``, which is how
+    ``asyncio.run`` takes a Ctrl-C (and the CLI a SIGTERM or SIGHUP). One that landed in a shielded wait
+    cut it: a supervisor's close stopped half-way and the host waited in ``select`` for good (the pool's
+    pipe readers, which only that close ends, kept its task group open); a one-shot child's creation
+    was rolled back before it ended, and the child was left made and leased, never released. ``work``
+    runs in a task of its own here, which no cancellation of the awaiter reaches; call it inside a
+    shielded scope, so that anyio's own cancellation is not delivered again and again while it runs.
+    """
+    task = asyncio.get_running_loop().create_task(work)
+    cancelled: asyncio.CancelledError | None = None
+    while True:
+        try:
+            return await asyncio.shield(task), cancelled
+        except asyncio.CancelledError as exc:
+            cancelled = cancelled or exc
+            if task.done():  # it ended as the cancellation came, or was cancelled itself (the loop ending)
+                if task.cancelled():
+                    raise
+                return task.result(), cancelled  # a failure of the work is raised as it was

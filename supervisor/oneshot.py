@@ -50,7 +50,7 @@ from subagents.worker.protocol import Budget, TurnOutcome, TurnSpec
 from .backend import ChildRun, TurnChildren, TurnResult, TurnRpcHandler, TurnTicket, WorkerRef
 from .creator import CreatorStatistics, SessionCreator
 from .errors import CancelledBeforeStartError, InvalidRequestError, NoParentError, SupervisorClosedError
-from .event_loop import on_loop, require_loop
+from .event_loop import on_loop, require_loop, to_its_end
 from .models import Provider, SubagentRequest, SubagentResult
 from .registry import program_fields
 from .runtime import Runtime
@@ -311,20 +311,30 @@ class OneShotRuns:
         ``guarded``: under its parent's lock, outside the batches (a parent no live agent of ours holds, which
         ``gc`` may be collecting: ``Placement.stored``)."""
         store, child_id, parent_id = self._rt.store, request.session_id, request.parent_session
+
+        async def create() -> CreatedSession:
+            if guarded:
+                try:
+                    created = await anyio.to_thread.run_sync(create_under_settled_parent, store, request)
+                except SessionNotFoundError as exc:
+                    if exc.fields.get("session_id") != parent_id:
+                        raise
+                    raise NoParentError(str(parent_id)) from None  # collected by gc meanwhile
+            else:
+                created = await self._creator.create(request)
+            if cancel is not None and cancel.is_set():
+                await anyio.to_thread.run_sync(lambda: delete_session(store, child_id, parent_session=parent_id))
+                raise CancelledBeforeStartError.before_publication()
+            return created
+
         try:
             with anyio.CancelScope(shield=True):
-                if guarded:
-                    try:
-                        created = await anyio.to_thread.run_sync(create_under_settled_parent, store, request)
-                    except SessionNotFoundError as exc:
-                        if exc.fields.get("session_id") != parent_id:
-                            raise
-                        raise NoParentError(str(parent_id)) from None  # collected by gc meanwhile
-                else:
-                    created = await self._creator.create(request)
-                if cancel is not None and cancel.is_set():
-                    await anyio.to_thread.run_sync(lambda: delete_session(store, child_id, parent_session=parent_id))
-                    raise CancelledBeforeStartError.before_publication()
+                # to its end even under a native ``Task.cancel()`` (a Ctrl-C through ``asyncio.run``), which the
+                # shield does not hold back: cut there, the rollback below ran before the creation ended, and
+                # the child was left made and leased, never published nor released
+                created, host_cancel = await to_its_end(create())
+                if host_cancel is not None:
+                    raise host_cancel
             await anyio.lowlevel.checkpoint_if_cancelled()  # a cancel that came while shielded: roll back
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):

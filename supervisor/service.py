@@ -17,13 +17,12 @@ per operation; the work is the collaborators'.)
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import os
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Coroutine, Mapping
+from typing import Any, AsyncIterator, Callable, Mapping
 
 import anyio
 import anyio.lowlevel
@@ -62,7 +61,7 @@ from .config_loader import load_config
 from .backend import Pool, PoolStatistics
 from .continuable import ContinuationManager
 from .control_poller import ControlPoller
-from .event_loop import require_asyncio, require_loop
+from .event_loop import require_asyncio, require_loop, to_its_end
 from .errors import InvalidRequestError, SupervisorClosedError, TeardownFailedError, UnauthorizedError, WaitTimeoutError
 from .events import EVENT_NAMES, EventBus, HostStop
 from .interrupts import Interrupts
@@ -131,30 +130,6 @@ def _make_pool(config: SupervisorConfig, store: Store) -> Pool:
         turns_per_worker=config.turns_per_worker,
         prefetch=config.worker_prefetch,
     )
-
-
-async def _to_its_end(close: Coroutine[Any, Any, None]) -> asyncio.CancelledError | None:
-    """Run ``close`` to its end even if the awaiting task is cancelled natively meanwhile; that cancellation, if one came.
-
-    An anyio shielded scope holds back anyio's cancellations only, not ``Task.cancel()``, which is how
-    ``asyncio.run`` takes a Ctrl-C (and the CLI a SIGTERM or SIGHUP). One that landed while a supervisor
-    closed cut its close half-way: the pool's pipe readers, which only that close ends, kept the
-    supervisor's task group open, and the host waited in ``select`` for good. The close runs in a task
-    of its own here, so it finishes whatever its awaiter is told; the cancellation is given back to the
-    caller, to raise once the close is done.
-    """
-    task = asyncio.get_running_loop().create_task(close)
-    cancelled: asyncio.CancelledError | None = None
-    while True:
-        try:
-            await asyncio.shield(task)
-            return cancelled
-        except asyncio.CancelledError as exc:
-            cancelled = cancelled or exc
-            if task.done():  # it ended as the cancellation came, or was cancelled itself (the loop ending)
-                if not task.cancelled():
-                    task.result()  # a failure of the close is raised as it was
-                return cancelled
 
 
 class Supervisor:
@@ -265,7 +240,7 @@ class Supervisor:
                 finally:
                     left_open = anyio.get_current_task().id != opened_in
                     with anyio.CancelScope(shield=True):
-                        host_cancel = await _to_its_end(sup._close(left_open=left_open))
+                        _, host_cancel = await to_its_end(sup._close(left_open=left_open))
                     if not left_open:
                         tg.cancel_scope.cancel()
                     if host_cancel is not None:
