@@ -39,6 +39,7 @@ from subagents.store.ids import validate_session_id
 
 from subagents.worker.protocol import Budget
 
+from ..event_loop import to_its_end
 from ..errors import (
     ActivationClosingError,
     DuplicateChildError,
@@ -139,7 +140,8 @@ class Materializer:
                 raise
 
         epoch = 1  # created leased to us (create_session's lease_owner)
-        with anyio.CancelScope(shield=True):
+
+        async def made() -> tuple[str, SetupBatch]:
             message_id = await rt.store_thread.run(create)
             try:
                 self._admission.admit(parent_id)  # a drain may have begun while we wrote
@@ -148,11 +150,22 @@ class Materializer:
             except BaseException:
                 await rt.store_thread.run(lambda: delete_session(rt.store, child_id, parent_session=parent_id))
                 raise
+            return message_id, setup
+
+        with anyio.CancelScope(shield=True):
+            # to its end even under a native ``Task.cancel()`` (a Ctrl-C through ``asyncio.run``), which the shield
+            # does not hold back: cut there, the store thread made the child and accepted its prompt, and nothing
+            # installed it, so its lease stayed held by this supervisor after it closed
+            (message_id, setup), host_cancel = await to_its_end(made())
         identity = ActivationIdentity(
             child_id=child_id, parent_id=parent_id, descriptor=descriptor, epoch=epoch, depth=placement.depth,
             sandbox=placement.sandbox, ancestry=frozenset(table.lineage(parent_id)), run_id=rt.ids.new(), budget=fields.budget,
         )
         self.install(Activation(identity, setup))
+        if host_cancel is not None:
+            # the Ctrl-C goes on (held back, it was lost: the caller's next call waited in another such wait);
+            # the child is installed, so the close stops and releases it, and its accepted prompt runs on resume
+            raise host_cancel
         return child_id, message_id
 
     def _check_parent_open(self, parent_id: str) -> None:
