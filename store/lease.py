@@ -382,9 +382,8 @@ def _write_lease(store: Store, file: SessionFile, slots: LeaseSlots, lease: Leas
 def acquire_lease(store: Store, session_id: str, owner_id: str, *, state: LeaseState = "running", take_own: bool = True) -> Lease:
     """Take the session's lease at ``epoch + 1``; ``LeaseHeldError`` if a live other owner holds it.
 
-    ``take_own=False``: ``LeaseHeldError`` too when ``owner_id`` itself holds it (not released), for a
-    caller that must not fence a writer of its own process: a drain of a child it saw nobody host, which
-    the same supervisor may have resumed since. Decided under the session lock, as the take is."""
+    ``take_own=False``: ``LeaseHeldError`` too when ``owner_id`` itself holds it (not released), for a caller
+    that must not fence a writer of its own process (a drain of a child it saw nobody host, and a resume of it)."""
     with open_session(store, session_id, write=True) as file:
         # the lock gc takes too (store/retention.py): whoever holds it first wins. A session gc
         # moved to the trash while we waited is gone (SessionNotFoundError), never written.
@@ -397,10 +396,8 @@ def acquire_lease(store: Store, session_id: str, owner_id: str, *, state: LeaseS
             if slots.gen < 0:
                 _require_never_leased(file)
             current = slots.lease
-            if current is not None and current.state != "released" and current.owner != owner_id:
-                if owner_alive(read_owner(store, current.owner)):
-                    raise LeaseHeldError(session_id, owner=current.owner, epoch=current.epoch)
-            if not take_own and current is not None and current.state != "released" and current.owner == owner_id:
+            if current is not None and current.state != "released" and (
+                    not take_own if current.owner == owner_id else owner_alive(read_owner(store, current.owner))):
                 raise LeaseHeldError(session_id, owner=current.owner, epoch=current.epoch)
             if current is not None:
                 # the child may have a ``settled`` row (written at a release): from here it no longer holds

@@ -38,7 +38,6 @@ without an outcome ends ``aborted``, marked crashed, so no caller waits on it.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import os
@@ -48,7 +47,6 @@ import sys
 import threading
 import time
 import types
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -67,6 +65,7 @@ from subagents.worker.protocol import Cancel, CancelRpc, Ready, Reply, Rpc, RunT
 from .backend import WorkerRef
 from .dispatch import Dispatcher, Turn, WorkerSlot
 from .errors import WorkerHandshakeError, WorkerStartError
+from .process_hooks import EXIT_GRACE_S, track_pool
 
 __all__ = ["WorkerPool"]
 
@@ -146,49 +145,6 @@ class _Worker(WorkerSlot):
         return WorkerRef(self.host, self.pid)
 
 
-# every pool of this process, for the fork hook below
-_POOLS: "weakref.WeakSet[WorkerPool]" = weakref.WeakSet()
-
-
-def _disown_workers() -> None:
-    """In a process ``os.fork`` made from a host: its pools' workers are the host's, not its own.
-
-    The fork has a copy of the host's event loop, and whatever it runs of it (a ``sys.exit`` unwinding
-    the supervisor's ``async with``) read the host's worker pipes: the reply a worker sent for the host's
-    turn went to the fork, and the host waited for it for good. Its ends of those pipes are closed here
-    (the host's stay open). And ``multiprocess`` lists every process it started as a child: a forked
-    copy of that list made the fork's exit (its ``atexit`` handler terminates daemonic children) SIGTERM
-    the host's workers. ``multiprocess`` clears that list itself in a child it starts; a bare
-    ``os.fork`` needs this."""
-    for pool in list(_POOLS):
-        pool.disown_after_fork()
-
-
-os.register_at_fork(after_in_child=_disown_workers)
-
-EXIT_GRACE_S = 1.0  # how long the interpreter's exit waits for the workers of a pool left open to go, before it kills them
-
-
-def _let_workers_go_at_exit() -> None:
-    """At the interpreter's exit, end the workers of every pool of this process still open.
-
-    A host leaves its supervisor open at exit when a second Ctrl-C raises ``KeyboardInterrupt`` out of
-    its event loop while the first one's close waits for the turns (or any error unwinds the loop past
-    the ``async with``). ``multiprocess``'s own exit handler then SIGTERMs its daemonic children and
-    joins them; a worker outlives SIGTERM (``worker/signals.py``) and waits for its host's end of the
-    pipe to close, which only the host's exit closes: the host hung at exit for good, its workers with
-    it. Registered after ``multiprocess``'s (imported above), this handler runs first: it closes the
-    host's ends of the pipes (a worker exits at the hang-up), kills what is still running after
-    ``EXIT_GRACE_S``, and leaves ``multiprocess`` nothing to wait for. The turns those workers ran are
-    left as a ``kill -9`` leaves them, for the next host's crash repair.
-    """
-    for pool in list(_POOLS):
-        pool.let_go_at_exit()
-
-
-atexit.register(_let_workers_go_at_exit)
-
-
 class WorkerPool(Dispatcher[_Worker]):
     """``Pool`` over local worker processes (``multiprocess``, started by ``start_method``)."""
 
@@ -205,10 +161,10 @@ class WorkerPool(Dispatcher[_Worker]):
         self._log_level = log_level
         self._log_json = log_json
         self._host = socket.gethostname()
-        _POOLS.add(self)
+        track_pool(self)
 
     def disown_after_fork(self) -> None:
-        """In a forked copy of the host (``_disown_workers``): let go of the host's workers, touching none."""
+        """In a forked copy of the host (``process_hooks``): let go of the host's workers, touching none."""
         for worker in self._slots:
             if worker is None:
                 continue
@@ -219,7 +175,7 @@ class WorkerPool(Dispatcher[_Worker]):
                 pass
 
     def let_go_at_exit(self) -> None:
-        """The interpreter exits with this pool open (``_let_workers_go_at_exit``): its workers go now, unasked."""
+        """The interpreter exits with this pool open (``process_hooks``): its workers go now, unasked."""
         workers = [w for w in self._slots if w is not None and not w.released]
         for worker in workers:
             worker.alive = False
