@@ -25,6 +25,7 @@ from .delivery import Delivery
 from .driver import Driver, RpcFactory
 from .materialization import Materializer
 from .teardown import Reached, Teardown
+from .unhosted import DrainsUnderWay
 from .watcher import StoreWatcher
 
 __all__ = ["ContinuationManager"]
@@ -36,9 +37,10 @@ class ContinuationManager:
         self._table = ActivationTable(rt.agents)
         self._admission = Admission(self._table)
         self._watcher = StoreWatcher(rt.store, self._table, rt.control, apply=self._apply_control)
-        self._materializer = Materializer(rt, self._table, self._admission, self._watcher, launch=self._launch)
+        drains = DrainsUnderWay()  # this supervisor's drains of children nobody hosts, which its resumes wait out
+        self._materializer = Materializer(rt, self._table, self._admission, self._watcher, launch=self._launch, drains=drains)
         self._delivery = Delivery(rt, self._table, self._admission, self._materializer)
-        self._teardown = Teardown(rt, self._table, self._admission, self._delivery)
+        self._teardown = Teardown(rt, self._table, self._admission, self._delivery, drains=drains)
         self._driver = Driver(rt, self._table, self._teardown, rpc_for=rpc_for)
 
     @property

@@ -22,6 +22,7 @@ import anyio
 
 from subagents.store import (
     ContinuableDescriptor,
+    Lease,
     LeaseHeldError,
     SessionExistsError,
     accept,
@@ -55,18 +56,27 @@ from ..setup import ActivationInfo, SetupBatch
 from ..validation import RequestFields, delegation_events, place_child, prompt_text, request_fields
 from .activation import Activation, ActivationIdentity, ActivationTable, MailboxCursor, log_fields
 from .admission import Admission
+from .unhosted import DrainsUnderWay
 from .watcher import StoreWatcher
 
 __all__ = ["Materializer"]
 
 log = logging.getLogger(__name__)
 
+OWN_DRAIN_POLL_S = 0.01  # how often a resume looks whether this supervisor's drain of the child let it go
+
+
+class _OwnDrain(Exception):
+    """A drain of this supervisor holds the child's lease: the resume waits it out (``Materializer._take_lease``)."""
+
 Launch = Callable[[Activation], None]
 
 
 class Materializer:
-    def __init__(self, rt: Runtime, table: ActivationTable, admission: Admission, watcher: StoreWatcher, *, launch: Launch) -> None:
+    def __init__(self, rt: Runtime, table: ActivationTable, admission: Admission, watcher: StoreWatcher, *, launch: Launch,
+                 drains: DrainsUnderWay) -> None:
         self._rt = rt
+        self._drains = drains
         self._table = table
         self._admission = admission
         self._watcher = watcher
@@ -202,6 +212,22 @@ class Materializer:
             del self._resuming[child_id]
             done.set()
 
+    def _take_lease(self, child_id: str) -> Lease:
+        """The child's lease for a resume (blocking). ``_OwnDrain`` while a drain of this supervisor holds it
+        (``unhosted.DrainsUnderWay``): taken again by the same owner, it fenced the drain half-way, and the
+        messages the drain was discarding ran. A lease of this supervisor's that no drain holds (one a
+        failed release left) is taken again, as before."""
+        store, owner_id = self._rt.store, self._rt.owner_id
+        try:
+            return acquire_lease(store, child_id, owner_id, take_own=False)
+        except LeaseHeldError as exc:
+            if exc.fields.get("owner") != owner_id:
+                raise
+            # looked at after the refusal: a drain says itself before its take and unsays itself after its release
+            if child_id in self._drains:
+                raise _OwnDrain(child_id) from None
+            return acquire_lease(store, child_id, owner_id)
+
     async def _resume_from_store(self, parent_id: str, child_id: str) -> Activation | None:
         rt = self._rt
         try:
@@ -241,9 +267,13 @@ class Materializer:
             return None
         self._admission.admit(parent_id)
         try:
-            lease = await rt.store_thread.run(lambda: acquire_lease(rt.store, child_id, rt.owner_id))
+            lease = await rt.store_thread.run(self._take_lease, child_id)
         except LeaseHeldError:
             return None  # another supervisor resumed it meanwhile: the caller routes the message to it
+        except _OwnDrain:
+            while child_id in self._drains:  # a drain's discards are a few appends: polled, as a repair is
+                await anyio.sleep(OWN_DRAIN_POLL_S)
+            return None  # the caller looks again: the drain let it go
         except CorruptSessionError as exc:  # a lease that would restart its epoch: refused, as a damaged log is
             raise NotResumableError.unavailable(child_id, f"its lease is damaged ({exc.code}: {exc.message})") from exc
         if child_id in self._table:

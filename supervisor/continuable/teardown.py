@@ -39,7 +39,7 @@ from ..runtime import Runtime
 from .activation import Activation, ActivationTable, LeaseState, Lifecycle, log_fields
 from .admission import Admission
 from .delivery import Delivery
-from .unhosted import drain_unhosted, pending_of
+from .unhosted import DrainsUnderWay, drain_unhosted, pending_of
 from .settlement import bounded_line, epoch_stop_reason, settlement_text
 
 # what a notice's record holds beside its text (its source, ids, framing) and what its log record adds, with room to spare
@@ -70,11 +70,12 @@ log = logging.getLogger(__name__)
 
 
 class Teardown:
-    def __init__(self, rt: Runtime, table: ActivationTable, admission: Admission, delivery: Delivery) -> None:
+    def __init__(self, rt: Runtime, table: ActivationTable, admission: Admission, delivery: Delivery, *, drains: DrainsUnderWay) -> None:
         self._rt = rt
         self._table = table
         self._admission = admission
         self._delivery = delivery
+        self._drains = drains
 
     # -- interrupt ---------------------------------------------------------------------
 
@@ -481,7 +482,7 @@ class Teardown:
                     reached.asked.append(child_id)
                     continue
                 try:
-                    if drain_unhosted(store, child_id, self._rt.owner_id):
+                    if drain_unhosted(store, child_id, self._rt.owner_id, self._drains):
                         reached.here.append(child_id)
                 except SubagentError as exc:
                     log.warning("could not drain %s, which no supervisor hosts: %s", child_id, exc)

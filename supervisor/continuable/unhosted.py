@@ -10,16 +10,26 @@ resume path repairs a turn its dead host left open (``cause`` ``drain``),
 then the pending messages are recorded as consumed unrun
 (``message/discarded``, ``cause`` ``drain``), and the lease is released.
 A child with no open turn and nothing pending is not touched.
+
+The drain takes the lease as this supervisor, so this supervisor's own cold
+resume of the same child (a followup that came meanwhile) would take it again
+at the next epoch and fence the drain half-way: the messages it was to discard
+would run. ``DrainsUnderWay`` says which children a drain of this supervisor
+holds; a resume that finds the lease held by its own supervisor waits while
+one of them does, and takes a lease of its own left by anything else.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from contextlib import contextmanager
+from typing import Iterator
 
 from subagents.store import LogWriter, Store, acquire_lease, pending, read_projection, release_lease
 from subagents.store.errors import LeaseHeldError, SubagentError
 
-__all__ = ["drain_unhosted", "pending_of"]
+__all__ = ["DrainsUnderWay", "drain_unhosted", "pending_of"]
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +40,40 @@ def pending_of(store: Store, child_id: str, writer: LogWriter | None = None) -> 
     return pending(store, child_id, consumed=p.consumed, last_consumed_id=p.last_message_id, mailbox_end=p.mailbox_end)
 
 
-def drain_unhosted(store: Store, child_id: str, owner_id: str) -> bool:
+class DrainsUnderWay:
+    """The children a drain of this supervisor holds the lease of now (thread-safe: drains run in threads,
+    resumes look from the event loop's store thread)."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._held: set[str] = set()
+
+    @contextmanager
+    def holding(self, child_id: str) -> Iterator[None]:
+        """Around a drain's take of the lease and its release: said before the take, unsaid after the release."""
+        with self._mutex:
+            self._held.add(child_id)
+        try:
+            yield
+        finally:
+            with self._mutex:
+                self._held.discard(child_id)
+
+    def __contains__(self, child_id: object) -> bool:
+        with self._mutex:
+            return child_id in self._held
+
+
+def drain_unhosted(store: Store, child_id: str, owner_id: str, drains: DrainsUnderWay) -> bool:
     """Tear down a child nobody hosts (blocking); whether anything was written. A child that another
     supervisor took meanwhile is left; one whose files refuse it (a mailbox that does not read) raises
-    that ``SubagentError``, which the drain reports for the child: it was not drained."""
+    that ``SubagentError``, which the drain reports for the child: it was not drained. ``drains``: this
+    supervisor's, which its resumes look at before they take a lease it holds."""
+    with drains.holding(child_id):
+        return _drain(store, child_id, owner_id)
+
+
+def _drain(store: Store, child_id: str, owner_id: str) -> bool:
     try:
         if read_projection(store, child_id).open_turn is None and not pending_of(store, child_id):
             return False

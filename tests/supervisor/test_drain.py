@@ -462,11 +462,11 @@ async def test_a_drain_reaching_an_unhosted_child_never_fences_its_own_superviso
     root_id, child, queued, _ = await left_by_a_closed_host(tmp_path)
     real = teardown.drain_unhosted
 
-    def after_the_resume(store, child_id, owner_id):
+    def after_the_resume(store, child_id, owner_id, drains):
         deadline = time.monotonic() + DEADLINE_S  # the followup's resume installs the activation meanwhile
         while child_id == child and time.monotonic() < deadline and read_lease(store, child_id).state == "released":
             time.sleep(0.01)
-        return real(store, child_id, owner_id)
+        return real(store, child_id, owner_id, drains)
 
     monkeypatch.setattr(teardown, "drain_unhosted", after_the_resume)
     async with continuable_supervisor(tmp_path) as sup:
@@ -493,6 +493,54 @@ async def test_a_drain_reaching_an_unhosted_child_never_fences_its_own_superviso
         assert [e.get("taken_over") for e in ends if e["id"] == child] == [None]
         assert turn_ends(sup.store, child)[-1] == "completed", turn_ends(sup.store, child)
         assert answers["followup"] in accepted_ids(sup.store, child)
+
+
+@pytest.mark.parametrize("call", ["drain_children", "drain_remote"])
+async def test_a_resume_never_fences_its_own_supervisors_drain_of_the_child(tmp_path, monkeypatch, call):
+    """The same race the other way round, found by the same probe: the drain of a child nobody hosted had taken
+    its lease (as this supervisor) and was writing the discards when a followup's cold resume took the lease
+    again as the same owner (epoch + 1). The drain was fenced (``ACTIVATION_TEARDOWN_FAILED ... FENCED``) and
+    the messages it was to discard ran. Now the resume waits for this supervisor's drain to let the child go,
+    then resumes it: the drain discards what was queued, and the followup's message runs after it."""
+    from subagents.supervisor.continuable import unhosted
+
+    root_id, child, queued, _ = await left_by_a_closed_host(tmp_path)
+    real = unhosted.LogWriter
+
+    class SlowWriter:
+        """The drain's writer, opened late: the lease is taken, the discards not yet written."""
+
+        @staticmethod
+        def open(*args, **kwargs):
+            time.sleep(0.5)
+            return real.open(*args, **kwargs)
+
+    monkeypatch.setattr(unhosted, "LogWriter", SlowWriter)
+    async with continuable_supervisor(tmp_path) as sup:
+        root = await sup.open_root(id=root_id)
+        ends = record_ends(sup)
+        answers: dict[str, object] = {}
+
+        async def drain() -> None:
+            answers["drain"] = await (sup.drain_children(root, [child]) if call == "drain_children" else sup.drain_remote(root))
+
+        async def followup() -> None:
+            await wait_until(lambda: read_lease(sup.store, child).state != "released")  # the drain holds it
+            answers["followup"] = await sup.followup(root, child, S({"return": "after"}))
+
+        with anyio.fail_after(DEADLINE_S):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(drain)
+                tg.start_soon(followup)
+        notices: list = []
+        with anyio.move_on_after(DEADLINE_S):
+            while not any("after" in m.content for m in notices):
+                notices += [m for m in await sup.wait_for_message(root) if is_notice(m, child)]
+        assert any("after" in m.content for m in notices), [m.content for m in notices]
+        assert discarded(sup.store, child) == [queued]
+        assert answers["followup"] in accepted_ids(sup.store, child) and queued not in accepted_ids(sup.store, child)
+        assert turn_ends(sup.store, child)[-1] == "completed", turn_ends(sup.store, child)
+        assert [e.get("taken_over") for e in ends if e["id"] == child] == [None]
 
 
 async def test_drain_children_of_a_child_whose_start_is_still_writing_drains_it(tmp_path, monkeypatch):
