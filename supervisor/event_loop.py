@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable, Coroutine, TypeVar
+import weakref
+from contextlib import contextmanager
+from typing import Any, Callable, Coroutine, Iterator, TypeVar
 
 import anyio.lowlevel
 from anyio.lowlevel import EventLoopToken
 
 from .errors import InvalidRequestError, SupervisorClosedError
 
-__all__ = ["current_loop", "require_asyncio", "require_loop", "on_loop", "to_its_end"]
+__all__ = [
+    "current_loop", "require_asyncio", "require_loop", "on_loop", "to_its_end", "results_first", "hold_back", "deliver_held_back",
+]
 
 T = TypeVar("T")
 
@@ -107,3 +111,66 @@ async def to_its_end(work: Coroutine[Any, Any, T]) -> tuple[T, asyncio.Cancelled
                 if task.cancelled():
                     raise
                 return task.result(), cancelled  # a failure of the work is raised as it was
+
+
+# A Ctrl-C (``asyncio.run``'s native ``Task.cancel()`` of the main task) that lands in a call after its message was
+# accepted must not say "not sent" of that message: it ran on the next resume, and a host that sent it again ran it
+# twice. A public call that returns such a result runs under ``results_first``; a native cancellation held back in
+# it (``hold_back``, where a shielded wait was cut: the store thread's, a creation's) is given back to the task as
+# the call returns, and raised at the task's next await; a call of the supervisor's begun then raises it before
+# doing anything (``deliver_held_back``), or a loop of such calls would hold it back for good. Keyed by task, not
+# by context: a task started inside the call (an activation's driver) copies the context, and must not hold back
+# the cancellations of the loop's shutdown.
+_HELD: "weakref.WeakKeyDictionary[asyncio.Task[Any], list[asyncio.CancelledError]]" = weakref.WeakKeyDictionary()
+_REARMED: "weakref.WeakSet[asyncio.Task[Any]]" = weakref.WeakSet()
+
+
+@contextmanager
+def results_first() -> Iterator[None]:
+    """Around a public call whose result must reach its caller: a native cancellation held back in it is given
+    back to the task when the call ends (raised at its next await). A call inside another is the outer's."""
+    task = asyncio.current_task()
+    if task is None or task in _HELD:
+        yield
+        return
+    held: list[asyncio.CancelledError] = []
+    _HELD[task] = held
+    try:
+        yield
+    except asyncio.CancelledError:
+        _HELD.pop(task, None)
+        raise  # a cancellation is on its way out already
+    except BaseException:
+        _HELD.pop(task, None)
+        _rearm(task, held)
+        raise
+    _HELD.pop(task, None)
+    _rearm(task, held)
+
+
+def hold_back(cancelled: asyncio.CancelledError) -> bool:
+    """Keep ``cancelled`` (a native one, from a shielded wait) for the call's return when a ``results_first``
+    call is under way in this task; False: nobody would give it back, the caller raises it."""
+    task = asyncio.current_task()
+    held = _HELD.get(task) if task is not None else None
+    if held is None:
+        return False
+    held.append(cancelled)
+    return True
+
+
+async def deliver_held_back() -> None:
+    """At the start of a supervisor's call: raise a cancellation a call before it gave back to this task."""
+    task = asyncio.current_task()
+    if task is not None and task in _REARMED:
+        _REARMED.discard(task)
+        await asyncio.sleep(0)  # the pending cancellation is raised here
+
+
+def _rearm(task: "asyncio.Task[Any]", held: list[asyncio.CancelledError]) -> None:
+    if not held:
+        return
+    # the count ``asyncio.run`` checks stays one, so that it still makes the Ctrl-C a ``KeyboardInterrupt``
+    task.uncancel()
+    task.cancel(*held[0].args)
+    _REARMED.add(task)

@@ -61,7 +61,7 @@ from .config_loader import load_config
 from .backend import Pool, PoolStatistics
 from .continuable import ContinuationManager
 from .control_poller import ControlPoller
-from .event_loop import require_asyncio, require_loop, to_its_end
+from .event_loop import deliver_held_back, hold_back, require_asyncio, require_loop, results_first, to_its_end
 from .errors import InvalidRequestError, SupervisorClosedError, TeardownFailedError, UnauthorizedError, WaitTimeoutError
 from .events import EVENT_NAMES, EventBus, HostStop
 from .interrupts import Interrupts
@@ -351,6 +351,7 @@ class Supervisor:
         effect, anyio's rule (``followup`` accepted a message whose id went to nobody, and ``drain`` tore a
         tree down, before the cancellation was raised)."""
         self._check_open()
+        await deliver_held_back()
         await anyio.lowlevel.checkpoint_if_cancelled()
 
     # -- providers (ProviderRegistry) ------------------------------------------------
@@ -464,15 +465,17 @@ class Supervisor:
         """Start a continuable child; returns ``(child_id, message_id)`` once the prompt is durably accepted."""
         await self._begin()
         InvalidRequestError.require(spec, ContinuableSpec, "spec")
-        await self._require_root_held(spec.parent)
-        return await self.continuation.start_continuable(spec)
+        with results_first():  # the ids of a child made and a prompt accepted reach the caller before a Ctrl-C
+            await self._require_root_held(spec.parent)
+            return await self.continuation.start_continuable(spec)
 
     async def followup(self, parent: AgentRef | str, child_id: str, content: Any, *, source: dict[str, Any] | None = None) -> str:
         """Send the next FIFO turn to a child of ``parent``; cold-resumes it from the store when needed."""
         await self._begin()
         InvalidRequestError.require(child_id, str, "child_id")  # not INVALID_SESSION_ID: that says the text is no id
-        await self._require_root_held(parent)
-        return await self.continuation.followup(parent, child_id, content, source=source)
+        with results_first():  # an accepted message's id reaches the caller before a Ctrl-C does
+            await self._require_root_held(parent)
+            return await self.continuation.followup(parent, child_id, content, source=source)
 
     async def _require_root_held(self, parent: AgentRef | str) -> None:
         """``FencedError`` when ``parent`` is a root this supervisor opened whose lease another supervisor took over
@@ -520,14 +523,16 @@ class Supervisor:
         await self._begin()
         InvalidRequestError.require(child_id, str, "child_id")
         parent_id = ref_id(parent)
-        return await self.continuation.send(child_id, content, parent=parent_id, source=source)
+        with results_first():
+            return await self.continuation.send(child_id, content, parent=parent_id, source=source)
 
     async def report_from(self, child_id: str, content: Any, *, delivery: str = "wakeup") -> str:
         """A live continuable child's message to its live direct parent (``quiet``: context; ``wakeup``: a turn).
         A ``child_id`` that is no text is ``INVALID_REQUEST`` (a list was a bare ``TypeError``)."""
         await self._begin()
         InvalidRequestError.require(child_id, str, "child_id")
-        return await self.continuation.report_from(child_id, content, delivery=delivery)
+        with results_first():
+            return await self.continuation.report_from(child_id, content, delivery=delivery)
 
     def register_continuable_setup(self, contribution: Contribution) -> Callable[[], None]:
         """Install ``contribution(ActivationInfo) -> dispose`` into every continuable activation; returns the revoker."""
@@ -623,9 +628,16 @@ class Supervisor:
                                  root_id, len(messages))
                     return messages
 
+        await deliver_held_back()
         while True:
             try:
-                return await anyio.to_thread.run_sync(take)
+                with results_first(), anyio.CancelScope(shield=True):
+                    # to its end under a Ctrl-C too (a native cancellation, which the shield lets through): what
+                    # the take consumed reaches the caller, and the Ctrl-C is raised after; at once when it took nothing
+                    messages, host_cancel = await to_its_end(anyio.to_thread.run_sync(take))
+                    if host_cancel is not None and (not messages or not hold_back(host_cancel)):
+                        raise host_cancel
+                    return messages
             except FencedError:
                 # fenced by this supervisor's own letting go of the root while the take's thread ran (a
                 # ``release_root``, its close), not by a takeover: said as a new call would say it. A root

@@ -33,6 +33,8 @@ from typing import Any, Callable, TypeVar
 
 import anyio
 
+from .event_loop import hold_back
+
 __all__ = ["StoreThread", "StoreThreadStatistics"]
 
 log = logging.getLogger(__name__)
@@ -91,7 +93,15 @@ class StoreThread:
             future: asyncio.Future[T] = loop.create_future()
             self._queue.put((loop, future, contextvars.copy_context(), fn, args))
             with anyio.CancelScope(shield=True):
-                return await future
+                while True:
+                    try:
+                        return await asyncio.shield(future)
+                    except asyncio.CancelledError as exc:
+                        # native (anyio's own never reaches a shielded wait): a Ctrl-C through ``asyncio.run``. Held
+                        # back for the public call to give back once it returns the call's result, or raised
+                        if not hold_back(exc):
+                            future.cancel()  # nobody waits for its outcome any more
+                            raise
         finally:
             self._busy = False
 

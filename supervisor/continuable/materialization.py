@@ -40,7 +40,7 @@ from subagents.store.ids import validate_session_id
 
 from subagents.worker.protocol import Budget
 
-from ..event_loop import to_its_end
+from ..event_loop import hold_back, to_its_end
 from ..errors import (
     ActivationClosingError,
     DuplicateChildError,
@@ -172,9 +172,9 @@ class Materializer:
             sandbox=placement.sandbox, ancestry=frozenset(table.lineage(parent_id)), run_id=rt.ids.new(), budget=fields.budget,
         )
         self.install(Activation(identity, setup))
-        if host_cancel is not None:
-            # the Ctrl-C goes on (held back, it was lost: the caller's next call waited in another such wait);
-            # the child is installed, so the close stops and releases it, and its accepted prompt runs on resume
+        if host_cancel is not None and not hold_back(host_cancel):
+            # the Ctrl-C goes on, given back after the call returns the ids (``results_first``) or raised here; the
+            # child is installed either way, so the close stops and releases it, and its accepted prompt runs on resume
             raise host_cancel
         return child_id, message_id
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from subagents.store import check_store
+from subagents.store import Store, check_store, read_mailbox
 
 HOST = r'''
 import os, signal, sys, threading, anyio
@@ -152,3 +152,53 @@ def test_a_ctrl_c_while_a_child_is_created_leaves_no_lease_held(tmp_path: Path, 
         assert proc.returncode == -signal.SIGINT, (attempt, proc.returncode, err[-2000:])
         violations = check_store(st).violations
         assert not violations, (attempt, violations)
+
+
+ACCEPT_THEN_CTRL_C = r'''
+import os, signal, sys, threading, time, anyio
+from subagents import Supervisor, SupervisorConfig, Provider, Capabilities, ContinuableSpec
+from subagents.store import mailbox
+
+real = mailbox.MailboxWriter.accept
+
+def slow(self, **kw):
+    threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()  # the Ctrl-C lands while the acceptance runs
+    time.sleep(0.5)
+    return real(self, **kw)
+
+async def main(store: str, call: str) -> None:
+    async with Supervisor.open(store=store, config=SupervisorConfig(pool_size=1)) as sup:
+        sup.register_provider(Provider(name="p", program="script", capabilities=Capabilities.all(), continuable=True))
+        root = await sup.open_root()
+        child, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="p", label="c", prompt='{"script": [{"sleep": 60000}]}'))
+        mailbox.MailboxWriter.accept = slow
+        if call == "followup":
+            print("accepted", child, await sup.followup(root, child, '{"script": [{"return": "x"}]}'), flush=True)
+        else:
+            made, message = await sup.start_continuable(ContinuableSpec(parent=root, provider="p", label="d", prompt='{"script": [{"return": "x"}]}'))
+            print("accepted", made, message, flush=True)
+        await sup.followup(root, child, "never")  # the Ctrl-C is raised before this one does anything
+        print("not interrupted", flush=True)
+
+anyio.run(main, sys.argv[1], sys.argv[2])
+'''
+
+
+@pytest.mark.parametrize("call", ["followup", "start_continuable"])
+def test_a_ctrl_c_while_a_message_is_accepted_returns_its_id_then_interrupts(tmp_path: Path, call: str) -> None:
+    """Found by a probe: a Ctrl-C that landed while ``followup`` (or ``start_continuable``) accepted its message
+    raised out of the call after the message was durable, so the caller was told "not sent" of a message that
+    then ran on the next resume (a host that sent it again ran it twice). The call now returns the id, and the
+    Ctrl-C is raised at the caller's next call, before that call does anything."""
+    st = tmp_path / "st"
+    proc = subprocess.Popen([sys.executable, "-c", ACCEPT_THEN_CTRL_C, str(st), call], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    out, err = _ended(proc, DEADLINE_S)
+    assert proc.returncode == -signal.SIGINT, (proc.returncode, err[-2000:])
+    accepted = [line.split() for line in out.splitlines() if line.startswith("accepted ")]
+    assert len(accepted) == 1, (out, err[-2000:])
+    _, session, message = accepted[0]
+    assert message in [m.id for m in read_mailbox(Store(st), session)]
+    assert "not interrupted" not in out
+    assert not [m for m in read_mailbox(Store(st), accepted[0][1]) if m.content == "never"]
+    assert not check_store(st).violations
