@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from subagents.store import Store, check_store, read_mailbox
+from subagents.store import Store, check_store, read_mailbox, read_projection
 
 HOST = r'''
 import os, signal, sys, threading, anyio
@@ -158,6 +158,7 @@ ACCEPT_THEN_CTRL_C = r'''
 import os, signal, sys, threading, time, anyio
 from subagents import Supervisor, SupervisorConfig, Provider, Capabilities, ContinuableSpec
 from subagents.store import mailbox
+from subagents.supervisor import service
 
 real = mailbox.MailboxWriter.accept
 
@@ -167,13 +168,27 @@ def slow(self, **kw):
     return real(self, **kw)
 
 async def main(store: str, call: str) -> None:
-    async with Supervisor.open(store=store, config=SupervisorConfig(pool_size=1)) as sup:
+    async with Supervisor.open(store=store, config=SupervisorConfig(pool_size=2)) as sup:
         sup.register_provider(Provider(name="p", program="script", capabilities=Capabilities.all(), continuable=True))
         root = await sup.open_root()
         child, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="p", label="c", prompt='{"script": [{"sleep": 60000}]}'))
         mailbox.MailboxWriter.accept = slow
         if call == "followup":
             print("accepted", child, await sup.followup(root, child, '{"script": [{"return": "x"}]}'), flush=True)
+        elif call == "take_messages":
+            mailbox.MailboxWriter.accept = real
+            done, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="p", label="d", prompt='{"script": [{"return": "x"}]}'))
+            while not mailbox.read_mailbox(sup.store, root.id):
+                await anyio.sleep(0.02)
+            open_log = service.LogWriter.open
+
+            def slow_take(*args, **kwargs):  # the take's writer: the Ctrl-C lands while it runs
+                threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+                time.sleep(0.5)
+                return open_log(*args, **kwargs)
+
+            service.LogWriter.open = slow_take
+            print("accepted", root.id, *[m.id for m in await sup.take_messages(root)], flush=True)
         else:
             made, message = await sup.start_continuable(ContinuableSpec(parent=root, provider="p", label="d", prompt='{"script": [{"return": "x"}]}'))
             print("accepted", made, message, flush=True)
@@ -184,7 +199,7 @@ anyio.run(main, sys.argv[1], sys.argv[2])
 '''
 
 
-@pytest.mark.parametrize("call", ["followup", "start_continuable"])
+@pytest.mark.parametrize("call", ["followup", "start_continuable", "take_messages"])
 def test_a_ctrl_c_while_a_message_is_accepted_returns_its_id_then_interrupts(tmp_path: Path, call: str) -> None:
     """Found by a probe: a Ctrl-C that landed while ``followup`` (or ``start_continuable``) accepted its message
     raised out of the call after the message was durable, so the caller was told "not sent" of a message that
@@ -199,6 +214,8 @@ def test_a_ctrl_c_while_a_message_is_accepted_returns_its_id_then_interrupts(tmp
     assert len(accepted) == 1, (out, err[-2000:])
     _, session, message = accepted[0]
     assert message in [m.id for m in read_mailbox(Store(st), session)]
+    if call == "take_messages":  # what the take consumed is what it returned
+        assert read_projection(Store(st), session).last_message_id == message
     assert "not interrupted" not in out
     assert not [m for m in read_mailbox(Store(st), accepted[0][1]) if m.content == "never"]
     assert not check_store(st).violations
