@@ -56,7 +56,7 @@ from ..setup import ActivationInfo, SetupBatch
 from ..validation import RequestFields, delegation_events, place_child, prompt_text, request_fields
 from .activation import Activation, ActivationIdentity, ActivationTable, MailboxCursor, log_fields
 from .admission import Admission
-from .unhosted import DrainsUnderWay
+from .unhosted import DrainsUnderWay, discard_drained
 from .watcher import StoreWatcher
 
 __all__ = ["Materializer"]
@@ -281,7 +281,9 @@ class Materializer:
         try:
             # read again under our lease: another supervisor may have resumed it between the first read
             # and our acquisition, run messages and let it go; a cursor from the first read would run
-            # those messages again (and the log and mailbox would never agree after). Nobody appends now.
+            # those messages again (and the log and mailbox would never agree after). Nobody appends now,
+            # but for the drain its last host never carried out, which the read below then sees done
+            await rt.store_thread.run(discard_drained, rt.store, child_id, lease.epoch)
             projection = await rt.store_thread.run(read_projection, rt.store, child_id)
         except BaseException as exc:
             with anyio.CancelScope(shield=True):

@@ -30,7 +30,7 @@ from subagents.store.catalog import listed_children
 from subagents.store.control import ControlRecord
 from subagents.store.control import request as control_request
 from subagents.store.errors import FencedError, RecordTooLargeError, SubagentError
-from subagents.store.mailbox import check_message
+from subagents.store.mailbox import check_message, mailbox_data_end
 
 from ..descriptors import outlasting
 from ..errors import UnauthorizedError
@@ -478,7 +478,8 @@ class Teardown:
                 if child_id in skip or child_id in self._table:
                     continue
                 if self._delivery.settled_holder_elsewhere(child_id) is not None:
-                    control_request(store, child_id, "drain", request, ids=ids)
+                    # where its mailbox ends: what the drain covers should its host never carry it out (unhosted.py)
+                    control_request(store, child_id, "drain", {**request, "mailbox_end": mailbox_data_end(store, child_id)}, ids=ids)
                     reached.asked.append(child_id)
                     continue
                 try:

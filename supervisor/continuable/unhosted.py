@@ -17,6 +17,16 @@ at the next epoch and fence the drain half-way: the messages it was to discard
 would run. ``DrainsUnderWay`` says which children a drain of this supervisor
 holds; a resume that finds the lease held by its own supervisor waits while
 one of them does, and takes a lease of its own left by anything else.
+
+A drain asked of a live host that never carried it out (it died, was
+stopped past its lease, or was already closing, which skips a drain) left
+the request in the child's control file, and the next activation ignored it
+as older than itself: the messages the drain had reported torn down then ran.
+So a ``drain`` record carries where the child's mailbox data ended when it
+was asked (``mailbox_end``), and whoever takes the child next discards the
+messages accepted before that which are still pending
+(``discard_drained``). A drain that was carried out left none of them
+pending, so this is a no-op then: it never touches a message sent after it.
 """
 
 from __future__ import annotations
@@ -26,10 +36,10 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator
 
-from subagents.store import LogWriter, Store, acquire_lease, pending, read_projection, release_lease
+from subagents.store import LogWriter, Store, acquire_lease, pending, read_controls, read_projection, release_lease
 from subagents.store.errors import LeaseHeldError, SubagentError
 
-__all__ = ["DrainsUnderWay", "drain_unhosted", "pending_of"]
+__all__ = ["DrainsUnderWay", "discard_drained", "drain_unhosted", "pending_of"]
 
 log = logging.getLogger(__name__)
 
@@ -97,3 +107,31 @@ def _drain(store: Store, child_id: str, owner_id: str) -> bool:
             release_lease(store, child_id, owner_id, lease.epoch)
         except SubagentError:
             log.warning("could not release the lease of %s after draining it", child_id, exc_info=True)
+
+
+def discard_drained(store: Store, child_id: str, epoch: int) -> int:
+    """Discard (``cause`` ``drain``) the pending messages a ``drain`` control record covers, under the
+    lease the caller just took at ``epoch`` (blocking); how many. A message is covered when it began
+    before the mailbox end the record noted: each record begins with a non-zero length, so a message
+    accepted before the drain begins below that end, one accepted after it at or past it. Records
+    without ``mailbox_end`` (written before it existed) cover nothing."""
+    ends = [r.data.get("mailbox_end") for r in read_controls(store, child_id) if r.kind == "drain"]
+    limit = max((end for end in ends if isinstance(end, int) and not isinstance(end, bool)), default=0)
+    if limit <= 0:
+        return 0
+    projection = read_projection(store, child_id)
+    start = projection.mailbox_end if projection.consumed else 0
+    covered = []
+    for message in pending_of(store, child_id):
+        if start is None or start >= limit:
+            break
+        covered.append(message)
+        start = message.end
+    if not covered:
+        return 0
+    with LogWriter.open(store, child_id, epoch=epoch, cause="drain") as writer:
+        messages = pending_of(store, child_id, writer)[: len(covered)]  # as the writer folds it, after any repair
+        writer.append([("message/discarded", {"message_id": m.id, "mailbox_end": m.end, "cause": "drain"}) for m in messages],
+                      commit=True)
+    log.info("discarded %d message(s) of %s that a drain its last host never carried out covered", len(messages), child_id)
+    return len(messages)

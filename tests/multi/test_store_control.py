@@ -145,3 +145,33 @@ async def test_drain_remote_tears_down_a_child_hosted_elsewhere(host) -> None:
         ends = [e["data"]["stop_reason"] for e in _events(sup.store, child) if e["type"] == "turn/end"]
         assert ends == ["aborted"]
         assert (await sup.list_children(root))[0].status == "complete"
+
+
+def _consumed(store, child_id, message_id):
+    return [e["type"] for e in _events(store, child_id)
+            if e["type"] in ("message/accepted", "message/discarded") and (e["data"] or {}).get("message_id") == message_id]
+
+
+@pytest.mark.anyio
+async def test_a_drain_its_host_never_carried_out_is_carried_out_by_the_next_one(host) -> None:
+    """drain_remote named the child (asked its live host), then that host died before it read the
+    request (stopped, then killed: a SIGTERM, a crash, or a Ctrl-C whose close was already under way,
+    which skips a drain): the message queued before the drain is discarded by the supervisor that
+    takes the child next, not run there as if the drain had never been asked."""
+    store_path, ids, proc = host
+    root, child = ids["root"], ids["child"]
+    cfg = SupervisorConfig(pool_size=1, durability="none")
+    async with Supervisor.open(store=store_path, config=cfg) as sup:
+        sup.register_provider(Provider(name="script", program="script", capabilities=Capabilities.all(), continuable=True))
+        await _until(lambda: any(e["type"] == "turn/start" for e in _events(sup.store, child)))
+        queued = await sup.send(child, json.dumps({"script": [{"return": "queued before the drain"}]}), parent=root)
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            assert await sup.drain_remote(root) == [child]
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.wait(10)
+        after = await sup.send(child, json.dumps({"script": [{"return": "sent after the drain"}]}), parent=root)
+        await _until(lambda: _consumed(sup.store, child, after) == ["message/accepted"])
+        assert _consumed(sup.store, child, queued) == ["message/discarded"]
