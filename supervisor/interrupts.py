@@ -299,7 +299,9 @@ def _nothing(target_id: str, detail: str, **fields: Any) -> InterruptResult:
 
 def _why_unheld(projection: Projection) -> str:
     verdict = outcome_of(projection, held=False)
-    if verdict.outcome is None:
+    # ``not-started``: a child whose host let it go before any turn of it ran (a one-shot queued for a
+    # worker as its host closed), no turn that ended so
+    if verdict.outcome in (None, "not-started"):
         return "no live supervisor holds it, and no turn of it has run"
     if verdict.outcome == "crashed":
         return "no live supervisor holds it: its host stopped mid-turn"

@@ -20,7 +20,7 @@ import pytest
 
 from subagents import InterruptResult
 from subagents.store import inspect, read_controls, read_lease
-from subagents.supervisor import Capabilities, ContinuableSpec, Provider, Supervisor, SupervisorConfig, UserAuthority
+from subagents.supervisor import Capabilities, ContinuableSpec, Provider, SubagentRequest, Supervisor, SupervisorConfig, UserAuthority
 
 from ._driver import S, poll
 
@@ -172,3 +172,21 @@ async def test_a_request_read_while_the_turn_it_names_is_still_queued_stops_that
         assert [e["data"]["message_id"] for e in events if e["type"] == "message/discarded"] == [first]
         assert [e["data"]["stop_reason"] for e in events if e["type"] == "turn/end"] == ["completed"]
         assert _message_of_turn(sup.store, child, 1) == second
+
+
+async def test_a_child_whose_closed_host_never_started_it_is_said_to_have_run_no_turn(tmp_path) -> None:
+    """A one-shot child queued behind a busy worker when its host closed ran no turn (``not-started``):
+    another process's interrupt says so, not that its last turn "ended not-started"."""
+    store_path = str(tmp_path / "st")
+    # no prefetch: the queued turn is never handed to the busy worker ahead, where the close would abort it
+    config = SupervisorConfig(pool_size=1, worker_prefetch=0, durability="none")
+    async with Supervisor.open(store=store_path, config=config) as host:
+        host.register_provider(Provider(name="script", program="script", capabilities=Capabilities.all()))
+        root = await host.open_root(label="host")
+        busy = await host.start("script", SubagentRequest(parent=root, prompt=S({"sleep": 60000}), label="busy"))
+        queued = await host.start("script", SubagentRequest(parent=root, prompt=S({"return": "never"}), label="queued"))
+        await poll(lambda: any(e["type"] == "turn/start" for e in _events(host.store, busy.id)))
+    async with _asker(store_path) as asker:
+        answer = await asker.interrupt(queued.id, authority=UserAuthority(root.id))
+    assert answer.outcome == "no_turn_running"
+    assert answer.detail == "no live supervisor holds it, and no turn of it has run"
