@@ -30,7 +30,7 @@ from subagents.store.catalog import listed_children
 from subagents.store.control import ControlRecord
 from subagents.store.control import request as control_request
 from subagents.store.errors import FencedError, RecordTooLargeError, SubagentError
-from subagents.store.mailbox import check_message, mailbox_data_end
+from subagents.store.mailbox import check_message
 
 from ..descriptors import outlasting
 from ..errors import UnauthorizedError
@@ -39,7 +39,7 @@ from ..runtime import Runtime
 from .activation import Activation, ActivationTable, LeaseState, Lifecycle, log_fields
 from .admission import Admission
 from .delivery import Delivery
-from .unhosted import DrainsUnderWay, drain_unhosted, pending_of
+from .unhosted import DrainsUnderWay, drain_request, drain_unhosted, pending_of
 from .settlement import bounded_line, epoch_stop_reason, settlement_text
 
 # what a notice's record holds beside its text (its source, ids, framing) and what its log record adds, with room to spare
@@ -479,7 +479,7 @@ class Teardown:
                     continue
                 if self._delivery.settled_holder_elsewhere(child_id) is not None:
                     # where its mailbox ends: what the drain covers should its host never carry it out (unhosted.py)
-                    control_request(store, child_id, "drain", {**request, "mailbox_end": mailbox_data_end(store, child_id)}, ids=ids)
+                    control_request(store, child_id, "drain", drain_request(store, child_id, request), ids=ids)
                     reached.asked.append(child_id)
                     continue
                 try:

@@ -38,8 +38,9 @@ from typing import Iterator
 
 from subagents.store import LogWriter, Store, acquire_lease, pending, read_controls, read_projection, release_lease
 from subagents.store.errors import LeaseHeldError, SubagentError
+from subagents.store.mailbox import mailbox_data_end
 
-__all__ = ["DrainsUnderWay", "discard_drained", "drain_unhosted", "pending_of"]
+__all__ = ["DrainsUnderWay", "discard_drained", "drain_request", "drain_unhosted", "pending_of"]
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,16 @@ def _drain(store: Store, child_id: str, owner_id: str) -> bool:
             release_lease(store, child_id, owner_id, lease.epoch)
         except SubagentError:
             log.warning("could not release the lease of %s after draining it", child_id, exc_info=True)
+
+
+def drain_request(store: Store, child_id: str, request: dict) -> dict:
+    """A ``drain`` record's data: ``request`` and where the child's mailbox data ends now (omitted when
+    the mailbox cannot be read: the drain is still asked of its host, it covers nothing after it)."""
+    try:
+        return {**request, "mailbox_end": mailbox_data_end(store, child_id)}
+    except OSError:
+        log.warning("the mailbox of %s could not be read; its drain covers nothing its host leaves", child_id, exc_info=True)
+        return dict(request)
 
 
 def discard_drained(store: Store, child_id: str, epoch: int) -> int:
