@@ -14,6 +14,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
 
 import anyio
 import pytest
@@ -53,6 +55,16 @@ async def _until(predicate, timeout_s: float = 20.0):
             await anyio.sleep(0.02)
 
 
+@asynccontextmanager
+async def _beside(store_path: str, child: str) -> AsyncIterator[Supervisor]:
+    """A second supervisor on the host's store, once the host's child runs its first turn."""
+    cfg = SupervisorConfig(pool_size=1, durability="none")
+    async with Supervisor.open(store=store_path, config=cfg) as sup:
+        sup.register_provider(Provider(name="script", program="script", capabilities=Capabilities.all(), continuable=True))
+        await _until(lambda: any(e["type"] == "turn/start" for e in _events(sup.store, child)))
+        yield sup
+
+
 @pytest.fixture
 def host(tmp_path):
     store_path = str(tmp_path / "st")
@@ -72,10 +84,7 @@ async def test_send_and_interrupt_reach_the_supervisor_hosting_the_child(host) -
     """A send from another process runs as the next turn in the host; an interrupt stops the sleeping turn."""
     store_path, ids, proc = host
     root, child = ids["root"], ids["child"]
-    cfg = SupervisorConfig(pool_size=1, durability="none")
-    async with Supervisor.open(store=store_path, config=cfg) as sup:
-        sup.register_provider(Provider(name="script", program="script", capabilities=Capabilities.all(), continuable=True))
-        await _until(lambda: any(e["type"] == "turn/start" for e in _events(sup.store, child)))
+    async with _beside(store_path, child) as sup:
         host_owner = read_lease(sup.store, child).owner
 
         message_id = await sup.send(child, json.dumps({"script": [{"return": "from afar"}]}), parent=root)
@@ -160,10 +169,7 @@ async def test_a_drain_its_host_never_carried_out_is_carried_out_by_the_next_one
     takes the child next, not run there as if the drain had never been asked."""
     store_path, ids, proc = host
     root, child = ids["root"], ids["child"]
-    cfg = SupervisorConfig(pool_size=1, durability="none")
-    async with Supervisor.open(store=store_path, config=cfg) as sup:
-        sup.register_provider(Provider(name="script", program="script", capabilities=Capabilities.all(), continuable=True))
-        await _until(lambda: any(e["type"] == "turn/start" for e in _events(sup.store, child)))
+    async with _beside(store_path, child) as sup:
         queued = await sup.send(child, json.dumps({"script": [{"return": "queued before the drain"}]}), parent=root)
         os.kill(proc.pid, signal.SIGSTOP)
         try:

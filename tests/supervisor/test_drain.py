@@ -448,6 +448,34 @@ async def test_a_call_made_in_a_scope_already_cancelled_does_nothing(tmp_path):
         assert child in sup.continuation.activations and turn_ends(sup.store, child) == []  # still running its first turn
 
 
+async def drain_beside_a_followup(sup, root, child: str, call: str, first, prompt: str) -> dict[str, object]:
+    """``call`` (``drain_children`` of ``child``, or ``drain_remote`` of ``root``) and, once ``first()`` returns,
+    a followup of ``child`` with ``prompt``, at once: their answers."""
+    answers: dict[str, object] = {}
+
+    async def drain() -> None:
+        answers["drain"] = await (sup.drain_children(root, [child]) if call == "drain_children" else sup.drain_remote(root))
+
+    async def followup() -> None:
+        await first()
+        answers["followup"] = await sup.followup(root, child, prompt)
+
+    with anyio.fail_after(DEADLINE_S):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(drain)
+            tg.start_soon(followup)
+    return answers
+
+
+async def notice_saying(sup, root, child: str, text: str) -> None:
+    """Take the root's messages until a settlement notice of ``child`` says ``text`` (notices before it are passed)."""
+    notices: list = []
+    with anyio.move_on_after(DEADLINE_S):
+        while not any(text in m.content for m in notices):
+            notices += [m for m in await sup.wait_for_message(root) if is_notice(m, child)]
+    assert any(text in m.content for m in notices), [m.content for m in notices]
+
+
 @pytest.mark.parametrize("call", ["drain_children", "drain_remote"])
 async def test_a_drain_reaching_an_unhosted_child_never_fences_its_own_supervisors_resume_of_it(tmp_path, monkeypatch, call):
     """Found by a probe: a drain's reach of a child nobody hosted (pending messages a closed host left) looked
@@ -472,24 +500,12 @@ async def test_a_drain_reaching_an_unhosted_child_never_fences_its_own_superviso
     async with continuable_supervisor(tmp_path) as sup:
         root = await sup.open_root(id=root_id)
         ends = record_ends(sup)
-        answers: dict[str, object] = {}
 
-        async def drain() -> None:
-            answers["drain"] = await (sup.drain_children(root, [child]) if call == "drain_children" else sup.drain_remote(root))
-
-        async def followup() -> None:
+        async def looked() -> None:
             await anyio.sleep(0.1)  # the drain has looked, and found nobody hosting the child
-            answers["followup"] = await sup.followup(root, child, S({"sleep": 300}, {"return": "after"}))
 
-        with anyio.fail_after(DEADLINE_S):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(drain)
-                tg.start_soon(followup)
-        notices: list = []  # the closed host's notice first, then the one of this supervisor's activation
-        with anyio.move_on_after(10):
-            while not any("after" in m.content for m in notices):
-                notices += [m for m in await sup.wait_for_message(root) if is_notice(m, child)]
-        assert any("after" in m.content for m in notices), [m.content for m in notices]
+        answers = await drain_beside_a_followup(sup, root, child, call, looked, S({"sleep": 300}, {"return": "after"}))
+        await notice_saying(sup, root, child, "after")
         assert [e.get("taken_over") for e in ends if e["id"] == child] == [None]
         assert turn_ends(sup.store, child)[-1] == "completed", turn_ends(sup.store, child)
         assert answers["followup"] in accepted_ids(sup.store, child)
@@ -519,24 +535,12 @@ async def test_a_resume_never_fences_its_own_supervisors_drain_of_the_child(tmp_
     async with continuable_supervisor(tmp_path) as sup:
         root = await sup.open_root(id=root_id)
         ends = record_ends(sup)
-        answers: dict[str, object] = {}
 
-        async def drain() -> None:
-            answers["drain"] = await (sup.drain_children(root, [child]) if call == "drain_children" else sup.drain_remote(root))
-
-        async def followup() -> None:
+        async def held() -> None:
             await wait_until(lambda: read_lease(sup.store, child).state != "released")  # the drain holds it
-            answers["followup"] = await sup.followup(root, child, S({"return": "after"}))
 
-        with anyio.fail_after(DEADLINE_S):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(drain)
-                tg.start_soon(followup)
-        notices: list = []
-        with anyio.move_on_after(DEADLINE_S):
-            while not any("after" in m.content for m in notices):
-                notices += [m for m in await sup.wait_for_message(root) if is_notice(m, child)]
-        assert any("after" in m.content for m in notices), [m.content for m in notices]
+        answers = await drain_beside_a_followup(sup, root, child, call, held, S({"return": "after"}))
+        await notice_saying(sup, root, child, "after")
         assert discarded(sup.store, child) == [queued]
         assert answers["followup"] in accepted_ids(sup.store, child) and queued not in accepted_ids(sup.store, child)
         assert turn_ends(sup.store, child)[-1] == "completed", turn_ends(sup.store, child)
