@@ -3,8 +3,16 @@
 ``require_ray`` is what ``Supervisor.open`` checks first when ``pool = "ray"``:
 Ray importable and the event loop asyncio (Ray's object refs are asyncio
 awaitables; a trio host cannot await them). ``join`` connects this process to
-the cluster the ``[ray]`` table names, unless it already is. Ray is imported
-only inside these functions, never at module import.
+the cluster the ``[ray]`` table names, unless it already is, and ``leave``
+disconnects it. Ray is imported only inside these functions, never at module
+import.
+
+Both keep the process's stop-signal handlers (``keeping_stop_handlers``):
+``ray.init`` replaced the host's SIGTERM handler with Ray's ``sys.exit`` and
+its core worker hooked SIGTERM in C with a crash handler that aborts the
+process 3 s later, and ``ray.shutdown`` reset it to the default. The CLI's
+SIGTERM, which stops a host as Ctrl-C does, became a core dump after 3 s
+with the root's lease left held; an application's own handler was lost.
 
 ``SimulatedCluster`` starts a head (no CPUs, the store resource: the store's
 host) and N one-CPU worker nodes, all on this host and all inside a private
@@ -18,15 +26,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import socket
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from . import netns
 from .config import RayConfig
 from .errors import RayUnavailableError
 
-__all__ = ["require_ray", "join", "SimulatedCluster"]
+__all__ = ["require_ray", "join", "leave", "keeping_stop_handlers", "SimulatedCluster"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +59,31 @@ def require_ray() -> None:
         ) from None
 
 
+# the signals that stop a host (``cli/stopping.py``); Ray's driver takes SIGTERM over, the others are kept alike
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def keeping_stop_handlers() -> Iterator[None]:
+    """Around ``ray.init`` and ``ray.shutdown``: the process's stop-signal handlers as they were before.
+
+    ``ray.init`` installs Ray's own SIGTERM handler (``sys.exit`` from wherever the main thread is) and its
+    core worker a C-level crash handler that aborts the process 3 s after a SIGTERM; ``ray.shutdown``
+    resets SIGTERM to the default. A stop is the host's to handle, as on the local pool, so each handler
+    Python knew is installed again (which also displaces the C-level one). Only the main thread can.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {signum: signal.getsignal(signum) for signum in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            if handler is not None:  # None: installed outside Python, which cannot put it back
+                signal.signal(signum, handler)
+
+
 def join(config: RayConfig) -> bool:
     """Connect this process to the cluster; True if this call connected it (then the caller disconnects)."""
     import ray
@@ -58,10 +94,19 @@ def join(config: RayConfig) -> bool:
     if address is not None:
         _require_answer(address)
     try:
-        ray.init(address=address, namespace=config.namespace, log_to_driver=False, configure_logging=False)
+        with keeping_stop_handlers():
+            ray.init(address=address, namespace=config.namespace, log_to_driver=False, configure_logging=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise RayUnavailableError(f"cannot join the Ray cluster at {config.address!r}: {exc}", address=config.address) from exc
     return True
+
+
+def leave() -> None:
+    """Disconnect this process from the cluster ``join`` connected it to, keeping its stop-signal handlers."""
+    import ray
+
+    with keeping_stop_handlers():
+        ray.shutdown()
 
 
 # how long a cluster's address has to accept a connection before the join is refused
@@ -131,7 +176,8 @@ class SimulatedCluster:
                 if namespace is not None:
                     import ray
 
-                    ray.init(address=self.address, namespace=namespace, log_to_driver=False, configure_logging=False)
+                    with keeping_stop_handlers():  # as ``join``: ``subagents demo --pool ray`` keeps its SIGTERM
+                        ray.init(address=self.address, namespace=namespace, log_to_driver=False, configure_logging=False)
         except BaseException:
             self.stop()
             raise
@@ -165,7 +211,7 @@ class SimulatedCluster:
             if self.network is not None:
                 with self.network.entered():
                     if ray.is_initialized():
-                        ray.shutdown()
+                        leave()
                     if self.cluster is not None:
                         self.cluster.shutdown()
                         self.cluster = None

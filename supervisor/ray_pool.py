@@ -64,7 +64,7 @@ from .backend import PoolStatistics, WorkerRef
 from .config import RayConfig
 from .dispatch import Dispatcher, Turn, WorkerSlot
 from .errors import RayUnavailableError
-from .ray_cluster import join, require_ray
+from .ray_cluster import join, leave, require_ray
 
 __all__ = ["RayPool", "crash_cause", "unanswered_cause"]
 
@@ -268,9 +268,7 @@ class RayPool(Dispatcher[_Actor]):
             self._service = None
         self._end_shielded()  # after the kills: a stream still open reads the actor's death, or nothing
         if self._joined:
-            import ray
-
-            ray.shutdown()
+            leave()
             self._joined = False
 
     @staticmethod
