@@ -13,6 +13,7 @@ its core worker hooked SIGTERM in C with a crash handler that aborts the
 process 3 s later, and ``ray.shutdown`` reset it to the default. The CLI's
 SIGTERM, which stops a host as Ctrl-C does, became a core dump after 3 s
 with the root's lease left held; an application's own handler was lost.
+``SimulatedCluster`` keeps them too: each node it starts installs Ray's own.
 
 ``SimulatedCluster`` starts a head (no CPUs, the store resource: the store's
 host) and N one-CPU worker nodes, all on this host and all inside a private
@@ -160,7 +161,10 @@ class SimulatedCluster:
         os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # never report usage
         self.network = netns.PrivateNetwork.create()
         try:
-            with self.network.entered():
+            # each node started here installs Ray's SIGTERM handler in this process (drain for 30 s, then stop
+            # that one node and sys.exit(1), from inside the signal handler), and ray.init its own: the host's
+            # are kept, so ``subagents demo --pool ray`` stops on SIGTERM as on Ctrl-C, then stops the cluster
+            with self.network.entered(), keeping_stop_handlers():
                 self.cluster = Cluster(
                     initialize_head=True,
                     head_node_args={
@@ -176,8 +180,7 @@ class SimulatedCluster:
                 if namespace is not None:
                     import ray
 
-                    with keeping_stop_handlers():  # as ``join``: ``subagents demo --pool ray`` keeps its SIGTERM
-                        ray.init(address=self.address, namespace=namespace, log_to_driver=False, configure_logging=False)
+                    ray.init(address=self.address, namespace=namespace, log_to_driver=False, configure_logging=False)
         except BaseException:
             self.stop()
             raise
@@ -185,8 +188,9 @@ class SimulatedCluster:
         return self
 
     def add_node(self) -> Any:
-        """Start one more worker node (call inside the namespace)."""
-        node = self.cluster.add_node(num_cpus=self.node_cpus, object_store_memory=_NODE_OBJECT_STORE_BYTES)
+        """Start one more worker node (call inside the namespace), keeping the host's stop-signal handlers."""
+        with keeping_stop_handlers():
+            node = self.cluster.add_node(num_cpus=self.node_cpus, object_store_memory=_NODE_OBJECT_STORE_BYTES)
         self.worker_nodes.append(node)
         return node
 

@@ -109,3 +109,49 @@ def test_an_applications_sigterm_handler_outlives_the_ray_pool(tmp_path: Path, r
                           env=_env(ray_cluster), capture_output=True, text=True, timeout=DEADLINE_S * 6)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split("\n")[:2] == ["open True True", "closed True True"], done.stdout
+
+
+def _in_session(sid: int) -> list[int]:
+    """The processes of session ``sid`` still running (zombies count as gone)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid and fields[0] not in ("Z", "X"):
+                found.append(int(entry))
+    return found
+
+
+@pytest.mark.usefixtures("ray_cluster")  # Ray installed, a private network possible; one cluster test at a time
+def test_sigterm_stops_the_ray_demo_and_its_simulated_cluster(tmp_path: Path) -> None:
+    """Each node a ``SimulatedCluster`` starts installed Ray's SIGTERM handler in the host (drain 30 s, then stop
+    that node, ``sys.exit(1)``), and ``ray.init`` its own: ``subagents demo --pool ray`` aborted 3 s after a
+    SIGTERM and left six Ray agent processes of its cluster running for good."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SUBAGENTS_")}
+    proc = subprocess.Popen([sys.executable, "-m", "subagents.supervisor.cli", "--store", "st", "demo", "--pool", "ray",
+                             "--children", "2", "--cpu-ms", "20000"], cwd=tmp_path, env={**env, "RAY_USAGE_STATS_ENABLED": "0"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not proc.stdout.readline().startswith("demo root"):
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+        time.sleep(1.0)  # the children's turns under way
+        os.kill(proc.pid, signal.SIGTERM)
+        _out, err = proc.communicate(timeout=_STOP_DEADLINE_S)
+        assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+        assert err.strip().splitlines()[-1] == "terminated", err[-2000:]
+        deadline = time.monotonic() + 10
+        while _in_session(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _in_session(proc.pid), "processes of the demo's cluster outlived it"
+    finally:
+        for pid in _in_session(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
