@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -428,6 +429,35 @@ def test_log_follow_prints_new_events_until_interrupted(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_log_follow_json_stopped_while_its_reader_lags_ends_with_a_whole_line(tmp_path: Path, signum: int) -> None:
+    """A stop signal that lands while ``log --follow --json`` is blocked writing a line into a full pipe
+    (its reader is slow) lets that line out whole: it exited 0 with the line cut mid-document, the rest
+    of it dropped, so its last line was no JSON."""
+    st = Store(tmp_path / "st", durability="none")
+    session = store.new_id()
+    create_session(st, session, events=[("approval/policy", {"policy": "never", "source": "test"})])
+    with LogWriter.open(st, session, epoch=0) as writer:
+        writer.append([("turn/start", {"message_id": "m1"})] + [("assistant/message", {"text": c * 2_000_000}) for c in "xyz"],
+                      commit=True)
+    proc = subprocess.Popen([sys.executable, "-m", "subagents.supervisor.cli", "--store", "st", "log", session, "--follow", "--json"],
+                            cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        time.sleep(2.0)  # nobody reads: the follower blocks in the write of a 2 MB line, far past a pipe's buffer
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    cut = out.rsplit(b"\n", 1)[-1]
+    assert not cut, f"the last line was cut after {len(cut)} bytes"
+    events = [json.loads(line) for line in out.decode().splitlines()]
+    assert [e["seq"] for e in events] == list(range(len(events)))
 
 
 # -- store fsck / reindex ----------------------------------------------------------------------------
