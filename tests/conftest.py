@@ -15,7 +15,9 @@ before any pool starts.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -142,3 +144,41 @@ def disk_snapshot(st: Store) -> tuple[list[str], list[str]]:
     companions = tuple(f".{name}" for name in COMPANIONS)
     names = [name for name in os.listdir(st.sessions_dir) if name.startswith(".") or not name.endswith(companions)]
     return sorted(names), sorted(os.listdir(st.children_index_dir))
+
+
+def session_processes(sid: int) -> list[int]:
+    """The processes of session ``sid`` still running (zombies count as gone): what a host started in a session
+    of its own (``start_new_session``) left behind, its workers and its cluster's processes."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] not in ("Z", "X"):
+            found.append(int(entry))
+    return found
+
+
+def started_child(st: Path, *, timeout: float = DEADLINE_S, proc: "subprocess.Popen[str] | None" = None) -> str:
+    """The child of the store at ``st`` whose turn has begun (it said something), as another process writes it;
+    fails after ``timeout``, or at once when ``proc`` (that process) has exited (its stderr said)."""
+    from subagents import store as store_api
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and (proc is None or proc.poll() is None):
+        try:
+            opened = Store(st, create=False)
+            for session in opened.session_ids():
+                if any(e["type"] == "assistant/message" for e in inspect(opened, session).events):
+                    return session
+        except store_api.SubagentError:
+            pass
+        time.sleep(0.05)
+    if proc is not None:
+        proc.kill()
+        pytest.fail(f"the turn never started: {proc.communicate()[1][-2000:]}")
+    pytest.fail("the turn never started")

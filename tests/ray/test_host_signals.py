@@ -25,7 +25,7 @@ from subagents import store
 from subagents.store import Store, check_store
 from subagents.supervisor.ray_cluster import SimulatedCluster
 
-from ..conftest import DEADLINE_S
+from ..conftest import DEADLINE_S, session_processes, started_child
 from .conftest import NAMESPACE, RAY_TESTS
 
 pytestmark = RAY_TESTS
@@ -40,22 +40,6 @@ def _env(cluster: SimulatedCluster) -> dict[str, str]:
             "SUBAGENTS_DURABILITY": "none", "SUBAGENTS_WORKER_READY_TIMEOUT_S": "120", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
-def _started_child(st: Path, proc: subprocess.Popen[str]) -> str:
-    """The child whose turn has begun (it said "up"); the cluster may take a while to start the actor."""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            opened = Store(st, create=False)
-            for session in opened.session_ids():
-                if any(e["type"] == "assistant/message" for e in store.inspect(opened, session).events):
-                    return session
-        except store.SubagentError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    pytest.fail(f"the turn never started: {proc.communicate()[1][-2000:]}")
-
-
 def test_sigterm_stops_a_cli_host_on_ray_as_ctrl_c_does(tmp_path: Path, ray_cluster: SimulatedCluster) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "subagents.supervisor.cli", "--store", "st", "run", "script", "--prompt",
@@ -63,7 +47,7 @@ def test_sigterm_stops_a_cli_host_on_ray_as_ctrl_c_does(tmp_path: Path, ray_clus
         cwd=tmp_path, env=_env(ray_cluster), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
     try:
-        child = _started_child(tmp_path / "st", proc)
+        child = started_child(tmp_path / "st", timeout=120, proc=proc)
         os.kill(proc.pid, signal.SIGTERM)
         _out, err = proc.communicate(timeout=_STOP_DEADLINE_S)
     finally:
@@ -111,21 +95,6 @@ def test_an_applications_sigterm_handler_outlives_the_ray_pool(tmp_path: Path, r
     assert done.stdout.split("\n")[:2] == ["open True True", "closed True True"], done.stdout
 
 
-def _in_session(sid: int) -> list[int]:
-    """The processes of session ``sid`` still running (zombies count as gone)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as handle:
-                    fields = handle.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[3]) == sid and fields[0] not in ("Z", "X"):
-                found.append(int(entry))
-    return found
-
-
 @pytest.mark.usefixtures("ray_cluster")  # Ray installed, a private network possible; one cluster test at a time
 def test_sigterm_stops_the_ray_demo_and_its_simulated_cluster(tmp_path: Path) -> None:
     """Each node a ``SimulatedCluster`` starts installed Ray's SIGTERM handler in the host (drain 30 s, then stop
@@ -146,11 +115,11 @@ def test_sigterm_stops_the_ray_demo_and_its_simulated_cluster(tmp_path: Path) ->
         assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
         assert err.strip().splitlines()[-1] == "terminated", err[-2000:]
         deadline = time.monotonic() + 10
-        while _in_session(proc.pid) and time.monotonic() < deadline:
+        while session_processes(proc.pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not _in_session(proc.pid), "processes of the demo's cluster outlived it"
+        assert not session_processes(proc.pid), "processes of the demo's cluster outlived it"
     finally:
-        for pid in _in_session(proc.pid):
+        for pid in session_processes(proc.pid):
             os.kill(pid, signal.SIGKILL)
         if proc.poll() is None:
             proc.kill()

@@ -23,6 +23,7 @@ import pytest
 from subagents import store
 from subagents.store import Store
 
+from ..conftest import started_child
 from .test_cli_mistakes import CLI, DEADLINE_S, FAST
 from .test_forkserver_death import forkserver_of, gone
 
@@ -40,21 +41,6 @@ def _host(cwd: Path, prompt: str, *, env: dict[str, str] = FAST, **popen: Any) -
             proc.communicate()
 
 
-def _started_child(st: Path) -> str:
-    """The child whose turn has begun (it said "up")."""
-    deadline = time.monotonic() + DEADLINE_S
-    while time.monotonic() < deadline:
-        try:
-            opened = Store(st, create=False)
-            for session in opened.session_ids():
-                if any(e["type"] == "assistant/message" for e in store.inspect(opened, session).events):
-                    return session
-        except store.SubagentError:
-            pass
-        time.sleep(0.05)
-    pytest.fail("the turn never started")
-
-
 @pytest.mark.parametrize("signum, group, said", [
     (signal.SIGTERM, False, "terminated"),
     (signal.SIGTERM, True, "terminated"),  # as a service manager stops a unit: workers and forkserver too
@@ -62,7 +48,7 @@ def _started_child(st: Path) -> str:
 ])
 def test_a_stop_signal_aborts_the_turn_and_exits_with_its_number(tmp_path: Path, signum: int, group: bool, said: str) -> None:
     with _host(tmp_path, '{"script": [{"say": "up"}, {"sleep": 60000}]}') as proc:
-        child = _started_child(tmp_path / "st")
+        child = started_child(tmp_path / "st", timeout=DEADLINE_S)
         if group:
             os.killpg(proc.pid, signum)
         else:
@@ -96,7 +82,7 @@ def _ignore_sighup() -> None:
 def test_a_host_started_under_nohup_outlives_a_hangup(tmp_path: Path) -> None:
     """``nohup`` starts a command with SIGHUP ignored so that it outlives its terminal: the CLI keeps it so."""
     with _host(tmp_path, '{"script": [{"say": "up"}, {"sleep": 60000}]}', preexec_fn=_ignore_sighup) as proc:
-        _started_child(tmp_path / "st")
+        started_child(tmp_path / "st", timeout=DEADLINE_S)
         os.killpg(proc.pid, signal.SIGHUP)
         with pytest.raises(subprocess.TimeoutExpired):
             proc.wait(timeout=1.5)
@@ -111,7 +97,7 @@ def test_a_second_ctrl_c_quits_without_waiting_for_the_turns(tmp_path: Path) -> 
     the turn's grace of 600 s; the worker exits as its pipe closes, and the child is left to crash repair."""
     env = {**FAST, "SUBAGENTS_CANCEL_GRACE_S": "600"}
     with _host(tmp_path, '{"script": [{"say": "up"}, {"spin": 600000}]}', env=env) as proc:
-        _started_child(tmp_path / "st")
+        started_child(tmp_path / "st", timeout=DEADLINE_S)
         workers = [pid for pid in _descendants(proc.pid) if pid != forkserver_of(proc.pid)]
         os.killpg(proc.pid, signal.SIGINT)
         with pytest.raises(subprocess.TimeoutExpired):
@@ -152,7 +138,7 @@ def test_a_host_started_with_ctrl_c_ignored_still_stops_its_turns_in_order_on_si
     12 s after the signal against 0.2 s with Ctrl-C handled. Now the host's work is cancelled as under Ctrl-C: the
     turn ends ``aborted``, no worker is killed, exit 143, and Ctrl-C stays ignored."""
     with _host(tmp_path, '{"script": [{"say": "up"}, {"sleep": 60000}]}', preexec_fn=_ignore_sigint) as proc:
-        child = _started_child(tmp_path / "st")
+        child = started_child(tmp_path / "st", timeout=DEADLINE_S)
         os.kill(proc.pid, signal.SIGINT)  # ignored, as the shell asked
         time.sleep(0.3)
         assert proc.poll() is None

@@ -25,6 +25,8 @@ import pytest
 
 from subagents.store import Store, check_store, read_mailbox, read_projection
 
+from ..conftest import session_processes
+
 HOST = r'''
 import os, signal, sys, threading, anyio
 from subagents import Supervisor, SupervisorConfig, Provider, Capabilities, SubagentRequest
@@ -51,22 +53,6 @@ anyio.run(main, sys.argv[1], sys.argv[2])
 DEADLINE_S = 20.0
 
 
-def _session(sid: int) -> list[int]:
-    """The processes of session ``sid`` still running (zombies count as gone)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] not in ("Z", "X"):
-            found.append(int(entry))
-    return found
-
-
 def _host(store: Path, how: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-c", HOST, str(store), how], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
@@ -82,9 +68,9 @@ def _ended(proc: subprocess.Popen[str], within_s: float) -> tuple[str, str]:
         out, err = proc.communicate()
         raise AssertionError(f"the host did not exit within {within_s} s of the Ctrl-C\n{out}\n{err[-2000:]}") from None
     deadline = time.monotonic() + 5
-    while _session(proc.pid) and time.monotonic() < deadline:
+    while session_processes(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    left = _session(proc.pid)
+    left = session_processes(proc.pid)
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, f"processes of the host outlived it: {left}"
