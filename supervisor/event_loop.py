@@ -135,17 +135,16 @@ def results_first() -> Iterator[None]:
         return
     held: list[asyncio.CancelledError] = []
     _HELD[task] = held
+    leaving_cancelled = False
     try:
         yield
     except asyncio.CancelledError:
-        _HELD.pop(task, None)
-        raise  # a cancellation is on its way out already
-    except BaseException:
-        _HELD.pop(task, None)
-        _rearm(task, held)
+        leaving_cancelled = True  # a cancellation is on its way out already
         raise
-    _HELD.pop(task, None)
-    _rearm(task, held)
+    finally:
+        _HELD.pop(task, None)
+        if not leaving_cancelled:
+            _rearm(task, held)
 
 
 def hold_back(cancelled: asyncio.CancelledError) -> bool:
