@@ -22,22 +22,27 @@ instead, so a file damaged in place behind the store's back lists as damaged.
 A row that lies while its file keeps its time (an index edited by hand) is
 caught by ``check`` (``index-row``), not by every listing.
 
-A settled child gains a child only from outside (a one-shot start under it,
-``create_under_settled_parent``): that creation marks the row ``active``
-before and writes it again after, with ``has_children`` true
-(``childless_row``, ``note_active_for_child``, ``note_has_children``); a row
-an earlier version left saying otherwise is ``fsck --repair``'s
-(``repair_has_children``).
+A settled child gains a child from outside (a one-shot start under it,
+``create_under_settled_parent``), or from a delegation of its own that was
+under way as it settled (a child cancelled by its parent: the creation is
+published, the release writes the row from an index that does not list it
+yet, then the creation indexes it); it loses one when a creation under it is
+rolled back. So a child of a child is indexed, or its entry tombstoned, under
+the parent's session lock, the lock a release takes (``children_row``). A
+row an earlier version left saying "no children" of a child that has some is
+``fsck --repair``'s (``repair_has_children``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
 from .descriptor import ContinuableDescriptor, OneShotDescriptor
-from .errors import CorruptSessionError, SubagentError
+from .errors import CorruptSessionError, SessionNotFoundError, SubagentError
 from .header import SessionHeader
 from .index import IndexEntry, Settled, mark_active, mark_settled, read_index
 from .index_writers import IndexWriters
@@ -50,7 +55,7 @@ from .root import Store
 from .session_file import SessionFile
 
 __all__ = [
-    "settled_row", "note_active", "note_settled", "childless_row", "note_active_for_child", "note_has_children",
+    "settled_row", "note_active", "note_settled", "children_row",
     "repair_has_children", "has_subagent_children", "row_problem",
 ]
 
@@ -130,49 +135,101 @@ def note_settled(
         log.warning("no 'settled' row for %s: %s", session_id, exc, extra={"session": session_id})
 
 
-def childless_row(store: Store, session_id: str) -> tuple[str, Settled] | None:
-    """Under the session's lock: its parent and its ``settled`` row, when that row says it has no
-    children (``has_children`` false); ``None`` for any other row (``active``, none, a row that says it
-    has some or does not say), or a session with no row (a root, a plain fork).
-
-    A settled child runs no turn, so nothing of its own gives it a child; one started under it from
-    outside (a one-shot start takes any parent the store holds: ``create_under_settled_parent``) would
-    leave this row wrong. Such a creation reads this first, under the same lock a release takes, and
-    marks the row ``active`` before it creates the child (``note_active_for_child``), then writes it
-    again with ``note_has_children``. One read of the parent's index: paid only by creations under a
-    session no live agent of the creator holds."""
+def _settled_row_of(store: Store, session_id: str) -> tuple[str, Settled] | None:
+    """Its parent and its ``settled`` row; ``None`` when its row is not ``settled`` or it has none."""
     header = _child_header(store, session_id)
     if header is None:
         return None
     parent = header.parent_session
     assert parent is not None
     entry = next((e for e in read_index(store, parent).entries if e.id == session_id), None)
-    if entry is None or entry.settled is None or entry.settled.has_children is not False:
+    if entry is None or entry.settled is None:
         return None
     return parent, entry.settled
 
 
-def note_active_for_child(store: Store, parent: str, session_id: str) -> None:
-    """Under the session's lock, before a child is created under it while its row says it has none
-    (``childless_row``): the row stops being ``settled``, durably (``mark_active``), so a kill before
-    ``note_has_children`` leaves it listed from its files, which then say what it has, never a
-    ``settled`` row that lies. A failure is logged, as for ``note_active``: the creation goes on."""
+@contextmanager
+def children_row(store: Store, parent: str, *, adding: bool, locked: bool = False) -> Iterator[Callable[[], None]]:
+    """Around a change of ``parent``'s children index (``adding`` children, or tombstoning one a
+    rolled-back creation listed): its own row stays true. Yields what to call once the change is made.
+
+    For a parent that is itself a subagent child, the change runs under the parent's session lock
+    (unless the caller holds it: ``locked``), the lock its release takes to write its ``settled`` row
+    from its index: a release then comes wholly before the change or wholly after it.
+    - After: the release reads the changed index.
+    - Before: a ``settled`` row the change would make lie (no children, for an addition; some, for a
+      removal) is marked ``active`` first, durably, and written again once the change is made, the
+      same row but for ``has_children``, from the index then (its ``end`` and ``mtime_ns`` stay the
+      release's: the change writes nothing to the parent's file). A kill between, or a change that
+      fails, leaves the row ``active``, listed from the parent's files, which are right; a row marked
+      so is never one that lies, to a listing or to ``check``.
+    Without the lock, a creation that began while its parent was held and indexed its child after the
+    parent settled left a row saying "no children" for good (found by ``check`` on a live run).
+
+    A root, a fork, or a parent whose header does not read has no row: one header read, no lock. A
+    held parent (a released lease comes before every ``settled`` row) costs the lock and a read of its
+    lease; a settled one a read of its parent's index too, and two appends to it when the row changes.
+    ``SessionNotFoundError`` for a parent gone before its lock was taken; ``LockTimeoutError`` past the
+    lock's timeout (the caller's change fails, nothing written). A row that cannot be written is
+    logged, as by ``note_active``: the change goes on."""
     try:
-        mark_active(store, parent, session_id)
-    except (SubagentError, OSError) as exc:
-        log.warning("no 'active' row for %s before its new child: %s", session_id, exc, extra={"session": session_id})
+        header = _child_header(store, parent)
+    except (SubagentError, OSError):
+        header = None  # a damaged parent lists as a diagnostic; gone: the change says so
+    if header is None:
+        yield _nothing
+        return
+    lock = None
+    if not locked:
+        lock = PinnedLock(store.session_path(parent), create=False)
+        try:
+            lock.acquire()
+        except FileNotFoundError:
+            raise SessionNotFoundError(parent) from None
+    try:
+        row = None
+        if _lease_released(store, parent):
+            try:
+                row = _settled_row_of(store, parent)
+            except (SubagentError, OSError):
+                row = None  # its parent's index does not read: the row is no claim ``check`` compares
+        if row is None or row[1].has_children is not (not adding):
+            yield _nothing  # held (its row is ``active``), or the change leaves its row true
+            return
+        grandparent, settled = row
+        try:
+            mark_active(store, grandparent, parent)
+        except (SubagentError, OSError) as exc:
+            log.warning("no 'active' row for %s before its children change: %s", parent, exc, extra={"session": parent})
+            yield _nothing
+            return
+        yield lambda: _settle_again(store, grandparent, parent, settled)
+    finally:
+        if lock is not None:
+            lock.release()
 
 
-def note_has_children(store: Store, parent: str, session_id: str, settled: Settled) -> None:
-    """Under the session's lock, once a child of it is in its index: its ``settled`` row again (the
-    latest state record is the row), the same but for ``has_children``, now true. Its ``mtime_ns`` and
-    ``end`` stay the release's: creating a child writes nothing to this session's file. Not fsync'd,
-    like every ``settled`` row; one that is lost (or not written) leaves the row ``active`` when the
-    creation marked it so first, listed from the session's files, which are right."""
+def _nothing() -> None:
+    pass
+
+
+def _lease_released(store: Store, session_id: str) -> bool:
+    """Under the session's lock: whether its lease is released, or unreadable. A held lease was
+    preceded by an ``active`` row (``note_active`` runs before a take): no read of its parent's index."""
     try:
-        mark_settled(store, parent, session_id, replace(settled, has_children=True))
+        with open_session(store, session_id) as file:
+            slots = file.read_slots()
+    except (SubagentError, OSError):
+        return True  # the index says what its row is
+    return slots.problem is not None or slots.lease is None or slots.lease.state == "released"
+
+
+def _settle_again(store: Store, parent: str, session_id: str, settled: Settled) -> None:
+    """``children_row``'s second write: the ``settled`` row again, ``has_children`` from its index now."""
+    try:
+        mark_settled(store, parent, session_id, replace(settled, has_children=has_subagent_children(store, session_id)))
     except (SubagentError, OSError) as exc:
-        log.warning("no 'settled' row for %s after its new child: %s", session_id, exc, extra={"session": session_id})
+        log.warning("no 'settled' row for %s after its children changed: %s", session_id, exc, extra={"session": session_id})
 
 
 def repair_has_children(store: Store, session_id: str) -> bool:
@@ -185,8 +242,8 @@ def repair_has_children(store: Store, session_id: str) -> bool:
     except FileNotFoundError:
         return False  # collected meanwhile
     try:
-        row = childless_row(store, session_id)
-        if row is None or not has_subagent_children(store, session_id):
+        row = _settled_row_of(store, session_id)
+        if row is None or row[1].has_children is not False or not has_subagent_children(store, session_id):
             return False
         mark_settled(store, row[0], session_id, replace(row[1], has_children=True))
         return True

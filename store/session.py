@@ -45,12 +45,12 @@ from .framing import encode_record
 from .header import SessionHeader, parse_header
 from .ids import is_valid_session_id, validate_session_id
 from .descriptor import ContinuableDescriptor, OneShotDescriptor
-from .index import IndexEntry, Settled, add_child, add_children, drop_index, prepare_index, remove_child
+from .index import IndexEntry, add_child, add_children, drop_index, prepare_index, remove_child
 from .lease import Lease, LeaseState
 from .locks import PinnedLock
 from .projection import Projection
 from .root import COMPANIONS, Store
-from .rows import childless_row, note_active_for_child, note_has_children
+from .rows import children_row
 from .roots import add_root, remove_root
 from .session_file import block_padding, encode_session
 
@@ -167,14 +167,15 @@ def create_under_settled_parent(store: Store, request: NewSession) -> CreatedSes
     ``gc`` moved the parent away (``SessionNotFoundError`` for the parent, nothing written). A parent
     this process holds a live lease on needs none of this: ``gc`` keeps a held subtree.
 
-    The same lock keeps the parent's own row true (FORMAT.md §9). A parent that has settled has a
-    ``settled`` row in its parent's children index, which may say ``has_children`` false; its first
-    child would make that row lie (``store check``: ``index-row``; listings: no children). So such a
-    row is marked ``active`` (durably) before the child is created, and appended again with
-    ``has_children`` true once it is indexed: the latest state record is the row. A kill between leaves
-    the row ``active``, listed from the parent's files (right, with or without the child); a failed
-    creation leaves it so too. A parent whose row already says it has children (every later child)
-    costs one read of that index, and no write.
+    The same lock keeps the parent's own row true (FORMAT.md §9; ``children_row``, which
+    ``commit_sessions`` runs under the lock held here). A parent that has settled has a ``settled``
+    row in its parent's children index, which may say ``has_children`` false; its first child would
+    make that row lie (``store check``: ``index-row``; listings: no children). So such a row is marked
+    ``active`` (durably) before the child is indexed, and appended again with ``has_children`` true
+    once it is: the latest state record is the row. A kill between leaves the row ``active``, listed
+    from the parent's files (right, with or without the child); a failed creation leaves it so too.
+    A parent whose row already says it has children (every later child) costs one read of that
+    index, and no write.
     """
     parent = request.parent_session
     assert parent is not None, "a child has a parent"
@@ -184,26 +185,12 @@ def create_under_settled_parent(store: Store, request: NewSession) -> CreatedSes
     except FileNotFoundError:  # gone already, or moved to the trash while we waited
         raise SessionNotFoundError(parent) from None
     try:
-        row = _childless_row(store, parent)
-        if row is not None:
-            note_active_for_child(store, row[0], parent)
-        outcome = commit_sessions(store, [request], publish_sessions(store, [request]))[0]
-        if row is not None and not isinstance(outcome, BaseException):
-            note_has_children(store, row[0], parent, row[1])
+        outcome = commit_sessions(store, [request], publish_sessions(store, [request]), locked_parent=parent)[0]
     finally:
         lock.release()
     if isinstance(outcome, BaseException):
         raise outcome
     return outcome
-
-
-def _childless_row(store: Store, parent: str) -> tuple[str, Settled] | None:
-    """``childless_row`` of the parent, or ``None`` when its header or its parent's index does not read
-    (a damaged parent lists as a diagnostic, and its row is no claim ``check`` compares)."""
-    try:
-        return childless_row(store, parent)
-    except (SubagentError, OSError):
-        return None
 
 
 def publish_sessions(store: Store, requests: Sequence[NewSession]) -> list[CreatedSession | BaseException]:
@@ -286,6 +273,7 @@ def _reported(request: NewSession, outcome: CreatedSession | BaseException) -> C
 
 def commit_sessions(
     store: Store, requests: Sequence[NewSession], outcomes: Sequence[CreatedSession | BaseException],
+    *, locked_parent: str | None = None,
 ) -> list[CreatedSession | BaseException]:
     """The second half of ``create_sessions``, shared by every session published in ``outcomes``.
 
@@ -295,6 +283,9 @@ def commit_sessions(
     so that its first child adds one file like every later one). A session is created — and may be
     handed out — once this returns it; a shared step that fails rolls back
     exactly the sessions it covered and reports its error for each.
+
+    A parent that is itself a subagent child keeps its row true (``children_row``): its append
+    runs under its session lock, which the caller may already hold (``locked_parent``).
     """
     outcomes = list(outcomes)
     published = [i for i, o in enumerate(outcomes) if not isinstance(o, BaseException)]
@@ -335,14 +326,16 @@ def commit_sessions(
                 header = created.header
                 entries.append(IndexEntry(header.id, header.created_at, header.origin, *_row_fields(created)))
             try:
-                if len(entries) == 1:
-                    one = entries[0]
-                    add_child(store, parent, one.id, created_at=one.created_at, origin=one.origin, mode=one.mode, label=one.label)
-                else:
-                    add_children(store, parent, entries)
+                with children_row(store, parent, adding=True, locked=parent == locked_parent) as listed:
+                    if len(entries) == 1:
+                        one = entries[0]
+                        add_child(store, parent, one.id, created_at=one.created_at, origin=one.origin, mode=one.mode, label=one.label)
+                    else:
+                        add_children(store, parent, entries)
+                    listed()
             except Exception as exc:
                 for i in members:
-                    _rollback(store, requests[i], indexed=True)
+                    _rollback(store, requests[i], indexed=True, locked_parent=locked_parent)
                     outcomes[i] = exc
             else:
                 indexed.update(members)
@@ -350,7 +343,7 @@ def commit_sessions(
         # an interrupt: nothing of the batch is reported created, so nothing of it may stay
         for i in published:
             if not isinstance(outcomes[i], BaseException):
-                _rollback(store, requests[i], indexed=i in indexed)
+                _rollback(store, requests[i], indexed=i in indexed, locked_parent=locked_parent)
         raise
     return [_reported(request, outcome) for request, outcome in zip(requests, outcomes)]
 
@@ -421,7 +414,7 @@ def _row_fields(created: CreatedSession) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _rollback(store: Store, request: NewSession, *, indexed: bool) -> None:
+def _rollback(store: Store, request: NewSession, *, indexed: bool, locked_parent: str | None = None) -> None:
     """Undo one creation, best effort: the error that caused it is the one reported.
 
     A failing tombstone is left to the catalog (it checks every entry's header);
@@ -430,7 +423,7 @@ def _rollback(store: Store, request: NewSession, *, indexed: bool) -> None:
     """
     try:
         delete_session(store, request.session_id, parent_session=request.parent_session if indexed else None,
-                       root=indexed and request.parent_session is None)
+                       root=indexed and request.parent_session is None, locked_parent=locked_parent)
     except Exception:
         try:
             delete_session(store, request.session_id)
@@ -438,14 +431,19 @@ def _rollback(store: Store, request: NewSession, *, indexed: bool) -> None:
             pass
 
 
-def delete_session(store: Store, session_id: str, *, parent_session: str | None = None, root: bool = False) -> None:
+def delete_session(
+    store: Store, session_id: str, *, parent_session: str | None = None, root: bool = False, locked_parent: str | None = None,
+) -> None:
     """Remove a session that was never handed out (rollback); tombstones its index entry
-    (the parent's, or with ``root`` the roots index)."""
+    (the parent's, or with ``root`` the roots index). The parent's row stays true (``children_row``,
+    under the parent's session lock, which the caller may hold: ``locked_parent``)."""
     # unpublish first: from here nothing lists it; durably, or after a power loss the name could come
     # back naming whatever file took the inode since (a damaged session in the way of gc)
     remove_durably([store.session_path(session_id)], durable=store.durability.syncs_at_commit)
     if parent_session is not None:
-        remove_child(store, parent_session, session_id)
+        with children_row(store, parent_session, adding=False, locked=parent_session == locked_parent) as listed:
+            remove_child(store, parent_session, session_id)
+            listed()
     elif root:
         remove_root(store, session_id)
         drop_index(store, session_id)  # the empty one ``commit_sessions`` prepared

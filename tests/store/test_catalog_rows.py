@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -18,6 +19,8 @@ from subagents import store
 import subagents.store.catalog as catalog
 from subagents.store.check import check_store
 from subagents.store.framing import encode_record, scan
+from subagents.store.index import mark_settled
+from subagents.store.session import NewSession, commit_sessions, create_sessions, publish_sessions
 
 from ..session_bytes import newest_slot, slot_bytes, write_header, write_slot
 from ._support import CONTINUABLE, ONE_SHOT, make_child, read_file, write_file
@@ -104,8 +107,47 @@ def test_has_children_is_recorded_at_settlement(st, owner):
     assert [r.has_children for r in store.list_children(st, "r")] == [True, False]
     assert [e.settled.has_children for e in store.read_children(st, "r")] == [True, False]
     assert check_store(st).clean
-    make_child(st, "d", "late", created_at=OLD)
+    make_child(st, "d", "late", created_at=OLD)  # through the store: it writes the row again
+    assert [r.has_children for r in store.list_children(st, "r")] == [True, True]
+    assert check_store(st).clean
+    # a version that left the row as it was, or an index edited by hand: a finding of ``check``
+    mark_settled(st, "r", "d", replace(store.read_children(st, "r")[-1].settled, has_children=False))
     assert [v.session_id for v in check_store(st).of_kind("index-row")] == ["d"]
+
+
+def test_a_child_indexed_after_its_parent_settled_leaves_the_row_saying_so(st, owner):
+    """A delegation in flight while its parent settles (a parent cancelled by its own parent): the child is
+    published, the parent's lease released (its row: no children, its index lists none yet), then the child
+    is indexed. The creation writes the row again; no reading of the store, before or after, finds a lie."""
+    store.create_session(st, "r", created_at=OLD)
+    make_child(st, "r", "p", created_at=OLD, lease_owner=owner)
+    request = NewSession("g", parent_session="p", origin="subagent", delegation_depth=2,
+                         events=[("subagent/descriptor", dict(ONE_SHOT))], created_at=OLD)
+    published = publish_sessions(st, [request])
+    with store.LogWriter.open(st, "p", epoch=1) as writer:
+        writer.append(TURN, commit=True)
+    store.release_lease(st, "p", owner, 1)
+    assert [e.settled.has_children for e in store.read_children(st, "r")] == [False]
+    [created] = commit_sessions(st, [request], published)
+    assert not isinstance(created, BaseException), created
+    assert [r.has_children for r in store.list_children(st, "r")] == [True]
+    assert [e.settled and e.settled.has_children for e in store.read_children(st, "r")] == [True]
+    assert check_store(st).clean
+
+
+def test_a_rolled_back_child_of_a_settled_child_leaves_its_row_saying_it_has_none(st, owner):
+    """A start under a settled child that is cancelled once the child is indexed removes it again
+    (``delete_session``): the parent's row, which said it had one, says it has none."""
+    store.create_session(st, "r", created_at=OLD)
+    settled_child(st, "r", "p", owner)
+    [created] = create_sessions(st, [NewSession("g", parent_session="p", origin="subagent", delegation_depth=2,
+                                                events=[("subagent/descriptor", dict(ONE_SHOT))], created_at=OLD)])
+    assert not isinstance(created, BaseException), created
+    assert [e.settled.has_children for e in store.read_children(st, "r")] == [True]
+    store.delete_session(st, "g", parent_session="p")
+    assert [e.settled and e.settled.has_children for e in store.read_children(st, "r")] == [False]
+    assert [r.has_children for r in store.list_children(st, "r")] == [False]
+    assert check_store(st).clean
 
 
 def test_a_running_child_still_costs_its_files(st, owner, monkeypatch):

@@ -18,7 +18,7 @@ import pytest
 
 from subagents import store
 from subagents.store.fsck import fsck
-from subagents.store.index import mark_active
+from subagents.store.index import mark_active, mark_settled
 from subagents.store.session import NewSession, create_sessions, create_under_settled_parent
 from subagents.supervisor import SubagentRequest
 from subagents.testing import check_store
@@ -114,15 +114,18 @@ async def test_a_kill_between_the_active_row_and_the_settled_row_leaves_a_store_
 
 
 async def test_fsck_repair_fixes_the_stale_row_an_earlier_version_left(tmp_path) -> None:
-    """An earlier version created the child under the settled parent without touching its row (as a
-    plain ``create_sessions`` does): check names the violation and its fix; fsck reports it and
-    ``--repair`` appends the row again, with ``has_children=True``."""
+    """An earlier version created the child under the settled parent without touching its row (today's
+    creation writes it again: the row it wrote first is put back): check names the violation and its
+    fix; fsck reports it and ``--repair`` appends the row again, with ``has_children=True``."""
     async with open_supervisor(tmp_path) as sup:
         root, [a] = await _settled_chain(sup, 1)
     st = store.Store(str(tmp_path / "store"), create=False)
+    before = _row(st, root, a).settled
     [outcome] = create_sessions(st, [NewSession("kid", parent_session=a, origin="subagent", delegation_depth=2,
                                                 events=[("subagent/descriptor", dict(ONE_SHOT))])])
     assert not isinstance(outcome, BaseException), outcome
+    assert _row(st, root, a).settled.has_children is True
+    mark_settled(st, root, a, before)
     assert _row(st, root, a).settled.has_children is False  # the stale row
     report = check_store(st, in_flight_s=0.0)
     [violation] = report.violations
