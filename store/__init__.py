@@ -83,7 +83,8 @@ from .lease import (
     set_lease_state,
 )
 from .log import LogWriter, SeqMismatchError, load_projection, read_projection
-from .mailbox import MailboxMessage, accept, pending, read_mailbox
+from .mailbox import accept
+from .mailbox_read import MailboxMessage, pending, read_mailbox
 from .outcome import OUTCOMES, OutcomeVerdict, outcome_of
 from .prefix import MIN_PREFIX, resolve_id, short_ids
 from .projection import Projection, Timing

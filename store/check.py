@@ -35,7 +35,7 @@ from .header import SessionHeader, parent_loops
 from .ids import is_valid_session_id
 from .index import IndexEntry, read_children
 from .roots import indexed_roots, roots_index_problem
-from .mailbox import scan_mailbox
+from .mailbox_read import scan_mailbox
 from .leftovers import find_leftovers
 from .lease import Lease, OwnerRecord, check_lease, host_identity, owner_alive, owner_record_unreadable, process_start_time, read_lease, read_owner
 from .projection import Projection

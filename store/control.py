@@ -57,15 +57,16 @@ class ControlRecord:
     problem: str | None = None  # set (and kind == INVALID) for a record that failed its check
 
 
-def request(store: Store, session_id: str, kind: str, data: dict[str, Any], *, ids: IdGenerator) -> str:
-    """Durably append a control record; returns its id."""
+def request(store: Store, session_id: str, kind: str, data: dict[str, Any], *, ids: IdGenerator, lock_timeout: float | None = None) -> str:
+    """Durably append a control record; returns its id. ``lock_timeout``: the longest to wait for the
+    session's lock, then ``LockTimeoutError`` with nothing written; ``None``: wait for it."""
     if not store.exists(session_id):
         raise SessionNotFoundError(session_id)
     if kind == INVALID:
         raise ValueError(f'"{INVALID}" is not a control request kind')
     record_id = ids.new()
     record = {"id": record_id, "ts": time.time(), "kind": kind, "data": data}
-    lock = SessionLock(session_id, store.session_path(session_id))
+    lock = SessionLock(session_id, store.session_path(session_id), timeout=lock_timeout)
     try:
         append_durably(store, store.path(session_id, "control"), record, lock=lock,
                        key=f"control/{session_id}", owner=session_id, what=f"control of {session_id}", skip_damage=True)

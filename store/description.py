@@ -16,7 +16,7 @@ from .catalog import ChildStatus, running_node
 from .committed import CommittedEnds
 from .errors import CorruptSessionError, SubagentError, UnavailableSessionError
 from .lease import Lease, OwnerRecord, check_lease, owner_alive, read_owner, session_status
-from .mailbox import pending, read_mailbox
+from .mailbox_read import pending, read_mailbox
 from .outcome import OutcomeVerdict, outcome_of
 from .projection import Projection
 from .reader import Inspection, inspect

@@ -47,7 +47,8 @@ from .index import IndexEntry, read_index
 from .leftovers import find_leftovers
 from .lease import acquire_lease, check_lease, maintenance_owner, owner_alive, owner_record_unreadable, read_lease, read_owner, release_lease
 from .log import LogWriter, read_projection
-from .mailbox import read_mailbox, require_consumed_prefix
+from .mailbox import require_consumed_prefix
+from .mailbox_read import read_mailbox
 from .reader import Inspection, inspect, inspect_error_kind, read_header
 from .root import COMPANIONS, Store
 from .roots import indexed_roots, roots_index_problem

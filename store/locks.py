@@ -5,10 +5,14 @@ through ``store/session_file.py``); the children and roots indexes are their
 own locks too (``store/index_file.py``, from format 4). No store file has a
 lock file beside it.
 
-* ``flock_within`` polls ``LOCK_EX | LOCK_NB`` (1 ms, backing off to 20 ms)
-  under a deadline, for holders that must report a stuck peer rather than
-  wait for it forever (lease takeovers, ``gc``, index rebuilds); the hot
-  paths (appends) block in the kernel instead, which wakes a waiter at once.
+* ``flock_within`` polls ``LOCK_EX | LOCK_NB`` (0.1 ms, backing off to
+  20 ms) under a deadline, for holders that must report a stuck peer rather
+  than wait for it forever (lease takeovers, ``gc``, index rebuilds, and an
+  acceptance whose caller has a deadline: a message for a child whose file a
+  stopped process holds locked); the writers' hot paths (a log's appends)
+  block in the kernel instead, which wakes a waiter at once. An uncontended
+  poll is one ``flock`` call, as a blocking one is; a poll starts short because
+  the holder it usually meets is in a critical section of one fsync.
 * ``PinnedLock`` polls like ``flock_within``, but never creates the file's
   folder and holds the lock only while the path still names the file it
   locked (``pin_flock``). Lease acquisition and ``gc`` lock a session's file
@@ -53,10 +57,10 @@ def pin_flock(fd: int, path: str, timeout: float | None = None) -> None:
 
 
 def flock_within(fd: int, path: str, timeout: float | None = None) -> None:
-    """``flock`` ``fd``, polled (1 ms, backing off to 20 ms) under ``timeout`` (default
-    ``LOCK_TIMEOUT_S``), then ``LockTimeoutError`` naming ``path``."""
+    """``flock`` ``fd``, polled (0.1 ms, backing off to 20 ms) under ``timeout`` (default
+    ``LOCK_TIMEOUT_S``; 0: one try), then ``LockTimeoutError`` naming ``path``."""
     deadline = time.monotonic() + (LOCK_TIMEOUT_S if timeout is None else timeout)
-    delay = 0.001
+    delay = 0.0001
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -80,7 +84,7 @@ class PinnedLock:
     """``flock`` on ``path`` under a timeout, held only while ``path`` still names the locked file.
 
     ``acquire`` opens the file (creating the file, never its folder), polls
-    ``LOCK_EX | LOCK_NB`` (1 ms, backing off to 20 ms) until ``timeout``
+    ``LOCK_EX | LOCK_NB`` (0.1 ms, backing off to 20 ms) until ``timeout``
     (default ``LOCK_TIMEOUT_S``, then ``LockTimeoutError``), and then checks
     that ``path`` still names the inode it locked: a folder renamed away while
     we waited (``gc`` moving a session to the trash) raises

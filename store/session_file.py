@@ -372,9 +372,11 @@ class SessionLock:
     ``SessionNotFoundError``, and nothing is appended beside a session that is gone.
     """
 
-    def __init__(self, session_id: str, path: str) -> None:
+    def __init__(self, session_id: str, path: str, *, timeout: float | None = None) -> None:
+        """``timeout``: every ``acquire`` is bounded by it (as ``acquire(timeout=...)``); ``None``: as ``acquire``."""
         self.session_id = session_id
         self.path = path
+        self._timeout = timeout
         try:
             self._fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
         except FileNotFoundError:
@@ -382,10 +384,13 @@ class SessionLock:
         except OSError as exc:
             raise UnavailableSessionError.of(session_id, "its file cannot be opened", exc) from None
 
-    def acquire(self, *, bounded: bool = False) -> None:
-        """``bounded``: as ``SessionFile.lock``."""
-        if bounded:
-            flock_within(self._fd, self.path)
+    def acquire(self, *, bounded: bool = False, timeout: float | None = None) -> None:
+        """``bounded``: as ``SessionFile.lock``. ``timeout``: bounded by it, in seconds, rather than by
+        ``LOCK_TIMEOUT_S`` (an acceptance bounded by its caller's deadline: ``LockTimeoutError`` once it
+        passes, with nothing written)."""
+        timeout = self._timeout if timeout is None else timeout
+        if bounded or timeout is not None:
+            flock_within(self._fd, self.path, timeout)
         else:
             fcntl.flock(self._fd, fcntl.LOCK_EX)
         if not names_file(self.path, self._fd):

@@ -48,6 +48,7 @@ from subagents.store.errors import SubagentError
 
 from .continuable import ContinuationManager
 from .errors import UnauthorizedError
+from .lock_wait import LockWait
 from .models import AncestorAuthority, InterruptResult, UserAuthority
 from .oneshot import OneShotRuns
 from .runtime import Runtime
@@ -155,16 +156,20 @@ class Interrupts:
     async def _elsewhere(self, target_id: str, wait_s: float) -> InterruptResult:
         store = self._rt.store
 
-        def ask() -> tuple[_Holder | None, Projection, str | None]:
+        def ask(timeout: float) -> tuple[_Holder | None, Projection, str | None]:
             holder = self._holder(target_id)
             projection = read_projection(store, target_id)
             if holder is not None and holder.state != "idle" and not _one_shot_ended(projection):
                 data = {"reason": "user", **_aim(store, target_id, projection)}
-                return holder, projection, control_request(store, target_id, "interrupt", data, ids=self._rt.ids)
+                return holder, projection, control_request(store, target_id, "interrupt", data, ids=self._rt.ids, lock_timeout=timeout)
             return holder, projection, None
 
-        with anyio.CancelScope(shield=True):  # an acknowledged request is durable: never cut between write and answer
-            holder, before, request_id = await anyio.to_thread.run_sync(ask)
+        async def asked(timeout: float) -> tuple[_Holder | None, Projection, str | None]:
+            with anyio.CancelScope(shield=True):  # an acknowledged request is durable: never cut between write and answer
+                return await anyio.to_thread.run_sync(ask, timeout)
+
+        # a stopped process that holds the child's lock ends the wait at the caller's deadline (``lock_wait.py``)
+        holder, before, request_id = await LockWait.of_caller().run(asked)
         if holder is None:
             return _nothing(target_id, _why_unheld(before))
         if holder.state == "idle":

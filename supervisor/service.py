@@ -51,7 +51,8 @@ from subagents.store import (
     validate_session_id,
 )
 from subagents.store.errors import FencedError
-from subagents.store.mailbox import mailbox_data_end, require_consumed_prefix
+from subagents.store.mailbox import require_consumed_prefix
+from subagents.store.mailbox_read import mailbox_data_end
 from subagents.store.reserve import keep_reserve
 from subagents.worker.protocol import TurnSpec
 

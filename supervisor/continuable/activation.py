@@ -116,7 +116,7 @@ class Activation:
     fenced: bool = False  # taken over by another supervisor: drop it without touching the store
     disposed: anyio.Event = field(default_factory=anyio.Event)
     # -- what the store watcher (watcher.py) has seen of files other processes append to
-    mailbox_data_end: int = 0  # store.mailbox.mailbox_data_end when it last looked
+    mailbox_data_end: int = 0  # store.mailbox_read.mailbox_data_end when it last looked
 
     @property
     def child_id(self) -> str:

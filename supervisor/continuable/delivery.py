@@ -33,6 +33,7 @@ from subagents.store.lease import OwnerRecord, owner_alive, read_lease, read_own
 from subagents.store.mailbox import MailboxWriter, check_message
 
 from ..errors import ActivationClosingError, InvalidRequestError, NotResumableError, ParentUnavailableError, UnauthorizedError
+from ..lock_wait import LockWait, bounded
 from ..runtime import Runtime
 from ..validation import prompt_text
 from .activation import Activation, ActivationTable
@@ -65,6 +66,7 @@ class Delivery:
     async def followup(self, parent_id: str, child_id: str, content: Any, *, source: dict[str, Any] | None = None) -> str:
         """The next FIFO turn for a child of the live ``parent_id``; cold-resumes it when nobody hosts it."""
         table = self._table
+        wait = LockWait.of_caller()
         self._admission.admit(parent_id)
         validate_session_id(child_id)
         if not table.is_live(parent_id):
@@ -79,7 +81,7 @@ class Delivery:
                     continue
                 if act is None:
                     await self._check(parent_id, child_id, src, text)
-                    routed = await self._accept_for_holder(parent_id, child_id, src, text)
+                    routed = await self._accept_for_holder(parent_id, child_id, src, text, wait)
                     if routed is not None:
                         return routed
                     act = await self._materializer.cold_resume(parent_id, child_id)
@@ -92,18 +94,19 @@ class Delivery:
                     if parent.disposing:
                         raise ActivationClosingError.message_refused(child_id)
                     table.adopt(parent_id, child_id)
-                return await self.deliver(act, src, text, wake=True)
+                return await self.deliver(act, src, text, wake=True, wait=wait)
 
-    async def deliver(self, act: Activation, source: dict[str, Any], text: str, *, wake: bool) -> str:
-        """Durably accept a message for a resident activation and wake its driver."""
+    async def deliver(self, act: Activation, source: dict[str, Any], text: str, *, wake: bool, wait: LockWait | None = None) -> str:
+        """Durably accept a message for a resident activation and wake its driver. ``wait``: a public call's
+        bound on the wait for the child's lock (``lock_wait.py``); ``None``: the supervisor's own delivery."""
         act.admitted += 1
         try:
-            return await self._accept_resident(act.child_id, source, text, wake=wake)
+            return await self._accept_resident(act.child_id, source, text, wake=wake, wait=wait)
         finally:
             act.admitted -= 1
             act.poke()
 
-    async def _accept_resident(self, child_id: str, source: dict[str, Any], text: str, *, wake: bool) -> str:
+    async def _accept_resident(self, child_id: str, source: dict[str, Any], text: str, *, wake: bool, wait: LockWait | None) -> str:
         """``_accept`` through the open mailbox of a resident child or a live root of ours (opened by its first
         delivery, then kept).
 
@@ -116,19 +119,21 @@ class Delivery:
         writer = self._writers.get(child_id)
         if writer is not None:
             self._writers.move_to_end(child_id)
-            return await self._rt.store_thread.run_uncancellable(lambda: writer.accept(source=source, content=text, ids=ids, wake=wake))
+            kept = writer
+            return await bounded(wait, lambda timeout: self._rt.store_thread.run_uncancellable(
+                lambda: kept.accept(source=source, content=text, ids=ids, wake=wake, lock_timeout=timeout)))
 
         changes = self._change_watch()
 
-        def first() -> tuple[MailboxWriter, str]:
+        def first(timeout: float | None) -> tuple[MailboxWriter, str]:
             made = MailboxWriter(store, child_id, changes=changes)  # SessionNotFoundError
             try:
-                return made, made.accept(source=source, content=text, ids=ids, wake=wake)
+                return made, made.accept(source=source, content=text, ids=ids, wake=wake, lock_timeout=timeout)
             except BaseException:
                 made.close()
                 raise
 
-        made, message_id = await self._rt.store_thread.run_uncancellable(first)
+        made, message_id = await bounded(wait, lambda timeout: self._rt.store_thread.run_uncancellable(first, timeout))
         if self._keeps_mailbox(child_id) and child_id not in self._writers:
             self._writers[child_id] = made
             if len(self._writers) > MAX_OPEN_MAILBOXES:
@@ -166,16 +171,18 @@ class Delivery:
         if writer is not None:
             writer.close()
 
-    async def _accept(self, recipient: str, source: dict[str, Any], text: str, *, wake: bool) -> str:
+    async def _accept(self, recipient: str, source: dict[str, Any], text: str, *, wake: bool, wait: LockWait | None) -> str:
         """Append to ``recipient``'s mailbox on the store thread; uncancellable, as it always was (under a
-        shield): once begun, an acceptance is never half-done."""
+        shield): once begun, an acceptance is never half-done (its wait for the lock may end first: ``wait``)."""
         store, ids = self._rt.store, self._rt.ids
-        return await self._rt.store_thread.run_uncancellable(lambda: accept(store, recipient, source=source, content=text, ids=ids, wake=wake))
+        return await bounded(wait, lambda timeout: self._rt.store_thread.run_uncancellable(
+            lambda: accept(store, recipient, source=source, content=text, ids=ids, wake=wake, lock_timeout=timeout)))
 
     async def report_from(self, child_id: str, content: Any, *, delivery: str = "wakeup") -> str:
         """A live continuable child's message to its live direct parent: ``quiet`` (context) or ``wakeup`` (a turn)."""
         if delivery not in ("quiet", "wakeup"):
             raise InvalidRequestError(f'report delivery must be "quiet" or "wakeup", got {delivery!r}')
+        wait = LockWait.of_caller()
         act = self._table.get(child_id)
         if act is None:
             raise UnauthorizedError.cannot_report(child_id)
@@ -186,7 +193,7 @@ class Delivery:
             raise ParentUnavailableError()
         text = f"Background subagent {child_id} reported:\n{prompt_text(content)}"
         source = {"kind": "subagent-report", "form": "relay", "sender_session_id": child_id}
-        return await self.send_to(act.parent_id, source, text, wake=delivery == "wakeup")
+        return await self.send_to(act.parent_id, source, text, wake=delivery == "wakeup", wait=wait)
 
     async def takes_messages(self, recipient: str) -> bool:
         """Whether a parent can take a report or a settlement notice: one resident here (its driver), a root or a
@@ -201,14 +208,15 @@ class Delivery:
             return kind == "root"
         return bool(await self._rt.store_thread.run(_takes_messages, self._rt.store, recipient))
 
-    async def send_to(self, recipient: str, source: dict[str, Any], text: str, *, wake: bool) -> str:
-        """Deliver to a parent: its activation's driver when resident, else its durable mailbox (a root's)."""
+    async def send_to(self, recipient: str, source: dict[str, Any], text: str, *, wake: bool, wait: LockWait | None = None) -> str:
+        """Deliver to a parent: its activation's driver when resident, else its durable mailbox (a root's).
+        ``wait``: as ``deliver``'s."""
         parent = self._table.get(recipient)
         if parent is not None and not parent.disposing:
-            return await self.deliver(parent, source, text, wake=wake)
+            return await self.deliver(parent, source, text, wake=wake, wait=wait)
         if self._table.live_kind(recipient) == "root":
-            return await self._accept_resident(recipient, source, text, wake=wake)
-        return await self._accept(recipient, source, text, wake=wake)
+            return await self._accept_resident(recipient, source, text, wake=wake, wait=wait)
+        return await self._accept(recipient, source, text, wake=wake, wait=wait)
 
     async def send(self, child_id: str, content: Any, *, parent: str, source: dict[str, Any] | None = None) -> str:
         """Host-user continuation from any process: deliver a message to a child of ``parent``.
@@ -217,6 +225,7 @@ class Delivery:
         not a live parent object.
         """
         validate_session_id(child_id)
+        wait = LockWait.of_caller()
         try:
             header = await self._rt.store_thread.run(read_header, self._rt.store, child_id)
         except SubagentError as exc:
@@ -233,14 +242,14 @@ class Delivery:
                     await act.disposed.wait()
                     continue
                 if act is not None:
-                    return await self.deliver(act, src, text, wake=True)
+                    return await self.deliver(act, src, text, wake=True, wait=wait)
                 await self._check(parent, child_id, src, text)
-                routed = await self._accept_for_holder(parent, child_id, src, text)
+                routed = await self._accept_for_holder(parent, child_id, src, text, wait)
                 if routed is not None:
                     return routed
                 act = await self._materializer.cold_resume(parent, child_id)
                 if act is not None:
-                    return await self.deliver(act, src, text, wake=True)
+                    return await self.deliver(act, src, text, wake=True, wait=wait)
 
     async def _check(self, parent_id: str, child_id: str, source: dict[str, Any], text: str) -> None:
         """Refuse a message no mailbox would take before routing it: a cold resume is durable (a lease
@@ -258,7 +267,7 @@ class Delivery:
 
         await self._rt.store_thread.run(check)
 
-    async def _accept_for_holder(self, parent_id: str, child_id: str, source: dict[str, Any], text: str) -> str | None:
+    async def _accept_for_holder(self, parent_id: str, child_id: str, source: dict[str, Any], text: str, wait: LockWait) -> str | None:
         """When a live other supervisor holds the child, accept the message into its durable mailbox.
 
         That supervisor's store watcher runs it as the next turn; the message id
@@ -274,7 +283,7 @@ class Delivery:
         header = await self._rt.store_thread.run(read_header, self._rt.store, child_id)
         if header.parent_session != parent_id:
             raise UnauthorizedError.other_parent(child_id)
-        message_id = await self._accept(child_id, source, text, wake=True)
+        message_id = await self._accept(child_id, source, text, wake=True, wait=wait)
         # accepted, durable: its id goes back to the caller, cancelled or not. A cancellation raised here
         # said "not sent" of a message that ran, and a caller that sent it again ran it twice
         with anyio.CancelScope(shield=True):
@@ -375,3 +384,4 @@ def _takes_messages(store: Store, session_id: str) -> bool:
     if not store.exists(session_id):
         return False
     return not isinstance(read_projection(store, session_id).identity, OneShotDescriptor)
+

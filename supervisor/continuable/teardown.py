@@ -29,7 +29,8 @@ from subagents.store.lease import taken_over
 from subagents.store.catalog import listed_children
 from subagents.store.control import ControlRecord
 from subagents.store.control import request as control_request
-from subagents.store.errors import FencedError, RecordTooLargeError, SubagentError
+from subagents.store.errors import FencedError, LockTimeoutError, RecordTooLargeError, SubagentError
+from subagents.store.locks import LOCK_TIMEOUT_S
 from subagents.store.mailbox import check_message
 
 from ..descriptors import outlasting
@@ -479,7 +480,12 @@ class Teardown:
                     continue
                 if self._delivery.settled_holder_elsewhere(child_id) is not None:
                     # where its mailbox ends: what the drain covers should its host never carry it out (unhosted.py)
-                    control_request(store, child_id, "drain", drain_request(store, child_id, request), ids=ids)
+                    try:
+                        control_request(store, child_id, "drain", drain_request(store, child_id, request), ids=ids,
+                                        lock_timeout=LOCK_TIMEOUT_S)
+                    except LockTimeoutError as exc:  # a stopped process holds its lock: said, and the others reached
+                        reached.failed[child_id] = f"{exc.code}: {exc.message}"
+                        continue
                     reached.asked.append(child_id)
                     continue
                 try:

@@ -38,7 +38,7 @@ from typing import Iterator
 
 from subagents.store import LogWriter, Store, acquire_lease, pending, read_controls, read_projection, release_lease
 from subagents.store.errors import LeaseHeldError, SubagentError
-from subagents.store.mailbox import mailbox_data_end
+from subagents.store.mailbox_read import mailbox_data_end
 
 __all__ = ["DrainsUnderWay", "discard_drained", "drain_request", "drain_unhosted", "pending_of"]
 

@@ -4,7 +4,7 @@ Another process may append to a hosted child's mailbox (a host-user ``send``
 from elsewhere) or to its control file (an ``interrupt`` or ``drain``
 request from another supervisor or the CLI). Every ``poll_s`` the watcher
 compares where each mailbox's data ends with what it last saw (one
-``pread`` of its last block per activation, ``store.mailbox.mailbox_data_end``:
+``pread`` of its last block per activation, ``store.mailbox_read.mailbox_data_end``:
 an acceptance overwrites the file's zero padding and need not change its
 size) and wakes the driver of a grown one. Control files are read by
 the supervisor's one ``ControlPoller`` (``supervisor/control_poller.py``,
@@ -27,7 +27,7 @@ from typing import Callable
 import anyio
 
 from subagents.store import Store
-from subagents.store.mailbox import mailbox_data_end
+from subagents.store.mailbox_read import mailbox_data_end
 from subagents.store.control import ControlRecord, read_controls
 
 from ..control_poller import ControlPoller

@@ -181,3 +181,35 @@ async def test_a_drain_its_host_never_carried_out_is_carried_out_by_the_next_one
         after = await sup.send(child, json.dumps({"script": [{"return": "sent after the drain"}]}), parent=root)
         await _until(lambda: _consumed(sup.store, child, after) == ["message/accepted"])
         assert _consumed(sup.store, child, queued) == ["message/discarded"]
+
+
+@pytest.mark.anyio
+async def test_send_interrupt_and_drain_behind_a_stopped_lock_holder_end_without_writing(host, monkeypatch) -> None:
+    """A stopped process holding the child's file lock (SIGSTOP inside a critical section): ``send`` and
+    ``interrupt`` from another host end at their caller's deadline, ``drain_remote`` names the child it
+    could not reach after the lock timeout (shortened here), and nothing of theirs is written. Once the
+    holder is gone, the child takes a send again."""
+    from subagents.store import SubagentError
+    from ..supervisor.test_lock_wait import stopped_holder
+
+    monkeypatch.setattr("subagents.supervisor.continuable.teardown.LOCK_TIMEOUT_S", 0.5)
+    store_path, ids, _proc = host
+    root, child = ids["root"], ids["child"]
+    async with _beside(store_path, child) as sup:
+        with stopped_holder(sup.store.session_path(child)):
+            for call in (lambda: sup.send(child, json.dumps({"script": [{"return": "never"}]}), parent=root),
+                         lambda: sup.interrupt(child, authority=UserAuthority(parent_session=root))):
+                began = anyio.current_time()
+                with pytest.raises(TimeoutError):
+                    with anyio.fail_after(1.0):
+                        await call()
+                assert anyio.current_time() - began < 3.0
+            began = anyio.current_time()
+            with pytest.raises(SubagentError) as caught:
+                await sup.drain_remote(root)
+            assert anyio.current_time() - began < 5.0
+            assert "LOCK_TIMEOUT" in caught.value.fields["failed"][child], caught.value
+        assert read_controls(sup.store, child) == []
+        assert not [m for m in read_mailbox(sup.store, child) if "never" in m.content]
+        message_id = await sup.send(child, json.dumps({"script": [{"return": "after"}]}), parent=root)
+        assert message_id in [m.id for m in read_mailbox(sup.store, child)]

@@ -25,7 +25,7 @@ import sys
 
 from subagents import store
 from subagents.store import Store
-from subagents.store.mailbox import scan_mailbox
+from subagents.store.mailbox_read import scan_mailbox
 
 from ..conftest import REPO_ROOT
 

@@ -12,7 +12,8 @@ from subagents import store
 import subagents.store.durability
 from subagents.store.framing import scan
 from subagents.store.changes import ChangeWatch
-from subagents.store.mailbox import MailboxWriter, mailbox_data_end
+from subagents.store.mailbox import MailboxWriter
+from subagents.store.mailbox_read import mailbox_data_end
 
 from ._support import ONE_SHOT, PreadCounter, read_file
 
@@ -690,6 +691,7 @@ def test_a_sound_mailbox_confirms_its_consumed_end_from_one_small_read(s1, monke
     """The check above reads the whole mailbox only when the record at the log's end of it is not the
     last consumed message; a sound one is confirmed from the bytes just before that end."""
     from subagents.store import mailbox as mailbox_module
+    from subagents.store import mailbox_read
 
     ids = store.IdGenerator()
     for i in range(40):
@@ -697,7 +699,7 @@ def test_a_sound_mailbox_confirms_its_consumed_end_from_one_small_read(s1, monke
     consume(s1, store.read_mailbox(s1, "s1")[:39])
     monkeypatch.setattr(mailbox_module, "CONFIRM_WINDOW", 1024)
     whole_reads = []
-    read_mailbox = mailbox_module.read_mailbox
-    monkeypatch.setattr(mailbox_module, "read_mailbox", lambda *a, **k: whole_reads.append(a) or read_mailbox(*a, **k))
+    read_mailbox = mailbox_read.read_mailbox
+    monkeypatch.setattr(mailbox_read, "read_mailbox", lambda *a, **k: whole_reads.append(a) or read_mailbox(*a, **k))
     assert mailbox_module.require_consumed_prefix(s1, "s1") > 0
     assert whole_reads == []

@@ -187,7 +187,7 @@ def test_where_the_mailbox_data_ends_is_read_in_bounded_memory(tree):
     """What a watcher polls (``mailbox_data_end``): the stray byte's end, found from the file's last blocks."""
     st = tree
     found = measured(st, """
-        from subagents.store.mailbox import mailbox_data_end
+        from subagents.store.mailbox_read import mailbox_data_end
         result = [mailbox_data_end(st, s) for s in ("child", "root")]
     """)
     assert_bounded(found)

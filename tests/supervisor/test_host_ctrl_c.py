@@ -143,7 +143,7 @@ def test_a_ctrl_c_while_a_child_is_created_leaves_no_lease_held(tmp_path: Path, 
 ACCEPT_THEN_CTRL_C = r'''
 import os, signal, sys, threading, time, anyio
 from subagents import Supervisor, SupervisorConfig, Provider, Capabilities, ContinuableSpec
-from subagents.store import mailbox
+from subagents.store import mailbox, read_mailbox
 from subagents.supervisor import service
 
 real = mailbox.MailboxWriter.accept
@@ -164,7 +164,7 @@ async def main(store: str, call: str) -> None:
         elif call == "take_messages":
             mailbox.MailboxWriter.accept = real
             done, _ = await sup.start_continuable(ContinuableSpec(parent=root, provider="p", label="d", prompt='{"script": [{"return": "x"}]}'))
-            while not mailbox.read_mailbox(sup.store, root.id):
+            while not read_mailbox(sup.store, root.id):
                 await anyio.sleep(0.02)
             open_log = service.LogWriter.open
 
