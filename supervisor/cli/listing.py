@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import signal
-import threading
 import time
-from types import FrameType
-from typing import Any, Callable
+from typing import Any
 
 from subagents.store import (
     ContinuableDescriptor,
@@ -57,6 +54,7 @@ from .filters import add_filters, add_paging, query_of
 from .invocation import Invocation
 from .parser import Verbs, number_of
 from .top_view import COLUMNS_HELP, TopView, render_top
+from .whole_writes import whole_writer
 
 __all__ = ["register", "FOLLOW_POLL_S", "TOP_INTERVAL_S"]
 
@@ -319,8 +317,11 @@ def cmd_log(inv: Invocation) -> int:
         inv.emit(doc, lambda o, d: render.render_log(o, d, full=inv.args.full, top_level=header.parent_session is None))
         return 0
     full = inv.args.full
-    emit = _whole_lines(out, (lambda e: render.to_json(columns.iso_moments(e), compact=True)) if out.json_mode
-                        else (lambda e: render.event_line(e, full=full)))
+    write = whole_writer(out.stream)  # a stop signal never cuts a line: a `--json` consumer parses every one
+
+    def emit(event: dict[str, Any]) -> None:
+        write((render.to_json(columns.iso_moments(event), compact=True) if out.json_mode else render.event_line(event, full=full)) + "\n")
+
     _stop_on_ctrl_c()
     tail = LogTail(store, session_id, found)
     ended = _OneShotEnd()
@@ -358,45 +359,6 @@ def cmd_log(inv: Invocation) -> int:
     except KeyboardInterrupt:
         pass
     return 0  # as plain `log` on the same damage: the records that read were shown, and where they stop
-
-
-def _whole_lines(out: render.Output, text_of: Callable[[dict[str, Any]], str]) -> Callable[[dict[str, Any]], None]:
-    """A printer of ``text_of(event)`` lines that writes each one whole. A stop signal (Ctrl-C, or SIGTERM /
-    SIGHUP, which ``StopSignals`` hands to the SIGINT handler) that landed while a line was blocked in a full
-    pipe (a reader that lags) cut it mid-document and dropped the rest: ``--follow --json`` exited 0 with a
-    last line that is no JSON. ``sys.stdout`` drops the rest of a large write a signal interrupts even when
-    the handler returns, so the line goes out by ``os.write`` on its descriptor, and the signal is held
-    until the line is out, then raised. A second one while the line is still blocked quits at once, the
-    line cut: a reader that never reads cannot keep the follow from ending."""
-    stream = out.stream
-    try:
-        fd = stream.fileno()
-    except (AttributeError, OSError, ValueError):
-        fd = -1
-    if fd < 0 or threading.current_thread() is not threading.main_thread():
-        return lambda event: out.line(text_of(event))  # a stream with no descriptor, or a CLI run from a thread (tests)
-    encoding, errors = getattr(stream, "encoding", None) or "utf-8", getattr(stream, "errors", None) or "strict"
-
-    def whole(event: dict[str, Any]) -> None:
-        data = memoryview((text_of(event) + "\n").encode(encoding, errors))
-        held: list[int] = []
-
-        def hold(signum: int, frame: FrameType | None) -> None:
-            if held:
-                raise KeyboardInterrupt
-            held.append(signum)
-
-        stream.flush()
-        previous = signal.signal(signal.SIGINT, hold)
-        try:
-            while data:
-                data = data[os.write(fd, data):]
-        finally:
-            signal.signal(signal.SIGINT, previous)
-        if held:
-            raise KeyboardInterrupt
-
-    return whole
 
 
 def _may_grow(store: Store, session_id: str) -> bool:

@@ -12,8 +12,9 @@ import time
 from types import TracebackType
 from typing import Any, Mapping, Sequence
 
-from .columns import visible
-from .render import Output, fmt_time, status_style
+from .columns import iso_moments, visible
+from .render import Output, fmt_time, status_style, to_json
+from .whole_writes import whole_writer
 
 __all__ = ["render_top", "TopView", "COLUMNS_HELP"]
 
@@ -89,11 +90,15 @@ def render_top(out: Output, rows: Sequence[dict[str, Any]], shorts: Mapping[str,
 
 class TopView:
     """``top`` refreshing: a rich Live table on a terminal, else a snapshot per refresh
-    (plain text under a time line, or one compact JSON list per line under ``--json``)."""
+    (plain text under a time line, or one compact JSON list per line under ``--json``).
+    Each refresh off a terminal goes out in one write a stop signal never cuts (``whole_writes``):
+    one that landed while a refresh larger than a pipe's buffer was blocked (a reader that lags)
+    ended ``top`` with its last line cut, a JSON list or a row of the table only part there."""
 
     def __init__(self, out: Output) -> None:
         self.out = out
         self._live: Any = None
+        self._write = whole_writer(out.stream)
 
     def __enter__(self) -> "TopView":
         if self.out.rich:
@@ -107,11 +112,9 @@ class TopView:
         if self._live is not None:
             self._live.update(_top_table(rows, now, shorts or {}), refresh=True)
         elif self.out.json_mode:
-            self.out.json(list(rows), compact=True)
+            self._write(to_json(iso_moments(list(rows)), compact=True) + "\n")
         else:
-            self.out.line(f"-- {fmt_time(now)}: {len(rows)} sessions held")
-            for line in _top_plain(rows, now, shorts or {}):
-                self.out.line(line)
+            self._write("\n".join([f"-- {fmt_time(now)}: {len(rows)} sessions held", *_top_plain(rows, now, shorts or {})]) + "\n")
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if self._live is not None:

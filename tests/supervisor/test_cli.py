@@ -8,6 +8,7 @@ copy. Every subprocess has a deadline; a hang fails with its output.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import io
 import json
 import os
@@ -17,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import termios
 import threading
 import time
 from pathlib import Path
@@ -458,6 +460,61 @@ def test_log_follow_json_stopped_while_its_reader_lags_ends_with_a_whole_line(tm
     assert not cut, f"the last line was cut after {len(cut)} bytes"
     events = [json.loads(line) for line in out.decode().splitlines()]
     assert [e["seq"] for e in events] == list(range(len(events)))
+
+
+def _blocked_in_a_full_pipe(proc: subprocess.Popen[bytes]) -> None:
+    """Wait until ``proc``, nobody reading its stdout, is blocked writing into it: the pipe holds at least half
+    its buffer and stopped growing (a full pipe may hold less than its size: a small write can leave a page
+    part empty). A deadline fails a writer that never got there."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    size = fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+    deadline = time.monotonic() + DEADLINE_S
+    held = -1
+    while True:
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, f"the pipe never filled: {held} bytes of {size}"
+        now = int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"), sys.byteorder)
+        if now == held and now >= size // 2:
+            return
+        held = now
+        time.sleep(0.25)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("json_mode", [True, False], ids=["json", "table"])
+def test_top_stopped_while_its_reader_lags_ends_with_a_whole_refresh(tmp_path: Path, signum: int, json_mode: bool) -> None:
+    """A stop signal that lands while ``top`` (``--json``: one compact list per refresh; else the plain table
+    a pipe gets) is blocked writing a refresh larger than the pipe's buffer lets that refresh out whole: it
+    exited 0 with its last line cut mid-document (``--json``: no JSON) or mid-row, the rest of it dropped."""
+    st = Store(tmp_path / "st", durability="none")
+    owner = store.new_id()
+    store.register_owner(st, owner, ttl=3600.0)  # this test's process holds the sessions: `top` lists them
+    labels = [c * 100_000 for c in "abc"]  # one row is past a pipe's buffer (64 KiB), a refresh three times that
+    for label in labels:
+        create_session(st, store.new_id(), lease_owner=owner,
+                       events=[("subagent/descriptor", {"version": 1, "mode": "one-shot", "provider": "p", "label": label})])
+    proc = subprocess.Popen([sys.executable, "-m", "subagents.supervisor.cli", "--store", "st", "top", *(["--json"] if json_mode else [])],
+                            cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _blocked_in_a_full_pipe(proc)  # nobody reads: `top` blocks in the write of its first refresh
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=DEADLINE_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err  # as a Ctrl-C ends `top` (README: exit codes)
+    cut = out.rsplit(b"\n", 1)[-1]
+    assert not cut, f"the last line was cut after {len(cut)} bytes"
+    lines = out.decode().splitlines()
+    if json_mode:
+        refreshes = [json.loads(line) for line in lines]
+        assert [sorted(row["label"] for row in rows) for rows in refreshes] == [labels] * len(refreshes)
+    else:  # per refresh: its time line, the columns' names, a row per session (the label whole, the owner last)
+        assert lines and len(lines) % 5 == 0, [line[:80] for line in lines]
+        rows = lines[-3:]
+        assert sorted(row.split()[4] for row in rows) == labels and all(row.endswith(owner) for row in rows)
 
 
 # -- store fsck / reindex ----------------------------------------------------------------------------
