@@ -448,7 +448,7 @@ def test_log_follow_json_stopped_while_its_reader_lags_ends_with_a_whole_line(tm
     proc = subprocess.Popen([sys.executable, "-m", "subagents.supervisor.cli", "--store", "st", "log", session, "--follow", "--json"],
                             cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        time.sleep(2.0)  # nobody reads: the follower blocks in the write of a 2 MB line, far past a pipe's buffer
+        _blocked_in_a_full_pipe(proc)  # nobody reads: the follower blocks in the write of a 2 MB line, far past a pipe's buffer
         proc.send_signal(signum)
         out, err = proc.communicate(timeout=30)
     finally:
