@@ -19,7 +19,12 @@ with the root's lease left held; an application's own handler was lost.
 host) and N one-CPU worker nodes, all on this host and all inside a private
 network namespace (``netns.py``): the tests, the benchmark and
 ``subagents demo --pool ray`` use it. It stops only the processes it started
-(through Ray's ``Cluster`` object, never ``ray stop``).
+(through Ray's ``Cluster`` object, never ``ray stop``). A host that dies
+without stopping it, even by SIGKILL, takes them along: Ray ties a node's
+services to the host with ``PR_SET_PDEATHSIG`` but not the agents each raylet
+starts, which outlived a ``kill -9`` by a minute, so the cluster also starts
+a reaper (``cluster_reaper.py``) that ends every process it was sent when
+the host is gone.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from . import netns
+from .cluster_reaper import ClusterReaper, descendants
 from .config import RayConfig
 from .errors import RayUnavailableError
 
@@ -144,6 +150,7 @@ class SimulatedCluster:
     cluster: Any = None
     network: netns.PrivateNetwork | None = None
     worker_nodes: list[Any] = field(default_factory=list)
+    reaper: ClusterReaper | None = None
     _saved_usage_stats: str | None = None
 
     @property
@@ -161,6 +168,7 @@ class SimulatedCluster:
         os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # never report usage
         self.network = netns.PrivateNetwork.create()
         try:
+            self.reaper = ClusterReaper.start()  # first, and outside the namespace: it needs no network
             # each node started here installs Ray's SIGTERM handler in this process (drain for 30 s, then stop
             # that one node and sys.exit(1), from inside the signal handler), and ray.init its own: the host's
             # are kept, so ``subagents demo --pool ray`` stops on SIGTERM as on Ctrl-C, then stops the cluster
@@ -174,6 +182,7 @@ class SimulatedCluster:
                         "object_store_memory": _NODE_OBJECT_STORE_BYTES,
                     },
                 )
+                self._watch()
                 for _ in range(self.nodes):
                     self.add_node()
                 self.cluster.wait_for_nodes()
@@ -192,7 +201,15 @@ class SimulatedCluster:
         with keeping_stop_handlers():
             node = self.cluster.add_node(num_cpus=self.node_cpus, object_store_memory=_NODE_OBJECT_STORE_BYTES)
         self.worker_nodes.append(node)
+        self._watch()
         return node
+
+    def _watch(self) -> None:
+        """Send the reaper every process of the cluster so far: a node's agents are up once ``add_node`` returns
+        (its raylet starts them before it registers with the GCS, which ``add_node`` waits for)."""
+        if self.reaper is not None:
+            started = self.pids()
+            self.reaper.watch([*started, *descendants(started)])
 
     def remove_node(self, node: Any) -> None:
         """Kill every process of one worker node (a node loss, as Ray sees it)."""
@@ -200,7 +217,8 @@ class SimulatedCluster:
         self.cluster.remove_node(node, allow_graceful=False)
 
     def pids(self) -> list[int]:
-        """The pids of every Ray service process this cluster started (raylets, GCS, agents)."""
+        """The pids of every Ray service process this cluster started itself (GCS, raylets, monitor, dashboard,
+        log monitor); each raylet's agents and workers are their children (``cluster_reaper.descendants``)."""
         out: list[int] = []
         for node in self.cluster.list_all_nodes() if self.cluster is not None else []:
             for infos in node.all_processes.values():
@@ -220,6 +238,9 @@ class SimulatedCluster:
                         self.cluster.shutdown()
                         self.cluster = None
         finally:
+            if self.reaper is not None:
+                self.reaper.close()  # ends what the shutdown left, if anything
+                self.reaper = None
             if self.network is not None:
                 self.network.close()
                 self.network = None
