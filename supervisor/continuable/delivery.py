@@ -13,14 +13,21 @@ reporting child's live direct parent.
 A resident child's mailbox is held open (``MailboxWriter``) from its first
 delivery until its disposal, for at most ``MAX_OPEN_MAILBOXES`` children at
 a time (the least recently delivered to is closed first): a followup then
-pays no ``open``/``close`` of the session's file and mailbox.
+pays no ``open``/``close`` of the session's file and mailbox. That cache is
+only a saving, so it never takes the descriptors the host needs: it holds at
+most an eighth of the process's soft open-file limit (``ulimit -n 128``: 8
+mailboxes, 16 descriptors; a fixed 64 took all 128, and every later open of
+the host failed with nothing to give them back), and an acceptance whose open
+fails for want of a descriptor closes the cache and tries once more.
 """
 
 from __future__ import annotations
 
 import logging
+import resource
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable
 from typing import Any
 
 import anyio
@@ -32,6 +39,7 @@ from subagents.store.ids import validate_session_id
 from subagents.store.lease import OwnerRecord, owner_alive, read_lease, read_owner
 from subagents.store.mailbox import MailboxWriter, check_message
 
+from ..descriptors import out_of_descriptors
 from ..errors import ActivationClosingError, InvalidRequestError, NotResumableError, ParentUnavailableError, UnauthorizedError
 from ..lock_wait import LockWait, bounded
 from ..runtime import Runtime
@@ -49,6 +57,18 @@ log = logging.getLogger(__name__)
 # the children a host follows up on in turn; a supervisor with thousands resident stays far below
 # a 1,024-descriptor limit, and a child past the bound pays two opens per delivery again.
 MAX_OPEN_MAILBOXES = 64
+# the share of the soft open-file limit the cache may hold (two descriptors per mailbox)
+LIMIT_SHARE = 8
+
+
+def mailbox_bound() -> int:
+    """How many mailboxes may be held open now: ``MAX_OPEN_MAILBOXES``, or fewer under a soft open-file
+    limit below 1,024, so that they hold at most ``1 / LIMIT_SHARE`` of it (read each time: a host may
+    change its limit while it runs)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_OPEN_MAILBOXES
+    return min(MAX_OPEN_MAILBOXES, soft // (2 * LIMIT_SHARE))
 # how often a message for a child that a maintenance pass holds looks whether it has let go
 MAINTENANCE_POLL_S = 0.02
 
@@ -133,10 +153,22 @@ class Delivery:
                 made.close()
                 raise
 
-        made, message_id = await bounded(wait, lambda timeout: self._rt.store_thread.run_uncancellable(first, timeout))
+        def attempt() -> Awaitable[tuple[MailboxWriter, str]]:
+            return bounded(wait, lambda timeout: self._rt.store_thread.run_uncancellable(first, timeout))
+
+        try:
+            made, message_id = await attempt()
+        except SubagentError as exc:
+            if not out_of_descriptors(exc) or not self._writers:
+                raise
+            # the open failed and wrote nothing: the cache's descriptors go back, and it is tried once more
+            log.info("out of file descriptors: closing %d held mailboxes (%s)", len(self._writers), exc.message)
+            self.close_writers()
+            made, message_id = await attempt()
         if self._keeps_mailbox(child_id) and child_id not in self._writers:
             self._writers[child_id] = made
-            if len(self._writers) > MAX_OPEN_MAILBOXES:
+            bound = mailbox_bound()
+            while len(self._writers) > bound:
                 self._writers.popitem(last=False)[1].close()
         else:  # disposed meanwhile, or another delivery kept its own first
             made.close()
@@ -157,10 +189,14 @@ class Delivery:
         """How many resident children's mailboxes are held open now (at most ``MAX_OPEN_MAILBOXES``)."""
         return len(self._writers)
 
-    def close_mailboxes(self) -> None:
-        """Close every open mailbox (the supervisor is closing)."""
+    def close_writers(self) -> None:
+        """Close every open mailbox, keeping the watch (the next delivery to each opens it again)."""
         while self._writers:
             self._writers.popitem()[1].close()
+
+    def close_mailboxes(self) -> None:
+        """Close every open mailbox (the supervisor is closing)."""
+        self.close_writers()
         if self._changes is not None:
             self._changes.close()  # a writer still accepting (closed, not yet done) sees every file as changed
 
