@@ -36,7 +36,7 @@ The local pool (``pool.py``: processes and pipes) and the Ray pool
 (``ray_pool.py``: actors) subclass it and supply those four ways of reaching a
 worker; how workers start and how their deaths are seen stays theirs. One
 owner for the mutable state: everything runs on the supervisor's event loop,
-so the queue and the turn tables need no lock. (A little over 400 lines: the
+so the queue and the turn tables need no lock. (Over 500 lines: the
 dispatch rule, parking, cancellation and prefetch all read and change those
 tables; split apart, each would reach into the others' state.)
 """
@@ -487,6 +487,12 @@ class Dispatcher(Generic[W]):
         for turn in list(worker.turns.values()):
             outcome = TurnOutcome(stop_reason="aborted", diagnostic="the supervisor closed during the turn")
             self._finish(turn, outcome, crash=None if turn.queued else outcome.diagnostic)
+
+    def _fail_queued(self, reason: str) -> None:
+        """No worker is alive to run them: every turn still queued ends ``error`` saying ``reason``, never dispatched."""
+        for turn in list(self._queue):
+            self._finish(turn, TurnOutcome(stop_reason="error", diagnostic=reason))
+        self._queue.clear()
 
     def _abort_queued(self) -> None:
         """At close: every turn still queued ends ``aborted``, never dispatched."""

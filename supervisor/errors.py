@@ -30,6 +30,7 @@ text, so each is written once.
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 from subagents.store.errors import SubagentError
@@ -417,8 +418,13 @@ class WorkerStartError(SubagentError, RuntimeError):
 
     @classmethod
     def not_launched(cls, start_method: str, exc: BaseException) -> "WorkerStartError":
-        return cls(f"a worker process could not be started (start method {start_method}): {type(exc).__name__}: {exc}",
-                   pid=None, exitcode=None)
+        """``exc`` stopped the launch; one that says the host had no descriptor or process left says which limit to raise."""
+        why = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+            why += " (this process has no file descriptor left: raise its open-file limit, ulimit -n)"
+        elif isinstance(exc, OSError) and exc.errno == errno.EAGAIN:
+            why += " (no process could be made: the user's process limit, ulimit -u, or the system's)"
+        return cls(f"a worker process could not be started (start method {start_method}): {why}", pid=None, exitcode=None)
 
     @classmethod
     def exited(cls, pid: int | None, exitcode: int | None) -> "WorkerStartError":

@@ -66,6 +66,7 @@ from .backend import WorkerRef
 from .dispatch import Dispatcher, Turn, WorkerSlot
 from .errors import WorkerHandshakeError, WorkerStartError
 from .process_hooks import EXIT_GRACE_S, track_pool
+from .worker_start import FORKSERVER_DESCRIPTORS, replacement_delays, spare_descriptors
 
 __all__ = ["WorkerPool"]
 
@@ -229,6 +230,7 @@ class WorkerPool(Dispatcher[_Worker]):
         try:
             if self._start_method == "forkserver":
                 _start_forkserver()
+                spare_descriptors(FORKSERVER_DESCRIPTORS)
             with _main_module_hidden():
                 process.start()
         except (OSError, EOFError) as exc:  # the executable failed, or the forkserver died before forking it
@@ -421,8 +423,23 @@ class WorkerPool(Dispatcher[_Worker]):
         await self._stop_reading(worker)
         worker.conn.close()
         self._release(worker)
-        if not self._closing:
-            await self._start_worker(worker.index)
+        await self._replace(worker.index)
+
+    async def _replace(self, index: int) -> None:
+        """Start a worker in slot ``index`` again, until one starts or the pool closes (``worker_start.py``)."""
+        for delay in replacement_delays():
+            if self._closing:
+                return
+            try:
+                await self._start_worker(index)
+                return
+            except SubagentError as exc:  # WorkerStartError, WorkerHandshakeError
+                if self._closing:
+                    return
+                log.error("worker %d could not be replaced (trying again in %.1f s): %s", index, delay, exc.message)
+                if not self._alive():
+                    self._fail_queued(f"no worker is running, and none could be started: {exc.message}")
+            await anyio.sleep(delay)
 
 
 _STATUS_LOST = "exited (its exit status was lost with the forkserver that started it)"
