@@ -37,7 +37,7 @@ import anyio
 from subagents.store import Store
 from subagents.store.session import CreatedSession, NewSession, commit_sessions, publish_sessions
 
-from .errors import SupervisorClosedError
+from .errors import SupervisorClosedError, ThreadStartError
 
 __all__ = ["SessionCreator", "CreatorStatistics"]
 
@@ -183,8 +183,15 @@ class SessionCreator:
                 self._cond.notify()
             elif len(self._threads) < self._max_threads:
                 thread = threading.Thread(target=self._serve, name=f"subagents-creator-{len(self._threads)}", daemon=True)
-                self._threads.append(thread)
-                thread.start()
+                try:
+                    thread.start()
+                except RuntimeError as exc:  # can't start new thread: counted as one, it left the queue to nobody
+                    if not self._threads:
+                        self._pending.remove(slot)
+                        raise ThreadStartError("session creation", exc) from None
+                    # the threads at work take it when their batches end
+                else:
+                    self._threads.append(thread)
         outcome = await slot.outcome
         if isinstance(outcome, BaseException):
             raise outcome

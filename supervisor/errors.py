@@ -19,6 +19,7 @@
     ├── RpcError                  UNKNOWN_RPC, NO_RUN, TURN_GONE, RPC_FAILED: a turn's request to its supervisor failed
     ├── WorkerHandshakeError      WORKER_HANDSHAKE: a new worker did not announce itself
     ├── WorkerStartError          WORKER_START_FAILED: a worker could not be launched, exited or hung before Ready (also RuntimeError)
+    ├── ThreadStartError          THREAD_START_FAILED: the host could not start a thread of its own (also RuntimeError)
     ├── RayUnavailableError       RAY_UNAVAILABLE: pool = "ray" without Ray, asyncio or a cluster
     ├── ConfigError               CONFIG_INVALID: a configuration (a layer, or a model built in code) is refused (also ValueError)
     └── UsageError                USAGE: the command line does not parse (an unknown option, a bad value; also ValueError)
@@ -434,6 +435,18 @@ class WorkerStartError(SubagentError, RuntimeError):
     def not_ready(cls, pid: int | None, timeout_s: float) -> "WorkerStartError":
         return cls(f"worker process {pid} was not ready within {timeout_s:g}s (worker_ready_timeout_s) and was killed",
                    pid=pid, exitcode=None)
+
+
+class ThreadStartError(SubagentError, RuntimeError):
+    """Raised when the supervisor could not start one of its own threads (a store thread, started on demand):
+    the user's process limit (``ulimit -u``) or the memory for its stack ran out. Nothing was done; the same
+    call made once the limit is back starts the thread then."""
+
+    code = "THREAD_START_FAILED"
+
+    def __init__(self, what: str, exc: BaseException) -> None:
+        super().__init__(f"a thread for {what} could not be started: {exc} (the user's process limit, ulimit -u, "
+                         "or the memory for its stack)", what=what)
 
 
 class RayUnavailableError(SubagentError, RuntimeError):

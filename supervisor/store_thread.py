@@ -33,6 +33,7 @@ from typing import Any, Callable, TypeVar
 
 import anyio
 
+from .errors import ThreadStartError
 from .event_loop import hold_back
 
 __all__ = ["StoreThread", "StoreThreadStatistics"]
@@ -85,8 +86,12 @@ class StoreThread:
             with anyio.CancelScope(shield=True):  # to_thread's own checkpoint included
                 return await anyio.to_thread.run_sync(fn, *args)
         if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
-            self._thread.start()
+            thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
+            try:
+                thread.start()
+            except RuntimeError as exc:  # can't start new thread: kept, it would have left every later call to nobody
+                raise ThreadStartError("the store's calls", exc) from None
+            self._thread = thread
         self._calls += 1
         self._busy = True
         try:

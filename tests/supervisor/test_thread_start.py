@@ -1,0 +1,50 @@
+"""A host that cannot start a thread (its process limit, or no memory for a stack) gets a coded error, and
+recovers once it can again (found by the resource-limits probe: a start then hung for good, past its deadline).
+
+The store threads are started on demand: a creation's (``creator.py``) at the first start of a child, the
+supervisor's store thread (``store_thread.py``) at its first call. A thread that failed to start used to stay
+counted as one that would take the queue, so the start that failed raised a bare ``RuntimeError`` and every
+later one waited for a thread that never ran. The host runs in a process of its own, whose thread stack size
+is set past what the kernel will map (a real ``can't start new thread``), then set back.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+HOST = r'''
+import json, sys, threading, anyio
+from subagents import Supervisor, SupervisorConfig, SubagentRequest, SubagentError
+from subagents.supervisor import Provider, Capabilities
+
+async def main(store: str) -> None:
+    async with Supervisor.open(store=store, config=SupervisorConfig(pool_size=1, durability="none")) as sup:
+        sup.register_provider(Provider(name="echo", program="echo", capabilities=Capabilities.all()))
+        root = await sup.open_root()
+        threading.stack_size(1 << 40)  # no thread can be made from here on: the kernel maps no 1 TiB stack
+        try:
+            await sup.start("echo", SubagentRequest(parent=root, prompt="first", label="a"))
+            print(json.dumps({"first": "started"}), flush=True)
+        except SubagentError as exc:
+            print(json.dumps({"first": exc.code, "text": str(exc)}), flush=True)
+        threading.stack_size(0)
+        with anyio.fail_after(20):
+            run = await sup.start("echo", SubagentRequest(parent=root, prompt="second", label="b"))
+            result = await run.result()
+        print(json.dumps({"second": result.stop_reason, "output": result.output}), flush=True)
+
+anyio.run(main, sys.argv[1])
+'''
+
+
+def test_a_start_that_cannot_make_a_thread_says_so_and_the_next_one_runs(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-c", HOST, str(tmp_path / "store")], capture_output=True, text=True, timeout=60)
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert proc.returncode == 0, (proc.returncode, lines, proc.stderr[-3000:])
+    first, second = lines
+    assert first["first"] == "THREAD_START_FAILED", (first, proc.stderr[-3000:])
+    assert "thread" in first["text"] and "ulimit -u" in first["text"], first
+    assert second == {"second": "completed", "output": "second"}, second
