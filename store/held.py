@@ -68,7 +68,8 @@ def held_sessions(store: Store) -> list[HeldSession]:
         verdict = outcome_of(projection, held=True, root=header.parent_session is None)
         rows.append(HeldSession(
             id=session_id,
-            label=descriptor.label if descriptor is not None else None,
+            # a child's label is in its descriptor, a root's in its header (``open_root(label=...)``): `ls` shows both
+            label=descriptor.label if descriptor is not None else header.label,
             mode=descriptor.mode if descriptor is not None else ("root" if header.parent_session is None else "-"),
             parent=header.parent_session,
             status=status,
