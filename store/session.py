@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .atomic import NewFile, fsync_dir, remove_durably, write_unnamed
-from .errors import DurabilityError, SessionExistsError, SessionNotFoundError, SubagentError
+from .errors import OUT_OF_DESCRIPTORS, DurabilityError, SessionExistsError, SessionNotFoundError, SubagentError
 from .framing import encode_record
 from .header import SessionHeader, parse_header
 from .ids import is_valid_session_id, validate_session_id
@@ -263,9 +263,16 @@ def _held_parents(store: Store, requests: Sequence[NewSession]) -> set[str]:
 
 def _reported(request: NewSession, outcome: CreatedSession | BaseException) -> CreatedSession | BaseException:
     """A creation's outcome as its caller gets it: a file system's refusal (no space, no inode left)
-    as ``DurabilityError`` naming the session, not a bare ``OSError``; the store's own errors as they are."""
+    as ``DurabilityError`` naming the session, not a bare ``OSError``; the store's own errors as they are.
+    No descriptor left (``OUT_OF_DESCRIPTORS``) is no disk fault: the text says which limit to raise, and
+    ``out_of_descriptors`` lets a caller tell it apart (the same call succeeds once descriptors are back)."""
     if isinstance(outcome, OSError) and not isinstance(outcome, SubagentError):
-        failure = DurabilityError(f'creating session "{request.session_id}" failed: {outcome}', session_id=request.session_id)
+        session_id = request.session_id
+        if outcome.errno in OUT_OF_DESCRIPTORS:
+            failure = DurabilityError(f'creating session "{session_id}" failed: {outcome} (this process has no file descriptor '
+                                      "left: raise its open-file limit, ulimit -n)", session_id=session_id, out_of_descriptors=True)
+        else:
+            failure = DurabilityError(f'creating session "{session_id}" failed: {outcome}', session_id=session_id)
         failure.__cause__ = outcome
         return failure
     return outcome
