@@ -52,6 +52,7 @@ from .projection import Projection
 from .root import COMPANIONS, Store
 from .rows import children_row
 from .roots import add_root, remove_root
+from .seed import seed_rows
 from .session_file import block_padding, encode_session
 
 __all__ = ["NewSession", "CreatedSession", "create_session", "create_sessions", "publish_sessions", "commit_sessions", "delete_session"]
@@ -362,9 +363,7 @@ def _encode_new_session(store: Store, request: NewSession, header: SessionHeader
     projection = Projection(seed_length=len(seed))
     chunks: list[bytes] = []
     offset = 0
-    rows: list[dict[str, Any]] = [
-        {"seq": i, "ts": e.get("ts", now), "type": e["type"], "data": e.get("data"), "epoch": 0} for i, e in enumerate(seed)
-    ]
+    rows = seed_rows(seed, now)  # INVALID_RECORD for an event a reader would refuse, before any file exists
     rows += [{"seq": len(seed) + i, "ts": now, "type": kind, "data": data, "epoch": 0} for i, (kind, data) in enumerate(request.events)]
     for row in rows:
         # framed before any file exists: a record above the limit leaves no trace
