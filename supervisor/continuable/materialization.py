@@ -184,10 +184,14 @@ class Materializer:
             raise ActivationClosingError.parent_disposing(parent_id)
 
     def _fork_prefix(self, parent_id: str) -> list[dict[str, Any]]:
-        """The parent's completed-turn prefix: events up to its last ``turn/end``."""
+        """The parent's completed-turn prefix: events up to its last ``turn/end``.
+
+        An ``ignorable`` mark goes with its event: without it, an event a newer writer made skippable
+        would make the fork a log this build refuses (the seed's check refuses to write one)."""
         events = inspect(self._rt.store, parent_id).events
         last = max((i for i, e in enumerate(events) if e["type"] == "turn/end"), default=-1)
-        return [{"type": e["type"], "data": e["data"], "ts": e["ts"]} for e in events[: last + 1]]
+        return [{"type": e["type"], "data": e["data"], "ts": e["ts"], **({"ignorable": True} if e.get("ignorable") is True else {})}
+                for e in events[: last + 1]]
 
     def _install_setup(self, info: ActivationInfo) -> SetupBatch:
         batch = self._rt.setups.install(info)
