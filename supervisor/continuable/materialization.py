@@ -134,6 +134,10 @@ class Materializer:
         seed: list[dict[str, Any]] = []
         if provider.inherits_parent_context:
             seed = await anyio.to_thread.run_sync(self._fork_prefix, parent_id)
+        if seed:
+            # closes the seed, after the descriptor as the reference's seed does: a reader of the log
+            # (``subagents log``) sees where the source's turns end and the fork's own begin
+            events.append(("session/end-seed", {}))
 
         def create() -> str:
             try:

@@ -82,3 +82,18 @@ async def test_a_fork_with_a_seed_runs_its_followups(tmp_path) -> None:
         assert projection.turns == own_turns + 1  # its own turns: the seed's are its source's (show said 3 for 1)
         mailbox = describe_session(sup.store, fork.id).mailbox
         assert (mailbox.accepted, mailbox.pending, mailbox.problem) == (own_turns + 1, 0, None), mailbox
+
+
+async def test_a_fork_marks_where_its_inherited_seed_ends(tmp_path) -> None:
+    """Found by a probe: ``subagents log`` of a fork began with its source's turns (its descriptor and
+    replies) and nothing said where the fork's own log began; the seed is now closed by one
+    ``session/end-seed`` after the fork's descriptor, as the reference's session closes a seed, and before
+    its first message."""
+    async with forked(tmp_path) as (sup, _root, _parent_id, fork):
+        seed = read_header(sup.store, fork.id).seed_length
+        own = [e["type"] for e in inspect(sup.store, fork.id).events[seed:]]
+        assert own.count("session/end-seed") == 1, own
+        marker = own.index("session/end-seed")
+        assert own[marker - 1] == "subagent/descriptor" and own[marker + 1] == "message/accepted", own
+        # the source was no fork: it has no marker
+        assert all(e["type"] != "session/end-seed" for e in inspect(sup.store, _parent_id).events)
