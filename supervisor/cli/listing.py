@@ -227,14 +227,19 @@ def cmd_tree(inv: Invocation) -> int:
 
 def _subtree_head(store: Any, session_id: str) -> dict[str, Any]:
     """What heads ``tree ID``: a root with its label, as ``tree`` alone heads it, or a subagent with its
-    parent and the label its parent's listing shows (a child's own header holds none). A header that
-    does not read (already warned about) heads it as the diagnostic ``ls`` would list."""
+    parent and the label its parent's listing shows (a child's own header holds none). A session with a
+    parent and no ``origin`` is a plain fork, which no listing lists: headed as one (``fork``), not as the
+    subagent it is not. A header that does not read (already warned about) heads it as the diagnostic
+    ``ls`` would list."""
     try:
-        parent = read_header(store, session_id).parent_session
+        header = read_header(store, session_id)
     except SubagentError as exc:
         return {"root": session_id, "kind": "diagnostic", "reason": damage_reason(exc, session_id)}
+    parent = header.parent_session
     if parent is None:
-        return {"root": session_id, "label": read_header(store, session_id).label}
+        return {"root": session_id, "label": header.label}
+    if header.origin != "subagent":
+        return {"root": session_id, "parent": parent, "fork": True, "label": header.label}
     row = next((e for e in list_children(store, parent) if e.id == session_id), None)
     return {"root": session_id, "parent": parent, "label": getattr(row, "label", None)}
 

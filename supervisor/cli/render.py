@@ -158,7 +158,7 @@ def _print_lines(out: Output, lines: list[str]) -> None:
 
 def render_tree(out: Output, forest: Sequence[dict[str, Any]], shorts: Mapping[str, str] | None = None) -> None:
     """Each ``{"root", "descendants"}`` as an indented tree (two spaces a level), one ``columns.tree_line`` a row,
-    under a heading naming the top session ``(root)``, or ``(subagent of PARENT)`` when it has a ``parent``."""
+    under a heading naming the top session ``(root)``, else ``(subagent of PARENT)`` (``fork``: ``(fork of PARENT)``)."""
     if not forest:
         out.line("(no sessions)")
         return
@@ -168,7 +168,7 @@ def render_tree(out: Output, forest: Sequence[dict[str, Any]], shorts: Mapping[s
         label = f" — {columns.visible(tree['label'])}" if tree.get("label") else ""
         damage = f" [diagnostic: {tree['reason']}]" if tree.get("kind") == "diagnostic" else ""
         parent = tree.get("parent")
-        role = f"(subagent of {names.get(parent, parent)})" if parent else "(root)"
+        role = f"({'fork' if tree.get('fork') else 'subagent'} of {names.get(parent, parent)})" if parent else "(root)"
         lines = [f"{names.get(tree['root'], tree['root'])} {role}{damage}{label}"]
         lines += columns.tree_lines(rows, tree["root"], names)
         if not rows:
