@@ -30,7 +30,9 @@ without running the tool calls it holds (their arguments may be cut too);
 arguments that are not a JSON object are answered as an error, never run as
 ``{}``. Every call is logged with its answer, the failed ones too (an unknown
 tool, arguments that are no JSON object or hold a number the store cannot
-hold, NaN among them): a later turn's rebuilt transcript is what the model saw.
+hold, NaN among them, or a call larger than one store record, logged cut): a later turn's rebuilt
+transcript is what the model saw. A reply whose text is larger than one record ends the turn ``error``
+saying so (the store's own refusal named an event, not the model).
 An ``output_schema`` is given to the model in the system prompt.
 
 The key is read from the environment variable named by ``api_key_env`` at
@@ -60,12 +62,13 @@ import random
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 from urllib.parse import urlsplit
 
 import anyio
 import anyio.lowlevel
 
+from subagents.store.errors import RecordTooLargeError
 from subagents.store.events import TOOL_OUTCOME_UNKNOWN
 
 from ..context import TurnContext, TurnResult
@@ -188,14 +191,25 @@ async def _run_calls(ctx: TurnContext, calls: list[dict[str, Any]], tools: dict[
     answers: list[str] = [""] * len(calls)
     failures: list[tuple[int, Exception]] = []
 
-    async def one(index: int, name: str, args: Any, tool: ModelTool | None, wrong: str | None) -> None:
+    async def one(index: int, name: str, args: Any, text: str, tool: ModelTool | None, wrong: str | None) -> None:
         # every call is logged with its answer, a refused one too: the transcript of a later turn is rebuilt from the log
-        async def run() -> dict[str, Any]:
-            done = ToolOutcome(wrong, is_error=True) if wrong is not None or tool is None else await tool.run(ctx, args)
-            return {"text": done.text, "is_error": done.is_error}
+        def answer(wrong: str | None) -> Callable[[], Awaitable[dict[str, Any]]]:
+            async def run() -> dict[str, Any]:
+                done = ToolOutcome(wrong, is_error=True) if wrong is not None or tool is None else await tool.run(ctx, args)
+                return {"text": done.text, "is_error": done.is_error}
+            return run
 
         try:
-            recorded = await ctx.recorded_call(name, args, run, failed=_failure)
+            try:
+                recorded = await ctx.recorded_call(name, args, answer(wrong), failed=_failure)
+            except RecordTooLargeError as exc:
+                if exc.fields.get("what") != 'a "tool/call" event':  # the store's name for the record it refused
+                    raise  # the call was logged: what the tool did is no model output to answer
+                # nothing was logged nor run: the call is logged cut, and answered, so the model can send less
+                size = len(name.encode()) + len(text.encode())
+                too_large = (f"this call of {size} bytes is more than the store holds in one record "
+                             f"({exc.fields.get('limit')} bytes); nothing was run")
+                recorded = await ctx.recorded_call(_cut(name, _CUT_NAME), _cut(text, _CUT_ARGUMENTS), answer(too_large), failed=_failure)
         except Exception as exc:  # noqa: BLE001 (raised once the others ended: below)
             failures.append((index, exc))
             return
@@ -204,14 +218,26 @@ async def _run_calls(ctx: TurnContext, calls: list[dict[str, Any]], tools: dict[
     async with anyio.create_task_group() as tg:
         for index, call in enumerate(calls):
             name = clean(call["function"]["name"])
-            args, wrong = _call_arguments(call["function"]["arguments"], name, clean)
+            raw = call["function"]["arguments"]
+            args, wrong = _call_arguments(raw, name, clean)
             tool = tools.get(name)
             if tool is None:
                 wrong = f'unknown tool "{name}"'
-            tg.start_soon(one, index, name, args, tool, wrong)
+            tg.start_soon(one, index, name, args, clean(raw) if isinstance(raw, str) else "", tool, wrong)
     if failures:
         raise min(failures, key=lambda failure: failure[0])[1]
     return answers
+
+
+# how much of a call too large for one record is logged: its name and the start of its arguments, so the
+# transcript of a later turn shows the model which call was refused
+_CUT_NAME = 64
+_CUT_ARGUMENTS = 200
+
+
+def _cut(text: str, keep: int) -> str:
+    """``text`` if it is at most ``keep`` characters, else its start saying how long it was."""
+    return text if len(text) <= keep else f"{text[:keep]}… [cut: {len(text)} characters]"
 
 
 def _result_text(data: dict[str, Any]) -> str:
@@ -345,7 +371,12 @@ class LlmProgram:
                 content, calls, finish = reply
                 content = clean(content)  # an echo of the request (a proxy's) must not carry the key into the log
                 if content:
-                    await ctx.say(content)  # beside tool calls too: what the model said is in the log
+                    try:
+                        await ctx.say(content)  # beside tool calls too: what the model said is in the log
+                    except RecordTooLargeError as exc:  # the store's message named an event, not the model's reply
+                        return TurnResult(output="", stop_reason="error", diagnostic=redact(
+                            f"the model endpoint {self.base_url} answered with a reply of {len(content.encode())} bytes of text, "
+                            f"more than the store holds in one record ({exc.fields.get('limit')} bytes): it was not kept"))
                 if finish == "length":  # cut off: tool calls it holds may be cut too, and are not run
                     return TurnResult(output=content, stop_reason="max-tokens", diagnostic="the model hit its token limit")
                 if finish == "refusal":
