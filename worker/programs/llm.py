@@ -18,9 +18,10 @@ connections up to ``max_retries`` times, honouring ``Retry-After`` and
 ``x-should-retry`` (an endpoint asking for more than a minute's wait is not
 waited for: the turn ends saying so). Every failure ends the turn with stop
 reason ``error`` and a diagnostic that says what happened (rate limited,
-server error, timeout, unreachable, key refused, request rejected, a reply
-that is no chat completion) and how many retries were made, never an
-exception out of the program.
+server error, timeout, unreachable, key refused, request rejected, no chat
+completions at the URL asked, a reply that is no chat completion) and how many
+retries were made, never an exception out of the program; an error page in
+HTML is quoted by its title, not its markup.
 
 Text the model sends beside tool calls is recorded (``assistant/message``),
 and the transcript rebuilt for a later turn keeps the tool calls and their
@@ -54,6 +55,7 @@ malformed output are each named here, beside the loop that meets them.
 from __future__ import annotations
 
 import email.utils
+import html
 import json
 import logging
 import math
@@ -446,6 +448,9 @@ class LlmProgram:
                 what = f"the model endpoint refused the request (HTTP {status}): ${self.api_key_env} {unset}, so no API key was sent"
             elif isinstance(exc, (openai.AuthenticationError, openai.PermissionDeniedError)):
                 what = f"the model endpoint refused the API key from ${self.api_key_env} (HTTP {status})"
+            elif status == 404 and not isinstance(exc.body, dict):  # no API's own error: nothing answers at that URL
+                what = (f"the model endpoint has no {self.base_url.rstrip('/')}/chat/completions "
+                        f"(HTTP 404; is base_url, SUBAGENTS_LLM_BASE_URL, right?)")
             else:
                 what = f"the model endpoint rejected the request (HTTP {status})"
             return f"{what}: {body}" if body else what
@@ -681,6 +686,21 @@ def _clip(text: str) -> str:
     return text if len(text) <= _BODY_CHARS else text[:_BODY_CHARS] + "…"
 
 
+# an error body that is a web page (a proxy's, a CDN's), its title, and what is no text of it (markup, scripts, comments)
+_HTML = re.compile(r"\s*(<!doctype html|<html|<!--|<head)", re.IGNORECASE)
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title", re.IGNORECASE | re.DOTALL)
+_NOT_TEXT = re.compile(r"<script.*?</script\s*>|<style.*?</style\s*>|<!--.*?-->|<[^>]*>", re.IGNORECASE | re.DOTALL)
+
+
+def _page_gist(page: str) -> str:
+    """An HTML error page in words: its title, else its text. Quoted raw, its first 300 characters were markup
+    (Cloudflare's page opens with conditional comments) and never said what failed."""
+    title = _TITLE.search(page)
+    if title is not None and title.group(1).strip():
+        return f'an HTML page titled "{" ".join(html.unescape(title.group(1)).split())}"'
+    return f"an HTML page: {' '.join(html.unescape(_NOT_TEXT.sub(' ', page)).split())}"
+
+
 def _body_text(exc: Any) -> str:
     """The endpoint's error message (not the whole body), bounded."""
     body = getattr(exc, "body", None)
@@ -688,7 +708,7 @@ def _body_text(exc: Any) -> str:
         inner = body.get("error", body)
         text = inner.get("message") if isinstance(inner, dict) and isinstance(inner.get("message"), str) else json.dumps(body)
     elif isinstance(body, str):
-        text = body
+        text = _page_gist(body) if _HTML.match(body) else body
     else:
         text = ""
     return _clip(text)
