@@ -26,14 +26,17 @@ HTML is quoted by its title, not its markup.
 Text the model sends beside tool calls is recorded (``assistant/message``),
 and the transcript rebuilt for a later turn keeps the tool calls and their
 results, so a resumed child knows what it did (the ids of children it
-started). A reply cut off at the token limit ends the turn ``max-tokens``
-without running the tool calls it holds (their arguments may be cut too);
+started); a turn that ended before the model answered is said so there, as
+the assistant's part, so the roles alternate as strict chat templates want.
+A reply cut off at the token limit ends the turn ``max-tokens`` without
+running the tool calls it holds (their arguments may be cut too);
 arguments that are not a JSON object are answered as an error, never run as
 ``{}``. Every call is logged with its answer, the failed ones too (an unknown
 tool, arguments that are no JSON object or hold a number the store cannot
-hold, NaN among them, or a call larger than one store record, logged cut): a later turn's rebuilt
-transcript is what the model saw. A reply whose text is larger than one record ends the turn ``error``
-saying so (the store's own refusal named an event, not the model).
+hold, NaN among them, or a call larger than one store record, logged cut):
+a later turn's rebuilt transcript is what the model saw. A reply whose text is
+larger than one record ends the turn ``error`` saying so (the store's own
+refusal named an event, not the model).
 An ``output_schema`` is given to the model in the system prompt.
 
 The key is read from the environment variable named by ``api_key_env`` at
@@ -170,8 +173,18 @@ def _transcript(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 answered[call_id] = answer
             else:
                 out.append(answer)
+        elif kind == "turn/end" and out and out[-1]["role"] == "user":
+            # a turn that ended before the model answered (the endpoint failed, an interrupt): said so, for the next
+            # turn's message would follow the prompt directly, which endpoints whose roles must alternate refuse for good
+            out.append({"role": "assistant", "content": _no_reply(data)})
     close_step()
     return out
+
+
+def _no_reply(end: dict[str, Any]) -> str:
+    """What the transcript says in place of the reply a turn ended without (its stop reason and diagnostic)."""
+    why = end.get("diagnostic")
+    return f"(no reply: that turn ended {end.get('stop_reason')}{f': {why}' if isinstance(why, str) and why else ''})"
 
 
 # the finish reasons of a reply that ended as the model meant it to (``None``: an endpoint that sends none);
