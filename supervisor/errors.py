@@ -448,6 +448,16 @@ class ThreadStartError(SubagentError, RuntimeError):
         super().__init__(f"a thread for {what} could not be started: {exc} (the user's process limit, ulimit -u, "
                          "or the memory for its stack)", what=what)
 
+    @classmethod
+    def of(cls, exc: BaseException) -> "ThreadStartError | None":
+        """``exc`` as this error when it says a thread could not be started: this error, or the interpreter's
+        own ``RuntimeError`` (a worker thread ``anyio.to_thread`` could not make for a store call); else None."""
+        if isinstance(exc, ThreadStartError):
+            return exc
+        if type(exc) is RuntimeError and str(exc) == "can't start new thread":
+            return cls("a store call", exc)
+        return None
+
 
 class RayUnavailableError(SubagentError, RuntimeError):
     """Raised by ``Supervisor.open`` with ``pool = "ray"`` when Ray cannot serve this host.

@@ -63,7 +63,7 @@ from .backend import Pool, PoolStatistics
 from .continuable import ContinuationManager
 from .control_poller import ControlPoller
 from .event_loop import deliver_held_back, hold_back, require_asyncio, require_loop, results_first, to_its_end
-from .errors import InvalidRequestError, SupervisorClosedError, TeardownFailedError, UnauthorizedError, WaitTimeoutError
+from .errors import InvalidRequestError, SupervisorClosedError, TeardownFailedError, ThreadStartError, UnauthorizedError, WaitTimeoutError
 from .events import EVENT_NAMES, EventBus, HostStop
 from .interrupts import Interrupts
 from .lease_keeper import LeaseKeeper
@@ -217,8 +217,12 @@ class Supervisor:
                 # earlier (dropped after a bare ``__aenter__``), the close ran in a task of the garbage
                 # collector's choosing and cancelled the task the task group was entered in, the host's own
                 sup = cls(handle, cfg, tg, host_stop, opening=held)
-                # space only gc spends, so a disk this store fills can still be collected (store/reserve.py)
-                await sup.runtime.store_thread.run(keep_reserve, handle)
+                try:
+                    # space only gc spends, so a disk this store fills can still be collected (store/reserve.py)
+                    await sup.runtime.store_thread.run(keep_reserve, handle)
+                except BaseException as exc:  # its first thread that cannot start: ThreadStartError
+                    own_error = exc
+                    raise
                 try:
                     try:
                         await sup.pool.start(tg)
@@ -257,8 +261,17 @@ class Supervisor:
             # The task group wraps whatever left the body (or the pool's start); when that is
             # all it holds, the caller gets that exception back (``except ValueError`` must see
             # a ValueError, ``except SubagentError`` a worker that could not start).
-            if isinstance(exc, BaseExceptionGroup) and own_error is not None and exc.split(lambda leaf: leaf is own_error)[1] is None:
-                raise own_error from None
+            # A background task that could not get a thread (anyio's, for a store call) beside it says the same
+            # as the coded error, once more: the caller gets that error alone (ThreadStartError.of).
+            if isinstance(exc, BaseExceptionGroup):
+                if own_error is not None and exc.split(lambda leaf: leaf is own_error or ThreadStartError.of(leaf) is not None)[1] is None:
+                    for leaf in _leaves(exc):
+                        if leaf is not own_error:
+                            log.warning("%s", ThreadStartError.of(leaf))
+                    raise own_error from None
+                if own_error is None and exc.split(lambda leaf: ThreadStartError.of(leaf) is not None)[1] is None:
+                    first = next(leaf for leaf in _leaves(exc))
+                    raise ThreadStartError.of(first) or first from None
             raise
 
     @classmethod
@@ -739,3 +752,11 @@ class Supervisor:
             store_thread=self.runtime.store_thread.statistics(),
             open_mailboxes=self.continuation.open_mailboxes(),
         )
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    """The exceptions a (nested) group holds, in order."""
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out

@@ -48,3 +48,27 @@ def test_a_start_that_cannot_make_a_thread_says_so_and_the_next_one_runs(tmp_pat
     assert first["first"] == "THREAD_START_FAILED", (first, proc.stderr[-3000:])
     assert "thread" in first["text"] and "ulimit -u" in first["text"], first
     assert second == {"second": "completed", "output": "second"}, second
+
+
+OPEN = r'''
+import json, sys, threading, anyio
+from subagents import Supervisor, SupervisorConfig, SubagentError
+
+async def main(store: str) -> None:
+    threading.stack_size(1 << 40)  # the supervisor's first thread cannot be made
+    try:
+        async with Supervisor.open(store=store, config=SupervisorConfig(pool_size=1, durability="none")):
+            print(json.dumps({"opened": True}), flush=True)
+    except SubagentError as exc:
+        print(json.dumps({"code": exc.code}), flush=True)
+
+anyio.run(main, sys.argv[1])
+'''
+
+
+def test_a_supervisor_that_cannot_make_its_first_thread_says_so_without_an_exception_group(tmp_path: Path) -> None:
+    """``Supervisor.open`` gives the caller the coded error, as it does a worker that cannot start: an
+    ``except SubagentError`` around it must see it, not an ``ExceptionGroup`` of one."""
+    proc = subprocess.run([sys.executable, "-c", OPEN, str(tmp_path / "store")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr[-3000:])
+    assert [json.loads(line) for line in proc.stdout.splitlines()] == [{"code": "THREAD_START_FAILED"}], proc.stderr[-3000:]
