@@ -40,6 +40,8 @@ import anyio
 from anyio.lowlevel import EventLoopToken
 
 from subagents.store import LogWriter, OneShotDescriptor, acquire_lease, delete_session, release_lease
+from subagents.store.appender import frame_record
+from subagents.store.events import widest_event
 from subagents.store.lease import taken_over
 from subagents.store.control import ControlRecord
 from subagents.store.errors import FencedError, SessionNotFoundError, SubagentError
@@ -277,7 +279,11 @@ class OneShotRuns:
         prompt = prompt_text(request.prompt)
         message_id = rt.ids.new()
         events = delegation_events(placement.sandbox, OneShotDescriptor(provider=provider.name, label=request.label))
-        events.append(("message/accepted", {"message_id": message_id, "source": {"kind": "user"}, "content": prompt}))
+        accepted = {"message_id": message_id, "source": {"kind": "user"}, "content": prompt}
+        # a prompt no record holds is the caller's oversized message, as a continuable child's is (the mailbox's
+        # MESSAGE_TOO_LARGE): the store's RECORD_TOO_LARGE named a "message/accepted" event no model ever sees
+        frame_record(widest_event("message/accepted", accepted), rt.store.max_record_bytes, f"the prompt of {child_id}", "MESSAGE_TOO_LARGE")
+        events.append(("message/accepted", accepted))
         created = await self._create(
             NewSession(
                 child_id, parent_session=placement.parent_id, origin="subagent", delegation_depth=placement.depth, events=events,
