@@ -62,6 +62,8 @@ from .validation import Placement, delegation_events, place_child, prompt_text, 
 __all__ = ["CancelToken", "SubagentRun", "OneShotRuns", "TurnChildren", "result_from_outcome", "one_shot_turn_spec"]
 
 log = logging.getLogger(__name__)
+# more than a prompt's ``message/accepted`` record adds to its text (ids, source, the event's envelope)
+PROMPT_ENVELOPE_BYTES = 1024
 
 _STOP_REASONS = ("completed", "aborted", "error", "max-tokens", "refusal", "budget-exhausted")
 
@@ -281,8 +283,12 @@ class OneShotRuns:
         events = delegation_events(placement.sandbox, OneShotDescriptor(provider=provider.name, label=request.label))
         accepted = {"message_id": message_id, "source": {"kind": "user"}, "content": prompt}
         # a prompt no record holds is the caller's oversized message, as a continuable child's is (the mailbox's
-        # MESSAGE_TOO_LARGE): the store's RECORD_TOO_LARGE named a "message/accepted" event no model ever sees
-        frame_record(widest_event("message/accepted", accepted), rt.store.max_record_bytes, f"the prompt of {child_id}", "MESSAGE_TOO_LARGE")
+        # MESSAGE_TOO_LARGE): the store's RECORD_TOO_LARGE named a "message/accepted" event no model ever sees.
+        # Framed here only when it may not fit (4 bytes a character at most, and the envelope): the creation
+        # frames it anyway, and a short prompt is not encoded twice on the hot path
+        if 4 * len(prompt) + PROMPT_ENVELOPE_BYTES > rt.store.max_record_bytes:
+            frame_record(widest_event("message/accepted", accepted), rt.store.max_record_bytes, f"the prompt of {child_id}",
+                         "MESSAGE_TOO_LARGE")
         events.append(("message/accepted", accepted))
         created = await self._create(
             NewSession(
