@@ -13,7 +13,7 @@ The client is ``openai.AsyncOpenAI`` with ``base_url`` (DeepSeek and any
 compatible endpoint), for its typed errors. The program makes the attempts
 itself: each one whole within ``timeout_s`` (a reply that trickles bytes
 forever is cut off there, which the client's read timeout alone never does),
-retried with exponential backoff on 429, 5xx, timeouts and dropped
+retried with exponential backoff on 429 (not an exhausted quota), 5xx, timeouts and dropped
 connections up to ``max_retries`` times, honouring ``Retry-After`` and
 ``x-should-retry`` (an endpoint asking for more than a minute's wait is not
 waited for: the turn ends saying so). Every failure ends the turn with stop
@@ -452,7 +452,9 @@ class LlmProgram:
         if isinstance(exc, openai.APIStatusError):
             body = _body_text(exc)
             status = exc.status_code
-            if isinstance(exc, openai.RateLimitError):
+            if _quota_exhausted(exc):
+                what = f"the model endpoint says the account's quota is used up (HTTP {status}, insufficient_quota){retried}"
+            elif isinstance(exc, openai.RateLimitError):
                 what = f"the model endpoint is rate limiting (HTTP 429){retried}"
             elif status >= 500:
                 what = f"the model endpoint failed (HTTP {status}){retried}"
@@ -681,7 +683,7 @@ def _retry_wait(exc: Exception, attempt: int) -> float | None:
 
     response = getattr(exc, "response", None)
     should = getattr(response, "headers", {}).get("x-should-retry") if response is not None else None
-    if should == "false":
+    if should == "false" or _quota_exhausted(exc):
         return None
     status = getattr(exc, "status_code", None)
     retried = (should == "true" or isinstance(exc, (TimeoutError, openai.APITimeoutError, openai.APIConnectionError))
@@ -692,6 +694,12 @@ def _retry_wait(exc: Exception, attempt: int) -> float | None:
     if asked is not None:
         return asked if asked <= MAX_RETRY_WAIT_S else None
     return min(0.5 * 2 ** attempt, 8.0) * random.uniform(0.75, 1.0)
+
+
+def _quota_exhausted(exc: Exception) -> bool:
+    """Whether the endpoint says the account's quota is used up (OpenAI's ``insufficient_quota``, sent with a
+    429): no wait helps it, so it is not retried as a passing rate limit is, and it is said as what it is."""
+    return "insufficient_quota" in (getattr(exc, "code", None), getattr(exc, "type", None))
 
 
 def _clip(text: str) -> str:
