@@ -58,3 +58,24 @@ async def test_the_turn_after_one_the_endpoint_failed_keeps_the_roles_alternatin
         {"role": "assistant", "content": "(no reply: that turn ended error: the model endpoint failed (HTTP 500): upstream down)"},
         {"role": "user", "content": "try again"},
     ]
+
+
+def test_messages_taken_together_are_one_user_message() -> None:
+    """Quiet messages (a child's report, a settlement notice) taken with the message that wakes the agent
+    come one after another in its log, with no reply between: as two user messages in a row, a strict chat
+    template refuses them (found by the same probe). They are sent as one user message, in log order."""
+    from subagents.worker.programs.llm import _transcript
+
+    events = [
+        {"type": "message/accepted", "data": {"content": "first task"}},
+        {"type": "assistant/message", "data": {"text": "started a helper"}},
+        {"type": "turn/end", "data": {"stop_reason": "completed"}},
+        {"type": "message/accepted", "data": {"content": "Background subagent X reported:\nhalf done"}},
+        {"type": "message/accepted", "data": {"content": {"kind": "structured"}}},
+        {"type": "message/accepted", "data": {"content": "go on"}},
+    ]
+    assert _transcript(events) == [
+        {"role": "user", "content": "first task"},
+        {"role": "assistant", "content": "started a helper"},
+        {"role": "user", "content": 'Background subagent X reported:\nhalf done\n\n{"kind": "structured"}\n\ngo on'},
+    ]

@@ -147,7 +147,13 @@ def _transcript(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if kind == "message/accepted":
             close_step()
             content = data.get("content")
-            out.append({"role": "user", "content": content if isinstance(content, str) else json.dumps(content)})
+            text = content if isinstance(content, str) else json.dumps(content)
+            if out and out[-1]["role"] == "user":
+                # taken together with no reply between (quiet reports and notices, then the message that woke the
+                # agent): one user message, for strict chat templates refuse two in a row
+                out[-1] = {"role": "user", "content": f"{out[-1]['content']}\n\n{text}"}
+            else:
+                out.append({"role": "user", "content": text})
             open_step = None
         elif kind == "step/start":
             close_step()
