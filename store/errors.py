@@ -351,6 +351,8 @@ class FencedError(SubagentError):
 NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 # no file descriptor left, in this process or the system: nothing wrong with the file being opened
 OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
+# what an error for want of a descriptor tells its reader to do (a creation's, a worker start's)
+NO_DESCRIPTOR_LEFT = "this process has no file descriptor left: raise its open-file limit, ulimit -n"
 
 
 class DurabilityError(SubagentError, OSError):

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .atomic import NewFile, fsync_dir, remove_durably, write_unnamed
-from .errors import OUT_OF_DESCRIPTORS, DurabilityError, SessionExistsError, SessionNotFoundError, SubagentError
+from .errors import NO_DESCRIPTOR_LEFT, OUT_OF_DESCRIPTORS, DurabilityError, SessionExistsError, SessionNotFoundError, SubagentError
 from .framing import encode_record
 from .header import SessionHeader, parse_header
 from .ids import is_valid_session_id, validate_session_id
@@ -268,12 +268,11 @@ def _reported(request: NewSession, outcome: CreatedSession | BaseException) -> C
     No descriptor left (``OUT_OF_DESCRIPTORS``) is no disk fault: the text says which limit to raise, and
     ``out_of_descriptors`` lets a caller tell it apart (the same call succeeds once descriptors are back)."""
     if isinstance(outcome, OSError) and not isinstance(outcome, SubagentError):
-        session_id = request.session_id
+        fields: dict[str, Any] = {"session_id": request.session_id}
+        hint = ""
         if outcome.errno in OUT_OF_DESCRIPTORS:
-            failure = DurabilityError(f'creating session "{session_id}" failed: {outcome} (this process has no file descriptor '
-                                      "left: raise its open-file limit, ulimit -n)", session_id=session_id, out_of_descriptors=True)
-        else:
-            failure = DurabilityError(f'creating session "{session_id}" failed: {outcome}', session_id=session_id)
+            fields["out_of_descriptors"], hint = True, f" ({NO_DESCRIPTOR_LEFT})"
+        failure = DurabilityError(f'creating session "{request.session_id}" failed: {outcome}{hint}', **fields)
         failure.__cause__ = outcome
         return failure
     return outcome

@@ -34,7 +34,7 @@ from __future__ import annotations
 import errno
 from typing import Any
 
-from subagents.store.errors import SubagentError
+from subagents.store.errors import NO_DESCRIPTOR_LEFT, OUT_OF_DESCRIPTORS, SubagentError
 from subagents.store.records import finite_number
 from subagents.worker.errors import describe_exit
 from subagents.worker.tools import SANDBOX_MODES
@@ -421,8 +421,8 @@ class WorkerStartError(SubagentError, RuntimeError):
     def not_launched(cls, start_method: str, exc: BaseException) -> "WorkerStartError":
         """``exc`` stopped the launch; one that says the host had no descriptor or process left says which limit to raise."""
         why = f"{type(exc).__name__}: {exc}"
-        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
-            why += " (this process has no file descriptor left: raise its open-file limit, ulimit -n)"
+        if isinstance(exc, OSError) and exc.errno in OUT_OF_DESCRIPTORS:
+            why += f" ({NO_DESCRIPTOR_LEFT})"
         elif isinstance(exc, OSError) and exc.errno == errno.EAGAIN:
             why += " (no process could be made: the user's process limit, ulimit -u, or the system's)"
         return cls(f"a worker process could not be started (start method {start_method}): {why}", pid=None, exitcode=None)

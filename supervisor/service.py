@@ -270,7 +270,7 @@ class Supervisor:
                             log.warning("%s", ThreadStartError.of(leaf))
                     raise own_error from None
                 if own_error is None and exc.split(lambda leaf: ThreadStartError.of(leaf) is not None)[1] is None:
-                    first = next(leaf for leaf in _leaves(exc))
+                    first = _leaves(exc)[0]
                     raise ThreadStartError.of(first) or first from None
             raise
 
