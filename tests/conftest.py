@@ -20,6 +20,7 @@ import sys
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import anyio
@@ -146,21 +147,35 @@ def disk_snapshot(st: Store) -> tuple[list[str], list[str]]:
     return sorted(names), sorted(os.listdir(st.children_index_dir))
 
 
-def session_processes(sid: int) -> list[int]:
-    """The processes of session ``sid`` still running (zombies count as gone): what a host started in a session
-    of its own (``start_new_session``) left behind, its workers and its cluster's processes."""
-    found = []
+@dataclass(frozen=True)
+class LiveProcess:
+    """One running process, from ``/proc/<pid>/stat``."""
+
+    ppid: int
+    session: int
+    started: int  # clock ticks since boot: with the pid, names one process, never a later one given its pid
+
+
+def live_processes() -> dict[int, LiveProcess]:
+    """Every process running now, by pid (zombies count as gone)."""
+    found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as handle:
                 fields = handle.read().rsplit(")", 1)[1].split()
-        except OSError:
+        except OSError:  # gone meanwhile
             continue
-        if int(fields[3]) == sid and fields[0] not in ("Z", "X"):
-            found.append(int(entry))
+        if fields[0] not in ("Z", "X"):
+            found[int(entry)] = LiveProcess(ppid=int(fields[1]), session=int(fields[3]), started=int(fields[19]))
     return found
+
+
+def session_processes(sid: int) -> list[int]:
+    """The processes of session ``sid`` still running (zombies count as gone): what a host started in a session
+    of its own (``start_new_session``) left behind, its workers and its cluster's processes."""
+    return [pid for pid, process in live_processes().items() if process.session == sid]
 
 
 def started_child(st: Path, *, timeout: float = DEADLINE_S, proc: "subprocess.Popen[str] | None" = None) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from ..conftest import LiveProcess, live_processes
 from .conftest import RAY_TESTS
 
 pytestmark = RAY_TESTS
@@ -38,30 +39,11 @@ time.sleep(600)
 """
 
 
-def _started(pid: int) -> int | None:
-    """When ``pid`` started (clock ticks since boot), None once it is gone or a zombie: a pid with its start
-    time names one process, never a later one given the same pid (pids wrap quickly here)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return None if fields[0] in ("Z", "X") else int(fields[19])
-
-
-def _tree(root: int) -> set[int]:
-    """``root`` and every live process below it, from ``/proc``'s parent pids."""
+def _tree(root: int, processes: dict[int, LiveProcess]) -> set[int]:
+    """``root`` and every live process below it, from their parent pids."""
     children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        if fields[0] not in ("Z", "X"):
-            children.setdefault(int(fields[1]), []).append(int(entry))
+    for pid, process in processes.items():
+        children.setdefault(process.ppid, []).append(pid)
     found, todo = set(), [root]
     while todo:
         pid = todo.pop()
@@ -85,17 +67,19 @@ def test_sigkill_of_a_host_ends_every_process_of_its_simulated_cluster(tmp_path:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SUBAGENTS_")}
     host = subprocess.Popen([sys.executable, "-c", _HOST, "host-death"], cwd=tmp_path, env={**env, "RAY_USAGE_STATS_ENABLED": "0"},
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
-    ours: dict[int, int | None] = {}  # pid: start time
+    ours: dict[int, int] = {}  # pid: start time
 
     def left() -> list[int]:
-        return [pid for pid, started in ours.items() if started is not None and _started(pid) == started]
+        now = live_processes()
+        return [pid for pid, started in ours.items() if pid in now and now[pid].started == started]
 
     try:
         assert host.stdout is not None
         line = host.stdout.readline()
         assert line, f"the host exited ({host.wait()}) before its cluster started"
         services = json.loads(line)  # SimulatedCluster.pids(): what Ray's node objects started
-        ours.update((pid, _started(pid)) for pid in _tree(host.pid) - {host.pid})
+        processes = live_processes()
+        ours.update((pid, processes[pid].started) for pid in _tree(host.pid, processes) - {host.pid})
         assert set(services) <= set(ours), "the cluster's own processes are the host's children"
         assert len(set(ours) - set(services)) >= 6, "the raylets' agents (two per node) were not found"
 
