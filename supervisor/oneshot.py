@@ -56,6 +56,7 @@ from .event_loop import on_loop, require_loop, to_its_end
 from .models import Provider, SubagentRequest, SubagentResult
 from .registry import program_fields
 from .runtime import Runtime
+from .thread_failures import thread_failures_coded
 from .turn_log import read_back
 from .validation import Placement, delegation_events, place_child, prompt_text, request_fields
 
@@ -128,6 +129,7 @@ class SubagentRun:
         self._runs = runs
         self._state = state
 
+    @thread_failures_coded
     async def result(self) -> SubagentResult:
         require_loop(self._runs.loop)  # awaited elsewhere, the result's event would never wake that loop
         await self._state.done.wait()
@@ -161,6 +163,7 @@ class SubagentRun:
         """The one-shot runs this run's turn started, oldest first (none before it ran)."""
         return [] if self._state.children is None else self._state.children.started_runs()
 
+    @thread_failures_coded
     async def dispose(self) -> None:
         """Cancel if still running, wait for the result and quiescence. Idempotent.
 

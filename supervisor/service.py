@@ -77,6 +77,7 @@ from .rpc import TurnRpc
 from .runtime import Runtime
 from .setup import Contribution, SetupRegistry
 from .store_thread import StoreThread, StoreThreadStatistics
+from .thread_failures import thread_failure, thread_failures_coded
 from .validation import request_fields
 
 __all__ = ["Supervisor", "SupervisorStatistics"]
@@ -269,9 +270,9 @@ class Supervisor:
                         if leaf is not own_error:
                             log.warning("%s", ThreadStartError.of(leaf))
                     raise own_error from None
-                if own_error is None and exc.split(lambda leaf: ThreadStartError.of(leaf) is not None)[1] is None:
-                    first = _leaves(exc)[0]
-                    raise ThreadStartError.of(first) or first from None
+                coded = thread_failure(exc) if own_error is None else None
+                if coded is not None:
+                    raise coded from None
             raise
 
     @classmethod
@@ -400,6 +401,7 @@ class Supervisor:
 
     # -- roots -----------------------------------------------------------------------
 
+    @thread_failures_coded
     async def open_root(self, *, label: str | None = None, id: str | None = None, sandbox: str | None = None) -> AgentRef:
         """Open a top-level agent (depth 0): a new session labelled ``label``, or an existing root by ``id``.
 
@@ -437,6 +439,7 @@ class Supervisor:
         self.agents.add_root(root_id, label=stored, sandbox=sandbox, depth=depth)
         return AgentRef(root_id, stored)
 
+    @thread_failures_coded
     async def release_root(self, root: AgentRef | str) -> None:
         """Let go of a root this supervisor opened, without closing: its lease is released, and it is no
         parent here until ``open_root(id=...)`` opens it again (``UNAUTHORIZED`` meanwhile, and for a
@@ -461,6 +464,7 @@ class Supervisor:
 
     # -- one-shot children (OneShotRuns) ------------------------------------------------
 
+    @thread_failures_coded
     async def start(self, provider: str, request: SubagentRequest, *, cancel: CancelToken | None = None) -> SubagentRun:
         """Start a one-shot child; returns once it is published (the caller must dispose it).
 
@@ -475,6 +479,7 @@ class Supervisor:
 
     # -- continuable children (ContinuationManager) ---------------------------------------
 
+    @thread_failures_coded
     async def start_continuable(self, spec: ContinuableSpec) -> tuple[str, str]:
         """Start a continuable child; returns ``(child_id, message_id)`` once the prompt is durably accepted."""
         await self._begin()
@@ -483,6 +488,7 @@ class Supervisor:
             await self._require_root_held(spec.parent)
             return await self.continuation.start_continuable(spec)
 
+    @thread_failures_coded
     async def followup(self, parent: AgentRef | str, child_id: str, content: Any, *, source: dict[str, Any] | None = None) -> str:
         """Send the next FIFO turn to a child of ``parent``; cold-resumes it from the store when needed."""
         await self._begin()
@@ -505,6 +511,7 @@ class Supervisor:
         if lease is None or lease.owner != self.lease_keeper.owner_id or lease.epoch != epoch or lease.state == "released":
             raise FencedError(root_id, epoch=epoch, current_epoch=None if lease is None else lease.epoch)
 
+    @thread_failures_coded
     async def interrupt(
         self, child_id: str, *, authority: UserAuthority | AncestorAuthority, wait_s: float = 0.0,
     ) -> InterruptResult:
@@ -527,6 +534,7 @@ class Supervisor:
         InvalidRequestError.require_seconds(wait_s, "wait_s")  # before a control record is written, not after
         return await self.interrupts.interrupt(child_id, authority, wait_s=wait_s)
 
+    @thread_failures_coded
     async def send(self, child_id: str, content: Any, *, parent: AgentRef | str, source: dict[str, Any] | None = None) -> str:
         """Host-user continuation from any process: the next FIFO turn for a child of root ``parent``.
 
@@ -540,6 +548,7 @@ class Supervisor:
         with results_first():
             return await self.continuation.send(child_id, content, parent=parent_id, source=source)
 
+    @thread_failures_coded
     async def report_from(self, child_id: str, content: Any, *, delivery: str = "wakeup") -> str:
         """A live continuable child's message to its live direct parent (``quiet``: context; ``wakeup``: a turn).
         A ``child_id`` that is no text is ``INVALID_REQUEST`` (a list was a bare ``TypeError``)."""
@@ -555,6 +564,7 @@ class Supervisor:
             raise InvalidRequestError(f"contribution must be callable, not {type(contribution).__name__}", field="contribution")
         return self.runtime.setups.register(contribution)
 
+    @thread_failures_coded
     async def drain(self, parents: list[AgentRef | str]) -> None:
         """Close admission below ``parents`` and dispose their continuable descendants child-first.
 
@@ -570,6 +580,7 @@ class Supervisor:
         if reached.failed:
             raise TeardownFailedError("scoped", reached.failed)
 
+    @thread_failures_coded
     async def drain_remote(self, root: AgentRef | str) -> list[str]:
         """Ask other supervisors to tear down the continuable descendants of ``root`` they host
         (durable ``drain`` control records), and drain here those nobody hosts; returns the ids
@@ -582,6 +593,7 @@ class Supervisor:
             raise TeardownFailedError("scoped", reached.failed, reached=reached.asked + reached.here)
         return reached.asked + reached.here
 
+    @thread_failures_coded
     async def drain_children(self, parent: AgentRef | str, child_ids: list[str]) -> None:
         """Dispose the listed continuable children of ``parent`` (as ``drain``, for those children only,
         wherever they are hosted); ids that name no session are skipped. ``TeardownFailedError`` once
@@ -595,6 +607,7 @@ class Supervisor:
         if reached.failed:
             raise TeardownFailedError("selected", reached.failed)
 
+    @thread_failures_coded
     async def resume_pending(self, root: AgentRef | str) -> list[str]:
         """Run what a closed or crashed host left waiting under ``root`` (a root opened here): each of its
         continuable children that no live supervisor hosts and whose mailbox holds messages no turn took is
@@ -603,6 +616,7 @@ class Supervisor:
         self._check_open()
         return await self.continuation.resume_pending(self._own_root(root))
 
+    @thread_failures_coded
     async def take_messages(self, root: AgentRef | str) -> list[MailboxMessage]:
         """Messages delivered to a root (reports, settlement notices), consumed durably into its log."""
         self._check_open()
@@ -663,6 +677,7 @@ class Supervisor:
                     raise
                 epoch = self._root_epochs[root_id]
 
+    @thread_failures_coded
     async def wait_for_message(self, root: AgentRef | str, *, timeout_s: float | None = None) -> list[MailboxMessage]:
         """Wait until messages reach a root's mailbox, take them, and return them (the host side of ``report``).
 
@@ -702,6 +717,7 @@ class Supervisor:
 
     # -- catalog (store) ------------------------------------------------------------------
 
+    @thread_failures_coded
     async def list_children(self, parent_id: AgentRef | str, query: Query | None = None) -> list[ChildEntry | DiagnosticEntry]:
         """Direct children in creation order; ``query`` filters by status, outcome, label glob and time. The parent
         is an id or the ``AgentRef`` that ``open_root`` returned, as for ``start`` and ``followup``; a session with no
@@ -711,6 +727,7 @@ class Supervisor:
         parent = ref_id(parent_id)
         return await anyio.to_thread.run_sync(list_children, self.store, parent, query)
 
+    @thread_failures_coded
     async def list_descendants(self, root_id: AgentRef | str, query: Query | None = None) -> list[DescendantRow]:
         """Every descendant in pre-order; ``query`` keeps the matching rows (``root_id`` as ``list_children``'s parent)."""
         self._check_open()
@@ -718,6 +735,7 @@ class Supervisor:
         root = ref_id(root_id, "root_id")
         return await anyio.to_thread.run_sync(list_descendants, self.store, root, query)
 
+    @thread_failures_coded
     async def gc(
         self, older_than_s: float, *, outcomes: tuple[str, ...] | list[str] | set[str] | frozenset[str] = (), dry_run: bool = False,
     ) -> GcReport:
