@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import anyio
 
-from subagents.store import SubagentError, check_lease, list_children, list_descendants
+from subagents.store import SubagentError, check_lease, list_children, list_descendants, validate_session_id
 from subagents.store.errors import FencedError
 from subagents.worker.protocol import TurnSpec
 
@@ -185,7 +185,10 @@ class TurnRpc:
         return await self._continuation.report_from(self._spec.session_id, content, delivery=delivery)
 
     async def _rpc_interrupt(self, child_id: str) -> bool:
+        """A well-formed id with no running turn under this caller is no error (False); an id no session can
+        have is the caller's mistake (``INVALID_SESSION_ID``), as ``send_message`` and ``Supervisor.interrupt`` say."""
         InvalidRequestError.require(child_id, str, "child_id")
+        validate_session_id(child_id)
         return self._continuation.interrupt(child_id, AncestorAuthority(self._spec.session_id))
 
 

@@ -330,7 +330,8 @@ class TurnContext:
     async def interrupt(self, child_id: str) -> bool:
         """Stop the running turn of a continuable descendant; whether one was stopped. As in the reference,
         what has no turn to stop here (a one-shot child, which its ``spawn`` handle disposes; an idle or
-        unknown id) is no error: the answer is False, never a success that did nothing."""
+        unknown id) is no error: the answer is False, never a success that did nothing. An id no session
+        can have (``../x``) is ``INVALID_SESSION_ID``, as ``send_message`` answers it."""
         return bool(await self._call("interrupt", child_id=child_id))
 
 

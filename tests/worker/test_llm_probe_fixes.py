@@ -257,3 +257,18 @@ async def test_interrupt_agent_says_when_it_found_no_turn_to_stop(tmp_path, endp
     assert told == ["interrupt requested for agent 01NOSUCHAGENT0000000000000: it had no turn running, so nothing was stopped"]
     [answer] = [data for kind, data in _tool_events(events) if kind == "tool/result"]
     assert answer["value"]["is_error"] is False
+
+
+async def test_interrupt_agent_with_a_malformed_id_is_invalid_session_id_as_send_message_is(tmp_path, endpoint) -> None:
+    """An id no session can have is the caller's mistake: ``interrupt_agent`` answered it as a well-formed
+    id it found idle (``interrupt requested ...: nothing was stopped``), while ``send_message`` and the
+    public ``Supervisor.interrupt`` said ``INVALID_SESSION_ID`` (found by a probe). A well-formed absent id
+    is still the no-op above."""
+    base_url, seen, answers = endpoint
+    answers += [completion(calls=[("interrupt_agent", {"agent_id": "../x"}), ("send_message", {"subagent_id": "../x", "message": "hi"})]),
+                completion("done")]
+    result, events, _ = await run_once(tmp_path, program(base_url))
+    assert (result.stop_reason, result.output) == ("completed", "done"), result
+    told = [m["content"] for m in seen[1]["messages"] if m["role"] == "tool"]
+    assert told == ["INVALID_SESSION_ID: invalid session id '../x'"] * 2
+    assert [data["is_error"] for kind, data in _tool_events(events) if kind == "tool/result"] == [True, True]
