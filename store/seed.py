@@ -16,6 +16,12 @@ string made a log that read as a torn tail; a key the envelope does not have
 word, so what the caller meant by it was lost. An ``ignorable`` mark is kept,
 not dropped: without it an event a newer writer made skippable becomes one
 that makes the copy unreadable.
+
+A seed also ends between turns: one whose last ``turn/start`` has no
+``turn/end`` after it made a session that read as running a turn nobody ran
+(its projection's ``open_turn`` set from its creation, for the next writer to
+repair as a crash). A fork's prefix ends at its source's last ``turn/end``,
+so it always does.
 """
 
 from __future__ import annotations
@@ -34,16 +40,25 @@ SEED_KEYS = ("seq", "ts", "type", "data", "epoch", "ignorable")
 
 def seed_rows(seed: Sequence[Any], now: float) -> list[dict[str, Any]]:
     """The seed as log records (``seq`` from 0, ``epoch`` 0, its own ``ts`` or ``now``), or
-    ``InvalidRecordError`` naming the first event a reader would refuse."""
+    ``InvalidRecordError`` naming the first event a reader would refuse, or the ``turn/start`` of a
+    turn the seed leaves open."""
     rows: list[dict[str, Any]] = []
+    open_turn: int | None = None
     for i, event in enumerate(seed):
         problem = _problem(i, event)
         if problem is not None:
             raise InvalidRecordError(f"seed event {i}", problem)
+        if event["type"] == "turn/start":
+            open_turn = i
+        elif event["type"] == "turn/end":
+            open_turn = None
         row = {"seq": i, "ts": event.get("ts", now), "type": event["type"], "data": event.get("data"), "epoch": 0}
         if event.get("ignorable") is True:
             row["ignorable"] = True
         rows.append(row)
+    if open_turn is not None:
+        raise InvalidRecordError(f"seed event {open_turn}", "the seed ends inside an open turn (this turn/start has no turn/end): "
+                                 "a seed ends between turns")
     return rows
 
 

@@ -74,3 +74,27 @@ def test_a_seed_copied_with_its_seqs_and_epochs_is_renumbered_as_written(st: sto
     events = inspect(st, child).events
     assert [(e["seq"], e["epoch"], e["ts"], e["type"]) for e in events] == [(0, 0, 1.5, "turn/start"), (1, 0, 1.5, "turn/end")]
     assert not check_store(st).violations
+
+
+@pytest.mark.parametrize(
+    ("seed", "open_at"),
+    [
+        ([{"type": "turn/start", "data": {"message_id": "m1"}}], 0),
+        ([*TURN, {"type": "turn/start", "data": {"message_id": "m2"}}, {"type": "step/start", "data": {}}], 2),
+    ],
+)
+def test_a_seed_that_ends_inside_an_open_turn_is_refused_and_nothing_is_made(st: store.Store, seed: list[Any], open_at: int) -> None:
+    """A seed ending after a ``turn/start`` with no ``turn/end`` made a session that read as running a turn nobody
+    ran (found by a probe; its projection had ``open_turn`` set from its creation). A fork's prefix ends at its
+    source's last ``turn/end`` (the fork tests), so only a hand-made seed is refused."""
+    root = new_id()
+    create_session(st, root)
+    child = new_id()
+    with pytest.raises(InvalidRecordError) as caught:
+        create_session(st, child, parent_session=root, seed=seed)
+    assert caught.value.code == "INVALID_RECORD"
+    assert str(caught.value) == (f"seed event {open_at} cannot be stored: the seed ends inside an open turn "
+                                 "(this turn/start has no turn/end): a seed ends between turns")
+    assert not st.exists(child)
+    assert store.list_children(st, root) == []
+    assert not check_store(st).violations
