@@ -178,11 +178,19 @@ def prompt_text(prompt: Any) -> str:
         raise InvalidRequestError(f"a prompt or message must be text or a JSON document ({type(exc).__name__}: {exc})") from None
 
 
-def delegation_events(sandbox: str | None, descriptor: OneShotDescriptor | ContinuableDescriptor) -> list[tuple[str, Any]]:
-    """The events every child's log opens with: the delegated sandbox mode, no interactive approval, the descriptor."""
-    events: list[tuple[str, Any]] = []
+def delegation_events(
+    sandbox: str | None, descriptor: OneShotDescriptor | ContinuableDescriptor, *, fork: bool = False,
+) -> list[tuple[str, Any]]:
+    """The events every child's log opens with: the delegated sandbox mode, no interactive approval, the descriptor.
+
+    A ``fork`` (a child seeded with its source's prefix) opens with its descriptor, then ``session/end-seed``,
+    then the policy: the reference's seed is the prefix and the descriptor, which its session closes, and the
+    policy is written after; so the fork's descriptor is at ``seq == seed_length``, where resume looks first,
+    and a reader of the log sees the seed close right after it."""
+    policy: list[tuple[str, Any]] = []
     if sandbox is not None:
-        events.append(("sandbox/mode", {"mode": sandbox, "source": "delegation"}))
-    events.append(("approval/policy", {"policy": "never", "source": "delegation"}))
-    events.append(("subagent/descriptor", descriptor.to_record()))
-    return events
+        policy.append(("sandbox/mode", {"mode": sandbox, "source": "delegation"}))
+    policy.append(("approval/policy", {"policy": "never", "source": "delegation"}))
+    if fork:
+        return [("subagent/descriptor", descriptor.to_record()), ("session/end-seed", {}), *policy]
+    return [*policy, ("subagent/descriptor", descriptor.to_record())]

@@ -130,14 +130,12 @@ class Materializer:
             program=provider.program if isinstance(provider.program, str) else None,
         )
         prompt = prompt_text(spec.prompt)
-        events = delegation_events(placement.sandbox, descriptor)
         seed: list[dict[str, Any]] = []
         if provider.inherits_parent_context:
             seed = await anyio.to_thread.run_sync(self._fork_prefix, parent_id)
-        if seed:
-            # closes the seed, after the descriptor as the reference's seed does: a reader of the log
-            # (``subagents log``) sees where the source's turns end and the fork's own begin
-            events.append(("session/end-seed", {}))
+        # a non-empty seed is closed by ``session/end-seed`` after the descriptor: a reader of the log
+        # (``subagents log``) sees where the source's turns end and the fork's own begin
+        events = delegation_events(placement.sandbox, descriptor, fork=bool(seed))
 
         def create() -> str:
             try:

@@ -93,7 +93,19 @@ async def test_a_fork_marks_where_its_inherited_seed_ends(tmp_path) -> None:
         seed = read_header(sup.store, fork.id).seed_length
         own = [e["type"] for e in inspect(sup.store, fork.id).events[seed:]]
         assert own.count("session/end-seed") == 1, own
-        marker = own.index("session/end-seed")
-        assert own[marker - 1] == "subagent/descriptor" and own[marker + 1] == "message/accepted", own
+        assert own.index("session/end-seed") < own.index("message/accepted"), own
         # the source was no fork: it has no marker
         assert all(e["type"] != "session/end-seed" for e in inspect(sup.store, _parent_id).events)
+
+
+async def test_a_fork_opens_its_own_events_with_its_descriptor_then_the_seed_marker_then_its_policy(tmp_path) -> None:
+    """The reference seeds a fork with its source's prefix and the fork's descriptor, the session closes that
+    seed, and the delegated policy comes after: the descriptor at ``seq == seed_length``. Ours wrote
+    ``approval/policy`` first, then the descriptor, then ``session/end-seed`` (found by a probe comparing the
+    two logs). A child that is no fork keeps its order (policy, descriptor) and has no marker."""
+    async with forked(tmp_path) as (sup, _root, parent_id, fork):
+        seed = read_header(sup.store, fork.id).seed_length
+        own = [e["type"] for e in inspect(sup.store, fork.id).events[seed:]]
+        assert own[:4] == ["subagent/descriptor", "session/end-seed", "approval/policy", "message/accepted"], own
+        plain = [e["type"] for e in inspect(sup.store, parent_id).events]
+        assert plain[:3] == ["approval/policy", "subagent/descriptor", "message/accepted"], plain
