@@ -2,7 +2,7 @@
 
     SubagentError (store/errors.py)
     ├── RegistryError             DUPLICATE_PROVIDER, NO_PROVIDER, UNSUPPORTED_CAPABILITY
-    ├── InvalidRequestError       INVALID_REQUEST: a request field breaks its rule (also ValueError)
+    ├── InvalidRequestError       INVALID_REQUEST: a request field breaks its rule (also ValueError); LABEL_TOO_LARGE
     ├── SubagentDepthError        DEPTH_EXCEEDED: attempted_depth > max_depth
     ├── CancelledBeforeStartError CANCELLED: cancelled before the run was published
     ├── SupervisorClosedError     SUPERVISOR_CLOSED: the service is closing or closed
@@ -129,6 +129,13 @@ class InvalidRequestError(SubagentError, ValueError):
         """``open_root(id=..., label=...)`` with a label that is not the root's own."""
         shown = f'"{stored}"' if stored is not None else "no label"
         return cls(f'root "{session_id}" has {shown}, not "{asked}"', session_id=session_id, label=stored)
+
+    @classmethod
+    def label_too_large(cls, label: str, record_bytes: int, limit: int) -> "InvalidRequestError":
+        """A label its record (descriptor, header) cannot hold: named for the label, as a message is ``MESSAGE_TOO_LARGE``."""
+        size = len(label.encode("utf-8"))
+        return cls(f"label of {size} bytes is too large for the store's record size limit of {limit} bytes (max_record_bytes)",
+                   code="LABEL_TOO_LARGE", field="label", size=size, record_size=record_bytes, limit=limit)
 
     @classmethod
     def require(cls, value: Any, kinds: type | tuple[type, ...], name: str) -> None:

@@ -58,7 +58,7 @@ from .registry import program_fields
 from .runtime import Runtime
 from .thread_failures import thread_failures_coded
 from .turn_log import read_back
-from .validation import Placement, delegation_events, place_child, prompt_text, request_fields
+from .validation import Placement, check_label_fits, delegation_events, place_child, prompt_text, request_fields
 
 __all__ = ["CancelToken", "SubagentRun", "OneShotRuns", "TurnChildren", "result_from_outcome", "one_shot_turn_spec"]
 
@@ -277,13 +277,15 @@ class OneShotRuns:
             max_depth=request.max_depth, budget=request.budget, tool_filter=request.tool_filter, output_schema=request.output_schema,
             texts={"persona": request.persona, "model": request.model, "label": request.label},
         )
+        descriptor = OneShotDescriptor(provider=provider.name, label=request.label)
+        check_label_fits(descriptor, rt.store.max_record_bytes)
         placement = place_child(rt.agents, rt.store, request.parent_id, max_depth=fields.max_depth, host_max_depth=rt.config.max_depth, sandbox=request.sandbox)
         if cancel is not None and cancel.is_set():
             raise CancelledBeforeStartError.before_creation()
         child_id = rt.ids.new()
         prompt = prompt_text(request.prompt)
         message_id = rt.ids.new()
-        events = delegation_events(placement.sandbox, OneShotDescriptor(provider=provider.name, label=request.label))
+        events = delegation_events(placement.sandbox, descriptor)
         accepted = {"message_id": message_id, "source": {"kind": "user"}, "content": prompt}
         # a prompt no record holds is the caller's oversized message, as a continuable child's is (the mailbox's
         # MESSAGE_TOO_LARGE): the store's RECORD_TOO_LARGE named a "message/accepted" event no model ever sees.

@@ -50,7 +50,7 @@ from subagents.store import (
     release_lease,
     validate_session_id,
 )
-from subagents.store.errors import FencedError
+from subagents.store.errors import FencedError, RecordTooLargeError
 from subagents.store.mailbox import require_consumed_prefix
 from subagents.store.mailbox_read import mailbox_data_end
 from subagents.store.reserve import keep_reserve
@@ -415,14 +415,20 @@ class Supervisor:
         InvalidRequestError.require(label, (str, type(None)), "label")
         InvalidRequestError.require(id, (str, type(None)), "id")
         # the checks a child's label gets (text UTF-8 can hold: INVALID_REQUEST); its size is bounded by
-        # the store's record limit as the header is encoded (RECORD_TOO_LARGE), as a child's descriptor is
+        # the store's record limit as the header is encoded, and named for the label (LABEL_TOO_LARGE), as a
+        # child's is in its descriptor: the header, a record the caller never wrote, is the store's word
         request_fields(max_depth=None, budget=None, tool_filter=None, texts={"label": label})
 
         def open_it() -> tuple[str, int, int, str | None]:
             if id is None:
                 # created leased: a gc of any age cannot take it before it is held (it did, between two steps)
                 root_id = self.ids.new()
-                create_session(self.store, root_id, label=label, lease_owner=self.lease_keeper.owner_id, lease_state="idle")
+                try:
+                    create_session(self.store, root_id, label=label, lease_owner=self.lease_keeper.owner_id, lease_state="idle")
+                except RecordTooLargeError as exc:  # refused as the header was encoded, before any file was written
+                    if label is None:
+                        raise
+                    raise InvalidRequestError.label_too_large(label, exc.fields["size"], exc.fields["limit"]) from None
                 return root_id, 1, 0, label
             header = read_header(self.store, id)
             if header.parent_session is not None:

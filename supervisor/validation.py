@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from subagents.store import Store, ToolFilter, read_header
 from subagents.store.descriptor import ContinuableDescriptor, OneShotDescriptor
 from subagents.store.errors import SessionNotFoundError
+from subagents.store.events import widest_event
 from subagents.worker.protocol import Budget
 from subagents.worker.tools import SANDBOX_MODES
 
@@ -29,7 +30,9 @@ from .agents import LiveAgents
 from .errors import InvalidRequestError, NoParentError, SubagentDepthError
 from .models import RunBudget, field_problems
 
-__all__ = ["MAX_TIMEOUT_MS", "RequestFields", "Placement", "request_fields", "place_child", "prompt_text", "delegation_events"]
+__all__ = [
+    "MAX_TIMEOUT_MS", "RequestFields", "Placement", "request_fields", "place_child", "prompt_text", "check_label_fits", "delegation_events",
+]
 
 # the largest timer a JavaScript host accepts (2**31 - 1 ms); kept so budgets mean the same everywhere
 MAX_TIMEOUT_MS = 2_147_483_647
@@ -176,6 +179,29 @@ def prompt_text(prompt: Any) -> str:
         return json.dumps(prompt, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidRequestError(f"a prompt or message must be text or a JSON document ({type(exc).__name__}: {exc})") from None
+
+
+def _framed_bytes(kind: str, data: dict[str, Any]) -> int | None:
+    """The size the store's limit is checked against for the event at its widest; None for data msgpack
+    cannot encode (the creation names that itself)."""
+    try:
+        return len(msgpack.packb(widest_event(kind, data), use_bin_type=True))
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def check_label_fits(descriptor: OneShotDescriptor | ContinuableDescriptor, limit: int) -> None:
+    """``LABEL_TOO_LARGE`` for a label its descriptor's record cannot hold within the store's ``limit``,
+    before anything is made. The creation refused it too, but as ``RECORD_TOO_LARGE: a "subagent/descriptor"
+    event ...``, a record the caller never wrote. The label is named when it is what does not fit (the
+    record would fit with an empty one); a record too large without it is left to the creation's refusal."""
+    record = descriptor.to_record()
+    size = _framed_bytes("subagent/descriptor", record)
+    if size is None or size <= limit or not descriptor.label:
+        return
+    without = _framed_bytes("subagent/descriptor", {**record, "label": ""})
+    if without is not None and without <= limit:
+        raise InvalidRequestError.label_too_large(descriptor.label, size, limit)
 
 
 def delegation_events(

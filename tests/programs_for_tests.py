@@ -12,6 +12,7 @@ import time
 
 import anyio
 
+from subagents.store import SubagentError
 from subagents.worker.context import TurnContext, TurnResult
 from subagents.worker.programs.script import _burn, _hold
 
@@ -541,3 +542,20 @@ async def waits_on_two_at_once(ctx: TurnContext) -> str:
         tg.start_soon(one, 0)
         tg.start_soon(one, 1)
     return json.dumps(outputs)
+
+
+async def starts_children_with_a_label_of(ctx: TurnContext) -> str:
+    """``{"bytes": n, "provider": p}``: a one-shot and a continuable child of provider ``p`` labelled with ``n``
+    bytes; the code each start was refused with (``started`` when it was not), one a line."""
+    asked = json.loads(str(ctx.message))
+    label, provider = "L" * asked["bytes"], asked["provider"]
+    answers: list[str] = []
+    for start in (lambda: ctx.spawn("x", provider=provider, label=label, wait=False),
+                  lambda: ctx.start_continuable("x", provider=provider, label=label)):
+        try:
+            await start()
+        except SubagentError as exc:
+            answers.append(f"{exc.code}: {exc}")
+        else:
+            answers.append("started")
+    return "\n".join(answers)

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import anyio
 
 from subagents.store import IdGenerator, list_children, list_descendants, read_header, read_identity, short_ids
+from subagents.store.descriptor import OneShotDescriptor
 from subagents.store.events import widest_event
 from subagents.store.framing import encode_record
 
@@ -28,6 +29,7 @@ from ..config_loader import DeploymentConfig
 from ..errors import UsageError
 from ..models import Capabilities, ContinuableSpec, Provider, SubagentRequest
 from ..service import Supervisor
+from ..validation import check_label_fits
 from . import render
 from .invocation import Invocation
 from .stopping import StopSignals
@@ -228,6 +230,7 @@ def cmd_run(inv: Invocation) -> int:
     # RECORD_TOO_LARGE before the root is made: the child's creation refuses it only after
     encode_record(widest_event("message/accepted", {"message_id": IdGenerator().new(), "source": {"kind": "user"}, "content": prompt}),
                   limit=store.max_record_bytes, what='a "message/accepted" event')
+    check_label_fits(OneShotDescriptor(provider="run", label=args.label), store.max_record_bytes)  # LABEL_TOO_LARGE, as well
     doc = inv.stop.host(_run, inv.config, args.program, prompt, args.label)
     inv.emit(doc, render.render_run)
     return 0 if doc["stop_reason"] == "completed" else 1

@@ -53,7 +53,7 @@ from ..errors import (
 from ..models import ContinuableSpec
 from ..runtime import Runtime
 from ..setup import ActivationInfo, SetupBatch
-from ..validation import RequestFields, delegation_events, place_child, prompt_text, request_fields
+from ..validation import RequestFields, check_label_fits, delegation_events, place_child, prompt_text, request_fields
 from .activation import Activation, ActivationIdentity, ActivationTable, MailboxCursor, log_fields
 from .admission import Admission
 from .unhosted import DrainsUnderWay, discard_drained
@@ -129,6 +129,7 @@ class Materializer:
             persona=spec.persona, tool_filter=fields.tool_filter,
             program=provider.program if isinstance(provider.program, str) else None,
         )
+        check_label_fits(descriptor, rt.store.max_record_bytes)
         prompt = prompt_text(spec.prompt)
         seed: list[dict[str, Any]] = []
         if provider.inherits_parent_context:

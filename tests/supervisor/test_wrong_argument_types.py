@@ -14,7 +14,7 @@ Found by a probe (``repro_bare_typeerrors.py``):
   ``INVALID_SESSION_ID``, the code for text that is no id; they are ``INVALID_REQUEST`` as ``report_from`` is.
 * A closed supervisor still answered ``get_provider``, ``providers()`` and ``statistics()``.
 * ``open_root(label=...)`` took a 20 MiB label (a 20 MiB header every listing reads) and a lone surrogate
-  (``INVALID_RECORD``), which a child's label is refused for (``RECORD_TOO_LARGE``, ``INVALID_REQUEST``).
+  (``INVALID_RECORD``), which a child's label is refused for (``LABEL_TOO_LARGE``, ``INVALID_REQUEST``).
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ async def test_a_closed_supervisor_answers_these_calls_with_supervisor_closed(tm
 
 
 async def test_a_root_label_obeys_the_record_limit_a_child_label_obeys(tmp_path) -> None:
-    """A 20 MiB root label was taken (into a header every listing reads); a child's is ``RECORD_TOO_LARGE``."""
+    """A 20 MiB root label was taken (into a header every listing reads); a child's is ``LABEL_TOO_LARGE``."""
     huge = "x" * (20 * 1024 * 1024)
     async with open_supervisor(tmp_path) as sup:
         root = await sup.open_root()
@@ -186,7 +186,7 @@ async def test_a_root_label_obeys_the_record_limit_a_child_label_obeys(tmp_path)
             await sup.start("echo", SubagentRequest(parent=root, prompt="x", label=huge))
         with pytest.raises(SubagentError) as top:
             await sup.open_root(label=huge)
-        assert (child.value.code, top.value.code) == ("RECORD_TOO_LARGE", "RECORD_TOO_LARGE")
+        assert (child.value.code, top.value.code) == ("LABEL_TOO_LARGE", "LABEL_TOO_LARGE")
         assert top.value.limit == sup.store.max_record_bytes
         assert disk_snapshot(sup.store) == before
         assert len(os.listdir(sup.store.sessions_dir)) == 1
