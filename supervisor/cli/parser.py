@@ -6,6 +6,13 @@ has a ``register(verbs)`` that adds its verbs through ``Verbs.add``;
 its group. The global options are accepted before and after the verb name.
 A command line that does not parse raises ``UsageError`` (``USAGE``), which
 the CLI prints as every other refusal: one ``error: USAGE: ...`` line, exit 2.
+
+An option's value that begins like a negative number (``--older-than -1d``,
+``--since -3h``, ``--interval -1e3``) is its value, as when it is joined
+(``--older-than=-1d``): argparse takes a word that begins with ``-`` and is
+not a plain negative number (``-5``) for an option, and answered ``expected
+one argument`` where the joined spelling said what is wrong with the value.
+No option of this CLI begins with ``-`` and a digit, so nothing else moves.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import math
+import re
 import sys
 from typing import Any, Callable, NoReturn
 
@@ -129,12 +137,41 @@ def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     parser.add_argument("--log-json", action="store_true", default=default(False), help="log JSON lines to stderr")
 
 
+# a word that begins like a negative number: "-1d", "-3h", "-1e3", "-.5"
+_NEGATIVE_LOOKING = re.compile(r"-\.?[0-9]")
+
+
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose usage errors are ``UsageError``, not a usage block and ``SystemExit(2)``.
 
     Its sub-command parsers are of this class too (argparse makes them with the
     parent's class), so each names its own ``--help``.
     """
+
+    def _valued_options(self) -> set[str]:
+        """This parser's options that take one value (a flag's ``nargs`` is 0), from the base class's table of
+        its actions, which holds its argument groups' and its parents' too."""
+        return {option for action in self._actions if action.nargs is None for option in action.option_strings}
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        """As argparse's, with ``--option -1d`` read as ``--option=-1d`` for an option of this parser that
+        takes a value (a verb's parser is given the words after its name, so each joins its own)."""
+        words = list(sys.argv[1:] if args is None else args)
+        valued = self._valued_options()
+        joined: list[str] = []
+        i = 0
+        while i < len(words):
+            word = words[i]
+            if word == "--":  # the rest are positional, as argparse has them
+                joined += words[i:]
+                break
+            if word in valued and i + 1 < len(words) and _NEGATIVE_LOOKING.match(words[i + 1]):
+                joined.append(f"{word}={words[i + 1]}")
+                i += 2
+                continue
+            joined.append(word)
+            i += 1
+        return super().parse_known_args(joined, namespace)
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
         """As argparse's, with arguments nobody took named against the verb that was given them."""
