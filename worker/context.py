@@ -153,6 +153,12 @@ class TurnContext:
     def steps(self) -> int:
         return self._control.steps
 
+    @property
+    def record_limit(self) -> int:
+        """The largest record the store holds (``max_record_bytes``): what the turn says or a tool call it
+        records must fit in one, so a program need not read more than a few of them from anywhere."""
+        return self._writer.max_record_bytes
+
     async def history(self) -> list[dict[str, Any]]:
         """The events of this session's log before this turn's end (read-only)."""
         return await anyio.to_thread.run_sync(self._sessions.history, self.session_id)

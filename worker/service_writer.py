@@ -119,6 +119,11 @@ class ServiceWriter:
     def next_seq(self) -> int:
         return self._queued_seq
 
+    @property
+    def max_record_bytes(self) -> int:
+        """The store's record limit, as the service told this worker (``StoreService.ping``)."""
+        return self._limit
+
     def append(self, batch: Sequence[tuple[str, Any]], *, commit: bool = False) -> list[dict[str, Any]]:
         """Queue ``(type, data)`` events (one in flight, the rest coalesced); raises an earlier batch's failure."""
         for kind, _ in batch:

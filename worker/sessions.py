@@ -35,6 +35,9 @@ class SessionWriter(Protocol):
 
     session_id: str
     epoch: int
+    # the store's record limit: an append of a larger record is refused (``RECORD_TOO_LARGE``), and a program
+    # sizes what it reads by it (the ``llm`` program's cap on an endpoint's reply)
+    max_record_bytes: int
 
     def append(self, batch: Sequence[tuple[str, Any]], *, commit: bool = False) -> list[dict[str, Any]]:
         """Append ``(type, data)`` events with contiguous seqs; ``commit`` makes them durable under the store's policy.
@@ -86,6 +89,11 @@ class LocalWriter(LogWriter):
 
     # the parents' indexes its ``LocalSessions`` keeps open, for the ``settled`` row of a release
     index_writers: IndexWriters | None = None
+
+    @property
+    def max_record_bytes(self) -> int:
+        """The store's record limit (``Store.max_record_bytes``)."""
+        return self.store.max_record_bytes
 
     async def flush(self) -> None:
         """Nothing waits: ``append`` wrote (and, at a commit point, synced) before returning."""

@@ -21,7 +21,10 @@ reason ``error`` and a diagnostic that says what happened (rate limited,
 server error, timeout, unreachable, key refused, request rejected, no chat
 completions at the URL asked, a reply that is no chat completion) and how many
 retries were made, never an exception out of the program; an error page in
-HTML is quoted by its title, not its markup.
+HTML is quoted by its title, not its markup. Every body is read through a cap
+(``reply_cap.py``): a reply past twice the store's record limit and a megabyte
+ends the turn ``error`` as it passes it (not retried), and an error body is
+read to its first 16 KiB, so no endpoint fills the worker's memory.
 
 Text the model sends beside tool calls is recorded (``assistant/message``),
 and the transcript rebuilt for a later turn keeps the tool calls and their
@@ -79,6 +82,7 @@ from subagents.store.events import TOOL_OUTCOME_UNKNOWN
 from ..context import TurnContext, TurnResult
 from ..model_tools import DelegationConfig, ModelTool, ToolOutcome, model_tools, parse_arguments
 from ..redaction import Redactor
+from .reply_cap import ReplyTooLarge, capping_hook
 
 __all__ = ["DELEGATION_TEXT", "REPORT_TEXT", "SCHEMA_TEXT", "MAX_RETRY_WAIT_S", "ApiKeyError", "LlmProgram", "llm", "load_api_key"]
 
@@ -375,7 +379,10 @@ class LlmProgram:
         model = ctx.spec.agent_model or self.model
         # a keyless local endpoint gets no Authorization header at all (the SDK wants a key object)
         # the program makes the attempts (``_create``): the client neither retries nor bounds a whole reply
-        client = openai.AsyncOpenAI(api_key=key or "unused", base_url=self.base_url.rstrip("/"), timeout=self.timeout_s, max_retries=0)
+        # every body is read through a cap (``reply_cap.py``): a reply of gigabytes never fills the worker's memory
+        http = openai.DefaultAsyncHttpxClient(event_hooks={"response": [capping_hook(ctx.record_limit)]})
+        client = openai.AsyncOpenAI(api_key=key or "unused", base_url=self.base_url.rstrip("/"), timeout=self.timeout_s, max_retries=0,
+                                    http_client=http)
         extra = {} if key else {"extra_headers": {"Authorization": openai.omit}}
         # the turn's step budget when its caller set none: a model calling tools forever ends budget-exhausted
         ctx.limit_steps(self.max_steps)
@@ -477,6 +484,9 @@ class LlmProgram:
             return f"{what}: {body}" if body else what
         if isinstance(exc, ValueError):
             return f"the model endpoint {self.base_url} answered with a body that is not JSON ({type(exc).__name__}){retried}"
+        if isinstance(exc, ReplyTooLarge):
+            return (f"the model endpoint {self.base_url} answered with a reply of more than {exc.limit} bytes, more than a turn keeps "
+                    f"(the store holds {exc.record_limit} bytes in one record): it was not read further{retried}")
         if isinstance(exc, RecursionError):
             return f"the model endpoint {self.base_url} answered with a body nested too deep to read{retried}"
         log.warning("llm call failed", exc_info=exc)
