@@ -294,14 +294,18 @@ class UnavailableSessionError(SubagentError, OSError):
 
 class RecordTooLargeError(SubagentError, ValueError):
     """Raised before anything is written when one record (a message, an event, a control
-    request) would frame to more bytes than the store's ``max_record_bytes``."""
+    request) would frame to more bytes than the store's ``max_record_bytes``.
+
+    ``event``: the type of the log event refused (``"tool/call"``), absent for a record that is no
+    event; a program that answers some refusals (the ``llm`` program a model's call too large to log)
+    matches on it and the code, never on ``what``, which is words for people."""
 
     code = "RECORD_TOO_LARGE"
 
-    def __init__(self, what: str, *, size: int, limit: int, code: str | None = None) -> None:
+    def __init__(self, what: str, *, size: int, limit: int, code: str | None = None, event: str | None = None) -> None:
         super().__init__(
             f"{what} of {size} bytes exceeds the store's record size limit of {limit} bytes (max_record_bytes)",
-            code=code, what=what, size=size, limit=limit,
+            code=code, what=what, size=size, limit=limit, **({"event": event} if event is not None else {}),
         )
 
 

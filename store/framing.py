@@ -77,23 +77,23 @@ BLOCK = 4096
 Check = Callable[[dict[str, Any]], "str | None"]
 
 
-def _refuse(body: bytes, limit: int, what: str) -> None:
-    raise RecordTooLargeError(what, size=len(body), limit=limit)
+def _refuse(body: bytes, limit: int, what: str, event: str | None = None) -> None:
+    raise RecordTooLargeError(what, size=len(body), limit=limit, event=event)
 
 
 # what msgpack raises for a value it cannot encode (an object, a set, a lone surrogate, an int over 64 bits)
 _ENCODE_ERRORS = (TypeError, ValueError, OverflowError)
 
 
-def encode_record(payload: dict[str, Any], *, limit: int = MAX_RECORD_BYTES, what: str = "record") -> bytes:
-    """Frame ``payload``; ``RecordTooLargeError`` (nothing framed) when it is above ``limit``,
-    ``InvalidRecordError`` when msgpack cannot encode it."""
+def encode_record(payload: dict[str, Any], *, limit: int = MAX_RECORD_BYTES, what: str = "record", event: str | None = None) -> bytes:
+    """Frame ``payload``; ``RecordTooLargeError`` (nothing framed, naming ``event``, the type of the log event
+    ``payload`` is, when it is one) when it is above ``limit``, ``InvalidRecordError`` when msgpack cannot encode it."""
     try:
         body = msgpack.packb(payload, use_bin_type=True)
     except _ENCODE_ERRORS as exc:
         raise InvalidRecordError.unencodable(what, exc) from None
     if len(body) > limit:
-        _refuse(body, limit, what)
+        _refuse(body, limit, what, event)
     return FRAME.pack(len(body), zlib.crc32(body)) + body
 
 
@@ -123,7 +123,8 @@ class RecordEncoder:
         except _ENCODE_ERRORS as exc:
             raise InvalidRecordError.unencodable(_event_what(payload), exc) from None
         if len(body) > self.limit:  # the message is built only here: the hot path pays one comparison
-            _refuse(body, self.limit, _event_what(payload))
+            kind = payload.get("type")
+            _refuse(body, self.limit, _event_what(payload), kind if isinstance(kind, str) else None)
         return FRAME.pack(len(body), zlib.crc32(body)) + body
 
 

@@ -366,7 +366,7 @@ def _encode_new_session(store: Store, request: NewSession, header: SessionHeader
     rows += [{"seq": len(seed) + i, "ts": now, "type": kind, "data": data, "epoch": 0} for i, (kind, data) in enumerate(request.events)]
     for row in rows:
         # framed before any file exists: a record above the limit leaves no trace
-        chunk = encode_record(row, limit=store.max_record_bytes, what=f'a "{row["type"]}" event')
+        chunk = encode_record(row, limit=store.max_record_bytes, what=f'a "{row["type"]}" event', event=row["type"])
         projection.apply(row, offset, offset + len(chunk))
         chunks.append(chunk)
         offset += len(chunk)

@@ -152,7 +152,8 @@ class ServiceWriter:
         not sent again), this writer's epoch, and ``ts`` a float, which msgpack packs in 9 bytes whatever
         the host stamps. The same verdict and size as the local writer's, not a bound: seq and epoch at
         their widest refused records 16 bytes short of the limit, naming a size no record had."""
-        encode_record({"seq": seq, "ts": 0.0, "type": kind, "data": data, "epoch": self.epoch}, limit=self._limit, what=f'a "{kind}" event')
+        encode_record({"seq": seq, "ts": 0.0, "type": kind, "data": data, "epoch": self.epoch}, limit=self._limit, what=f'a "{kind}" event',
+                      event=kind)
 
     def _raise_failure(self) -> None:
         """Raise a failed batch's error, under the condition. A refusal for want of room is raised once: the

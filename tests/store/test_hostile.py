@@ -68,6 +68,26 @@ def test_an_oversize_event_is_refused_before_anything_is_written(small):
     assert store.inspect(small, "s1").status == "clean"
 
 
+def test_an_oversize_event_names_its_type_in_a_field_and_its_message_is_unchanged(small):
+    """A program tells which record was refused by the error's ``event`` field (the ``llm`` program answers a
+    refused ``tool/call`` and lets the model go on), never by the words of its message; a record that is no
+    event (a control request) has none."""
+    store.create_session(small, "s1", events=[("subagent/descriptor", ONE_SHOT)])
+    with store.LogWriter.open(small, "s1", epoch=0) as writer:
+        writer.append([("turn/start", {})], commit=True)
+        with pytest.raises(store.RecordTooLargeError) as info:
+            writer.append([("tool/call", {"call_id": "c1", "name": "n", "args": {"a": "z" * LIMIT}})])
+    assert (info.value.code, info.value.fields["event"]) == ("RECORD_TOO_LARGE", "tool/call")
+    assert info.value.message == (f'a "tool/call" event of {info.value.fields["size"]} bytes exceeds the store\'s record size '
+                                  f"limit of {LIMIT} bytes (max_record_bytes)")
+    with pytest.raises(store.RecordTooLargeError) as info:
+        make_child(small, "s1", "c1", events=[("assistant/message", {"text": "w" * LIMIT})])
+    assert info.value.fields["event"] == "assistant/message"
+    with pytest.raises(store.RecordTooLargeError) as info:
+        store.request(small, "s1", "interrupt", {"why": "v" * LIMIT}, ids=store.IdGenerator())
+    assert info.value.fields.get("event") is None
+
+
 def test_an_oversize_creation_or_control_request_leaves_no_trace(small):
     store.create_session(small, "p")
     before = tree_state(small.root)

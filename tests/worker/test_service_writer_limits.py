@@ -104,7 +104,8 @@ def sized_text(limit: int, seq: int, epoch: int, over: int) -> str:
 def test_a_record_at_the_limit_gets_the_local_writers_verdict_and_its_real_size(tmp_path: Path, over: int) -> None:
     """A record of exactly ``max_record_bytes`` is stored, one byte more is refused, by both writers; the
     refusal names the record's real size. The remote check framed seq and epoch at 2**64-1 (9 bytes
-    each) and refused records 16 bytes short of the limit, naming a size 16 bytes too large."""
+    each) and refused records 16 bytes short of the limit, naming a size 16 bytes too large. Both name the
+    refused event's type in a field (``event``), which a program matches on instead of the message's words."""
     limit = 4096
     verdicts = []
     for name in ("local", "remote"):
@@ -120,7 +121,7 @@ def test_a_record_at_the_limit_gets_the_local_writers_verdict_and_its_real_size(
                 writer.append([("assistant/message", {"text": text})])
                 verdict: object = "stored"
             except RecordTooLargeError as exc:
-                verdict = (exc.code, exc.fields["size"])
+                verdict = (exc.code, exc.fields["size"], exc.fields.get("event"))
             if host is not None:
                 asyncio.run(writer.flush())  # type: ignore[union-attr]
         finally:
@@ -130,5 +131,5 @@ def test_a_record_at_the_limit_gets_the_local_writers_verdict_and_its_real_size(
         verdicts.append(verdict)
         if verdict == "stored":
             assert inspect(st, "s1").events[-1]["data"]["text"] == text
-    expected = "stored" if over == 0 else ("RECORD_TOO_LARGE", limit + 1)
+    expected = "stored" if over == 0 else ("RECORD_TOO_LARGE", limit + 1, "assistant/message")
     assert verdicts == [expected, expected]

@@ -228,7 +228,7 @@ async def _run_calls(ctx: TurnContext, calls: list[dict[str, Any]], tools: dict[
             try:
                 recorded = await ctx.recorded_call(name, args, answer(wrong), failed=_failure)
             except RecordTooLargeError as exc:
-                if exc.fields.get("what") != 'a "tool/call" event':  # the store's name for the record it refused
+                if exc.code != RecordTooLargeError.code or exc.fields.get("event") != "tool/call":  # the record refused
                     raise  # the call was logged: what the tool did is no model output to answer
                 # nothing was logged nor run: the call is logged cut, and answered, so the model can send less
                 size = len(name.encode()) + len(text.encode())
