@@ -10,6 +10,7 @@ with a 64 KiB record limit, so the reply the program reads stays about a megabyt
 from __future__ import annotations
 
 import time
+import zlib
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
@@ -89,6 +90,21 @@ def endless_trickle(handler: BaseHTTPRequestHandler) -> None:
         pass
 
 
+def gzipped(answer: tuple[int, dict[str, str], bytes]) -> tuple[int, dict[str, str], bytes]:
+    """``answer`` with its body sent gzip-compressed (``Content-Encoding: gzip``)."""
+    status, headers, body = answer
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    return status, {**headers, "Content-Encoding": "gzip"}, packer.compress(body) + packer.flush()
+
+
+def bomb(size: int, status: int = 200) -> tuple[int, dict[str, str], bytes]:
+    """A gzip body of a quarter megabyte or so that decompresses to ``size`` bytes of spaces."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    piece = b" " * MIB
+    body = b"".join(packer.compress(piece) for _ in range(size // MIB)) + packer.flush()
+    return status, {"Content-Type": "application/json", "Content-Encoding": "gzip"}, body
+
+
 def peak_rss(pid: int) -> int:
     """The process's peak resident memory (``VmHWM``), in bytes."""
     with open(f"/proc/{pid}/status") as status:
@@ -166,3 +182,19 @@ async def test_a_reply_that_trickles_forever_in_chunks_ends_at_timeout_s(tmp_pat
     result, _, took = await run_once(tmp_path, program(base_url, timeout_s=1.0, max_retries=1))
     assert (result.stop_reason, result.diagnostic) == ("error", "the model endpoint did not answer within timeout_s=1 (after 1 retries)")
     assert took < 15 and len(seen) == 2
+
+
+@pytest.mark.parametrize("status", [200, 500])
+async def test_a_gzip_reply_that_decompresses_to_256_mib_is_cut_as_it_is_decompressed(tmp_path, endpoint, status) -> None:
+    """The cap counts the body's bytes once decompressed, not as sent: a quarter megabyte of gzip is 256 MiB of body."""
+    base_url, seen, answers = endpoint
+    answers[:] = [gzipped(completion("warm")), bomb(256 * MIB, status), gzipped(completion("next turn"))]
+    result, grew, after = await turns_on_one_worker(tmp_path, program(base_url, max_retries=0))
+    assert result.stop_reason == "error", result
+    if status == 200:
+        assert result.diagnostic == (f"the model endpoint {base_url} answered with a reply of more than {reply_limit(LIMIT)} bytes, "
+                                     f"more than a turn keeps (the store holds {LIMIT} bytes in one record): it was not read further")
+    else:
+        assert result.diagnostic == "the model endpoint failed (HTTP 500)", result  # spaces only: nothing to quote
+    assert grew < GROWTH, f"the worker's peak memory grew by {grew / MIB:.1f} MiB"
+    assert (after.stop_reason, after.output) == ("completed", "next turn")

@@ -82,7 +82,7 @@ from subagents.store.events import TOOL_OUTCOME_UNKNOWN
 from ..context import TurnContext, TurnResult
 from ..model_tools import DelegationConfig, ModelTool, ToolOutcome, model_tools, parse_arguments
 from ..redaction import Redactor
-from .reply_cap import ReplyTooLarge, capping_hook
+from .reply_cap import ACCEPT_ENCODING, ReplyTooLarge, capping_hook
 
 __all__ = ["DELEGATION_TEXT", "REPORT_TEXT", "SCHEMA_TEXT", "MAX_RETRY_WAIT_S", "ApiKeyError", "LlmProgram", "llm", "load_api_key"]
 
@@ -380,7 +380,8 @@ class LlmProgram:
         # a keyless local endpoint gets no Authorization header at all (the SDK wants a key object)
         # the program makes the attempts (``_create``): the client neither retries nor bounds a whole reply
         # every body is read through a cap (``reply_cap.py``): a reply of gigabytes never fills the worker's memory
-        http = openai.DefaultAsyncHttpxClient(event_hooks={"response": [capping_hook(ctx.record_limit)]})
+        http = openai.DefaultAsyncHttpxClient(event_hooks={"response": [capping_hook(ctx.record_limit)]},
+                                              headers={"Accept-Encoding": ACCEPT_ENCODING})
         client = openai.AsyncOpenAI(api_key=key or "unused", base_url=self.base_url.rstrip("/"), timeout=self.timeout_s, max_retries=0,
                                     http_client=http)
         extra = {} if key else {"extra_headers": {"Authorization": openai.omit}}
