@@ -19,9 +19,9 @@ connections up to ``max_retries`` times, honouring ``Retry-After`` and
 waited for: the turn ends saying so). Every failure ends the turn with stop
 reason ``error`` and a diagnostic that says what happened (rate limited,
 server error, timeout, unreachable, key refused, request rejected, no chat
-completions at the URL asked, a reply that is no chat completion) and how many
-retries were made, never an exception out of the program; an error page in
-HTML is quoted by its title, not its markup. Every body is read through a cap
+completions at the URL asked, a reply that is no chat completion, a stream of
+events not asked for) and how many retries were made, never an exception out
+of the program; an error page in HTML is quoted by its title, not its markup. Every body is read through a cap
 (``reply_cap.py``): a reply past twice the store's record limit and a megabyte
 ends the turn ``error`` as it passes it (not retried), and an error body is
 read to its first 16 KiB, so no endpoint fills the worker's memory.
@@ -629,10 +629,17 @@ def _cleaned(value: Any, clean: Callable[[str], str], depth: int = 0) -> Any:
     return value
 
 
+# a body of server-sent events (a streamed reply): its first line a comment (``: keep-alive``) or a field
+_EVENTS = re.compile(r"\s*(:|(data|event|id|retry):)")
+
+
 def _reply_of(response: Any) -> tuple[str, list[dict[str, Any]], str | None] | str:
     """``(text, tool calls as plain data, finish reason)`` of a chat completion's first choice (a stated refusal:
     its words, and the finish reason ``refusal``), or what is
     wrong with the reply (a body that is HTML, a choice without a message, an error object sent with 200)."""
+    if isinstance(response, str) and _EVENTS.match(response):  # the client hands back a body it takes for no JSON as text
+        return ("answered with a stream of server-sent events, not the one chat completion asked for: "
+                "does a proxy before it stream every reply?")
     if not hasattr(response, "choices"):
         return f"answered with something that is not a chat completion ({type(response).__name__})"
     choices = response.choices

@@ -1,0 +1,39 @@
+"""The ``llm`` program against replies of a shape other endpoints send (127.0.0.1, a port the OS picks).
+
+Found by a probe with a fake endpoint: a stream of server-sent events, sent though no stream was asked
+for (a proxy that streams every reply), ended the turn "answered with something that is not a chat
+completion (str)", which did not say the endpoint streamed.
+"""
+
+from __future__ import annotations
+
+import json
+from http.server import BaseHTTPRequestHandler
+
+import pytest
+
+from .test_llm_faults import endpoint, program, run_once  # noqa: F401 (endpoint: a fixture)
+
+pytestmark = pytest.mark.anyio
+
+
+def events_stream(handler: BaseHTTPRequestHandler) -> None:
+    """A chat completion as server-sent events (``stream: true``'s answer), with its own content type."""
+    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "fake",
+             "choices": [{"index": 0, "delta": {"role": "assistant", "content": "hello"}, "finish_reason": None}]}
+    body = f": keep-alive\n\ndata: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/event-stream")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+async def test_a_stream_of_events_not_asked_for_is_named_as_such(tmp_path, endpoint) -> None:
+    base_url, seen, answers = endpoint
+    answers.append(events_stream)
+    result, _, _ = await run_once(tmp_path, program(base_url, max_retries=0))
+    assert "stream" not in seen[0]  # nothing asked for a stream
+    assert (result.stop_reason, result.diagnostic) == (
+        "error", f"the model endpoint {base_url} answered with a stream of server-sent events, not the one "
+                 "chat completion asked for: does a proxy before it stream every reply?"), result
