@@ -34,7 +34,8 @@ the assistant's part, so the roles alternate as strict chat templates want.
 A reply cut off at the token limit ends the turn ``max-tokens`` without
 running the tool calls it holds (their arguments may be cut too);
 arguments that are not a JSON object are answered as an error, never run as
-``{}``. Every call is logged with its answer, the failed ones too (an unknown
+``{}`` (a JSON string holding an object's text, as some providers encode them,
+is that object). Every call is logged with its answer, the failed ones too (an unknown
 tool, arguments that are no JSON object or hold a number the store cannot
 hold, NaN among them, or a call larger than one store record, logged cut):
 a later turn's rebuilt transcript is what the model saw. A reply whose text is
@@ -601,9 +602,12 @@ class _Unstorable(ValueError):
 def _call_arguments(raw: Any, name: str, clean: Callable[[str], str]) -> tuple[dict[str, Any] | str, str | None]:
     """``(arguments, None)``: the call's JSON object with every string (keys too) passed through ``clean``;
     or ``(their text, cleaned; what is wrong)`` when they are no JSON object (an absent or empty string counts
-    as ``{}``) or hold a number no record holds: the call is then logged with its text and answered, never run."""
+    as ``{}``; a JSON string holding one's text counts as that object) or hold a number no record holds: the
+    call is then logged with its text and answered, never run."""
     text = raw if isinstance(raw, str) else ""
     value = parse_arguments(text or "{}")
+    if isinstance(value, str) and isinstance(inner := parse_arguments(value), dict):
+        value = inner  # encoded twice, a JSON string of the object (some providers send them so): the object is meant
     if not isinstance(value, dict):
         return clean(text), f"the arguments of this {name} call are not a JSON object; nothing was run"
     try:
