@@ -484,6 +484,8 @@ class LlmProgram:
             else:
                 what = f"the model endpoint rejected the request (HTTP {status})"
             return f"{what}: {body}" if body else what
+        if isinstance(exc, json.JSONDecodeError) and isinstance(exc.doc, str) and _EVENTS.match(exc.doc):  # said to be JSON: events
+            return f"the model endpoint {self.base_url} {_STREAMED}{retried}"
         if isinstance(exc, ValueError):
             return f"the model endpoint {self.base_url} answered with a body that is not JSON ({type(exc).__name__}){retried}"
         if isinstance(exc, ReplyTooLarge):
@@ -635,6 +637,7 @@ def _cleaned(value: Any, clean: Callable[[str], str], depth: int = 0) -> Any:
 
 # a body of server-sent events (a streamed reply): its first line a comment (``: keep-alive``) or a field
 _EVENTS = re.compile(r"\s*(:|(data|event|id|retry):)")
+_STREAMED = "answered with a stream of server-sent events, not the one chat completion asked for: does a proxy before it stream every reply?"
 
 
 def _reply_of(response: Any) -> tuple[str, list[dict[str, Any]], str | None] | str:
@@ -642,8 +645,7 @@ def _reply_of(response: Any) -> tuple[str, list[dict[str, Any]], str | None] | s
     its words, and the finish reason ``refusal``), or what is
     wrong with the reply (a body that is HTML, a choice without a message, an error object sent with 200)."""
     if isinstance(response, str) and _EVENTS.match(response):  # the client hands back a body it takes for no JSON as text
-        return ("answered with a stream of server-sent events, not the one chat completion asked for: "
-                "does a proxy before it stream every reply?")
+        return _STREAMED
     if not hasattr(response, "choices"):
         return f"answered with something that is not a chat completion ({type(response).__name__})"
     choices = response.choices
