@@ -2,8 +2,8 @@
 
 The HTTP client reads a reply whole into memory before anything looks at its size, so an endpoint that
 answered with gigabytes (or a chunked body that streams forever, fast) grew the worker until the machine
-killed it, and with it every other turn the worker ran. The cap is applied to the raw body as it is read,
-by a response hook of the client (``capping_hook``) that wraps the response's byte stream:
+killed it, and with it every other turn the worker ran. The cap is applied to the body as it is read, by a
+response hook of the client (``capping_hook``) that wraps the response's byte stream:
 
 - a reply (2xx, a redirect) larger than ``reply_limit`` of the store's record limit raises ``ReplyTooLarge``
   and the read stops there: a reply larger than the store can log is no use (its text is one record; JSON
