@@ -31,11 +31,18 @@ async def test_two_subagent_calls_of_one_reply_run_at_once_and_answer_in_order(t
     base_url, seen, answers = endpoint
     spans: list[tuple[str, float, float]] = []
     lock = threading.Lock()
+    # each child's request is held until the other's has come too, or 30 s: calls run together pass
+    # whatever the machine's load (a fixed 1 s sleep failed when a second worker took longer to start),
+    # calls run one after the other end the first request before the second begins
+    both = threading.Barrier(2)
 
     def child(handler: BaseHTTPRequestHandler) -> None:
         prompt = handler.request_json["messages"][-1]["content"]  # type: ignore[attr-defined]
         began = time.monotonic()
-        time.sleep(1.0)
+        try:
+            both.wait(timeout=30)
+        except threading.BrokenBarrierError:
+            pass
         with lock:
             spans.append((prompt, began, time.monotonic()))
         send_answer(handler, completion(f"answer to {prompt}"))
