@@ -108,7 +108,7 @@ def _read_on(fd: int, known: _Folded | None) -> _Folded | None:
     whole = scan_clean(data, check=index_problem)
     if whole is None:
         return None
-    fold = IndexFold()
+    fold = IndexFold(rows=False)  # kept for as long as the process lives: its ends only
     fold.apply(whole.records)
     return _Folded(info.st_ino, whole.end, whole.next_seq, bytes(data[max(0, whole.end - _MARK):whole.end]), fold)
 

@@ -112,23 +112,31 @@ def read_index(store: Store, parent_id: str) -> IndexRead:
 class IndexFold:
     """The fold of an index file's records, in file order: which children are listed, each one's latest
     state, and the end its latest settled record gives. Records may come in several calls (a reader that
-    read a file before reads on from where it stopped: ``store/committed.py``)."""
+    read a file before reads on from where it stopped: ``store/committed.py``).
 
-    __slots__ = ("_entries", "_last_state", "committed")
+    ``rows=False`` keeps only which children are listed and their ends, not their records: a fold kept
+    for as long as the process lives (``store/committed.py``) held each child's creation and settled
+    records, ~1.2 KB a child, to answer one integer, and a host's memory grew with every child its root
+    ever had (found by a soak probe). Such a fold has no ``entries``."""
 
-    def __init__(self) -> None:
-        self._entries: dict[str, dict[str, Any]] = {}  # child → its entry record
+    __slots__ = ("_entries", "_last_state", "committed", "_rows")
+
+    def __init__(self, *, rows: bool = True) -> None:
+        self._rows = rows
+        # child → its entry record (``rows``; else None: listed)
+        self._entries: dict[str, dict[str, Any] | None] = {}
         self._last_state: dict[str, dict[str, Any] | None] = {}  # child → its latest state record (None: active)
         self.committed: dict[str, int] = {}  # child → the end its latest settled record gives (listed children only)
 
     def apply(self, records: list[dict[str, Any]]) -> None:
-        entries, last_state, committed = self._entries, self._last_state, self.committed
+        entries, last_state, committed, rows = self._entries, self._last_state, self.committed, self._rows
         for record in records:
             child = record["id"]
             state = record.get("state")
             if state is not None:
                 if child in entries:  # a state record of a child not (or no longer) listed is ignored
-                    last_state[child] = record if state == "settled" else None
+                    if rows:
+                        last_state[child] = record if state == "settled" else None
                     end = record.get("end") if state == "settled" else None
                     if isinstance(end, int) and not isinstance(end, bool):
                         committed[child] = end
@@ -137,12 +145,13 @@ class IndexFold:
                 last_state.pop(child, None)
                 committed.pop(child, None)
             elif child not in entries and is_valid_session_id(child):
-                entries[child] = record
+                entries[child] = record if rows else None
 
     def entries(self) -> list[IndexEntry]:
-        """Live entries in (created_at, id) order."""
+        """Live entries in (created_at, id) order (a fold made with ``rows``)."""
         out = []
         for child, r in self._entries.items():
+            assert r is not None, "a fold made without rows has no entries"
             settled = self._last_state.get(child)
             out.append(IndexEntry(child, float(r.get("created_at", 0.0)), r.get("origin"), r.get("mode"), r.get("label"),
                                   None if settled is None else _settled(settled), self.committed.get(child)))
