@@ -30,7 +30,8 @@ then on (its death then reads as an exit whose status was lost), and the
 next replacement starts a new forkserver.
 A cancelled turn that ignores cancellation for ``cancel_grace_s`` has its
 worker killed (and so do the other turns resident on that worker: they end
-``error``; the log of each is repaired by the caller). At close each worker
+``error``; the log of each is repaired by the caller). A worker is killed with
+the processes its programs started (``worker/descendants.py``). At close each worker
 is told to shut down: it stops its turns as a cancel would, and each reports
 its outcome; a worker still running after 2 s is killed, and a turn left
 without an outcome ends ``aborted``, marked crashed, so no caller waits on it.
@@ -57,6 +58,7 @@ import multiprocess.process as mp_process
 import multiprocess.resource_tracker
 
 from subagents.store.errors import SubagentError
+from subagents.worker.descendants import end_descendants
 from subagents.worker.errors import ProtocolError, WorkerCrashedError
 from subagents.worker.main import worker_entry
 from subagents.worker.pipe import serve_pipe
@@ -188,8 +190,7 @@ class WorkerPool(Dispatcher[_Worker]):
                 worker.process.join(max(0.0, deadline - time.monotonic()))
                 if worker.process.exitcode is None:
                     log.warning("worker %s did not exit at its host's exit; killing it", worker.pid)
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(worker.pid, signal.SIGKILL)
+                    end_descendants(worker.pid, with_it=True)
                     worker.process.join(EXIT_GRACE_S)
             mp_process._children.discard(worker.process)
 
@@ -292,7 +293,7 @@ class WorkerPool(Dispatcher[_Worker]):
             with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
                 await worker.drained.wait()
             if worker.process.is_alive():
-                worker.process.kill()
+                _kill(worker.process)
             elif worker.orphaned:
                 _kill_orphan(worker)
             with anyio.move_on_after(1.0):  # the end of file follows the kill
@@ -322,7 +323,7 @@ class WorkerPool(Dispatcher[_Worker]):
         if worker.orphaned:
             _kill_orphan(worker)
         elif not worker.released:
-            worker.process.kill()
+            _kill(worker.process)
 
     def _send_withdraw(self, worker: _Worker, turn: Turn) -> None:
         self._send(worker, Withdraw(call_id=turn.call_id))
@@ -451,8 +452,14 @@ def _kill_orphan(worker: _Worker) -> None:
     Only while its pipe is still open (it is not drained), so the pid is still its own.
     """
     if not worker.drained.is_set():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(worker.pid, signal.SIGKILL)
+        end_descendants(worker.pid, with_it=True)
+
+
+def _kill(process: Any) -> None:
+    """SIGKILL a running worker with the processes its programs started (``worker/descendants.py``): killed
+    alone, it left them running for good, since its own way out that ends them is not taken."""
+    if process.pid is not None and process.exitcode is None:
+        end_descendants(process.pid, with_it=True)
 
 
 async def _discard(process: Any, conn: Any) -> None:

@@ -559,3 +559,25 @@ async def starts_children_with_a_label_of(ctx: TurnContext) -> str:
         else:
             answers.append("started")
     return "\n".join(answers)
+
+
+async def starts_a_process_and_returns(ctx: TurnContext) -> str:
+    """Starts ``sleep 30`` (and a grandchild under a shell: ``sh -c 'sleep 30 & wait'``), says both pids, and
+    returns with them running."""
+    import subprocess
+
+    sleeper = subprocess.Popen(["sleep", "30"])
+    shell = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
+    await ctx.say(f"{sleeper.pid} {shell.pid}")
+    return "started"
+
+
+def waits_on_a_process(ctx) -> str:  # type: ignore[no-untyped-def]
+    """A plain ``def`` that starts ``sleep 30``, says its pid and waits for it: blocked in ``waitpid``, it never
+    sees its turn's cancellation."""
+    import subprocess
+
+    sleeper = subprocess.Popen(["sleep", "30"])
+    ctx.say(str(sleeper.pid))
+    sleeper.wait()
+    return "waited"

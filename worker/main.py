@@ -36,6 +36,7 @@ from typing import Any, Coroutine, Mapping, NoReturn
 
 import anyio
 
+from .descendants import end_descendants
 from .forks import worker_started
 from .leftovers import untracked
 from .logformat import install_logging
@@ -99,7 +100,7 @@ class WorkerLoop:
             while view:
                 view = view[os.write(fd, view):]
         except (BrokenPipeError, ConnectionResetError):
-            os._exit(0)  # the supervisor is gone (as at end of file): exit quietly, never outlive it
+            end_worker(0)  # the supervisor is gone (as at end of file): exit quietly, never outlive it
 
     async def serve(self) -> None:
         self.send(Ready(pid=os.getpid()))
@@ -128,7 +129,7 @@ class WorkerLoop:
 
             await serve_pipe(self.conn.fileno(), received)
             if not shutdown:
-                os._exit(0)  # end of file: the supervisor is gone, never outlive it
+                end_worker(0)  # end of file: the supervisor is gone, never outlive it
             while self._waiting:
                 self._end_unstarted(self._waiting.popleft().call_id, "shutdown")
             self.runner.cancel_all("shutdown")
@@ -262,7 +263,7 @@ def _exit_at_hangup(fd: int) -> None:
     watcher = select.poll()
     watcher.register(fd, 0)
     watcher.poll()  # without a timeout it returns only with an event (a signal's EINTR is retried: PEP 475)
-    os._exit(0)
+    end_worker(0)
 
 
 def _adopt_environment(environ: Mapping[str, str]) -> None:
@@ -319,8 +320,15 @@ def worker_entry(conn: Any, log_level: int = logging.WARNING, inherited: Any = N
     except KeyboardInterrupt:
         pass
     except SystemExit as exc:
+        end_descendants(os.getpid())
         exit_as_asked(exc)
-    os._exit(0)
+    end_worker(0)
+
+
+def end_worker(code: int) -> NoReturn:
+    """End this worker process now, and the processes its programs started and left running (``descendants.py``)."""
+    end_descendants(os.getpid())
+    os._exit(code)
 
 
 def exit_as_asked(exc: SystemExit) -> NoReturn:

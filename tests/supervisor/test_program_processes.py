@@ -1,0 +1,94 @@
+"""The processes a program starts end with its worker: at the supervisor's close, and when a worker is killed
+for a turn that ignored its cancellation.
+
+Found by a probe of misbehaving programs: a ``subprocess.Popen(["sleep", "1000"])`` left running by a
+program, or one a plain ``def`` program waited on when its turn was interrupted, outlived its turn, its
+worker and the supervisor's close, reparented to init, for good.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import anyio
+import pytest
+
+from subagents.supervisor import Provider, SubagentRequest, UserAuthority
+
+from ..conftest import DEADLINE_S, HELPERS, live_processes, open_supervisor, said, wait_until
+
+pytestmark = pytest.mark.anyio
+
+
+def _gone(pids: list[int], within: float = 5.0) -> list[int]:
+    """The pids of ``pids`` still running after ``within`` seconds (zombies count as gone)."""
+    deadline = time.monotonic() + within
+    while True:
+        running = [pid for pid in pids if pid in live_processes()]
+        if not running or time.monotonic() > deadline:
+            return running
+        time.sleep(0.05)
+
+
+def _descendants(pids: list[int]) -> list[int]:
+    """``pids`` and every process below them, running now."""
+    table = live_processes()
+    found, todo = [], list(pids)
+    while todo:
+        pid = todo.pop()
+        if pid in table:
+            found.append(pid)
+            todo.extend(child for child, process in table.items() if process.ppid == pid)
+    return found
+
+
+def _kill(pids: list[int]) -> None:
+    """Cleanup: what the test started and the runtime left running."""
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                if not handle.read().startswith((b"sleep", b"sh")):
+                    continue  # the pid is no longer one of ours
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+async def test_a_process_left_running_by_a_program_ends_at_the_supervisors_close(tmp_path) -> None:
+    started: list[int] = []
+    try:
+        async with open_supervisor(tmp_path, pool_size=1) as sup:
+            sup.register_provider(Provider(name="starts", program=f"{HELPERS}:starts_a_process_and_returns"))
+            root = await sup.open_root()
+            run = await sup.start("starts", SubagentRequest(parent=root, prompt="go"))
+            with anyio.fail_after(DEADLINE_S):
+                assert (await run.result()).stop_reason == "completed"
+            await run.dispose()
+            started = _descendants([int(pid) for pid in said(sup.store, run.id)[0].split()])
+            assert len(started) == 3, started  # the sleep, the shell and the shell's sleep
+            assert sorted(_gone(started, within=0)) == sorted(started), "ended with the turn, not with its worker"
+        assert not _gone(started), "left running after the supervisor closed"
+    finally:
+        _kill(started)
+
+
+async def test_a_process_a_cancelled_program_waits_on_ends_when_its_worker_is_killed(tmp_path) -> None:
+    started: list[int] = []
+    try:
+        async with open_supervisor(tmp_path, pool_size=1, cancel_grace_s=0.3) as sup:
+            sup.register_provider(Provider(name="waits", program=f"{HELPERS}:waits_on_a_process"))
+            root = await sup.open_root()
+            run = await sup.start("waits", SubagentRequest(parent=root, prompt="go"))
+            said_pid = await wait_until(lambda: said(sup.store, run.id), what="the sleep's pid")
+            started = [int(said_pid[0])]
+            outcome = await sup.interrupt(run.id, authority=UserAuthority(parent_session=root.id))
+            assert outcome.outcome == "cancelled"
+            with anyio.fail_after(DEADLINE_S):
+                result = await run.result()
+            assert result.stop_reason == "aborted" and "killed by signal SIGKILL" in result.diagnostic, result
+            assert not _gone(started), "left running after its worker was killed"
+            await run.dispose()
+    finally:
+        _kill(started)

@@ -1,0 +1,119 @@
+"""The processes a worker's programs started: ended with the worker.
+
+A program may start processes (``subprocess.Popen``, ``multiprocessing``, a
+shell's ``&``) and return, or be cancelled while it waits on one. Nothing ended
+them: they outlived the turn's worker, reparented to init, and the supervisor's
+close left them running for good. So whoever ends a worker ends its
+descendants first, with SIGKILL: the worker itself on its way out
+(``worker/main.py``), and the pool when it kills a worker (a turn that ignored
+its cancellation, a close that waited long enough: ``supervisor/pool.py``).
+
+They are found by their parent links (``/proc/<pid>/stat``), which the death of
+a process cuts (its children go to init): so every one is stopped (SIGSTOP)
+before any is killed, and a stopped process starts no more. A process that
+left the tree on purpose (a daemon's double fork, reparented to init) is no
+descendant and is left alone; so is everything when the worker itself died
+unasked (``kill -9``, the kernel's OOM killer), since its children were
+reparented before anyone could look. A process that outlives its turn on a
+worker that lives on is left to run: it may be the program's on purpose.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from typing import Callable
+
+__all__ = ["end_descendants"]
+
+_PASSES = 3  # walks of the tree: the last finds none new unless processes keep starting while they are stopped
+
+
+class _NoChildrenFiles(Exception):
+    """This kernel keeps no ``/proc/<pid>/task/<tid>/children`` lists (``CONFIG_PROC_CHILDREN`` unset)."""
+
+
+def _children_of(pid: int) -> list[int]:
+    """The children of ``pid``, from each of its threads' ``children`` list (a few reads, not one per process)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:  # gone meanwhile
+        return []
+    found: list[int] = []
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children", "rb") as handle:
+                found.extend(int(child) for child in handle.read().split())
+        except FileNotFoundError:
+            if os.path.exists(f"/proc/{pid}/task/{task}"):
+                raise _NoChildrenFiles from None
+        except OSError:  # the thread ended meanwhile
+            continue
+    return found
+
+
+def _all_children() -> dict[int, list[int]]:
+    """Each running process's children, by parent pid, from every ``/proc/<pid>/stat`` (zombies left out)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # no ``/proc`` (not Linux): nothing is found
+        return children
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if fields[0] not in (b"Z", b"X"):
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    return children
+
+
+def _below(pid: int) -> list[int]:
+    """Every process below ``pid``, parents before their children."""
+    try:
+        return _walk(pid, _children_of)
+    except _NoChildrenFiles:
+        table = _all_children()
+        return _walk(pid, lambda parent: table.get(parent, []))
+
+
+def _walk(pid: int, children_of: Callable[[int], list[int]]) -> list[int]:
+    found: list[int] = []
+    todo = list(children_of(pid))
+    while todo:
+        child = todo.pop(0)
+        found.append(child)
+        todo.extend(children_of(child))
+    return found
+
+
+def end_descendants(pid: int, *, with_it: bool = False) -> int:
+    """SIGKILL every process below ``pid`` (and ``pid`` itself when ``with_it``); how many descendants there were.
+
+    ``pid`` is stopped first when it is to die too, so it starts no more while its tree is read. Linux only
+    (``/proc``): elsewhere nothing is found and only ``pid`` is killed.
+    """
+    if with_it:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    stopped: list[int] = []
+    for _ in range(_PASSES):
+        new = [child for child in _below(pid) if child not in stopped]
+        if not new:
+            break
+        for child in new:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGSTOP)
+        stopped.extend(new)
+    for child in stopped:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+    if with_it:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return len(stopped)
