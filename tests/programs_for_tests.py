@@ -581,3 +581,13 @@ def waits_on_a_process(ctx) -> str:  # type: ignore[no-untyped-def]
     ctx.say(str(sleeper.pid))
     sleeper.wait()
     return "waited"
+
+
+async def starts_a_process_and_exits(ctx: TurnContext) -> None:
+    """Starts ``sleep 30``, says its pid, and ends its worker with ``sys.exit(3)``."""
+    import subprocess
+    import sys
+
+    sleeper = subprocess.Popen(["sleep", "30"])
+    await ctx.say(str(sleeper.pid))
+    sys.exit(3)

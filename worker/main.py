@@ -194,6 +194,7 @@ class WorkerLoop:
             except SystemExit as exc:
                 # now, before this turn's slot goes to a turn waiting here: started, it died with the worker
                 # (``error``), where a turn handed ahead and never started runs on another worker
+                end_descendants(os.getpid())
                 exit_as_asked(exc)
             self.send(TurnDone(call_id=msg.call_id, outcome=outcome))
         finally:

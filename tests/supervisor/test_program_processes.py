@@ -92,3 +92,20 @@ async def test_a_process_a_cancelled_program_waits_on_ends_when_its_worker_is_ki
             await run.dispose()
     finally:
         _kill(started)
+
+
+async def test_a_process_left_running_ends_when_its_program_exits_the_worker(tmp_path) -> None:
+    started: list[int] = []
+    try:
+        async with open_supervisor(tmp_path, pool_size=1) as sup:
+            sup.register_provider(Provider(name="exits", program=f"{HELPERS}:starts_a_process_and_exits"))
+            root = await sup.open_root()
+            run = await sup.start("exits", SubagentRequest(parent=root, prompt="go"))
+            with anyio.fail_after(DEADLINE_S):
+                result = await run.result()
+            started = [int(said(sup.store, run.id)[0])]
+            assert result.stop_reason == "error" and "exited with code 3" in result.diagnostic, result
+            assert not _gone(started), "left running after its program's sys.exit ended the worker"
+            await run.dispose()
+    finally:
+        _kill(started)
