@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence, TextIO
 from subagents.store import ChildEntry, DescendantRow, DiagnosticEntry
 from subagents.worker.listing import render_rows
 
-from . import columns
+from . import columns, node_state
 
 __all__ = [
     "Output",
@@ -238,7 +238,7 @@ def render_show(out: Output, doc: dict[str, Any]) -> None:
     outcome = doc.get("outcome") or ("-" if doc["status"] == "complete" else "- (no turn finished yet)")
     fields.insert(next(i for i, (k, _) in enumerate(fields) if k == "status") + 1, ("outcome", outcome))
     if doc.get("node"):  # where the open turn runs: worker host:pid, or Ray node ip/id:pid
-        fields.insert(next(i for i, (k, _) in enumerate(fields) if k == "outcome") + 1, ("node", doc["node"]))
+        fields.insert(next(i for i, (k, _) in enumerate(fields) if k == "outcome") + 1, ("node", node_state.node_text(doc["node"], long=True)))
     if doc.get("failure"):
         fields.append(("failure", doc["failure"]))
     if doc.get("result") is not None:

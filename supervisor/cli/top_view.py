@@ -13,6 +13,7 @@ from types import TracebackType
 from typing import Any, Mapping, Sequence
 
 from .columns import iso_moments, visible
+from .node_state import node_text
 from .render import Output, fmt_time, status_style, to_json
 from .whole_writes import whole_writer
 
@@ -31,7 +32,8 @@ COLUMNS_HELP = """columns:
   mode    one-shot, continuable, root (top-level) or - (a plain fork)
   busy    time spent in its finished turns
   turn    how long the open turn has been running (- : no turn open)
-  node    where the open turn runs: the worker's host:pid (local pool), the Ray node ip/id:pid
+  node    where the open turn runs: the worker's host:pid (local pool), the Ray node ip/id:pid;
+          (stopped): that local worker is stopped (SIGSTOP, Ctrl-Z), its turn stalls until it is continued
   epoch   the lease epoch (grows by one each time a supervisor takes the session)
   pid     the process of the supervisor holding it; owner: that supervisor's id"""
 
@@ -46,7 +48,7 @@ def _top_cells(row: dict[str, Any], now: float, shorts: Mapping[str, str]) -> tu
     pid = str(row["owner_pid"]) if row.get("owner_pid") is not None else "-"
     parent = row.get("parent")
     return (shorts.get(row["id"], row["id"]), row["status"], row.get("outcome") or "-", row["mode"], visible(row.get("label") or "-"),
-            busy, turn, row.get("node") or "-", str(row["epoch"]), pid, shorts.get(parent, parent) if parent else "-", row["owner"])
+            busy, turn, node_text(row.get("node"), long=False) or "-", str(row["epoch"]), pid, shorts.get(parent, parent) if parent else "-", row["owner"])
 
 
 def _top_plain(rows: Sequence[dict[str, Any]], now: float, shorts: Mapping[str, str]) -> list[str]:
