@@ -591,3 +591,13 @@ async def starts_a_process_and_exits(ctx: TurnContext) -> None:
     sleeper = subprocess.Popen(["sleep", "30"])
     await ctx.say(str(sleeper.pid))
     sys.exit(3)
+
+
+async def changes_folder(ctx: TurnContext) -> str:
+    """Changes its worker's working folder to the one its message names, and leaves it so."""
+    os.chdir(ctx.text)
+    return os.getcwd()
+
+
+async def working_folder(ctx: TurnContext) -> str:
+    return os.getcwd()
