@@ -27,7 +27,8 @@ resident on it ends — ``aborted`` if its cancellation was asked for, else
 If the forkserver dies, every worker's sentinel ends at once though the
 workers still run: they go on serving, each watched through its pipe from
 then on (its death then reads as an exit whose status was lost), and the
-next replacement starts a new forkserver.
+next replacement starts a new forkserver. (A dead worker's pipe stays open too
+when a process its program forked holds it: its process is gone, and it is a crash.)
 A cancelled turn that ignores cancellation for ``cancel_grace_s`` has its
 worker killed (and so do the other turns resident on that worker: they end
 ``error``; the log of each is repaired by the caller). A worker is killed with
@@ -58,7 +59,7 @@ import multiprocess.process as mp_process
 import multiprocess.resource_tracker
 
 from subagents.store.errors import SubagentError
-from subagents.worker.descendants import end_descendants
+from subagents.worker.descendants import end_descendants, running
 from subagents.worker.errors import ProtocolError, WorkerCrashedError
 from subagents.worker.main import worker_entry
 from subagents.worker.pipe import serve_pipe
@@ -403,13 +404,15 @@ class WorkerPool(Dispatcher[_Worker]):
             return
         with anyio.move_on_after(1.0):  # first what it sent before it died (a Started, a TurnDone)
             await worker.drained.wait()
-        if not worker.drained.is_set():
-            # its sentinel ended, yet it holds its pipe open: it runs, and what died is the forkserver that
+        if not worker.drained.is_set() and running(worker.pid):
+            # its sentinel ended, yet it runs and holds its pipe open: what died is the forkserver that
             # reported its exit (the OOM killer, a signal to the process group). It goes on serving; the
             # end of its pipe is the sign of its death from now on
             log.warning("the forkserver died; worker %s goes on, watched through its pipe", worker.pid)
             worker.orphaned = True
             await worker.drained.wait()
+        elif not worker.drained.is_set():  # it died, and a process its program forked holds its pipe open
+            log.warning("worker %s died; a process it started holds its pipe open", worker.pid)
         if self._closing or not worker.alive:
             return
         worker.alive = False

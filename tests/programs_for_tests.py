@@ -601,3 +601,15 @@ async def changes_folder(ctx: TurnContext) -> str:
 
 async def working_folder(ctx: TurnContext) -> str:
     return os.getcwd()
+
+
+async def forks_a_lingering_child(ctx: TurnContext) -> str:
+    """Forks a child that sleeps 30 s (holding its copies of the worker's descriptors, the pipe among them), says
+    ``<worker pid> <child pid>``, then sleeps (cancellable)."""
+    child = os.fork()
+    if child == 0:
+        time.sleep(30)
+        os._exit(0)
+    await ctx.say(f"{os.getpid()} {child}")
+    await anyio.sleep(3600)
+    return "woke"

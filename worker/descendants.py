@@ -25,7 +25,7 @@ import os
 import signal
 from typing import Callable
 
-__all__ = ["end_descendants"]
+__all__ = ["end_descendants", "running"]
 
 _PASSES = 3  # walks of the tree: the last finds none new unless processes keep starting while they are stopped
 
@@ -117,3 +117,12 @@ def end_descendants(pid: int, *, with_it: bool = False) -> int:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     return len(stopped)
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` runs now: a zombie (ended, its parent not yet told) does not."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):  # gone
+        return False
