@@ -66,8 +66,10 @@ async def test_a_process_left_running_by_a_program_ends_at_the_supervisors_close
             with anyio.fail_after(DEADLINE_S):
                 assert (await run.result()).stop_reason == "completed"
             await run.dispose()
-            started = _descendants([int(pid) for pid in said(sup.store, run.id)[0].split()])
-            assert len(started) == 3, started  # the sleep, the shell and the shell's sleep
+            pids = [int(pid) for pid in said(sup.store, run.id)[0].split()]
+            started = pids
+            # the sleep, the shell and, once the shell has forked it, the shell's sleep
+            started = await wait_until(lambda: _descendants(pids) if len(_descendants(pids)) == 3 else None, what="three processes")
             assert sorted(_gone(started, within=0)) == sorted(started), "ended with the turn, not with its worker"
         assert not _gone(started), "left running after the supervisor closed"
     finally:
