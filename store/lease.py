@@ -107,8 +107,8 @@ def process_start_time(pid: int) -> int | None:
         return None
     # the command name may hold spaces and parentheses: split after the last ')'
     fields = raw[raw.rfind(b")") + 2 :].split()
-    if fields and fields[0] == b"Z":
-        return None  # a zombie runs nothing
+    if fields and fields[0] in (b"Z", b"X"):
+        return None  # a zombie (or a process being reaped) runs nothing
     try:
         return int(fields[19])
     except (IndexError, ValueError):

@@ -47,7 +47,7 @@ import sys
 import time
 from typing import Iterable
 
-__all__ = ["ClusterReaper", "descendants", "start_time"]
+__all__ = ["ClusterReaper", "start_time"]
 
 log = logging.getLogger("subagents.supervisor.cluster_reaper")
 
@@ -67,31 +67,6 @@ def start_time(pid: int) -> int | None:
     except (OSError, IndexError):
         return None
     return None if fields[0] in ("Z", "X") else int(fields[19])
-
-
-def descendants(roots: Iterable[int]) -> list[int]:
-    """The live processes below ``roots`` (not the roots themselves), by ``/proc``'s parent pids."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):  # gone between the listing and the read
-            continue
-        if fields[0] not in ("Z", "X"):
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    found: list[int] = []
-    seen = set(roots)
-    todo = list(seen)
-    while todo:
-        for child in children.get(todo.pop(), ()):
-            if child not in seen:
-                seen.add(child)
-                found.append(child)
-                todo.append(child)
-    return found
 
 
 class ClusterReaper:

@@ -39,8 +39,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from subagents.worker.descendants import descendants
+
 from . import netns
-from .cluster_reaper import ClusterReaper, descendants
+from .cluster_reaper import ClusterReaper
 from .config import RayConfig
 from .errors import RayUnavailableError
 
@@ -218,7 +220,7 @@ class SimulatedCluster:
 
     def pids(self) -> list[int]:
         """The pids of every Ray service process this cluster started itself (GCS, raylets, monitor, dashboard,
-        log monitor); each raylet's agents and workers are their children (``cluster_reaper.descendants``)."""
+        log monitor); each raylet's agents and workers are their children (``worker/descendants.py``)."""
         out: list[int] = []
         for node in self.cluster.list_all_nodes() if self.cluster is not None else []:
             for infos in node.all_processes.values():

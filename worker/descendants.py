@@ -23,9 +23,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from typing import Callable
+from typing import Callable, Iterable
 
-__all__ = ["end_descendants", "running"]
+from subagents.store.lease import process_start_time
+
+__all__ = ["descendants", "end_descendants", "running"]
 
 _PASSES = 3  # walks of the tree: the last finds none new unless processes keep starting while they are stopped
 
@@ -73,22 +75,27 @@ def _all_children() -> dict[int, list[int]]:
     return children
 
 
-def _below(pid: int) -> list[int]:
-    """Every process below ``pid``, parents before their children."""
+def descendants(roots: Iterable[int]) -> list[int]:
+    """Every live process below ``roots`` (not the roots themselves), parents before their children: a
+    worker's here, a simulated Ray cluster's services' for its reaper (``supervisor/ray_cluster.py``)."""
+    roots = list(roots)
     try:
-        return _walk(pid, _children_of)
+        return _walk(roots, _children_of)
     except _NoChildrenFiles:
         table = _all_children()
-        return _walk(pid, lambda parent: table.get(parent, []))
+        return _walk(roots, lambda parent: table.get(parent, []))
 
 
-def _walk(pid: int, children_of: Callable[[int], list[int]]) -> list[int]:
+def _walk(roots: list[int], children_of: Callable[[int], list[int]]) -> list[int]:
     found: list[int] = []
-    todo = list(children_of(pid))
+    seen = set(roots)
+    todo = list(roots)
     while todo:
-        child = todo.pop(0)
-        found.append(child)
-        todo.extend(children_of(child))
+        for child in children_of(todo.pop(0)):
+            if child not in seen:
+                seen.add(child)
+                found.append(child)
+                todo.append(child)
     return found
 
 
@@ -103,7 +110,7 @@ def end_descendants(pid: int, *, with_it: bool = False) -> int:
             os.kill(pid, signal.SIGSTOP)
     stopped: list[int] = []
     for _ in range(_PASSES):
-        new = [child for child in _below(pid) if child not in stopped]
+        new = [child for child in descendants([pid]) if child not in stopped]
         if not new:
             break
         for child in new:
@@ -121,8 +128,4 @@ def end_descendants(pid: int, *, with_it: bool = False) -> int:
 
 def running(pid: int) -> bool:
     """Whether process ``pid`` runs now: a zombie (ended, its parent not yet told) does not."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except (OSError, IndexError):  # gone
-        return False
+    return process_start_time(pid) is not None
