@@ -593,6 +593,24 @@ async def starts_a_process_and_exits(ctx: TurnContext) -> None:
     sys.exit(3)
 
 
+async def starts_a_process_tree_and_exits(ctx: TurnContext) -> None:
+    """Starts ``sh -c 'sleep 30 & wait'``, waits until the shell's ``sleep`` runs, says both pids, and ends its
+    worker with ``sys.exit(3)``."""
+    import subprocess
+    import sys
+
+    shell = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
+    below: list[str] = []
+    for _ in range(500):
+        with open(f"/proc/{shell.pid}/task/{shell.pid}/children") as handle:
+            below = handle.read().split()
+        if below:
+            break
+        await anyio.sleep(0.01)
+    await ctx.say(" ".join([str(shell.pid), *below]))
+    sys.exit(3)
+
+
 async def changes_folder(ctx: TurnContext) -> str:
     """Changes its worker's working folder to the one its message names, and leaves it so."""
     os.chdir(ctx.text)

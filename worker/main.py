@@ -44,6 +44,7 @@ from .signals import survive_stop_signals
 from .pipe import frame, serve_pipe
 from .protocol import Cancel, Ready, Reply, RunTurn, Shutdown, Started, TurnDone, Withdraw, Withdrawn, cancelled_before_start, decode, encode
 from .runner import TurnRunner
+from .working_folder import back_home, working_folder
 
 __all__ = ["worker_entry", "WorkerLoop"]
 
@@ -73,7 +74,7 @@ class WorkerLoop:
         self._outbox: list[bytes] = []  # under ``_send_lock``
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop whose passes flush the outbox (asyncio only)
         self._loop_thread = 0
-        self._home = _working_folder()  # the host's, as the pool started this worker: each turn starts here (``_back_home``)
+        self._home = working_folder()  # the host's, as the pool started this worker: each turn starts here (``back_home``)
 
     def send(self, message: Any) -> None:
         data = encode(message)
@@ -201,7 +202,7 @@ class WorkerLoop:
         finally:
             self._active -= 1
             if not self.runner.resident:
-                _back_home(self._home)
+                back_home(self._home)
             self._start_waiting()
 
 
@@ -254,34 +255,6 @@ class _Turns:
         """Wait until the turns still running end (the group's own tasks: when the group exits)."""
         if self._tasks:
             await asyncio.wait(list(self._tasks))
-
-
-def _working_folder() -> str | None:
-    try:
-        return os.getcwd()
-    except OSError:  # removed under it: nothing to go back to
-        return None
-
-
-def _back_home(home: str | None) -> None:
-    """With no turn left in the worker, go back to its working folder if a program moved it (``os.chdir``).
-
-    The working folder is the process's: a program that changed it and returned left every later turn on
-    its worker, another agent's whatever its program, reading and writing its relative paths there. Turns
-    resident together share it (one that parks waiting on its children keeps it), so it is taken back only
-    when none is left. One ``getcwd`` per turn when nothing moved.
-    """
-    if home is None:
-        return
-    with contextlib.suppress(OSError):
-        if os.getcwd() == home:
-            return
-    try:
-        os.chdir(home)
-    except OSError as exc:
-        log.warning("a program left the worker in another working folder, and its own (%s) cannot be taken back: %s", home, exc)
-        return
-    log.warning("a program left the worker in another working folder; back to %s for the next turn", home)
 
 
 def _exit_at_hangup(fd: int) -> None:

@@ -36,6 +36,7 @@ from .main import exit_as_asked
 from .forks import worker_started
 from .protocol import Cancel, CancelRpc, Reply, Rpc, RunTurn, TurnDone, TurnOutcome, decode, encode
 from .runner import TurnRunner
+from .working_folder import back_home, working_folder
 from .service_writer import ServiceCall, ServiceSessions
 from .store_service import decode_reply, encode_request
 
@@ -79,6 +80,7 @@ class SubagentWorker:
         self._runner = TurnRunner(sessions_for=lambda spec: sessions, load_hint=hint)
         self._resident: set[int] = set()
         self._early_cancels: OrderedDict[int, str] = OrderedDict()
+        self._home = working_folder()  # as Ray started this actor: each turn starts here (``back_home``)
 
     async def ready(self) -> dict[str, Any]:
         """Where this worker runs: node id, node address, pid."""
@@ -139,3 +141,6 @@ class SubagentWorker:
             return await self._runner.run(msg, send)
         except SystemExit as exc:
             exit_as_asked(exc)
+        finally:
+            if not self._runner.resident:
+                back_home(self._home)
