@@ -60,6 +60,7 @@ from subagents.worker.protocol import BLOCKING_RPCS, CancelRpc, Reply, Rpc, Turn
 
 from .backend import PoolStatistics, RpcHandler, StartedCallback, TurnResult, TurnTicket, WorkerRef
 from .errors import RpcError, SupervisorClosedError
+from .thread_failures import thread_failure
 
 __all__ = ["Dispatcher", "Turn", "WorkerSlot"]
 
@@ -459,6 +460,10 @@ class Dispatcher(Generic[W]):
             raise
         except BaseException as exc:  # isolation boundary: a failure serving one request goes back to its turn as an
             # error, a host hook's own BaseException too (an installer's, under ``ctx.start_continuable``)
+            coded = thread_failure(exc)
+            if coded is not None:  # the host's limit, not a fault of the code: one line, the public calls' code
+                log.warning("rpc %s failed: %s", msg.method, coded)
+                return Reply(rpc_id=msg.rpc_id, ok=False, error=coded.to_wire())
             log.exception("rpc %s failed", msg.method)
             return Reply(rpc_id=msg.rpc_id, ok=False, error=RpcError.failed(exc).to_wire())
 

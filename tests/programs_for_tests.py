@@ -631,3 +631,27 @@ async def forks_a_lingering_child(ctx: TurnContext) -> str:
     await ctx.say(f"{os.getpid()} {child}")
     await anyio.sleep(3600)
     return "woke"
+
+
+async def lists_at_a_signal(ctx: TurnContext) -> str:
+    """Waits for the file its message names (``<go> <done>``), then asks for its children twelve times at
+    once (more requests than the host keeps idle threads for), writes ``<done>`` and says each answer's code."""
+    go, done = ctx.text.split()
+    with anyio.fail_after(20):
+        while not os.path.exists(go):
+            await anyio.sleep(0.02)
+    answers: list[str] = []
+
+    async def ask() -> None:
+        try:
+            await ctx.list_agents()
+            answers.append("ok")
+        except SubagentError as exc:
+            answers.append(exc.code)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(12):
+            tg.start_soon(ask)
+    with open(done, "w") as file:
+        file.write("done")
+    return json.dumps(sorted(set(answers)))
