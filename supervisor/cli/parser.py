@@ -13,6 +13,11 @@ An option's value that begins like a negative number (``--older-than -1d``,
 not a plain negative number (``-5``) for an option, and answered ``expected
 one argument`` where the joined spelling said what is wrong with the value.
 No option of this CLI begins with ``-`` and a digit, so nothing else moves.
+
+Options are not abbreviated (``--older`` is not ``--older-than``): an
+abbreviation a script relied on would change meaning, or stop parsing, the
+day an option sharing its prefix is added, and shell completion writes the
+full name. A word that abbreviates an option is refused with the option named.
 """
 
 from __future__ import annotations
@@ -145,8 +150,12 @@ class _Parser(argparse.ArgumentParser):
     """An argument parser whose usage errors are ``UsageError``, not a usage block and ``SystemExit(2)``.
 
     Its sub-command parsers are of this class too (argparse makes them with the
-    parent's class), so each names its own ``--help``.
+    parent's class), so each names its own ``--help`` and takes no abbreviation.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def _valued_options(self) -> set[str]:
         """This parser's options that take one value (a flag's ``nargs`` is 0), from the base class's table of
@@ -171,7 +180,26 @@ class _Parser(argparse.ArgumentParser):
                 continue
             joined.append(word)
             i += 1
-        return super().parse_known_args(joined, namespace)
+        try:
+            parsed, extras = super().parse_known_args(joined, namespace)
+        except UsageError as exc:
+            if "abbreviation" not in exc.fields:  # a verb's parser has said it already
+                self._refuse_abbreviations(words)  # said first: "--older-than is required" hides what went wrong
+            raise
+        self._refuse_abbreviations(extras)
+        return parsed, extras
+
+    def _refuse_abbreviations(self, words: list[str]) -> None:
+        """``USAGE`` naming the option a word abbreviates (``--older`` for ``--older-than``), if one does."""
+        options = {option for action in self._actions for option in action.option_strings}
+        for word in words:
+            if word == "--":  # the rest are positional
+                return
+            name = word.split("=", 1)[0]
+            meant = sorted(option for option in options if option.startswith(name))
+            if name.startswith("--") and name not in options and meant:
+                raise UsageError(f"{name} is not an option: options are not abbreviated ({' or '.join(meant)}) "
+                                 f"(see `{self.prog} --help`)", abbreviation=name)
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
         """As argparse's, with arguments nobody took named against the verb that was given them."""
