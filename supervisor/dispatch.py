@@ -10,6 +10,8 @@ waiting RPC (``spawn_wait``, ``wait_run``) is *parked*: it stays resident but
 no longer counts, so the children it waits for can run on that worker, and
 nested delegation never deadlocks, at any depth and pool size. When the wait
 ends the turn resumes where it is (brief oversubscription, never a deadlock).
+A worker the pool says would stall a turn (``_takes_turns``: the local pool's
+stopped one, ``worker_stops.py``) is passed over, and asked again shortly.
 
 Cancellation: a queued turn ends ``aborted`` without a worker; a dispatched
 one is told (``_send_cancel``), and if it ignores that for ``cancel_grace_s``
@@ -61,6 +63,7 @@ from subagents.worker.protocol import BLOCKING_RPCS, CancelRpc, Reply, Rpc, Turn
 from .backend import PoolStatistics, RpcHandler, StartedCallback, TurnResult, TurnTicket, WorkerRef
 from .errors import RpcError, SupervisorClosedError
 from .thread_failures import thread_failure
+from .worker_stops import RECHECK_S
 
 __all__ = ["Dispatcher", "Turn", "WorkerSlot"]
 
@@ -161,6 +164,7 @@ class Dispatcher(Generic[W]):
         self._shields: set[anyio.CancelScope] = set()  # the pool's tasks a caller's cancellation must not end
         # the waits a turn may give up (``BLOCKING_RPCS``), by worker and rpc id: a ``CancelRpc`` cancels one
         self._waits: dict[tuple[int, int], anyio.CancelScope] = {}
+        self._asking_again = False  # ``_ask_again`` is due
 
     # -- the pool's tasks and the caller's cancellation ---------------------------------
 
@@ -210,6 +214,11 @@ class Dispatcher(Generic[W]):
     def _send_withdraw(self, worker: W, turn: Turn) -> None:
         """Ask ``worker`` to give back ``turn``, handed over ahead, if it has not started it (a pool with prefetch)."""
         raise NotImplementedError
+
+    def _takes_turns(self, worker: W) -> bool:
+        """Whether ``worker``, alive, may be handed a turn now; a pool that can tell a worker that would stall it
+        (the local pool's stopped one) says False, and calls ``_schedule`` again once that may have changed."""
+        return True
 
     # -- turns ---------------------------------------------------------------------
 
@@ -293,7 +302,9 @@ class Dispatcher(Generic[W]):
         (``prefetch``) to workers whose slots are all taken; with the queue empty, ask back a turn
         waiting ahead for a worker that has a free slot."""
         limit = self._turns_per_worker
-        refused: set[int] = set()  # workers whose pipe refused a turn in this pass (dead, not yet seen so)
+        # workers passed over for the rest of this pass: their pipe refused a turn (dead, not yet seen so), or
+        # the pool says they take none now (``_takes_turns``: stopped)
+        refused: set[int] = set()
         if self._prefetch and self._withdraw_aged():
             # a turn asked back is older than every queued one: none overtakes it while the
             # answer is on its way (a free slot waits that round trip, ``WITHDRAW_WAIT_S`` at most)
@@ -332,14 +343,34 @@ class Dispatcher(Generic[W]):
             self._rebalance()
 
     def _least_loaded(self, room: int, refused: set[int]) -> W | None:
-        """The live worker with the fewest running turns, if that is fewer than ``room``."""
-        best, fewest = None, room
-        for worker in self._slots:
-            if worker is not None and worker.alive and worker.index not in refused:
-                running = worker.running
-                if running < fewest:
-                    best, fewest = worker, running
-        return best
+        """The live worker with the fewest running turns, if that is fewer than ``room``, of those that take turns
+        now (one that does not is added to ``refused``: asked once a pass)."""
+        while True:
+            best, fewest = None, room
+            for worker in self._slots:
+                if worker is not None and worker.alive and worker.index not in refused:
+                    running = worker.running
+                    if running < fewest:
+                        best, fewest = worker, running
+            if best is None or self._takes_turns(best):
+                return best
+            refused.add(best.index)
+            self._ask_again_later()
+
+    def _ask_again_later(self) -> None:
+        """``_schedule`` once more in ``RECHECK_S``: a worker passed over may take turns by then (one task at a time)."""
+        if self._asking_again or self._tg is None or self._closing:
+            return
+        self._asking_again = True
+        self._tg.start_soon(self._ask_again)
+
+    async def _ask_again(self) -> None:
+        try:
+            await anyio.sleep(RECHECK_S)
+        finally:
+            self._asking_again = False
+        if not self._closing:
+            self._schedule()
 
     def _rebalance(self) -> None:
         """The queue is empty: for each free slot on a worker holding no turn ahead, ask another

@@ -69,6 +69,7 @@ from .backend import WorkerRef
 from .dispatch import Dispatcher, Turn, WorkerSlot
 from .errors import WorkerHandshakeError, WorkerStartError
 from .process_hooks import EXIT_GRACE_S, track_pool
+from .worker_stops import StopState
 from .worker_start import FORKSERVER_DESCRIPTORS, replacement_delays, spare_descriptors
 
 __all__ = ["WorkerPool"]
@@ -142,6 +143,7 @@ class _Worker(WorkerSlot):
     watched: anyio.Event = field(default_factory=anyio.Event)  # ``_watch`` no longer waits on its sentinel
     released: bool = False  # its process handle is closed (``_release``)
     orphaned: bool = False  # its forkserver died: its handle knows nothing more of it (``_watch``)
+    stops: StopState = field(default_factory=StopState)  # whether it is stopped (``worker_stops.py``)
     # the reader's own scope: shielded from the caller's cancellation, ended by ``aclose`` only
     reading: anyio.CancelScope = field(default_factory=lambda: anyio.CancelScope(shield=True))
 
@@ -354,12 +356,16 @@ class WorkerPool(Dispatcher[_Worker]):
         if not worker.released and worker.watched.is_set():
             worker.released = _close_process(worker.process)
 
+    def _takes_turns(self, worker: _Worker) -> bool:
+        return worker.stops.takes_turns(worker.pid)
+
     # -- per-worker tasks -------------------------------------------------------
 
     async def _reader(self, worker: _Worker) -> None:
         """Serve the worker's pipe, registered once (``serve_pipe``); end of file or a read error: the sentinel task handles the death."""
 
         def received(batch: list[bytes]) -> bool:
+            worker.stops.heard()
             for raw in batch:
                 try:
                     msg = decode(raw)

@@ -27,7 +27,7 @@ from typing import Callable, Iterable
 
 from subagents.store.lease import process_start_time
 
-__all__ = ["descendants", "end_descendants", "running"]
+__all__ = ["descendants", "end_descendants", "running", "stopped"]
 
 _PASSES = 3  # walks of the tree: the last finds none new unless processes keep starting while they are stopped
 
@@ -129,3 +129,14 @@ def end_descendants(pid: int, *, with_it: bool = False) -> int:
 def running(pid: int) -> bool:
     """Whether process ``pid`` runs now: a zombie (ended, its parent not yet told) does not."""
     return process_start_time(pid) is not None
+
+
+def stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped now (SIGSTOP, Ctrl-Z, or a debugger's stop): it runs nothing until it
+    is continued. False when it is gone, or where there is no ``/proc``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return bool(fields) and fields[0] in (b"T", b"t")

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import socket
 
+from subagents.worker.descendants import stopped
+
 __all__ = ["node_text", "stopped_worker"]
 
 
@@ -23,12 +25,7 @@ def stopped_worker(node: str | None) -> int | None:
     host, _, pid = node.rpartition(":")
     if host != socket.gethostname() or not pid.isdigit():
         return None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            state = handle.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):  # gone, or no ``/proc``: nothing to say
-        return None
-    return int(pid) if state in (b"T", b"t") else None
+    return int(pid) if stopped(int(pid)) else None
 
 
 def node_text(node: str | None, *, long: bool) -> str | None:
