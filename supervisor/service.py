@@ -475,7 +475,9 @@ class Supervisor:
         """Start a one-shot child; returns once it is published (the caller must dispose it).
 
         ``provider`` is a registered provider's name: anything but text is ``INVALID_REQUEST`` (``None``
-        was looked up and said ``NO_PROVIDER "None"``, a list was a bare ``TypeError``)."""
+        was looked up and said ``NO_PROVIDER "None"``, a list was a bare ``TypeError``). Cancelled before it
+        returns (the caller's cancel scope, ``cancel``, a Ctrl-C), it leaves no child: one made meanwhile is
+        deleted unrun before the cancellation goes on, so there is no id to learn, interrupt or collect."""
         await self._begin()
         InvalidRequestError.require(provider, str, "provider")
         InvalidRequestError.require(request, SubagentRequest, "request")
@@ -487,7 +489,11 @@ class Supervisor:
 
     @thread_failures_coded
     async def start_continuable(self, spec: ContinuableSpec) -> tuple[str, str]:
-        """Start a continuable child; returns ``(child_id, message_id)`` once the prompt is durably accepted."""
+        """Start a continuable child; returns ``(child_id, message_id)`` once the prompt is durably accepted.
+
+        A cancellation (the caller's cancel scope, a Ctrl-C) that comes once the child is being made waits for
+        the call's end: the ids are returned, and it is raised at the caller's next await, so the caller always
+        holds the id of a child that exists (to interrupt, drain or ``gc`` it); one before leaves no child."""
         await self._begin()
         InvalidRequestError.require(spec, ContinuableSpec, "spec")
         with results_first():  # the ids of a child made and a prompt accepted reach the caller before a Ctrl-C
