@@ -17,6 +17,7 @@ the code, never on the message)::
     ├── CorruptSessionError             committed bytes are damaged
     ├── UnavailableSessionError         a session file cannot be read at all (also OSError)
     ├── RecordTooLargeError             bad input: a record above the store's size limit (also ValueError)
+    ├── OutOfMemoryError                no memory to frame a record; nothing written (also MemoryError)
     ├── UnsupportedFormatError          written by a newer/other format
     ├── FencedError                     a newer lease epoch took the session over
     ├── DurabilityError                 fsync/write failed: fatal for that session (also OSError)
@@ -51,6 +52,7 @@ __all__ = [
     "CorruptSessionError",
     "UnavailableSessionError",
     "RecordTooLargeError",
+    "OutOfMemoryError",
     "UnsupportedFormatError",
     "FencedError",
     "DurabilityError",
@@ -307,6 +309,19 @@ class RecordTooLargeError(SubagentError, ValueError):
             f"{what} of {size} bytes exceeds the store's record size limit of {limit} bytes (max_record_bytes)",
             code=code, what=what, size=size, limit=limit, **({"event": event} if event is not None else {}),
         )
+
+
+class OutOfMemoryError(SubagentError, MemoryError):
+    """Raised before anything is written when the process has no memory to frame one record (a record is
+    framed whole before a byte of it is written): its address-space limit (``ulimit -v``) or the machine's
+    memory, short of a few times the record's size. Nothing was stored; the same call with more memory, or a
+    smaller message, works. Also a ``MemoryError``, which is what the interpreter raised."""
+
+    code = "OUT_OF_MEMORY"
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what} could not be framed: this process ran out of memory (its address-space limit, "
+                         "ulimit -v, or the machine's); nothing was written", what=what)
 
 
 class InvalidRecordError(SubagentError, ValueError):

@@ -37,7 +37,7 @@ from typing import Any, Callable, Protocol
 
 import msgpack
 
-from .errors import InvalidRecordError, RecordTooLargeError
+from .errors import InvalidRecordError, OutOfMemoryError, RecordTooLargeError
 
 __all__ = [
     "BLOCK",
@@ -92,9 +92,20 @@ def encode_record(payload: dict[str, Any], *, limit: int = MAX_RECORD_BYTES, wha
         body = msgpack.packb(payload, use_bin_type=True)
     except _ENCODE_ERRORS as exc:
         raise InvalidRecordError.unencodable(what, exc) from None
+    except MemoryError as exc:
+        raise OutOfMemoryError(what) from exc
     if len(body) > limit:
         _refuse(body, limit, what, event)
-    return FRAME.pack(len(body), zlib.crc32(body)) + body
+    return _framed(body, what)
+
+
+def _framed(body: bytes, what: str) -> bytes:
+    """``body`` behind its frame header. A ``MemoryError`` framing (here or in the encoding) comes before any
+    write, so it is ``OutOfMemoryError``: nothing was stored (a big record takes a few times its size)."""
+    try:
+        return FRAME.pack(len(body), zlib.crc32(body)) + body
+    except MemoryError as exc:
+        raise OutOfMemoryError(what) from exc
 
 
 _PACK_BUFFER = 4096
@@ -122,10 +133,15 @@ class RecordEncoder:
             body = self._pack(payload)
         except _ENCODE_ERRORS as exc:
             raise InvalidRecordError.unencodable(_event_what(payload), exc) from None
+        except MemoryError as exc:  # before any write, as ``encode_record``'s
+            raise OutOfMemoryError(_event_what(payload)) from exc
         if len(body) > self.limit:  # the message is built only here: the hot path pays one comparison
             kind = payload.get("type")
             _refuse(body, self.limit, _event_what(payload), kind if isinstance(kind, str) else None)
-        return FRAME.pack(len(body), zlib.crc32(body)) + body
+        try:
+            return FRAME.pack(len(body), zlib.crc32(body)) + body
+        except MemoryError as exc:
+            raise OutOfMemoryError(_event_what(payload)) from exc
 
 
 def _event_what(payload: dict[str, Any]) -> str:

@@ -21,7 +21,7 @@ EXPECTED = {
     "Durability", "durability_policy",
     # errors
     "CorruptSessionError", "DescriptorError", "DurabilityError", "FencedError", "InvalidHeaderError",
-    "InvalidSessionIdError", "LeaseHeldError", "LockTimeoutError", "RecordTooLargeError", "InvalidRecordError", "SessionExistsError",
+    "InvalidSessionIdError", "LeaseHeldError", "LockTimeoutError", "RecordTooLargeError", "OutOfMemoryError", "InvalidRecordError", "SessionExistsError",
     "SessionNotFoundError", "AmbiguousIdError", "StoreFormatError", "StoreNotFoundError", "ReadOnlyStoreError", "UnreadableStoreError", "SubagentError",
     "UnavailableSessionError", "UnsupportedFormatError",
     # events, framing, header, ids
