@@ -19,85 +19,147 @@ General layout (read ``FORMAT.md`` for the bytes):
 * ``retention``   — ``collect``: old, settled top-level subtrees deleted (``gc``).
 
 This package imports neither ``worker`` nor ``supervisor``.
+
+The names resolve on first use (PEP 562): importing one module of this package
+(``subagents.store.errors``, the read path of a listing) runs this file, and
+loading every module here would cost a short command such as ``subagents ls``
+the whole store, ``check`` and ``retention`` included. ``_EXPORTS`` says where
+each name lives; the ``TYPE_CHECKING`` imports say the same to type checkers.
 """
 
-from .check import CheckCounts, CheckReport, Violation, check_store
-from .catalog import ChildEntry, DescendantRow, DiagnosticEntry, Identity, list_children, list_descendants, read_identity
-from .control import ControlRecord, control_size, read_controls, request
-from .description import MailboxCounts, SessionDescription, describe_session, mailbox_counts
-from .descriptor import (
-    DESCRIPTOR_VERSION,
-    ContinuableDescriptor,
-    Descriptor,
-    OneShotDescriptor,
-    ToolFilter,
-    fold_resume_descriptor,
-    parse_descriptor,
-)
-from .durability import Durability, durability_policy
-from .errors import (
-    CorruptSessionError,
-    DescriptorError,
-    DurabilityError,
-    FencedError,
-    InvalidHeaderError,
-    InvalidSessionIdError,
-    LeaseHeldError,
-    LockTimeoutError,
-    InvalidRecordError,
-    RecordTooLargeError,
-    OutOfMemoryError,
-    ReadOnlyStoreError,
-    UnreadableStoreError,
-    SessionExistsError,
-    SessionNotFoundError,
-    AmbiguousIdError,
-    InvalidQueryError,
-    StoreFormatError,
-    StoreNotFoundError,
-    SubagentError,
-    UnavailableSessionError,
-    UnsupportedFormatError,
-)
-from .events import EVENT_TYPES, closers
-from .framing import MAX_RECORD_BYTES, Damage, ScanResult, encode_record, scan
-from .header import SessionHeader, parse_header
-from .held import HeldSession, held_sessions
-from .ids import IdGenerator, is_valid_session_id, new_id, validate_session_id
-from .index import IndexEntry, IndexRead, ReindexReport, add_child, read_children, read_index, reindex
-from .lease import (
-    Lease,
-    OwnerCache,
-    OwnerRecord,
-    acquire_lease,
-    check_lease,
-    heartbeat,
-    maintenance_owner,
-    owner_alive,
-    owner_gone,
-    read_lease,
-    read_owner,
-    register_owner,
-    release_lease,
-    remove_owner,
-    session_status,
-    set_lease_state,
-)
-from .log import LogWriter, SeqMismatchError, load_projection, read_projection
-from .mailbox import accept
-from .mailbox_read import MailboxMessage, pending, read_mailbox
-from .outcome import OUTCOMES, OutcomeVerdict, outcome_of
-from .prefix import MIN_PREFIX, resolve_id, short_ids
-from .projection import Projection, Timing
-from .reaper import OwnerReaper, reap_owners
-from .reader import Inspection, inspect, read_from, read_header
-from .root import STORE_FORMAT, STORE_VERSION, Store
-from .query import Page, Query
-from .retention import CollectedRoot, GcReport, SkippedRoot, collect, parse_age
-from .roots import DEFAULT_ROOT_LIMIT, RootEntry, find_roots, list_roots, rebuild_roots, subagent_count
-from .session import create_session, delete_session
-from .summary import Summary, SupervisorCount, summarize
-from .tail import LogTail
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .check import CheckCounts, CheckReport, Violation, check_store
+    from .catalog import ChildEntry, DescendantRow, DiagnosticEntry, Identity, list_children, list_descendants, read_identity
+    from .control import ControlRecord, control_size, read_controls, request
+    from .description import MailboxCounts, SessionDescription, describe_session, mailbox_counts
+    from .descriptor import (
+        DESCRIPTOR_VERSION,
+        ContinuableDescriptor,
+        Descriptor,
+        OneShotDescriptor,
+        ToolFilter,
+        fold_resume_descriptor,
+        parse_descriptor,
+    )
+    from .durability import Durability, durability_policy
+    from .errors import (
+        CorruptSessionError,
+        DescriptorError,
+        DurabilityError,
+        FencedError,
+        InvalidHeaderError,
+        InvalidSessionIdError,
+        LeaseHeldError,
+        LockTimeoutError,
+        InvalidRecordError,
+        RecordTooLargeError,
+        OutOfMemoryError,
+        ReadOnlyStoreError,
+        UnreadableStoreError,
+        SessionExistsError,
+        SessionNotFoundError,
+        AmbiguousIdError,
+        InvalidQueryError,
+        StoreFormatError,
+        StoreNotFoundError,
+        SubagentError,
+        UnavailableSessionError,
+        UnsupportedFormatError,
+    )
+    from .events import EVENT_TYPES, closers
+    from .framing import MAX_RECORD_BYTES, Damage, ScanResult, encode_record, scan
+    from .header import SessionHeader, parse_header
+    from .held import HeldSession, held_sessions
+    from .ids import IdGenerator, is_valid_session_id, new_id, validate_session_id
+    from .index import IndexEntry, IndexRead, ReindexReport, add_child, read_children, read_index, reindex
+    from .lease import (
+        Lease,
+        OwnerCache,
+        OwnerRecord,
+        acquire_lease,
+        check_lease,
+        heartbeat,
+        maintenance_owner,
+        owner_alive,
+        owner_gone,
+        read_lease,
+        read_owner,
+        register_owner,
+        release_lease,
+        remove_owner,
+        session_status,
+        set_lease_state,
+    )
+    from .log import LogWriter, SeqMismatchError, load_projection, read_projection
+    from .mailbox import accept
+    from .mailbox_read import MailboxMessage, pending, read_mailbox
+    from .outcome import OUTCOMES, OutcomeVerdict, outcome_of
+    from .prefix import MIN_PREFIX, resolve_id, short_ids
+    from .projection import Projection, Timing
+    from .reaper import OwnerReaper, reap_owners
+    from .reader import Inspection, inspect, read_from, read_header
+    from .root import STORE_FORMAT, STORE_VERSION, Store
+    from .query import Page, Query
+    from .retention import CollectedRoot, GcReport, SkippedRoot, collect, parse_age
+    from .roots import DEFAULT_ROOT_LIMIT, RootEntry, find_roots, list_roots, rebuild_roots, subagent_count
+    from .session import create_session, delete_session
+    from .summary import Summary, SupervisorCount, summarize
+    from .tail import LogTail
+
+# module -> the names it gives this package
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    ".check": ("CheckCounts", "CheckReport", "Violation", "check_store"),
+    ".catalog": (
+        "ChildEntry", "DescendantRow", "DiagnosticEntry", "Identity", "list_children", "list_descendants",
+        "read_identity",
+    ),
+    ".control": ("ControlRecord", "control_size", "read_controls", "request"),
+    ".description": ("MailboxCounts", "SessionDescription", "describe_session", "mailbox_counts"),
+    ".descriptor": (
+        "DESCRIPTOR_VERSION", "ContinuableDescriptor", "Descriptor", "OneShotDescriptor", "ToolFilter",
+        "fold_resume_descriptor", "parse_descriptor",
+    ),
+    ".durability": ("Durability", "durability_policy"),
+    ".errors": (
+        "CorruptSessionError", "DescriptorError", "DurabilityError", "FencedError", "InvalidHeaderError",
+        "InvalidSessionIdError", "LeaseHeldError", "LockTimeoutError", "InvalidRecordError", "RecordTooLargeError", "OutOfMemoryError",
+        "ReadOnlyStoreError", "UnreadableStoreError", "SessionExistsError", "SessionNotFoundError",
+        "AmbiguousIdError", "InvalidQueryError", "StoreFormatError", "StoreNotFoundError", "SubagentError",
+        "UnavailableSessionError", "UnsupportedFormatError",
+    ),
+    ".events": ("EVENT_TYPES", "closers"),
+    ".framing": ("MAX_RECORD_BYTES", "Damage", "ScanResult", "encode_record", "scan"),
+    ".header": ("SessionHeader", "parse_header"),
+    ".held": ("HeldSession", "held_sessions"),
+    ".ids": ("IdGenerator", "is_valid_session_id", "new_id", "validate_session_id"),
+    ".index": ("IndexEntry", "IndexRead", "ReindexReport", "add_child", "read_children", "read_index", "reindex"),
+    ".lease": (
+        "Lease", "OwnerCache", "OwnerRecord", "acquire_lease", "check_lease", "heartbeat", "maintenance_owner",
+        "owner_alive", "owner_gone", "read_lease", "read_owner", "register_owner", "release_lease", "remove_owner",
+        "session_status", "set_lease_state",
+    ),
+    ".log": ("LogWriter", "SeqMismatchError", "load_projection", "read_projection"),
+    ".mailbox": ("accept",),
+    ".mailbox_read": ("MailboxMessage", "pending", "read_mailbox"),
+    ".outcome": ("OUTCOMES", "OutcomeVerdict", "outcome_of"),
+    ".prefix": ("MIN_PREFIX", "resolve_id", "short_ids"),
+    ".projection": ("Projection", "Timing"),
+    ".reaper": ("OwnerReaper", "reap_owners"),
+    ".reader": ("Inspection", "inspect", "read_from", "read_header"),
+    ".root": ("STORE_FORMAT", "STORE_VERSION", "Store"),
+    ".query": ("Page", "Query"),
+    ".retention": ("CollectedRoot", "GcReport", "SkippedRoot", "collect", "parse_age"),
+    ".roots": ("DEFAULT_ROOT_LIMIT", "RootEntry", "find_roots", "list_roots", "rebuild_roots", "subagent_count"),
+    ".session": ("create_session", "delete_session"),
+    ".summary": ("Summary", "SupervisorCount", "summarize"),
+    ".tail": ("LogTail",),
+}
+_HOME = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = [
     "CheckCounts", "CheckReport", "Violation", "check_store",
@@ -132,3 +194,16 @@ __all__ = [
     "CollectedRoot", "GcReport", "SkippedRoot", "collect", "parse_age",
     "LogTail",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -8,42 +8,72 @@ share), ``registry`` (providers), ``backend`` (the ``Pool`` protocol) and
 supervisor), ``lease_keeper`` (owner heartbeat), ``events`` (lifecycle
 events), ``config``, ``models``, ``errors``, and ``cli/`` (the command line,
 the only package that prints).
+
+The names resolve on first use (PEP 562), as ``subagents``' own do: the CLI
+lives in this package, and loading the service here would cost every
+``subagents --version`` or ``subagents ls`` the supervisor's whole runtime
+(anyio, multiprocess, the worker, the programs' clients).
 """
 
-from subagents.store.errors import SubagentError
+from __future__ import annotations
 
-from .config import SupervisorConfig
-from .errors import (
-    ActivationClosingError,
-    CancelledBeforeStartError,
-    DrainingError,
-    TeardownFailedError,
-    DuplicateChildError,
-    InvalidRequestError,
-    NoParentError,
-    NotResumableError,
-    ParentUnavailableError,
-    RegistryError,
-    SubagentDepthError,
-    SupervisorClosedError,
-    UnauthorizedError,
-    WaitTimeoutError,
-)
-from .models import (
-    AgentRef,
-    AncestorAuthority,
-    Capabilities,
-    ContinuableSpec,
-    InterruptResult,
-    Provider,
-    RunBudget,
-    SubagentRequest,
-    SubagentResult,
-    UserAuthority,
-)
-from .oneshot import SubagentRun
-from .service import Supervisor, SupervisorStatistics
-from .setup import ActivationInfo
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from subagents.store.errors import SubagentError
+    from .config import SupervisorConfig
+    from .errors import (
+        ActivationClosingError,
+        CancelledBeforeStartError,
+        DrainingError,
+        TeardownFailedError,
+        DuplicateChildError,
+        InvalidRequestError,
+        NoParentError,
+        NotResumableError,
+        ParentUnavailableError,
+        RegistryError,
+        SubagentDepthError,
+        SupervisorClosedError,
+        UnauthorizedError,
+        WaitTimeoutError,
+    )
+    from .models import (
+        AgentRef,
+        AncestorAuthority,
+        Capabilities,
+        ContinuableSpec,
+        InterruptResult,
+        Provider,
+        RunBudget,
+        SubagentRequest,
+        SubagentResult,
+        UserAuthority,
+    )
+    from .oneshot import SubagentRun
+    from .service import Supervisor, SupervisorStatistics
+    from .setup import ActivationInfo
+
+# module -> the names it gives this package
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "subagents.store.errors": ("SubagentError",),
+    ".config": ("SupervisorConfig",),
+    ".errors": (
+        "ActivationClosingError", "CancelledBeforeStartError", "DrainingError", "TeardownFailedError",
+        "DuplicateChildError", "InvalidRequestError", "NoParentError", "NotResumableError",
+        "ParentUnavailableError", "RegistryError", "SubagentDepthError", "SupervisorClosedError",
+        "UnauthorizedError", "WaitTimeoutError",
+    ),
+    ".models": (
+        "AgentRef", "AncestorAuthority", "Capabilities", "ContinuableSpec", "InterruptResult", "Provider",
+        "RunBudget", "SubagentRequest", "SubagentResult", "UserAuthority",
+    ),
+    ".oneshot": ("SubagentRun",),
+    ".service": ("Supervisor", "SupervisorStatistics"),
+    ".setup": ("ActivationInfo",),
+}
+_HOME = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = [
     "SubagentError",
@@ -77,3 +107,16 @@ __all__ = [
     "ActivationInfo",
     "SupervisorStatistics",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 
 from .config import RayConfig, SupervisorConfig, first_problem
+from .config_env import ENV_CONFIG, ENV_LLM_PREFIX, ENV_PREFIX, ENV_RAY_ADDRESS, ENV_STORE, env_variables
 from .errors import ConfigError
 from .models import Capabilities, Provider, well_formed_program, well_formed_provider_name
 
@@ -46,11 +47,6 @@ __all__ = [
 ]
 
 DEFAULT_SOURCE = "the embedded default (configs/default.toml)"
-ENV_PREFIX = "SUBAGENTS_"
-ENV_LLM_PREFIX = ENV_PREFIX + "LLM_"
-ENV_CONFIG = "SUBAGENTS_CONFIG"  # the deployment file, when --config is not given
-ENV_STORE = "SUBAGENTS_STORE"  # store.path; every other variable is SUBAGENTS_<supervisor field> ...
-ENV_RAY_ADDRESS = "SUBAGENTS_RAY_ADDRESS"  # ... but this one: ray.address
 # SupervisorConfig fields that are tables of their own (``[ray]``), not SUBAGENTS_* scalars
 _NESTED = frozenset({"ray"})
 
@@ -212,15 +208,6 @@ class LoadedConfig:
     origins: Mapping[str, str] = field(default_factory=dict)
     # the SUBAGENTS_LLM_* variables set (checked): the llm program reads them where its turns run, not from here
     llm: Mapping[str, str] = field(default_factory=dict)
-
-
-def env_variables() -> dict[str, str]:
-    """Every variable this loader reads, and the key it sets (for help texts)."""
-    out = {ENV_CONFIG: "the deployment file", ENV_STORE: "store.path", ENV_RAY_ADDRESS: "ray.address"}
-    for name in SupervisorConfig.model_fields:
-        if name not in _NESTED:
-            out[ENV_PREFIX + name.upper()] = f"supervisor.{name}"
-    return out
 
 
 def load_config(path: str | os.PathLike[str] | None = None, *, env: Mapping[str, str] | None = None) -> LoadedConfig:

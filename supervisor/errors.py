@@ -35,7 +35,6 @@ import errno
 from typing import Any
 
 from subagents.store.errors import NO_DESCRIPTOR_LEFT, OUT_OF_DESCRIPTORS, SubagentError
-from subagents.store.records import finite_number
 from subagents.worker.errors import describe_exit
 from subagents.worker.tools import SANDBOX_MODES
 
@@ -148,6 +147,7 @@ class InvalidRequestError(SubagentError, ValueError):
     @classmethod
     def require_seconds(cls, value: Any, name: str) -> None:
         """``None`` or a finite, non-negative number of seconds."""
+        from subagents.store.records import finite_number  # pydantic's models: not loaded for the CLI's UsageError
         if value is not None and (not finite_number(value) or value < 0):
             raise cls(f"{name} must be None or a finite number of seconds >= 0, not {value!r}", field=name)
 

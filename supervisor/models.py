@@ -15,7 +15,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
 
-from subagents.worker.programs import reference_problem
+from subagents.worker.program_names import reference_problem
 
 from .errors import InvalidRequestError
 

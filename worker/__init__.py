@@ -9,17 +9,42 @@ supervisor), ``turn`` (one turn of one child), ``sessions`` (the
 (built-in programs and the loader), ``errors``. The names below are what
 program authors and the supervisor use; protocol messages stay in
 ``worker.protocol``.
+
+The names resolve on first use (PEP 562): the supervisor and the CLI import
+single modules of this package (``worker.errors``, ``worker.logformat``), and
+loading every module here would start the worker's event loop, its programs
+and their clients in every process that only reads a store.
 """
 
-from .budget import StopCause, TurnControl, TurnStopped
-from .context import BlockingTurnContext, RpcCaller, RunResult, TurnContext, TurnResult
-from .errors import BudgetExhaustedError, ProgramLoadError, ToolDeniedError, WorkerCrashedError
-from .main import WorkerLoop, worker_entry
-from .programs import BUILTIN_PROGRAMS, load_program
-from .runner import TurnRunner
-from .sessions import LocalSessions, SessionAccess, SessionWriter
-from .tools import Tool, Toolbox, builtin_tools
-from .turn import MAX_DIAGNOSTIC_BYTES, run_turn, truncate_diagnostic
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .budget import StopCause, TurnControl, TurnStopped
+    from .context import BlockingTurnContext, RpcCaller, RunResult, TurnContext, TurnResult
+    from .errors import BudgetExhaustedError, ProgramLoadError, ToolDeniedError, WorkerCrashedError
+    from .main import WorkerLoop, worker_entry
+    from .programs import BUILTIN_PROGRAMS, load_program
+    from .runner import TurnRunner
+    from .sessions import LocalSessions, SessionAccess, SessionWriter
+    from .tools import Tool, Toolbox, builtin_tools
+    from .turn import MAX_DIAGNOSTIC_BYTES, run_turn, truncate_diagnostic
+
+# module -> the names it gives this package
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    ".budget": ("StopCause", "TurnControl", "TurnStopped"),
+    ".context": ("BlockingTurnContext", "RpcCaller", "RunResult", "TurnContext", "TurnResult"),
+    ".errors": ("BudgetExhaustedError", "ProgramLoadError", "ToolDeniedError", "WorkerCrashedError"),
+    ".main": ("WorkerLoop", "worker_entry"),
+    ".programs": ("BUILTIN_PROGRAMS", "load_program"),
+    ".runner": ("TurnRunner",),
+    ".sessions": ("LocalSessions", "SessionAccess", "SessionWriter"),
+    ".tools": ("Tool", "Toolbox", "builtin_tools"),
+    ".turn": ("MAX_DIAGNOSTIC_BYTES", "run_turn", "truncate_diagnostic"),
+}
+_HOME = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = [
     "StopCause",
@@ -49,3 +74,16 @@ __all__ = [
     "run_turn",
     "truncate_diagnostic",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

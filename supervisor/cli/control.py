@@ -9,24 +9,27 @@ answer ``TIMEOUT`` past it. ``interrupt`` says what it did: the turn it
 cancelled (exit 0), the request it left for the supervisor holding the child
 when that did not confirm within ``--wait-s`` (exit 0), or that no turn was
 running (exit ``EXIT_NO_TURN``).
+
+The supervisor's runtime is imported by the functions that open one, not
+here: every command line builds the parser these verbs register with.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import anyio
+from typing import TYPE_CHECKING, Any
 
 from subagents.store import LeaseHeldError, MailboxMessage, Store, SubagentError, inspect, list_descendants, read_header, read_lease, read_mailbox
 
-from ..config import SupervisorConfig
-from ..config_loader import DeploymentConfig
 from ..errors import UnauthorizedError, WaitTimeoutError
-from ..models import InterruptResult, UserAuthority
-from ..service import Supervisor
 from . import render
 from .invocation import Invocation
 from .parser import Verbs, positive_float, seconds, text_or_stdin, utf8_text
+
+if TYPE_CHECKING:
+    from ..config import SupervisorConfig
+    from ..config_loader import DeploymentConfig
+    from ..models import InterruptResult
+    from ..service import Supervisor
 
 __all__ = ["register", "CONTROL_POLL_S", "WAIT_S", "INTERRUPT_WAIT_S", "EXIT_NO_TURN"]
 
@@ -97,6 +100,8 @@ async def _take_root_mail(sup: Supervisor, root_id: str) -> list[MailboxMessage]
     None when the parent is not a root (a subagent reads its own mailbox in its turns) or another
     live supervisor holds the root (its program reads it); the messages are then left where they are.
     """
+    import anyio
+
     if (await anyio.to_thread.run_sync(read_header, sup.store, root_id)).origin is not None:
         return None
     try:
@@ -147,6 +152,10 @@ _SETTLEMENT_KEYS = ("settled", "stop_reason", "diagnostic", "notice", "also_deli
 
 async def _send(config: DeploymentConfig, child: str, message: str, parent: str, wait_s: float, out: render.Output) -> dict[str, Any]:
     """Send; when the child was resumed here, host it until it settles (closing earlier would cancel its turn)."""
+    import anyio
+
+    from ..service import Supervisor
+
     async with Supervisor.open(store=config.store.path, config=config.supervisor) as sup:
         _register_configured(sup, config)
         owner_id = sup.statistics().owner_id
@@ -233,6 +242,9 @@ def cmd_interrupt(inv: Invocation) -> int:
 
 
 async def _interrupt(config: DeploymentConfig, child: str, parent: str, wait_s: float) -> InterruptResult:
+    from ..models import UserAuthority
+    from ..service import Supervisor
+
     async with Supervisor.open(store=config.store.path, config=_control_config(config)) as sup:
         return await sup.interrupt(child, authority=UserAuthority(parent_session=parent), wait_s=wait_s)
 
@@ -259,6 +271,10 @@ def _continuable_rows(store: Store, root_id: str) -> list[dict[str, Any]]:
 async def _drain(config: DeploymentConfig, root: str, wait_s: float) -> dict[str, Any]:
     """Durable drain requests to the supervisors hosting ROOT's continuable descendants; then wait
     until each reads complete, asking again for any that began to be hosted since."""
+    import anyio
+
+    from ..service import Supervisor
+
     async with Supervisor.open(store=config.store.path, config=_control_config(config)) as sup:
         asked: list[str] = []
         here: list[str] = []

@@ -5,6 +5,10 @@ root, start one-shot children under it and wait for their results; ``demo``
 then runs a continuable ``reviewer`` child through a report and two
 follow-ups, so a first-time user sees both modes. Exit code 1 when a child
 did not complete.
+
+The supervisor's runtime (the service, the event loop, the programs) is
+imported by the functions that run it, not here: every command line builds
+the parser these verbs register with, ``subagents ls`` as well.
 """
 
 from __future__ import annotations
@@ -13,27 +17,23 @@ import json
 import logging
 import os
 import time
-from typing import Any, Sequence
-
-import anyio
+from typing import TYPE_CHECKING, Any, Sequence
 
 from subagents.store import IdGenerator, list_children, list_descendants, read_header, read_identity, short_ids
 from subagents.store.descriptor import OneShotDescriptor
 from subagents.store.events import widest_event
 from subagents.store.framing import encode_record
 
-from subagents.worker.programs import load_program
-from subagents.worker.programs.script import iterations_per_ms
-
-from ..config_loader import DeploymentConfig
 from ..errors import UsageError
-from ..models import Capabilities, ContinuableSpec, Provider, SubagentRequest
-from ..service import Supervisor
-from ..validation import check_label_fits
 from . import render
 from .invocation import Invocation
 from .stopping import StopSignals
 from .parser import Verbs, non_negative, positive, text_or_stdin, utf8_text
+
+if TYPE_CHECKING:
+    from ..config_loader import DeploymentConfig
+    from ..models import Provider
+    from ..service import Supervisor
 
 __all__ = ["register", "QUICK_CHILDREN", "QUICK_CPU_MS"]
 
@@ -140,6 +140,13 @@ def _on_simulated_cluster(config: DeploymentConfig, children: int, cpu_ms: int, 
 
 
 async def _demo(config: DeploymentConfig, children: int, cpu_ms: int, out: render.Output) -> dict[str, Any]:
+    import anyio
+
+    from subagents.worker.programs.script import iterations_per_ms
+
+    from ..models import Capabilities, Provider, SubagentRequest
+    from ..service import Supervisor
+
     results: list[dict[str, Any]] = []
     async with Supervisor.open(store=config.store.path, config=config.supervisor) as sup:
         _register_providers(sup, config, Provider(name="analyst", program="script", capabilities=Capabilities.all()))
@@ -194,6 +201,8 @@ async def _demo_conversation(sup: Supervisor, root: Any, results: list[dict[str,
     Every message the root receives (the report, each settlement notice) is durable in
     the root's mailbox; ``take_messages`` consumes them into the root's log.
     """
+    from ..models import Capabilities, ContinuableSpec, Provider
+
     sup.register_provider(Provider(name="reviewer", program="script", capabilities=Capabilities.all(), continuable=True))
     parts = "; ".join(r["output"] for r in sorted(results, key=lambda r: r["label"]))
     first = {"script": [{"cpu": 50}, {"report": f"reviewed {len(results)} parts so far", "delivery": "wakeup"},
@@ -223,6 +232,10 @@ async def _demo_conversation(sup: Supervisor, root: Any, results: list[dict[str,
 
 
 def cmd_run(inv: Invocation) -> int:
+    from subagents.worker.programs import load_program
+
+    from ..validation import check_label_fits
+
     args = inv.args
     load_program(args.program)  # PROGRAM_LOAD_FAILED before the store, a root or a child is written
     prompt = text_or_stdin(args.prompt)  # USAGE for input that is not UTF-8, before the store is made
@@ -237,6 +250,9 @@ def cmd_run(inv: Invocation) -> int:
 
 
 async def _run(config: DeploymentConfig, program: str, prompt: str, label: str | None) -> dict[str, Any]:
+    from ..models import Capabilities, Provider, SubagentRequest
+    from ..service import Supervisor
+
     async with Supervisor.open(store=config.store.path, config=config.supervisor) as sup:
         _register_providers(sup, config, Provider(name="run", program=program, capabilities=Capabilities.all()))
         root = await sup.open_root(label="run")

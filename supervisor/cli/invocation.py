@@ -11,13 +11,15 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from subagents.store import SessionHeader, SessionNotFoundError, Store, StoreNotFoundError, SubagentError, read_header, resolve_id, validate_session_id
 
-from ..config_loader import DeploymentConfig
 from .render import Output
 from .stopping import StopSignals
+
+if TYPE_CHECKING:
+    from ..config_loader import DeploymentConfig
 
 __all__ = ["Invocation", "NO_STORE_HINT"]
 

@@ -23,11 +23,8 @@ import sys
 import traceback
 from typing import Sequence, TypeVar
 
-import argcomplete
-
 from subagents.store.errors import SubagentError
 
-from ..config_loader import DeploymentConfig, LoadedConfig, load_config
 from ..errors import UsageError
 from . import control, demo, listing, maintenance
 from .invocation import Invocation
@@ -65,7 +62,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
-    argcomplete.autocomplete(parser)  # answers a shell's completion request and exits; otherwise returns at once
+    if "_ARGCOMPLETE" in os.environ:  # a shell asks for completions (argcomplete's protocol): answered, and exits
+        import argcomplete
+
+        argcomplete.autocomplete(parser)
     try:
         args = parser.parse_args(argv)
     except UsageError as exc:
@@ -74,6 +74,9 @@ def _main(argv: Sequence[str] | None) -> int:
     if not hasattr(args, "func"):
         return _error(UsageError.code, args.verbs.no_verb())
     _import_from_here()
+    # the layered configuration's models (pydantic): loaded once a verb runs, not for ``--help`` or a usage error
+    from ..config_loader import DeploymentConfig, LoadedConfig, load_config
+
     store_path: str | None = None
     stop = StopSignals()
     try:

@@ -15,16 +15,9 @@ the store; ``completion`` prints a shell's completion code (argcomplete).
 
 from __future__ import annotations
 
-import argcomplete
+from subagents.store import InvalidQueryError
 
-from subagents.store import OUTCOMES, InvalidQueryError, check_store, collect, parse_age, rebuild_roots, reindex
-from subagents.store.fsck import fsck
-from subagents.store.migrate import migrate
-
-from ..config_loader import dump_toml, llm_settings
 from . import render
-from .config_view import render_config
-from .gc_view import gc_doc, render_gc
 from .invocation import Invocation
 from .parser import Verbs
 
@@ -70,8 +63,16 @@ def register(verbs: Verbs) -> None:
                example="subagents config show\nSUBAGENTS_POOL_SIZE=4 subagents --config deploy.toml config show --json")
 
 
+# Each verb imports what it runs (the whole-store check, gc, fsck, migration, the configuration's models, completion)
+# where it runs it: every command line builds the parser these verbs register with, ``subagents ls`` as well.
+
+
 def cmd_gc(inv: Invocation) -> int:
     """Exit 0 whenever it ran: a subtree kept for a reason (held, mail, ...) is policy, not a failure."""
+    from subagents.store import OUTCOMES, collect, parse_age
+
+    from .gc_view import gc_doc, render_gc
+
     try:
         age = parse_age(inv.args.older_than)
     except InvalidQueryError as exc:
@@ -88,12 +89,16 @@ def cmd_gc(inv: Invocation) -> int:
 
 def cmd_completion(inv: Invocation) -> int:
     """The shell code argcomplete generates for the ``subagents`` command (it calls back into this CLI)."""
+    import argcomplete
+
     inv.out.stream.write(argcomplete.shellcode(["subagents"], shell=inv.args.shell))
     inv.out.stream.flush()
     return 0
 
 
 def cmd_fsck(inv: Invocation) -> int:
+    from subagents.store.fsck import fsck
+
     report = fsck(inv.open_store(write=inv.args.repair), repair=inv.args.repair, lease_ttl_s=inv.config.supervisor.lease_ttl_s)
     inv.emit(report, render.render_fsck)
     # a lease that does not read is a damaged session too: nobody can tell whether it is held; a session
@@ -103,12 +108,16 @@ def cmd_fsck(inv: Invocation) -> int:
 
 
 def cmd_check(inv: Invocation) -> int:
+    from subagents.store import check_store
+
     report = check_store(inv.open_store())
     inv.emit(report.to_dict(), render.render_check)
     return 0 if report.clean else 1
 
 
 def cmd_reindex(inv: Invocation) -> int:
+    from subagents.store import rebuild_roots, reindex
+
     store = inv.open_store(write=True)
     report = reindex(store, keep_unacknowledged=inv.args.keep_unacknowledged)
     roots = rebuild_roots(store)
@@ -117,6 +126,8 @@ def cmd_reindex(inv: Invocation) -> int:
 
 
 def cmd_migrate(inv: Invocation) -> int:
+    from subagents.store.migrate import migrate
+
     report = migrate(inv.config.store.path, durability=inv.config.supervisor.durability)
     inv.emit(report.to_dict(), render.render_migrate)
     return 0
@@ -131,6 +142,9 @@ def _value_sources(inv: Invocation) -> dict[str, str]:
 
 
 def cmd_config_show(inv: Invocation) -> int:
+    from ..config_loader import dump_toml, llm_settings
+    from .config_view import render_config
+
     sources = _value_sources(inv)
     llm, llm_sources = llm_settings(inv.llm)
     if inv.out.json_mode:

@@ -30,7 +30,7 @@ import sys
 from typing import Any, Callable, NoReturn
 
 from ...store import MAX_RECORD_BYTES, RecordTooLargeError, SubagentError
-from ..config_loader import env_variables
+from ..config_env import env_variables
 from ..errors import UsageError
 from .invocation import Invocation
 

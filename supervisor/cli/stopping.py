@@ -18,7 +18,6 @@ process group they would otherwise die under turns their host is stopping.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import sys
@@ -26,8 +25,6 @@ import threading
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Awaitable, Callable, Iterator, TypeVar
-
-import anyio
 
 __all__ = ["StopSignals"]
 
@@ -98,7 +95,13 @@ class StopSignals:
         tasks, cancelled mid-way: slower than the first (probe: 12.5 s against 2.2 s). Now it ends the
         process on the spot: its workers exit as their pipes close, and the turns they ran are
         repaired by the next host that resumes them (``crashed``), as after a ``kill -9``.
+
+        The event loop is imported here, by the verbs that host turns: the views that only read a store
+        never load it.
         """
+        import asyncio
+
+        import anyio
 
         async def hosted() -> T:
             interrupt = signal.getsignal(signal.SIGINT)

@@ -10,6 +10,7 @@ import pytest
 
 from subagents.supervisor import Capabilities, SupervisorConfig
 from subagents.supervisor.config import RayConfig
+from subagents.supervisor.config_env import SUPERVISOR_SETTINGS
 from subagents.supervisor.config_loader import (
     DEFAULT_SOURCE,
     DEFAULT_TOML,
@@ -164,6 +165,8 @@ def test_env_variables_cover_every_supervisor_field() -> None:
     names = env_variables()
     scalars = set(SupervisorConfig.model_fields) - {"ray"}
     assert {f"SUBAGENTS_{f.upper()}" for f in scalars} <= set(names)
+    # the list --help prints is written apart from the model (no pydantic for --help): the same fields, in order
+    assert SUPERVISOR_SETTINGS == tuple(f for f in SupervisorConfig.model_fields if f != "ray")
     assert "SUBAGENTS_RAY" not in names
     assert names["SUBAGENTS_STORE"] == "store.path"
     assert names["SUBAGENTS_RAY_ADDRESS"] == "ray.address"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from subagents.worker import BUILTIN_PROGRAMS, ProgramLoadError, load_program
+from subagents.worker.program_names import BUILTIN_NAMES
 from subagents.worker.programs.script import parse_script
 
 
@@ -22,6 +23,12 @@ class Holder:
 def test_builtins():
     assert {"echo", "script"} <= set(BUILTIN_PROGRAMS)
     assert load_program("echo") is BUILTIN_PROGRAMS["echo"]
+
+
+def test_the_names_references_are_checked_against_are_the_builtin_programs():
+    """``program_names`` repeats the built-in programs' names, so that a reference is checked without
+    loading them (the configuration of every CLI verb names programs)."""
+    assert BUILTIN_NAMES == set(BUILTIN_PROGRAMS)
 
 
 def test_import_path_and_dotted_attribute():

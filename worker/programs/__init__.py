@@ -11,6 +11,7 @@ import importlib
 from typing import Any, Callable
 
 from ..errors import ProgramLoadError
+from ..program_names import reference_problem
 from .echo import echo
 from .llm import llm
 from .script import script
@@ -18,22 +19,6 @@ from .script import script
 __all__ = ["BUILTIN_PROGRAMS", "load_program", "reference_problem"]
 
 BUILTIN_PROGRAMS: dict[str, Callable[..., Any]] = {"echo": echo, "script": script, "llm": llm}
-
-
-def reference_problem(reference: str) -> str | None:
-    """What is wrong with the shape of a program reference, or None: a built-in name or ``module:function``.
-
-    The one rule, read without importing anything (the module may exist only
-    where workers run): by ``load_program``, by ``Provider`` and by a
-    configured ``[[providers]]`` table, so a malformed reference is refused
-    before any child is made, with the same text ``subagents run`` shows.
-    """
-    if reference in BUILTIN_PROGRAMS:
-        return None
-    module_name, sep, attr = reference.partition(":")
-    if not sep or not module_name or not attr:
-        return f'program reference "{reference}" is not a built-in name or "package.module:function"'
-    return None
 
 
 def load_program(reference: str | None, blob: bytes | None = None) -> Callable[..., Any]:
