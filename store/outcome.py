@@ -21,17 +21,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
-
 from .projection import Projection
+from .query_words import OUTCOMES, Outcome
 
 __all__ = ["Outcome", "OUTCOMES", "OutcomeVerdict", "dropped_text", "is_dropped_text", "outcome_of", "split_diagnostic"]
-
-Outcome = Literal[
-    "completed", "error", "aborted", "drained", "interrupted", "crashed",
-    "budget", "timeout", "refused", "max-tokens", "not-started",
-]
-OUTCOMES: tuple[str, ...] = Outcome.__args__  # type: ignore[attr-defined]
 
 # turn/end ``stop_reason`` → outcome, where the reason alone decides
 _BY_REASON: dict[str, Outcome] = {

@@ -21,15 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterable, Protocol, Sequence, TypeVar
 
 from .errors import InvalidQueryError
-from .outcome import OUTCOMES
+from .query_words import OUTCOMES, SORTS, STATUSES
 from .records import finite_number
 
 __all__ = ["Query", "Matcher", "Page", "SORTS", "STATUSES", "check_page", "check_query", "paginate", "sort_key", "encode_cursor", "decode_cursor"]
 
 T = TypeVar("T")
 
-SORTS = ("created", "label", "status")
-STATUSES = ("running", "idle", "complete")
 _STATUS_RANK = {"running": 0, "idle": 1, "complete": 2}
 _OUTCOME_WORDS = frozenset(OUTCOMES) | {"none"}  # "none": no outcome yet
 

@@ -37,6 +37,7 @@ from .lease import OwnerCache, session_status
 from .index_file import IndexFile, rebuilding
 from .log import read_projection
 from .outcome import Outcome, outcome_of
+from .query_words import DEFAULT_ROOT_LIMIT
 from .query import Matcher, Page, check_page, decode_cursor, encode_cursor, paginate, sort_key
 from .reader import read_header
 from .records import IndexFields, problem_of
@@ -48,9 +49,8 @@ __all__ = [
     "roots_index_problem",
 ]
 
-# what `ls` shows with no --limit: a screenful, and the cost of a listing stays flat
-# as the store grows (each row costs a header, a lease and a projection read)
-DEFAULT_ROOT_LIMIT = 20
+# DEFAULT_ROOT_LIMIT, what `ls` shows with no --limit: a screenful, and the cost of a listing stays
+# flat as the store grows (each row costs a header, a lease and a projection read)
 _FIRST_WINDOW = 16 * 1024  # bytes read from the end of index/roots first (~300 entries)
 _MAX_WINDOW = 4 << 20  # past it the whole index is read instead, from its start (``_read_suffix``)
 # a root its index has missed this long is no creation in flight (publication to entry takes milliseconds)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from subagents.store import LeaseHeldError, MailboxMessage, Store, SubagentError, inspect, list_descendants, read_header, read_lease, read_mailbox
+from subagents.store.errors import LeaseHeldError, SubagentError
 
 from ..errors import UnauthorizedError, WaitTimeoutError
 from . import render
@@ -26,6 +26,8 @@ from .invocation import Invocation
 from .parser import Verbs, positive_float, seconds, text_or_stdin, utf8_text
 
 if TYPE_CHECKING:
+    from subagents.store import MailboxMessage, Store
+
     from ..config import SupervisorConfig
     from ..config_loader import DeploymentConfig
     from ..models import InterruptResult
@@ -85,6 +87,8 @@ def _is_settlement_of(message: MailboxMessage, child_id: str, since: float) -> b
 
 
 def _settlement_notices(store: Store, root_id: str, child_id: str, since: float) -> list[dict[str, Any]]:
+    from subagents.store import read_mailbox
+
     return [_message_doc(m) for m in read_mailbox(store, root_id) if _is_settlement_of(m, child_id, since)]
 
 
@@ -102,6 +106,8 @@ async def _take_root_mail(sup: Supervisor, root_id: str) -> list[MailboxMessage]
     """
     import anyio
 
+    from subagents.store import read_header
+
     if (await anyio.to_thread.run_sync(read_header, sup.store, root_id)).origin is not None:
         return None
     try:
@@ -115,6 +121,8 @@ def _require_parent(store: Store, child: str, parent: str) -> None:
     """``UNAUTHORIZED`` before any supervisor starts when ``--parent`` is not the parent ``child``'s header
     names, saying what it names: the API's text alone (``belongs to another parent session``) said it of
     a top-level session too, and left the user nothing to correct the command with."""
+    from subagents.store import read_header
+
     named = read_header(store, child).parent_session
     if named == parent:
         return
@@ -153,6 +161,8 @@ _SETTLEMENT_KEYS = ("settled", "stop_reason", "diagnostic", "notice", "also_deli
 async def _send(config: DeploymentConfig, child: str, message: str, parent: str, wait_s: float, out: render.Output) -> dict[str, Any]:
     """Send; when the child was resumed here, host it until it settles (closing earlier would cancel its turn)."""
     import anyio
+
+    from subagents.store import read_lease, read_mailbox
 
     from ..service import Supervisor
 
@@ -226,6 +236,8 @@ async def _send(config: DeploymentConfig, child: str, message: str, parent: str,
 def _last_diagnostic(store: Store, child: str) -> str | None:
     """Why the child's last turn ended as it did (``PARENT_UNAVAILABLE: ...``): the settlement notice says
     only that it failed, and this command ran that turn, so it says why, as ``run`` does."""
+    from subagents.store import inspect
+
     ends = [e["data"] for e in inspect(store, child).events if e["type"] == "turn/end"]
     return ends[-1].get("diagnostic") if ends else None
 
@@ -265,6 +277,8 @@ def cmd_drain(inv: Invocation) -> int:
 
 
 def _continuable_rows(store: Store, root_id: str) -> list[dict[str, Any]]:
+    from subagents.store import list_descendants
+
     return [row for row in render.descendant_rows(list_descendants(store, root_id)) if row.get("mode") == "continuable"]
 
 

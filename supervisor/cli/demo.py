@@ -19,11 +19,6 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Sequence
 
-from subagents.store import IdGenerator, list_children, list_descendants, read_header, read_identity, short_ids
-from subagents.store.descriptor import OneShotDescriptor
-from subagents.store.events import widest_event
-from subagents.store.framing import encode_record
-
 from ..errors import UsageError
 from . import render
 from .invocation import Invocation
@@ -88,6 +83,8 @@ def _worker_cpu_s(pids: Sequence[int]) -> float | None:
 
 
 def cmd_demo(inv: Invocation) -> int:
+    from subagents.store import list_children, list_descendants, read_header, read_identity, short_ids
+
     args = inv.args
     children = args.children or (QUICK_CHILDREN if args.quick else 8)
     cpu_ms = args.cpu_ms if args.cpu_ms is not None else (QUICK_CPU_MS if args.quick else 400)
@@ -232,6 +229,10 @@ async def _demo_conversation(sup: Supervisor, root: Any, results: list[dict[str,
 
 
 def cmd_run(inv: Invocation) -> int:
+    from subagents.store import IdGenerator
+    from subagents.store.descriptor import OneShotDescriptor
+    from subagents.store.events import widest_event
+    from subagents.store.framing import encode_record
     from subagents.worker.programs import load_program
 
     from ..validation import check_label_fits

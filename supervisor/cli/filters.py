@@ -14,11 +14,15 @@ import argparse
 import datetime
 import time
 
-from subagents.store import OUTCOMES, InvalidQueryError, Query
-from subagents.store.query import SORTS, STATUSES
-from subagents.store.retention import age_seconds
+from typing import TYPE_CHECKING
+
+from subagents.store.errors import InvalidQueryError
+from subagents.store.query_words import OUTCOMES, SORTS, STATUSES
 
 from .parser import positive
+
+if TYPE_CHECKING:
+    from subagents.store.query import Query
 
 __all__ = ["add_filters", "add_paging", "query_of", "moment"]
 
@@ -26,6 +30,8 @@ __all__ = ["add_filters", "add_paging", "query_of", "moment"]
 def moment(text: str) -> float:
     """A point in time: an age back from now (``3h``) or an ISO 8601 date or time (UTC unless zoned). The ages are
     those of ``gc --older-than`` (``store.retention.age_seconds``): one grammar, not two that disagree."""
+    from subagents.store.retention import age_seconds
+
     try:
         age = age_seconds(text)
     except InvalidQueryError as exc:
@@ -75,6 +81,8 @@ def add_paging(parser: argparse.ArgumentParser, *, unlimited: str) -> None:
 
 
 def query_of(args: argparse.Namespace) -> Query:
+    from subagents.store.query import Query
+
     return Query(
         status=frozenset(getattr(args, "status", None) or ()),
         outcome=frozenset(getattr(args, "outcome", None) or ()),

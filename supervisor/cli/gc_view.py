@@ -10,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import time
-from typing import Any
-
-from subagents.store import GcReport
+from typing import TYPE_CHECKING, Any
 
 from .columns import aligned, iso, relative
 from .render import Output
+
+if TYPE_CHECKING:
+    from subagents.store.retention import GcReport
 
 __all__ = ["gc_doc", "render_gc"]
 

@@ -13,12 +13,16 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from subagents.store import SessionHeader, SessionNotFoundError, Store, StoreNotFoundError, SubagentError, read_header, resolve_id, validate_session_id
+from subagents.store.errors import SessionNotFoundError, StoreNotFoundError, SubagentError
+from subagents.store.ids import validate_session_id
 
 from .render import Output
 from .stopping import StopSignals
 
 if TYPE_CHECKING:
+    from subagents.store.header import SessionHeader
+    from subagents.store.root import Store
+
     from ..config_loader import DeploymentConfig
 
 __all__ = ["Invocation", "NO_STORE_HINT"]
@@ -37,7 +41,12 @@ class Invocation:
     llm: Mapping[str, str] = field(default_factory=dict)  # the SUBAGENTS_LLM_* variables set (LoadedConfig.llm)
 
     def open_store(self, *, create: bool = False, write: bool = False) -> Store:
-        """The configured store; it must exist unless ``create``; with ``write``, it must be writable."""
+        """The configured store; it must exist unless ``create``; with ``write``, it must be writable.
+
+        The store's modules are imported here, by the verbs that open one (the parser's modules import
+        none: ``--help`` loads no store)."""
+        from subagents.store.root import Store
+
         try:
             store = Store(self.config.store.path, durability=self.config.supervisor.durability, create=create)
         except StoreNotFoundError as exc:
@@ -50,6 +59,9 @@ class Invocation:
         """The header of the session ``text`` names (its id or a unique prefix, as tables print it):
         ``INVALID_SESSION_ID``, ``AMBIGUOUS_ID`` or ``SESSION_NOT_FOUND`` before a verb acts on it.
         Verbs act on the header's ``id``, never on the text typed."""
+        from subagents.store.prefix import resolve_id
+        from subagents.store.reader import read_header
+
         return read_header(store, validate_session_id(resolve_id(store, text)))
 
     def parent(self, store: Store, text: str) -> str:
@@ -61,6 +73,9 @@ class Invocation:
         damaged parent can still be found and torn down. An unknown id is still
         ``SESSION_NOT_FOUND``.
         """
+        from subagents.store.prefix import resolve_id
+        from subagents.store.reader import read_header
+
         session_id = validate_session_id(resolve_id(store, text))
         try:
             read_header(store, session_id)

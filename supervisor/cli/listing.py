@@ -8,6 +8,10 @@ supervisor or creates a store. ``show`` of a session whose header or
 committed log is damaged prints the diagnostic (``CORRUPT_SESSION``, where
 and why) and exits 2, never a view of what still reads; ``log`` shows the
 valid records and the damage.
+
+Each verb imports the store's views where it reads them, not at the top:
+every command line builds the parser these verbs register with, and
+``subagents --help`` reads no store.
 """
 
 from __future__ import annotations
@@ -16,38 +20,10 @@ import argparse
 import dataclasses
 import signal
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from subagents.store import (
-    ContinuableDescriptor,
-    DescendantRow,
-    DiagnosticEntry,
-    LogTail,
-    SubagentError,
-    OneShotDescriptor,
-    Page,
-    Query,
-    RootEntry,
-    Store,
-    summarize,
-    describe_session,
-    held_sessions,
-    inspect,
-    list_children,
-    list_descendants,
-    DEFAULT_ROOT_LIMIT,
-    find_roots,
-    read_header,
-    short_ids,
-)
-from subagents.store.catalog import damage_reason
-from subagents.store.committed import CommittedEnds
-from subagents.store.lease import OwnerCache, check_lease
-from subagents.store.log import read_projection
-from subagents.store.outcome import OutcomeVerdict, outcome_of
-
-from subagents.store.query import Matcher, paginate
-from subagents.store.reader import committed_damage
+from subagents.store.errors import SubagentError
+from subagents.store.query_words import DEFAULT_ROOT_LIMIT
 
 from . import columns, render
 from .filters import add_filters, add_paging, query_of
@@ -55,6 +31,11 @@ from .invocation import Invocation
 from .parser import Verbs, number_of
 from .top_view import COLUMNS_HELP, TopView, render_top
 from .whole_writes import whole_writer
+
+if TYPE_CHECKING:
+    from subagents.store import DescendantRow, DiagnosticEntry, Page, Query, RootEntry, Store
+    from subagents.store.outcome import OutcomeVerdict
+    from subagents.store.query import Matcher
 
 __all__ = ["register", "FOLLOW_POLL_S", "TOP_INTERVAL_S"]
 
@@ -138,6 +119,8 @@ def _paged(args: Any) -> bool:
 def _root_page(store: Store, args: argparse.Namespace, query: Matcher | None) -> Page[RootEntry | DiagnosticEntry]:
     """The top-level sessions ``ls`` with no PARENT and ``tree`` with no ROOT show: one page, so that both
     order, cut and continue it alike (newest first by creation reads only the end of ``index/roots``)."""
+    from subagents.store import find_roots
+
     return find_roots(store, query=query, sort=args.sort, newest_first=args.sort == "created",
                       limit=args.limit or DEFAULT_ROOT_LIMIT, cursor=args.cursor)
 
@@ -153,6 +136,8 @@ class _Subtrees:
     walked: dict[str, list[DescendantRow]] = dataclasses.field(default_factory=dict)
 
     def below(self, root_id: str) -> list[DescendantRow]:
+        from subagents.store import list_descendants
+
         if root_id not in self.walked:
             self.walked[root_id] = list_descendants(self.store, root_id, self.query)
         return self.walked[root_id]
@@ -167,6 +152,9 @@ def _more(out: Any, cursor: str | None, noun: str) -> None:
 
 
 def cmd_ls(inv: Invocation) -> int:
+    from subagents.store import list_children, short_ids
+    from subagents.store.query import paginate
+
     store, args = inv.open_store(), inv.args
     query = query_of(args)
     if args.parent is None:
@@ -190,6 +178,9 @@ def cmd_ls(inv: Invocation) -> int:
 
 
 def cmd_tree(inv: Invocation) -> int:
+    from subagents.store import DiagnosticEntry, list_descendants, short_ids
+    from subagents.store.query import paginate
+
     store, args = inv.open_store(), inv.args
     query = query_of(args)
     if args.root is not None:
@@ -231,6 +222,9 @@ def _subtree_head(store: Any, session_id: str) -> dict[str, Any]:
     parent and no ``origin`` is a plain fork, which no listing lists: headed as one (``fork``), not as the
     subagent it is not. A header that does not read (already warned about) heads it as the diagnostic
     ``ls`` would list."""
+    from subagents.store import list_children, read_header
+    from subagents.store.catalog import damage_reason
+
     try:
         header = read_header(store, session_id)
     except SubagentError as exc:
@@ -245,6 +239,9 @@ def _subtree_head(store: Any, session_id: str) -> dict[str, Any]:
 
 
 def cmd_show(inv: Invocation) -> int:
+    from subagents.store import ContinuableDescriptor, OneShotDescriptor, describe_session
+    from subagents.store.reader import committed_damage
+
     store = inv.open_store()
     session_id = inv.session(store, inv.args.id).id
     found = describe_session(store, session_id)
@@ -305,6 +302,8 @@ def _closing_message(events: list[dict[str, Any]]) -> Any:
 
 
 def cmd_summary(inv: Invocation) -> int:
+    from subagents.store import summarize
+
     store = inv.open_store()
     root = inv.parent(store, inv.args.root) if inv.args.root is not None else None
     inv.emit(dataclasses.asdict(summarize(store, root)), render.render_summary)
@@ -312,6 +311,11 @@ def cmd_summary(inv: Invocation) -> int:
 
 
 def cmd_log(inv: Invocation) -> int:
+    from subagents.store import LogTail, inspect
+    from subagents.store.committed import CommittedEnds
+    from subagents.store.log import read_projection
+    from subagents.store.outcome import outcome_of
+
     store, out = inv.open_store(), inv.out
     header = inv.session(store, inv.args.id)
     session_id = header.id
@@ -369,6 +373,8 @@ def cmd_log(inv: Invocation) -> int:
 def _may_grow(store: Store, session_id: str) -> bool:
     """Whether a live owner may still write the session: its lease is held by one, or does not read
     (unknown, so the follow goes on, as for any session it cannot prove abandoned)."""
+    from subagents.store.lease import OwnerCache, check_lease
+
     try:
         lease = check_lease(store, session_id)
     except SubagentError:
@@ -405,6 +411,8 @@ class _OneShotEnd:
 
 
 def cmd_top(inv: Invocation) -> int:
+    from subagents.store import held_sessions, short_ids
+
     store = inv.open_store()
 
     query = query_of(inv.args)

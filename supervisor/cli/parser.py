@@ -23,13 +23,12 @@ full name. A word that abbreviates an option is refused with the option named.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import math
 import re
 import sys
 from typing import Any, Callable, NoReturn
 
-from ...store import MAX_RECORD_BYTES, RecordTooLargeError, SubagentError
+from ...store.errors import RecordTooLargeError, SubagentError
 from ..config_env import env_variables
 from ..errors import UsageError
 from .invocation import Invocation
@@ -113,6 +112,8 @@ def text_or_stdin(value: str) -> str:
         return value
     if sys.stdin is None:  # started with stdin closed (``<&-``): Python has none to read
         raise UsageError("stdin is closed: there is no message to read from '-'")
+    from ...store.framing import MAX_RECORD_BYTES
+
     data = sys.stdin.buffer.read(MAX_RECORD_BYTES + 1)
     if len(data) > MAX_RECORD_BYTES:
         raise SubagentError(f"stdin holds more than {MAX_RECORD_BYTES} bytes: no store accepts a record that large "
@@ -121,6 +122,17 @@ def text_or_stdin(value: str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UsageError(f"stdin is not valid UTF-8 (byte {exc.start} of {len(data)})") from None
+
+
+class _Version(argparse._VersionAction):
+    """``--version``: the installed distribution's version, looked up when asked (``importlib.metadata`` alone
+    takes about as long to import as the rest of ``--help``)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+        import importlib.metadata
+
+        self.version = f"subagents {importlib.metadata.version('subagents')}"
+        super().__call__(parser, namespace, values, option_string)
 
 
 def _folder(value: str) -> str:
@@ -263,7 +275,7 @@ def new_parser() -> tuple[argparse.ArgumentParser, Verbs]:
         epilog=f"environment (overrides the config files; unknown SUBAGENTS_* names are errors):\n{variables}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"subagents {importlib.metadata.version('subagents')}")
+    parser.add_argument("--version", action=_Version)
     _global_options(parser, top=True)
     common = _Parser(add_help=False)
     _global_options(common, top=False)

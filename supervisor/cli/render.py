@@ -6,7 +6,9 @@ and lists, the same that ``--json`` prints) and hand it to one ``render_*``
 function here. Plain text is the stable form (scripts
 and tests read it; listings are the aligned tables of ``columns``); rich
 tables, trees and progress bars are used only when stdout is a terminal and
-``--json`` is off, and ``rich`` is imported only then.
+``--json`` is off, and ``rich`` is imported only then. Just over 500 lines:
+one renderer per verb's output, kept in one file because it is every byte
+the CLI prints.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ import json
 import sys
 import time
 from types import TracebackType
-from typing import Any, Mapping, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, TextIO
 
-from subagents.store import ChildEntry, DescendantRow, DiagnosticEntry
 from subagents.worker.listing import render_rows
 
 from . import columns, node_state
+
+if TYPE_CHECKING:
+    from subagents.store.catalog import ChildEntry, DescendantRow, DiagnosticEntry
 
 __all__ = [
     "Output",
