@@ -19,7 +19,12 @@ on all of them alike):
 
 Each is run through the installed ``subagents`` script (its shebang names the
 interpreter the baseline uses), stdout to ``/dev/null``, with no ``SUBAGENTS_*``
-variable set, from the store's folder. Every command must exit 0.
+variable set, from the store's folder. Every command must exit 0. Without
+``PYTHONDONTWRITEBYTECODE`` either: the first (untimed) run of each command
+writes the bytecode of every module it loads, as installing the package does;
+with it set (as in some shells and CI jobs) every module changed since its
+``.pyc`` was written is compiled again at every start, which measures the
+compiler, not the start (tens of milliseconds per command here).
 
 Goals, set before the start was cut (ratios to ``python`` in the same run):
 ``--version`` <= 1.5x (it needs the parser and nothing of the store);
@@ -94,7 +99,7 @@ def main() -> None:
     rounds = 10 if args.quick else 40
     script = _script()
     python = _interpreter(script)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SUBAGENTS_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SUBAGENTS_") and k != "PYTHONDONTWRITEBYTECODE"}
     folder = tempfile.mkdtemp(prefix=f"{NAME}-", dir=temp_base())
     print(f"{NAME}: temp folder {folder}{' (quick)' if args.quick else ''}; script {script}; interpreter {python}")
     try:
