@@ -125,8 +125,9 @@ def text_or_stdin(value: str) -> str:
 
 
 class _Version(argparse._VersionAction):
-    """``--version``: the installed distribution's version, looked up when asked (``importlib.metadata`` alone
-    takes about as long to import as the rest of ``--help``)."""
+    """``--version``: the installed distribution's version, looked up when asked: ``importlib.metadata`` takes
+    ~15 ms to import here, a fifth of a ``--help``. Otherwise argparse's own (it prints, and swallows a failed
+    write, as before)."""
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
         import importlib.metadata
