@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .atomic import NewFile, fsync_dir, remove_durably, write_unnamed
+from .concurrent_sync import ConcurrentSync
 from .errors import NO_DESCRIPTOR_LEFT, OUT_OF_DESCRIPTORS, DurabilityError, SessionExistsError, SessionNotFoundError, SubagentError
 from .framing import encode_record
 from .header import SessionHeader, parse_header
@@ -194,12 +195,21 @@ def create_under_settled_parent(store: Store, request: NewSession) -> CreatedSes
     return outcome
 
 
-def publish_sessions(store: Store, requests: Sequence[NewSession]) -> list[CreatedSession | BaseException]:
+# without threads: the fsyncs of a batch one after another, in the caller's thread
+_IN_TURN = ConcurrentSync(threads=0)
+
+
+def publish_sessions(
+    store: Store, requests: Sequence[NewSession], *, syncs: ConcurrentSync | None = None,
+) -> list[CreatedSession | BaseException]:
     """The first half of ``create_sessions``: each session's file and header, published.
 
     In three passes over the batch: write every file unnamed, name each,
     then fsync each (after its link: see the module docstring), so no fsync
     waits behind another file's write or link.
+
+    ``syncs``: the fsyncs of the batch are issued at once on its threads (``concurrent_sync.py``),
+    not one after another; every one has ended before this returns.
 
     Not yet durable as a whole: the names in ``sessions/`` are not fsynced and
     no index lists the new sessions until ``commit_sessions`` ran over these
@@ -231,15 +241,15 @@ def publish_sessions(store: Store, requests: Sequence[NewSession]) -> list[Creat
                 outcomes[i] = created
                 published.append(i)
         if store.durability.syncs_at_commit:
-            for i, new_file, _ in written:
-                if i not in published:
-                    continue
-                try:
-                    new_file.sync()  # data and inode, its link count included; commit_sessions' folder fsync, the name
-                except Exception as exc:
+            # data and inode, its link count included; commit_sessions' folder fsync, the name
+            linked = [(i, new_file) for i, new_file, _ in written if i in published]
+            files = [new_file for _, new_file in linked]
+            failures = (syncs or _IN_TURN).sync_all(files)
+            for (i, _), failure in zip(linked, failures):
+                if failure is not None:
                     published.remove(i)
                     _rollback(store, requests[i], indexed=False)
-                    outcomes[i] = exc
+                    outcomes[i] = failure
     except BaseException:
         # an interrupt, not a failure of one request: nothing of the batch is
         # reported created, so nothing of it may stay

@@ -25,7 +25,8 @@ import os
 import time
 
 from subagents import store
-from subagents.store.session import NewSession, create_sessions
+from subagents.store.concurrent_sync import ConcurrentSync
+from subagents.store.session import NewSession, commit_sessions, create_sessions, publish_sessions
 
 from ._power_loss import LoopFs, after_power_loss, problems, run, seen
 
@@ -46,6 +47,25 @@ def test_sessions_created_before_a_power_loss_are_all_there(disk: LoopFs):
     for name, fsck in (("as-is.img", None), ("checked.img", "-p")):
         with after_power_loss(disk, name, fsck) as mount:
             assert problems(seen(mount), created) == {}, name
+
+
+def test_a_batch_whose_fsyncs_ran_at_once_is_all_there_after_a_power_loss(disk: LoopFs):
+    """The supervisor's batches fsync their files at once (``ConcurrentSync``): each after its link,
+    all before the folder's fsync and the index append, so a batch that returned is whole after it."""
+    st = store.Store(str(disk.mount / "store"))
+    store.create_session(st, "root")
+    run("sync", "-f", str(disk.mount))
+    batch = [NewSession(f"b{i}", parent_session="root") for i in range(12)]
+    syncs = ConcurrentSync()
+    try:
+        outcomes = commit_sessions(st, batch, publish_sessions(st, batch, syncs=syncs))
+    finally:
+        syncs.close()
+    assert not [o for o in outcomes if isinstance(o, BaseException)]
+
+    for name, fsck in (("as-is.img", None), ("checked.img", "-p")):
+        with after_power_loss(disk, name, fsck) as mount:
+            assert problems(seen(mount), [r.session_id for r in batch]) == {}, name
 
 
 def test_acceptances_and_committed_turns_before_a_power_loss_are_all_there(disk: LoopFs):

@@ -27,9 +27,9 @@ async def test_concurrent_starts_are_created_in_few_hops(tmp_path, monkeypatch):
     batches: list[int] = []
     real = supervisor.creator.publish_sessions
 
-    def counting(store, requests):
+    def counting(store, requests, **kwargs):
         batches.append(len(requests))
-        return real(store, requests)
+        return real(store, requests, **kwargs)
 
     monkeypatch.setattr(supervisor.creator, "publish_sessions", counting)
     async with open_supervisor(tmp_path, pool_size=2, durability="batched") as sup:
@@ -106,12 +106,12 @@ async def test_a_busy_store_thread_takes_what_queued_meanwhile_in_one_batch(tmp_
     batches: list[list[str]] = []
     real = supervisor.creator.publish_sessions
 
-    def publish(store, requests):
+    def publish(store, requests, **kwargs):
         batches.append([r.session_id for r in requests])
         if len(batches) == 1:
             entered.set()
             assert release.wait(30)
-        return real(store, requests)
+        return real(store, requests, **kwargs)
 
     monkeypatch.setattr(supervisor.creator, "publish_sessions", publish)
     creator = SessionCreator(st, threads=1)
@@ -185,11 +185,11 @@ class HeldGrandchildCreation:
         self.roots: list[str] = []
         real = supervisor.creator.publish_sessions
 
-        def publish(store, requests):
+        def publish(store, requests, **kwargs):
             if any(r.parent_session not in self.roots for r in requests):
                 self.entered.set()
                 assert self.unblock.wait(30)
-            return real(store, requests)
+            return real(store, requests, **kwargs)
 
         monkeypatch.setattr(supervisor.creator, "publish_sessions", publish)
 
