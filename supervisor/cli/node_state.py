@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import socket
 
-from subagents.worker.descendants import stopped
-
 __all__ = ["node_text", "stopped_worker"]
 
 
@@ -25,6 +23,8 @@ def stopped_worker(node: str | None) -> int | None:
     host, _, pid = node.rpartition(":")
     if host != socket.gethostname() or not pid.isdigit():
         return None
+    from subagents.worker.descendants import stopped  # here: it reads leases, which --help never needs
+
     return int(pid) if stopped(int(pid)) else None
 
 
