@@ -29,8 +29,9 @@ each name lives; the ``TYPE_CHECKING`` imports say the same to type checkers.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from subagents.exports import lazy_exports
 
 if TYPE_CHECKING:
     from .check import CheckCounts, CheckReport, Violation, check_store
@@ -159,7 +160,6 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ".summary": ("Summary", "SupervisorCount", "summarize"),
     ".tail": ("LogTail",),
 }
-_HOME = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = [
     "CheckCounts", "CheckReport", "Violation", "check_store",
@@ -196,14 +196,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _HOME.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)

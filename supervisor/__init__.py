@@ -17,8 +17,9 @@ lives in this package, and loading the service here would cost every
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from subagents.exports import lazy_exports
 
 if TYPE_CHECKING:
     from subagents.store.errors import SubagentError
@@ -73,7 +74,6 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ".service": ("Supervisor", "SupervisorStatistics"),
     ".setup": ("ActivationInfo",),
 }
-_HOME = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = [
     "SubagentError",
@@ -109,14 +109,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _HOME.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
