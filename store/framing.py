@@ -355,11 +355,16 @@ def scan_all(data: bytes | memoryview, *, check: Check | None = None, start_seq:
     return SkimResult(records, skipped, None, pos, expected)
 
 
-def scan_clean(data: bytes | memoryview, *, check: Check | None = None, start_seq: int = 0) -> SkimResult | None:
+def scan_clean(data: bytes | memoryview, *, check: Check | None = None, start_seq: int = 0,
+               sink: Callable[[list[dict[str, Any]]], None] | None = None) -> SkimResult | None:
     """``scan_all`` of records without damage whose first has seq ``start_seq`` (a file's bytes, or those
     appended after a point a reader already read), in one tight loop; ``None`` at the first anomaly (a
     torn or damaged record, one in flight): the caller then reads the whole file the careful way. A
-    listing reads a whole children index per query, so a clean file must cost little more than its decoding."""
+    listing reads a whole children index per query, so a clean file must cost little more than its decoding.
+
+    ``sink``: the records are handed to it a few hundred at a time, in order, and not kept (the result has
+    none): a fold of a large file then never holds every record decoded at once. On ``None`` it has had
+    some of them: the caller drops what it folded."""
     view = memoryview(data)
     unpack_from, crc32, unpackb = FRAME.unpack_from, zlib.crc32, msgpack.unpackb
     records: list[dict[str, Any]] = []
@@ -386,7 +391,16 @@ def scan_clean(data: bytes | memoryview, *, check: Check | None = None, start_se
         records.append(payload)
         seq += 1
         pos = end
+        if sink is not None and len(records) >= _SINK_BATCH:
+            sink(records)
+            records = []
+    if sink is not None and records:
+        sink(records)
+        records = []
     return SkimResult(records, [], None, pos, seq)
+
+
+_SINK_BATCH = 256  # records a ``scan_clean`` sink takes at a time: a few hundred KB decoded at most
 
 
 def _chain(data: bytes | memoryview, pos: int, seq: int, limit: int = 2) -> tuple[int, int]:

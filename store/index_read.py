@@ -16,7 +16,7 @@ from .ids import is_valid_session_id
 from .records import index_problem
 from .root import Store
 
-__all__ = ["Settled", "IndexEntry", "IndexFold", "IndexRead", "read_index", "read_children"]
+__all__ = ["Settled", "IndexEntry", "IndexFold", "IndexRead", "Listed", "read_index", "read_children"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,27 @@ class IndexEntry:
 
 
 @dataclass(frozen=True)
+class Listed:
+    """What a fold without rows keeps of a listed child's creation record: whether its origin is
+    ``subagent`` and its mode (None: not recorded). What a drain asks of the children it names (do
+    they exist under this parent, continuable or one-shot), answered from a kept fold
+    (``store/committed.py``) without decoding the whole index again. One shared object per value
+    (``_listed``): a child costs its table slot, nothing more."""
+
+    subagent: bool
+    mode: str | None
+
+
+_LISTED = {(subagent, mode): Listed(subagent, mode) for subagent in (False, True) for mode in (None, "one-shot", "continuable")}
+
+
+def _listed(record: dict[str, Any]) -> Listed:
+    """The shared ``Listed`` of a creation record (a checked record's mode is one of those: ``records.index_problem``)."""
+    subagent, mode = record.get("origin") == "subagent", record.get("mode")
+    return _LISTED.get((subagent, mode)) or Listed(subagent, mode)
+
+
+@dataclass(frozen=True)
 class IndexRead:
     """One read of a parent's index file: its live entries and what was wrong with it."""
 
@@ -114,17 +135,17 @@ class IndexFold:
     state, and the end its latest settled record gives. Records may come in several calls (a reader that
     read a file before reads on from where it stopped: ``store/committed.py``).
 
-    ``rows=False`` keeps only which children are listed and their ends, not their records: a fold kept
-    for as long as the process lives (``store/committed.py``) held each child's creation and settled
-    records, ~1.2 KB a child, to answer one integer, and a host's memory grew with every child its root
-    ever had (found by a soak probe). Such a fold has no ``entries``."""
+    ``rows=False`` keeps only which children are listed (each one's ``Listed``) and their ends, not their
+    records: a fold kept for as long as the process lives (``store/committed.py``) held each child's
+    creation and settled records, ~1.2 KB a child, to answer one integer, and a host's memory grew with
+    every child its root ever had (found by a soak probe). Such a fold has no ``entries``."""
 
     __slots__ = ("_entries", "_last_state", "committed", "_rows")
 
     def __init__(self, *, rows: bool = True) -> None:
         self._rows = rows
-        # child → its entry record (``rows``; else None: listed)
-        self._entries: dict[str, dict[str, Any] | None] = {}
+        # child → its entry record (``rows``; else its ``Listed``)
+        self._entries: dict[str, dict[str, Any] | Listed] = {}
         self._last_state: dict[str, dict[str, Any] | None] = {}  # child → its latest state record (None: active)
         self.committed: dict[str, int] = {}  # child → the end its latest settled record gives (listed children only)
 
@@ -145,13 +166,18 @@ class IndexFold:
                 last_state.pop(child, None)
                 committed.pop(child, None)
             elif child not in entries and is_valid_session_id(child):
-                entries[child] = record if rows else None
+                entries[child] = record if rows else _listed(record)
+
+    def listed(self, child: str) -> Listed | None:
+        """The child's ``Listed`` (None: not listed)."""
+        r = self._entries.get(child)
+        return r if r is None or isinstance(r, Listed) else _listed(r)
 
     def entries(self) -> list[IndexEntry]:
         """Live entries in (created_at, id) order (a fold made with ``rows``)."""
         out = []
         for child, r in self._entries.items():
-            assert r is not None, "a fold made without rows has no entries"
+            assert isinstance(r, dict), "a fold made without rows has no entries"
             settled = self._last_state.get(child)
             out.append(IndexEntry(child, float(r.get("created_at", 0.0)), r.get("origin"), r.get("mode"), r.get("label"),
                                   None if settled is None else _settled(settled), self.committed.get(child)))
