@@ -356,7 +356,7 @@ def scan_all(data: bytes | memoryview, *, check: Check | None = None, start_seq:
 
 
 def scan_clean(data: bytes | memoryview, *, check: Check | None = None, start_seq: int = 0,
-               sink: Callable[[list[dict[str, Any]]], None] | None = None) -> SkimResult | None:
+               sink: Callable[[list[dict[str, Any]]], None] | None = None, part: bool = False) -> SkimResult | None:
     """``scan_all`` of records without damage whose first has seq ``start_seq`` (a file's bytes, or those
     appended after a point a reader already read), in one tight loop; ``None`` at the first anomaly (a
     torn or damaged record, one in flight): the caller then reads the whole file the careful way. A
@@ -364,18 +364,26 @@ def scan_clean(data: bytes | memoryview, *, check: Check | None = None, start_se
 
     ``sink``: the records are handed to it a few hundred at a time, in order, and not kept (the result has
     none): a fold of a large file then never holds every record decoded at once. On ``None`` it has had
-    some of them: the caller drops what it folded."""
+    some of them: the caller drops what it folded. ``part``: ``data`` is a part of the file read so far,
+    and a frame it does not hold whole ends the scan there (``end``) instead of reading as torn: the
+    caller reads on from that point with more bytes."""
     view = memoryview(data)
     unpack_from, crc32, unpackb = FRAME.unpack_from, zlib.crc32, msgpack.unpackb
     records: list[dict[str, Any]] = []
     pos, seq, total, head = 0, start_seq, len(view), FRAME.size
     while pos < total:
         if total - pos < head:
+            if part:
+                break
             return None
         length, crc = unpack_from(view, pos)
         start = pos + head
         end = start + length
-        if length > MAX_RECORD_BYTES or end > total:
+        if length > MAX_RECORD_BYTES:
+            return None
+        if end > total:
+            if part:
+                break
             return None
         body = view[start:end]
         if crc32(body) != crc:
