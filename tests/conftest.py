@@ -172,6 +172,16 @@ def live_processes() -> dict[int, LiveProcess]:
     return found
 
 
+def still_running(pids: list[int], within: float = 5.0) -> list[int]:
+    """The pids of ``pids`` still running after ``within`` seconds (zombies count as gone); at once when none is."""
+    deadline = time.monotonic() + within
+    while True:
+        running = [pid for pid in pids if pid in live_processes()]
+        if not running or time.monotonic() > deadline:
+            return running
+        time.sleep(0.05)
+
+
 def session_processes(sid: int) -> list[int]:
     """The processes of session ``sid`` still running (zombies count as gone): what a host started in a session
     of its own (``start_new_session``) left behind, its workers and its cluster's processes."""

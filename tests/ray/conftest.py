@@ -49,6 +49,14 @@ def ray_cluster() -> Iterator[SimulatedCluster]:
     assert not [pid for pid in started if alive(pid)], "processes of the simulated cluster outlived it"
 
 
+@pytest.fixture(params=["local", "ray"])
+def kind(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The pool a test of the pool contract runs on: each such test runs once on each."""
+    if request.param == "ray":
+        request.getfixturevalue("ray_cluster")
+    yield request.param
+
+
 @pytest.fixture(autouse=True)
 def _inside_the_cluster_network(request: pytest.FixtureRequest) -> Iterator[None]:
     """A test using the cluster runs with this thread in its namespace, and leaves it after.

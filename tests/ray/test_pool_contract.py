@@ -6,7 +6,7 @@ import json
 import os
 import signal
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import anyio
 import pytest
@@ -20,13 +20,6 @@ from ._pools import open_pool_supervisor
 from .conftest import RAY_TESTS
 
 pytestmark = [pytest.mark.anyio, *RAY_TESTS]
-
-
-@pytest.fixture(params=["local", "ray"])
-def kind(request: pytest.FixtureRequest) -> Iterator[str]:
-    if request.param == "ray":
-        request.getfixturevalue("ray_cluster")
-    yield request.param
 
 
 def start_deadline(sup: Any) -> float:

@@ -12,37 +12,18 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
-from typing import Iterator
 
 import anyio
 import pytest
 
 from subagents.supervisor import Capabilities, Provider, SubagentRequest
 
-from ..conftest import DEADLINE_S, HELPERS, live_processes, said
+from ..conftest import DEADLINE_S, HELPERS, said, still_running
 from ._pools import open_pool_supervisor
 from .conftest import RAY_TESTS
 
 pytestmark = [pytest.mark.anyio, *RAY_TESTS]
-
-
-@pytest.fixture(params=["local", "ray"])
-def kind(request: pytest.FixtureRequest) -> Iterator[str]:
-    if request.param == "ray":
-        request.getfixturevalue("ray_cluster")
-    yield request.param
-
-
-def _running_after(pids: list[int], within: float) -> list[int]:
-    """The pids of ``pids`` still running after ``within`` seconds (zombies count as gone)."""
-    deadline = time.monotonic() + within
-    while True:
-        running = [pid for pid in pids if pid in live_processes()]
-        if not running or time.monotonic() > deadline:
-            return running
-        time.sleep(0.05)
 
 
 def _kill_sleeps(pids: list[int]) -> None:
@@ -91,7 +72,7 @@ async def test_processes_left_running_end_when_their_program_exits_the_worker(tm
             started = [int(pid) for pid in said(sup.store, run.id)[0].split()]
             assert len(started) == (2 if program.endswith("tree_and_exits") else 1), started
             assert result.stop_reason == "error", result
-            assert not _running_after(started, within=5.0), "left running after its program's sys.exit ended the worker"
+            assert not still_running(started), "left running after its program's sys.exit ended the worker"
             await run.dispose()
     finally:
         _kill_sleeps(started)

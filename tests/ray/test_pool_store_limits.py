@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import resource
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import anyio
 import msgpack
@@ -26,13 +26,6 @@ from .conftest import RAY_TESTS
 pytestmark = [pytest.mark.anyio, *RAY_TESTS]
 
 PROGRAMS = "tests.ray._limit_programs"
-
-
-@pytest.fixture(params=["local", "ray"])
-def kind(request: pytest.FixtureRequest) -> Iterator[str]:
-    if request.param == "ray":
-        request.getfixturevalue("ray_cluster")
-    yield request.param
 
 
 async def log_writer_pid(sup: Any, kind: str, worker_pid: int) -> int:

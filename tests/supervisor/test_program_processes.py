@@ -10,26 +10,15 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import anyio
 import pytest
 
 from subagents.supervisor import Provider, SubagentRequest, UserAuthority
 
-from ..conftest import DEADLINE_S, HELPERS, live_processes, open_supervisor, said, wait_until
+from ..conftest import DEADLINE_S, HELPERS, live_processes, open_supervisor, said, still_running, wait_until
 
 pytestmark = pytest.mark.anyio
-
-
-def _gone(pids: list[int], within: float = 5.0) -> list[int]:
-    """The pids of ``pids`` still running after ``within`` seconds (zombies count as gone)."""
-    deadline = time.monotonic() + within
-    while True:
-        running = [pid for pid in pids if pid in live_processes()]
-        if not running or time.monotonic() > deadline:
-            return running
-        time.sleep(0.05)
 
 
 def _descendants(pids: list[int]) -> list[int]:
@@ -70,8 +59,8 @@ async def test_a_process_left_running_by_a_program_ends_at_the_supervisors_close
             started = pids
             # the sleep, the shell and, once the shell has forked it, the shell's sleep
             started = await wait_until(lambda: _descendants(pids) if len(_descendants(pids)) == 3 else None, what="three processes")
-            assert sorted(_gone(started, within=0)) == sorted(started), "ended with the turn, not with its worker"
-        assert not _gone(started), "left running after the supervisor closed"
+            assert sorted(still_running(started, within=0)) == sorted(started), "ended with the turn, not with its worker"
+        assert not still_running(started), "left running after the supervisor closed"
     finally:
         _kill(started)
 
@@ -90,7 +79,7 @@ async def test_a_process_a_cancelled_program_waits_on_ends_when_its_worker_is_ki
             with anyio.fail_after(DEADLINE_S):
                 result = await run.result()
             assert result.stop_reason == "aborted" and "killed by signal SIGKILL" in result.diagnostic, result
-            assert not _gone(started), "left running after its worker was killed"
+            assert not still_running(started), "left running after its worker was killed"
             await run.dispose()
     finally:
         _kill(started)
@@ -107,7 +96,7 @@ async def test_a_process_left_running_ends_when_its_program_exits_the_worker(tmp
                 result = await run.result()
             started = [int(said(sup.store, run.id)[0])]
             assert result.stop_reason == "error" and "exited with code 3" in result.diagnostic, result
-            assert not _gone(started), "left running after its program's sys.exit ended the worker"
+            assert not still_running(started), "left running after its program's sys.exit ended the worker"
             await run.dispose()
     finally:
         _kill(started)
