@@ -25,8 +25,9 @@ the worker never idles for the round trip of its ``TurnDone`` and the next
 Such a turn is ``queued`` here until the worker's ``Started`` comes. It is
 asked back (``_send_withdraw``) when the queue is empty and another worker has
 a free slot, or once it has waited ``AHEAD_WAIT_S`` (the turn in front of it
-is long): given back, it is first in line and takes the next free slot on any
-worker, before every turn queued after it, and is never handed ahead again
+is long) while another worker takes turns (a stopped one counts for neither):
+given back, it is first in line and takes the next free slot on any worker,
+before every turn queued after it, and is never handed ahead again
 (dispatch holds back for the answer, ``WITHDRAW_WAIT_S`` at most: a worker
 whose event loop a turn blocks cannot answer).
 So a short turn never waits behind a long one while a worker idles, and with
@@ -374,9 +375,13 @@ class Dispatcher(Generic[W]):
 
     def _rebalance(self) -> None:
         """The queue is empty: for each free slot on a worker holding no turn ahead, ask another
-        worker to give back its newest turn waiting ahead (it may have started: then nothing comes back)."""
+        worker to give back its newest turn waiting ahead (it may have started: then nothing comes back).
+        A stopped worker's free slot (``_takes_turns``) counts for none: the turn would come back to the
+        worker it was asked from, behind the same running turn, with a round trip more."""
         alive = self._alive()
-        free = sum(max(0, self._turns_per_worker - w.running) for w in alive if not any(t.queued for t in w.turns.values()))
+        if not any(t.askable for w in alive for t in w.turns.values()):
+            return
+        free = sum(self._free_slots(w) for w in alive if not any(t.queued for t in w.turns.values()))
         free -= sum(1 for w in alive for t in w.turns.values() if t.withdrawing)  # asked back already
         for worker in alive:
             for turn in reversed(list(worker.turns.values())):
@@ -386,20 +391,45 @@ class Dispatcher(Generic[W]):
                     self._ask_back(worker, turn)
                     free -= 1
 
+    def _free_slots(self, worker: W) -> int:
+        """The slots a turn asked back could take on ``worker`` now: none while it takes no turns (stopped),
+        and then ``_schedule`` runs again shortly, so that a turn is asked back for it once it is continued."""
+        free = max(0, self._turns_per_worker - worker.running)
+        if free and not self._takes_turns(worker):
+            self._ask_again_later()
+            return 0
+        return free
+
     def _withdraw_aged(self) -> bool:
         """Ask back every turn that has waited ahead longer than ``AHEAD_WAIT_S`` (its worker's running
-        turn is long): first in line again, it takes the next slot that frees, on any worker. Whether
-        dispatch should hold back: a turn was asked back less than ``WITHDRAW_WAIT_S`` ago."""
+        turn is long): first in line again, it takes the next slot that frees, on any worker. Only while
+        another worker takes turns (``_takers``): else the next slot that frees is the one it waits for,
+        and given back it would only come to it later, a round trip more. Whether dispatch should hold
+        back: a turn was asked back less than ``WITHDRAW_WAIT_S`` ago."""
         now = time.monotonic()
         asking = False
+        takers: set[int] | None = None  # read once a pass, and only once a turn has aged
         for worker in self._slots:
             if worker is None or not worker.alive:
                 continue
             for turn in worker.turns.values():
                 if turn.askable and turn.handed_at < now - AHEAD_WAIT_S:
-                    self._ask_back(worker, turn)
+                    takers = self._takers() if takers is None else takers
+                    if takers - {worker.index}:
+                        self._ask_back(worker, turn)
                 asking = asking or (turn.withdrawing and turn.asked_at > now - WITHDRAW_WAIT_S)
         return asking
+
+    def _takers(self) -> set[int]:
+        """The live workers that take turns now (``_takes_turns``), by index; while one does not, ``_schedule``
+        runs again shortly, so that an aged turn is asked back once it is continued."""
+        takers: set[int] = set()
+        for worker in self._alive():
+            if self._takes_turns(worker):
+                takers.add(worker.index)
+            else:
+                self._ask_again_later()
+        return takers
 
     def _ask_back(self, worker: W, turn: Turn) -> None:
         """Send ``Withdraw``; dispatch holds back until the answer or ``WITHDRAW_WAIT_S``, then goes on."""
