@@ -138,10 +138,7 @@ class RecordEncoder:
         if len(body) > self.limit:  # the message is built only here: the hot path pays one comparison
             kind = payload.get("type")
             _refuse(body, self.limit, _event_what(payload), kind if isinstance(kind, str) else None)
-        try:
-            return FRAME.pack(len(body), zlib.crc32(body)) + body
-        except MemoryError as exc:
-            raise OutOfMemoryError(_event_what(payload)) from exc
+        return _framed(body, _event_what(payload))
 
 
 def _event_what(payload: dict[str, Any]) -> str:

@@ -196,7 +196,6 @@ class WorkerLoop:
             except SystemExit as exc:
                 # now, before this turn's slot goes to a turn waiting here: started, it died with the worker
                 # (``error``), where a turn handed ahead and never started runs on another worker
-                end_descendants(os.getpid())
                 exit_as_asked(exc)
             self.send(TurnDone(call_id=msg.call_id, outcome=outcome))
         finally:
@@ -325,7 +324,6 @@ def worker_entry(conn: Any, log_level: int = logging.WARNING, inherited: Any = N
     except KeyboardInterrupt:
         pass
     except SystemExit as exc:
-        end_descendants(os.getpid())
         exit_as_asked(exc)
     end_worker(0)
 
@@ -341,11 +339,12 @@ def exit_as_asked(exc: SystemExit) -> NoReturn:
 
     Left to the interpreter's own exit, a local worker waited for the thread a plain ``def`` program
     ran in, and never ended (nor answered) at all; a Ray actor took it into its event loop and went
-    on, with the turn never ending and its slot taken for good.
+    on, with the turn never ending and its slot taken for good. The processes its programs started and
+    left running end with it (``end_worker``), on either kind of worker.
     """
     code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     _flush()
-    os._exit(code)
+    end_worker(code)
 
 
 def _flush() -> None:
