@@ -15,6 +15,7 @@ before any pool starts.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -180,6 +181,19 @@ def still_running(pids: list[int], within: float = 5.0) -> list[int]:
         if not running or time.monotonic() > deadline:
             return running
         time.sleep(0.05)
+
+
+def kill_leftover_sleeps(pids: list[int]) -> None:
+    """Cleanup after a test whose programs start ``sleep`` (or a shell running one): those of ``pids`` still
+    running are killed; a pid that now names another program is left alone."""
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                if not handle.read().startswith((b"sleep", b"sh")):
+                    continue
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def session_processes(sid: int) -> list[int]:

@@ -1,17 +1,14 @@
 """What a program leaves in its worker's process does not outlast the worker's turns, on either pool.
 
-The local pool's workers take their working folder back when no turn is left in them, and end the
-processes a program started when they exit (``tests/supervisor/test_working_folder.py``,
-``tests/supervisor/test_program_processes.py``). A Ray actor did not take its folder back (found by a
-review of the two pools side by side): a program's ``os.chdir`` followed every later turn the actor ran,
-another agent's among them. The processes a program leaves running as it ends its actor with ``sys.exit``
-(a shell's child too) end there as well; pinned here for both pools.
+A worker with no turn left takes its working folder back: a program's ``os.chdir`` followed every later
+turn on its worker, another agent's among them (found on the local pool by a probe of misbehaving
+programs, then on Ray by a review of the two pools side by side). The processes a program leaves running
+as it ends its worker with ``sys.exit`` (a shell's child too) end with the worker; the other ways a
+worker ends are in ``tests/supervisor/test_program_processes.py``.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 
 import anyio
@@ -19,23 +16,11 @@ import pytest
 
 from subagents.supervisor import Capabilities, Provider, SubagentRequest
 
-from ..conftest import DEADLINE_S, HELPERS, said, still_running
+from ..conftest import DEADLINE_S, HELPERS, kill_leftover_sleeps, said, still_running
 from ._pools import open_pool_supervisor
 from .conftest import RAY_TESTS
 
 pytestmark = [pytest.mark.anyio, *RAY_TESTS]
-
-
-def _kill_sleeps(pids: list[int]) -> None:
-    """Cleanup: a ``sleep`` or shell the test's program started and the runtime left running."""
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as handle:
-                if not handle.read().startswith((b"sleep", b"sh")):
-                    continue  # the pid is no longer ours
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 async def test_the_next_turn_on_a_worker_starts_in_the_folder_the_worker_started_in(tmp_path: Path, kind: str) -> None:
@@ -75,4 +60,4 @@ async def test_processes_left_running_end_when_their_program_exits_the_worker(tm
             assert not still_running(started), "left running after its program's sys.exit ended the worker"
             await run.dispose()
     finally:
-        _kill_sleeps(started)
+        kill_leftover_sleeps(started)

@@ -1,5 +1,6 @@
 """The processes a program starts end with its worker: at the supervisor's close, and when a worker is killed
-for a turn that ignored its cancellation.
+for a turn that ignored its cancellation (when its program exits the worker, on both pools:
+``tests/ray/test_pool_process_state.py``).
 
 Found by a probe of misbehaving programs: a ``subprocess.Popen(["sleep", "1000"])`` left running by a
 program, or one a plain ``def`` program waited on when its turn was interrupted, outlived its turn, its
@@ -8,15 +9,13 @@ worker and the supervisor's close, reparented to init, for good.
 
 from __future__ import annotations
 
-import os
-import signal
 
 import anyio
 import pytest
 
 from subagents.supervisor import Provider, SubagentRequest, UserAuthority
 
-from ..conftest import DEADLINE_S, HELPERS, live_processes, open_supervisor, said, still_running, wait_until
+from ..conftest import DEADLINE_S, HELPERS, kill_leftover_sleeps, live_processes, open_supervisor, said, still_running, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -31,18 +30,6 @@ def _descendants(pids: list[int]) -> list[int]:
             found.append(pid)
             todo.extend(child for child, process in table.items() if process.ppid == pid)
     return found
-
-
-def _kill(pids: list[int]) -> None:
-    """Cleanup: what the test started and the runtime left running."""
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as handle:
-                if not handle.read().startswith((b"sleep", b"sh")):
-                    continue  # the pid is no longer one of ours
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 async def test_a_process_left_running_by_a_program_ends_at_the_supervisors_close(tmp_path) -> None:
@@ -62,7 +49,7 @@ async def test_a_process_left_running_by_a_program_ends_at_the_supervisors_close
             assert sorted(still_running(started, within=0)) == sorted(started), "ended with the turn, not with its worker"
         assert not still_running(started), "left running after the supervisor closed"
     finally:
-        _kill(started)
+        kill_leftover_sleeps(started)
 
 
 async def test_a_process_a_cancelled_program_waits_on_ends_when_its_worker_is_killed(tmp_path) -> None:
@@ -82,21 +69,4 @@ async def test_a_process_a_cancelled_program_waits_on_ends_when_its_worker_is_ki
             assert not still_running(started), "left running after its worker was killed"
             await run.dispose()
     finally:
-        _kill(started)
-
-
-async def test_a_process_left_running_ends_when_its_program_exits_the_worker(tmp_path) -> None:
-    started: list[int] = []
-    try:
-        async with open_supervisor(tmp_path, pool_size=1) as sup:
-            sup.register_provider(Provider(name="exits", program=f"{HELPERS}:starts_a_process_and_exits"))
-            root = await sup.open_root()
-            run = await sup.start("exits", SubagentRequest(parent=root, prompt="go"))
-            with anyio.fail_after(DEADLINE_S):
-                result = await run.result()
-            started = [int(said(sup.store, run.id)[0])]
-            assert result.stop_reason == "error" and "exited with code 3" in result.diagnostic, result
-            assert not still_running(started), "left running after its program's sys.exit ended the worker"
-            await run.dispose()
-    finally:
-        _kill(started)
+        kill_leftover_sleeps(started)
