@@ -65,14 +65,21 @@ def _all_children() -> dict[int, list[int]]:
     for entry in entries:
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as handle:
-                fields = handle.read().rsplit(b")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        if fields[0] not in (b"Z", b"X"):
+        fields = _stat_fields(entry)
+        if fields and fields[0] not in (b"Z", b"X"):
             children.setdefault(int(fields[1]), []).append(int(entry))
     return children
+
+
+def _stat_fields(pid: int | str) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first, then the parent pid); None
+    when the process is gone, or there is no ``/proc``. The name may hold spaces and parentheses: the
+    fields begin after its last ``)``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
 
 
 def descendants(roots: Iterable[int]) -> list[int]:
@@ -134,9 +141,5 @@ def running(pid: int) -> bool:
 def stopped(pid: int) -> bool:
     """Whether process ``pid`` is stopped now (SIGSTOP, Ctrl-Z, or a debugger's stop): it runs nothing until it
     is continued. False when it is gone, or where there is no ``/proc``."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            fields = handle.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return False
+    fields = _stat_fields(pid)
     return bool(fields) and fields[0] in (b"T", b"t")
