@@ -34,6 +34,20 @@ def make_child(st: store.Store, seed: list[Any]) -> str:
     return child
 
 
+def _refused(st: store.Store, seed: list[Any]) -> str:
+    """What creating a child with ``seed`` was refused with (``INVALID_RECORD``), having checked it left nothing."""
+    root = new_id()
+    create_session(st, root)
+    child = new_id()
+    with pytest.raises(InvalidRecordError) as caught:
+        create_session(st, child, parent_session=root, seed=seed)
+    assert caught.value.code == "INVALID_RECORD"
+    assert not st.exists(child)
+    assert store.list_children(st, root) == []
+    assert not check_store(st).violations
+    return str(caught.value)
+
+
 @pytest.mark.parametrize(
     ("seed", "problem"),
     [
@@ -48,16 +62,9 @@ def make_child(st: store.Store, seed: list[Any]) -> str:
     ],
 )
 def test_a_seed_a_reader_would_refuse_is_refused_and_nothing_is_made(st: store.Store, seed: list[Any], problem: str) -> None:
-    root = new_id()
-    create_session(st, root)
-    child = new_id()
-    with pytest.raises(InvalidRecordError) as caught:
-        create_session(st, child, parent_session=root, seed=seed)
-    assert caught.value.code == "INVALID_RECORD"
-    assert str(caught.value).startswith(f"seed event {len(seed) - 1} cannot be stored: ")
-    assert problem in str(caught.value)
-    assert not st.exists(child)
-    assert not check_store(st).violations
+    refusal = _refused(st, seed)
+    assert refusal.startswith(f"seed event {len(seed) - 1} cannot be stored: ")
+    assert problem in refusal
 
 
 def test_an_ignorable_seed_event_keeps_its_mark_and_the_session_reads(st: store.Store) -> None:
@@ -87,14 +94,5 @@ def test_a_seed_that_ends_inside_an_open_turn_is_refused_and_nothing_is_made(st:
     """A seed ending after a ``turn/start`` with no ``turn/end`` made a session that read as running a turn nobody
     ran (found by a probe; its projection had ``open_turn`` set from its creation). A fork's prefix ends at its
     source's last ``turn/end`` (the fork tests), so only a hand-made seed is refused."""
-    root = new_id()
-    create_session(st, root)
-    child = new_id()
-    with pytest.raises(InvalidRecordError) as caught:
-        create_session(st, child, parent_session=root, seed=seed)
-    assert caught.value.code == "INVALID_RECORD"
-    assert str(caught.value) == (f"seed event {open_at} cannot be stored: the seed ends inside an open turn "
-                                 "(this turn/start has no turn/end): a seed ends between turns")
-    assert not st.exists(child)
-    assert store.list_children(st, root) == []
-    assert not check_store(st).violations
+    assert _refused(st, seed) == (f"seed event {open_at} cannot be stored: the seed ends inside an open turn "
+                                  "(this turn/start has no turn/end): a seed ends between turns")
