@@ -34,8 +34,9 @@ import os
 import stat
 import threading
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, TypeVar
+from typing import Callable, Iterable, Iterator, TypeVar
 
 from .errors import SubagentError
 from .header import SessionHeader
@@ -68,7 +69,12 @@ class _Folded:
 # child's committed end, and reading its parent's whole index each time cost ~12 ms per 1,000
 # siblings (a probe: a followup to a settled child of a parent with 4,000 children took 50 ms)
 _FOLDED: OrderedDict[str, _Folded] = OrderedDict()
-_FOLDED_LOCK = threading.Lock()
+_FOLDED_LOCK = threading.Lock()  # held only to take a fold out of ``_FOLDED`` or put it back
+# each index's own lock, held while its fold is read on: readers of one index take turns (the second
+# reads on from where the first stopped), and a first read of a root's large index (seconds for
+# hundreds of thousands of records) holds up no other parent's reader. A lock lives while its fold is
+# kept or a reader holds it (``_reading``); one dropped early costs a duplicate read, never a wrong one
+_READING: dict[str, threading.Lock] = {}
 _FOLDED_MAX = 256
 _MARK = 16
 _CHUNK = 256 * 1024  # bytes of an index read at a time
@@ -102,8 +108,9 @@ def _kept(store: Store, parent_id: str, answer: Callable[[IndexFold], T]) -> T |
     file, one shorter or changed before that point, damage, a record in flight) gets None, and the
     caller reads it the careful way; a file read from its start is kept only when it read clean."""
     path = store.children_index_path(parent_id)
-    with _FOLDED_LOCK:  # one reader of a kept fold at a time: each reads on from where the last stopped
-        known = _FOLDED.pop(path, None)
+    with _reading(path):  # one reader of this index's fold at a time: each reads on from where the last stopped
+        with _FOLDED_LOCK:
+            known = _FOLDED.pop(path, None)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
             try:
@@ -112,12 +119,34 @@ def _kept(store: Store, parent_id: str, answer: Callable[[IndexFold], T]) -> T |
                 os.close(fd)
         except OSError:
             known = None
-        if known is not None:
+        if known is None:
+            return None
+        found = answer(known.fold)
+        with _FOLDED_LOCK:
             _FOLDED[path] = known
             while len(_FOLDED) > _FOLDED_MAX:
-                _FOLDED.popitem(last=False)
-            return answer(known.fold)
-    return None
+                _drop_lock(_FOLDED.popitem(last=False)[0])
+        return found
+
+
+@contextmanager
+def _reading(path: str) -> Iterator[None]:
+    """Hold ``path``'s own lock (``_READING``); dropped after the last holder when no fold of it is kept."""
+    with _FOLDED_LOCK:
+        lock = _READING.setdefault(path, threading.Lock())
+    with lock:
+        yield
+    with _FOLDED_LOCK:
+        if path not in _FOLDED:
+            _drop_lock(path)
+
+
+def _drop_lock(path: str) -> None:
+    """Forget ``path``'s lock unless a reader holds it (that reader forgets it on its way out);
+    called under ``_FOLDED_LOCK``."""
+    lock = _READING.get(path)
+    if lock is not None and not lock.locked():
+        del _READING[path]
 
 
 def _read_on(fd: int, known: _Folded | None) -> _Folded | None:
