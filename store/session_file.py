@@ -248,7 +248,7 @@ class SessionFile:
             raise SessionNotFoundError(session_id) from None
         except OSError as exc:
             if write and exc.errno in REFUSED and os.access(path, os.R_OK, follow_symlinks=False):
-                raise ReadOnlyStoreError.cannot_write(session_id, "its file", exc) from None  # another user's, a read-only mount
+                raise ReadOnlyStoreError.cannot_write(session_id, f"sessions/{session_id}", exc) from None  # another user's, a read-only mount
             if exc.errno == errno.ELOOP:
                 raise UnavailableSessionError(session_id, "it is a symbolic link (refused: nothing is read or written through it)") from None
             raise UnavailableSessionError.of(session_id, "its file cannot be opened", exc) from None

@@ -76,7 +76,8 @@ def test_a_message_to_a_mailbox_another_user_owns_is_a_read_only_store():
 
 
 def test_a_log_another_user_owns_is_a_read_only_store_for_its_writer():
-    """Taking a session's lease opens its file to write: refused as a write."""
+    """Taking a session's lease opens its file to write: refused as a write, naming the file (a probe found the
+    CLI saying ``error: STORE_READ_ONLY: its file cannot be written ...``, naming no session)."""
     with shared_folder() as folder:
         st, _, child = _tree(folder)
         _open_to_all(st)
@@ -91,6 +92,7 @@ def test_a_log_another_user_owns_is_a_read_only_store_for_its_writer():
 
         outcome = as_nobody(take)
         assert outcome[0] == "error" and outcome[1][:2] == ("ReadOnlyStoreError", "STORE_READ_ONLY"), outcome
+        assert outcome[1][2].startswith(f"sessions/{child} cannot be written by this process"), outcome
 
 
 def test_an_unreadable_mailbox_is_one_violation_of_its_session_not_the_end_of_the_check():
