@@ -266,9 +266,11 @@ class Supervisor:
             # as the coded error, once more: the caller gets that error alone (ThreadStartError.of).
             if isinstance(exc, BaseExceptionGroup):
                 if own_error is not None and exc.split(lambda leaf: leaf is own_error or ThreadStartError.of(leaf) is not None)[1] is None:
-                    for leaf in _leaves(exc):
-                        if leaf is not own_error:
-                            log.warning("%s", ThreadStartError.of(leaf))
+                    # own_error may be a group itself (the body's own task group): split, not a walk of the
+                    # leaves, sets it aside whole, so none of its leaves is taken for a thread's failure
+                    beside = exc.split(lambda leaf: leaf is own_error)[1]
+                    for leaf in _leaves(beside) if beside is not None else ():
+                        log.warning("%s", ThreadStartError.of(leaf))
                     raise own_error from None
                 coded = thread_failure(exc) if own_error is None else None
                 if coded is not None:

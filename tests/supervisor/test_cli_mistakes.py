@@ -241,6 +241,16 @@ def test_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     assert done.returncode in (0, 141)
 
 
+def test_a_closed_pipe_under_a_running_supervisor_ends_quietly(tmp_path: Path) -> None:
+    """`subagents demo --quick | head -1`: the pipe closes while the demo's supervisor is open. Found by a probe:
+    it ended 141 but printed `WARNING subagents.supervisor.service: None` on stderr, a warning about nothing."""
+    done = subprocess.run(["bash", "-c", 'set -o pipefail; "$@" | head -1', "sh", *CLI, "--store", "st", "demo", "--quick"],
+                          cwd=tmp_path, env=FAST, capture_output=True, text=True, timeout=DEADLINE_S)
+    assert done.stdout.startswith("demo root ") and done.stdout.count("\n") == 1, done.stdout
+    assert done.stderr == ""
+    assert done.returncode == 141
+
+
 def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
