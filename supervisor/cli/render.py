@@ -465,6 +465,12 @@ def render_settled(out: Output, doc: dict[str, Any]) -> None:
         if doc.get("output"):
             out.line(doc["output"])
         out.line(f"not delivered to {doc['parent']}: {doc['notice_problem']}")
+    elif doc.get("settled") and not doc.get("taken_over"):
+        # settled here and no notice sent: the parent is a one-shot child, which takes no message (the notice
+        # is dropped, as in the reference); the id alone would read the same as a turn that never ran
+        if doc.get("output"):
+            out.line(doc["output"])
+        out.line(f"no settlement notice: its parent {doc['parent']} is a one-shot child, which takes no message")
     if doc.get("stop_reason") not in (None, "completed"):  # the notice says that it failed, not why
         out.line(f"stop reason: {doc['stop_reason']}" + (f" ({doc['diagnostic']})" if doc.get("diagnostic") else ""))
     for message in doc.get("also_delivered") or []:  # taken from the root's mailbox with the notice
