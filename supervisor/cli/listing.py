@@ -342,6 +342,8 @@ def cmd_log(inv: Invocation) -> int:
 
     abandoned: OutcomeVerdict | None = None
     try:  # from the first line printed: a Ctrl-C right after it still ends with 0
+        if not found.events and found.status == "clean" and not out.json_mode:
+            write(render.no_events_line(session_id, top_level=header.parent_session is None) + "\n")
         for event in found.events:
             emit(event)
             ended.see(event)

@@ -40,6 +40,7 @@ __all__ = [
     "render_show",
     "event_line",
     "render_log",
+    "no_events_line",
     "damage_line",
     "render_fsck",
     "render_check",
@@ -297,12 +298,18 @@ def event_line(event: dict[str, Any], *, full: bool = False) -> str:
     return f"{event['seq']:>5}  {fmt_time(event.get('ts'), date=False)}  {str(event.get('type')):<20}  {shown}"
 
 
+def no_events_line(session_id: str, *, top_level: bool) -> str:
+    """What ``log`` (and ``log --follow``, before it waits) prints of a log with no events: an empty screen
+    reads as a hang or a bug, and a top-level session's work is in its children."""
+    where = f": a top-level session's work is in its children (`subagents tree {session_id}`)" if top_level else ""
+    return f"(no events{where})"
+
+
 def render_log(out: Output, doc: dict[str, Any], *, full: bool = False, top_level: bool = False) -> None:
     for event in doc["events"]:
         out.line(event_line(event, full=full))
     if not doc["events"] and doc["log_status"] == "clean":  # say so: an empty screen reads as a hang or a bug
-        where = f": a top-level session's work is in its children (`subagents tree {doc['session']}`)" if top_level else ""
-        out.line(f"(no events{where})")
+        out.line(no_events_line(doc["session"], top_level=top_level))
     if doc["log_status"] != "clean":
         out.line(damage_line(doc))
 
