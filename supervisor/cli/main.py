@@ -27,6 +27,7 @@ from subagents.store.errors import SubagentError
 
 from ..errors import UsageError
 from . import control, demo, listing, maintenance
+from .columns import visible
 from .invocation import Invocation
 from .log_format import setup_logging
 from .parser import new_parser
@@ -152,6 +153,9 @@ def _drop_stdout() -> None:
 
 
 def _error(code: str, message: str) -> int:
+    """The refusal's one line: a message that holds a newline (an exception a program's module raised as it
+    was imported, say) or a terminal's escape sequence has it escaped, as a label is in a table."""
+    message = visible(message)
     if len(message) > MESSAGE_CHARS:
         message = message[: MESSAGE_CHARS - 1] + f"… ({len(message)} characters)"
     print(f"error: {code}: {message}", file=sys.stderr)

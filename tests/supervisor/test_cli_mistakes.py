@@ -251,6 +251,16 @@ def test_a_closed_pipe_under_a_running_supervisor_ends_quietly(tmp_path: Path) -
     assert done.returncode == 141
 
 
+def test_a_refusal_whose_message_spans_lines_is_still_one_line(tmp_path: Path) -> None:
+    """Found by a probe: a program module whose import raised a two-line error made `run` print
+    `error: PROGRAM_LOAD_FAILED: ... RuntimeError: line1` and then `line2` alone; a refusal is one line, its
+    control characters escaped as a label's are in a table."""
+    (tmp_path / "raiser.py").write_text('raise RuntimeError("line1\\nline2\\x1b[31m")\n')
+    message = refused(cli("--store", "st", "run", "raiser:main", cwd=tmp_path), "PROGRAM_LOAD_FAILED")
+    assert message.endswith("RuntimeError: line1\\nline2\\x1b[31m"), message
+    assert not (tmp_path / "st").exists()
+
+
 def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
