@@ -97,12 +97,20 @@ def _message_doc(message: MailboxMessage) -> dict[str, Any]:
             "content": message.content}
 
 
+# how long ``send`` waits for another holder of the root to let go before it leaves the root's mail to that
+# holder: another ``send`` taking the root's mail holds it for a moment, and a notice it found held was left
+# waiting for good (two ``send`` commands at once, found by a probe)
+ROOT_MAIL_WAIT_S = 2.0
+_ROOT_MAIL_RETRY_S = 0.05
+
+
 async def _take_root_mail(sup: Supervisor, root_id: str) -> list[MailboxMessage] | None:
     """Take what waits in the root's mailbox into its log: this command is the root's reader once it
     printed the notice, and a message nobody takes waits forever (``gc`` keeps its subtree for it).
 
     None when the parent is not a root (a subagent reads its own mailbox in its turns) or another
-    live supervisor holds the root (its program reads it); the messages are then left where they are.
+    live supervisor holds the root for longer than ``ROOT_MAIL_WAIT_S`` (its program reads it); the
+    messages are then left where they are.
     """
     import anyio
 
@@ -110,11 +118,16 @@ async def _take_root_mail(sup: Supervisor, root_id: str) -> list[MailboxMessage]
 
     if (await anyio.to_thread.run_sync(read_header, sup.store, root_id)).origin is not None:
         return None
-    try:
-        root = await sup.open_root(id=root_id)
-    except LeaseHeldError:
-        return None
-    return await sup.take_messages(root)
+    deadline = anyio.current_time() + ROOT_MAIL_WAIT_S
+    while True:  # no cancel scope: a take cut short after it consumed the messages would print none of them
+        try:
+            root = await sup.open_root(id=root_id)
+        except LeaseHeldError:
+            if anyio.current_time() >= deadline:
+                return None
+            await anyio.sleep(_ROOT_MAIL_RETRY_S)
+        else:
+            return await sup.take_messages(root)
 
 
 def _require_parent(store: Store, child: str, parent: str) -> None:
