@@ -69,7 +69,10 @@ def closers(
     (``TOOL_OUTCOME_UNKNOWN``: it may or may not have run), then the open step
     gets ``step/end``, then the turn gets ``turn/end`` ``interrupted``, with
     ``cause`` when the repairer knows the worker died because the turn was
-    being stopped (a cancel it ignored): the log then says who stopped it
+    being stopped (a cancel it ignored): the log then says who stopped it, in
+    the words the turn's caller got (``the turn was cancelled (user); worker
+    process 1234 killed by signal SIGKILL``), and a listing reads it as the
+    stop it was (``aborted``, ``store/outcome.py``), not a crash
     (``budget-exhausted`` for ``timeout``: killed past its ``timeout_ms``). ``crash``: how the worker
     died, when the repairer saw it (``worker process 1234 exited with code 3``), in the diagnostic, so
     a listing says what its caller was told.
@@ -94,6 +97,8 @@ def closers(
     if cause == "timeout":  # killed past its ``timeout_ms`` for ignoring the stop: its budget ended it
         end: dict[str, Any] = {"stop_reason": "budget-exhausted", "diagnostic": "the turn exceeded its timeout_ms and did not stop; "
                                "its worker was killed" + (f" ({crash})" if crash else "")}
+    elif cause is not None:  # killed for ignoring a cancel: no crash, and the words its caller got (``cancelled (user); ...``)
+        end = {"stop_reason": "interrupted", "diagnostic": f"the turn was cancelled ({cause}); {crash or 'its worker was killed'}"}
     else:
         end = {"stop_reason": "interrupted", "diagnostic": "the turn was interrupted by a crash" + (f" ({crash})" if crash else "")}
     if cause is not None:

@@ -30,7 +30,7 @@ __all__ = ["Outcome", "OUTCOMES", "OutcomeVerdict", "dropped_text", "is_dropped_
 _BY_REASON: dict[str, Outcome] = {
     "completed": "completed",
     "error": "error",
-    "interrupted": "interrupted",  # written only by crash repair (store/events.py closers)
+    "interrupted": "interrupted",  # written only by crash repair (store/events.py closers); a known stop's cause: _turn_outcome
     "blocked": "refused",
     "refusal": "refused",
     "max-tokens": "max-tokens",
@@ -73,6 +73,9 @@ def _turn_outcome(p: Projection) -> Outcome:
     if reason == "budget-exhausted":
         timed_out = cause == "timeout" or (cause is None and (p.last_diagnostic or "").startswith("the turn exceeded timeout_ms"))
         return "timeout" if timed_out else "budget"
+    if reason == "interrupted" and cause is not None:
+        # closed by crash repair after its worker was killed for ignoring a stop: the stop it was, as its caller was told
+        return "drained" if cause == "drain" else "aborted" if cause in _INTERRUPT_CAUSES else "interrupted"
     return _BY_REASON.get(reason, "error")  # an unknown reason is a failure: say so, with its text
 
 

@@ -66,7 +66,7 @@ async def test_a_turn_that_ignores_the_interrupt_is_cancelled_by_killing_its_wor
         assert result.detail == f"stopped by supervisor {host.owner} (pid {host.pid}): its worker ignored the interrupt and was killed"
         [end] = _turn_ends(sup.store, child)
         assert (end["stop_reason"], end["cause"]) == ("interrupted", "user")
-        assert re.fullmatch(r"the turn was interrupted by a crash \(worker process \d+ killed by signal SIGKILL\)", end["diagnostic"]), end
+        assert re.fullmatch(r"the turn was cancelled \(user\); worker process \d+ killed by signal SIGKILL", end["diagnostic"]), end
 
 
 async def test_a_one_shot_turn_that_completed_is_not_reported_cancelled(hosts, tmp_path) -> None:

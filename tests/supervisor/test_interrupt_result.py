@@ -16,7 +16,7 @@ import pytest
 
 from subagents import InterruptResult
 from subagents import store
-from subagents.store import IdGenerator, inspect
+from subagents.store import IdGenerator, inspect, list_children
 from subagents.store.control import read_controls
 from subagents.store.control import request as control_request
 from subagents.supervisor import AncestorAuthority, SubagentRequest, UserAuthority
@@ -169,10 +169,16 @@ async def test_a_turn_that_ignores_the_interrupt_here_is_recorded_as_stopped_by_
         # the caller read "exited with code 3", `tree` only "interrupted by a crash")
         killed = stopped.diagnostic.removeprefix("the turn was cancelled (user); ")
         assert killed.startswith("worker process ") and "SIGKILL" in killed, stopped.diagnostic
+        # a worker killed for ignoring the interrupt is no crash (found by a probe: the caller got ``aborted``, the
+        # listing said "interrupted", "the turn was interrupted by a crash"): the log says what the caller got
+        assert turn_end_of(sup.store, run.id) == {"stop_reason": "interrupted", "diagnostic": stopped.diagnostic, "cause": "user"}
+        assert turn_end_of(sup.store, child_id)["diagnostic"].startswith("the turn was cancelled (user); worker process ")
         crash = "the turn was interrupted by a crash ({})"
-        assert turn_end_of(sup.store, run.id) == {"stop_reason": "interrupted", "diagnostic": crash.format(killed), "cause": "user"}
-        assert turn_end_of(sup.store, child_id)["diagnostic"].startswith("the turn was interrupted by a crash (worker process ")
         assert turn_end_of(sup.store, crashing.id) == {"stop_reason": "interrupted", "diagnostic": crash.format(crashed.diagnostic)}
+        rows = {row.id: row for row in list_children(sup.store, root.id)}
+        assert (rows[run.id].outcome, rows[run.id].error) == ("aborted", stopped.diagnostic)
+        assert rows[child_id].outcome == "aborted" and rows[child_id].error.startswith("the turn was cancelled (user); ")
+        assert rows[crashing.id].outcome == "interrupted"
         for done in (run, crashing):
             await done.dispose()
 
