@@ -44,7 +44,7 @@ T = TypeVar("T")
 
 # what the loop hands the thread: where to answer, the future to resolve, the caller's context
 # (as ``to_thread`` does: a log line of the call carries the fields its task bound), the call
-_Call = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", contextvars.Context, Callable[..., Any], tuple[Any, ...]]
+_Call = tuple[asyncio.AbstractEventLoop, "_Pending", contextvars.Context, Callable[..., Any], tuple[Any, ...]]
 
 
 @dataclass(frozen=True)
@@ -95,18 +95,24 @@ class StoreThread:
         self._calls += 1
         self._busy = True
         try:
-            future: asyncio.Future[T] = loop.create_future()
-            self._queue.put((loop, future, contextvars.copy_context(), fn, args))
+            call = _Pending(loop.create_future())
+            self._queue.put((loop, call, contextvars.copy_context(), fn, args))
             with anyio.CancelScope(shield=True):
                 while True:
                     try:
-                        return await asyncio.shield(future)
+                        await call.waiter
                     except asyncio.CancelledError as exc:
                         # native (anyio's own never reaches a shielded wait): a Ctrl-C through ``asyncio.run``. Held
                         # back for the public call to give back once it returns the call's result, or raised
                         if not hold_back(exc):
-                            future.cancel()  # nobody waits for its outcome any more
-                            raise
+                            raise  # nobody waits for its outcome any more: ``_settle`` finds its waiter done
+                        if call.outcome is None:
+                            call.waiter = loop.create_future()  # the cancelled one is done: wait on afresh
+                        continue
+                    ok, value = call.outcome
+                    if ok:
+                        return value
+                    raise value
         finally:
             self._busy = False
 
@@ -126,7 +132,7 @@ class StoreThread:
             call = self._queue.get()
             if call is None:
                 return
-            loop, future, context, fn, args = call
+            loop, pending, context, fn, args = call
             started = time.perf_counter()
             try:
                 outcome: tuple[bool, Any] = (True, context.run(fn, *args))
@@ -134,16 +140,28 @@ class StoreThread:
                 outcome = (False, exc)
             self._busy_s += time.perf_counter() - started
             try:
-                loop.call_soon_threadsafe(_settle, future, *outcome)
+                loop.call_soon_threadsafe(_settle, pending, *outcome)
             except RuntimeError:  # the loop closed under the call: nobody waits for it any more
                 log.warning("a store call finished after its event loop closed", exc_info=None if outcome[0] else outcome[1])
 
 
-def _settle(future: "asyncio.Future[Any]", ok: bool, value: Any) -> None:
+class _Pending:
+    """A call handed to the thread: its outcome, once ``_settle`` gave it, and the future its caller awaits.
+
+    The caller awaits ``waiter``, never a future the thread resolves: a native ``Task.cancel()`` cancels what
+    its task awaits, and the call's outcome must outlive that (a held-back Ctrl-C waits on with a new
+    waiter). ``asyncio.shield`` did the same with an outer future and two callbacks, which cost each call a
+    pass of the event loop more between the thread's answer and the caller's wake-up."""
+
+    __slots__ = ("outcome", "waiter")
+
+    def __init__(self, waiter: "asyncio.Future[None]") -> None:
+        self.outcome: tuple[bool, Any] | None = None
+        self.waiter = waiter
+
+
+def _settle(call: _Pending, ok: bool, value: Any) -> None:
     """On the event loop: hand the call's outcome to its waiting caller."""
-    if future.done():  # cancelled by a raw ``task.cancel()`` (loop shutdown): nobody waits
-        return
-    if ok:
-        future.set_result(value)
-    else:
-        future.set_exception(value)
+    call.outcome = (ok, value)
+    if not call.waiter.done():  # done: its task was cancelled natively (a loop's shutdown) and nobody waits for it
+        call.waiter.set_result(None)
