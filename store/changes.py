@@ -177,12 +177,18 @@ class ChangeWatch:
     def _drain(self) -> None:
         """Under the mutex: count every event queued. A watch the kernel removed while a writer uses it
         (``IN_IGNORED`` not after our ``rm_watch``: the file deleted, its file system unmounted) reads as
-        changed for good: its writer then looks at the path, and watches the file it opens there."""
+        changed for good: its writer then looks at the path, and watches the file it opens there.
+
+        A read that did not fill half the buffer took every event queued (the kernel gives all that fit),
+        so the queue is not read again for the ``EAGAIN`` that would say so: one ``read`` fewer per
+        ``settle``, which follows each acceptance's write (an event queued after the read is one the
+        next look counts, as it would be after that ``EAGAIN``)."""
         while True:
             try:
                 data = os.read(self._fd, _READ_SIZE)
             except BlockingIOError:
                 return
+            drained = len(data) < _READ_SIZE // 2
             offset = 0
             while offset < len(data):
                 wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
@@ -193,3 +199,5 @@ class ChangeWatch:
                     self._counts[wd] += 1
                     if mask & _IN_IGNORED:
                         self._gone.add(wd)
+            if drained:
+                return
