@@ -72,10 +72,11 @@ def flock_within(fd: int, path: str, timeout: float | None = None) -> None:
             delay = min(delay * 2, 0.02)
 
 
-def names_file(path: str, fd: int) -> bool:
-    """Whether ``path`` still names the file open on ``fd`` (not renamed away, removed or replaced)."""
+def names_file(path: str, fd: int, ino: int | None = None) -> bool:
+    """Whether ``path`` still names the file open on ``fd`` (not renamed away, removed or replaced). ``ino``:
+    ``fd``'s inode number, when the caller keeps it (an open file's never changes: one ``fstat`` fewer)."""
     try:
-        return os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+        return os.stat(path, follow_symlinks=False).st_ino == (os.fstat(fd).st_ino if ino is None else ino)
     except FileNotFoundError:
         return False
 

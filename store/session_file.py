@@ -383,6 +383,11 @@ class SessionLock:
             raise SessionNotFoundError(session_id) from None
         except OSError as exc:
             raise UnavailableSessionError.of(session_id, "its file cannot be opened", exc) from None
+        try:
+            self._ino = os.fstat(self._fd).st_ino  # the locked file's, checked against its path at each acquire
+        except BaseException:
+            os.close(self._fd)
+            raise
 
     def acquire(self, *, bounded: bool = False, timeout: float | None = None) -> None:
         """``bounded``: as ``SessionFile.lock``. ``timeout``: bounded by it, in seconds, rather than by
@@ -393,7 +398,7 @@ class SessionLock:
             flock_within(self._fd, self.path, timeout)
         else:
             fcntl.flock(self._fd, fcntl.LOCK_EX)
-        if not names_file(self.path, self._fd):
+        if not names_file(self.path, self._fd, self._ino):
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             raise SessionNotFoundError(self.session_id)
 
