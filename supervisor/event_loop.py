@@ -13,8 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from contextlib import contextmanager
-from typing import Any, Callable, Coroutine, Iterator, TypeVar
+from typing import Any, Callable, Coroutine, TypeVar
 
 import anyio.lowlevel
 from anyio.lowlevel import EventLoopToken
@@ -125,26 +124,33 @@ _HELD: "weakref.WeakKeyDictionary[asyncio.Task[Any], list[asyncio.CancelledError
 _REARMED: "weakref.WeakSet[asyncio.Task[Any]]" = weakref.WeakSet()
 
 
-@contextmanager
-def results_first() -> Iterator[None]:
+def results_first() -> "_ResultsFirst":
     """Around a public call whose result must reach its caller: a native cancellation held back in it is given
     back to the task when the call ends (raised at its next await). A call inside another is the outer's."""
-    task = asyncio.current_task()
-    if task is None or task in _HELD:
-        yield
-        return
-    held: list[asyncio.CancelledError] = []
-    _HELD[task] = held
-    leaving_cancelled = False
-    try:
-        yield
-    except asyncio.CancelledError:
-        leaving_cancelled = True  # a cancellation is on its way out already
-        raise
-    finally:
+    return _ResultsFirst()
+
+
+class _ResultsFirst:
+    """``results_first``'s context. A class, not a ``@contextmanager`` generator: every followup enters one,
+    and the generator's frame and its two ``next`` calls cost about as much as the rest of it together."""
+
+    __slots__ = ("_task", "_held")
+
+    def __enter__(self) -> None:
+        task = asyncio.current_task()
+        if task is None or task in _HELD:
+            self._task = None
+            return
+        self._task, self._held = task, []
+        _HELD[task] = self._held
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        task = self._task
+        if task is None:
+            return
         _HELD.pop(task, None)
-        if not leaving_cancelled:
-            _rearm(task, held)
+        if kind is None or not issubclass(kind, asyncio.CancelledError):  # else a cancellation is on its way out already
+            _rearm(task, self._held)
 
 
 def hold_back(cancelled: asyncio.CancelledError) -> bool:
@@ -160,6 +166,8 @@ def hold_back(cancelled: asyncio.CancelledError) -> bool:
 
 async def deliver_held_back() -> None:
     """At the start of a supervisor's call: raise a cancellation a call before it gave back to this task."""
+    if not _REARMED:  # the usual case: no task has a cancellation given back
+        return
     task = asyncio.current_task()
     if task is not None and task in _REARMED:
         _REARMED.discard(task)
