@@ -28,7 +28,7 @@ from ..agents import LiveAgents
 from ..backend import TurnTicket
 from ..setup import SetupBatch
 
-__all__ = ["Lifecycle", "LeaseState", "ActivationIdentity", "MailboxCursor", "Activation", "ActivationTable", "log_fields"]
+__all__ = ["Lifecycle", "LeaseState", "ActivationIdentity", "MailboxCursor", "Activation", "ActivationTable", "Routing", "log_fields"]
 
 
 class Lifecycle(enum.Enum):
@@ -202,21 +202,11 @@ class ActivationTable:
     def owned(self, parent_id: str) -> list[str]:
         return list(self._owned.get(parent_id, ()))
 
-    @contextmanager
-    def routing(self, child_id: str) -> Iterator[None]:
+    def routing(self, child_id: str) -> "Routing":
         """A delivery to ``child_id`` is finding (or resuming) its activation: while it does, that
         activation must not settle, or a message sent beside the one that resumed it would find it
         gone and resume it again. When it ends, the activation is poked to look again."""
-        self._routing[child_id] += 1
-        try:
-            yield
-        finally:
-            self._routing[child_id] -= 1
-            if not self._routing[child_id]:
-                del self._routing[child_id]
-            act = self._by_id.get(child_id)
-            if act is not None:
-                act.poke()
+        return Routing(self._routing, self._by_id, child_id)
 
     def routing_to(self, child_id: str) -> bool:
         """Whether a delivery to ``child_id`` has not reached its activation yet (``routing``)."""
@@ -254,3 +244,25 @@ class ActivationTable:
             return act.identity.depth
         live = self._agents.get(parent_id)
         return live.depth if live is not None else 0
+
+
+class Routing:
+    """``ActivationTable.routing``'s context, over the table's count of deliveries routing to each child and
+    its activations. A class, not a ``@contextmanager`` generator: every followup enters one."""
+
+    __slots__ = ("_counts", "_by_id", "_child_id")
+
+    def __init__(self, counts: Counter[str], by_id: dict[str, Activation], child_id: str) -> None:
+        self._counts, self._by_id, self._child_id = counts, by_id, child_id
+
+    def __enter__(self) -> None:
+        self._counts[self._child_id] += 1
+
+    def __exit__(self, *_: object) -> None:
+        counts, child_id = self._counts, self._child_id
+        counts[child_id] -= 1
+        if not counts[child_id]:
+            del counts[child_id]
+        act = self._by_id.get(child_id)
+        if act is not None:
+            act.poke()
