@@ -102,14 +102,17 @@ def append_record(fd: int, record: dict[str, Any], *, tails: AppendCheckpoints, 
 def append_records(
     fd: int, records: Sequence[dict[str, Any]], *, tails: AppendCheckpoints, key: str, owner: str,
     limit: int, check: Check | None = None, skip_damage: bool = False, too_large: str | None = None, size: int | None = None,
-    padded: bool = False, refuse_damage: bool = False, committed: int = 0,
+    padded: bool = False, refuse_damage: bool = False, committed: int = 0, unchanged: bool = False,
 ) -> int:
     """Append ``records`` with contiguous seqs in one ``write``; returns the first seq. The caller holds the lock
     (and may pass the file's ``size``, from an ``fstat`` it made under it). ``padded``: the file may end in zero
     padding and is written in place (its descriptor must not be ``O_APPEND``). ``refuse_damage``: any damage
     (a torn tail too) is ``CorruptSessionError`` and nothing is written, for a caller that rebuilds the
     file instead of cutting or stepping over what it cannot read (``index/roots``). ``committed``: an offset the
-    caller knows committed records reach (a mailbox's end as its log consumed it): damage before it is no torn tail."""
+    caller knows committed records reach (a mailbox's end as its log consumed it): damage before it is no torn tail.
+    ``unchanged``: the caller knows nobody wrote the file since the store's checkpoint of it was taken (a held
+    mailbox writer whose watch saw no write since its own append left that checkpoint), so nothing follows the
+    checkpoint but padding: no ``pread`` looks (a followup's acceptance makes one syscall fewer)."""
     if size is None:
         size = os.fstat(fd).st_size
     offset, next_seq = tails.get(key) or (0, 0)
@@ -118,7 +121,7 @@ def append_records(
     committed_end = max(offset, committed)  # records reach this far: this process read or wrote them whole, or the caller knows
     # nobody appended since our checkpoint (the usual case for a mailbox): nothing, or only its padding, to read;
     # in a padded file, a zero frame header at the checkpoint says so (a record's length is never 0)
-    nothing_new = offset == size or (padded and offset and zeros_from(os.pread(fd, FRAME.size, offset)))
+    nothing_new = offset == size or (unchanged and 0 < offset < size) or (padded and offset and zeros_from(os.pread(fd, FRAME.size, offset)))
     # read as a log is (``extent.read_records``): the records, not to a stray byte far past them
     data, beyond = (b"", None) if nothing_new else read_records(fd, offset, limit)
     result = scan(data, start_seq=next_seq, base_offset=offset, check=check, padded=padded, last=_last(beyond, padded))

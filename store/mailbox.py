@@ -152,6 +152,9 @@ class MailboxWriter:
         # the mailbox as our last acceptance left it (``_state_of``; nothing when watched, the watch says what
         # changed): None until an acceptance checked it
         self._seen: tuple[int, ...] | None = None
+        # the store's checkpoint of the mailbox as our last acceptance left it: while it is still the store's and
+        # the watch saw nobody touch the file, nothing but padding follows it (``append_records``'s ``unchanged``)
+        self._left: tuple[int, int] | None = None
 
     def accept(self, *, source: dict[str, Any], content: Any, ids: IdGenerator, wake: bool = True, lock_timeout: float | None = None) -> str:
         """Durably append a message; returns its id once it is on stable storage (as ``accept``).
@@ -186,10 +189,15 @@ class MailboxWriter:
                         # without a checkpoint the append reads from the start: to the data's reach, not
                         # through zeros someone extended the file with (``extent.reach``); they stay zeros
                         size = min(size, reach(self._fd, store.max_record_bytes))
+                    # watched only: a timestamp comparison may miss another writer's append within one clock tick,
+                    # which the look at the checkpoint still finds (and appends after, never over it)
+                    unchanged = (untouched and self._watched is not None and self._left is not None
+                                 and store.index_tails.get(self._key) == self._left)
                     self._seen = None  # until this acceptance is whole: one that failed is followed by a check
                     append_records(self._fd, [record], tails=store.index_tails, key=self._key, owner=self.session_id,
                                    limit=store.max_record_bytes, check=mailbox_problem, too_large="MESSAGE_TOO_LARGE",
-                                   size=size, padded=True, committed=committed)
+                                   size=size, padded=True, committed=committed, unchanged=unchanged)
+                    self._left = store.index_tails.get(self._key)
                     watched = self._watched
                     if watched is not None:
                         self._changes.settle(watched)  # at once: what the kernel counted so far was this write
