@@ -95,9 +95,11 @@ class StoreThread:
         self._calls += 1
         self._busy = True
         try:
-            call = _Pending(loop.create_future())
-            self._queue.put((loop, call, contextvars.copy_context(), fn, args))
             with anyio.CancelScope(shield=True):
+                # the hand-over last: the thread it wakes takes the GIL once this loop waits (in its ``epoll``),
+                # and one woken while the loop still runs sleeps again until the loop lets go of it
+                call = _Pending(loop.create_future())
+                self._queue.put((loop, call, contextvars.copy_context(), fn, args))
                 while True:
                     try:
                         await call.waiter
