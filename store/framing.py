@@ -270,9 +270,11 @@ def scan(
     """
     records: list[dict[str, Any]] = []
     offsets: list[int] = []
-    pos = 0
-    expected = start_seq
     total = len(data)
+    pos, expected = _clean_run(data, start_seq, base_offset, check, records, offsets)
+    if padded and last is None and pos < total and zeros_from(data, pos):
+        # the padding after the records, as the loop below would find it (no frame reads there)
+        return ScanResult(records, base_offset + pos, offsets, None)
     while pos < total:
         status, value, nxt = _frame_at(data, pos, check)
         if status != "ok":
@@ -290,6 +292,41 @@ def scan(
         expected += 1
         pos = nxt
     return ScanResult(records, base_offset + pos, offsets, None)
+
+
+def _clean_run(
+    data: bytes | memoryview, seq: int, base_offset: int, check: Check | None, records: list[dict[str, Any]], offsets: list[int],
+) -> tuple[int, int]:
+    """``scan``'s records from the start of ``data`` while each is one ``_frame_at`` reads ``ok`` with the
+    expected seq, in one tight loop (appended to ``records`` and ``offsets``); where it stops and the seq
+    due there. Anything else — padding, damage, a record that fails ``check`` — is left to ``scan``'s
+    record-by-record loop, which goes on from that point as it would have had it read every record
+    itself: every listing row folds its child's log, and the calls per record were half its cost."""
+    view = memoryview(data)
+    unpack_from, crc32, unpackb, head = FRAME.unpack_from, zlib.crc32, msgpack.unpackb, FRAME.size
+    pos, total = 0, len(view)
+    while total - pos >= head:
+        length, crc = unpack_from(view, pos)
+        start = pos + head
+        end = start + length
+        if length > MAX_RECORD_BYTES or end > total:
+            break
+        body = view[start:end]
+        if crc32(body) != crc:
+            break
+        try:
+            payload = unpackb(body, raw=False, strict_map_key=False)
+        except Exception:  # msgpack raises several unrelated types for garbage: ``_frame_at`` says which
+            break
+        if type(payload) is not dict or type(payload.get("seq")) is not int or payload["seq"] != seq:
+            break
+        if check is not None and check(payload) is not None:
+            break
+        records.append(payload)
+        offsets.append(base_offset + pos)
+        seq += 1
+        pos = end
+    return pos, seq
 
 
 @dataclass(frozen=True)

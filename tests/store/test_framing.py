@@ -15,6 +15,7 @@ from hypothesis import strategies as hs
 
 from subagents import store
 from subagents.store.framing import FRAME, MAX_RECORD_BYTES, scan
+from subagents.store.records import event_problem
 
 from ..session_bytes import log_bytes, log_data, write_log
 from ._support import read_file, records_blob, refit_crc, write_file
@@ -257,6 +258,32 @@ def test_damaged_byte_yields_a_prefix(data):
     assert result.damage is not None
     damaged_record = max(i for i, o in enumerate(offsets) if o <= at)
     assert len(result.records) == damaged_record
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hs.data())
+def test_a_damaged_byte_in_a_padded_checked_log_yields_the_records_before_it(data):
+    """A log as a reader scans it (padded, each event checked): a damaged byte anywhere in its records
+    leaves exactly the records before the damaged one, with their offsets, and the damage at its start;
+    the zero padding after undamaged records is their end. What a fast path through clean records must
+    keep: the records it takes are the ones the record-by-record read takes, and it stops where that
+    read names the damage."""
+    count = data.draw(hs.integers(1, 6))
+    payloads = [{"seq": i, "ts": 1.0 + i, "type": "assistant/message", "data": {"text": "x" * (7 * i)}, "epoch": 0}
+                for i in range(count)]
+    blob, offsets = records_blob(payloads)
+    padded = blob + bytes(-len(blob) % 64 or 64)
+    clean = scan(padded, check=event_problem, padded=True)
+    assert (clean.records, clean.offsets, clean.end, clean.damage) == (payloads, offsets, len(blob), None)
+    at = data.draw(hs.integers(0, len(blob) - 1))
+    value = data.draw(hs.integers(0, 255).filter(lambda v: v != blob[at]))
+    buf = bytearray(padded)
+    buf[at] = value
+    result = scan(bytes(buf), check=event_problem, padded=True)
+    damaged_record = max(i for i, o in enumerate(offsets) if o <= at)
+    assert result.records == payloads[:damaged_record]
+    assert result.offsets == offsets[:damaged_record]
+    assert result.damage is not None and result.damage.offset == result.end == offsets[damaged_record]
 
 
 # -- a torn last record, at every byte ------------------------------------------
