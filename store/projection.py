@@ -24,7 +24,7 @@ from pydantic import Field
 
 from .atomic import FILE_MODE, NOFOLLOW, read_bytes
 from .framing import FRAME, MAX_RECORD_BYTES, encode_record, scan
-from .descriptor import ContinuableDescriptor, Descriptor, DescriptorError, identity_of, parse_descriptor
+from .descriptor import ContinuableDescriptor, Descriptor, DescriptorError, parse_descriptor
 from .records import Checked, validate
 
 __all__ = ["PROJECTION_VERSION", "Timing", "Projection", "encode_cache", "decode_cache", "read_cache", "write_cache"]
@@ -146,7 +146,15 @@ class Projection:
                 self.sandbox = mode if isinstance(mode, str) else None
 
     def _descriptor(self, seq: int, data: Any, ts: float) -> None:
-        verdict = identity_of(data)
+        # one validation for both folds (``identity_of``'s verdict, the resume fold's descriptor or
+        # error): every listing row folds its child's log, and this was its one validation done twice
+        parsed: Descriptor | None = None
+        error: str | None = None
+        try:
+            parsed = parse_descriptor(data)
+        except DescriptorError as exc:
+            error = str(exc)
+        verdict: Descriptor | str = "corrupt" if error is not None else "unsupported" if parsed is None else parsed
         self.identity, self.identity_seq = verdict, seq
         if not isinstance(verdict, str):
             # every descriptor resets the settled time; a pending turn start becomes active
@@ -158,11 +166,11 @@ class Projection:
                 self.timing.pending_since = None
         if seq >= self.seed_length and not self.resume_seen:
             self.resume_seen = True
-            try:
-                self.resume = parse_descriptor(data)
+            if error is None:
+                self.resume = parsed
                 self.resume_seq = seq
-            except DescriptorError as exc:
-                self.resume_error = str(exc)
+            else:
+                self.resume_error = error
 
     def fold(self, events: Iterable[dict[str, Any]], offsets: Iterable[int], end: int) -> None:
         offs = list(offsets) + [end]
