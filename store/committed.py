@@ -41,9 +41,7 @@ from typing import Callable, Iterable, Iterator, TypeVar
 from .errors import SubagentError
 from .header import SessionHeader
 from .atomic import NOFOLLOW
-from .framing import scan_clean
-from .index_read import IndexFold, Listed, read_index
-from .records import index_problem
+from .index_read import MARK, IndexFold, Listed, fold_on, read_index
 from .reader import Inspection, inspect, lost_damage, open_session
 from .root import Store
 from .session_file import SessionFile
@@ -76,8 +74,6 @@ _FOLDED_LOCK = threading.Lock()  # held only to take a fold out of ``_FOLDED`` o
 # kept or a reader holds it (``_reading``); one dropped early costs a duplicate read, never a wrong one
 _READING: dict[str, threading.Lock] = {}
 _FOLDED_MAX = 256
-_MARK = 16
-_CHUNK = 256 * 1024  # bytes of an index read at a time
 
 
 def _ends_of(store: Store, parent_id: str) -> dict[str, int]:
@@ -156,36 +152,14 @@ def _read_on(fd: int, known: _Folded | None) -> _Folded | None:
     if not stat.S_ISREG(info.st_mode):
         raise OSError(errno.EINVAL, "not a regular file")
     if known is not None and known.ino == info.st_ino and known.end <= info.st_size and (
-            known.end < _MARK or os.pread(fd, _MARK, known.end - _MARK) == known.mark):
+            known.end < MARK or os.pread(fd, MARK, known.end - MARK) == known.mark):
         # folded as read: on None, ``known`` (partly folded) is dropped for a fold from the start
-        more = _fold_on(fd, known.end, info.st_size, known.fold, known.next_seq, known.mark)
+        more = fold_on(fd, known.end, info.st_size, known.fold, known.next_seq, known.mark)
         if more is not None:
             return _Folded(info.st_ino, *more, known.fold)
     fold = IndexFold(rows=False)  # kept for as long as the process lives: its ends and ``Listed`` only
-    whole = _fold_on(fd, 0, info.st_size, fold, 0, b"")
+    whole = fold_on(fd, 0, info.st_size, fold, 0, b"")
     return None if whole is None else _Folded(info.st_ino, *whole, fold)
-
-
-def _fold_on(fd: int, offset: int, size: int, fold: IndexFold, seq: int, mark: bytes) -> tuple[int, int, bytes] | None:
-    """Fold the records from ``offset`` (where record ``seq`` begins, ``mark`` the bytes before it) to
-    ``size`` (a snapshot: bytes appended since the ``fstat`` are not read, as ``pread_all`` says why),
-    ``_CHUNK`` bytes at a time: a first read of a large index holds neither its bytes nor its records
-    whole. Returns where they end, the next seq and the ``_MARK`` bytes before that end; None when they
-    do not read clean (a file cut shorter meanwhile included)."""
-    carry = b""
-    while True:
-        chunk = os.pread(fd, min(_CHUNK, size - offset), offset) if offset < size else b""
-        offset += len(chunk)
-        data = carry + chunk if carry else chunk
-        at_end = not chunk or offset >= size
-        found = scan_clean(data, check=index_problem, start_seq=seq, sink=fold.apply, part=not at_end)
-        if found is None:
-            return None
-        seq = found.next_seq
-        mark = (mark + data[max(0, found.end - _MARK):found.end])[-_MARK:]
-        carry = data[found.end:]
-        if at_end:  # a whole scan (not ``part``) ends at the end of its bytes
-            return offset, seq, mark
 
 
 def committed_end(store: Store, header: SessionHeader, file: SessionFile) -> int | None:

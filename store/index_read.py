@@ -8,15 +8,19 @@ committed records end (``store/committed.py``) without importing the log module 
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
 from typing import Any
 
+from .atomic import NOFOLLOW
 from .extent import skim_path
+from .framing import scan_clean
 from .ids import is_valid_session_id
 from .records import index_problem
 from .root import Store
 
-__all__ = ["Settled", "IndexEntry", "IndexFold", "IndexRead", "Listed", "read_index", "read_children"]
+__all__ = ["Settled", "IndexEntry", "IndexFold", "IndexRead", "Listed", "MARK", "fold_on", "read_index", "read_children"]
 
 
 @dataclass(frozen=True)
@@ -110,9 +114,23 @@ class IndexRead:
 
 
 def read_index(store: Store, parent_id: str) -> IndexRead:
-    """Live entries in (created_at, id) order and the problems met; read-only, never raises for damage."""
+    """Live entries in (created_at, id) order and the problems met; read-only, never raises for damage.
+
+    A file that reads clean is folded as it is read (``fold_on``), a chunk of records at a time, and
+    no record is kept past its fold: a listing held every decoded record of the file at once, ~1.4 KB
+    a child the parent ever had. Anything else (damage, a record in flight, no regular file) is read
+    the careful way, which reads past damage and says what it met."""
+    path = store.children_index_path(parent_id)
     try:
-        skim = skim_path(store.children_index_path(parent_id), check=index_problem)  # bounded by its records
+        clean = _fold_clean(path)
+    except FileNotFoundError:
+        return IndexRead([], [])
+    except OSError:
+        clean = None  # the careful read below says what is wrong
+    if clean is not None:
+        return IndexRead(clean.entries(), [])
+    try:
+        skim = skim_path(path, check=index_problem)  # bounded by its records
     except FileNotFoundError:
         return IndexRead([], [])
     except OSError as exc:
@@ -130,23 +148,66 @@ def read_index(store: Store, parent_id: str) -> IndexRead:
     return IndexRead(fold.entries(), problems)
 
 
+def _fold_clean(path: str) -> "IndexFold | None":
+    """The fold of the index at ``path`` when every byte of it reads as clean records; else None."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)  # opened as ``skim_path`` opens it
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        fold = IndexFold()
+        return fold if fold_on(fd, 0, info.st_size, fold, 0, b"") is not None else None
+    finally:
+        os.close(fd)
+
+
+MARK = 16  # the bytes before where a fold stopped that ``fold_on`` returns (a reader reading on checks them)
+_CHUNK = 256 * 1024  # bytes of an index read at a time
+
+
+def fold_on(fd: int, offset: int, size: int, fold: "IndexFold", seq: int, mark: bytes) -> tuple[int, int, bytes] | None:
+    """Fold the records from ``offset`` (where record ``seq`` begins, ``mark`` the bytes before it) to
+    ``size`` (a snapshot: bytes appended since the ``fstat`` are not read, as ``pread_all`` says why),
+    ``_CHUNK`` bytes at a time: a first read of a large index holds neither its bytes nor its records
+    whole. Returns where they end, the next seq and the ``MARK`` bytes before that end; None when they
+    do not read clean (a file cut shorter meanwhile included), the fold then holding some of them."""
+    carry = b""
+    while True:
+        chunk = os.pread(fd, min(_CHUNK, size - offset), offset) if offset < size else b""
+        offset += len(chunk)
+        data = carry + chunk if carry else chunk
+        at_end = not chunk or offset >= size
+        found = scan_clean(data, check=index_problem, start_seq=seq, sink=fold.apply, part=not at_end)
+        if found is None:
+            return None
+        seq = found.next_seq
+        mark = (mark + data[max(0, found.end - MARK):found.end])[-MARK:]
+        carry = data[found.end:]
+        if at_end:  # a whole scan (not ``part``) ends at the end of its bytes
+            return offset, seq, mark
+
+
 class IndexFold:
     """The fold of an index file's records, in file order: which children are listed, each one's latest
     state, and the end its latest settled record gives. Records may come in several calls (a reader that
-    read a file before reads on from where it stopped: ``store/committed.py``).
+    read a file before reads on from where it stopped: ``store/committed.py``; a first read, a chunk of
+    records at a time: ``fold_on``).
 
-    ``rows=False`` keeps only which children are listed (each one's ``Listed``) and their ends, not their
-    records: a fold kept for as long as the process lives (``store/committed.py``) held each child's
-    creation and settled records, ~1.2 KB a child, to answer one integer, and a host's memory grew with
-    every child its root ever had (found by a soak probe). Such a fold has no ``entries``."""
+    A listed child costs what its entry needs, not its records: its creation's ``(created_at, origin,
+    mode, label)`` and its latest ``Settled`` (``rows``); kept whole, the records of a parent with
+    100,000 children made ~140 MB of every listing. ``rows=False`` keeps only which children are listed
+    (each one's ``Listed``) and their ends: a fold kept for as long as the process lives
+    (``store/committed.py``) held each child's creation and settled records, ~1.2 KB a child, to answer
+    one integer, and a host's memory grew with every child its root ever had (found by a soak probe).
+    Such a fold has no ``entries``."""
 
     __slots__ = ("_entries", "_last_state", "committed", "_rows")
 
     def __init__(self, *, rows: bool = True) -> None:
         self._rows = rows
-        # child → its entry record (``rows``; else its ``Listed``)
-        self._entries: dict[str, dict[str, Any] | Listed] = {}
-        self._last_state: dict[str, dict[str, Any] | None] = {}  # child → its latest state record (None: active)
+        # child → its creation's (created_at, origin, mode, label) (``rows``; else its ``Listed``)
+        self._entries: dict[str, _Created | Listed] = {}
+        self._last_state: dict[str, Settled | None] = {}  # child → its latest settled state (None: active)
         self.committed: dict[str, int] = {}  # child → the end its latest settled record gives (listed children only)
 
     def apply(self, records: list[dict[str, Any]]) -> None:
@@ -157,7 +218,7 @@ class IndexFold:
             if state is not None:
                 if child in entries:  # a state record of a child not (or no longer) listed is ignored
                     if rows:
-                        last_state[child] = record if state == "settled" else None
+                        last_state[child] = _settled(record) if state == "settled" else None
                     end = record.get("end") if state == "settled" else None
                     if isinstance(end, int) and not isinstance(end, bool):
                         committed[child] = end
@@ -166,23 +227,32 @@ class IndexFold:
                 last_state.pop(child, None)
                 committed.pop(child, None)
             elif child not in entries and is_valid_session_id(child):
-                entries[child] = record if rows else _listed(record)
+                entries[child] = (float(record.get("created_at", 0.0)), record.get("origin"), record.get("mode"),
+                                  record.get("label")) if rows else _listed(record)
 
     def listed(self, child: str) -> Listed | None:
         """The child's ``Listed`` (None: not listed)."""
         r = self._entries.get(child)
-        return r if r is None or isinstance(r, Listed) else _listed(r)
+        if r is None or isinstance(r, Listed):
+            return r
+        subagent, mode = r[1] == "subagent", r[2]
+        return _LISTED.get((subagent, mode)) or Listed(subagent, mode)
 
     def entries(self) -> list[IndexEntry]:
         """Live entries in (created_at, id) order (a fold made with ``rows``)."""
-        out = []
-        for child, r in self._entries.items():
-            assert isinstance(r, dict), "a fold made without rows has no entries"
-            settled = self._last_state.get(child)
-            out.append(IndexEntry(child, float(r.get("created_at", 0.0)), r.get("origin"), r.get("mode"), r.get("label"),
-                                  None if settled is None else _settled(settled), self.committed.get(child)))
-        out.sort(key=lambda e: (e.created_at, e.id))
+        assert self._rows, "a fold made without rows has no entries"
+        last_state, committed = self._last_state, self.committed
+        out = [IndexEntry(child, created_at, origin, mode, label, last_state.get(child), committed.get(child))
+               for child, (created_at, origin, mode, label) in self._entries.items()]  # type: ignore[misc]
+        out.sort(key=_order)
         return out
+
+
+_Created = tuple[float, "str | None", "str | None", "str | None"]
+
+
+def _order(entry: IndexEntry) -> tuple[float, str]:
+    return entry.created_at, entry.id
 
 
 def _settled(record: dict[str, Any]) -> Settled:

@@ -17,6 +17,7 @@ import tracemalloc
 from subagents import store
 from subagents.store import committed
 from subagents.store.index import add_children, mark_active, mark_settled, remove_child
+from subagents.store import index_read
 from subagents.store.index_read import IndexEntry, Listed, Settled
 
 KINDS = [("subagent", "continuable"), ("subagent", "one-shot"), ("subagent", None), (None, None), ("user", "continuable")]
@@ -82,7 +83,7 @@ def test_a_first_read_holds_neither_the_file_nor_its_records_whole(st) -> None:
         assert committed.listed_rows(st, name, ids) == _whole(st, name, ids)
         assert committed._ends_of(st, name) == {e.id: e.committed_end for e in store.read_index(st, name).entries}
     grown = os.path.getsize(st.children_index_path("large")) - os.path.getsize(st.children_index_path("small"))
-    assert grown > 3 * committed._CHUNK  # read in parts, records across them
+    assert grown > 3 * index_read._CHUNK  # read in parts, records across them
     (_, small, _), (_, large, kept) = reads["small"], reads["large"]
     # besides the fold it keeps (~200 B a child), a read holds a part of the file, a batch of records, and the
     # fold's tables while they grow (~40 B a child): here +300 KB from 2,000 children to 8,000. Holding the
