@@ -237,13 +237,13 @@ def _row(
         header = header_of(file)
         if header.parent_session != parent_id or header.origin != "subagent":
             return None
-        identity = read_identity(store, child_id, header.seed_length or 0, file, use_cache=not whole)
+        identity = read_identity(store, child_id, header.seed_length or 0, file, use_cache=not whole, header=header)
         if identity.verdict == "corrupt":
             # an append in flight can read as damage to a reader without the lock (``reader.inspect``,
             # ``confirm``): read again under it, taken on this descriptor only now, before saying so
             file.lock(bounded=True)
             try:
-                identity = read_identity(store, child_id, header.seed_length or 0, file, use_cache=not whole)
+                identity = read_identity(store, child_id, header.seed_length or 0, file, use_cache=not whole, header=header)
             finally:
                 file.unlock()
         if identity.verdict is not None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .descriptor import ContinuableDescriptor, Descriptor, OneShotDescriptor
+from .header import SessionHeader
 from .log import CACHE_LAG_BYTES, read_projection
 from .projection import Projection, read_cache
 from .reader import inspect, inspect_file
@@ -35,6 +36,7 @@ class Identity:
 
 def read_identity(
     store: Store, session_id: str, seed_length: int, file: SessionFile | None = None, *, use_cache: bool = True,
+    header: SessionHeader | None = None,
 ) -> Identity:
     """Identity from the cache when it passes its gate, else from an in-memory fold.
 
@@ -46,7 +48,8 @@ def read_identity(
     header, lease and log through one descriptor); a log shorter than
     ``CACHE_LAG_BYTES`` has no cache, so none is looked for (the region's size counts
     the zero padding after the records: at most one lookup of a cache that is not
-    there, never one skipped). Raises ``OSError`` for
+    there, never one skipped); ``header``: that file's header, when the caller has validated it (a
+    listing row has: it is not validated again). Raises ``OSError`` for
     an unreadable log, ``UnsupportedFormatError`` for unknown event types.
     """
     projection = None
@@ -61,7 +64,7 @@ def read_identity(
         projection = read_projection(store, session_id)
     if projection is None or projection.identity is None or projection.seq < seed_length:
         folded = Projection(seed_length=seed_length)
-        found = inspect(store, session_id) if file is None else inspect_file(file)
+        found = inspect(store, session_id) if file is None else inspect_file(file, header)
         folded.fold(found.events, found.offsets, found.end)
         if found.status == "corrupt":
             return Identity(None, "corrupt", folded)

@@ -212,9 +212,10 @@ def inspect(store: Store, session_id: str, *, locked: bool = False) -> Inspectio
         return found
 
 
-def inspect_file(file: SessionFile) -> Inspection:
-    """``inspect`` of a session file its caller has open (and reads more of)."""
-    header = header_of(file)
+def inspect_file(file: SessionFile, header: SessionHeader | None = None) -> Inspection:
+    """``inspect`` of a session file its caller has open (and reads more of); ``header``: its header, when
+    the caller has validated it already (a listing row reads it first), not validated again."""
+    header = header_of(file) if header is None else header
     data, beyond = read_log(file)
     events, offsets, end, damage, status = scan_log(file.session_id, data, root=header.parent_session is None, beyond=beyond)
     # the log's size, not what was read: a file extended with zeros (or a stray byte) is read only as far as its records reach

@@ -78,7 +78,7 @@ def settled_row(
         # lease module, which imports this one
         from .identity import read_identity
 
-        identity = read_identity(store, header.id, header.seed_length or 0, file)
+        identity = read_identity(store, header.id, header.seed_length or 0, file, header=header)
         if identity.verdict is not None or identity.descriptor is None:
             return None
         projection = identity.projection
