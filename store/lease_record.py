@@ -10,13 +10,11 @@ a lease change (``store/rows.py``, which reads logs).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from .records import LeaseFields, decode
+from .records import LeaseFields, LeaseState, decode
 
 __all__ = ["LeaseState", "Lease", "decode_lease"]
-
-LeaseState = Literal["running", "idle", "released"]
 
 
 @dataclass(frozen=True)

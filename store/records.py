@@ -14,7 +14,7 @@ hides another. Who calls it: every reader in ``store/`` (``lease``,
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -29,6 +29,7 @@ __all__ = [
     "ControlFields",
     "IndexFields",
     "index_problem",
+    "lease_fields",
     "unpack",
     "validate",
     "decode",
@@ -48,10 +49,13 @@ class Checked(BaseModel):
     model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore", frozen=True)
 
 
+LeaseState = Literal["running", "idle", "released"]
+
+
 class LeaseFields(Checked):
     owner: str
     epoch: int = Field(ge=0)
-    state: Literal["running", "idle", "released"]
+    state: LeaseState
     acquired_at: float
 
 
@@ -130,6 +134,20 @@ def index_problem(record: dict[str, Any]) -> str | None:
     return found if isinstance(found, str) else None
 
 
+def lease_fields(data: dict[str, Any]) -> tuple[str, int, LeaseState, float] | str:
+    """A lease record's ``(owner, epoch, state, acquired_at)`` (``LeaseFields``), checked by exact types
+    first: a listing row reads both lease slots of its child, and the model's validation and the reads
+    of its fields were a third of what a slot cost. Anything that does not pass the quick test (an
+    integer time included) gets ``LeaseFields``'s verdict and text."""
+    owner, epoch, state, at = data.get("owner"), data.get("epoch"), data.get("state"), data.get("acquired_at")
+    if (type(owner) is str and type(epoch) is int and epoch >= 0 and type(state) is str and state in _LEASE_STATES
+            and type(at) is float and -_INF < at < _INF):
+        return owner, epoch, cast(LeaseState, state), at
+    found = validate(LeaseFields, data)
+    return found if isinstance(found, str) else (found.owner, found.epoch, found.state, found.acquired_at)
+
+
+_LEASE_STATES = ("running", "idle", "released")
 _MODES = (None, "one-shot", "continuable")
 _STATES = (None, "active", "settled")
 

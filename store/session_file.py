@@ -55,7 +55,7 @@ from .extent import Beyond, read_records
 from .framing import BLOCK, FRAME, MAX_RECORD_BYTES, encode_record, zeros_from
 from .lease_record import Lease
 from .locks import flock_within, names_file
-from .records import LeaseFields, unpack, validate
+from .records import lease_fields, unpack
 
 __all__ = [
     "MAGIC", "SLOT_SIZE", "SLOTS_AT", "HEADER_AT", "LeaseSlots", "SessionFile", "encode_session", "decode_slots", "parse_preamble",
@@ -117,12 +117,13 @@ def _decode_slot(raw: bytes) -> _Slot | str | None:
     gen = data.get("gen")
     if isinstance(gen, bool) or not isinstance(gen, int) or gen < 0:
         return "gen is not a non-negative integer"
-    fields = validate(LeaseFields, data)
+    fields = lease_fields(data)
     if isinstance(fields, str):
         return fields
-    if gen >= _COUNTER_LIMIT or fields.epoch >= _COUNTER_LIMIT:
+    owner, epoch, state, acquired_at = fields
+    if gen >= _COUNTER_LIMIT or epoch >= _COUNTER_LIMIT:
         return "gen or epoch out of range"  # no write could continue it: the next one would not pack
-    return _Slot(Lease(fields.owner, fields.epoch, fields.state, fields.acquired_at), gen, data.get("synced") is True)
+    return _Slot(Lease(owner, epoch, state, acquired_at), gen, data.get("synced") is True)
 
 
 @dataclass(frozen=True)

@@ -249,3 +249,39 @@ def test_a_file_whose_name_is_no_id_is_never_a_session(st):
     assert store.check_store(st).clean
     found = fsck(st, repair=False, lease_ttl_s=5.0)
     assert {f["id"] for f in found["findings"] if f["kind"] == "stray"} == set(junk)
+
+
+def _slot(payload: dict) -> bytes:
+    frame = store.encode_record(payload)
+    return frame + bytes(SLOT_SIZE - len(frame))
+
+
+LEASE = {"gen": 3, "owner": "o1", "epoch": 2, "state": "idle", "acquired_at": 12.5}
+
+
+@pytest.mark.parametrize(("change", "problem"), [
+    ({}, None),
+    ({"acquired_at": 12}, None),  # an integer time reads as that many seconds
+    ({"extra": [1, 2]}, None),  # an unknown field is kept out
+    ({"owner": 7}, "owner: Input should be a valid string"),
+    ({"epoch": True}, "epoch: Input should be a valid integer"),
+    ({"epoch": -1}, "epoch: Input should be greater than or equal to 0"),
+    ({"epoch": 2.0}, "epoch: Input should be a valid integer"),
+    ({"state": "held"}, "state: Input should be 'running', 'idle' or 'released'"),
+    ({"acquired_at": float("nan")}, "acquired_at: Input should be a finite number"),
+    ({"acquired_at": float("inf")}, "acquired_at: Input should be a finite number"),
+    ({"acquired_at": True}, "acquired_at: Input should be a valid number"),
+    ({"acquired_at": 2**64 - 1}, None),
+    ({"acquired_at": "12.5"}, "acquired_at: Input should be a valid number"),
+])
+def test_a_lease_slot_reads_as_its_fields_or_the_problem_with_them(change, problem) -> None:
+    """What one slot's record says: the lease, or (beside an empty slot) the first problem with its
+    fields, as the lease's typed check names it; a slot of the wrong type is damage, never coerced."""
+    record = {**LEASE, **change}
+    slots = decode_slots(_slot(record) + bytes(SLOT_SIZE))
+    if problem is None:
+        assert slots.problem is None and slots.gen == 3
+        assert slots.lease == store.Lease("o1", 2, "idle", float(record["acquired_at"]))
+        assert type(slots.lease.acquired_at) is float
+    else:
+        assert slots.lease is None and slots.problem == f"lease slots do not decode ({problem})"
