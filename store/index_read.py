@@ -194,8 +194,8 @@ class IndexFold:
     records at a time: ``fold_on``).
 
     A listed child costs what its entry needs, not its records: its creation's ``(created_at, origin,
-    mode, label)`` and its latest ``Settled`` (``rows``); kept whole, the records of a parent with
-    100,000 children made ~140 MB of every listing. ``rows=False`` keeps only which children are listed
+    mode, label)`` and its latest settled record's ``Settled`` fields (``rows``); kept whole, the records
+    of a parent with 100,000 children made ~140 MB of every listing. ``rows=False`` keeps only which children are listed
     (each one's ``Listed``) and their ends: a fold kept for as long as the process lives
     (``store/committed.py``) held each child's creation and settled records, ~1.2 KB a child, to answer
     one integer, and a host's memory grew with every child its root ever had (found by a soak probe).
@@ -207,28 +207,34 @@ class IndexFold:
         self._rows = rows
         # child → its creation's (created_at, origin, mode, label) (``rows``; else its ``Listed``)
         self._entries: dict[str, _Created | Listed] = {}
-        self._last_state: dict[str, Settled | None] = {}  # child → its latest settled state (None: active)
+        # child → its latest settled record's ``Settled`` fields, built into one by ``entries`` (None: active)
+        self._last_state: dict[str, _SettledFields | None] = {}
         self.committed: dict[str, int] = {}  # child → the end its latest settled record gives (listed children only)
 
     def apply(self, records: list[dict[str, Any]]) -> None:
         entries, last_state, committed, rows = self._entries, self._last_state, self.committed, self._rows
+        get_created = _created if rows else _listed
         for record in records:
             child = record["id"]
             state = record.get("state")
-            if state is not None:
-                if child in entries:  # a state record of a child not (or no longer) listed is ignored
+            if state is None:
+                if record.get("removed"):
+                    entries.pop(child, None)
+                    last_state.pop(child, None)
+                    committed.pop(child, None)
+                elif child not in entries and is_valid_session_id(child):
+                    entries[child] = get_created(record)
+            elif child in entries:  # a state record of a child not (or no longer) listed is ignored
+                if state == "settled":
                     if rows:
-                        last_state[child] = _settled(record) if state == "settled" else None
-                    end = record.get("end") if state == "settled" else None
+                        last_state[child] = (record.get("outcome"), record.get("error_code"), record.get("error"),
+                                             float(record.get("last_at", 0.0)), record.get("has_children"),
+                                             record.get("end"), record.get("mtime_ns"))
+                    end = record.get("end")
                     if isinstance(end, int) and not isinstance(end, bool):
                         committed[child] = end
-            elif record.get("removed"):
-                entries.pop(child, None)
-                last_state.pop(child, None)
-                committed.pop(child, None)
-            elif child not in entries and is_valid_session_id(child):
-                entries[child] = (float(record.get("created_at", 0.0)), record.get("origin"), record.get("mode"),
-                                  record.get("label")) if rows else _listed(record)
+                elif rows:
+                    last_state[child] = None
 
     def listed(self, child: str) -> Listed | None:
         """The child's ``Listed`` (None: not listed)."""
@@ -242,22 +248,25 @@ class IndexFold:
         """Live entries in (created_at, id) order (a fold made with ``rows``)."""
         assert self._rows, "a fold made without rows has no entries"
         last_state, committed = self._last_state, self.committed
-        out = [IndexEntry(child, created_at, origin, mode, label, last_state.get(child), committed.get(child))
-               for child, (created_at, origin, mode, label) in self._entries.items()]  # type: ignore[misc]
+        out = []
+        for child, (created_at, origin, mode, label) in self._entries.items():  # type: ignore[misc]
+            settled = last_state.get(child)
+            out.append(IndexEntry(child, created_at, origin, mode, label, None if settled is None else Settled(*settled),
+                                  committed.get(child)))
         out.sort(key=_order)
         return out
 
 
 _Created = tuple[float, "str | None", "str | None", "str | None"]
+_SettledFields = tuple[Any, ...]  # ``Settled``'s, in its order: a settled record a later one replaces costs no object
 
 
 def _order(entry: IndexEntry) -> tuple[float, str]:
     return entry.created_at, entry.id
 
 
-def _settled(record: dict[str, Any]) -> Settled:
-    return Settled(record.get("outcome"), record.get("error_code"), record.get("error"), float(record.get("last_at", 0.0)),
-                   record.get("has_children"), record.get("end"), record.get("mtime_ns"))
+def _created(record: dict[str, Any]) -> _Created:
+    return float(record.get("created_at", 0.0)), record.get("origin"), record.get("mode"), record.get("label")
 
 
 def read_children(store: Store, parent_id: str) -> list[IndexEntry]:
