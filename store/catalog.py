@@ -40,10 +40,12 @@ Rules (the reference's, with this project's statuses; docs/behaviour.md, "Catalo
   ``outcome`` beside it says how the child's last turn ended
   (``store/outcome.py``), with the error's code and first line for a failure.
 
-Each row is built inside one guard (``_entry``): whatever a child's files hold
-— wrong types, a folder or a link in place of a file, a damaged lease or
-index — becomes that child's ``DiagnosticEntry``, never an exception out of
-the listing. A failure the guard does not expect is logged with its traceback
+Each row that reads a child's files is built inside one guard (``_entry``):
+whatever a child's files hold — wrong types, a folder or a link in place of a
+file, a damaged lease or index — becomes that child's ``DiagnosticEntry``,
+never an exception out of the listing (a settled row ``list_children`` takes
+from a clean index, ``_indexed_entry``, reads nothing but the checked row and
+one ``lstat``, whose failure sends it to the guard). A failure the guard does not expect is logged with its traceback
 (it is a bug) and still becomes a diagnostic: the listing is an isolation
 boundary between sessions.
 """
@@ -61,6 +63,7 @@ from .errors import SessionNotFoundError, SubagentError, UnsupportedFormatError
 from .identity import DiagnosticReason, Identity, read_identity
 from .ids import validate_session_id
 from .index import IndexEntry, children_from_headers, read_index
+from .index_read import IndexRow, entry_of, read_clean_rows
 from .lease import Lease, OwnerCache, lease_of
 from .mailbox import require_consumed_prefix
 from .outcome import OUTCOMES, Outcome, outcome_of
@@ -77,6 +80,7 @@ __all__ = [
 
 ChildStatus = Literal["running", "idle", "complete"]
 Since = Literal["unchanged", "written", "cut"]  # a settled child's file since its row was written (``_since_settled``)
+_MODES = ("one-shot", "continuable")
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +190,7 @@ def damage_reason(exc: Exception, session_id: str) -> DiagnosticReason:
 def _settled_row(store: Store, indexed: IndexEntry, children: list[IndexEntry] | None) -> ChildEntry | None:
     """The row from the index alone, when the child is settled and its entry carries the static fields."""
     settled = indexed.settled
-    if settled is None or indexed.origin != "subagent" or indexed.mode not in ("one-shot", "continuable"):
+    if settled is None or indexed.origin != "subagent" or indexed.mode not in _MODES:
         return None
     if settled.outcome is not None and settled.outcome not in OUTCOMES:
         return None  # a value this build does not know: the child's files say
@@ -214,14 +218,18 @@ def _since_settled(store: Store, indexed: IndexEntry) -> Since:
     files say which. ``unchanged``: the row stands (a row without ``mtime_ns`` cannot tell a file
     written since from one that was not)."""
     settled = indexed.settled
+    return _since(store, indexed.id, None if settled is None else settled.end, None if settled is None else settled.mtime_ns)
+
+
+def _since(store: Store, child_id: str, end: int | None, mtime_ns: int | None) -> Since:
+    """``_since_settled`` of a row's ``end`` and ``mtime_ns``."""
     try:
-        info = os.lstat(store.session_path(indexed.id))
+        info = os.lstat(store.session_path(child_id))
     except OSError:
         return "cut"
-    end = None if settled is None else settled.end
     if not stat.S_ISREG(info.st_mode) or info.st_size < (HEADER_AT if end is None else max(end, HEADER_AT)):
         return "cut"
-    if settled is not None and settled.mtime_ns is not None and info.st_mtime_ns != settled.mtime_ns:
+    if mtime_ns is not None and info.st_mtime_ns != mtime_ns:
         return "written"
     return "unchanged"
 
@@ -291,14 +299,28 @@ def list_children(store: Store, parent_id: str, query: Query | None = None) -> l
     validate_session_id(parent_id)
     check_query(query)
     owners = OwnerCache(store)
-    out: list[ChildEntry | DiagnosticEntry] = []
-    for indexed in listed_children(store, parent_id):
-        if indexed.origin != "subagent":
-            continue
-        row = _entry(store, parent_id, indexed, owners)
-        if row is not None and (query is None or query.matches(row)):
-            out.append(row)
-    return out
+    clean = read_clean_rows(store, parent_id)
+    rows = (
+        (_entry(store, parent_id, indexed, owners) for indexed in listed_children(store, parent_id) if indexed.origin == "subagent")
+        if clean is None  # a damaged index: read past, and the headers read beside it (``listed_children``)
+        else (_indexed_entry(store, parent_id, indexed, owners) for indexed in clean if indexed[2] == "subagent")
+    )
+    return [row for row in rows if row is not None and (query is None or query.matches(row))]
+
+
+def _indexed_entry(store: Store, parent_id: str, indexed: IndexRow, owners: OwnerCache) -> ChildEntry | DiagnosticEntry | None:
+    """``_entry`` of a child as a clean read of its parent's index holds it: a settled child that
+    ``_settled_row`` would list from its row and whose file the ``lstat`` finds unchanged is listed
+    from the row's fields, without the ``IndexEntry`` and ``Settled`` made of them first (two objects
+    of the few a settled child's row costs, a tenth of a listing's time); any other as ``_entry``."""
+    child, created_at, _origin, mode, label, settled, _committed_end = indexed
+    if settled is not None:
+        outcome, error_code, error, _last_at, has_children, end, mtime_ns = settled
+        if (mode in _MODES and has_children is not None and (outcome is None or outcome in OUTCOMES)
+                and _since(store, child, end, mtime_ns) == "unchanged"):
+            return ChildEntry(child, label, mode, "complete", has_children, outcome, error_code, error,  # type: ignore[arg-type]
+                              created_at)
+    return _entry(store, parent_id, entry_of(indexed), owners)
 
 
 def list_descendants(store: Store, root_id: str, query: Query | None = None) -> list[DescendantRow]:

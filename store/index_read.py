@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from .atomic import NOFOLLOW
@@ -20,7 +21,10 @@ from .ids import is_valid_session_id
 from .records import index_problem
 from .root import Store
 
-__all__ = ["Settled", "IndexEntry", "IndexFold", "IndexRead", "Listed", "MARK", "fold_on", "read_index", "read_children"]
+__all__ = [
+    "Settled", "SettledFields", "IndexEntry", "IndexRow", "IndexFold", "IndexRead", "Listed", "MARK", "entry_of", "fold_on",
+    "read_index", "read_clean_rows", "read_children",
+]
 
 
 @dataclass(frozen=True)
@@ -116,19 +120,13 @@ class IndexRead:
 def read_index(store: Store, parent_id: str) -> IndexRead:
     """Live entries in (created_at, id) order and the problems met; read-only, never raises for damage.
 
-    A file that reads clean is folded as it is read (``fold_on``), a chunk of records at a time, and
-    no record is kept past its fold: a listing held every decoded record of the file at once, ~1.4 KB
-    a child the parent ever had. Anything else (damage, a record in flight, no regular file) is read
-    the careful way, which reads past damage and says what it met."""
+    A file that reads clean is folded as it is read (``read_clean_rows``). Anything else (damage, a
+    record in flight, no regular file) is read the careful way, which reads past damage and says what
+    it met."""
+    rows = read_clean_rows(store, parent_id)
+    if rows is not None:
+        return IndexRead([entry_of(row) for row in rows], [])
     path = store.children_index_path(parent_id)
-    try:
-        clean = _fold_clean(path)
-    except FileNotFoundError:
-        return IndexRead([], [])
-    except OSError:
-        clean = None  # the careful read below says what is wrong
-    if clean is not None:
-        return IndexRead(clean.entries(), [])
     try:
         skim = skim_path(path, check=index_problem)  # bounded by its records
     except FileNotFoundError:
@@ -146,6 +144,22 @@ def read_index(store: Store, parent_id: str) -> IndexRead:
     fold = IndexFold()
     fold.apply(skim.records)
     return IndexRead(fold.entries(), problems)
+
+
+def read_clean_rows(store: Store, parent_id: str) -> "list[IndexRow] | None":
+    """The live children of the parent's index as ``IndexRow``s in (created_at, id) order, when every byte
+    of it reads as clean records (none without an index); None otherwise: ``read_index`` reads it then.
+
+    Folded as it is read (``fold_on``), a chunk of records at a time, and no record is kept past its
+    fold: a listing held every decoded record of the file at once, ~1.4 KB a child the parent ever had.
+    Rows, not entries: a listing makes its own row of a settled child from them (``store/catalog.py``)."""
+    try:
+        clean = _fold_clean(store.children_index_path(parent_id))
+    except FileNotFoundError:
+        return []
+    except OSError:
+        return None  # the careful read says what is wrong
+    return None if clean is None else clean.rows()
 
 
 def _fold_clean(path: str) -> "IndexFold | None":
@@ -195,11 +209,11 @@ class IndexFold:
 
     A listed child costs what its entry needs, not its records: its creation's ``(created_at, origin,
     mode, label)`` and its latest settled record's ``Settled`` fields (``rows``); kept whole, the records
-    of a parent with 100,000 children made ~140 MB of every listing. ``rows=False`` keeps only which children are listed
-    (each one's ``Listed``) and their ends: a fold kept for as long as the process lives
-    (``store/committed.py``) held each child's creation and settled records, ~1.2 KB a child, to answer
-    one integer, and a host's memory grew with every child its root ever had (found by a soak probe).
-    Such a fold has no ``entries``."""
+    of a parent with 100,000 children made ~140 MB of every listing. ``rows=False`` keeps only which
+    children are listed (each one's ``Listed``) and their ends: a fold kept for as long as the process
+    lives (``store/committed.py``) held each child's creation and settled records, ~1.2 KB a child, to
+    answer one integer, and a host's memory grew with every child its root ever had (found by a soak
+    probe). Such a fold has no ``rows`` nor ``entries``."""
 
     __slots__ = ("_entries", "_last_state", "committed", "_rows")
 
@@ -207,8 +221,8 @@ class IndexFold:
         self._rows = rows
         # child → its creation's (created_at, origin, mode, label) (``rows``; else its ``Listed``)
         self._entries: dict[str, _Created | Listed] = {}
-        # child → its latest settled record's ``Settled`` fields, built into one by ``entries`` (None: active)
-        self._last_state: dict[str, _SettledFields | None] = {}
+        # child → its latest settled record's ``Settled`` fields, made one by ``entry_of`` (None: active)
+        self._last_state: dict[str, SettledFields | None] = {}
         self.committed: dict[str, int] = {}  # child → the end its latest settled record gives (listed children only)
 
     def apply(self, records: list[dict[str, Any]]) -> None:
@@ -244,25 +258,32 @@ class IndexFold:
         subagent, mode = r[1] == "subagent", r[2]
         return _LISTED.get((subagent, mode)) or Listed(subagent, mode)
 
+    def rows(self) -> list[IndexRow]:
+        """Live children in (created_at, id) order, as the fold holds them (a fold made with ``rows``)."""
+        assert self._rows, "a fold made without rows has no rows"
+        last_state, committed = self._last_state, self.committed
+        out = [(child, created_at, origin, mode, label, last_state.get(child), committed.get(child))
+               for child, (created_at, origin, mode, label) in self._entries.items()]  # type: ignore[misc]
+        out.sort(key=_ORDER)
+        return out
+
     def entries(self) -> list[IndexEntry]:
         """Live entries in (created_at, id) order (a fold made with ``rows``)."""
-        assert self._rows, "a fold made without rows has no entries"
-        last_state, committed = self._last_state, self.committed
-        out = []
-        for child, (created_at, origin, mode, label) in self._entries.items():  # type: ignore[misc]
-            settled = last_state.get(child)
-            out.append(IndexEntry(child, created_at, origin, mode, label, None if settled is None else Settled(*settled),
-                                  committed.get(child)))
-        out.sort(key=_order)
-        return out
+        return [entry_of(row) for row in self.rows()]
 
 
 _Created = tuple[float, "str | None", "str | None", "str | None"]
-_SettledFields = tuple[Any, ...]  # ``Settled``'s, in its order: a settled record a later one replaces costs no object
+# ``Settled``'s fields, in its order: a settled record a later one replaces costs no object
+SettledFields = tuple["str | None", "str | None", "str | None", float, "bool | None", "int | None", "int | None"]
+# a listed child as a fold holds it: its entry's fields, its ``Settled`` as ``SettledFields`` (``entry_of`` makes the entry)
+IndexRow = tuple[str, float, "str | None", "str | None", "str | None", "SettledFields | None", "int | None"]
+_ORDER = itemgetter(1, 0)  # (created_at, id)
 
 
-def _order(entry: IndexEntry) -> tuple[float, str]:
-    return entry.created_at, entry.id
+def entry_of(row: IndexRow) -> IndexEntry:
+    """The ``IndexEntry`` of an ``IndexRow``."""
+    child, created_at, origin, mode, label, settled, committed_end = row
+    return IndexEntry(child, created_at, origin, mode, label, None if settled is None else Settled(*settled), committed_end)
 
 
 def _created(record: dict[str, Any]) -> _Created:

@@ -345,3 +345,38 @@ def test_a_settled_row_written_before_rows_said_what_a_drain_dropped_is_no_viola
     old = [{k: v for k, v in record.items() if k != "error"} for record in index_records(st, "r")]
     write_file(st.children_index_path("r"), b"".join(encode_record(record) for record in old))
     assert check_store(st).clean, check_store(st).violations
+
+
+def test_every_kind_of_row_lists_as_the_entry_guard_reads_it(st, owner):
+    """A listing's rows are those ``catalog._entry`` gives for each entry the index lists, whatever the entry
+    holds: settled and listed from its row, settled with a row that says too little (no ``has_children``,
+    an outcome this build does not know, no mode), settled with a file written or cut since, live, never
+    settled, not a subagent. A listing may take a settled row a quicker way; never to another answer."""
+    store.create_session(st, "r", created_at=OLD)
+    settled_child(st, "r", "plain", owner)
+    settled_child(st, "r", "failed", owner, turn=FAILED)
+    settled_child(st, "r", "parent", owner, grandchild="g")
+    settled_child(st, "r", "cont", owner, descriptor=CONTINUABLE)
+    for name in ("no-kids-field", "unknown-outcome", "no-mode", "written", "cut"):
+        settled_child(st, "r", name, owner)
+    make_child(st, "r", "live", lease_owner=owner)
+    make_child(st, "r", "never", created_at=OLD)
+    store.create_session(st, "user-child", parent_session="r", origin=None, created_at=OLD)
+    store.add_child(st, "r", "user-child", created_at=OLD, origin=None)
+    edits = {"no-kids-field": lambda r: {k: v for k, v in r.items() if k != "has_children"},
+             "unknown-outcome": lambda r: {**r, "outcome": "vanished"}}
+    records = [edits[r["id"]](r) if r["id"] in edits and r.get("state") == "settled" else r for r in index_records(st, "r")]
+    records = [{k: v for k, v in r.items() if k != "mode"} if r["id"] == "no-mode" and "created_at" in r else r for r in records]
+    write_file(st.children_index_path("r"), b"".join(encode_record(r) for r in records))
+    later = os.stat(st.session_path("written")).st_mtime_ns + 5_000_000
+    os.utime(st.session_path("written"), ns=(later, later))
+    os.truncate(st.session_path("cut"), 600)
+    owners = store.OwnerCache(st)
+    expected = [row for e in catalog.listed_children(st, "r") if e.origin == "subagent"
+                if (row := catalog._entry(st, "r", e, owners)) is not None]
+    rows = store.list_children(st, "r")
+    assert rows == expected and [r.created_at for r in rows] == [r.created_at for r in expected]
+    assert [(r.id, r.kind) for r in rows if r.kind == "diagnostic"] == [("cut", "diagnostic")]
+    by_id = {r.id: r for r in rows}
+    assert by_id["parent"].has_children and not by_id["no-kids-field"].has_children
+    assert by_id["live"].status == "running" and by_id["failed"].error_code == "BOOM"
