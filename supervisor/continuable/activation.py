@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
