@@ -40,10 +40,13 @@ from .checkpoints import AppendCheckpoints
 from .errors import NO_ROOM, REFUSED, CorruptSessionError, NoRoomError, ReadOnlyStoreError, RecordTooLargeError, UnavailableSessionError, write_failed
 from .extent import Beyond, read_records, skim_file
 from .framing import FRAME, Check, encode_record, scan, torn_tail, zeros_from
+from .record_size import payload_size
 from .session_file import block_padding
 from .root import Store
 
-__all__ = ["Lock", "SelfLocked", "WIDEST_SEQ", "append_record", "append_records", "append_durably", "frame_record", "open_appendable"]
+__all__ = [
+    "Lock", "SelfLocked", "WIDEST_SEQ", "append_record", "append_records", "append_durably", "check_fits", "frame_record", "open_appendable",
+]
 
 
 class Lock(Protocol):
@@ -189,6 +192,19 @@ def frame_record(record: dict[str, Any], limit: int, key: str, too_large: str | 
         if too_large is not None:
             exc.code = too_large  # type: ignore[misc]
         raise
+
+
+def check_fits(record: dict[str, Any], limit: int, key: str, too_large: str | None, *, text_at: tuple[str, ...]) -> None:
+    """What ``frame_record`` refuses, refused alike (the same error, code and words), without framing ``record``
+    when its size can be reckoned: its long text, at ``text_at``, is sized, not encoded (``record_size.py``)."""
+    size = payload_size(record, text_at)
+    if size is None:  # text msgpack cannot encode: framing it says how, as before
+        frame_record(record, limit, key, too_large)
+    elif size > limit:
+        exc = RecordTooLargeError(f"a record of {key}", size=size, limit=limit)
+        if too_large is not None:
+            exc.code = too_large  # type: ignore[misc]
+        raise exc
 
 
 def append_durably(

@@ -41,7 +41,7 @@ from typing import Any, Sequence
 
 from .atomic import NewFile, fsync_dir, remove_durably, write_unnamed
 from .concurrent_sync import ConcurrentSync
-from .errors import NO_DESCRIPTOR_LEFT, OUT_OF_DESCRIPTORS, DurabilityError, SessionExistsError, SessionNotFoundError, SubagentError
+from .errors import NO_DESCRIPTOR_LEFT, OUT_OF_DESCRIPTORS, DurabilityError, OutOfMemoryError, SessionExistsError, SessionNotFoundError, SubagentError
 from .framing import encode_record
 from .header import SessionHeader, parse_header
 from .ids import is_valid_session_id, validate_session_id
@@ -381,8 +381,13 @@ def _encode_new_session(store: Store, request: NewSession, header: SessionHeader
         chunks.append(chunk)
         offset += len(chunk)
     lease = Lease(request.lease_owner, 1, request.lease_state, now) if request.lease_owner is not None else None
-    blob = encode_session(header.to_record(), lease, b"".join(chunks), limit=store.max_record_bytes)
-    return projection, blob + block_padding(len(blob))  # the first appends then write in place (session_file.py)
+    try:
+        blob = encode_session(header.to_record(), lease, b"".join(chunks), limit=store.max_record_bytes)
+        return projection, blob + block_padding(len(blob))  # the first appends then write in place (session_file.py)
+    except OutOfMemoryError:
+        raise
+    except MemoryError as exc:  # its records framed, its file not built: no file exists yet, nothing was written
+        raise OutOfMemoryError(f"the new session {request.session_id}") from exc
 
 
 def _publish(store: Store, request: NewSession, new_file: NewFile) -> None:

@@ -40,7 +40,7 @@ import anyio
 from anyio.lowlevel import EventLoopToken
 
 from subagents.store import LogWriter, OneShotDescriptor, acquire_lease, delete_session, release_lease
-from subagents.store.appender import frame_record
+from subagents.store.appender import check_fits
 from subagents.store.events import widest_event
 from subagents.store.lease import taken_over
 from subagents.store.control import ControlRecord
@@ -289,11 +289,11 @@ class OneShotRuns:
         accepted = {"message_id": message_id, "source": {"kind": "user"}, "content": prompt}
         # a prompt no record holds is the caller's oversized message, as a continuable child's is (the mailbox's
         # MESSAGE_TOO_LARGE): the store's RECORD_TOO_LARGE named a "message/accepted" event no model ever sees.
-        # Framed here only when it may not fit (4 bytes a character at most, and the envelope): the creation
-        # frames it anyway, and a short prompt is not encoded twice on the hot path
+        # Checked only when it may not fit (4 bytes a character at most, and the envelope), and sized, not framed
+        # (``check_fits``): the creation frames it anyway, and a 16 MiB prompt framed twice took 48 MiB more
         if 4 * len(prompt) + PROMPT_ENVELOPE_BYTES > rt.store.max_record_bytes:
-            frame_record(widest_event("message/accepted", accepted), rt.store.max_record_bytes, f"the prompt of {child_id}",
-                         "MESSAGE_TOO_LARGE")
+            check_fits(widest_event("message/accepted", accepted), rt.store.max_record_bytes, f"the prompt of {child_id}",
+                       "MESSAGE_TOO_LARGE", text_at=("data", "content"))
         events.append(("message/accepted", accepted))
         created = await self._create(
             NewSession(

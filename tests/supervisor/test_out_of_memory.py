@@ -6,6 +6,11 @@ store's framing is where it fails (a record is framed whole before a byte of it 
 boundary that knows what could not be stored and that nothing was: it says so with a code, as a host that
 cannot start a thread does. The store checks clean afterwards and the same supervisor serves the next call.
 The host runs in a process of its own, its limit set a little above what it maps once it is open.
+
+The one-shot's size check sizes a long prompt without framing it (``store/record_size.py``): the start of a
+16 MiB prompt took about 49 MiB of address space to spare before that, 18 MiB since. So the limit here is
+half the prompt's size, and the creation is where framing fails: it builds the new session's file whole
+before any of it is written, and says ``OUT_OF_MEMORY`` as the check did (it raised a bare ``MemoryError``).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ async def main(store: str) -> None:
         prompt = "x" * (16 << 20)
         with open(f"/proc/{os.getpid()}/status") as status:
             mapped = int(status.read().split("VmSize:")[1].split()[0]) * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (mapped + (16 << 20), resource.RLIM_INFINITY))
+        resource.setrlimit(resource.RLIMIT_AS, (mapped + (8 << 20), resource.RLIM_INFINITY))
         try:
             await sup.start("echo", SubagentRequest(parent=root, prompt=prompt))
             answer = {"started": True}
