@@ -31,7 +31,10 @@ before every turn queued after it, and is never handed ahead again
 (dispatch holds back for the answer, ``WITHDRAW_WAIT_S`` at most: a worker
 whose event loop a turn blocks cannot answer).
 So a short turn never waits behind a long one while a worker idles, and with
-long turns (model calls) prefetch steps aside. A worker that dies before
+long turns (model calls) prefetch steps aside. A stopped worker cannot answer a
+withdraw: a turn waiting ahead on one is taken back unasked, through the token
+it was handed ahead with (``worker/claims.py``: the worker takes it before it
+starts the turn, so only one side can), while another worker takes turns. A worker that dies before
 sending ``Started`` never wrote a byte of that turn: it is queued again, first
 in line, instead of ending ``error``.
 
@@ -59,6 +62,7 @@ import anyio
 
 from subagents.store.errors import SubagentError
 from subagents.worker.budget import TIMEOUT
+from subagents.worker.claims import PoolTokens
 from subagents.worker.protocol import BLOCKING_RPCS, CancelRpc, Reply, Rpc, TurnOutcome, TurnSpec, cancelled_before_start
 
 from .backend import PoolStatistics, RpcHandler, StartedCallback, TurnResult, TurnTicket, WorkerRef
@@ -105,6 +109,7 @@ class Turn:
     withdrawing: bool = False  # asked back from its worker (``Withdraw``), no answer yet
     asked_at: float = 0.0  # when it was asked back (``time.monotonic``)
     returned: bool = False  # given back once: from then on it waits for a free slot, never ahead
+    token: str | None = None  # handed ahead with a token (``worker/claims.py``): the pool may take it back unasked
     budget_timer: asyncio.TimerHandle | None = None  # the host's hold on ``timeout_ms`` (``_hold_budget``)
 
     @property
@@ -129,6 +134,7 @@ class WorkerSlot:
     pid: int
     turns: dict[int, Turn] = field(default_factory=dict, kw_only=True)
     alive: bool = field(default=True, kw_only=True)
+    tokens: bool = field(default=False, kw_only=True)  # it takes the pool's tokens (its turns ahead carry one)
 
     @property
     def running(self) -> int:
@@ -166,6 +172,7 @@ class Dispatcher(Generic[W]):
         # the waits a turn may give up (``BLOCKING_RPCS``), by worker and rpc id: a ``CancelRpc`` cancels one
         self._waits: dict[tuple[int, int], anyio.CancelScope] = {}
         self._asking_again = False  # ``_ask_again`` is due
+        self._tokens: PoolTokens | None = None  # a pool that can take turns back unasked makes them (``_take_from_stopped``)
 
     # -- the pool's tasks and the caller's cancellation ---------------------------------
 
@@ -306,6 +313,8 @@ class Dispatcher(Generic[W]):
         # workers passed over for the rest of this pass: their pipe refused a turn (dead, not yet seen so), or
         # the pool says they take none now (``_takes_turns``: stopped)
         refused: set[int] = set()
+        if self._prefetch:
+            self._take_from_stopped()
         if self._prefetch and self._withdraw_aged():
             # a turn asked back is older than every queued one: none overtakes it while the
             # answer is on its way (a free slot waits that round trip, ``WITHDRAW_WAIT_S`` at most)
@@ -321,6 +330,7 @@ class Dispatcher(Generic[W]):
                 turn.queued = worker.running >= limit
                 if turn.queued:
                     turn.handed_at = time.monotonic()
+                    turn.token = self._tokens.issue() if self._tokens is not None and worker.tokens else None
                 try:
                     handed = self._hand_over(worker, turn)
                 except Exception as exc:  # isolation boundary: requests are checked before this; a turn no
@@ -332,6 +342,7 @@ class Dispatcher(Generic[W]):
                 if not handed:
                     # the worker died before the pool saw it: the turn never reached it, so it
                     # stays first in line for another worker or the replacement
+                    self._revoke(turn)
                     turn.queued = False
                     self._queue.appendleft(turn)
                     refused.add(worker.index)
@@ -417,8 +428,43 @@ class Dispatcher(Generic[W]):
                     takers = self._takers() if takers is None else takers
                     if takers - {worker.index}:
                         self._ask_back(worker, turn)
-                asking = asking or (turn.withdrawing and turn.asked_at > now - WITHDRAW_WAIT_S)
+                if turn.withdrawing and turn.asked_at > now - WITHDRAW_WAIT_S:
+                    asking = True
+                elif turn.withdrawing and turn.token is not None:
+                    self._ask_again_later()  # unanswered: its worker may be stopped (``_take_from_stopped``)
         return asking
+
+    def _take_from_stopped(self) -> None:
+        """Take back, through their tokens, the turns waiting ahead on a worker that takes no turns (stopped,
+        ``_takes_turns``), while another does: first in line again, each runs on a worker that takes turns
+        (one the stopped worker took first stays: it started there, or is about to, and runs when it is
+        continued). A worker read as running because it spoke less than ``QUIET_S`` ago (``worker_stops.py``)
+        is looked at again while a withdraw waits for its answer (``_withdraw_aged``)."""
+        takers: set[int] | None = None
+        for worker in self._alive():
+            if self._takes_turns(worker):
+                continue
+            ahead = [turn for turn in worker.turns.values() if turn.queued and turn.token is not None]
+            takers = self._takers() if takers is None and ahead else takers
+            if not ahead or not takers:
+                continue
+            for turn in reversed(ahead):  # each goes first in line: the oldest ends up first
+                if self._revoke(turn):
+                    log.info("turn %d taken back from worker %s, which is stopped", turn.call_id, worker.describe())
+                    del worker.turns[turn.call_id]
+                    self._withdrawn += 1
+                    self._take_back(turn, returned=True)
+
+    def _revoke(self, turn: Turn) -> bool:
+        """Take ``turn`` back from the worker it was handed ahead to, unasked: True if its worker had not
+        taken its token (it never started it, and never will); its token is gone either way."""
+        token, turn.token = turn.token, None
+        return token is not None and self._tokens is not None and self._tokens.revoke(token)
+
+    def _close_tokens(self) -> None:
+        """At the pool's close: the tokens left (turns ahead that ended with the pool) go, with their folder."""
+        if self._tokens is not None:
+            self._tokens.close()
 
     def _takers(self) -> set[int]:
         """The live workers that take turns now (``_takes_turns``), by index; while one does not, ``_schedule``
@@ -443,7 +489,7 @@ class Dispatcher(Generic[W]):
         if turn is not None:
             if turn.queued:
                 self._hold_budget(turn)
-            turn.queued = False
+            turn.queued, turn.token = False, None  # the worker took its token
             if turn.withdrawing:  # asked back too late: the turns queued behind it may go ahead again
                 turn.withdrawing = False
                 self._schedule()
@@ -460,7 +506,7 @@ class Dispatcher(Generic[W]):
     def _take_back(self, turn: Turn, *, returned: bool) -> None:
         """A turn handed ahead that never started, off its worker's table: first in line again (or ended,
         if cancelled meanwhile). ``returned``: given back on request, so never handed ahead again."""
-        turn.worker, turn.queued, turn.withdrawing, turn.returned = None, False, False, returned
+        turn.worker, turn.queued, turn.withdrawing, turn.returned, turn.token = None, False, False, returned, None
         if turn.cancel_reason is not None:
             self._finish(turn, cancelled_before_start(turn.cancel_reason))
         else:
@@ -535,6 +581,7 @@ class Dispatcher(Generic[W]):
         unstarted = [turn for turn in worker.turns.values() if turn.queued]
         for turn in reversed(unstarted):
             del worker.turns[turn.call_id]
+            self._revoke(turn)  # its token, left by a worker that died
             self._take_back(turn, returned=False)
         for turn in list(worker.turns.values()):
             if turn.cancel_reason == TIMEOUT:

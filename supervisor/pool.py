@@ -45,10 +45,8 @@ import logging
 import os
 import signal
 import socket
-import sys
 import threading
 import time
-import types
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -59,6 +57,7 @@ import multiprocess.process as mp_process
 import multiprocess.resource_tracker
 
 from subagents.store.errors import SubagentError
+from subagents.worker.claims import PoolTokens
 from subagents.worker.descendants import end_descendants, running
 from subagents.worker.errors import ProtocolError, WorkerCrashedError
 from subagents.worker.main import worker_entry
@@ -70,7 +69,7 @@ from .dispatch import Dispatcher, Turn, WorkerSlot
 from .errors import WorkerHandshakeError, WorkerStartError
 from .process_hooks import EXIT_GRACE_S, track_pool
 from .worker_stops import StopState
-from .worker_start import FORKSERVER_DESCRIPTORS, replacement_delays, spare_descriptors
+from .worker_start import FORKSERVER_DESCRIPTORS, main_module_hidden, replacement_delays, spare_descriptors
 
 __all__ = ["WorkerPool"]
 
@@ -79,24 +78,6 @@ log = logging.getLogger(__name__)
 # imported once by the forkserver, so each worker forks with them loaded; anyio imports its
 # asyncio backend lazily on the first ``anyio.run``, which cost every new worker ~30 ms
 _PRELOAD = ["subagents.worker.main", "subagents.worker.turn", "subagents.worker.programs", "subagents.store", "jsonschema", "anyio._backends._asyncio"]
-
-
-@contextlib.contextmanager
-def _main_module_hidden() -> Iterator[None]:
-    """Start a worker without re-running the host's ``__main__`` in it.
-
-    forkserver/spawn children re-import the parent's main script unless it
-    is guarded by ``if __name__ == "__main__"``; workers never need it (they
-    load programs by import path, or by dill by value), so the host's script
-    is hidden while the process is launched. Runs on the event-loop thread,
-    so no other thread sees the swap.
-    """
-    real = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        sys.modules["__main__"] = real
 
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what a terminal or a service manager sends a group
@@ -196,18 +177,20 @@ class WorkerPool(Dispatcher[_Worker]):
                     end_descendants(worker.pid, with_it=True)
                     worker.process.join(EXIT_GRACE_S)
             mp_process._children.discard(worker.process)
+        self._close_tokens()
 
     # -- life cycle ------------------------------------------------------------
 
     async def start(self, tg: anyio.abc.TaskGroup) -> None:
         """Start every worker and wait for each READY under the deadline.
 
-        A worker that does not become ready raises ``WorkerStartError`` (or
-        ``WorkerHandshakeError``; the first, if several fail alike), not the group
-        the starting tasks were in; the
-        workers already started are the caller's to close (``aclose``).
+        A worker that does not become ready raises ``WorkerStartError`` (or ``WorkerHandshakeError``; the first,
+        if several fail alike), not the group the starting tasks were in; the workers already started are the
+        caller's to close (``aclose``). With prefetch, the tokens of turns handed ahead are made (``claims.py``).
         """
         self._tg = tg
+        if self._prefetch:
+            self._tokens = PoolTokens()
         try:
             async with anyio.create_task_group() as starting:
                 for index in range(self.size):
@@ -226,8 +209,9 @@ class WorkerPool(Dispatcher[_Worker]):
         # the host's environment of this moment, which the worker takes for its own: a forkserver's child
         # would have the host's of when the forkserver started (``worker/main.py``: ``_adopt_environment``)
         environ = dict(os.environ)
+        first_token = self._tokens.issue() if self._tokens is not None else None  # taken if it sees the pool's tokens
         process = self._context.Process(
-            target=worker_entry, args=(child_conn, self._log_level, inherited, self._turns_per_worker, self._log_json, environ),
+            target=worker_entry, args=(child_conn, self._log_level, inherited, self._turns_per_worker, self._log_json, environ, first_token),
             daemon=True,
             name=f"subagents-worker-{index}",
         )
@@ -235,7 +219,7 @@ class WorkerPool(Dispatcher[_Worker]):
             if self._start_method == "forkserver":
                 _start_forkserver()
                 spare_descriptors(FORKSERVER_DESCRIPTORS)
-            with _main_module_hidden():
+            with main_module_hidden():
                 process.start()
         except (OSError, EOFError) as exc:  # the executable failed, or the forkserver died before forking it
             parent_conn.close()
@@ -253,7 +237,8 @@ class WorkerPool(Dispatcher[_Worker]):
             # never took a turn: it goes as one that failed to start does
             await _discard(process, parent_conn)
             return
-        worker = _Worker(index, hello.pid, self._host, process, parent_conn)
+        tokens = first_token is not None and self._tokens is not None and not self._tokens.revoke(first_token)
+        worker = _Worker(index, hello.pid, self._host, process, parent_conn, tokens=tokens)
         self._slots[index] = worker
         self._started += 1
         assert self._tg is not None
@@ -310,11 +295,12 @@ class WorkerPool(Dispatcher[_Worker]):
             self._release(worker)
             self._end_at_close(worker)
         self._end_shielded()
+        self._close_tokens()
 
     # -- reaching a worker (the dispatcher's hooks) ----------------------------------
 
     def _hand_over(self, worker: _Worker, turn: Turn) -> bool:
-        return self._send(worker, RunTurn(call_id=turn.call_id, spec=turn.spec, node=f"{self._host}:{worker.pid}", queued=turn.queued))
+        return self._send(worker, RunTurn(call_id=turn.call_id, spec=turn.spec, node=f"{self._host}:{worker.pid}", queued=turn.queued, token=turn.token))
 
     def _send_cancel(self, worker: _Worker, turn: Turn, reason: str) -> None:
         self._send(worker, Cancel(call_id=turn.call_id, reason=reason))

@@ -12,14 +12,19 @@ under ``ulimit -u``, a worker that exits before it is ready), the pool tries aga
 ``replacement_delays``, rather than let the error end the supervisor (it used to leave the pool's
 watch task and take the supervisor's task group down); meanwhile a turn queued while no worker is
 alive ends ``error`` saying why, rather than wait for a worker that may never come.
+
+A worker is launched with the host's main script hidden (``main_module_hidden``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
+import types
 from typing import Iterator
 
-__all__ = ["FORKSERVER_DESCRIPTORS", "spare_descriptors", "replacement_delays"]
+__all__ = ["FORKSERVER_DESCRIPTORS", "main_module_hidden", "spare_descriptors", "replacement_delays"]
 
 # what asking the forkserver for a worker holds at once: its socket and two pipes (multiprocess's
 # ``connect_to_new_process``), then the two ends it keeps and a ``dup``
@@ -47,3 +52,21 @@ def replacement_delays() -> Iterator[float]:
     while True:
         yield delay
         delay = min(delay * 2, MAX_DELAY_S)
+
+
+@contextlib.contextmanager
+def main_module_hidden() -> Iterator[None]:
+    """Start a worker without re-running the host's ``__main__`` in it.
+
+    forkserver/spawn children re-import the parent's main script unless it
+    is guarded by ``if __name__ == "__main__"``; workers never need it (they
+    load programs by import path, or by dill by value), so the host's script
+    is hidden while the process is launched. Runs on the event-loop thread,
+    so no other thread sees the swap.
+    """
+    real = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = real

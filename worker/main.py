@@ -12,6 +12,9 @@ turn parked in a waiting RPC does not count, as the pool counts them), and a
 the moment a running turn ends or parks, without a round trip to the
 supervisor (``Started`` says so first). One still waiting is given back on
 ``Withdraw`` and ends ``aborted`` on ``Cancel`` or at shutdown, unwritten.
+Each of these first takes the turn's token, if it has one: a token the pool
+took first means the pool took the turn back (this worker was stopped), and
+that copy is dropped unstarted, unanswered (``claims.py``).
 
 It never outlives its supervisor: the supervisor's end of the pipe closing
 (it died, even by ``kill -9``) ends the process at once with ``os._exit`` —
@@ -36,6 +39,7 @@ from typing import Any, Coroutine, Mapping, NoReturn
 
 import anyio
 
+from .claims import take
 from .descendants import end_descendants
 from .forks import worker_started
 from .leftovers import untracked
@@ -133,7 +137,9 @@ class WorkerLoop:
             if not shutdown:
                 end_worker(0)  # end of file: the supervisor is gone, never outlive it
             while self._waiting:
-                self._end_unstarted(self._waiting.popleft().call_id, "shutdown")
+                msg = self._waiting.popleft()
+                if _ours(msg):
+                    self._end_unstarted(msg.call_id, "shutdown")
             self.runner.cancel_all("shutdown")
             await turns.wait()
 
@@ -160,8 +166,11 @@ class WorkerLoop:
 
     def _start(self, msg: RunTurn) -> None:
         """Start a turn. ``Started`` goes into the outbox before the turn's task exists, so it reaches
-        the supervisor before the turn writes anything (the outbox is flushed before the task's first step)."""
+        the supervisor before the turn writes anything (the outbox is flushed before the task's first step).
+        A turn whose token the pool took back is dropped instead."""
         assert self._turns is not None
+        if not _ours(msg):
+            return
         self._active += 1
         if msg.queued:
             self.send(Started(call_id=msg.call_id))
@@ -173,10 +182,11 @@ class WorkerLoop:
             self._start(self._waiting.popleft())
 
     def _take_waiting(self, call_id: int) -> bool:
-        """Remove a queued turn that has not started; False if there is none by that id."""
-        for msg in self._waiting:
-            if msg.call_id == call_id:
-                self._waiting.remove(msg)
+        """Remove a queued turn that has not started; False if there is none by that id that is still
+        this worker's (a copy the pool took back is dropped: the turn may be here again, as a newer copy)."""
+        for msg in [m for m in self._waiting if m.call_id == call_id]:
+            self._waiting.remove(msg)
+            if _ours(msg):
                 return True
         return False
 
@@ -292,9 +302,17 @@ def _adopt_environment(environ: Mapping[str, str]) -> None:
                 os.environ[name] = value
 
 
+def _ours(msg: RunTurn) -> bool:
+    """Whether this worker has the turn: it has no token, or this worker took it before the pool did."""
+    return msg.token is None or take(msg.token)
+
+
 def worker_entry(conn: Any, log_level: int = logging.WARNING, inherited: Any = None, turns_per_worker: int = 1,
-                 log_json: bool = False, environ: Mapping[str, str] | None = None) -> None:
+                 log_json: bool = False, environ: Mapping[str, str] | None = None, first_token: str | None = None) -> None:
     """Process target: serve the supervisor on ``conn`` until it goes away.
+
+    ``first_token`` is taken before ``Ready``: the pool hands this worker turns ahead with tokens only if it
+    could (it sees the pool's tokens: ``claims.py``).
 
     ``environ`` is the host's environment when the pool started this worker: it
     replaces the worker's own before anything else runs (``_adopt_environment``).
@@ -303,6 +321,8 @@ def worker_entry(conn: Any, log_level: int = logging.WARNING, inherited: Any = N
     """
     if environ is not None:
         _adopt_environment(environ)
+    if first_token is not None:
+        take(first_token)
     worker_started()
     if inherited is not None:
         inherited.close()

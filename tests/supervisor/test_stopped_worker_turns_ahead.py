@@ -1,0 +1,64 @@
+"""A turn handed ahead (prefetch) to a worker that is then stopped runs on a worker that takes turns; the turn
+the stopped worker had started stays with it and ends when it is continued; none runs twice.
+
+Found by a probe: a pool of two with prefetch, a turn waiting ahead behind a long turn on the first worker,
+that worker stopped (SIGSTOP) and the second one freed: the turn waited on the stopped worker while the
+second idled, for as long as the stop lasted. Asking it back (``Withdraw``) needs an answer a stopped
+process cannot give, and the pipe cannot say whether the worker began it just before it was stopped; the
+pool now takes such a turn back through its token (``worker/claims.py``), which only one side can take.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+
+import anyio
+import pytest
+
+from subagents.store import Store, inspect
+
+from ..conftest import wait_until
+from .test_pool import Submitted, echo_spec, held_spec, wait_started
+from .test_stopped_worker_not_rebalanced_to import started_pool
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def st(tmp_path) -> Store:
+    return Store(tmp_path / "store", durability="none")
+
+
+def _starts(st: Store, session_id: str) -> int:
+    return [e["type"] for e in inspect(st, session_id).events].count("turn/start")
+
+
+async def test_a_turn_ahead_on_a_stopped_worker_runs_on_the_worker_that_frees(st, tmp_path) -> None:
+    gates = {name: tmp_path / name for name in ("long", "short")}
+    async with started_pool(2, 1) as pool:
+        stopped, running = pool.worker_pids()  # the first takes a turn on a tie: the long one, and the one ahead
+        submit = Submitted(pool)
+        results = submit.results
+        submit("long", held_spec(st, "01LONG", gates["long"]))
+        submit("short", held_spec(st, "01SHORT", gates["short"]))
+        submit("ahead", echo_spec(st, "01AHEAD", "next"))
+        await wait_started(st, "01LONG")
+        await wait_started(st, "01SHORT")
+        assert pool.statistics().ahead == 1
+        try:
+            os.kill(stopped, signal.SIGSTOP)
+            gates["short"].touch()
+            await wait_until(lambda: "ahead" in results, timeout=5, what="the turn ahead to run on the other worker")
+            assert (results["ahead"].outcome.output, results["ahead"].worker.pid) == ("next", running)
+            assert "long" not in results
+        finally:
+            gates["long"].touch()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped, signal.SIGCONT)
+        await wait_until(lambda: "long" in results, what="the long turn to end where it started")
+        assert (results["long"].outcome.output, results["long"].worker.pid) == ("held", stopped)
+        submit("after", echo_spec(st, "01AFTER", "after"))  # the continued worker serves on
+        await wait_until(lambda: "after" in results, what="a turn after the stop")
+        assert _starts(st, "01AHEAD") == 1 and _starts(st, "01LONG") == 1
