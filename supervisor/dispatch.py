@@ -32,8 +32,9 @@ before every turn queued after it, and is never handed ahead again
 whose event loop a turn blocks cannot answer).
 So a short turn never waits behind a long one while a worker idles, and with
 long turns (model calls) prefetch steps aside. A stopped worker cannot answer a
-withdraw: a turn waiting ahead on one is taken back unasked, through the token
-it was handed ahead with (``worker/claims.py``: the worker takes it before it
+withdraw: a turn it has not started (waiting ahead, or handed to its free slot
+just before or after it was stopped) is taken back unasked, through the token
+it was handed over with (``worker/claims.py``: the worker takes it before it
 starts the turn, so only one side can), while another worker takes turns. A worker that dies before
 sending ``Started`` never wrote a byte of that turn: it is queued again, first
 in line, instead of ending ``error``.
@@ -109,7 +110,7 @@ class Turn:
     withdrawing: bool = False  # asked back from its worker (``Withdraw``), no answer yet
     asked_at: float = 0.0  # when it was asked back (``time.monotonic``)
     returned: bool = False  # given back once: from then on it waits for a free slot, never ahead
-    token: str | None = None  # handed ahead with a token (``worker/claims.py``): the pool may take it back unasked
+    token: str | None = None  # its token, until its worker is known to have taken it (``worker/claims.py``)
     budget_timer: asyncio.TimerHandle | None = None  # the host's hold on ``timeout_ms`` (``_hold_budget``)
 
     @property
@@ -295,6 +296,8 @@ class Dispatcher(Generic[W]):
             return
         if turn.budget_timer is not None:
             turn.budget_timer.cancel()
+        if turn.token is not None:
+            self._revoke(turn)  # its worker died before it took the turn's token: it goes
         turn.outcome, turn.crash = outcome, crash
         if turn.worker is not None:
             turn.worker.turns.pop(turn.call_id, None)
@@ -313,7 +316,7 @@ class Dispatcher(Generic[W]):
         # workers passed over for the rest of this pass: their pipe refused a turn (dead, not yet seen so), or
         # the pool says they take none now (``_takes_turns``: stopped)
         refused: set[int] = set()
-        if self._prefetch:
+        if self._tokens is not None:
             self._take_from_stopped()
         if self._prefetch and self._withdraw_aged():
             # a turn asked back is older than every queued one: none overtakes it while the
@@ -330,7 +333,7 @@ class Dispatcher(Generic[W]):
                 turn.queued = worker.running >= limit
                 if turn.queued:
                     turn.handed_at = time.monotonic()
-                    turn.token = self._tokens.issue() if self._tokens is not None and worker.tokens else None
+                turn.token = self._tokens.issue() if self._tokens is not None and worker.tokens else None
                 try:
                     handed = self._hand_over(worker, turn)
                 except Exception as exc:  # isolation boundary: requests are checked before this; a turn no
@@ -351,6 +354,8 @@ class Dispatcher(Generic[W]):
                 worker.turns[turn.call_id] = turn
                 if not turn.queued:
                     self._hold_budget(turn)
+                    if turn.token is not None:
+                        self._ask_again_later()  # whether it started, or its worker was stopped (``_take_from_stopped``)
         if self._prefetch and not self._queue:
             self._rebalance()
 
@@ -435,20 +440,25 @@ class Dispatcher(Generic[W]):
         return asking
 
     def _take_from_stopped(self) -> None:
-        """Take back, through their tokens, the turns waiting ahead on a worker that takes no turns (stopped,
-        ``_takes_turns``), while another does: first in line again, each runs on a worker that takes turns
-        (one the stopped worker took first stays: it started there, or is about to, and runs when it is
-        continued). A worker read as running because it spoke less than ``QUIET_S`` ago (``worker_stops.py``)
-        is looked at again while a withdraw waits for its answer (``_withdraw_aged``)."""
+        """Take back, through their tokens, the turns a worker that takes no turns (stopped, ``_takes_turns``)
+        has not started, while another worker takes turns: first in line again, each runs on a worker that
+        takes turns (one the stopped worker took first stays: it started there, or is about to, and runs when
+        it is continued). A worker read as running because it spoke less than ``QUIET_S`` ago
+        (``worker_stops.py``) is looked at again shortly while a turn handed to a free slot of it has not
+        started, or a withdraw waits for its answer (``_withdraw_aged``)."""
         takers: set[int] | None = None
         for worker in self._alive():
+            unstarted = [turn for turn in worker.turns.values() if turn.token is not None]
+            if not unstarted:
+                continue
             if self._takes_turns(worker):
+                if not all(turn.queued for turn in unstarted):
+                    self._ask_again_later()
                 continue
-            ahead = [turn for turn in worker.turns.values() if turn.queued and turn.token is not None]
-            takers = self._takers() if takers is None and ahead else takers
-            if not ahead or not takers:
+            takers = self._takers() if takers is None else takers
+            if not takers:
                 continue
-            for turn in reversed(ahead):  # each goes first in line: the oldest ends up first
+            for turn in reversed(unstarted):  # each goes first in line: the oldest ends up first
                 if self._revoke(turn):
                     log.info("turn %d taken back from worker %s, which is stopped", turn.call_id, worker.describe())
                     del worker.turns[turn.call_id]
@@ -507,6 +517,9 @@ class Dispatcher(Generic[W]):
         """A turn handed ahead that never started, off its worker's table: first in line again (or ended,
         if cancelled meanwhile). ``returned``: given back on request, so never handed ahead again."""
         turn.worker, turn.queued, turn.withdrawing, turn.returned, turn.token = None, False, False, returned, None
+        if turn.budget_timer is not None:  # held from a free slot it never started in: held again where it starts
+            turn.budget_timer.cancel()
+            turn.budget_timer = None
         if turn.cancel_reason is not None:
             self._finish(turn, cancelled_before_start(turn.cancel_reason))
         else:
@@ -516,6 +529,7 @@ class Dispatcher(Generic[W]):
         """The worker's ``TurnDone``, as its log has it: a turn that completed before its worker read a
         cancel (an interrupt, the host's ``timeout_ms``) completed, and its log, its listing and its
         result all say so (a cancel the worker took ends the turn itself: ``TurnControl``)."""
+        turn.token = None  # its worker took it: the turn ran there, or ended there unstarted
         self._finish(turn, outcome)
         self._schedule()
 

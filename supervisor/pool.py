@@ -186,11 +186,10 @@ class WorkerPool(Dispatcher[_Worker]):
 
         A worker that does not become ready raises ``WorkerStartError`` (or ``WorkerHandshakeError``; the first,
         if several fail alike), not the group the starting tasks were in; the workers already started are the
-        caller's to close (``aclose``). With prefetch, the tokens of turns handed ahead are made (``claims.py``).
+        caller's to close (``aclose``). The tokens of the turns it hands over are made here (``claims.py``).
         """
         self._tg = tg
-        if self._prefetch:
-            self._tokens = PoolTokens()
+        self._tokens = PoolTokens()
         try:
             async with anyio.create_task_group() as starting:
                 for index in range(self.size):

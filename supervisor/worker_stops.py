@@ -7,14 +7,13 @@ sent a message that recently was running then, and a busy pool (the case whose c
 to workers that have just answered, so it reads nothing. A worker read as running is taken as running for
 ``QUIET_S`` more.
 
-A turn handed ahead (prefetch) to a worker that is then stopped is taken back through its token and runs
-on a worker that takes turns (``worker/claims.py``, ``Dispatcher._take_from_stopped``): once the worker has
-been quiet for ``QUIET_S``, or sooner once it leaves a withdraw unanswered.
+A worker stopped less than ``QUIET_S`` after it last spoke, or between the read and the turn's arrival,
+can still be handed a turn; that turn, and every turn handed ahead to a worker then stopped, is taken back
+through its token once the worker reads as stopped, and runs on a worker that takes turns
+(``worker/claims.py``, ``Dispatcher._take_from_stopped``): within ``QUIET_S`` and a ``RECHECK_S`` or two.
 
-Not guaranteed: a worker stopped less than ``QUIET_S`` after it last spoke, or between the read and the
-turn's arrival, can still be handed a turn to a free slot (not ahead: it carries no token), which stalls
-until the worker is continued (or is cancelled: the worker is killed after the cancel grace), as every turn
-the worker already started does.
+Not guaranteed: a turn the worker started stalls until it is continued (or is cancelled: the worker is
+killed after the cancel grace); so does every turn of a worker that cannot see the pool's tokens.
 With every worker stopped, turns wait in the queue: no replacement is started, since a stop is someone's
 on purpose (a debugger, an operator) and the pool keeps its size; it looks again every ``RECHECK_S``.
 """

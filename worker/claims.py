@@ -1,19 +1,21 @@
-"""Tokens that settle who has a turn handed ahead: the worker that starts it, or the pool that takes it back.
+"""Tokens that settle who has a turn handed to a worker: the worker that starts it, or the pool that takes it back.
 
-A turn handed ahead (prefetch) to a worker that is then stopped (SIGSTOP, a debugger) waited there while
-another worker idled: asking it back (``Withdraw``) needs an answer a stopped process cannot give, and
-nothing on the pipe says whether the worker began it just before it was stopped (its ``Started`` may not be
-written yet). So the pool makes an empty folder, the turn's token, as it hands the turn ahead (``PoolTokens``)
-and names it in the ``RunTurn``; whoever removes it first has the turn (``rmdir`` succeeds once): the worker,
-before it starts the turn, gives it back or ends it unstarted (``take``), or the pool, taking it back from a
-worker it reads as stopped (``PoolTokens.revoke``). A worker that finds its token gone drops that copy of the
-turn unstarted and says nothing: the pool has it, and may hand it ahead again, to this worker too, under a
-new token. So a turn runs once, wherever it was when the worker was stopped.
+A turn handed to a worker that is then stopped (SIGSTOP, a debugger), or was stopped right after it last
+spoke, waited there while another worker idled: asking it back (``Withdraw``) needs an answer a stopped
+process cannot give, and nothing on the pipe says whether the worker began it just before it was stopped
+(a turn handed to a free slot sends nothing as it starts; one handed ahead sends ``Started``, which may not
+be written yet). So the pool makes an empty folder, the turn's token, as it hands the turn over
+(``PoolTokens``) and names it in the ``RunTurn``; whoever removes it first has the turn (``rmdir`` succeeds
+once): the worker, before it starts the turn, gives it back or ends it unstarted (``take``), or the pool,
+taking it back from a worker it reads as stopped (``PoolTokens.revoke``). A worker that finds its token gone
+drops that copy of the turn unstarted and says nothing: the pool has it, and may hand it over again, to this
+worker too, under a new token. So a turn runs once, wherever it was when the worker was stopped.
 
 Tokens live in a folder of the pool's on a memory file system (``/dev/shm``: a make and a remove cost a few
 microseconds each; on a disk, hundreds). Not guaranteed: where there is none, or a worker cannot see it
 (checked once, at its start, through a first token it takes), its turns carry no token, and a turn handed
-ahead to it waits for it when it is stopped, as every turn it already started does.
+to it waits for it when it is stopped, as every turn it already started does. The cost: a ``mkdir`` and an
+``rmdir`` per turn, about 10 µs together.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ class PoolTokens:
                 log.info("no folder for turn tokens in %s (%s): a stopped worker keeps the turns handed ahead to it", _MEMORY_FS, exc)
 
     def issue(self) -> str | None:
-        """A new token, or None when none can be made (the turn is handed ahead without one)."""
+        """A new token, or None when none can be made (the turn is handed over without one)."""
         if self._folder is None:
             return None
         token = os.path.join(self._folder, str(next(self._numbers)))

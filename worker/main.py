@@ -12,9 +12,10 @@ turn parked in a waiting RPC does not count, as the pool counts them), and a
 the moment a running turn ends or parks, without a round trip to the
 supervisor (``Started`` says so first). One still waiting is given back on
 ``Withdraw`` and ends ``aborted`` on ``Cancel`` or at shutdown, unwritten.
-Each of these first takes the turn's token, if it has one: a token the pool
-took first means the pool took the turn back (this worker was stopped), and
-that copy is dropped unstarted, unanswered (``claims.py``).
+Every turn, before it starts (and a waiting one before it is given back or
+ended), has its token taken, if it has one: a token the pool took first means
+the pool took the turn back (this worker was stopped), and that copy is
+dropped unstarted, unanswered (``claims.py``).
 
 It never outlives its supervisor: the supervisor's end of the pipe closing
 (it died, even by ``kill -9``) ends the process at once with ``os._exit`` —
@@ -311,7 +312,7 @@ def worker_entry(conn: Any, log_level: int = logging.WARNING, inherited: Any = N
                  log_json: bool = False, environ: Mapping[str, str] | None = None, first_token: str | None = None) -> None:
     """Process target: serve the supervisor on ``conn`` until it goes away.
 
-    ``first_token`` is taken before ``Ready``: the pool hands this worker turns ahead with tokens only if it
+    ``first_token`` is taken before ``Ready``: the pool hands this worker turns with tokens only if it
     could (it sees the pool's tokens: ``claims.py``).
 
     ``environ`` is the host's environment when the pool started this worker: it

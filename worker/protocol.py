@@ -125,8 +125,8 @@ class RunTurn:
     # handed over ahead (prefetched): it may wait in the worker behind the turns running there;
     # the worker sends ``Started`` before it starts it, or ``Withdrawn`` if asked back first
     queued: bool = False
-    # a turn handed ahead: its token, which the worker takes before it acts on the turn, and the pool takes
-    # to have it back from a stopped worker (``worker/claims.py``); None: nobody takes it back unasked
+    # its token, which the worker takes before it acts on the turn, and the pool takes to have it back
+    # from a stopped worker (``worker/claims.py``); None: nobody takes it back unasked
     token: str | None = None
 
 

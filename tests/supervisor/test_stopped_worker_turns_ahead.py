@@ -1,5 +1,6 @@
-"""A turn handed ahead (prefetch) to a worker that is then stopped runs on a worker that takes turns; the turn
-the stopped worker had started stays with it and ends when it is continued; none runs twice.
+"""A turn handed to a worker that is stopped, and that it has not started, runs on a worker that takes turns:
+one handed ahead (prefetch) before the stop, one handed to its free slot right after; the turn the stopped
+worker had started stays with it and ends when it is continued; none runs twice.
 
 Found by a probe: a pool of two with prefetch, a turn waiting ahead behind a long turn on the first worker,
 that worker stopped (SIGSTOP) and the second one freed: the turn waited on the stopped worker while the
@@ -62,3 +63,29 @@ async def test_a_turn_ahead_on_a_stopped_worker_runs_on_the_worker_that_frees(st
         submit("after", echo_spec(st, "01AFTER", "after"))  # the continued worker serves on
         await wait_until(lambda: "after" in results, what="a turn after the stop")
         assert _starts(st, "01AHEAD") == 1 and _starts(st, "01LONG") == 1
+
+
+@pytest.mark.parametrize("prefetch", [0, 1])
+async def test_a_turn_handed_to_a_worker_stopped_just_after_it_spoke_runs_on_another(st, prefetch: int) -> None:
+    """The pool takes a worker that spoke less than ``QUIET_S`` ago for a running one without reading its state:
+    a worker stopped right after its last answer was handed the next turn (to its free slot), which stalled
+    there for as long as the stop lasted while the other worker idled. It is taken back once the worker reads
+    as stopped, and runs on the other one, once."""
+    async with started_pool(2, prefetch) as pool:
+        submit = Submitted(pool)
+        results = submit.results
+        submit("warm", echo_spec(st, "01WARM", "warm"))
+        await wait_until(lambda: "warm" in results, what="the first turn to end")
+        stopped = results["warm"].worker.pid  # idle, and the first to take a turn on a tie
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            submit("next", echo_spec(st, "01NEXT", "next"))
+            await wait_until(lambda: "next" in results, timeout=5, what="the turn to run on the other worker")
+            assert results["next"].outcome.output == "next" and results["next"].worker.pid != stopped
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped, signal.SIGCONT)
+        submit("after", echo_spec(st, "01AFTER", "after"))  # the continued worker serves on
+        await wait_until(lambda: "after" in results, what="a turn after the stop")
+        await anyio.sleep(0.2)
+        assert _starts(st, "01NEXT") == 1
