@@ -254,7 +254,9 @@ class Dispatcher(Generic[W]):
         return turn
 
     def cancel(self, ticket: TurnTicket, reason: str = "user") -> None:
-        """Ask a turn to stop; kill its worker if it ignores that past the grace period."""
+        """Ask a turn to stop; kill its worker if it ignores that past the grace period. A turn its worker has
+        not taken (its token: ``_revoke``) ends here, unstarted: a stopped worker cannot act on a cancel, and
+        was killed after the grace with the turns it had started."""
         assert isinstance(ticket, Turn), "a ticket of another kind of pool"
         turn = ticket
         if turn.done.is_set() or turn.cancel_reason is not None:
@@ -264,6 +266,11 @@ class Dispatcher(Generic[W]):
             if turn in self._queue:
                 self._queue.remove(turn)
             self._finish(turn, cancelled_before_start(reason))
+            return
+        if self._revoke(turn):
+            del turn.worker.turns[turn.call_id]
+            self._take_back(turn, returned=False)  # cancelled: it ends, unstarted
+            self._schedule()
             return
         self._send_cancel(cast(W, turn.worker), turn, reason)
         assert self._tg is not None

@@ -21,7 +21,7 @@ import pytest
 from subagents.store import Store, inspect
 
 from ..conftest import wait_until
-from .test_pool import Submitted, echo_spec, held_spec, wait_started
+from .test_pool import Submitted, echo_spec, held_spec, no_rpc, wait_started
 from .test_stopped_worker_not_rebalanced_to import started_pool
 
 pytestmark = pytest.mark.anyio
@@ -89,3 +89,32 @@ async def test_a_turn_handed_to_a_worker_stopped_just_after_it_spoke_runs_on_ano
         await wait_until(lambda: "after" in results, what="a turn after the stop")
         await anyio.sleep(0.2)
         assert _starts(st, "01NEXT") == 1
+
+
+async def test_cancelling_a_turn_a_stopped_worker_has_not_started_ends_it_there_and_spares_the_worker(st, tmp_path) -> None:
+    """With no other worker to run it, a turn stays where it was handed while its worker is stopped; cancelled,
+    it ends unstarted at once. The pool told the worker, which could not act on it, and killed it after the
+    cancel grace, and the turn the worker had started died with it (``error``, its log to repair)."""
+    gate = tmp_path / "gate"
+    async with started_pool(1, 1) as pool:  # cancel_grace_s=1.0
+        [pid] = pool.worker_pids()
+        submit = Submitted(pool)
+        results = submit.results
+        submit("long", held_spec(st, "01LONG", gate))
+        ticket = pool.submit(echo_spec(st, "01AHEAD", "next"), no_rpc, on_done=lambda r: results.__setitem__("ahead", r))
+        await wait_started(st, "01LONG")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            pool.cancel(ticket, "user")
+            await wait_until(lambda: "ahead" in results, timeout=5, what="the cancelled turn to end")
+            assert results["ahead"].outcome.diagnostic == "the turn was cancelled (user) before it started"
+            assert results["ahead"].worker is None
+            await anyio.sleep(1.5)  # past the cancel grace
+            assert pool.worker_pids() == [pid] and "long" not in results
+        finally:
+            gate.touch()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        await wait_until(lambda: "long" in results, what="the long turn to end where it started")
+        assert (results["long"].outcome.stop_reason, results["long"].crashed) == ("completed", False)
+        assert _starts(st, "01AHEAD") == 0
