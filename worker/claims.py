@@ -15,7 +15,9 @@ Tokens live in a folder of the pool's on a memory file system (``/dev/shm``: a m
 microseconds each; on a disk, hundreds). Not guaranteed: where there is none, or a worker cannot see it
 (checked once, at its start, through a first token it takes), its turns carry no token, and a turn handed
 to it waits for it when it is stopped, as every turn it already started does. The cost: a ``mkdir`` and an
-``rmdir`` per turn, about 10 µs together.
+``rmdir`` per turn, about 10 µs together. A folder is named for its host (pid and start time); one left by
+a host that died without closing its pool (``kill -9``) is removed by the next pool that starts. A worker
+whose token's folder is gone (removed so, wrongly) starts the turn: the pool can no longer take it back.
 """
 
 from __future__ import annotations
@@ -23,8 +25,11 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import re
 import shutil
 import tempfile
+
+from subagents.store.lease import process_start_time
 
 __all__ = ["PoolTokens", "take"]
 
@@ -32,6 +37,9 @@ log = logging.getLogger(__name__)
 
 # where the pool's tokens live: a memory file system, or none
 _MEMORY_FS = "/dev/shm"
+# a pool's folder there: its host's pid and start time, then mkdtemp's letters
+_PREFIX = "subagents-tokens-"
+_FOLDER = re.compile(re.escape(_PREFIX) + r"(\d+)-(\d+)-\w+")
 
 
 def take(token: str) -> bool:
@@ -40,7 +48,7 @@ def take(token: str) -> bool:
     try:
         os.rmdir(token)
     except FileNotFoundError:
-        return False
+        return not os.path.isdir(os.path.dirname(token))  # its folder gone, no pool can take it back
     except OSError as exc:
         log.warning("could not take the token %s (%s); the turn is taken as this worker's", token, exc)
     return True
@@ -53,8 +61,10 @@ class PoolTokens:
         self._folder: str | None = None
         self._numbers = itertools.count(1)
         if os.path.isdir(_MEMORY_FS):
+            _remove_left()
             try:
-                self._folder = tempfile.mkdtemp(prefix="subagents-tokens-", dir=_MEMORY_FS)
+                host = os.getpid()
+                self._folder = tempfile.mkdtemp(prefix=f"{_PREFIX}{host}-{process_start_time(host)}-", dir=_MEMORY_FS)
             except OSError as exc:
                 log.info("no folder for turn tokens in %s (%s): a stopped worker keeps the turns handed ahead to it", _MEMORY_FS, exc)
 
@@ -82,3 +92,16 @@ class PoolTokens:
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
+
+
+def _remove_left() -> None:
+    """Remove the token folders of hosts no longer running (another user's stay: not ours to remove)."""
+    try:
+        names = os.listdir(_MEMORY_FS)
+    except OSError:
+        return
+    for name in names:
+        match = _FOLDER.fullmatch(name)
+        if match is not None and process_start_time(int(match[1])) != int(match[2]):
+            log.info("removing %s, left by a host that is gone", name)
+            shutil.rmtree(os.path.join(_MEMORY_FS, name), ignore_errors=True)
