@@ -151,7 +151,8 @@ class WorkerPool(Dispatcher[_Worker]):
         track_pool(self)
 
     def disown_after_fork(self) -> None:
-        """In a forked copy of the host (``process_hooks``): let go of the host's workers, touching none."""
+        """In a forked copy of the host (``process_hooks``): let go of the host's workers and tokens, touching none."""
+        self._tokens = None  # the host's folder: the copy's close or exit would remove it
         for worker in self._slots:
             if worker is None:
                 continue
