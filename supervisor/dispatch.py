@@ -35,7 +35,8 @@ long turns (model calls) prefetch steps aside. A stopped worker cannot answer a
 withdraw: a turn it has not started (waiting ahead, or handed to its free slot
 just before or after it was stopped) is taken back unasked, through the token
 it was handed over with (``worker/claims.py``: the worker takes it before it
-starts the turn, so only one side can), while another worker takes turns. A worker that dies before
+starts the turn, so only one side can), while another worker takes turns; a
+cancel takes such a turn back too. A worker that dies before
 sending ``Started`` never wrote a byte of that turn: it is queued again, first
 in line, instead of ending ``error``.
 
@@ -135,7 +136,7 @@ class WorkerSlot:
     pid: int
     turns: dict[int, Turn] = field(default_factory=dict, kw_only=True)
     alive: bool = field(default=True, kw_only=True)
-    tokens: bool = field(default=False, kw_only=True)  # it takes the pool's tokens (its turns ahead carry one)
+    tokens: bool = field(default=False, kw_only=True)  # it takes the pool's tokens (the turns handed to it carry one)
 
     @property
     def running(self) -> int:
@@ -255,8 +256,8 @@ class Dispatcher(Generic[W]):
 
     def cancel(self, ticket: TurnTicket, reason: str = "user") -> None:
         """Ask a turn to stop; kill its worker if it ignores that past the grace period. A turn its worker has
-        not taken (its token: ``_revoke``) ends here, unstarted: a stopped worker cannot act on a cancel, and
-        was killed after the grace with the turns it had started."""
+        not taken (``_end_untaken``) ends without it instead, at once if the worker is stopped: a stopped
+        worker cannot act on a cancel, and was killed after the grace with the turns it had started."""
         assert isinstance(ticket, Turn), "a ticket of another kind of pool"
         turn = ticket
         if turn.done.is_set() or turn.cancel_reason is not None:
@@ -267,10 +268,7 @@ class Dispatcher(Generic[W]):
                 self._queue.remove(turn)
             self._finish(turn, cancelled_before_start(reason))
             return
-        if self._revoke(turn):
-            del turn.worker.turns[turn.call_id]
-            self._take_back(turn, returned=False)  # cancelled: it ends, unstarted
-            self._schedule()
+        if not self._takes_turns(cast(W, turn.worker)) and self._end_untaken(turn):
             return
         self._send_cancel(cast(W, turn.worker), turn, reason)
         assert self._tg is not None
@@ -284,8 +282,20 @@ class Dispatcher(Generic[W]):
             return  # the pool closed: its workers are gone
         worker = turn.worker
         if worker is not None and worker.alive and not turn.done.is_set():
+            if self._end_untaken(turn):  # its worker never took it (stopped, or its loop blocked): spared
+                return
             log.warning("turn ignored cancellation for %.1fs; killing worker %s", self._cancel_grace_s, worker.describe())
             self._kill_worker(cast(W, worker))
+
+    def _end_untaken(self, turn: Turn) -> bool:
+        """A cancelled turn whose token its worker has not taken (``_revoke``) ends unstarted, off that worker,
+        which is not told (it drops its copy when it comes to it); False if the worker took it."""
+        if turn.worker is None or not self._revoke(turn):
+            return False
+        del turn.worker.turns[turn.call_id]
+        self._take_back(turn, returned=False)
+        self._schedule()
+        return True
 
     def _hold_budget(self, turn: Turn) -> None:
         """Past its ``timeout_ms`` (and ``BUDGET_SLACK_S``, so that the worker's own timer, which ends the
@@ -304,7 +314,7 @@ class Dispatcher(Generic[W]):
         if turn.budget_timer is not None:
             turn.budget_timer.cancel()
         if turn.token is not None:
-            self._revoke(turn)  # its worker died before it took the turn's token: it goes
+            self._revoke(turn)  # a token its worker never took (it died, or the pool closed): removed
         turn.outcome, turn.crash = outcome, crash
         if turn.worker is not None:
             turn.worker.turns.pop(turn.call_id, None)
@@ -473,13 +483,13 @@ class Dispatcher(Generic[W]):
                     self._take_back(turn, returned=True)
 
     def _revoke(self, turn: Turn) -> bool:
-        """Take ``turn`` back from the worker it was handed ahead to, unasked: True if its worker had not
+        """Take ``turn`` back from the worker it was handed to, unasked: True if its worker had not
         taken its token (it never started it, and never will); its token is gone either way."""
         token, turn.token = turn.token, None
         return token is not None and self._tokens is not None and self._tokens.revoke(token)
 
     def _close_tokens(self) -> None:
-        """At the pool's close: the tokens left (turns ahead that ended with the pool) go, with their folder."""
+        """At the pool's close: the tokens left (turns that ended with the pool) go, with their folder."""
         if self._tokens is not None:
             self._tokens.close()
 
@@ -521,7 +531,7 @@ class Dispatcher(Generic[W]):
         self._schedule()
 
     def _take_back(self, turn: Turn, *, returned: bool) -> None:
-        """A turn handed ahead that never started, off its worker's table: first in line again (or ended,
+        """A turn handed over that never started, off its worker's table: first in line again (or ended,
         if cancelled meanwhile). ``returned``: given back on request, so never handed ahead again."""
         turn.worker, turn.queued, turn.withdrawing, turn.returned, turn.token = None, False, False, returned, None
         if turn.budget_timer is not None:  # held from a free slot it never started in: held again where it starts
