@@ -48,7 +48,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import anyio
 import multiprocess
