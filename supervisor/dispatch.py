@@ -608,8 +608,10 @@ class Dispatcher(Generic[W]):
     def _end_resident(self, worker: W, crash: str) -> None:
         """End every turn resident on a dead worker (``crash`` says how it died): ``aborted`` if its
         cancellation was asked for, else ``error``; each is marked crashed (its log needs repair).
-        A turn handed over ahead that never started is queued again, first in line, instead."""
-        unstarted = [turn for turn in worker.turns.values() if turn.queued]
+        A turn that never started there is queued again, first in line, instead: one handed over ahead
+        (no ``Started``), or one handed to a free slot whose token the worker never took (it takes it
+        before it starts the turn: ``worker/claims.py``; it died stopped, or before it read the turn)."""
+        unstarted = [turn for turn in worker.turns.values() if turn.queued or (turn.token is not None and self._revoke(turn))]
         for turn in reversed(unstarted):
             del worker.turns[turn.call_id]
             self._revoke(turn)  # its token, left by a worker that died

@@ -118,3 +118,26 @@ async def test_cancelling_a_turn_a_stopped_worker_has_not_started_ends_it_there_
         await wait_until(lambda: "long" in results, what="the long turn to end where it started")
         assert (results["long"].outcome.stop_reason, results["long"].crashed) == ("completed", False)
         assert _starts(st, "01AHEAD") == 0
+
+
+async def test_a_turn_whose_worker_died_before_taking_it_runs_on_the_replacement(st) -> None:
+    """A turn handed to a worker's free slot whose worker dies before it takes the turn's token never began
+    there (the worker takes the token before it starts a turn): it runs on the replacement, once, instead of
+    ending ``error`` as a turn that crashed. Here a pool of one (so nothing takes the turn back from the
+    stopped worker first) hands a turn to the worker stopped right after it spoke, then the worker is killed."""
+    async with started_pool(1, 0) as pool:
+        submit = Submitted(pool)
+        results = submit.results
+        submit("warm", echo_spec(st, "01WARM", "warm"))
+        await wait_until(lambda: "warm" in results, what="the first turn to end")
+        worker = results["warm"].worker.pid
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            submit("next", echo_spec(st, "01NEXT", "next"))
+            await anyio.sleep(0.2)  # handed over: the worker spoke less than QUIET_S ago, so it reads as running
+            assert "next" not in results
+        finally:
+            os.kill(worker, signal.SIGKILL)
+        await wait_until(lambda: "next" in results, what="the turn to end")
+        assert (results["next"].outcome.stop_reason, results["next"].outcome.output) == ("completed", "next"), results["next"]
+        assert results["next"].worker.pid != worker and _starts(st, "01NEXT") == 1
