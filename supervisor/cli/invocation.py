@@ -17,6 +17,7 @@ from subagents.store.errors import SessionNotFoundError, StoreNotFoundError, Sub
 from subagents.store.ids import validate_session_id
 
 from .render import Output
+from .settings import Settings
 from .stopping import StopSignals
 
 if TYPE_CHECKING:
@@ -33,12 +34,29 @@ NO_STORE_HINT = "`subagents demo` or `subagents run PROGRAM` makes one there; `-
 @dataclass(frozen=True)
 class Invocation:
     args: argparse.Namespace
-    config: DeploymentConfig
+    settings: Settings  # the layered configuration, built as far as the verb reads it
     out: Output
-    sources: tuple[str, ...]  # the configuration layers that applied, lowest first
-    origins: Mapping[str, str] = field(default_factory=dict)  # dotted key -> where its value came from (LoadedConfig.origins)
     stop: StopSignals = field(default_factory=StopSignals)  # a verb that hosts turns runs them through ``stop.host``
-    llm: Mapping[str, str] = field(default_factory=dict)  # the SUBAGENTS_LLM_* variables set (LoadedConfig.llm)
+
+    @property
+    def config(self) -> DeploymentConfig:
+        """The effective configuration (its models are built at the first read)."""
+        return self.settings.config
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """The configuration layers that applied, lowest first."""
+        return self.settings.sources
+
+    @property
+    def origins(self) -> Mapping[str, str]:
+        """Dotted key -> where its value came from (``LoadedConfig.origins``, then the flags)."""
+        return self.settings.origins
+
+    @property
+    def llm(self) -> Mapping[str, str]:
+        """The ``SUBAGENTS_LLM_*`` variables set (``LoadedConfig.llm``)."""
+        return self.settings.llm
 
     def open_store(self, *, create: bool = False, write: bool = False) -> Store:
         """The configured store; it must exist unless ``create``; with ``write``, it must be writable.
@@ -48,7 +66,7 @@ class Invocation:
         from subagents.store.root import Store
 
         try:
-            store = Store(self.config.store.path, durability=self.config.supervisor.durability, create=create)
+            store = Store(self.settings.store_path, durability=self.settings.durability, create=create)
         except StoreNotFoundError as exc:
             raise StoreNotFoundError(f"{exc.message}: {NO_STORE_HINT}", path=exc.fields.get("path")) from None
         if write:

@@ -32,6 +32,7 @@ from .invocation import Invocation
 from .log_format import setup_logging
 from .parser import new_parser
 from .render import Output
+from .settings import Settings
 from .stopping import StopSignals
 
 __all__ = ["main", "build_parser"]
@@ -75,25 +76,16 @@ def _main(argv: Sequence[str] | None) -> int:
     if not hasattr(args, "func"):
         return _error(UsageError.code, args.verbs.no_verb())
     _import_from_here()
-    # the layered configuration's models (pydantic): loaded once a verb runs, not for ``--help`` or a usage error
-    from ..config_loader import DeploymentConfig, LoadedConfig, load_config
-
     store_path: str | None = None
     stop = StopSignals()
     try:
-        # a verb that reads no setting (``completion``) runs beside a broken configuration: it is how a
-        # user gets help while they fix it
-        loaded = load_config(args.config) if args.reads_config else LoadedConfig(DeploymentConfig(), ())
-        config = loaded.config.with_store(args.store) if args.store else loaded.config
-        if args.log_json:  # the workers print as the host does: one format on one stderr
-            config = config.model_copy(update={"supervisor": config.supervisor.model_copy(update={"worker_log_json": True})})
-        store_path = os.path.abspath(config.store.path)
-        sources = tuple(loaded.sources) + (("--store",) if args.store else ()) + (("--log-json",) if args.log_json else ())
-        origins = {**loaded.origins, **({"store.path": "flag --store"} if args.store else {}),
-                   **({"supervisor.worker_log_json": "flag --log-json"} if args.log_json else {})}
+        # a verb that reads no setting (``completion``) runs beside a broken configuration: it is how a user gets
+        # help while they fix it; the configuration's models are built only as far as the verb reads it
+        settings = Settings(args)
+        store_path = os.path.abspath(settings.store_path)
         out = Output(json_mode=getattr(args, "json", False))
         with stop.installed():
-            return int(args.func(Invocation(args, config, out, sources, origins, stop, loaded.llm)) or 0)
+            return int(args.func(Invocation(args, settings, out, stop)) or 0)
     except BaseException as exc:  # the CLI's boundary: every failure becomes an exit code
         return _exit_code(exc, store_path, stop)
 

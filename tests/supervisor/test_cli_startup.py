@@ -140,3 +140,25 @@ def test_read_only_views_load_no_runtime(tmp_path: Path, verb: str) -> None:
     loaded = _loaded(tmp_path, "--store", str(tmp_path / "store"), verb, *ids)
     assert "subagents.store.reader" in loaded  # the view did read the store
     assert _among(loaded, _RUNTIME + _MAINTENANCE) == []
+
+
+@pytest.mark.parametrize("verb", ["ls", "show"])
+@pytest.mark.parametrize("where", ["flag", "environment", "default"])
+def test_ls_and_show_of_the_default_configuration_build_none_of_its_models(tmp_path: Path, verb: str, where: str) -> None:
+    """``ls`` and ``show`` built the whole layered configuration's pydantic models (~30 ms a start, paid once per
+    line of a shell loop), though all they read of it is the store's path and durability. With no deployment file
+    and no ``SUBAGENTS_*`` variable but ``SUBAGENTS_STORE``, every setting is the embedded default, which is valid:
+    those two are read plainly, and the models are built only for a verb that reads more."""
+    store = Store(tmp_path / ("store" if where != "default" else ".subagents"), create=True)
+    ids = [] if verb == "ls" else [_a_session(store)]
+    argv = ["--store", str(tmp_path / "store")] if where == "flag" else []
+    env = {**ENV, "SUBAGENTS_STORE": str(tmp_path / "store")} if where == "environment" else ENV
+    out = tmp_path / "modules.json"
+    done = subprocess.run([sys.executable, "-c", _LOADED, str(out), *argv, verb, *ids], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=DEADLINE_S)
+    found = json.loads(out.read_text())
+    assert found["code"] in (0, None), done.stderr
+    loaded = set(found["modules"])
+    assert "subagents.store.reader" in loaded  # the view did read the store
+    assert _among(loaded, ["subagents.supervisor.config_loader", "subagents.supervisor.config",
+                           "subagents.supervisor.models"]) == []
