@@ -154,8 +154,12 @@ class Teardown:
 
     # -- disposal ----------------------------------------------------------------------
 
-    def open_disposal(self, act: Activation, *, discard: bool) -> None:
+    def open_disposal(self, act: Activation, *, discard: bool, cause: str = "parent") -> None:
         """Top-down: mark, cancel the current turn, wake; then the same for owned children.
+
+        ``cause`` is the cancel's reason when the disposal does not discard (a drain's is ``drain``):
+        ``parent`` when a parent's disposal stops the child, ``disposed`` when the supervisor closes,
+        as a one-shot run's turn records it then; nobody's parent stopped a turn its host closed on.
 
         The tree is walked with a work list, not by recursion: a program that
         starts itself builds a chain of live children deeper than Python's
@@ -170,9 +174,8 @@ class Teardown:
             act.lifecycle = Lifecycle.DISPOSING
             act.discard = discard
             if act.ticket is not None:
-                # a drain (which discards) cancels with its own reason, so the log says the turn was
-                # drained; closing the supervisor or disposing a parent stops it as the parent's act
-                self._rt.pool.cancel(act.ticket, "drain" if discard else "parent")
+                # a drain (which discards) cancels with its own reason, so the log says the turn was drained
+                self._rt.pool.cancel(act.ticket, "drain" if discard else cause)
             act.poke()
             owned = (self._table.get(child_id) for child_id in self._table.owned(act.child_id))
             pending.extend(reversed([child for child in owned if child is not None]))
@@ -508,7 +511,7 @@ class Teardown:
         await self._admission.wait_materializing()
         acts = list(self._table)
         for act in acts:
-            self.open_disposal(act, discard=False)
+            self.open_disposal(act, discard=False, cause="disposed")
         for act in acts:
             await act.disposed.wait()
 

@@ -365,6 +365,20 @@ def test_send_times_out_when_the_resumed_child_does_not_settle(host) -> None:
     assert stop_reasons(store_path, ids["child"])[-1] == "aborted"
 
 
+def test_a_send_that_times_out_records_its_close_as_disposed_not_as_the_parent(host) -> None:
+    """Found by a probe: the turn a timed-out send left running ended ``the turn was cancelled (parent)``,
+    though no parent stopped it: the command closing its supervisor did, which a one-shot ``run`` records as
+    ``disposed``. The same close now records the same cause, and the listing still reads it ``aborted``."""
+    store_path, ids, proc = host
+    _kill(proc)
+    done = cli(store_path, "send", ids["child"], script({"sleep": 60000}), "--parent", ids["root"], "--wait-s", "0.5")
+    assert done.returncode == 2 and "error: TIMEOUT: " in done.stderr
+    end = [e["data"] for e in events(store_path, ids["child"]) if e["type"] == "turn/end"][-1]
+    assert (end["stop_reason"], end.get("cause"), end["diagnostic"]) == ("aborted", "disposed", "the turn was cancelled (disposed)")
+    row = [r for r in json.loads(ok(store_path, "ls", "--json", ids["root"])) if r["id"] == ids["child"]]
+    assert row and row[0]["outcome"] == "aborted", row
+
+
 @pytest.mark.parametrize("command", ["send", "interrupt"])
 def test_wrong_parent_is_unauthorized_and_writes_nothing(host, command: str) -> None:
     """A --parent that is not the child's root exits 2 with UNAUTHORIZED; no message or control record."""
