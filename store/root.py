@@ -401,6 +401,11 @@ class Store:
                         found.append(entry.name)
         except PermissionError as exc:  # a folder this process may enter and not list: no reader can go on
             raise UnreadableStoreError.of(self.root, exc) from None
+        except FileNotFoundError:  # removed since the store was opened (``top`` lists again and again): named
+            damaged = layout_damage(self.root)
+            if damaged is None:
+                raise
+            raise damaged from None
         return sorted(found)
 
     def __repr__(self) -> str:

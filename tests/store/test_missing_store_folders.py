@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import anyio
@@ -22,7 +23,7 @@ from subagents import store
 from subagents.supervisor import Supervisor
 
 from ..other_user import as_nobody, shared_folder
-from ..supervisor.test_cli_mistakes import cli, refused
+from ..supervisor.test_cli_mistakes import CLI, DEADLINE_S, FAST, cli, refused
 from ._support import CONTINUABLE, make_child
 
 # every folder a store has from its creation, as FORMAT.md §1 lays them out
@@ -135,3 +136,22 @@ def test_a_folder_this_user_may_not_enter_is_a_read_only_store_for_a_supervisor(
         name, code, message = outcome[1]
         assert (name, code) == ("ReadOnlyStoreError", "STORE_READ_ONLY"), outcome
         assert message.startswith(f"the store at {st.root} is read-only ("), message
+
+
+def test_top_says_the_code_when_the_sessions_folder_goes_while_it_runs(tmp_path: Path) -> None:
+    """Found by a probe: ``subagents top`` running while ``sessions/`` was removed ended ``error: OS_ERROR:
+    [Errno 2] No such file or directory``, where a verb started after the removal says ``STORE_FORMAT``
+    and names the folder. Listing the sessions of a store whose folder has gone now says the same."""
+    st = _store_with_a_child(tmp_path / "s")
+    top = subprocess.Popen([*CLI, "--store", st.root, "top", "--interval", "0.1"], cwd=tmp_path, env=FAST,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert top.stdout is not None and top.stdout.readline(), "top printed nothing"
+        shutil.rmtree(st.sessions_dir)
+        _, err = top.communicate(timeout=DEADLINE_S)
+    finally:
+        top.kill()
+        top.wait(10)
+    assert top.returncode == 2, err
+    assert err.startswith(f"error: STORE_FORMAT: the store at {st.root} has no sessions/ folder (moved or deleted?)"), err
+    assert len(err.strip().splitlines()) == 1, err
