@@ -54,11 +54,16 @@ def whole(value: str) -> int:
 
 
 def number_of(value: str) -> float:
-    """``float(value)``, or the refusal naming what the option takes (``invalid positive_float value``)."""
+    """``float(value)``, or the refusal naming what the option takes (``invalid positive_float value``).
+    ``nan`` is refused as ``abc`` is: it is no number, and every range check it meets would say something
+    else about it (that it is not more than 0, or not finite)."""
     try:
-        return float(value)
+        number = float(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+        number = math.nan
+    if math.isnan(number):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number")
+    return number
 
 
 def positive(value: str) -> int:
@@ -76,19 +81,22 @@ def non_negative(value: str) -> int:
 
 
 def seconds(value: str) -> float:
-    """A finite number of seconds, 0 included (``--wait-s 0``: do not wait)."""
-    number = number_of(value)
-    if not (math.isfinite(number) and number >= 0):
-        raise argparse.ArgumentTypeError("must be a finite number of seconds, at least 0")
-    return number
+    """A finite number of seconds, 0 included: ``interrupt --wait-s 0`` does not wait."""
+    return _wait_s(value, zero=True)
 
 
 def positive_float(value: str) -> float:
     """A wait of more than 0 seconds, ``inf`` included: ``send`` and ``drain --wait-s inf`` wait as long as it takes
     (an anyio deadline of any size is no sleep that overflows; ``top --interval`` has bounds of its own)."""
+    return _wait_s(value, zero=False)
+
+
+def _wait_s(value: str, *, zero: bool) -> float:
+    """The one check of every ``--wait-s``, so that one mistake is told in the same words whatever the verb:
+    ``zero`` takes 0 (do not wait) and refuses inf; otherwise the wait is more than 0 and inf is no limit."""
     number = number_of(value)
-    if not number > 0:
-        raise argparse.ArgumentTypeError("must be more than 0")
+    if not (0 <= number < math.inf if zero else number > 0):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, {'finite, 0 or more' if zero else 'more than 0 (inf: no limit)'}")
     return number
 
 

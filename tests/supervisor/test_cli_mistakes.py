@@ -378,10 +378,10 @@ def test_top_offers_only_the_statuses_it_can_show(tmp_path: Path) -> None:
 def test_top_refuses_an_interval_it_cannot_wait_or_that_would_spin(tmp_path: Path, value: str) -> None:
     """Found by a probe: ``top --interval inf`` (or ``1e300``) printed one snapshot, then an OverflowError traceback
     from ``time.sleep`` and INTERNAL; ``1e-300`` redrew in a busy loop. Now a usage error naming the bounds, which
-    the help gives too."""
+    the help gives too (``nan`` is no number, as with every option that takes one)."""
     path, _root, _child = _family(tmp_path)
     text = refused(cli("--store", str(path), "top", "--interval", value, cwd=tmp_path), "USAGE")
-    assert "must be from 0.05 to 86400 seconds (a day)" in text, text
+    assert ("'nan' is not a number" if value == "nan" else "must be from 0.05 to 86400 seconds (a day)") in text, text
     assert "0.05 to 86400 (a day)" in cli("top", "--help", cwd=tmp_path).stdout.replace("\n", " ").replace("  ", " ")
 
 
@@ -404,3 +404,21 @@ def test_a_number_that_is_not_one_is_named_as_such(tmp_path: Path, argv: list[st
     """Found by a probe: ``--wait-s abc`` said ``invalid positive_float value: 'abc'``, naming a function of the
     parser, not what the option takes."""
     assert refused(cli(*argv, cwd=tmp_path), "USAGE").startswith(f"{shown} (see `subagents ")
+
+
+_CHILD, _ROOT = "01M8MW1K3J5T0000000000000B", "01M8MVY0PZ9RKY15DPNHER70WX"
+_WAITS = {"send": ["send", _CHILD, "x", "--parent", _ROOT], "drain": ["drain", _ROOT], "interrupt": ["interrupt", _CHILD, "--parent", _ROOT]}
+
+
+@pytest.mark.parametrize("verb", sorted(_WAITS))
+@pytest.mark.parametrize("wait_s, shown", [
+    ("nan", "'nan' is not a number"),
+    ("-1", "must be a number of seconds, {range}"),
+])
+def test_every_wait_s_refuses_the_same_mistake_in_the_same_words(tmp_path: Path, verb: str, wait_s: str, shown: str) -> None:
+    """Found by a probe: ``send --wait-s nan`` said "must be more than 0" where ``interrupt --wait-s nan`` said
+    "must be a finite number of seconds, at least 0". A NaN is no number (as ``abc`` is not), and a number out
+    of range is told the range of its verb in the same words (``interrupt`` takes 0, ``send`` and ``drain`` inf)."""
+    ranges = {"interrupt": "finite, 0 or more", "send": "more than 0 (inf: no limit)", "drain": "more than 0 (inf: no limit)"}
+    expected = f"argument --wait-s: {shown.format(range=ranges[verb])} (see `subagents {verb} --help`)"
+    assert refused(cli(*_WAITS[verb], "--wait-s", wait_s, cwd=tmp_path), "USAGE") == expected
