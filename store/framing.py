@@ -44,6 +44,7 @@ __all__ = [
     "FRAME",
     "MAX_RECORD_BYTES",
     "DEFAULT_RECORD_LIMIT",
+    "MIN_RECORD_LIMIT",
     "Check",
     "encode_record",
     "RecordEncoder",
@@ -70,6 +71,8 @@ MAX_RECORD_BYTES = 64 * 1024 * 1024
 # message or tool result a model produces, small enough that a reader folding a log
 # never holds more than this per record.
 DEFAULT_RECORD_LIMIT = 16 * 1024 * 1024
+# The smallest limit a store may keep: below it, a session's header and a turn's records hardly fit.
+MIN_RECORD_LIMIT = 1024
 # A padded file (a session's log, a mailbox) is padded with zeros to a multiple of this many bytes (a page, a block).
 BLOCK = 4096
 

@@ -24,7 +24,7 @@ from .atomic import make_dirs, read_bytes, write_atomic
 from .checkpoints import AppendCheckpoints
 from .durability import Durability, durability_policy
 from .errors import REFUSED, ReadOnlyStoreError, StoreFormatError, StoreNotFoundError, SubagentError, UnreadableStoreError
-from .framing import DEFAULT_RECORD_LIMIT, MAX_RECORD_BYTES
+from .framing import DEFAULT_RECORD_LIMIT, MAX_RECORD_BYTES, MIN_RECORD_LIMIT
 from .ids import is_valid_session_id, validate_session_id
 
 __all__ = ["STORE_FORMAT", "STORE_VERSION", "MIGRATE_HINT", "COMPANIONS", "SET_ASIDE_PREFIX", "Store", "layout_damage", "marker_present", "missing_marker", "read_marker"]
@@ -73,6 +73,18 @@ def _in_the_way(path: str) -> str:
 
 def _creating(name: str) -> bool:
     return name.startswith(".") or name in _LAYOUT or name.startswith("STORE.tmp.")
+
+
+def _record_limit_problem(limit: Any) -> str | None:
+    """What is wrong with a store's record limit, or None: the one rule for the limit a creator asks for and
+    the one a marker holds, so that a limit no creator could set is refused on reading too."""
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        return "not an integer"
+    if limit < MIN_RECORD_LIMIT:
+        return f"below the minimum of {MIN_RECORD_LIMIT}"
+    if limit > MAX_RECORD_BYTES:
+        return f"above the format's ceiling of {MAX_RECORD_BYTES}"
+    return None
 
 
 def _a_file(root: str) -> StoreFormatError:
@@ -198,11 +210,9 @@ class Store:
         # where this handle's last append to each shared framed file (children index,
         # mailbox, control) ended; only a hint, bounded (store/checkpoints.py)
         self.index_tails = AppendCheckpoints()
-        if max_record_bytes is not None and not 1024 <= max_record_bytes <= MAX_RECORD_BYTES:
-            raise StoreFormatError(
-                f"max_record_bytes must be between 1024 and {MAX_RECORD_BYTES} (the format's ceiling), not {max_record_bytes}",
-                path=self.root,
-            )
+        wrong = None if max_record_bytes is None else _record_limit_problem(max_record_bytes)
+        if wrong is not None:
+            raise StoreFormatError(f"max_record_bytes {max_record_bytes!r}: {wrong}", path=self.root)
         self.max_record_bytes = DEFAULT_RECORD_LIMIT
         self._open(create, max_record_bytes)
 
@@ -251,8 +261,9 @@ class Store:
                 path=self.root,
             )
         limit = info.get("max_record_bytes", DEFAULT_RECORD_LIMIT)  # absent in markers written before the limit
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_RECORD_BYTES:
-            raise StoreFormatError(f"{marker} holds max_record_bytes {limit!r}, not an integer up to {MAX_RECORD_BYTES}", path=self.root)
+        wrong = _record_limit_problem(limit)
+        if wrong is not None:
+            raise StoreFormatError(f"{marker} holds max_record_bytes {limit!r}: {wrong}", path=self.root)
         self.max_record_bytes = limit
         damaged = layout_damage(self.root)
         if damaged is not None:

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from subagents.store import MAX_RECORD_BYTES
+from subagents.store.framing import MIN_RECORD_LIMIT
 
 from .errors import ConfigError
 
@@ -121,7 +122,7 @@ class SupervisorConfig(_Settings):
     worker_log_json: bool = False
     # the largest record (a message, an event) writers of a store this supervisor CREATES accept;
     # an existing store keeps the limit in its STORE marker, so every process on it agrees
-    max_record_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, le=MAX_RECORD_BYTES)
+    max_record_bytes: int = Field(default=16 * 1024 * 1024, ge=MIN_RECORD_LIMIT, le=MAX_RECORD_BYTES)
     # the deepest child this supervisor creates, whatever a request asks (a request's own
     # ``max_depth`` caps only that request, as in the reference, so a program that delegates to
     # itself would otherwise grow without bound); None ("none" in a file or the environment): no cap

@@ -176,3 +176,29 @@ def test_a_store_path_that_is_a_dangling_link_is_named_as_one(tmp_path) -> None:
     with pytest.raises(store.StoreFormatError) as caught:
         store.Store(str(link))
     assert caught.value.message == f"cannot make a store at {link}: {link} is a symbolic link to {tmp_path / 'nowhere'}, which does not exist"
+
+
+CEILING = 64 * 1024 * 1024
+
+
+@pytest.mark.parametrize("limit, why", [
+    (-5, "below the minimum of 1024"), (0, "below the minimum of 1024"), (1023, "below the minimum of 1024"),
+    (CEILING + 1, f"above the format's ceiling of {CEILING}"), (4096.0, "not an integer"), (True, "not an integer"),
+    ("4096", "not an integer"),
+])
+def test_a_record_limit_out_of_range_says_what_is_wrong_with_it(tmp_path, limit, why):
+    """Found by a probe: a marker holding ``max_record_bytes -5`` said "not an integer up to 67108864", as if -5
+    were no integer or too large. The marker's limit and the one a creator asks for are checked by one rule
+    (1024 to the format's ceiling), and the refusal says which bound the value missed."""
+    st = store.Store(tmp_path / "s")
+    marker = os.path.join(st.root, "STORE")
+    info = msgpack.unpackb(open(marker, "rb").read())
+    with open(marker, "wb") as handle:
+        handle.write(msgpack.packb({**info, "max_record_bytes": limit}))
+    with pytest.raises(store.StoreFormatError) as read:
+        store.Store(st.root, create=False)
+    assert read.value.message == f"{marker} holds max_record_bytes {limit!r}: {why}"
+    with pytest.raises(store.StoreFormatError) as made:
+        store.Store(tmp_path / "new", max_record_bytes=limit)
+    assert made.value.message == f"max_record_bytes {limit!r}: {why}"
+    assert not os.path.exists(tmp_path / "new")
