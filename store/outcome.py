@@ -75,7 +75,8 @@ def _turn_outcome(p: Projection) -> Outcome:
         return "timeout" if timed_out else "budget"
     if reason == "interrupted" and cause is not None:
         # closed by crash repair after its worker was killed for ignoring a stop: the stop it was, as its caller was told
-        return "drained" if cause == "drain" else "aborted" if cause in _INTERRUPT_CAUSES else "interrupted"
+        # (any cause: ``user``, ``parent``, its host closing, ``disposed``; as a turn that stopped when asked reads)
+        return "drained" if cause == "drain" else "aborted"
     return _BY_REASON.get(reason, "error")  # an unknown reason is a failure: say so, with its text
 
 

@@ -170,7 +170,10 @@ def test_the_demos_speedup_is_about_one_on_one_cpu(tmp_path: Path) -> None:
                           cwd=tmp_path, env={**FAST, "SUBAGENTS_POOL_SIZE": "2"}, capture_output=True, text=True, timeout=DEADLINE_S * 2)
     assert done.returncode == 0, done.stderr[-2000:]
     doc = json.loads(done.stdout)
-    assert 0 < doc["speedup"] < 1.3, {k: doc[k] for k in ("speedup", "wall_s", "work_s", "busy_s")}
+    # about 1 when the measure is right, about 2 when it measures the clock (the defect); the work's time alone is
+    # calibrated while the suite's other processes share the core, which put a right measure at 1.39 once: the
+    # line between the two is drawn halfway
+    assert 0 < doc["speedup"] < 1.5, {k: doc[k] for k in ("speedup", "wall_s", "work_s", "busy_s")}
 
 
 def test_each_demo_child_is_timed_when_it_finished_not_when_its_result_was_read(tmp_path: Path) -> None:
