@@ -5,7 +5,9 @@ then one row per session; ``tree`` prints one indented line per session.
 Ids are shown as their shortest unique prefix (``store.short_ids``; every verb
 takes one back) and times as "3 min ago"; ``--json`` has the whole ids and
 ISO 8601 times. The label and the outcome are never cut: on a narrow
-terminal a row wraps rather than hide them. Called by ``render`` only.
+terminal a row wraps rather than hide them; a column is padded to at most
+``PAD_AT_MOST`` characters, so one long label widens its own row only.
+Called by ``render`` only.
 """
 
 from __future__ import annotations
@@ -85,9 +87,14 @@ def iso_moments(doc: Any) -> Any:
     return out
 
 
+# the most a column is padded to: a longer cell (a label of a model's words, whole) runs over its column, and
+# the rows beside it stay as wide as their own cells (one label of 100,000 characters padded every row to it)
+PAD_AT_MOST = 60
+
+
 def aligned(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     table = [list(header), *(list(r) for r in rows)]
-    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+    widths = [min(max(len(line[i]) for line in table), PAD_AT_MOST) for i in range(len(header))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in table]
 
 
