@@ -38,16 +38,19 @@ def visible(text: str) -> str:
 
 
 def relative(ts: float | None, now: float) -> str:
-    """``12 s ago``, ``3 min ago``, ``5 h ago``, ``4 d ago``; ``-`` for no time."""
+    """``12 s ago``, ``3 min ago``, ``5 h ago``, ``4 d ago``; ``-`` for no time. A time ahead of this clock
+    (written on a host whose clock runs ahead) says how far: ``3 min ahead``, not ``just now``."""
     if ts is None:
         return "-"
     age = now - ts
-    if age < 1:
+    if abs(age) < 1:
         return "just now"
+    when = "ago" if age > 0 else "ahead"
+    age = abs(age)
     for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):
         if age >= size:
-            return f"{int(age // size)} {unit} ago"
-    return f"{int(age)} s ago"
+            return f"{int(age // size)} {unit} {when}"
+    return f"{int(age)} s {when}"
 
 
 def iso(ts: float | None) -> str | None:
