@@ -190,10 +190,8 @@ def damage_reason(exc: Exception, session_id: str) -> DiagnosticReason:
 def _settled_row(store: Store, indexed: IndexEntry, children: list[IndexEntry] | None) -> ChildEntry | None:
     """The row from the index alone, when the child is settled and its entry carries the static fields."""
     settled = indexed.settled
-    if settled is None or indexed.origin != "subagent" or indexed.mode not in _MODES:
+    if settled is None or indexed.origin != "subagent" or not _row_speaks(indexed.mode, settled.outcome):
         return None
-    if settled.outcome is not None and settled.outcome not in OUTCOMES:
-        return None  # a value this build does not know: the child's files say
     return ChildEntry(
         id=indexed.id,
         label=indexed.label,
@@ -206,6 +204,12 @@ def _settled_row(store: Store, indexed: IndexEntry, children: list[IndexEntry] |
         error=settled.error,
         created_at=indexed.created_at,
     )
+
+
+def _row_speaks(mode: str | None, outcome: str | None) -> bool:
+    """Whether a settled row says all a listing shows: its mode recorded, its outcome one this build knows
+    (else the child's files say)."""
+    return mode in _MODES and (outcome is None or outcome in OUTCOMES)
 
 
 def _since_settled(store: Store, indexed: IndexEntry) -> Since:
@@ -316,8 +320,7 @@ def _indexed_entry(store: Store, parent_id: str, indexed: IndexRow, owners: Owne
     child, created_at, _origin, mode, label, settled, _committed_end = indexed
     if settled is not None:
         outcome, error_code, error, _last_at, has_children, end, mtime_ns = settled
-        if (mode in _MODES and has_children is not None and (outcome is None or outcome in OUTCOMES)
-                and _since(store, child, end, mtime_ns) == "unchanged"):
+        if has_children is not None and _row_speaks(mode, outcome) and _since(store, child, end, mtime_ns) == "unchanged":
             return ChildEntry(child, label, mode, "complete", has_children, outcome, error_code, error,  # type: ignore[arg-type]
                               created_at)
     return _entry(store, parent_id, entry_of(indexed), owners)

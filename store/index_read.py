@@ -101,7 +101,11 @@ _LISTED = {(subagent, mode): Listed(subagent, mode) for subagent in (False, True
 
 def _listed(record: dict[str, Any]) -> Listed:
     """The shared ``Listed`` of a creation record (a checked record's mode is one of those: ``records.index_problem``)."""
-    subagent, mode = record.get("origin") == "subagent", record.get("mode")
+    return _shared_listed(record.get("origin"), record.get("mode"))
+
+
+def _shared_listed(origin: str | None, mode: str | None) -> Listed:
+    subagent = origin == "subagent"
     return _LISTED.get((subagent, mode)) or Listed(subagent, mode)
 
 
@@ -253,10 +257,7 @@ class IndexFold:
     def listed(self, child: str) -> Listed | None:
         """The child's ``Listed`` (None: not listed)."""
         r = self._entries.get(child)
-        if r is None or isinstance(r, Listed):
-            return r
-        subagent, mode = r[1] == "subagent", r[2]
-        return _LISTED.get((subagent, mode)) or Listed(subagent, mode)
+        return r if r is None or isinstance(r, Listed) else _shared_listed(r[1], r[2])
 
     def rows(self) -> list[IndexRow]:
         """Live children in (created_at, id) order, as the fold holds them (a fold made with ``rows``)."""

@@ -14,7 +14,7 @@ hides another. Who calls it: every reader in ``store/`` (``lease``,
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast, get_args
 
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -147,7 +147,7 @@ def lease_fields(data: dict[str, Any]) -> tuple[str, int, LeaseState, float] | s
     return found if isinstance(found, str) else (found.owner, found.epoch, found.state, found.acquired_at)
 
 
-_LEASE_STATES = ("running", "idle", "released")
+_LEASE_STATES = get_args(LeaseState)
 _MODES = (None, "one-shot", "continuable")
 _STATES = (None, "active", "settled")
 

@@ -313,8 +313,7 @@ class Dispatcher(Generic[W]):
             return
         if turn.budget_timer is not None:
             turn.budget_timer.cancel()
-        if turn.token is not None:
-            self._revoke(turn)  # a token its worker never took (it died, or the pool closed): removed
+        self._revoke(turn)  # a token its worker never took (it died, or the pool closed): removed
         turn.outcome, turn.crash = outcome, crash
         if turn.worker is not None:
             turn.worker.turns.pop(turn.call_id, None)
@@ -611,7 +610,7 @@ class Dispatcher(Generic[W]):
         A turn that never started there is queued again, first in line, instead: one handed over ahead
         (no ``Started``), or one handed to a free slot whose token the worker never took (it takes it
         before it starts the turn: ``worker/claims.py``; it died stopped, or before it read the turn)."""
-        unstarted = [turn for turn in worker.turns.values() if turn.queued or (turn.token is not None and self._revoke(turn))]
+        unstarted = [turn for turn in worker.turns.values() if turn.queued or self._revoke(turn)]
         for turn in reversed(unstarted):
             del worker.turns[turn.call_id]
             self._revoke(turn)  # its token, left by a worker that died

@@ -29,9 +29,9 @@ class Settings:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self._args = args
-        reads = bool(getattr(args, "reads_config", True))
-        self._plain: PlainStore | None = plain_store(args.config, args.store, os.environ) if reads else None
-        if reads and self._plain is None:
+        self._reads = bool(getattr(args, "reads_config", True))  # False: a verb that reads no setting (``completion``)
+        self._plain: PlainStore | None = plain_store(args.config, args.store, os.environ) if self._reads else None
+        if self._reads and self._plain is None:
             _ = self.loaded  # a configuration the plain reading cannot vouch for is checked now, before the verb
 
     @cached_property
@@ -39,7 +39,7 @@ class Settings:
         """The layered configuration, validated (a verb that reads no setting gets the models' defaults)."""
         from ..config_loader import DeploymentConfig, LoadedConfig, load_config
 
-        return load_config(self._args.config) if getattr(self._args, "reads_config", True) else LoadedConfig(DeploymentConfig(), ())
+        return load_config(self._args.config) if self._reads else LoadedConfig(DeploymentConfig(), ())
 
     @cached_property
     def config(self) -> DeploymentConfig:
